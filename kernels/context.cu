@@ -1,0 +1,39 @@
+/*
+ * context.cu: CUDA backend set-up: device selection and validation for a gdp ctx,
+ * and the workspace the ctx owns.
+ */
+#include <cuda_runtime.h>
+
+#include "gdp_kernels.h"
+#include "src/internal.h"
+
+// kernel launchers
+
+extern "C" gdp_status_t gdp_cuda_ctx_init(struct gdp_ctx *ctx) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        (void)cudaGetLastError();
+        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "gdp_ctx_init: no usable CUDA device (%s); use GDP_BACKEND_CPU",
+                 err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    }
+    if (ctx->device < 0 || ctx->device >= count)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_ctx_init: device %d does not exist (this node has %d GPUs)",
+                 ctx->device, count);
+    err = cudaSetDevice(ctx->device);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "gdp_ctx_init: cudaSetDevice(%d) failed: %s", ctx->device,
+                 cudaGetErrorString(err));
+    }
+    return GDP_STATUS_SUCCESS;
+}
+
+extern "C" gdp_status_t gdp_cuda_ctx_free(struct gdp_ctx *ctx) {
+    if (ctx->workspace != NULL) {
+        cudaFree(ctx->workspace);
+        ctx->workspace = NULL;
+        ctx->workspace_bytes = 0;
+    }
+    return GDP_STATUS_SUCCESS;
+}

@@ -1,0 +1,110 @@
+/*
+ * internal.h: what the library's own C files share and users never see: the context
+ * struct, error recording and check macros, and tensor helpers (shape checks, strided
+ * element access with double values) used by the op front-ends and the CPU backend.
+ */
+#ifndef GDP_INTERNAL_H
+#define GDP_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "gdp/gdp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GDP_CTX_MAGIC 0x67647063u /* "gdpc" */
+
+struct gdp_ctx {
+    uint32_t      magic;
+    gdp_backend_t backend;
+    int32_t       device;
+    void         *stream;          /* cudaStream_t on CUDA, NULL = default stream */
+    void         *workspace;       /* device scratch owned by the ctx (CUDA)      */
+    size_t        workspace_bytes;
+    uint32_t      magic_end;
+};
+
+/* ---- errors -------------------------------------------------------------- */
+/* Records `status` with a printf-style message plus file:line, returns status. */
+gdp_status_t gdp_set_error(gdp_status_t status, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* The rank shown in error messages (set by the comm layer; -1 = single process). */
+void gdp_set_error_rank(int rank);
+
+#define GDP_FAIL(status, ...) return gdp_set_error((status), __FILE__, __LINE__, __VA_ARGS__)
+#define GDP_ERROR(status, ...) gdp_set_error((status), __FILE__, __LINE__, __VA_ARGS__)
+/* Propagates a failing status (the message is already recorded). */
+#define GDP_CHECK(call)                                 \
+    do {                                                \
+        gdp_status_t gdp_check_st_ = (call);            \
+        if (gdp_check_st_ != GDP_STATUS_SUCCESS)        \
+            return gdp_check_st_;                       \
+    } while (0)
+#define GDP_CHECK_GOTO(call, st, label)                 \
+    do {                                                \
+        (st) = (call);                                  \
+        if ((st) != GDP_STATUS_SUCCESS)                 \
+            goto label;                                 \
+    } while (0)
+
+/* Validates a ctx handle (NULL, freed or foreign pointers) and returns its status. */
+gdp_status_t gdp_ctx_check(gdp_ctx_t ctx, const char *op);
+
+/* ---- tensors -------------------------------------------------------------- */
+#define GDP_ANY (-1) /* wildcard extent in gdp_check_tensor shapes */
+
+/* Bit masks of accepted dtypes. */
+#define GDP_DT(d)        (1u << (d))
+#define GDP_DT_FLOAT     (GDP_DT(GDP_DTYPE_FP32) | GDP_DT(GDP_DTYPE_BF16) | GDP_DT(GDP_DTYPE_FP16))
+#define GDP_DT_HALF      (GDP_DT(GDP_DTYPE_BF16) | GDP_DT(GDP_DTYPE_FP16))
+#define GDP_DT_INT32     GDP_DT(GDP_DTYPE_INT32)
+
+static inline bool gdp_tensor_present(const gdp_tensor *t) { return t != NULL && t->data != NULL; }
+
+/* Checks that `t` (named `name` in the message of op `op`) is present, has
+ * `ndim` dims matching `shape` (GDP_ANY matches anything) and a dtype in `dtypes`.
+ * Sets a message such as "op: k has shape [1, 100, 2, 64], expected [1, 200, 2, 64]". */
+gdp_status_t gdp_check_tensor(const char *op, const char *name, const gdp_tensor *t, int32_t ndim,
+                              const int64_t *shape, uint32_t dtypes);
+/* Fails unless the tensor is row-major contiguous. */
+gdp_status_t gdp_check_contiguous(const char *op, const char *name, const gdp_tensor *t);
+/* Formats a shape as "[a, b, c]" into buf. */
+const char *gdp_shape_str(char *buf, size_t n, int32_t ndim, const int64_t *shape);
+
+bool    gdp_tensor_is_contiguous(const gdp_tensor *t);
+/* Stride of dim d in elements (row-major when the view's strides are all 0). */
+int64_t gdp_tensor_stride(const gdp_tensor *t, int32_t d);
+/* Element offset of the logical row-major index `flat`. */
+int64_t gdp_tensor_offset(const gdp_tensor *t, int64_t flat);
+
+/* Element load/store through a float/int dtype, as double. Stores round to nearest even. */
+double gdp_load_elem(const void *base, gdp_dtype_t dtype, int64_t offset);
+void   gdp_store_elem(void *base, gdp_dtype_t dtype, int64_t offset, double value);
+static inline double gdp_tensor_get(const gdp_tensor *t, int64_t flat) {
+    return gdp_load_elem(t->data, t->dtype, gdp_tensor_offset(t, flat));
+}
+static inline void gdp_tensor_set(gdp_tensor *t, int64_t flat, double v) {
+    gdp_store_elem(t->data, t->dtype, gdp_tensor_offset(t, flat), v);
+}
+/* Copies logical elements [start, start + n) to/from a double array. */
+void gdp_tensor_read_f64(const gdp_tensor *t, int64_t start, int64_t n, double *dst);
+void gdp_tensor_write_f64(gdp_tensor *t, int64_t start, int64_t n, const double *src);
+/* Whole tensor as a fresh double array (NULL + SYSTEM_ERROR message when out of memory). */
+double *gdp_tensor_to_f64(const gdp_tensor *t);
+
+/* Rounds double to bf16 directly (no double rounding through float). */
+uint16_t gdp_double_to_bf16(double x);
+
+/* calloc that records an out-of-memory error naming `what`. */
+void *gdp_calloc(size_t count, size_t size, const char *what);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GDP_INTERNAL_H */

@@ -1,0 +1,377 @@
+/*
+ * safetensors.c: the safetensors reader and writer of safetensors.h. The JSON header
+ * goes through jansson; data is read with pread at absolute offsets.
+ */
+#define _GNU_SOURCE
+#include "safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h> /* defines: json_loadb, json_object_foreach, ... */
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define ST_MAX_HEADER (100u << 20) /* the format caps the header at 100 MB */
+
+struct gdp_st_file {
+    int          fd;
+    char        *path;
+    uint64_t     data_start;
+    uint64_t     file_size;
+    int32_t      count;
+    gdp_st_info *infos;
+    json_t      *root;     /* keeps the names alive */
+    json_t      *metadata; /* borrowed from root, may be NULL */
+    char       **meta_dump;
+};
+
+static const struct {
+    const char *name;
+    gdp_dtype_t dtype;
+    size_t      size;
+} st_dtypes[] = {
+    {"F32", GDP_DTYPE_FP32, 4}, {"BF16", GDP_DTYPE_BF16, 2}, {"F16", GDP_DTYPE_FP16, 2},
+    {"I32", GDP_DTYPE_INT32, 4}, {"I64", GDP_DTYPE_NUM, 8},   {"F64", GDP_DTYPE_NUM, 8},
+    {"U8", GDP_DTYPE_NUM, 1},    {"I8", GDP_DTYPE_NUM, 1},    {"BOOL", GDP_DTYPE_NUM, 1},
+    {"I16", GDP_DTYPE_NUM, 2},
+};
+
+static const char *st_dtype_of(gdp_dtype_t d) {
+    for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0]; i++)
+        if (st_dtypes[i].dtype == d)
+            return st_dtypes[i].name;
+    return NULL;
+}
+
+static gdp_status_t read_exact(int fd, void *dst, size_t n, uint64_t off, const char *path) {
+    char *p = dst;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            GDP_FAIL(GDP_STATUS_SYSTEM_ERROR, "safetensors: reading %zu bytes at offset %llu of %s failed: %s",
+                     n, (unsigned long long)off, path, r < 0 ? strerror(errno) : "unexpected end of file");
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return GDP_STATUS_SUCCESS;
+}
+
+void gdp_st_close(gdp_st_file *f) {
+    if (f == NULL)
+        return;
+    if (f->fd >= 0)
+        close(f->fd);
+    if (f->meta_dump) {
+        for (int32_t i = 0; i < f->count + 64; i++)
+            free(f->meta_dump[i]);
+        free(f->meta_dump);
+    }
+    json_decref(f->root);
+    free(f->infos);
+    free(f->path);
+    free(f);
+}
+
+static gdp_status_t parse_entry(gdp_st_file *f, const char *name, json_t *v, gdp_st_info *info) {
+    json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape");
+    json_t *offs = json_object_get(v, "data_offsets");
+    if (!json_is_string(dt) || !json_is_array(shape) || !json_is_array(offs) || json_array_size(offs) != 2)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "safetensors: %s: tensor '%s' lacks dtype/shape/data_offsets; the file is not safetensors",
+                 f->path, name);
+    memset(info, 0, sizeof *info);
+    info->name = name;
+    const char *ds = json_string_value(dt);
+    info->dtype = GDP_DTYPE_NUM;
+    for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0]; i++)
+        if (strcmp(ds, st_dtypes[i].name) == 0) {
+            info->dtype = st_dtypes[i].dtype;
+            info->elem_size = st_dtypes[i].size;
+        }
+    if (info->elem_size == 0)
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "safetensors: %s: tensor '%s' has dtype %s, which gdp cannot read",
+                 f->path, name, ds);
+    snprintf(info->st_dtype, sizeof info->st_dtype, "%s", ds);
+    if (json_array_size(shape) > GDP_MAX_DIMS)
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "safetensors: %s: tensor '%s' has %zu dims, gdp supports at most %d",
+                 f->path, name, json_array_size(shape), GDP_MAX_DIMS);
+    info->ndim = (int32_t)json_array_size(shape);
+    info->numel = 1;
+    for (int32_t d = 0; d < info->ndim; d++) {
+        json_t *e = json_array_get(shape, (size_t)d);
+        if (!json_is_integer(e) || json_integer_value(e) < 0)
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "safetensors: %s: tensor '%s' has a bad extent in dim %d",
+                     f->path, name, d);
+        info->shape[d] = json_integer_value(e);
+        info->numel *= info->shape[d];
+    }
+    json_t *o0 = json_array_get(offs, 0), *o1 = json_array_get(offs, 1);
+    if (!json_is_integer(o0) || !json_is_integer(o1))
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "safetensors: %s: tensor '%s' has non-integer data_offsets",
+                 f->path, name);
+    long long b = json_integer_value(o0), e = json_integer_value(o1);
+    if (b < 0 || e < b || (uint64_t)(e - b) != (uint64_t)info->numel * info->elem_size ||
+        f->data_start + (uint64_t)e > f->file_size)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "safetensors: %s: tensor '%s' has data_offsets [%lld, %lld] that do not match its %lld "
+                 "elements of %s or run past the end of the file (%llu bytes); the file is truncated or corrupt",
+                 f->path, name, b, e, (long long)info->numel, ds, (unsigned long long)f->file_size);
+    info->offset = f->data_start + (uint64_t)b;
+    info->nbytes = (uint64_t)(e - b);
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_st_open(const char *path, gdp_st_file **out) {
+    if (path == NULL || out == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_st_open: path or out is NULL");
+    *out = NULL;
+    gdp_st_file *f = gdp_calloc(1, sizeof *f, "a safetensors handle");
+    if (f == NULL)
+        return GDP_STATUS_SYSTEM_ERROR;
+    f->fd = -1;
+    gdp_status_t st = GDP_STATUS_SUCCESS;
+    char *header = NULL;
+    f->path = strdup(path);
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (f->fd < 0) {
+        st = GDP_ERROR(GDP_STATUS_SYSTEM_ERROR, "safetensors: cannot open %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    struct stat sb;
+    if (fstat(f->fd, &sb) != 0) {
+        st = GDP_ERROR(GDP_STATUS_SYSTEM_ERROR, "safetensors: cannot stat %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    f->file_size = (uint64_t)sb.st_size;
+    unsigned char lenbuf[8];
+    if (f->file_size < 8) {
+        st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT, "safetensors: %s is %llu bytes, too short for a header",
+                       path, (unsigned long long)f->file_size);
+        goto fail;
+    }
+    GDP_CHECK_GOTO(read_exact(f->fd, lenbuf, 8, 0, path), st, fail);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--)
+        hlen = (hlen << 8) | lenbuf[i];
+    if (hlen > ST_MAX_HEADER || 8 + hlen > f->file_size) {
+        st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT,
+                       "safetensors: %s declares a %llu-byte header but the file has %llu bytes; not a "
+                       "safetensors file or truncated",
+                       path, (unsigned long long)hlen, (unsigned long long)f->file_size);
+        goto fail;
+    }
+    header = malloc(hlen + 1);
+    if (header == NULL) {
+        st = GDP_ERROR(GDP_STATUS_SYSTEM_ERROR, "safetensors: out of memory for a %llu-byte header",
+                       (unsigned long long)hlen);
+        goto fail;
+    }
+    GDP_CHECK_GOTO(read_exact(f->fd, header, hlen, 8, path), st, fail);
+    f->data_start = 8 + hlen;
+    json_error_t jerr;
+    f->root = json_loadb(header, hlen, 0, &jerr);
+    if (!json_is_object(f->root)) {
+        st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT, "safetensors: %s: header is not a JSON object (%s, line %d)",
+                       path, jerr.text, jerr.line);
+        goto fail;
+    }
+    size_t n = json_object_size(f->root);
+    f->infos = gdp_calloc(n, sizeof *f->infos, "safetensors tensor table");
+    if (f->infos == NULL) {
+        st = GDP_STATUS_SYSTEM_ERROR;
+        goto fail;
+    }
+    const char *key;
+    json_t *val;
+    json_object_foreach(f->root, key, val) {
+        if (strcmp(key, "__metadata__") == 0) {
+            f->metadata = val;
+            continue;
+        }
+        GDP_CHECK_GOTO(parse_entry(f, key, val, &f->infos[f->count]), st, fail);
+        f->count++;
+    }
+    /* json_object_foreach is in insertion (file) order for jansson >= 2.8. */
+    f->meta_dump = gdp_calloc((size_t)f->count + 64, sizeof(char *), "safetensors metadata");
+    free(header);
+    *out = f;
+    return GDP_STATUS_SUCCESS;
+fail:
+    free(header);
+    gdp_st_close(f);
+    return st;
+}
+
+int32_t gdp_st_count(const gdp_st_file *f) { return f ? f->count : 0; }
+
+const gdp_st_info *gdp_st_at(const gdp_st_file *f, int32_t i) {
+    return (f && i >= 0 && i < f->count) ? &f->infos[i] : NULL;
+}
+
+const gdp_st_info *gdp_st_find(const gdp_st_file *f, const char *name) {
+    if (f == NULL || name == NULL)
+        return NULL;
+    for (int32_t i = 0; i < f->count; i++)
+        if (strcmp(f->infos[i].name, name) == 0)
+            return &f->infos[i];
+    return NULL;
+}
+
+const char *gdp_st_metadata(const gdp_st_file *f, const char *key) {
+    if (f == NULL || f->metadata == NULL || key == NULL)
+        return NULL;
+    json_t *v = json_object_get(f->metadata, key);
+    if (v == NULL)
+        return NULL;
+    if (json_is_string(v))
+        return json_string_value(v);
+    for (int32_t i = 0; f->meta_dump && i < f->count + 64; i++) {
+        if (f->meta_dump[i] == NULL) {
+            ((gdp_st_file *)f)->meta_dump[i] = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+            return f->meta_dump[i];
+        }
+    }
+    return NULL;
+}
+
+static gdp_status_t find_or_fail(gdp_st_file *f, const char *name, const gdp_st_info **info) {
+    if (f == NULL || name == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "safetensors: file or tensor name is NULL");
+    *info = gdp_st_find(f, name);
+    if (*info == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "safetensors: %s has no tensor named '%s'", f->path, name);
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_st_read(gdp_st_file *f, const char *name, void *dst, size_t dst_bytes) {
+    const gdp_st_info *info;
+    GDP_CHECK(find_or_fail(f, name, &info));
+    if (dst_bytes != info->nbytes)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "safetensors: %s: tensor '%s' has %llu bytes, buffer has %zu",
+                 f->path, name, (unsigned long long)info->nbytes, dst_bytes);
+    return read_exact(f->fd, dst, dst_bytes, info->offset, f->path);
+}
+
+gdp_status_t gdp_st_read_slice(gdp_st_file *f, const char *name, int32_t dim, int64_t start, int64_t count,
+                               void *dst, size_t dst_bytes) {
+    const gdp_st_info *info;
+    GDP_CHECK(find_or_fail(f, name, &info));
+    if (dim < 0 || dim >= info->ndim || start < 0 || count < 0 || start + count > info->shape[dim])
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "safetensors: %s: slice [%lld, %lld) of dim %d is outside tensor '%s' (%d dims, extent %lld)",
+                 f->path, (long long)start, (long long)(start + count), dim, name, info->ndim,
+                 dim >= 0 && dim < info->ndim ? (long long)info->shape[dim] : -1LL);
+    int64_t outer = 1, inner = (int64_t)info->elem_size;
+    for (int32_t d = 0; d < dim; d++)
+        outer *= info->shape[d];
+    for (int32_t d = dim + 1; d < info->ndim; d++)
+        inner *= info->shape[d];
+    size_t run = (size_t)(count * inner);
+    if ((size_t)outer * run != dst_bytes)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "safetensors: %s: slice of '%s' has %zu bytes, buffer has %zu",
+                 f->path, name, (size_t)outer * run, dst_bytes);
+    for (int64_t o = 0; o < outer; o++) {
+        uint64_t src = info->offset + (uint64_t)((o * info->shape[dim] + start) * inner);
+        GDP_CHECK(read_exact(f->fd, (char *)dst + o * (int64_t)run, run, src, f->path));
+    }
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_st_load(gdp_st_file *f, const char *name, void **data, const gdp_st_info **pinfo) {
+    const gdp_st_info *info;
+    GDP_CHECK(find_or_fail(f, name, &info));
+    void *buf = gdp_calloc(info->nbytes ? info->nbytes : 1, 1, name);
+    if (buf == NULL)
+        return GDP_STATUS_SYSTEM_ERROR;
+    gdp_status_t st = read_exact(f->fd, buf, info->nbytes, info->offset, f->path);
+    if (st != GDP_STATUS_SUCCESS) {
+        free(buf);
+        return st;
+    }
+    *data = buf;
+    if (pinfo)
+        *pinfo = info;
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_st_write(const char *path, const gdp_st_entry *entries, int32_t count,
+                          const char *const *meta_keys, const char *const *meta_values, int32_t meta_count) {
+    if (path == NULL || (count > 0 && entries == NULL) || count < 0 || meta_count < 0)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_st_write: bad arguments (path, entries or counts)");
+    json_t *root = json_object();
+    gdp_status_t st = GDP_STATUS_SUCCESS;
+    char *text = NULL, *tmp = NULL;
+    FILE *fp = NULL;
+    if (meta_count > 0) {
+        json_t *meta = json_object();
+        for (int32_t i = 0; i < meta_count; i++)
+            json_object_set_new(meta, meta_keys[i], json_string(meta_values[i]));
+        json_object_set_new(root, "__metadata__", meta);
+    }
+    uint64_t off = 0;
+    for (int32_t i = 0; i < count; i++) {
+        const gdp_st_entry *e = &entries[i];
+        const char *ds = st_dtype_of(e->dtype);
+        if (ds == NULL || e->ndim < 0 || e->ndim > GDP_MAX_DIMS || e->name == NULL) {
+            st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT, "gdp_st_write: entry %d has a bad name, dtype or ndim", i);
+            goto done;
+        }
+        json_t *shape = json_array();
+        uint64_t n = 1;
+        for (int32_t d = 0; d < e->ndim; d++) {
+            json_array_append_new(shape, json_integer(e->shape[d]));
+            n *= (uint64_t)e->shape[d];
+        }
+        uint64_t bytes = n * gdp_dtype_size(e->dtype);
+        json_t *obj = json_object();
+        json_object_set_new(obj, "dtype", json_string(ds));
+        json_object_set_new(obj, "shape", shape);
+        json_t *offs = json_array();
+        json_array_append_new(offs, json_integer((json_int_t)off));
+        json_array_append_new(offs, json_integer((json_int_t)(off + bytes)));
+        json_object_set_new(obj, "data_offsets", offs);
+        json_object_set_new(root, e->name, obj);
+        off += bytes;
+    }
+    text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    size_t hlen = strlen(text), padded = (hlen + 7) & ~(size_t)7; /* 8-byte aligned data */
+    tmp = malloc(strlen(path) + 16);
+    sprintf(tmp, "%s.tmp%d", path, (int)getpid());
+    fp = fopen(tmp, "wb");
+    if (fp == NULL) {
+        st = GDP_ERROR(GDP_STATUS_SYSTEM_ERROR, "gdp_st_write: cannot create %s: %s", tmp, strerror(errno));
+        goto done;
+    }
+    unsigned char lenbuf[8];
+    for (int i = 0; i < 8; i++)
+        lenbuf[i] = (unsigned char)(((uint64_t)padded >> (8 * i)) & 0xff);
+    bool ok = fwrite(lenbuf, 1, 8, fp) == 8 && fwrite(text, 1, hlen, fp) == hlen;
+    for (size_t i = hlen; ok && i < padded; i++)
+        ok = fputc(' ', fp) != EOF;
+    for (int32_t i = 0; ok && i < count; i++) {
+        size_t bytes = (size_t)gdp_dtype_size(entries[i].dtype);
+        for (int32_t d = 0; d < entries[i].ndim; d++)
+            bytes *= (size_t)entries[i].shape[d];
+        ok = bytes == 0 || fwrite(entries[i].data, 1, bytes, fp) == bytes;
+    }
+    ok = (fclose(fp) == 0) && ok;
+    fp = NULL;
+    if (!ok || rename(tmp, path) != 0) {
+        st = GDP_ERROR(GDP_STATUS_SYSTEM_ERROR, "gdp_st_write: writing %s failed: %s", path, strerror(errno));
+        unlink(tmp);
+    }
+done:
+    if (fp)
+        fclose(fp);
+    free(tmp);
+    free(text);
+    json_decref(root);
+    return st;
+}

@@ -1,0 +1,85 @@
+/*
+ * test_common.h: what the CTest programs share: check macros that count failures,
+ * seeded random inputs, the accuracy metrics of gdp-math.md section 8 (relative RMS
+ * and the elementwise |a - b| <= atol + rtol |b| bar), the golden directory and
+ * safetensors loading into gdp_tensor views, and the exit codes (0 pass, 1 fail,
+ * 77 skip).
+ */
+#ifndef GDP_TEST_COMMON_H
+#define GDP_TEST_COMMON_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "gdp/gdp.h"
+#include "safetensors.h"
+
+#define TEST_SKIP 77
+
+extern int g_test_failures;
+extern int g_test_checks;
+
+/* Records a failure (with file:line and a message) unless cond holds. */
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        g_test_checks++;                                                        \
+        if (!(cond)) {                                                          \
+            g_test_failures++;                                                  \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);     \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fputc('\n', stderr);                                                \
+        }                                                                       \
+    } while (0)
+
+/* Checks a gdp call returns `expect`. */
+#define CHECK_STATUS(call, expect)                                              \
+    do {                                                                        \
+        gdp_status_t st_ = (call);                                              \
+        CHECK(st_ == (expect), "%s returned %d (%s), expected %d; last error: %s", #call, (int)st_, \
+              gdp_status_string(st_), (int)(expect), gdp_last_error());         \
+    } while (0)
+#define CHECK_OK(call) CHECK_STATUS(call, GDP_STATUS_SUCCESS)
+
+/* Prints the summary and returns the process exit code. */
+int test_finish(const char *name);
+
+/* ---- random inputs (xorshift64*, seeded) ---- */
+typedef struct { uint64_t s; } test_rng;
+void   test_rng_seed(test_rng *r, uint64_t seed);
+double test_uniform(test_rng *r);              /* [0, 1) */
+double test_uniform_range(test_rng *r, double lo, double hi);
+double test_normal(test_rng *r);
+
+/* ---- metrics ---- */
+/* ||a - b|| / ||b||; when ||b|| == 0 returns ||a - b|| (compare it against 1e-6 instead). */
+double test_rel_rms(const double *a, const double *b, int64_t n);
+/* Number of elements with |a - b| > atol + rtol |b| (NaN counts as bad); worst in *worst. */
+int64_t test_count_bad(const double *a, const double *b, int64_t n, double atol, double rtol, int64_t *worst);
+/* Applies both bars and reports with `what`; returns true when both pass. rel_bar <= 0 skips RMS. */
+bool test_compare(const char *what, const double *a, const double *b, int64_t n, double rel_bar, double atol,
+                  double rtol);
+
+/* ---- golden files ---- */
+/* $GDP_GOLDEN_DIR or <source>/../shared/golden. */
+const char *test_golden_dir(void);
+/* Opens golden file `name` (e.g. "chunk_m1_k64_single.safetensors"); a missing file is a failure. */
+gdp_st_file *test_golden_open(const char *name);
+/* A tensor of the file as a view over freshly malloc'd memory (free t->data). */
+bool test_st_tensor(gdp_st_file *f, const char *name, gdp_tensor *t);
+/* The tensor as doubles (malloc'd), n in *n. */
+double *test_st_f64(gdp_st_file *f, const char *name, int64_t *n);
+/* Metadata number / int ("scale": "0.125" or 0.125). */
+double test_st_meta_num(gdp_st_file *f, const char *key, double dflt);
+
+/* ---- tensors ---- */
+/* A malloc'd, zeroed contiguous tensor. */
+gdp_tensor test_tensor_alloc(gdp_dtype_t dtype, int32_t ndim, const int64_t *shape);
+/* Fills with uniform [lo, hi) values rounded to the dtype. */
+void test_fill_uniform(gdp_tensor *t, test_rng *r, double lo, double hi);
+double *test_tensor_f64(const gdp_tensor *t); /* contiguous double copy */
+size_t test_tensor_bytes(const gdp_tensor *t);
+
+#endif /* GDP_TEST_COMMON_H */
