@@ -18,6 +18,24 @@ struct gdp_ctx;
 gdp_status_t gdp_cuda_ctx_init(struct gdp_ctx *ctx);
 gdp_status_t gdp_cuda_ctx_free(struct gdp_ctx *ctx);
 
+/* One launcher per op family. The front-end (src/ops_*.c) has already checked every
+ * shape and dtype rule that holds on all backends; a launcher adds the CUDA-only rules
+ * (e.g. fp32 q in the chunk op: GDP_STATUS_UNSUPPORTED) and enqueues on ctx->stream. */
+gdp_status_t gdp_cuda_prepare(struct gdp_ctx *ctx, const gdp_prepare_args *args, int decode);
+gdp_status_t gdp_cuda_l2norm(struct gdp_ctx *ctx, gdp_tensor *y, const gdp_tensor *x);
+gdp_status_t gdp_cuda_chunk_local_cumsum(struct gdp_ctx *ctx, gdp_tensor *g_cumsum, gdp_tensor *g_cumsum_dp,
+                                         const gdp_tensor *g, const gdp_tensor *cu_seqlens,
+                                         int32_t num_householder);
+gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args *args);
+gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurrent_args *args);
+gdp_status_t gdp_cuda_conv1d_update(struct gdp_ctx *ctx, const gdp_conv1d_update_args *args);
+gdp_status_t gdp_cuda_conv1d_varlen(struct gdp_ctx *ctx, const gdp_conv1d_varlen_args *args);
+gdp_status_t gdp_cuda_gated_rmsnorm(struct gdp_ctx *ctx, gdp_tensor *out, const gdp_tensor *y,
+                                    const gdp_tensor *z, const gdp_tensor *weight, int64_t group_size,
+                                    double eps);
+gdp_status_t gdp_cuda_rmsnorm(struct gdp_ctx *ctx, gdp_tensor *out, const gdp_tensor *x,
+                              const gdp_tensor *weight, double eps);
+
 #ifdef __cplusplus
 }
 #endif
