@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# setup.sh: installs what gdp needs (Open MPI, OpenBLAS, jansson, pkg-config, cmake via
+# apt-get where missing), then configures and builds gdp into ${GDP_BUILD_DIR:-build}.
+# Called by the README's two commands (launch/gdp-run and launch/run-tests); safe to
+# rerun: it installs nothing that is there and rebuilds only what changed.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${GDP_BUILD_DIR:-$root/build}
+
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v mpicc >/dev/null || need+=(libopenmpi-dev openmpi-bin)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+[ -e /usr/include/jansson.h ] || [ -n "${JANSSON_HOME:-}" ] || need+=(libjansson-dev)
+ls /usr/include/cblas.h /usr/include/*/cblas.h /usr/include/*/*/cblas.h >/dev/null 2>&1 || need+=(libopenblas-dev)
+if [ ${#need[@]} -gt 0 ]; then
+    echo "setup: installing ${need[*]}" >&2
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# The CUDA toolkit (nvcc, cuBLASLt, NCCL) lives in /usr/local/cuda when installed.
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+    export PATH=/usr/local/cuda/bin:$PATH
+fi
+jobs=$(nproc 2>/dev/null || echo 2)
+if [ ! -f "$build/CMakeCache.txt" ]; then
+    cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release ${GDP_CMAKE_ARGS:-} >&2
+fi
+cmake --build "$build" -j"$jobs" >&2
