@@ -1,0 +1,81 @@
+/*
+ * ops_norm.c: front-ends of the norms of the GDP layer: gdp_gated_rmsnorm (the grouped
+ * gated RMSNorm after the recurrence, gdp-layer.md 1.5) and gdp_rmsnorm (plain RMSNorm
+ * over the last dim). They check shapes, dtypes, group_size and eps on all backends,
+ * then dispatch to the CPU reference (src/cpu/norm.c) or the CUDA launchers.
+ */
+#include <math.h>
+
+#include "cpu/cpu_ops_misc.h"
+#include "internal.h"
+
+#ifdef GDP_HAVE_CUDA
+#include "kernels/gdp_kernels.h"
+#endif
+
+/* `t` is a contiguous float tensor of exactly `ref`'s shape (ndim >= 1). */
+static gdp_status_t check_like(const char *op, const char *name, const gdp_tensor *t, const gdp_tensor *ref) {
+    return gdp_check_dense(op, name, t, ref->ndim, ref->shape, GDP_DT_FLOAT);
+}
+
+/* The input (named `name`) is [..., d] with d >= 1, contiguous; weight is [d]. */
+static gdp_status_t check_rows(const char *op, const char *name, const gdp_tensor *x, const gdp_tensor *weight,
+                               double eps) {
+    if (!gdp_tensor_present(x))
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s is missing (NULL data); pass a tensor", op, name);
+    if (x->ndim < 1 || x->ndim > GDP_MAX_DIMS)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s has %d dims; it needs [..., d] with 1 to %d dims", op, name,
+                 x->ndim, GDP_MAX_DIMS);
+    GDP_CHECK(check_like(op, name, x, x)); /* dtype, non-negative extents, contiguity */
+    const int64_t d = x->shape[x->ndim - 1];
+    if (d < 1)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s has last extent %lld; the normalized dim must be >= 1", op,
+                 name, (long long)d);
+    const int64_t w_shape[1] = {d};
+    GDP_CHECK(gdp_check_dense(op, "weight", weight, 1, w_shape, GDP_DT_FLOAT));
+    if (!(eps >= 0) || !isfinite(eps))
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: eps is %g; pass a finite eps >= 0 (the layer uses 1e-5)", op,
+                 eps);
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_gated_rmsnorm(gdp_ctx_t ctx, gdp_tensor *out, const gdp_tensor *y, const gdp_tensor *z,
+                               const gdp_tensor *weight, int64_t group_size, double eps) {
+    static const char *op = "gdp_gated_rmsnorm";
+    GDP_CHECK(gdp_ctx_check(ctx, op));
+    GDP_CHECK(check_rows(op, "y", y, weight, eps));
+    GDP_CHECK(check_like(op, "z", z, y));
+    GDP_CHECK(check_like(op, "out", out, y));
+    const int64_t d = y->shape[y->ndim - 1];
+    if (group_size < 1 || d % group_size != 0)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: group_size %lld must be >= 1 and divide the %lld channels of y (the layer uses "
+                 "H*P/G = (H/G)*P)",
+                 op, (long long)group_size, (long long)d);
+    if (ctx->backend == GDP_BACKEND_CUDA) {
+#ifdef GDP_HAVE_CUDA
+        return gdp_cuda_gated_rmsnorm(ctx, out, y, z, weight, group_size, eps);
+#else
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: this libgdp was built without the CUDA backend; use GDP_BACKEND_CPU",
+                 op);
+#endif
+    }
+    return gdp_cpu_gated_rmsnorm(out, y, z, weight, group_size, eps);
+}
+
+gdp_status_t gdp_rmsnorm(gdp_ctx_t ctx, gdp_tensor *out, const gdp_tensor *x, const gdp_tensor *weight,
+                         double eps) {
+    static const char *op = "gdp_rmsnorm";
+    GDP_CHECK(gdp_ctx_check(ctx, op));
+    GDP_CHECK(check_rows(op, "x", x, weight, eps));
+    GDP_CHECK(check_like(op, "out", out, x));
+    if (ctx->backend == GDP_BACKEND_CUDA) {
+#ifdef GDP_HAVE_CUDA
+        return gdp_cuda_rmsnorm(ctx, out, x, weight, eps);
+#else
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: this libgdp was built without the CUDA backend; use GDP_BACKEND_CPU",
+                 op);
+#endif
+    }
+    return gdp_cpu_rmsnorm(out, x, weight, eps);
+}
