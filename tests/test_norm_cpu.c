@@ -1,0 +1,166 @@
+/*
+ * test_norm_cpu.c: the CPU reference of gdp_gated_rmsnorm and gdp_rmsnorm.
+ *   - gated_norm.safetensors (PyTorch CUDA eager, eps 1e-5, group_size 64): a bf16 out
+ *     bitwise or within one bf16 ulp of out_bf16_ref, an fp32 out within 1e-5 relative
+ *     of out_ref;
+ *   - gdp_rmsnorm and gdp_gated_rmsnorm on random [2, 3, d] input (leading dims
+ *     flattened to rows) against a direct double computation written here;
+ *   - bad inputs (group_size 0, negative, not dividing d; a weight, z or out of the wrong
+ *     shape; negative eps) give INVALID_ARGUMENT and leave out untouched.
+ */
+#include <string.h>
+
+#include "internal.h" /* defines: gdp_tensor_get/set */
+#include "test_common.h"
+
+static int64_t bf16_ulp_distance(uint16_t a, uint16_t b) {
+    const int64_t oa = (a & 0x8000u) ? -(int64_t)(a & 0x7fffu) : a, ob = (b & 0x8000u) ? -(int64_t)(b & 0x7fffu) : b;
+    return oa > ob ? oa - ob : ob - oa;
+}
+
+static void fill_nan(gdp_tensor *t) {
+    for (int64_t i = 0; i < gdp_tensor_numel(t); i++)
+        gdp_tensor_set(t, i, NAN);
+}
+
+static void golden(gdp_ctx_t ctx) {
+    gdp_st_file *f = test_golden_open("gated_norm.safetensors");
+    if (f == NULL)
+        return;
+    gdp_tensor y, z, w, ref32, ref16;
+    bool ok = test_st_tensor(f, "y", &y) && test_st_tensor(f, "z", &z) && test_st_tensor(f, "weight", &w) &&
+              test_st_tensor(f, "out_ref", &ref32) && test_st_tensor(f, "out_bf16_ref", &ref16);
+    const double eps = test_st_meta_num(f, "eps", -1);
+    const int64_t group = (int64_t)test_st_meta_num(f, "group_size", 0);
+    gdp_st_close(f);
+    if (!ok)
+        return;
+    CHECK(eps > 0 && group > 0, "gated_norm metadata: eps %g, group_size %lld", eps, (long long)group);
+    const int64_t n = gdp_tensor_numel(&y);
+
+    gdp_tensor o16 = test_tensor_alloc(GDP_DTYPE_BF16, y.ndim, y.shape);
+    fill_nan(&o16);
+    CHECK_OK(gdp_gated_rmsnorm(ctx, &o16, &y, &z, &w, group, eps));
+    int64_t worst = 0, exact = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t d = bf16_ulp_distance(((uint16_t *)o16.data)[i], ((uint16_t *)ref16.data)[i]);
+        worst = d > worst ? d : worst;
+        exact += d == 0;
+    }
+    CHECK(worst <= 1, "gated_norm: bf16 out is %lld bf16 ulp from out_bf16_ref (bar 1)", (long long)worst);
+
+    gdp_tensor o32 = test_tensor_alloc(GDP_DTYPE_FP32, y.ndim, y.shape);
+    fill_nan(&o32);
+    CHECK_OK(gdp_gated_rmsnorm(ctx, &o32, &y, &z, &w, group, eps));
+    double *od = test_tensor_f64(&o32), *rd = test_tensor_f64(&ref32);
+    test_compare("gated_norm fp32 out", od, rd, n, 1e-5, 0, 1e-5);
+    printf("gated_norm [%lld, %lld], group %lld: bf16 out %lld of %lld bitwise, max %lld ulp; fp32 out relative RMS "
+           "%.2e vs out_ref (elementwise rtol 1e-5)\n",
+           (long long)y.shape[0], (long long)y.shape[1], (long long)group, (long long)exact, (long long)n,
+           (long long)worst, test_rel_rms(od, rd, n));
+    free(od); free(rd);
+    free(y.data); free(z.data); free(w.data); free(ref32.data); free(ref16.data); free(o16.data); free(o32.data);
+}
+
+/* Direct double reference: out = x / sqrt(mean over the group of x^2 + eps) * w, with
+ * x = y * silu(z) when z is given. */
+static void reference(const double *y, const double *z, const double *w, int64_t rows, int64_t d, int64_t group,
+                      double eps, double *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t g0 = 0; g0 < d; g0 += group) {
+            double ss = 0;
+            for (int64_t i = g0; i < g0 + group; i++) {
+                const double x = z ? y[r * d + i] * z[r * d + i] / (1 + exp(-z[r * d + i])) : y[r * d + i];
+                out[r * d + i] = x;
+                ss += x * x;
+            }
+            const double rstd = 1 / sqrt(ss / (double)group + eps);
+            for (int64_t i = g0; i < g0 + group; i++)
+                out[r * d + i] *= rstd * w[i];
+        }
+    }
+}
+
+static void random_cases(gdp_ctx_t ctx, test_rng *rng) {
+    const int64_t d = 48, rows = 6, shape[3] = {2, 3, d}, wshape[1] = {d};
+    const double eps = 1e-6;
+    gdp_tensor x = test_tensor_alloc(GDP_DTYPE_FP32, 3, shape), z = test_tensor_alloc(GDP_DTYPE_FP32, 3, shape);
+    gdp_tensor w = test_tensor_alloc(GDP_DTYPE_FP32, 1, wshape), out = test_tensor_alloc(GDP_DTYPE_FP32, 3, shape);
+    test_fill_uniform(&x, rng, -3, 3);
+    test_fill_uniform(&z, rng, -4, 4);
+    test_fill_uniform(&w, rng, 0.5, 1.5);
+    double *xd = test_tensor_f64(&x), *zd = test_tensor_f64(&z), *wd = test_tensor_f64(&w);
+    double *want = malloc(sizeof(double) * (size_t)(rows * d));
+
+    fill_nan(&out);
+    CHECK_OK(gdp_rmsnorm(ctx, &out, &x, &w, eps));
+    reference(xd, NULL, wd, rows, d, d, eps, want);
+    double *got = test_tensor_f64(&out);
+    test_compare("rmsnorm [2, 3, 48] vs double", got, want, rows * d, 1e-7, 0, 1e-6);
+    printf("rmsnorm [2, 3, 48]: relative RMS %.2e vs a direct double computation\n",
+           test_rel_rms(got, want, rows * d));
+    free(got);
+
+    const int64_t groups[3] = {48, 16, 12};
+    for (int i = 0; i < 3; i++) {
+        fill_nan(&out);
+        CHECK_OK(gdp_gated_rmsnorm(ctx, &out, &x, &z, &w, groups[i], eps));
+        reference(xd, zd, wd, rows, d, groups[i], eps, want);
+        got = test_tensor_f64(&out);
+        char what[80];
+        snprintf(what, sizeof what, "gated rmsnorm group %lld vs double", (long long)groups[i]);
+        test_compare(what, got, want, rows * d, 1e-7, 0, 1e-6);
+        printf("gated rmsnorm [2, 3, 48], group %lld: relative RMS %.2e vs a direct double computation\n",
+               (long long)groups[i], test_rel_rms(got, want, rows * d));
+        free(got);
+    }
+    free(xd); free(zd); free(wd); free(want);
+    free(x.data); free(z.data); free(w.data); free(out.data);
+}
+
+static void bad_inputs(gdp_ctx_t ctx) {
+    printf("bad inputs:\n");
+    const int64_t shape[2] = {3, 32}, wshape[1] = {32};
+    gdp_tensor y = test_tensor_alloc(GDP_DTYPE_FP32, 2, shape), z = test_tensor_alloc(GDP_DTYPE_FP32, 2, shape);
+    gdp_tensor w = test_tensor_alloc(GDP_DTYPE_FP32, 1, wshape), out = test_tensor_alloc(GDP_DTYPE_FP32, 2, shape);
+    fill_nan(&out);
+    void *before = malloc(test_tensor_bytes(&out));
+    memcpy(before, out.data, test_tensor_bytes(&out));
+    const int64_t bad_groups[3] = {0, -8, 12};
+    for (int i = 0; i < 3; i++) {
+        CHECK_STATUS(gdp_gated_rmsnorm(ctx, &out, &y, &z, &w, bad_groups[i], 1e-5), GDP_STATUS_INVALID_ARGUMENT);
+        printf("  rejected group_size %lld: %s\n", (long long)bad_groups[i], gdp_last_error());
+        CHECK(strstr(gdp_last_error(), "group_size") != NULL, "message lacks group_size: %s", gdp_last_error());
+    }
+    gdp_tensor w_bad = w;
+    w_bad.shape[0] = 16;
+    CHECK_STATUS(gdp_gated_rmsnorm(ctx, &out, &y, &z, &w_bad, 16, 1e-5), GDP_STATUS_INVALID_ARGUMENT);
+    printf("  rejected a weight of 16 for 32 channels: %s\n", gdp_last_error());
+    gdp_tensor z_bad = z;
+    z_bad.shape[0] = 2;
+    CHECK_STATUS(gdp_gated_rmsnorm(ctx, &out, &y, &z_bad, &w, 16, 1e-5), GDP_STATUS_INVALID_ARGUMENT);
+    printf("  rejected z of another shape than y: %s\n", gdp_last_error());
+    gdp_tensor out_bad = out;
+    out_bad.shape[1] = 16;
+    out_bad.shape[0] = 6;
+    CHECK_STATUS(gdp_rmsnorm(ctx, &out_bad, &y, &w, 1e-5), GDP_STATUS_INVALID_ARGUMENT);
+    printf("  rejected out of another shape than x: %s\n", gdp_last_error());
+    CHECK_STATUS(gdp_rmsnorm(ctx, &out, &y, &w, -1.0), GDP_STATUS_INVALID_ARGUMENT);
+    printf("  rejected eps -1: %s\n", gdp_last_error());
+    CHECK_STATUS(gdp_rmsnorm(ctx, &out, NULL, &w, 1e-5), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK(memcmp(before, out.data, test_tensor_bytes(&out)) == 0, "a rejected call modified out");
+    free(before);
+    free(y.data); free(z.data); free(w.data); free(out.data);
+}
+
+int main(void) {
+    gdp_ctx_t ctx = NULL;
+    CHECK_OK(gdp_ctx_init(&ctx, GDP_BACKEND_CPU, 0));
+    test_rng rng;
+    test_rng_seed(&rng, 99);
+    golden(ctx);
+    random_cases(ctx, &rng);
+    bad_inputs(ctx);
+    gdp_ctx_free(ctx);
+    return test_finish("test_norm_cpu");
+}
