@@ -11,14 +11,3 @@
 
 // kernel launchers
 
-extern "C" gdp_status_t gdp_cuda_prepare(struct gdp_ctx *, const gdp_prepare_args *, int) { GDP_CUDA_TODO("prepare"); }
-extern "C" gdp_status_t gdp_cuda_l2norm(struct gdp_ctx *, gdp_tensor *, const gdp_tensor *) { GDP_CUDA_TODO("gdp_l2norm"); }
-extern "C" gdp_status_t gdp_cuda_chunk_local_cumsum(struct gdp_ctx *, gdp_tensor *, gdp_tensor *, const gdp_tensor *,
-                                                    const gdp_tensor *, int32_t) { GDP_CUDA_TODO("gdp_chunk_local_cumsum"); }
-extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *, const gdp_chunk_args *) { GDP_CUDA_TODO("gdp_chunk_gated_delta_product_varlen"); }
-extern "C" gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *, const gdp_recurrent_args *) { GDP_CUDA_TODO("gdp_fused_recurrent_gated_delta_rule_update"); }
-extern "C" gdp_status_t gdp_cuda_conv1d_update(struct gdp_ctx *, const gdp_conv1d_update_args *) { GDP_CUDA_TODO("gdp_causal_conv1d_update"); }
-extern "C" gdp_status_t gdp_cuda_conv1d_varlen(struct gdp_ctx *, const gdp_conv1d_varlen_args *) { GDP_CUDA_TODO("gdp_causal_conv1d_varlen"); }
-extern "C" gdp_status_t gdp_cuda_gated_rmsnorm(struct gdp_ctx *, gdp_tensor *, const gdp_tensor *, const gdp_tensor *,
-                                               const gdp_tensor *, int64_t, double) { GDP_CUDA_TODO("gdp_gated_rmsnorm"); }
-extern "C" gdp_status_t gdp_cuda_rmsnorm(struct gdp_ctx *, gdp_tensor *, const gdp_tensor *, const gdp_tensor *, double) { GDP_CUDA_TODO("gdp_rmsnorm"); }

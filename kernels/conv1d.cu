@@ -1,0 +1,352 @@
+/*
+ * conv1d.cu: the CUDA kernels of the causal depthwise conv1d ops (gdp-layer.md 1.2):
+ * gdp_causal_conv1d_update (decode: S tokens per request from the slot's window, with
+ * optional per-token window snapshots) and gdp_causal_conv1d_varlen (packed prefill whose
+ * window is carried through the cache). Accumulation is fp32 in the CPU reference's
+ * order (bias, then w_0 win_0 ... w_{W-1} win_{W-1}), SiLU as x / (1 + exp(-x)).
+ *
+ * Work split: one thread per (request or token tile, channel), the W-wide window in
+ * registers; consecutive threads take consecutive channels, so every row access of x, y
+ * and the state is coalesced. The varlen op is two launches: the outputs first (they read
+ * the incoming states), then the state write-back, so no block can overwrite a window
+ * another block still reads. Slots are device values the host cannot check without a
+ * sync: a slot outside [0, slots) is treated like -1 (no slot read or written).
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "gdp_kernels.h"
+#include "src/internal.h"
+
+// CUDA kernels
+
+namespace {
+
+constexpr int CONV_THREADS = 128;
+constexpr int CONV_TOKEN_TILE = 32; /* tokens per thread in the varlen output kernel */
+constexpr int CONV_MAX_WIDTH = 8;
+
+__device__ __forceinline__ float load_as_float(const void *base, gdp_dtype_t dtype, int64_t i) {
+    switch (dtype) {
+    case GDP_DTYPE_BF16: return __bfloat162float(static_cast<const __nv_bfloat16 *>(base)[i]);
+    case GDP_DTYPE_FP16: return __half2float(static_cast<const __half *>(base)[i]);
+    default: return static_cast<const float *>(base)[i];
+    }
+}
+
+__device__ __forceinline__ void store_from_float(void *base, gdp_dtype_t dtype, int64_t i, float v) {
+    switch (dtype) {
+    case GDP_DTYPE_BF16: static_cast<__nv_bfloat16 *>(base)[i] = __float2bfloat16_rn(v); break;
+    case GDP_DTYPE_FP16: static_cast<__half *>(base)[i] = __float2half_rn(v); break;
+    default: static_cast<float *>(base)[i] = v; break;
+    }
+}
+
+/* A tensor pointer with its dtype. */
+struct TensorRef {
+    const void *data;
+    gdp_dtype_t dtype;
+};
+struct TensorOut {
+    void *data;
+    gdp_dtype_t dtype;
+};
+
+struct ConvCommon {
+    TensorRef x;       /* rows may be strided */
+    int64_t x_stride_b, x_stride_s; /* update: [B, S, C]; varlen: x_stride_b is the token stride */
+    TensorRef weight;  /* [C, W] */
+    TensorRef bias;    /* [C] or data NULL */
+    TensorOut state;   /* [slots, C, W] */
+    TensorOut y;       /* contiguous */
+    const int32_t *indices; /* slots, or NULL (identity) */
+    int64_t slots, C;
+    int silu;
+};
+
+struct ConvUpdateParams {
+    ConvCommon c;
+    TensorOut inter; /* [slots, S, C, W] or data NULL */
+    int64_t B;
+    int32_t S;
+};
+
+struct ConvVarlenParams {
+    ConvCommon c;
+    const int32_t *cu_seqlens; /* [N + 1], device */
+    int64_t T;
+    int32_t N;
+};
+
+template <int W> __device__ __forceinline__ void load_params(const ConvCommon &p, int64_t ch, float (&w)[W], float &bias) {
+#pragma unroll
+    for (int j = 0; j < W; j++)
+        w[j] = load_as_float(p.weight.data, p.weight.dtype, ch * W + j);
+    bias = p.bias.data != nullptr ? load_as_float(p.bias.data, p.bias.dtype, ch) : 0.0f;
+}
+
+/* Shift the window left by one, append x_in, return act(bias + sum_j w_j win_j). */
+template <int W>
+__device__ __forceinline__ float conv_step(float (&win)[W], const float (&w)[W], float bias, int silu, float x_in) {
+#pragma unroll
+    for (int j = 0; j < W - 1; j++)
+        win[j] = win[j + 1];
+    win[W - 1] = x_in;
+    float acc = bias;
+#pragma unroll
+    for (int j = 0; j < W; j++)
+        acc = fmaf(w[j], win[j], acc);
+    return silu ? __fdiv_rn(acc, __fadd_rn(1.0f, expf(-acc))) : acc;
+}
+
+/* One thread per (request b, channel c): the slot's window walks the S tokens. */
+template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_update_kernel(const ConvUpdateParams p) {
+    const int64_t idx = (int64_t)blockIdx.x * CONV_THREADS + threadIdx.x;
+    if (idx >= p.B * p.c.C)
+        return;
+    const int64_t ch = idx % p.c.C, b = idx / p.c.C;
+    const int64_t slot = p.c.indices != nullptr ? p.c.indices[b] : b;
+    if (slot < 0 || slot >= p.c.slots) {
+        for (int s = 0; s < p.S; s++)
+            store_from_float(p.c.y.data, p.c.y.dtype, (b * p.S + s) * p.c.C + ch, 0.0f);
+        return;
+    }
+    float w[W], win[W], bias;
+    load_params<W>(p.c, ch, w, bias);
+    const int64_t st_off = (slot * p.c.C + ch) * W;
+#pragma unroll
+    for (int j = 0; j < W; j++)
+        win[j] = load_as_float(p.c.state.data, p.c.state.dtype, st_off + j);
+    for (int s = 0; s < p.S; s++) {
+        const float x_in = load_as_float(p.c.x.data, p.c.x.dtype, b * p.c.x_stride_b + s * p.c.x_stride_s + ch);
+        const float out = conv_step<W>(win, w, bias, p.c.silu, x_in);
+        store_from_float(p.c.y.data, p.c.y.dtype, (b * p.S + s) * p.c.C + ch, out);
+        if (p.inter.data != nullptr) {
+            const int64_t off = ((slot * p.S + s) * p.c.C + ch) * W;
+#pragma unroll
+            for (int j = 0; j < W; j++)
+                store_from_float(p.inter.data, p.inter.dtype, off + j, win[j]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < W; j++)
+        store_from_float(p.c.state.data, p.c.state.dtype, st_off + j, win[j]);
+}
+
+/* The window just before local token tau of sequence `seq` (start `start`): positions
+ * tau - W .. tau - 1, read from x (>= 0) or the slot's columns W + u (< 0; zeros for a
+ * -1 request). */
+template <int W>
+__device__ __forceinline__ void varlen_window(const ConvVarlenParams &p, int64_t ch, int seq, int64_t start,
+                                              int64_t tau, float (&win)[W]) {
+    const int64_t slot = p.c.indices != nullptr ? p.c.indices[seq] : seq;
+    const bool has_slot = slot >= 0 && slot < p.c.slots;
+#pragma unroll
+    for (int j = 0; j < W; j++) {
+        const int64_t u = tau - W + j;
+        if (u >= 0)
+            win[j] = load_as_float(p.c.x.data, p.c.x.dtype, (start + u) * p.c.x_stride_b + ch);
+        else
+            win[j] = has_slot ? load_as_float(p.c.state.data, p.c.state.dtype, (slot * p.c.C + ch) * W + W + u)
+                              : 0.0f;
+    }
+}
+
+/* Outputs: thread (tile of CONV_TOKEN_TILE tokens, channel). Reads incoming states only. */
+template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out_kernel(const ConvVarlenParams p) {
+    const int64_t ch = (int64_t)blockIdx.y * CONV_THREADS + threadIdx.x;
+    if (ch >= p.c.C)
+        return;
+    const int64_t t_begin = (int64_t)blockIdx.x * CONV_TOKEN_TILE;
+    const int64_t t_end = min(p.T, t_begin + CONV_TOKEN_TILE);
+    const int64_t total = p.cu_seqlens[p.N];
+
+    int seq = -1;
+    float w[W], win[W], bias = 0.0f;
+    if (t_begin < total) {
+        /* The sequence holding t_begin: the last i with cu[i] <= t_begin (then cu[i+1] > t_begin). */
+        int lo = 0, hi = p.N; /* cu[lo] <= t_begin < cu[hi] */
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (p.cu_seqlens[mid] <= t_begin)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        seq = lo;
+        load_params<W>(p.c, ch, w, bias);
+        varlen_window<W>(p, ch, seq, p.cu_seqlens[seq], t_begin - p.cu_seqlens[seq], win);
+    }
+    int64_t seq_end = seq >= 0 ? p.cu_seqlens[seq + 1] : 0;
+    for (int64_t t = t_begin; t < t_end; t++) {
+        if (t >= total) {
+            store_from_float(p.c.y.data, p.c.y.dtype, t * p.c.C + ch, 0.0f); /* padding rows */
+            continue;
+        }
+        if (t >= seq_end) {
+            /* Next non-empty sequence starts at t: its window comes from its slot. */
+            while (p.cu_seqlens[seq + 1] <= t)
+                seq++;
+            seq_end = p.cu_seqlens[seq + 1];
+            varlen_window<W>(p, ch, seq, t, 0, win);
+        }
+        const float x_in = load_as_float(p.c.x.data, p.c.x.dtype, t * p.c.x_stride_b + ch);
+        store_from_float(p.c.y.data, p.c.y.dtype, t * p.c.C + ch, conv_step<W>(win, w, bias, p.c.silu, x_in));
+    }
+}
+
+/* New states: thread (sequence, channel). Column j of the new state is element L + j of
+ * (old state ++ the L tokens): old columns carry over when L < W; L == 0 keeps the state. */
+template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_state_kernel(const ConvVarlenParams p) {
+    const int64_t idx = (int64_t)blockIdx.x * CONV_THREADS + threadIdx.x;
+    if (idx >= (int64_t)p.N * p.c.C)
+        return;
+    const int64_t ch = idx % p.c.C;
+    const int seq = (int)(idx / p.c.C);
+    const int64_t slot = p.c.indices != nullptr ? p.c.indices[seq] : seq;
+    const int64_t start = p.cu_seqlens[seq], len = (int64_t)p.cu_seqlens[seq + 1] - start;
+    if (slot < 0 || slot >= p.c.slots || len == 0)
+        return;
+    const int64_t st_off = (slot * p.c.C + ch) * W;
+    float cols[W];
+#pragma unroll
+    for (int j = 0; j < W; j++)
+        cols[j] = len + j < W ? load_as_float(p.c.state.data, p.c.state.dtype, st_off + len + j)
+                              : load_as_float(p.c.x.data, p.c.x.dtype, (start + len + j - W) * p.c.x_stride_b + ch);
+#pragma unroll
+    for (int j = 0; j < W; j++)
+        store_from_float(p.c.state.data, p.c.state.dtype, st_off + j, cols[j]);
+}
+
+template <int W> cudaError_t launch_update(const ConvUpdateParams &p, cudaStream_t stream) {
+    const int64_t blocks = (p.B * p.c.C + CONV_THREADS - 1) / CONV_THREADS;
+    if (blocks > INT32_MAX)
+        return cudaErrorInvalidConfiguration;
+    conv_update_kernel<W><<<(unsigned)blocks, CONV_THREADS, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+template <int W> cudaError_t launch_varlen(const ConvVarlenParams &p, cudaStream_t stream) {
+    const int64_t tiles = (p.T + CONV_TOKEN_TILE - 1) / CONV_TOKEN_TILE;
+    const int64_t ch_blocks = (p.c.C + CONV_THREADS - 1) / CONV_THREADS;
+    const int64_t st_blocks = ((int64_t)p.N * p.c.C + CONV_THREADS - 1) / CONV_THREADS;
+    if (tiles > INT32_MAX || ch_blocks > 65535 || st_blocks > INT32_MAX)
+        return cudaErrorInvalidConfiguration;
+    if (tiles > 0) {
+        conv_varlen_out_kernel<W><<<dim3((unsigned)tiles, (unsigned)ch_blocks), CONV_THREADS, 0, stream>>>(p);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess)
+            return err;
+    }
+    if (st_blocks > 0)
+        conv_varlen_state_kernel<W><<<(unsigned)st_blocks, CONV_THREADS, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+/* Compile-time width from the runtime one (the front-end allows 2..8). */
+template <typename Params, template <int> class Launch>
+cudaError_t dispatch_width(int64_t W, const Params &p, cudaStream_t stream) {
+    switch (W) {
+    case 2: return Launch<2>::run(p, stream);
+    case 3: return Launch<3>::run(p, stream);
+    case 4: return Launch<4>::run(p, stream);
+    case 5: return Launch<5>::run(p, stream);
+    case 6: return Launch<6>::run(p, stream);
+    case 7: return Launch<7>::run(p, stream);
+    case 8: return Launch<8>::run(p, stream);
+    default: return cudaErrorNotSupported;
+    }
+}
+template <int W> struct UpdateLauncher {
+    static cudaError_t run(const ConvUpdateParams &p, cudaStream_t s) { return launch_update<W>(p, s); }
+};
+template <int W> struct VarlenLauncher {
+    static cudaError_t run(const ConvVarlenParams &p, cudaStream_t s) { return launch_varlen<W>(p, s); }
+};
+
+ConvCommon common_params(const gdp_tensor &x, const gdp_tensor &weight, const gdp_tensor &bias,
+                         const gdp_tensor &state, const gdp_tensor &indices, const gdp_tensor &y, int silu) {
+    ConvCommon c = {};
+    c.x = {x.data, x.dtype};
+    c.weight = {weight.data, weight.dtype};
+    c.bias = {gdp_tensor_present(&bias) ? bias.data : nullptr, bias.dtype};
+    c.state = {state.data, state.dtype};
+    c.y = {y.data, y.dtype};
+    c.indices = gdp_tensor_present(&indices) ? static_cast<const int32_t *>(indices.data) : nullptr;
+    c.slots = state.shape[0];
+    c.silu = silu;
+    return c;
+}
+
+} // namespace
+
+// kernel launchers
+
+extern "C" gdp_status_t gdp_cuda_conv1d_update(struct gdp_ctx *ctx, const gdp_conv1d_update_args *a) {
+    static const char *op = "gdp_causal_conv1d_update";
+    const int64_t W = a->weight.shape[1];
+    if (W < 2 || W > CONV_MAX_WIDTH)
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: width %lld; the CUDA kernels take widths 2..%d", op, (long long)W,
+                 CONV_MAX_WIDTH);
+    if (a->x.shape[1] > INT32_MAX)
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: %lld tokens per request exceed int32", op, (long long)a->x.shape[1]);
+    ConvUpdateParams p = {};
+    p.c = common_params(a->x, a->weight, a->bias, a->conv_state, a->conv_state_indices, a->y, a->silu);
+    p.c.C = a->x.shape[2];
+    p.c.x_stride_b = gdp_tensor_stride(&a->x, 0);
+    p.c.x_stride_s = gdp_tensor_stride(&a->x, 1);
+    p.inter = {gdp_tensor_present(&a->intermediate_conv_states) ? a->intermediate_conv_states.data : nullptr,
+               a->intermediate_conv_states.dtype};
+    p.B = a->x.shape[0];
+    p.S = (int32_t)a->x.shape[1];
+    if (p.B == 0)
+        return GDP_STATUS_SUCCESS;
+    const cudaError_t err =
+        dispatch_width<ConvUpdateParams, UpdateLauncher>(W, p, static_cast<cudaStream_t>(ctx->stream));
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: kernel launch failed: %s (B %lld, S %d, C %lld, W %lld)", op,
+                 cudaGetErrorString(err), (long long)p.B, p.S, (long long)p.c.C, (long long)W);
+    }
+    return GDP_STATUS_SUCCESS;
+}
+
+extern "C" gdp_status_t gdp_cuda_conv1d_varlen(struct gdp_ctx *ctx, const gdp_conv1d_varlen_args *a) {
+    static const char *op = "gdp_causal_conv1d_varlen";
+    const int64_t W = a->weight.shape[1];
+    if (W < 2 || W > CONV_MAX_WIDTH)
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: width %lld; the CUDA kernels take widths 2..%d", op, (long long)W,
+                 CONV_MAX_WIDTH);
+    const int64_t N = a->cu_seqlens.shape[0] - 1;
+    if (N > INT32_MAX - 1)
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: %lld sequences exceed int32", op, (long long)N);
+    ConvVarlenParams p = {};
+    p.c = common_params(a->x, a->weight, a->bias, a->conv_state, a->state_indices, a->y, a->silu);
+    p.c.C = a->x.shape[1];
+    p.c.x_stride_b = gdp_tensor_stride(&a->x, 0);
+    p.c.x_stride_s = 0;
+    p.cu_seqlens = static_cast<const int32_t *>(a->cu_seqlens.data);
+    p.T = a->x.shape[0];
+    p.N = (int32_t)N;
+    if (N == 0) {
+        /* No sequence: every row is padding. */
+        if (p.T * p.c.C > 0) {
+            const cudaError_t err = cudaMemsetAsync(a->y.data, 0, (size_t)(p.T * p.c.C) * gdp_dtype_size(a->y.dtype),
+                                                    static_cast<cudaStream_t>(ctx->stream));
+            if (err != cudaSuccess) {
+                (void)cudaGetLastError();
+                GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: zeroing y failed: %s", op, cudaGetErrorString(err));
+            }
+        }
+        return GDP_STATUS_SUCCESS;
+    }
+    const cudaError_t err =
+        dispatch_width<ConvVarlenParams, VarlenLauncher>(W, p, static_cast<cudaStream_t>(ctx->stream));
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: kernel launch failed: %s (T %lld, C %lld, N %lld, W %lld)", op,
+                 cudaGetErrorString(err), (long long)p.T, (long long)p.c.C, (long long)N, (long long)W);
+    }
+    return GDP_STATUS_SUCCESS;
+}

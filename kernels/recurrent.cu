@@ -1,0 +1,498 @@
+/*
+ * recurrent.cu: the CUDA kernel of gdp_fused_recurrent_gated_delta_rule_update, the decode
+ * op (gdp-math.md 5, api-reference/fused_recurrent.md): per (request, head) the K x V state
+ * walks the request's T = S*M steps (decay, delta-rule update, read-out), in place on the
+ * cache slots or dense, with optional per-token snapshots (intermediate_states).
+ *
+ * Design (bandwidth first, decode is memory-bound by an order of magnitude):
+ *   - one block of 128 threads owns one (request, head, block of BV value columns); the
+ *     block's state tile is read once and written once, 16 bytes per thread access, and
+ *     stays in registers across every step;
+ *   - thread (row group rg, column group cg) holds rows rg + 16 i (i < R) of CW adjacent
+ *     columns: CW = 4 for an fp32 state, 8 for bf16/fp16, so BV = 8 CW columns per block;
+ *     R = ceil(K / 16) is a template (2, 4, 8, 16: K <= 256);
+ *   - per step one fused reduction over K gives both S^T k and S^T q (after the decay),
+ *     so o = S^T q + delta (k . q) needs one __syncthreads per step: butterflies inside a
+ *     warp, then a fixed-order sum of the 4 warps' partials in shared memory (double
+ *     buffered); no atomics, the same bits every run;
+ *   - q, k (L2-normalized in fp32, never rounded; scale applied after the norm), v, beta and
+ *     exp(g) of up to 8 steps at a time are staged in shared memory as fp32;
+ *   - no host synchronization and no allocation: the launch is graph-capturable.
+ * Splitting V across blocks keeps small batches spread over the GPU (B = 1, H = 16,
+ * K = V = 128, fp32: 64 blocks).
+ */
+#include <math.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "gdp_kernels.h"
+#include "src/internal.h"
+
+// CUDA kernels
+
+namespace {
+
+constexpr int REC_THREADS = 128;
+constexpr int REC_WARPS = REC_THREADS / 32;
+constexpr int REC_COL_GROUPS = 8;                            /* column groups per block */
+constexpr int REC_ROW_GROUPS = REC_THREADS / REC_COL_GROUPS; /* 16 row groups          */
+constexpr int REC_TILE_STEPS = 8;                            /* steps staged at a time */
+
+struct RecurrentParams {
+    const void *q, *k, *v, *beta; /* [B, T, H, *], contiguous */
+    const float *g;               /* [B, T, H] or NULL        */
+    gdp_dtype_t qkv_dtype, beta_dtype, o_dtype;
+    void *o; /* [B, T, H, V] */
+    /* Where the state comes from and goes to; row = slot (cache) or request (dense). */
+    const void *state_in; /* NULL: zeros */
+    int64_t in_stride_row, in_stride_head;
+    void *state_out; /* NULL: not written */
+    int64_t out_stride_row, out_stride_head;
+    int out_fp32; /* 1: state_out is fp32 (dense final_state), 0: the state's own dtype */
+    void *inter;  /* [slots, S, H, K, V] in the state's dtype, or NULL */
+    const int32_t *indices; /* [B] slots, or NULL (slot b) */
+    int cache;              /* 1: cache mode (rows are slots; -1 skips) */
+    int64_t slots;
+    int64_t B;
+    int32_t T, H, K, V, steps_per_token, S, n_vblocks, tile_steps;
+    float scale;
+    int l2norm;
+};
+
+/* Bit-level storage of the state: load/store CW elements and convert to/from fp32. */
+template <int SDT> struct StateStorage;
+template <> struct StateStorage<GDP_DTYPE_FP32> {
+    using Bits = uint32_t;
+    static __device__ __forceinline__ float to_float(Bits b) { return __uint_as_float(b); }
+    static __device__ __forceinline__ Bits from_float(float f) { return __float_as_uint(f); }
+};
+template <> struct StateStorage<GDP_DTYPE_BF16> {
+    using Bits = uint16_t;
+    static __device__ __forceinline__ float to_float(Bits b) { return __uint_as_float((uint32_t)b << 16); }
+    static __device__ __forceinline__ Bits from_float(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+};
+template <> struct StateStorage<GDP_DTYPE_FP16> {
+    using Bits = uint16_t;
+    static __device__ __forceinline__ float to_float(Bits b) { return __half2float(__ushort_as_half(b)); }
+    static __device__ __forceinline__ Bits from_float(float f) { return __half_as_ushort(__float2half_rn(f)); }
+};
+
+/* CW consecutive elements: one 16-byte access when CW * sizeof(Bits) == 16. */
+template <int SDT, int CW>
+__device__ __forceinline__ void load_columns(const typename StateStorage<SDT>::Bits *src, float (&dst)[CW]) {
+    using Store = StateStorage<SDT>;
+    using Bits = typename Store::Bits;
+    if constexpr (CW * sizeof(Bits) == 16) {
+        union {
+            uint4 raw;
+            Bits e[CW];
+        } u;
+        u.raw = *reinterpret_cast<const uint4 *>(src);
+#pragma unroll
+        for (int c = 0; c < CW; c++)
+            dst[c] = Store::to_float(u.e[c]);
+    } else {
+#pragma unroll
+        for (int c = 0; c < CW; c++)
+            dst[c] = Store::to_float(src[c]);
+    }
+}
+
+template <int SDT, int CW>
+__device__ __forceinline__ void store_columns(typename StateStorage<SDT>::Bits *dst, const float (&src)[CW]) {
+    using Store = StateStorage<SDT>;
+    using Bits = typename Store::Bits;
+    if constexpr (CW * sizeof(Bits) == 16) {
+        union {
+            uint4 raw;
+            Bits e[CW];
+        } u;
+#pragma unroll
+        for (int c = 0; c < CW; c++)
+            u.e[c] = Store::from_float(src[c]);
+        *reinterpret_cast<uint4 *>(dst) = u.raw;
+    } else {
+#pragma unroll
+        for (int c = 0; c < CW; c++)
+            dst[c] = Store::from_float(src[c]);
+    }
+}
+
+/* CW fp32 values to an fp32 tensor: float4 stores when CW is a multiple of 4. */
+template <int CW> __device__ __forceinline__ void store_columns_f32(float *dst, const float (&src)[CW]) {
+    if constexpr (CW % 4 == 0) {
+#pragma unroll
+        for (int c = 0; c < CW; c += 4)
+            *reinterpret_cast<float4 *>(dst + c) = make_float4(src[c], src[c + 1], src[c + 2], src[c + 3]);
+    } else {
+#pragma unroll
+        for (int c = 0; c < CW; c++)
+            dst[c] = src[c];
+    }
+}
+
+__device__ __forceinline__ float load_as_float(const void *base, gdp_dtype_t dtype, int64_t i) {
+    switch (dtype) {
+    case GDP_DTYPE_BF16: return __bfloat162float(static_cast<const __nv_bfloat16 *>(base)[i]);
+    case GDP_DTYPE_FP16: return __half2float(static_cast<const __half *>(base)[i]);
+    default: return static_cast<const float *>(base)[i];
+    }
+}
+
+__device__ __forceinline__ void store_from_float(void *base, gdp_dtype_t dtype, int64_t i, float v) {
+    switch (dtype) {
+    case GDP_DTYPE_BF16: static_cast<__nv_bfloat16 *>(base)[i] = __float2bfloat16_rn(v); break;
+    case GDP_DTYPE_FP16: static_cast<__half *>(base)[i] = __float2half_rn(v); break;
+    default: static_cast<float *>(base)[i] = v; break;
+    }
+}
+
+/* Butterfly sum over a warp: every lane ends with the same bits. */
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        x += __shfl_xor_sync(0xffffffffu, x, off);
+    return x;
+}
+
+/* Shared-memory floats of one block: q, k tiles [TS][16 R], v tile [TS][BV], exp(g),
+ * beta and k.q per step, and two reduction buffers [warps][2 BV]. */
+__host__ __device__ constexpr int64_t recurrent_smem_floats(int tile_steps, int kp, int bv) {
+    return (int64_t)tile_steps * (2 * kp + bv + 3) + 2 * REC_WARPS * 2 * bv;
+}
+
+/* One block per (request b, head h, value block vb); see the file comment for the split. */
+template <int SDT, int R, bool VEC>
+__global__ void __launch_bounds__(REC_THREADS) recurrent_kernel(const RecurrentParams p) {
+    using Store = StateStorage<SDT>;
+    using Bits = typename Store::Bits;
+    constexpr int CW = VEC ? (int)(16 / sizeof(Bits)) : 1; /* columns per thread */
+    constexpr int BV = REC_COL_GROUPS * CW;                 /* columns per block */
+    constexpr int KP = REC_ROW_GROUPS * R;                  /* K padded to the row tiling */
+    extern __shared__ float smem[];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int cg = tid % REC_COL_GROUPS, rg = tid / REC_COL_GROUPS;
+    const int vb = (int)(blockIdx.x % (unsigned)p.n_vblocks);
+    const int64_t bh = blockIdx.x / (unsigned)p.n_vblocks;
+    const int h = (int)(bh % p.H);
+    const int64_t b = bh / p.H;
+    const int col0 = vb * BV + cg * CW;
+    const bool col_ok = col0 < p.V; /* VEC: V % CW == 0, so a group is all in or all out */
+    const int64_t KV = (int64_t)p.K * p.V;
+
+    int64_t row = b; /* state row: the slot in cache mode, the request in dense mode */
+    if (p.cache && p.indices != nullptr)
+        row = p.indices[b];
+    if (p.cache && (row < 0 || row >= p.slots)) {
+        /* Padding (-1): output 0, no slot read or written. Out-of-range slots, which the
+         * host cannot check without a sync, are treated the same way. */
+        if (rg == 0 && col_ok)
+            for (int t = 0; t < p.T; t++)
+#pragma unroll
+                for (int c = 0; c < CW; c++)
+                    store_from_float(p.o, p.o_dtype, ((b * p.T + t) * p.H + h) * p.V + col0 + c, 0.0f);
+        return;
+    }
+
+    /* 1. The state tile into registers, issued first so its latency overlaps the staging. */
+    float st[R][CW];
+    const Bits *in = p.state_in == nullptr
+                         ? nullptr
+                         : static_cast<const Bits *>(p.state_in) + row * p.in_stride_row + h * p.in_stride_head;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        const int kr = rg + REC_ROW_GROUPS * i;
+        if (in != nullptr && kr < p.K && col_ok) {
+            load_columns<SDT, CW>(in + (int64_t)kr * p.V + col0, st[i]);
+        } else {
+#pragma unroll
+            for (int c = 0; c < CW; c++)
+                st[i][c] = 0.0f;
+        }
+    }
+
+    const int TS = p.tile_steps;
+    float *qs = smem;              /* [TS][KP] normalized, scaled q */
+    float *ks = qs + TS * KP;      /* [TS][KP] normalized k         */
+    float *vs = ks + TS * KP;      /* [TS][BV] this block's columns */
+    float *decay = vs + TS * BV;   /* [TS] exp(g)                   */
+    float *betas = decay + TS;     /* [TS]                          */
+    float *kq = betas + TS;        /* [TS] k . q                    */
+    float *red = kq + TS;          /* [2][warps][2 BV]              */
+    const bool has_g = p.g != nullptr;
+
+    for (int t0 = 0; t0 < p.T; t0 += TS) {
+        const int ns = min(TS, p.T - t0);
+        if (t0 > 0)
+            __syncthreads(); /* every thread is done with the previous tile */
+
+        /* 2. Stage the tile's inputs as fp32 (zero padding past K and V). */
+        for (int idx = tid; idx < ns * KP; idx += REC_THREADS) {
+            const int j = idx / KP, kk = idx - j * KP;
+            const int64_t base = ((b * p.T + t0 + j) * p.H + h) * p.K;
+            qs[idx] = kk < p.K ? load_as_float(p.q, p.qkv_dtype, base + kk) : 0.0f;
+            ks[idx] = kk < p.K ? load_as_float(p.k, p.qkv_dtype, base + kk) : 0.0f;
+        }
+        for (int idx = tid; idx < ns * BV; idx += REC_THREADS) {
+            const int j = idx / BV, cc = idx - j * BV;
+            const int col = vb * BV + cc;
+            const int64_t base = ((b * p.T + t0 + j) * p.H + h) * p.V;
+            vs[idx] = col < p.V ? load_as_float(p.v, p.qkv_dtype, base + col) : 0.0f;
+        }
+        for (int j = tid; j < ns; j += REC_THREADS) {
+            const int64_t bth = (b * p.T + t0 + j) * p.H + h;
+            decay[j] = has_g ? expf(p.g[bth]) : 1.0f;
+            betas[j] = p.beta != nullptr ? load_as_float(p.beta, p.beta_dtype, bth) : 1.0f;
+        }
+        __syncthreads();
+
+        /* 3. Per step (one warp each): L2 norms in fp32, then scale, then k . q. */
+        for (int j = warp; j < ns; j += REC_WARPS) {
+            float *qj = qs + j * KP, *kj = ks + j * KP;
+            float fq = 1.0f, fk = 1.0f;
+            if (p.l2norm) {
+                float ssq = 0.0f, ssk = 0.0f;
+                for (int kk = lane; kk < KP; kk += 32) {
+                    ssq += qj[kk] * qj[kk];
+                    ssk += kj[kk] * kj[kk];
+                }
+                fq = 1.0f / sqrtf(warp_sum(ssq) + (float)GDP_L2NORM_EPS);
+                fk = 1.0f / sqrtf(warp_sum(ssk) + (float)GDP_L2NORM_EPS);
+            }
+            float dot = 0.0f;
+            for (int kk = lane; kk < KP; kk += 32) {
+                const float qn = (qj[kk] * fq) * p.scale, kn = kj[kk] * fk;
+                qj[kk] = qn;
+                kj[kk] = kn;
+                dot += kn * qn;
+            }
+            dot = warp_sum(dot);
+            if (lane == 0)
+                kq[j] = dot;
+        }
+        __syncthreads();
+
+        /* 4. The steps. */
+        for (int j = 0; j < ns; j++) {
+            const int t = t0 + j;
+            const float *qj = qs + j * KP, *kj = ks + j * KP;
+            float *buf = red + (t & 1) * (REC_WARPS * 2 * BV);
+            if (has_g) {
+                const float e = decay[j];
+#pragma unroll
+                for (int i = 0; i < R; i++)
+#pragma unroll
+                    for (int c = 0; c < CW; c++)
+                        st[i][c] *= e;
+            }
+            /* S^T k and S^T q over this thread's rows. */
+            float sk[CW], sq[CW];
+#pragma unroll
+            for (int c = 0; c < CW; c++)
+                sk[c] = sq[c] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const float kv = kj[rg + REC_ROW_GROUPS * i], qv = qj[rg + REC_ROW_GROUPS * i];
+#pragma unroll
+                for (int c = 0; c < CW; c++) {
+                    sk[c] = fmaf(st[i][c], kv, sk[c]);
+                    sq[c] = fmaf(st[i][c], qv, sq[c]);
+                }
+            }
+            /* The warp's 4 row groups sit 8 lanes apart. */
+#pragma unroll
+            for (int c = 0; c < CW; c++) {
+                sk[c] += __shfl_xor_sync(0xffffffffu, sk[c], 8);
+                sk[c] += __shfl_xor_sync(0xffffffffu, sk[c], 16);
+                sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], 8);
+                sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], 16);
+            }
+            if (lane < REC_COL_GROUPS) {
+#pragma unroll
+                for (int c = 0; c < CW; c++) {
+                    buf[warp * 2 * BV + cg * CW + c] = sk[c];
+                    buf[warp * 2 * BV + BV + cg * CW + c] = sq[c];
+                }
+            }
+            __syncthreads();
+            /* Fixed-order sum over the warps, then delta, the read-out and the update. */
+            const float beta = betas[j], kqj = kq[j];
+            float delta[CW], out[CW];
+#pragma unroll
+            for (int c = 0; c < CW; c++) {
+                float a = buf[cg * CW + c], q = buf[BV + cg * CW + c];
+#pragma unroll
+                for (int w = 1; w < REC_WARPS; w++) {
+                    a += buf[w * 2 * BV + cg * CW + c];
+                    q += buf[w * 2 * BV + BV + cg * CW + c];
+                }
+                delta[c] = beta * (vs[j * BV + cg * CW + c] - a);
+                out[c] = q + delta[c] * kqj; /* (S + k delta^T)^T q */
+            }
+            if (tid < REC_COL_GROUPS && col_ok) {
+                const int64_t o_off = ((b * p.T + t) * p.H + h) * p.V + col0;
+#pragma unroll
+                for (int c = 0; c < CW; c++)
+                    store_from_float(p.o, p.o_dtype, o_off + c, out[c]);
+            }
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const float kv = kj[rg + REC_ROW_GROUPS * i];
+#pragma unroll
+                for (int c = 0; c < CW; c++)
+                    st[i][c] = fmaf(kv, delta[c], st[i][c]);
+            }
+            if (p.inter != nullptr && (t + 1) % p.steps_per_token == 0 && col_ok) {
+                /* Snapshot after token s = (t + 1) / M - 1, at [slot, s, h]. */
+                const int s = (t + 1) / p.steps_per_token - 1;
+                Bits *dst = static_cast<Bits *>(p.inter) + ((row * p.S + s) * p.H + h) * KV;
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    const int kr = rg + REC_ROW_GROUPS * i;
+                    if (kr < p.K)
+                        store_columns<SDT, CW>(dst + (int64_t)kr * p.V + col0, st[i]);
+                }
+            }
+        }
+    }
+
+    /* 5. The final state: back into the slot, or dense fp32. */
+    if (p.state_out != nullptr && col_ok) {
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const int kr = rg + REC_ROW_GROUPS * i;
+            if (kr >= p.K)
+                continue;
+            const int64_t off = row * p.out_stride_row + h * p.out_stride_head + (int64_t)kr * p.V + col0;
+            if (p.out_fp32)
+                store_columns_f32<CW>(static_cast<float *>(p.state_out) + off, st[i]);
+            else
+                store_columns<SDT, CW>(static_cast<Bits *>(p.state_out) + off, st[i]);
+        }
+    }
+}
+
+template <int SDT, int R, bool VEC>
+cudaError_t launch_recurrent(const RecurrentParams &p, cudaStream_t stream) {
+    using Bits = typename StateStorage<SDT>::Bits;
+    constexpr int CW = VEC ? (int)(16 / sizeof(Bits)) : 1;
+    constexpr int BV = REC_COL_GROUPS * CW;
+    RecurrentParams q = p;
+    q.n_vblocks = (p.V + BV - 1) / BV;
+    const int64_t blocks = p.B * p.H * q.n_vblocks;
+    if (blocks > INT32_MAX)
+        return cudaErrorInvalidConfiguration;
+    const size_t smem = (size_t)recurrent_smem_floats(p.tile_steps, REC_ROW_GROUPS * R, BV) * sizeof(float);
+    recurrent_kernel<SDT, R, VEC><<<(unsigned)blocks, REC_THREADS, smem, stream>>>(q);
+    return cudaGetLastError();
+}
+
+/* R = rows per thread, the smallest of 2, 4, 8, 16 with 16 R >= K. */
+template <int SDT, bool VEC> cudaError_t dispatch_rows(const RecurrentParams &p, cudaStream_t stream) {
+    if (p.K <= 2 * REC_ROW_GROUPS)
+        return launch_recurrent<SDT, 2, VEC>(p, stream);
+    if (p.K <= 4 * REC_ROW_GROUPS)
+        return launch_recurrent<SDT, 4, VEC>(p, stream);
+    if (p.K <= 8 * REC_ROW_GROUPS)
+        return launch_recurrent<SDT, 8, VEC>(p, stream);
+    return launch_recurrent<SDT, 16, VEC>(p, stream);
+}
+
+template <int SDT> cudaError_t dispatch_vec(const RecurrentParams &p, bool vec, cudaStream_t stream) {
+    return vec ? dispatch_rows<SDT, true>(p, stream) : dispatch_rows<SDT, false>(p, stream);
+}
+
+/* NULL counts as aligned: an absent tensor does not constrain the access width. */
+bool aligned16(const void *ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+} // namespace
+
+// kernel launchers
+
+extern "C" gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurrent_args *a) {
+    static const char *op = "gdp_fused_recurrent_gated_delta_rule_update";
+    const int64_t B = a->q.shape[0], T = a->q.shape[1], H = a->q.shape[2], K = a->q.shape[3];
+    const int64_t V = a->v.shape[3];
+    const bool cache = gdp_tensor_present(&a->state);
+    if (K > REC_ROW_GROUPS * 16)
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: K = %lld; the CUDA decode kernel holds at most %d state rows", op,
+                 (long long)K, REC_ROW_GROUPS * 16);
+    if (T > INT32_MAX || H > INT32_MAX)
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: T = %lld, H = %lld exceed the kernel's int32 indexing", op,
+                 (long long)T, (long long)H);
+    if (B == 0)
+        return GDP_STATUS_SUCCESS;
+
+    RecurrentParams p = {};
+    p.q = a->q.data;
+    p.k = a->k.data;
+    p.v = a->v.data;
+    p.beta = gdp_tensor_present(&a->beta) ? a->beta.data : nullptr;
+    p.g = gdp_tensor_present(&a->g) ? static_cast<const float *>(a->g.data) : nullptr;
+    p.qkv_dtype = a->q.dtype;
+    p.beta_dtype = gdp_tensor_present(&a->beta) ? a->beta.dtype : GDP_DTYPE_FP32;
+    p.o = a->o.data;
+    p.o_dtype = a->o.dtype;
+    p.B = B;
+    p.T = (int32_t)T;
+    p.H = (int32_t)H;
+    p.K = (int32_t)K;
+    p.V = (int32_t)V;
+    p.steps_per_token = a->steps_per_token;
+    p.S = (int32_t)(T / a->steps_per_token);
+    p.scale = a->scale != 0 ? (float)a->scale : (float)(1.0 / sqrt((double)K));
+    p.l2norm = a->use_qk_l2norm_in_kernel != 0;
+    p.tile_steps = (int32_t)(T < REC_TILE_STEPS ? T : REC_TILE_STEPS);
+
+    gdp_dtype_t state_dtype;
+    if (cache) {
+        state_dtype = a->state.dtype;
+        p.cache = 1;
+        p.slots = a->state.shape[0];
+        p.indices = gdp_tensor_present(&a->state_indices) ? static_cast<const int32_t *>(a->state_indices.data)
+                                                          : nullptr;
+        p.state_in = a->state.data;
+        p.state_out = a->state.data;
+        p.in_stride_row = p.out_stride_row = gdp_tensor_stride(&a->state, 0);
+        p.in_stride_head = p.out_stride_head = gdp_tensor_stride(&a->state, 1);
+        p.out_fp32 = 0;
+        p.inter = gdp_tensor_present(&a->intermediate_states) ? a->intermediate_states.data : nullptr;
+    } else {
+        const bool has_init = gdp_tensor_present(&a->initial_state);
+        state_dtype = has_init ? a->initial_state.dtype : GDP_DTYPE_FP32;
+        p.state_in = has_init ? a->initial_state.data : nullptr;
+        p.in_stride_row = H * K * V;
+        p.in_stride_head = K * V;
+        p.state_out = a->output_final_state ? a->final_state.data : nullptr;
+        p.out_stride_row = H * K * V;
+        p.out_stride_head = K * V;
+        p.out_fp32 = 1;
+        p.slots = B;
+    }
+
+    /* 16-byte state accesses when columns, strides and pointers allow them. */
+    const int cw = state_dtype == GDP_DTYPE_FP32 ? 4 : 8;
+    const bool vec = V % cw == 0 && p.in_stride_row % cw == 0 && p.in_stride_head % cw == 0 &&
+                     p.out_stride_row % cw == 0 && p.out_stride_head % cw == 0 && aligned16(p.state_in) &&
+                     aligned16(p.state_out) && aligned16(p.inter);
+
+    cudaStream_t stream = static_cast<cudaStream_t>(ctx->stream);
+    cudaError_t err;
+    switch (state_dtype) {
+    case GDP_DTYPE_FP32: err = dispatch_vec<GDP_DTYPE_FP32>(p, vec, stream); break;
+    case GDP_DTYPE_BF16: err = dispatch_vec<GDP_DTYPE_BF16>(p, vec, stream); break;
+    case GDP_DTYPE_FP16: err = dispatch_vec<GDP_DTYPE_FP16>(p, vec, stream); break;
+    default:
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: state dtype %s is not supported by the CUDA kernel (fp32, bf16, fp16)",
+                 op, gdp_dtype_name(state_dtype));
+    }
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: kernel launch failed: %s (B %lld, H %lld, K %lld, V %lld, T %lld)", op,
+                 cudaGetErrorString(err), (long long)B, (long long)H, (long long)K, (long long)V, (long long)T);
+    }
+    return GDP_STATUS_SUCCESS;
+}
