@@ -67,6 +67,11 @@ GDP_API gdp_status_t gdp_checkpoint_get_config(gdp_checkpoint_t ckpt, gdp_layer_
 /* The weight dtype (metadata "dtype"; every weight but A_log has it). */
 GDP_API gdp_status_t gdp_checkpoint_get_dtype(gdp_checkpoint_t ckpt, gdp_dtype_t *dtype);
 
+/* Validates every layer for tensor-parallel size tp_size without reading tensor data:
+ * H and G divisible by tp_size, and each tensor present with the expected shape and
+ * dtype. Errors as gdp_checkpoint_load_layer_shard (the first problem found). */
+GDP_API gdp_status_t gdp_checkpoint_check(gdp_checkpoint_t ckpt, int32_t tp_size);
+
 /* Loads rank tp_rank's shard of layer `layer` at tensor-parallel size tp_size into *out:
  * the in_proj and conv sections sliced one by one (rank r's heads or groups of each),
  * A_log, dt_bias and out_norm.weight sliced by heads, out_proj by its input columns,

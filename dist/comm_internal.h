@@ -1,0 +1,91 @@
+/*
+ * comm_internal.h: what the comm front-end (comm.c) and its implementations
+ * (comm_mpi.c, comm_nccl.c) share and users never see: the backend vtable
+ * (struct gdp_comm_i), the comm struct, the MPI/CUDA check macros and the helpers
+ * every backend uses (status agreement over MPI, GPU binding).
+ */
+#ifndef GDP_COMM_INTERNAL_H
+#define GDP_COMM_INTERNAL_H
+
+#include <mpi.h> /* defines: MPI_Comm, MPI_Error_string, ... */
+
+#include "gdp/comm.h"
+#include "internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GDP_COMM_MAGIC 0x67646d63u /* "gdmc" */
+#define GDP_BACKEND_API_VERSION 1
+
+/* One comm implementation. The front-end has checked the handle, the pointers, the
+ * dtype and the root before any slot is called. */
+struct gdp_comm_i {
+    gdp_status_t (*allreduce)(gdp_comm_t comm, const void *send, void *recv, size_t count, gdp_dtype_t dtype,
+                              void *stream);
+    gdp_status_t (*allgather)(gdp_comm_t comm, const void *send, void *recv, size_t count, gdp_dtype_t dtype,
+                              void *stream);
+    gdp_status_t (*reduce_scatter)(gdp_comm_t comm, const void *send, void *recv, size_t recv_count,
+                                   gdp_dtype_t dtype, void *stream);
+    gdp_status_t (*alltoall)(gdp_comm_t comm, const void *send, void *recv, size_t count, gdp_dtype_t dtype,
+                             void *stream);
+    gdp_status_t (*bcast)(gdp_comm_t comm, void *buf, size_t count, gdp_dtype_t dtype, int32_t root, void *stream);
+    gdp_status_t (*barrier)(gdp_comm_t comm, void *stream);
+    /* Local: stop this rank's pending and future operations so peers are not waited on. */
+    gdp_status_t (*abort)(gdp_comm_t comm);
+    /* Releases the backend's context (not the MPI communicator: the front-end owns it). */
+    void (*free)(gdp_comm_t comm);
+};
+
+struct gdp_comm {
+    uint32_t           magic;
+    struct gdp_comm_i  iface;
+    void              *context;       /* the backend's own state                          */
+    gdp_comm_backend_t backend;
+    gdp_comm_buffers_t buffers;
+    MPI_Comm           mpi;           /* our duplicate, MPI_ERRORS_RETURN                 */
+    int32_t            rank, size;
+    int32_t            local_rank, local_size; /* among this comm's ranks on this node    */
+    int32_t            world_rank;
+    int32_t            device;        /* bound CUDA device, -1 with host buffers         */
+    int32_t            aborted;       /* set by gdp_comm_abort: only free is valid after */
+    char               name[64];      /* gdp_comm_name                                   */
+    uint32_t           magic_end;
+};
+
+/* Records an MPI failure (MPI_Error_string of `err`) for `call` and returns GDP_STATUS_MPI_ERROR. */
+gdp_status_t gdp_mpi_fail(int err, const char *call, const char *file, int line);
+#define GDP_MPI_CHECK(call)                                                   \
+    do {                                                                      \
+        int gdp_mpi_err_ = (call);                                            \
+        if (gdp_mpi_err_ != MPI_SUCCESS)                                      \
+            return gdp_mpi_fail(gdp_mpi_err_, #call, __FILE__, __LINE__);     \
+    } while (0)
+
+#ifdef GDP_HAVE_CUDA
+#include <cuda_runtime.h> /* defines: cudaMemcpyAsync, cudaSetDevice, ... */
+/* Records a CUDA failure, clearing the sticky error as NCCL does; returns GDP_STATUS_CUDA_ERROR. */
+gdp_status_t gdp_comm_cuda_fail(cudaError_t err, const char *call, const char *file, int line);
+#define GDP_COMM_CUDA_CHECK(call)                                             \
+    do {                                                                      \
+        cudaError_t gdp_cuda_err_ = (call);                                   \
+        if (gdp_cuda_err_ != cudaSuccess)                                     \
+            return gdp_comm_cuda_fail(gdp_cuda_err_, #call, __FILE__, __LINE__); \
+    } while (0)
+#endif
+
+/* gdp_comm_agree over a raw MPI communicator (used during init, before the comm exists). */
+gdp_status_t gdp_comm_agree_mpi(MPI_Comm mpi, int32_t rank, gdp_status_t local_status);
+
+/* Backend constructors: fill comm->iface, comm->context and comm->name. Called by
+ * gdp_comm_init once comm->mpi, ranks and (for device buffers) the device are set.
+ * They may communicate over comm->mpi; they return the same status on every rank. */
+gdp_status_t gdp_comm_mpi_open(struct gdp_comm *comm);
+gdp_status_t gdp_comm_nccl_open(struct gdp_comm *comm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GDP_COMM_INTERNAL_H */

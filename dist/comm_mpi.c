@@ -1,0 +1,300 @@
+/*
+ * comm_mpi.c: the MPI implementation of the comm interface: host-staged collectives for
+ * the CPU backend and for GPUs shared by several ranks (which NCCL refuses).
+ *   - Host buffers go to MPI directly; device buffers are copied to host staging
+ *     buffers on the caller's stream, reduced there and copied back (synchronous).
+ *   - Sums of bf16/fp16 are converted to fp32, summed by MPI in fp32 and rounded once
+ *     (to nearest even), so every rank gets the same bits and no precision is lost
+ *     to per-step 16-bit rounding.
+ *   - Data movement is in bytes (MPI_BYTE), so each rank's share must fit in an int.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "comm_internal.h"
+
+typedef struct mpi_context {
+    void  *stage[2];        /* host staging buffers (device buffers, in-place reduce-scatter) */
+    size_t stage_bytes[2];
+    float *sum;             /* fp32 accumulation buffer for bf16/fp16 sums                   */
+    size_t sum_count;
+} mpi_context;
+
+static gdp_status_t grow(void **buf, size_t *have, size_t need, const char *what) {
+    if (need <= *have)
+        return GDP_STATUS_SUCCESS;
+    void *p = realloc(*buf, need);
+    if (p == NULL)
+        GDP_FAIL(GDP_STATUS_SYSTEM_ERROR, "comm (mpi): out of memory growing %s to %zu bytes", what, need);
+    *buf = p;
+    *have = need;
+    return GDP_STATUS_SUCCESS;
+}
+
+static gdp_status_t stage(mpi_context *ctx, int i, size_t bytes, void **out) {
+    GDP_CHECK(grow(&ctx->stage[i], &ctx->stage_bytes[i], bytes ? bytes : 1, "a host staging buffer"));
+    *out = ctx->stage[i];
+    return GDP_STATUS_SUCCESS;
+}
+
+static gdp_status_t sum_buffer(mpi_context *ctx, size_t count, float **out) {
+    size_t have = ctx->sum_count * sizeof(float);
+    void *p = ctx->sum;
+    GDP_CHECK(grow(&p, &have, (count ? count : 1) * sizeof(float), "the fp32 sum buffer"));
+    ctx->sum = p;
+    ctx->sum_count = have / sizeof(float);
+    *out = ctx->sum;
+    return GDP_STATUS_SUCCESS;
+}
+
+/* Each MPI call takes an int count: the per-rank share in bytes (or fp32 elements) must fit. */
+static gdp_status_t check_int_count(const char *fn, size_t count, gdp_dtype_t dtype) {
+    size_t bytes = count * gdp_dtype_size(dtype);
+    if (bytes > (size_t)INT_MAX || count * sizeof(float) > (size_t)INT_MAX)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s (mpi): count = %zu elements of %s per rank exceeds what one MPI call moves (%d bytes); split "
+                 "the call into smaller pieces",
+                 fn, count, gdp_dtype_name(dtype), INT_MAX);
+    return GDP_STATUS_SUCCESS;
+}
+
+static void to_f32(float *dst, const void *src, size_t n, gdp_dtype_t dtype) {
+    const uint16_t *h = src;
+    if (dtype == GDP_DTYPE_BF16)
+        for (size_t i = 0; i < n; i++)
+            dst[i] = gdp_bf16_to_float(h[i]);
+    else
+        for (size_t i = 0; i < n; i++)
+            dst[i] = gdp_fp16_to_float(h[i]);
+}
+
+static void from_f32(void *dst, const float *src, size_t n, gdp_dtype_t dtype) {
+    uint16_t *h = dst;
+    if (dtype == GDP_DTYPE_BF16)
+        for (size_t i = 0; i < n; i++)
+            h[i] = gdp_float_to_bf16(src[i]);
+    else
+        for (size_t i = 0; i < n; i++)
+            h[i] = gdp_float_to_fp16(src[i]);
+}
+
+static bool is_half(gdp_dtype_t dtype) { return dtype == GDP_DTYPE_BF16 || dtype == GDP_DTYPE_FP16; }
+static MPI_Datatype sum_type(gdp_dtype_t dtype) { return dtype == GDP_DTYPE_INT32 ? MPI_INT32_T : MPI_FLOAT; }
+
+/* ---- host collectives (all pointers host memory) ------------------------------------ */
+static gdp_status_t host_allreduce(gdp_comm_t comm, const void *send, void *recv, size_t count, gdp_dtype_t dtype) {
+    mpi_context *ctx = comm->context;
+    if (is_half(dtype)) {
+        float *acc;
+        GDP_CHECK(sum_buffer(ctx, count, &acc));
+        to_f32(acc, send, count, dtype);
+        GDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, acc, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi));
+        from_f32(recv, acc, count, dtype);
+        return GDP_STATUS_SUCCESS;
+    }
+    GDP_MPI_CHECK(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, sum_type(dtype), MPI_SUM,
+                                comm->mpi));
+    return GDP_STATUS_SUCCESS;
+}
+
+static gdp_status_t host_allgather(gdp_comm_t comm, const void *send, void *recv, size_t count, gdp_dtype_t dtype) {
+    size_t bytes = count * gdp_dtype_size(dtype);
+    bool in_place = send == (const char *)recv + (size_t)comm->rank * bytes;
+    GDP_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, in_place ? 0 : (int)bytes, MPI_BYTE, recv,
+                                (int)bytes, MPI_BYTE, comm->mpi));
+    return GDP_STATUS_SUCCESS;
+}
+
+static gdp_status_t host_reduce_scatter(gdp_comm_t comm, const void *send, void *recv, size_t count,
+                                        gdp_dtype_t dtype) {
+    mpi_context *ctx = comm->context;
+    size_t total = count * (size_t)comm->size;
+    if (is_half(dtype)) {
+        /* MPI_IN_PLACE leaves this rank's block at the start of the buffer. */
+        float *acc;
+        GDP_CHECK(sum_buffer(ctx, total, &acc));
+        to_f32(acc, send, total, dtype);
+        GDP_MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, acc, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi));
+        from_f32(recv, acc, count, dtype);
+        return GDP_STATUS_SUCCESS;
+    }
+    size_t es = gdp_dtype_size(dtype), bytes = count * es;
+    const char *s = send;
+    char *r = recv;
+    if (bytes > 0 && r < s + total * es && s < r + bytes) {
+        /* recv aliases send (e.g. in place at block `rank`): reduce into staging first. */
+        void *tmp;
+        GDP_CHECK(stage(ctx, 1, bytes, &tmp));
+        GDP_MPI_CHECK(MPI_Reduce_scatter_block(send, tmp, (int)count, sum_type(dtype), MPI_SUM, comm->mpi));
+        memcpy(recv, tmp, bytes);
+        return GDP_STATUS_SUCCESS;
+    }
+    GDP_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, (int)count, sum_type(dtype), MPI_SUM, comm->mpi));
+    return GDP_STATUS_SUCCESS;
+}
+
+static gdp_status_t host_alltoall(gdp_comm_t comm, const void *send, void *recv, size_t count, gdp_dtype_t dtype) {
+    int bytes = (int)(count * gdp_dtype_size(dtype));
+    GDP_MPI_CHECK(MPI_Alltoall(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, comm->mpi));
+    return GDP_STATUS_SUCCESS;
+}
+
+static gdp_status_t host_bcast(gdp_comm_t comm, void *buf, size_t count, gdp_dtype_t dtype, int32_t root) {
+    GDP_MPI_CHECK(MPI_Bcast(buf, (int)(count * gdp_dtype_size(dtype)), MPI_BYTE, root, comm->mpi));
+    return GDP_STATUS_SUCCESS;
+}
+
+/* ---- device staging ---------------------------------------------------------------- */
+#ifdef GDP_HAVE_CUDA
+static gdp_status_t copy_sync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, void *stream) {
+    if (bytes == 0)
+        return GDP_STATUS_SUCCESS;
+    GDP_COMM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, (cudaStream_t)stream));
+    GDP_COMM_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream));
+    return GDP_STATUS_SUCCESS;
+}
+#define D2H cudaMemcpyDeviceToHost
+#define H2D cudaMemcpyHostToDevice
+#endif
+
+static bool on_device(gdp_comm_t comm) { return comm->buffers == GDP_COMM_DEVICE_BUFFERS; }
+
+/* Device buffers are only possible in CUDA builds (gdp_comm_init refuses them otherwise),
+ * so each collective's staged path sits under GDP_HAVE_CUDA. */
+
+static gdp_status_t mpi_allreduce(gdp_comm_t comm, const void *send, void *recv, size_t count, gdp_dtype_t dtype,
+                                  void *stream) {
+    GDP_CHECK(check_int_count("gdp_comm_allreduce", count, dtype));
+#ifdef GDP_HAVE_CUDA
+    if (on_device(comm)) {
+        size_t bytes = count * gdp_dtype_size(dtype);
+        void *h;
+        GDP_CHECK(stage(comm->context, 0, bytes, &h));
+        GDP_CHECK(copy_sync(h, send, bytes, D2H, stream));
+        GDP_CHECK(host_allreduce(comm, h, h, count, dtype));
+        return copy_sync(recv, h, bytes, H2D, stream);
+    }
+#endif
+    return host_allreduce(comm, send, recv, count, dtype);
+}
+
+static gdp_status_t mpi_allgather(gdp_comm_t comm, const void *send, void *recv, size_t count, gdp_dtype_t dtype,
+                                  void *stream) {
+    GDP_CHECK(check_int_count("gdp_comm_allgather", count, dtype));
+#ifdef GDP_HAVE_CUDA
+    if (on_device(comm)) {
+        size_t bytes = count * gdp_dtype_size(dtype);
+        char *h;
+        GDP_CHECK(stage(comm->context, 0, bytes * (size_t)comm->size, (void **)&h));
+        GDP_CHECK(copy_sync(h + (size_t)comm->rank * bytes, send, bytes, D2H, stream));
+        GDP_CHECK(host_allgather(comm, h + (size_t)comm->rank * bytes, h, count, dtype));
+        return copy_sync(recv, h, bytes * (size_t)comm->size, H2D, stream);
+    }
+#endif
+    return host_allgather(comm, send, recv, count, dtype);
+}
+
+static gdp_status_t mpi_reduce_scatter(gdp_comm_t comm, const void *send, void *recv, size_t count,
+                                       gdp_dtype_t dtype, void *stream) {
+    GDP_CHECK(check_int_count("gdp_comm_reduce_scatter", count, dtype));
+#ifdef GDP_HAVE_CUDA
+    if (on_device(comm)) {
+        size_t bytes = count * gdp_dtype_size(dtype);
+        void *hs, *hr;
+        GDP_CHECK(stage(comm->context, 0, bytes * (size_t)comm->size, &hs));
+        GDP_CHECK(copy_sync(hs, send, bytes * (size_t)comm->size, D2H, stream));
+        GDP_CHECK(stage(comm->context, 1, bytes, &hr));
+        GDP_CHECK(host_reduce_scatter(comm, hs, hr, count, dtype));
+        return copy_sync(recv, hr, bytes, H2D, stream);
+    }
+#endif
+    return host_reduce_scatter(comm, send, recv, count, dtype);
+}
+
+static gdp_status_t mpi_alltoall(gdp_comm_t comm, const void *send, void *recv, size_t count, gdp_dtype_t dtype,
+                                 void *stream) {
+    GDP_CHECK(check_int_count("gdp_comm_alltoall", count, dtype));
+#ifdef GDP_HAVE_CUDA
+    if (on_device(comm)) {
+        size_t bytes = count * gdp_dtype_size(dtype) * (size_t)comm->size;
+        void *hs, *hr;
+        GDP_CHECK(stage(comm->context, 0, bytes, &hs));
+        GDP_CHECK(stage(comm->context, 1, bytes, &hr));
+        GDP_CHECK(copy_sync(hs, send, bytes, D2H, stream));
+        GDP_CHECK(host_alltoall(comm, hs, hr, count, dtype));
+        return copy_sync(recv, hr, bytes, H2D, stream);
+    }
+#endif
+    return host_alltoall(comm, send, recv, count, dtype);
+}
+
+static gdp_status_t mpi_bcast(gdp_comm_t comm, void *buf, size_t count, gdp_dtype_t dtype, int32_t root,
+                              void *stream) {
+    GDP_CHECK(check_int_count("gdp_comm_bcast", count, dtype));
+#ifdef GDP_HAVE_CUDA
+    if (on_device(comm)) {
+        size_t bytes = count * gdp_dtype_size(dtype);
+        void *h;
+        GDP_CHECK(stage(comm->context, 0, bytes, &h));
+        if (comm->rank == root)
+            GDP_CHECK(copy_sync(h, buf, bytes, D2H, stream));
+        GDP_CHECK(host_bcast(comm, h, count, dtype, root));
+        if (comm->rank == root)
+            return GDP_STATUS_SUCCESS;
+        return copy_sync(buf, h, bytes, H2D, stream);
+    }
+#endif
+    return host_bcast(comm, buf, count, dtype, root);
+}
+
+static gdp_status_t mpi_barrier(gdp_comm_t comm, void *stream) {
+#ifdef GDP_HAVE_CUDA
+    if (on_device(comm))
+        GDP_COMM_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream));
+#endif
+    GDP_MPI_CHECK(MPI_Barrier(comm->mpi));
+    return GDP_STATUS_SUCCESS;
+}
+
+static gdp_status_t mpi_abort(gdp_comm_t comm) {
+    /* Host MPI collectives cannot be cancelled; the front-end refuses further calls, and
+     * ending the peers is MPI_Abort's job (gdp_fatal), not the library's. */
+    return GDP_STATUS_SUCCESS;
+}
+
+static void mpi_free(gdp_comm_t comm) {
+    mpi_context *ctx = comm->context;
+    if (ctx == NULL)
+        return;
+    free(ctx->stage[0]);
+    free(ctx->stage[1]);
+    free(ctx->sum);
+    free(ctx);
+    comm->context = NULL;
+}
+
+gdp_status_t gdp_comm_mpi_open(struct gdp_comm *comm) {
+    mpi_context *ctx = gdp_calloc(1, sizeof *ctx, "the MPI comm context");
+    gdp_status_t st = gdp_comm_agree_mpi(comm->mpi, comm->rank, ctx ? GDP_STATUS_SUCCESS : GDP_STATUS_SYSTEM_ERROR);
+    if (st != GDP_STATUS_SUCCESS) {
+        free(ctx);
+        return st;
+    }
+    comm->context = ctx;
+    comm->iface = (struct gdp_comm_i){
+        .allreduce = mpi_allreduce,
+        .allgather = mpi_allgather,
+        .reduce_scatter = mpi_reduce_scatter,
+        .alltoall = mpi_alltoall,
+        .bcast = mpi_bcast,
+        .barrier = mpi_barrier,
+        .abort = mpi_abort,
+        .free = mpi_free,
+    };
+    int version = 0, subversion = 0;
+    MPI_Get_version(&version, &subversion);
+    snprintf(comm->name, sizeof comm->name, "mpi %d.%d (%s buffers)", version, subversion,
+             on_device(comm) ? "device, host-staged" : "host");
+    return GDP_STATUS_SUCCESS;
+}
