@@ -1,0 +1,84 @@
+/*
+ * cpu_ops.h: the CPU reference backend (src/cpu/): plain C, double math, host memory.
+ * The op front-ends (src/ops_*.c) validate every argument first, then call these
+ * functions, which compute into scratch memory and write the caller's outputs only
+ * once nothing can fail any more (so a failing call modifies nothing).
+ *
+ * One section per op family. To add a family, append a new section at the end of the
+ * file (before the closing #endif) and leave the others as they are.
+ */
+#ifndef GDP_CPU_OPS_H
+#define GDP_CPU_OPS_H
+
+#include "internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ==== chunk family: L2 norm, chunk-local cumsums, chunked prefill and its oracle ====
+ * src/cpu/chunk.c (L2 norm, cumsums, the varlen driver and the chunked algorithm of
+ * gdp-math.md 3.7) and src/cpu/recurrent_ref.c (the per-token recurrence of section 2). */
+
+/* x[0..n) <- x / sqrt(sum x^2 + GDP_L2NORM_EPS), in double, in place. */
+void gdp_cpu_l2norm_row(double *x, int64_t n);
+
+/* Chunk-local inclusive cumulative sums of one sequence's stream, restarted every
+ * GDP_CHUNK_SIZE elements (x[0] starts a chunk): out[j] = log2e * sum x[chunk start..j].
+ * Summed in double, then multiplied (gdp-math.md 3.1). out may equal x. */
+void gdp_cpu_local_cumsum(const double *x, int64_t n, double log2e, double *out);
+
+/* gdp_l2norm on host tensors (already validated: same shape, float dtypes). */
+gdp_status_t gdp_cpu_l2norm(gdp_tensor *y, const gdp_tensor *x);
+
+/* gdp_chunk_local_cumsum on host tensors (already validated; cu_seqlens checked:
+ * cu_seqlens[0] == 0, non-decreasing, cu_seqlens[num_seqs] <= T). Either output may be
+ * absent (data == NULL). */
+gdp_status_t gdp_cpu_chunk_local_cumsum(gdp_tensor *g_cumsum, gdp_tensor *g_cumsum_dp, const gdp_tensor *g,
+                                        const int32_t *cu_seqlens, int64_t num_seqs, int32_t num_householder);
+
+/* One (sequence, head) of the GDP forward pass, on contiguous double rows. The two
+ * algorithms below fill the same outputs, so the varlen driver and the tests can run
+ * either one. */
+typedef struct gdp_cpu_seq_head {
+    int64_t       len;             /* L tokens (0 allowed)                                  */
+    int32_t       num_householder; /* M copies per token                                    */
+    int64_t       key_dim;         /* K                                                     */
+    int64_t       value_dim;       /* V                                                     */
+    double        scale;           /* applied to every output                               */
+    double        log2e;           /* R: decays are exp2(R * sum g)                          */
+    int32_t       exact_log2e;     /* recurrence: decay exp(g) instead of exp2(R * g)        */
+    const double *q;               /* (L, K), already L2-normalized if the op asks for it   */
+    const double *k;               /* (L*M, K), row t*M + m = token t, copy m               */
+    const double *v;               /* (L*M, V)                                              */
+    const double *beta;            /* (L*M)                                                 */
+    const double *g;               /* (L) natural-log decays                                */
+    double       *state;           /* (K, V): the initial state in, the final state out     */
+    double       *o;               /* (L, V) out, scale included                            */
+    double       *chunk_states;    /* (ceil(L/64), K, V) out: the state entering each token
+                                      chunk, i.e. after the first 64c tokens                */
+} gdp_cpu_seq_head;
+
+/* The algorithm the varlen driver runs per (sequence, head). Returns SYSTEM_ERROR
+ * (message recorded) when its scratch memory cannot be allocated. */
+typedef gdp_status_t (*gdp_cpu_seq_head_fn)(const gdp_cpu_seq_head *p);
+
+/* The chunked algorithm of gdp-math.md 3.7 (WY factors per expanded chunk, state sweep,
+ * output combine per token chunk), in double without intermediate rounding. */
+gdp_status_t gdp_cpu_chunked_seq_head(const gdp_cpu_seq_head *p);
+
+/* The naive per-token recurrence of gdp-math.md section 2, in double: the oracle. */
+gdp_status_t gdp_cpu_recurrent_seq_head(const gdp_cpu_seq_head *p);
+
+/* The varlen op on host tensors, shared by gdp_chunk_gated_delta_product_varlen and
+ * gdp_gated_delta_product_recurrent_ref: gathers each (sequence, head) into double rows
+ * (with the optional L2 norm and the initial state), runs `algorithm`, then writes o
+ * (rows past cu_seqlens[N] = 0), the dense final states or the cache slots, and the
+ * chunk states. `args` has passed the front-end's validation, content checks included. */
+gdp_status_t gdp_cpu_chunk_varlen(const gdp_chunk_args *args, gdp_cpu_seq_head_fn algorithm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GDP_CPU_OPS_H */
