@@ -1,0 +1,335 @@
+/*
+ * cache.c: the distributed state cache (include/gdp/cache.h): per layer the ssm and conv
+ * states of every slot, the optional draft-token states and prefix snapshots, the host
+ * bookkeeping of which slots are in use, and gdp_cache_apply_step, which carries out a
+ * built step's slot operations (accept/roll back, release, claim + zero or restore).
+ * The plan (plan.c) validates a step against this bookkeeping before anything changes,
+ * so apply only re-checks that the metadata belongs to the cache's current state.
+ */
+#include <string.h>
+
+#include "layer_internal.h"
+
+static const char *k_cache_hint = "create it with gdp_cache_init()";
+
+gdp_status_t gdp_cache_check_handle(const struct gdp_cache *cache, const char *op) {
+    if (cache == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: cache is NULL; %s", op, k_cache_hint);
+    if (cache->magic != GDP_CACHE_MAGIC || cache->magic_end != GDP_CACHE_MAGIC)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: cache %p is not a live gdp cache (freed or corrupted); %s", op,
+                 (const void *)cache, k_cache_hint);
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_cache_config_init(gdp_cache_config *out, const gdp_tp_shard *shard, int32_t n_slots) {
+    static const char *op = "gdp_cache_config_init";
+    if (out == NULL || shard == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: out and shard must not be NULL", op);
+    if (n_slots < 1)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: n_slots is %d; the cache needs at least 1 slot", op, n_slots);
+    const gdp_layer_config *c = &shard->config;
+    if (shard->num_heads > INT32_MAX || c->state_dim > INT32_MAX || c->head_dim > INT32_MAX ||
+        shard->conv_dim > INT32_MAX)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: a TP-local size (H_t %lld, N %lld, P %lld, conv_dim_t %lld) exceeds int32", op,
+                 (long long)shard->num_heads, (long long)c->state_dim, (long long)c->head_dim,
+                 (long long)shard->conv_dim);
+    memset(out, 0, sizeof *out);
+    out->num_layers = c->num_layers;
+    out->n_slots = n_slots;
+    out->num_heads = (int32_t)shard->num_heads;
+    out->state_dim = (int32_t)c->state_dim;
+    out->head_dim = (int32_t)c->head_dim;
+    out->conv_dim = (int32_t)shard->conv_dim;
+    out->conv_width = c->conv_width;
+    out->ssm_dtype = GDP_DTYPE_FP32;
+    out->conv_dtype = GDP_DTYPE_FP32;
+    return GDP_STATUS_SUCCESS;
+}
+
+static gdp_status_t validate_config(const gdp_cache_config *c, const char *op) {
+    const struct { const char *name; int32_t value, min; } sizes[] = {
+        {"num_layers", c->num_layers, 1}, {"n_slots", c->n_slots, 1},       {"num_heads", c->num_heads, 1},
+        {"state_dim", c->state_dim, 1},   {"head_dim", c->head_dim, 1},     {"conv_dim", c->conv_dim, 1},
+        {"conv_width", c->conv_width, 2}, {"max_draft_tokens", c->max_draft_tokens, 0},
+        {"n_snapshots", c->n_snapshots, 0},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (sizes[i].value < sizes[i].min)
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: config.%s is %d, must be >= %d", op, sizes[i].name,
+                     sizes[i].value, sizes[i].min);
+    if (c->ssm_dtype != GDP_DTYPE_FP32 && c->ssm_dtype != GDP_DTYPE_BF16)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: config.ssm_dtype is %s; the ssm state is fp32 or bf16", op,
+                 gdp_dtype_name(c->ssm_dtype));
+    if (c->conv_dtype != GDP_DTYPE_FP32 && c->conv_dtype != GDP_DTYPE_BF16 && c->conv_dtype != GDP_DTYPE_FP16)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: config.conv_dtype is %s; the conv state is fp32, bf16 or fp16", op,
+                 gdp_dtype_name(c->conv_dtype));
+    if (c->state_dim > GDP_MAX_HEAD_DIM || c->head_dim > GDP_MAX_HEAD_DIM)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: state_dim %d and head_dim %d must be <= %d (the ops' limit)", op,
+                 c->state_dim, c->head_dim, GDP_MAX_HEAD_DIM);
+    return GDP_STATUS_SUCCESS;
+}
+
+/* Frees every buffer of a (possibly half-built) cache and the struct. */
+static void cache_destroy(struct gdp_cache *c) {
+    void **sets[] = {c->ssm, c->conv, c->draft_ssm, c->draft_conv, c->snap_ssm, c->snap_conv};
+    for (size_t s = 0; s < sizeof sets / sizeof sets[0]; s++) {
+        if (sets[s] == NULL)
+            continue;
+        for (int32_t l = 0; l < c->cfg.num_layers; l++)
+            gdp_layer_buf_free(c->ctx, sets[s][l]);
+        free(sets[s]);
+    }
+    free(c->slot_used);
+    free(c->draft_tokens);
+    free(c->snap_saved);
+    c->magic = c->magic_end = 0;
+    free(c);
+}
+
+/* One buffer per layer of `per_layer` bytes into *set (NULL when per_layer is 0). */
+static gdp_status_t alloc_layer_set(struct gdp_cache *c, void ***set, size_t per_layer, const char *what) {
+    if (per_layer == 0)
+        return GDP_STATUS_SUCCESS;
+    *set = gdp_calloc((size_t)c->cfg.num_layers, sizeof(void *), what);
+    if (*set == NULL)
+        return GDP_STATUS_SYSTEM_ERROR;
+    for (int32_t l = 0; l < c->cfg.num_layers; l++)
+        GDP_CHECK(gdp_layer_buf_alloc(c->ctx, per_layer, &(*set)[l], what));
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_cache_init(gdp_cache_t *out, gdp_ctx_t ctx, const gdp_cache_config *config) {
+    static const char *op = "gdp_cache_init";
+    if (out == NULL || config == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: out and config must not be NULL", op);
+    *out = NULL;
+    GDP_CHECK(gdp_ctx_check(ctx, op));
+    GDP_CHECK(validate_config(config, op));
+    const gdp_cache_config *c = config;
+    const size_t ssm_elems = (size_t)c->num_heads * c->state_dim * c->head_dim;
+    const size_t conv_elems = (size_t)c->conv_dim * c->conv_width;
+
+    struct gdp_cache *cache = gdp_calloc(1, sizeof *cache, "gdp_cache");
+    if (cache == NULL)
+        return GDP_STATUS_SYSTEM_ERROR;
+    cache->magic = cache->magic_end = GDP_CACHE_MAGIC;
+    cache->ctx = ctx;
+    cache->cfg = *c;
+    cache->ssm_bytes = ssm_elems * gdp_dtype_size(c->ssm_dtype);
+    cache->conv_bytes = conv_elems * gdp_dtype_size(c->conv_dtype);
+    const size_t slots = (size_t)c->n_slots, S = (size_t)c->max_draft_tokens, snaps = (size_t)c->n_snapshots;
+    gdp_status_t st = GDP_STATUS_SUCCESS;
+    GDP_CHECK_GOTO(alloc_layer_set(cache, &cache->ssm, slots * cache->ssm_bytes, "the cache's ssm states"), st, fail);
+    GDP_CHECK_GOTO(alloc_layer_set(cache, &cache->conv, slots * cache->conv_bytes, "the cache's conv states"), st,
+                   fail);
+    GDP_CHECK_GOTO(alloc_layer_set(cache, &cache->draft_ssm, slots * S * cache->ssm_bytes,
+                                   "the cache's draft-token ssm states"),
+                   st, fail);
+    GDP_CHECK_GOTO(alloc_layer_set(cache, &cache->draft_conv, slots * S * cache->conv_bytes,
+                                   "the cache's draft-token conv states"),
+                   st, fail);
+    GDP_CHECK_GOTO(alloc_layer_set(cache, &cache->snap_ssm, snaps * cache->ssm_bytes, "the cache's ssm snapshots"),
+                   st, fail);
+    GDP_CHECK_GOTO(alloc_layer_set(cache, &cache->snap_conv, snaps * cache->conv_bytes,
+                                   "the cache's conv snapshots"),
+                   st, fail);
+    cache->slot_used = gdp_calloc(slots, 1, "the cache's slot table");
+    cache->draft_tokens = gdp_calloc(slots, sizeof(int32_t), "the cache's draft table");
+    cache->snap_saved = gdp_calloc(snaps ? snaps : 1, 1, "the cache's snapshot table");
+    if (cache->slot_used == NULL || cache->draft_tokens == NULL || cache->snap_saved == NULL) {
+        st = GDP_STATUS_SYSTEM_ERROR;
+        goto fail;
+    }
+    cache->generation = 1;
+    *out = cache;
+    return GDP_STATUS_SUCCESS;
+fail:
+    cache_destroy(cache);
+    return st;
+}
+
+gdp_status_t gdp_cache_free(gdp_cache_t cache) {
+    if (cache == NULL)
+        return GDP_STATUS_SUCCESS;
+    GDP_CHECK(gdp_cache_check_handle(cache, "gdp_cache_free"));
+    cache_destroy(cache);
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_cache_get_config(gdp_cache_t cache, gdp_cache_config *config) {
+    GDP_CHECK(gdp_cache_check_handle(cache, "gdp_cache_get_config"));
+    if (config == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_cache_get_config: config out-pointer is NULL");
+    *config = cache->cfg;
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_cache_free_slot_count(gdp_cache_t cache, int32_t *n_free) {
+    GDP_CHECK(gdp_cache_check_handle(cache, "gdp_cache_free_slot_count"));
+    if (n_free == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_cache_free_slot_count: n_free out-pointer is NULL");
+    int32_t n = 0;
+    for (int32_t s = 0; s < cache->cfg.n_slots; s++)
+        n += !cache->slot_used[s];
+    *n_free = n;
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_cache_slot_in_use(gdp_cache_t cache, int32_t slot, int32_t *in_use) {
+    static const char *op = "gdp_cache_slot_in_use";
+    GDP_CHECK(gdp_cache_check_handle(cache, op));
+    if (in_use == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: in_use out-pointer is NULL", op);
+    if (slot < 0 || slot >= cache->cfg.n_slots)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: slot %d is outside [0, %d)", op, slot, cache->cfg.n_slots);
+    *in_use = cache->slot_used[slot];
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_cache_snapshot_saved(gdp_cache_t cache, int32_t snapshot, int32_t *saved) {
+    static const char *op = "gdp_cache_snapshot_saved";
+    GDP_CHECK(gdp_cache_check_handle(cache, op));
+    if (saved == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: saved out-pointer is NULL", op);
+    if (snapshot < 0 || snapshot >= cache->cfg.n_snapshots)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: snapshot %d is outside [0, %d) (config.n_snapshots)", op, snapshot,
+                 cache->cfg.n_snapshots);
+    *saved = cache->snap_saved[snapshot];
+    return GDP_STATUS_SUCCESS;
+}
+
+static gdp_status_t check_layer(const struct gdp_cache *c, int32_t layer, const char *op) {
+    if (layer < 0 || layer >= c->cfg.num_layers)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: layer %d is outside [0, %d) (the cache's num_layers)", op, layer,
+                 c->cfg.num_layers);
+    return GDP_STATUS_SUCCESS;
+}
+
+static void set_view(gdp_tensor *t, void *data, gdp_dtype_t dtype, int32_t ndim, const int64_t *shape) {
+    memset(t, 0, sizeof *t);
+    t->data = data;
+    t->dtype = dtype;
+    t->ndim = ndim;
+    for (int32_t d = 0; d < ndim; d++)
+        t->shape[d] = shape[d];
+}
+
+gdp_status_t gdp_cache_state_views(gdp_cache_t cache, int32_t layer, gdp_tensor *ssm, gdp_tensor *conv) {
+    static const char *op = "gdp_cache_state_views";
+    GDP_CHECK(gdp_cache_check_handle(cache, op));
+    GDP_CHECK(check_layer(cache, layer, op));
+    const gdp_cache_config *c = &cache->cfg;
+    if (ssm != NULL)
+        set_view(ssm, cache->ssm[layer], c->ssm_dtype, 4,
+                 (const int64_t[]){c->n_slots, c->num_heads, c->state_dim, c->head_dim});
+    if (conv != NULL)
+        set_view(conv, cache->conv[layer], c->conv_dtype, 3, (const int64_t[]){c->n_slots, c->conv_dim, c->conv_width});
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_cache_snapshot_views(gdp_cache_t cache, int32_t layer, gdp_tensor *ssm, gdp_tensor *conv) {
+    static const char *op = "gdp_cache_snapshot_views";
+    GDP_CHECK(gdp_cache_check_handle(cache, op));
+    GDP_CHECK(check_layer(cache, layer, op));
+    const gdp_cache_config *c = &cache->cfg;
+    if (c->n_snapshots == 0)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: the cache keeps no prefix snapshots; set config.n_snapshots > 0 at gdp_cache_init", op);
+    if (ssm != NULL)
+        set_view(ssm, cache->snap_ssm[layer], c->ssm_dtype, 4,
+                 (const int64_t[]){c->n_snapshots, c->num_heads, c->state_dim, c->head_dim});
+    if (conv != NULL)
+        set_view(conv, cache->snap_conv[layer], c->conv_dtype, 3,
+                 (const int64_t[]){c->n_snapshots, c->conv_dim, c->conv_width});
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_cache_draft_views(gdp_cache_t cache, int32_t layer, int32_t S, gdp_tensor *ssm, gdp_tensor *conv) {
+    static const char *op = "gdp_cache_draft_views";
+    GDP_CHECK(gdp_cache_check_handle(cache, op));
+    GDP_CHECK(check_layer(cache, layer, op));
+    const gdp_cache_config *c = &cache->cfg;
+    if (c->max_draft_tokens == 0)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: the cache keeps no draft-token states; set config.max_draft_tokens > 0 at gdp_cache_init", op);
+    if (S < 1 || S > c->max_draft_tokens)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: S = %d tokens is outside [1, %d] (config.max_draft_tokens)", op, S,
+                 c->max_draft_tokens);
+    if (ssm != NULL)
+        set_view(ssm, cache->draft_ssm[layer], c->ssm_dtype, 5,
+                 (const int64_t[]){c->n_slots, S, c->num_heads, c->state_dim, c->head_dim});
+    if (conv != NULL)
+        set_view(conv, cache->draft_conv[layer], c->conv_dtype, 4,
+                 (const int64_t[]){c->n_slots, S, c->conv_dim, c->conv_width});
+    return GDP_STATUS_SUCCESS;
+}
+
+/* ---- applying a step ------------------------------------------------------------------ */
+
+/* Copies (src == NULL: zeroes) one slot's ssm and conv state on every layer. */
+static gdp_status_t fill_slot(struct gdp_cache *c, int32_t slot, void **src_ssm, void **src_conv, size_t src_index) {
+    for (int32_t l = 0; l < c->cfg.num_layers; l++) {
+        char *ssm = (char *)c->ssm[l] + (size_t)slot * c->ssm_bytes;
+        char *conv = (char *)c->conv[l] + (size_t)slot * c->conv_bytes;
+        if (src_ssm == NULL) {
+            GDP_CHECK(gdp_layer_buf_zero(c->ctx, ssm, c->ssm_bytes));
+            GDP_CHECK(gdp_layer_buf_zero(c->ctx, conv, c->conv_bytes));
+        } else {
+            GDP_CHECK(gdp_layer_buf_copy(c->ctx, ssm, (const char *)src_ssm[l] + src_index * c->ssm_bytes,
+                                         c->ssm_bytes));
+            GDP_CHECK(gdp_layer_buf_copy(c->ctx, conv, (const char *)src_conv[l] + src_index * c->conv_bytes,
+                                         c->conv_bytes));
+        }
+    }
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_cache_apply_step(gdp_cache_t cache, const gdp_step_metadata *meta) {
+    static const char *op = "gdp_cache_apply_step";
+    GDP_CHECK(gdp_cache_check_handle(cache, op));
+    if (meta == NULL || meta->step == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: meta is NULL; pass the metadata gdp_plan_build returned", op);
+    if (meta->cache_generation != cache->generation)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "%s: the metadata was built against cache state %llu but this cache is at state %llu (another "
+                 "cache, or a step applied twice or built before an earlier step was applied); call gdp_plan_build "
+                 "with this cache, then apply once",
+                 op, (unsigned long long)meta->cache_generation, (unsigned long long)cache->generation);
+    const gdp_step_desc *step = meta->step;
+    /* 1. Accepts: the slot's state becomes the one after its n_accepted-th draft token.
+     *    Row [slot, s] of a step of S tokens lives at (slot * S + s) in the draft buffers. */
+    for (int32_t a = 0; a < step->accept_count; a++) {
+        const int32_t slot = step->accept[a].slot, S = cache->draft_tokens[slot];
+        const size_t row = (size_t)slot * (size_t)S + (size_t)(step->accept[a].n_accepted - 1);
+        GDP_CHECK(fill_slot(cache, slot, cache->draft_ssm, cache->draft_conv, row));
+        cache->draft_tokens[slot] = 0;
+    }
+    /* 2. Releases. */
+    for (int32_t r = 0; r < step->release_count; r++) {
+        cache->slot_used[step->release_slots[r]] = 0;
+        cache->draft_tokens[step->release_slots[r]] = 0;
+    }
+    /* 3. New requests: claim, then zero or restore (the plan resolved GDP_SLOT_AUTO). */
+    for (int32_t i = 0; i < step->prefill_count; i++) {
+        const gdp_prefill_request *p = &step->prefill[i];
+        cache->draft_tokens[p->slot] = 0; /* any step but a draft step ends a pending draft */
+        if (!(p->flags & GDP_PREFILL_NEW))
+            continue;
+        cache->slot_used[p->slot] = 1;
+        if (p->flags & GDP_PREFILL_RESTORE)
+            GDP_CHECK(fill_slot(cache, p->slot, cache->snap_ssm, cache->snap_conv, (size_t)p->restore_snapshot));
+        else
+            GDP_CHECK(fill_slot(cache, p->slot, NULL, NULL, 0));
+    }
+    /* 4. Decode slots of a step with draft tokens hold a pending draft step. */
+    const int32_t S = step->decode_tokens;
+    for (int32_t d = 0; d < step->decode_count; d++)
+        cache->draft_tokens[step->decode_slots[d]] = S > 1 && cache->cfg.max_draft_tokens >= S ? S : 0;
+    /* 5. Snapshots this step saves (the layers write them during their forward). */
+    for (int32_t i = 0; i < step->prefill_count; i++)
+        if (step->prefill[i].flags & GDP_PREFILL_SAVE)
+            cache->snap_saved[step->prefill[i].save_snapshot] = 1;
+    cache->generation++;
+    return GDP_STATUS_SUCCESS;
+}

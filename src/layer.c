@@ -1,0 +1,566 @@
+/*
+ * layer.c: one GDP mixer layer's tensor-parallel shard (include/gdp/layer.h): weights
+ * copied from a checkpoint shard, a workspace sized for the largest step seen, and the
+ * forward pass of one step: pre-RMSNorm + in_proj GEMM, the decode block (conv update,
+ * decode prepare, recurrent update on the slots), the prefill block (varlen conv, prefill
+ * prepare, chunked GDP from the slots' states, prefix-snapshot saves), grouped gated
+ * RMSNorm, out_proj, the TP collective and the residual add.
+ *
+ * Everything here is backend-neutral: the ops pick their backend from the ctx, and the
+ * few other things the layer does (GEMM, buffer copies) go through layer_gemm.c. The
+ * index arrays the ops read come from the metadata's `device` arrays (== host on CPU);
+ * the host copies drive the few per-request copies (initial states, snapshots).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "gdp/layer.h"
+#include "layer_internal.h"
+
+#define GDP_LAYER_MAGIC 0x6764706cu /* "gdpl" */
+#define WS_ALIGN 64
+
+struct gdp_layer {
+    uint32_t      magic;
+    gdp_ctx_t     ctx;
+    gdp_comm_t    comm;        /* NULL: tp = 1                                        */
+    gdp_tp_mode_t mode;
+    gdp_tp_shard  shard;
+    int32_t       layer_index; /* the layer's index in the stack and in the cache     */
+    gdp_dtype_t   act;         /* activation and weight dtype of the backend (fp32)   */
+    /* TP-local sizes */
+    int64_t D, H, G, P, N, M, W, d_inner, conv_dim, proj_dim, ba_dim;
+    double  norm_eps, out_norm_eps;
+    /* weights, in backend buffers */
+    void *norm_w;      /* [D]                 */
+    void *in_proj;     /* [proj_dim, D]       */
+    void *conv_w;      /* [conv_dim, W]       */
+    void *A_log;       /* [H] fp32            */
+    void *dt_bias;     /* [H]                 */
+    void *out_norm_w;  /* [d_inner]           */
+    void *out_proj;    /* [D, d_inner]        */
+    /* workspace */
+    void  *ws;
+    size_t ws_bytes;
+    uint32_t magic_end;
+};
+
+static gdp_status_t check_layer(const struct gdp_layer *l, const char *op) {
+    if (l == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: layer is NULL; create it with gdp_layer_init()", op);
+    if (l->magic != GDP_LAYER_MAGIC || l->magic_end != GDP_LAYER_MAGIC)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: layer %p is not a live gdp layer (freed or corrupted)", op,
+                 (const void *)l);
+    return GDP_STATUS_SUCCESS;
+}
+
+/* A view of backend memory; stride == NULL: contiguous. */
+static gdp_tensor view(void *data, gdp_dtype_t dtype, int32_t ndim, const int64_t *shape, const int64_t *stride) {
+    gdp_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = dtype;
+    t.ndim = ndim;
+    for (int32_t d = 0; d < ndim; d++) {
+        t.shape[d] = shape[d];
+        t.stride[d] = stride ? stride[d] : 0;
+    }
+    return t;
+}
+#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+
+/* ---- init ------------------------------------------------------------------------------- */
+
+/* Checks one weight tensor of the shard: present, contiguous, float, exactly `shape`. */
+static gdp_status_t check_weight(const char *op, const char *name, const gdp_tensor *t, int32_t ndim,
+                                 const int64_t *shape, uint32_t dtypes) {
+    char what[64];
+    snprintf(what, sizeof what, "weights->%s", name);
+    GDP_CHECK(gdp_check_tensor(op, what, t, ndim, shape, dtypes));
+    return gdp_check_contiguous(op, what, t);
+}
+
+/* Copies a host weight tensor, converted to `dtype`, into a new backend buffer. */
+static gdp_status_t upload_weight(gdp_ctx_t ctx, const gdp_tensor *t, gdp_dtype_t dtype, void **out,
+                                  const char *what) {
+    const int64_t n = gdp_tensor_numel(t);
+    const size_t bytes = (size_t)n * gdp_dtype_size(dtype);
+    void *host = gdp_calloc((size_t)n, gdp_dtype_size(dtype), what);
+    if (host == NULL)
+        return GDP_STATUS_SYSTEM_ERROR;
+    if (t->dtype == dtype) {
+        memcpy(host, t->data, bytes);
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            gdp_store_elem(host, dtype, i, gdp_tensor_get(t, i));
+    }
+    gdp_status_t st = gdp_layer_buf_alloc(ctx, bytes, out, what);
+    if (st == GDP_STATUS_SUCCESS)
+        st = gdp_layer_buf_upload(ctx, *out, host, bytes);
+    free(host);
+    return st;
+}
+
+static void layer_destroy(struct gdp_layer *l) {
+    void *bufs[] = {l->norm_w, l->in_proj, l->conv_w, l->A_log, l->dt_bias, l->out_norm_w, l->out_proj, l->ws};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        gdp_layer_buf_free(l->ctx, bufs[i]);
+    l->magic = l->magic_end = 0;
+    free(l);
+}
+
+gdp_status_t gdp_layer_init(gdp_layer_t *out, gdp_ctx_t ctx, gdp_comm_t comm, const gdp_layer_weights *weights,
+                            gdp_tp_mode_t mode) {
+    static const char *op = "gdp_layer_init";
+    if (out == NULL || weights == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: out and weights must not be NULL", op);
+    *out = NULL;
+    GDP_CHECK(gdp_ctx_check(ctx, op));
+    if ((int)mode < 0 || mode >= GDP_TP_MODE_NUM)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: mode %d is not a gdp_tp_mode_t (GDP_TP_MODE_ALLREDUCE or GDP_TP_MODE_SEQUENCE_PARALLEL)", op,
+                 (int)mode);
+    const gdp_dtype_t act = GDP_DTYPE_FP32;
+    const char *why = NULL;
+    if (!gdp_layer_gemm_supported(ctx, act, &why))
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: %s", op, why);
+
+    const gdp_tp_shard *sh = &weights->shard;
+    GDP_CHECK(gdp_layer_config_validate(&sh->config));
+    int32_t rank = 0, size = 1;
+    if (comm != NULL) {
+        GDP_CHECK(gdp_comm_rank(comm, &rank));
+        GDP_CHECK(gdp_comm_size(comm, &size));
+    }
+    if (rank != sh->tp_rank || size != sh->tp_size)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: the weights are the shard of tp rank %d of %d but the comm is rank %d of %d%s; load the shard "
+                 "of this rank (gdp_checkpoint_load_layer_shard with the comm's rank and size)",
+                 op, sh->tp_rank, sh->tp_size, rank, size, comm == NULL ? " (no comm: tp = 1)" : "");
+    if (weights->layer < 0 || weights->layer >= sh->config.num_layers)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: weights->layer is %d, outside [0, %d) (config.num_layers)", op,
+                 weights->layer, sh->config.num_layers);
+    const gdp_layer_config *c = &sh->config;
+    const int64_t D = c->hidden_size, H = sh->num_heads, G = sh->num_groups, P = c->head_dim, N = c->state_dim;
+    const int64_t M = c->num_householder, W = c->conv_width, d_inner = sh->d_inner, C = sh->conv_dim;
+    const int64_t proj = sh->in_proj_dim;
+    if (d_inner != H * P || C != M * d_inner + (M + 1) * G * N || proj != d_inner + C + (M + 1) * H)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: the shard's sizes disagree (d_inner %lld vs H_t*P %lld, conv_dim %lld, in_proj_dim %lld); fill "
+                 "it with gdp_tp_shard_init",
+                 op, (long long)d_inner, (long long)(H * P), (long long)C, (long long)proj);
+    const uint32_t wt = GDP_DT_FLOAT;
+    GDP_CHECK(check_weight(op, "norm_weight", &weights->norm_weight, 1, SHAPE(D), wt));
+    GDP_CHECK(check_weight(op, "in_proj", &weights->in_proj, 2, SHAPE(proj, D), wt));
+    GDP_CHECK(check_weight(op, "conv", &weights->conv, 2, SHAPE(C, W), wt));
+    GDP_CHECK(check_weight(op, "A_log", &weights->A_log, 1, SHAPE(H), GDP_DT(GDP_DTYPE_FP32)));
+    GDP_CHECK(check_weight(op, "dt_bias", &weights->dt_bias, 1, SHAPE(H), wt));
+    GDP_CHECK(check_weight(op, "out_norm_weight", &weights->out_norm_weight, 1, SHAPE(d_inner), wt));
+    GDP_CHECK(check_weight(op, "out_proj", &weights->out_proj, 2, SHAPE(D, d_inner), wt));
+
+    struct gdp_layer *l = gdp_calloc(1, sizeof *l, "gdp_layer");
+    if (l == NULL)
+        return GDP_STATUS_SYSTEM_ERROR;
+    l->magic = l->magic_end = GDP_LAYER_MAGIC;
+    l->ctx = ctx;
+    l->comm = comm;
+    l->mode = mode;
+    l->shard = *sh;
+    l->layer_index = weights->layer;
+    l->act = act;
+    l->D = D, l->H = H, l->G = G, l->P = P, l->N = N, l->M = M, l->W = W;
+    l->d_inner = d_inner, l->conv_dim = C, l->proj_dim = proj, l->ba_dim = (M + 1) * H;
+    l->norm_eps = c->norm_eps;
+    l->out_norm_eps = c->out_norm_eps;
+    gdp_status_t st = GDP_STATUS_SUCCESS;
+    GDP_CHECK_GOTO(upload_weight(ctx, &weights->norm_weight, act, &l->norm_w, "the layer's norm weight"), st, fail);
+    GDP_CHECK_GOTO(upload_weight(ctx, &weights->in_proj, act, &l->in_proj, "the layer's in_proj"), st, fail);
+    GDP_CHECK_GOTO(upload_weight(ctx, &weights->conv, act, &l->conv_w, "the layer's conv weight"), st, fail);
+    GDP_CHECK_GOTO(upload_weight(ctx, &weights->A_log, GDP_DTYPE_FP32, &l->A_log, "the layer's A_log"), st, fail);
+    GDP_CHECK_GOTO(upload_weight(ctx, &weights->dt_bias, act, &l->dt_bias, "the layer's dt_bias"), st, fail);
+    GDP_CHECK_GOTO(upload_weight(ctx, &weights->out_norm_weight, act, &l->out_norm_w, "the layer's out_norm weight"),
+                   st, fail);
+    GDP_CHECK_GOTO(upload_weight(ctx, &weights->out_proj, act, &l->out_proj, "the layer's out_proj"), st, fail);
+    *out = l;
+    return GDP_STATUS_SUCCESS;
+fail:
+    layer_destroy(l);
+    return st;
+}
+
+gdp_status_t gdp_layer_free(gdp_layer_t layer) {
+    if (layer == NULL)
+        return GDP_STATUS_SUCCESS;
+    GDP_CHECK(check_layer(layer, "gdp_layer_free"));
+    layer_destroy(layer);
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_layer_get_shard(gdp_layer_t layer, gdp_tp_shard *shard) {
+    GDP_CHECK(check_layer(layer, "gdp_layer_get_shard"));
+    if (shard == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_layer_get_shard: shard out-pointer is NULL");
+    *shard = layer->shard;
+    return GDP_STATUS_SUCCESS;
+}
+
+/* ---- workspace -------------------------------------------------------------------------- */
+
+/* The scratch buffers of one step. Sizes in elements; NULL when a block is absent. */
+typedef struct step_ws {
+    void *xn_local; /* [T_local, D]  SP: this rank's normed rows                       */
+    void *xn;       /* [T, D]        normed input of in_proj                            */
+    void *proj;     /* [T, proj_dim] in_proj output                                     */
+    void *y;        /* [T, d_inner]  mixer output, decode rows then prefill rows        */
+    void *z;        /* [T, d_inner]  the gate, contiguous                               */
+    void *normed;   /* [T, d_inner]  gated-norm output                                  */
+    void *out;      /* [T, D]        out_proj partial (+ residual) before the collective */
+    /* decode block: n = pd requests, S tokens, E = S*M expanded rows each */
+    void *d_conv, *d_q, *d_k, *d_v, *d_beta, *d_g, *d_o;
+    /* prefill block: R rows */
+    void *p_conv, *p_q, *p_k, *p_v, *p_beta, *p_g;
+    void *h0;           /* [pp, H, N, P] ssm dtype: initial states gathered from the slots */
+    void *chunk_states; /* [num_chunks, H, N, P] ssm dtype, when the step saves one        */
+    void *save_y;       /* [R, conv_dim] conv output of a snapshot's window run (unused)  */
+} step_ws;
+
+typedef struct ws_layout {
+    size_t off[32];
+    int    n;
+    size_t total;
+} ws_layout;
+
+static size_t ws_add(ws_layout *w, size_t bytes) {
+    const size_t at = w->total;
+    w->off[w->n++] = at;
+    w->total += (bytes + WS_ALIGN - 1) / WS_ALIGN * WS_ALIGN;
+    return at;
+}
+
+/* Lays out the workspace of a step and, with base != NULL, points *ws into it. */
+static size_t plan_ws(const struct gdp_layer *l, const gdp_step_metadata *m, gdp_dtype_t ssm_dtype, int64_t T_local,
+                      char *base, step_ws *ws) {
+    const size_t es = gdp_dtype_size(l->act), ss = gdp_dtype_size(ssm_dtype);
+    const size_t T = (size_t)m->padded_token_count, D = (size_t)l->D, di = (size_t)l->d_inner;
+    const size_t H = (size_t)l->H, N = (size_t)l->N, P = (size_t)l->P, M = (size_t)l->M, C = (size_t)l->conv_dim;
+    const size_t dec_rows = (size_t)m->padded_decode_count * (size_t)m->decode_tokens, E = dec_rows * M;
+    const size_t R = (size_t)m->prefill_rows, pp = (size_t)m->padded_prefill_count;
+    ws_layout w = {0};
+    const size_t sizes[] = {
+        l->mode == GDP_TP_MODE_SEQUENCE_PARALLEL && l->comm != NULL ? (size_t)T_local * D * es : 0, /* xn_local */
+        T * D * es, T * (size_t)l->proj_dim * es, T * di * es, T * di * es, T * di * es, T * D * es,
+        dec_rows * C * es, E * H * N * es, E * H * N * es, E * H * P * es, E * H * es, E * H * 4, E * H * P * es,
+        R * C * es, R * H * N * es, R * M * H * N * es, R * M * H * P * es, R * M * H * es, R * H * 4,
+        pp * H * N * P * ss,
+        m->chunk_state_saves > 0 ? (size_t)m->num_chunks * H * N * P * ss : 0,
+        m->save_count > 0 ? R * C * es : 0,
+    };
+    void **slots[] = {&ws->xn_local, &ws->xn,   &ws->proj, &ws->y,      &ws->z,   &ws->normed,
+                      &ws->out,      &ws->d_conv, &ws->d_q, &ws->d_k,   &ws->d_v, &ws->d_beta,
+                      &ws->d_g,      &ws->d_o,  &ws->p_conv, &ws->p_q,  &ws->p_k, &ws->p_v,
+                      &ws->p_beta,   &ws->p_g,  &ws->h0,   &ws->chunk_states, &ws->save_y};
+    _Static_assert(sizeof sizes / sizeof sizes[0] == sizeof slots / sizeof slots[0], "one size per buffer");
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        const size_t at = ws_add(&w, sizes[i]);
+        if (base != NULL)
+            *slots[i] = sizes[i] ? base + at : NULL;
+    }
+    return w.total;
+}
+
+/* ---- forward ------------------------------------------------------------------------------ */
+
+/* Every argument rule of gdp_layer_forward, before anything is written. */
+static gdp_status_t validate_forward(const struct gdp_layer *l, const struct gdp_cache *cache,
+                                     const gdp_step_metadata *m, const gdp_tensor *x, int64_t *T_local,
+                                     const char *op) {
+    GDP_CHECK(gdp_cache_check_handle(cache, op));
+    if (m == NULL || m->step == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: meta is NULL; pass the metadata gdp_plan_build returned", op);
+    if (x == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: x is NULL", op);
+    if (cache->ctx->backend != l->ctx->backend)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: the cache's backend (%d) differs from the layer's (%d)", op,
+                 (int)cache->ctx->backend, (int)l->ctx->backend);
+    const gdp_cache_config *cc = &cache->cfg;
+    if (l->layer_index >= cc->num_layers)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: the layer is layer %d of the stack but the cache holds %d layers; size the cache with "
+                 "config.num_layers > %d",
+                 op, l->layer_index, cc->num_layers, l->layer_index);
+    if (cc->num_heads != l->H || cc->state_dim != l->N || cc->head_dim != l->P || cc->conv_dim != l->conv_dim ||
+        cc->conv_width != l->W)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: the cache holds (H_t %d, N %d, P %d, conv_dim_t %d, W %d) per slot but this layer shard needs "
+                 "(%lld, %lld, %lld, %lld, %lld); fill its config with gdp_cache_config_init from this shard",
+                 op, cc->num_heads, cc->state_dim, cc->head_dim, cc->conv_dim, cc->conv_width, (long long)l->H,
+                 (long long)l->N, (long long)l->P, (long long)l->conv_dim, (long long)l->W);
+    if (m->num_householder != l->M)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: the metadata was built for M = %d Householder copies, the layer has M = %lld; configure the plan "
+                 "with num_householder = %lld",
+                 op, m->num_householder, (long long)l->M, (long long)l->M);
+    if (cache->generation != m->cache_generation + 1)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "%s: the step's metadata does not belong to the cache's current state (built at state %llu, the cache "
+                 "is at %llu): build it with this cache, apply it with gdp_cache_apply_step, then run the layers",
+                 op, (unsigned long long)m->cache_generation, (unsigned long long)cache->generation);
+    const int64_t T = m->padded_token_count, tp = l->shard.tp_size;
+    int64_t rows = T;
+    if (l->mode == GDP_TP_MODE_SEQUENCE_PARALLEL && l->comm != NULL) {
+        if (T % tp != 0)
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                     "%s: sequence parallel splits the step's %lld token rows over tp = %lld ranks, which does not "
+                     "divide; use buckets whose token_count is a multiple of %lld",
+                     op, (long long)T, (long long)tp, (long long)tp);
+        rows = T / tp;
+    }
+    GDP_CHECK(gdp_check_tensor(op, "x", x, 2, SHAPE(rows, l->D), GDP_DT(l->act)));
+    GDP_CHECK(gdp_check_contiguous(op, "x", x));
+    *T_local = rows;
+    return GDP_STATUS_SUCCESS;
+}
+
+/* Grows the workspace to `bytes` (contents are scratch: nothing to keep). */
+static gdp_status_t ensure_ws(struct gdp_layer *l, size_t bytes) {
+    if (bytes <= l->ws_bytes)
+        return GDP_STATUS_SUCCESS;
+    void *ws = NULL;
+    GDP_CHECK(gdp_layer_buf_alloc(l->ctx, bytes, &ws, "the layer's workspace"));
+    gdp_layer_buf_free(l->ctx, l->ws);
+    l->ws = ws;
+    l->ws_bytes = bytes;
+    return GDP_STATUS_SUCCESS;
+}
+
+/* The decode block: rows [0, pd * S). */
+static gdp_status_t run_decode(struct gdp_layer *l, struct gdp_cache *cache, const gdp_step_metadata *m,
+                               const step_ws *ws) {
+    const int64_t n = m->padded_decode_count, S = m->decode_tokens, M = l->M, E = S * M;
+    const int64_t H = l->H, N = l->N, P = l->P, C = l->conv_dim, WT = l->proj_dim, di = l->d_inner;
+    const gdp_dtype_t a = l->act;
+    const size_t es = gdp_dtype_size(a);
+    char *proj = ws->proj;
+    gdp_tensor ssm, conv, draft_ssm = {0}, draft_conv = {0};
+    GDP_CHECK(gdp_cache_state_views(cache, l->layer_index, &ssm, &conv));
+    if (S > 1 && cache->cfg.max_draft_tokens >= S)
+        GDP_CHECK(gdp_cache_draft_views(cache, l->layer_index, (int32_t)S, &draft_ssm, &draft_conv));
+    const gdp_tensor slots = view((void *)m->device.decode_slots, GDP_DTYPE_INT32, 1, SHAPE(n), NULL);
+
+    gdp_conv1d_update_args cu = {
+        .x = view(proj + (size_t)di * es, a, 3, SHAPE(n, S, C), SHAPE(S * WT, WT, 1)),
+        .weight = view(l->conv_w, a, 2, SHAPE(C, l->W), NULL),
+        .conv_state = conv,
+        .conv_state_indices = slots,
+        .intermediate_conv_states = draft_conv,
+        .silu = 1,
+        .y = view(ws->d_conv, a, 3, SHAPE(n, S, C), NULL),
+    };
+    GDP_CHECK(gdp_causal_conv1d_update(l->ctx, &cu));
+
+    gdp_prepare_args pr = {
+        .x = cu.y,
+        .ba = view(proj + (size_t)(di + C) * es, a, 3, SHAPE(n, S, l->ba_dim), SHAPE(S * WT, WT, 1)),
+        .A_log = view(l->A_log, GDP_DTYPE_FP32, 1, SHAPE(H), NULL),
+        .dt_bias = view(l->dt_bias, a, 1, SHAPE(H), NULL),
+        .num_householder = (int32_t)M, .num_heads = (int32_t)H, .num_groups = (int32_t)l->G,
+        .head_dim = (int32_t)P, .state_dim = (int32_t)N,
+        .query = view(ws->d_q, a, 4, SHAPE(n, E, H, N), NULL),
+        .key = view(ws->d_k, a, 4, SHAPE(n, E, H, N), NULL),
+        .value = view(ws->d_v, a, 4, SHAPE(n, E, H, P), NULL),
+        .beta = view(ws->d_beta, a, 3, SHAPE(n, E, H), NULL),
+        .g = view(ws->d_g, GDP_DTYPE_FP32, 3, SHAPE(n, E, H), NULL),
+    };
+    GDP_CHECK(gdp_decode_prepare(l->ctx, &pr));
+
+    gdp_recurrent_args rc = {
+        .q = pr.query, .k = pr.key, .v = pr.value, .g = pr.g, .beta = pr.beta,
+        .use_qk_l2norm_in_kernel = 1,
+        .state = ssm, .state_indices = slots,
+        .intermediate_states = draft_ssm,
+        .steps_per_token = (int32_t)M,
+        .o = view(ws->d_o, a, 4, SHAPE(n, E, H, P), NULL),
+    };
+    GDP_CHECK(gdp_fused_recurrent_gated_delta_rule_update(l->ctx, &rc));
+
+    /* Token s of request r reads out after its last copy: o row (r*S + s)*M + M-1. */
+    return gdp_layer_buf_copy2d(l->ctx, ws->y, (size_t)di * es, (char *)ws->d_o + (size_t)(M - 1) * di * es,
+                                (size_t)(M * di) * es, (size_t)di * es, (size_t)(n * S));
+}
+
+/* The prefill block: rows [prefill_token_offset, padded_token_count). */
+static gdp_status_t run_prefill(struct gdp_layer *l, struct gdp_cache *cache, const gdp_step_metadata *m,
+                                const step_ws *ws) {
+    const int64_t R = m->prefill_rows, pp = m->padded_prefill_count, R0 = m->prefill_token_offset, M = l->M;
+    const int64_t H = l->H, N = l->N, P = l->P, C = l->conv_dim, WT = l->proj_dim, di = l->d_inner;
+    const gdp_dtype_t a = l->act;
+    const size_t es = gdp_dtype_size(a);
+    char *proj_rows = (char *)ws->proj + (size_t)R0 * WT * es;
+    gdp_tensor ssm, conv, snap_ssm = {0}, snap_conv = {0};
+    GDP_CHECK(gdp_cache_state_views(cache, l->layer_index, &ssm, &conv));
+    if (m->save_count > 0)
+        GDP_CHECK(gdp_cache_snapshot_views(cache, l->layer_index, &snap_ssm, &snap_conv));
+    const size_t ssm_bytes = cache->ssm_bytes, conv_bytes = cache->conv_bytes;
+    const gdp_tensor conv_w = view(l->conv_w, a, 2, SHAPE(C, l->W), NULL);
+    const gdp_step_arrays *host = &m->host, *dev = &m->device;
+
+    /* Conv windows of the snapshots: the slot's incoming window, run through the first
+     * save_offset tokens of the slice (the conv's carry rule), so BEFORE the slot moves on. */
+    for (int64_t i = 0; i < m->prefill_count && m->save_count > 0; i++) {
+        const int32_t snap = host->save_snapshot[i], off = host->save_offset[i];
+        if (snap < 0)
+            continue;
+        char *dst = (char *)snap_conv.data + (size_t)snap * conv_bytes;
+        GDP_CHECK(gdp_layer_buf_copy(l->ctx, dst, (char *)conv.data + (size_t)host->prefill_slots[i] * conv_bytes,
+                                     conv_bytes));
+        if (off == 0)
+            continue;
+        gdp_conv1d_varlen_args sv = {
+            .x = view(proj_rows + ((size_t)host->cu_seqlens[i] * WT + (size_t)di) * es, a, 2, SHAPE(off, C),
+                      SHAPE(WT, 1)),
+            .weight = conv_w,
+            .conv_state = snap_conv,
+            .state_indices = view((void *)(dev->save_snapshot + i), GDP_DTYPE_INT32, 1, SHAPE(1), NULL),
+            .cu_seqlens = view((void *)(dev->save_cu_seqlens + 2 * i), GDP_DTYPE_INT32, 1, SHAPE(2), NULL),
+            .silu = 1,
+            .y = view(ws->save_y, a, 2, SHAPE(off, C), NULL),
+        };
+        GDP_CHECK(gdp_causal_conv1d_varlen(l->ctx, &sv));
+    }
+
+    /* The chunk op never reads the cache: gather each request's state as initial_state. */
+    for (int64_t i = 0; i < m->prefill_count; i++)
+        GDP_CHECK(gdp_layer_buf_copy(l->ctx, (char *)ws->h0 + (size_t)i * ssm_bytes,
+                                     (char *)ssm.data + (size_t)host->prefill_slots[i] * ssm_bytes, ssm_bytes));
+
+    const gdp_tensor slots = view((void *)dev->prefill_slots, GDP_DTYPE_INT32, 1, SHAPE(pp), NULL);
+    const gdp_tensor cu = view((void *)dev->cu_seqlens, GDP_DTYPE_INT32, 1, SHAPE(pp + 1), NULL);
+    gdp_conv1d_varlen_args cv = {
+        .x = view(proj_rows + (size_t)di * es, a, 2, SHAPE(R, C), SHAPE(WT, 1)),
+        .weight = conv_w,
+        .conv_state = conv,
+        .state_indices = slots,
+        .cu_seqlens = cu,
+        .silu = 1,
+        .y = view(ws->p_conv, a, 2, SHAPE(R, C), NULL),
+    };
+    GDP_CHECK(gdp_causal_conv1d_varlen(l->ctx, &cv));
+
+    gdp_prepare_args pr = {
+        .x = view(ws->p_conv, a, 3, SHAPE(1, R, C), NULL),
+        .ba = view(proj_rows + (size_t)(di + C) * es, a, 3, SHAPE(1, R, l->ba_dim), SHAPE(R * WT, WT, 1)),
+        .A_log = view(l->A_log, GDP_DTYPE_FP32, 1, SHAPE(H), NULL),
+        .dt_bias = view(l->dt_bias, a, 1, SHAPE(H), NULL),
+        .num_householder = (int32_t)M, .num_heads = (int32_t)H, .num_groups = (int32_t)l->G,
+        .head_dim = (int32_t)P, .state_dim = (int32_t)N,
+        .query = view(ws->p_q, a, 4, SHAPE(1, R, H, N), NULL),
+        .key = view(ws->p_k, a, 4, SHAPE(1, R * M, H, N), NULL),
+        .value = view(ws->p_v, a, 4, SHAPE(1, R * M, H, P), NULL),
+        .beta = view(ws->p_beta, a, 3, SHAPE(1, R * M, H), NULL),
+        .g = view(ws->p_g, GDP_DTYPE_FP32, 3, SHAPE(1, R, H), NULL),
+    };
+    GDP_CHECK(gdp_prefill_prepare(l->ctx, &pr));
+
+    const int want_chunk_states = m->chunk_state_saves > 0;
+    gdp_chunk_args ch = {
+        .q = pr.query, .k = pr.key, .v = pr.value, .g = pr.g, .beta = pr.beta,
+        .num_householder = (int32_t)M,
+        .cu_seqlens = cu,
+        .initial_state = view(ws->h0, ssm.dtype, 4, SHAPE(pp, H, N, P), NULL),
+        .use_qk_l2norm_in_kernel = 1,
+        .chunk_indices = view((void *)dev->chunk_indices, GDP_DTYPE_INT32, 2, SHAPE(m->num_chunks, 2), NULL),
+        .chunk_indices_dp = view((void *)dev->chunk_indices_dp, GDP_DTYPE_INT32, 2, SHAPE(m->num_chunks_dp, 2), NULL),
+        .chunk_offsets = view((void *)dev->chunk_offsets, GDP_DTYPE_INT32, 1, SHAPE(pp + 1), NULL),
+        .state = ssm, .state_indices = slots,
+        .return_chunk_states = want_chunk_states,
+        .o = view((char *)ws->y + (size_t)R0 * di * es, a, 4, SHAPE(1, R, H, P), NULL),
+    };
+    if (want_chunk_states)
+        ch.chunk_states = view(ws->chunk_states, ssm.dtype, 4, SHAPE(m->num_chunks, H, N, P), NULL);
+    GDP_CHECK(gdp_chunk_gated_delta_product_varlen(l->ctx, &ch));
+
+    /* Snapshot states: a chunk state inside the slice, or the slot's final state at its end. */
+    for (int64_t i = 0; i < m->prefill_count && m->save_count > 0; i++) {
+        const int32_t snap = host->save_snapshot[i], row = host->save_chunk_row[i];
+        if (snap < 0)
+            continue;
+        const char *src = row >= 0 ? (const char *)ws->chunk_states + (size_t)row * ssm_bytes
+                                   : (const char *)ssm.data + (size_t)host->prefill_slots[i] * ssm_bytes;
+        GDP_CHECK(gdp_layer_buf_copy(l->ctx, (char *)snap_ssm.data + (size_t)snap * ssm_bytes, src, ssm_bytes));
+    }
+    return GDP_STATUS_SUCCESS;
+}
+
+/* Everything between the input and the output collective. */
+static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, const gdp_step_metadata *m,
+                              gdp_tensor *x, int64_t T_local, const step_ws *ws) {
+    const int64_t T = m->padded_token_count, D = l->D, di = l->d_inner, WT = l->proj_dim;
+    const gdp_dtype_t a = l->act;
+    const size_t es = gdp_dtype_size(a);
+    const gdp_tensor norm_w = view(l->norm_w, a, 1, SHAPE(D), NULL);
+    const bool sp = l->mode == GDP_TP_MODE_SEQUENCE_PARALLEL && l->comm != NULL;
+
+    /* Pre-norm on the rows this rank holds; sequence parallel then gathers all rows. */
+    gdp_tensor xn = view(ws->xn, a, 2, SHAPE(T, D), NULL);
+    if (sp) {
+        gdp_tensor xn_local = view(ws->xn_local, a, 2, SHAPE(T_local, D), NULL);
+        GDP_CHECK(gdp_rmsnorm(l->ctx, &xn_local, x, &norm_w, l->norm_eps));
+        GDP_CHECK(gdp_comm_tp_gather_input(l->comm, l->mode, ws->xn_local, ws->xn, T, D, a, l->ctx->stream));
+    } else {
+        GDP_CHECK(gdp_rmsnorm(l->ctx, &xn, x, &norm_w, l->norm_eps));
+    }
+    GDP_CHECK(gdp_layer_gemm_nt(l->ctx, T, WT, D, ws->xn, D, l->in_proj, 0.0f, ws->proj, WT, a));
+
+    /* Rows no request owns keep y = 0 (the ops write 0 there too). */
+    GDP_CHECK(gdp_layer_buf_zero(l->ctx, ws->y, (size_t)(T * di) * es));
+    if (m->padded_decode_count > 0)
+        GDP_CHECK(run_decode(l, cache, m, ws));
+    if (m->padded_prefill_count > 0 && m->prefill_rows > 0)
+        GDP_CHECK(run_prefill(l, cache, m, ws));
+
+    /* Grouped gated RMSNorm: the gate z is the first d_inner columns of in_proj's output. */
+    GDP_CHECK(gdp_layer_buf_copy2d(l->ctx, ws->z, (size_t)di * es, ws->proj, (size_t)WT * es, (size_t)di * es,
+                                   (size_t)T));
+    gdp_tensor y = view(ws->y, a, 2, SHAPE(T, di), NULL), z = view(ws->z, a, 2, SHAPE(T, di), NULL);
+    gdp_tensor normed = view(ws->normed, a, 2, SHAPE(T, di), NULL);
+    gdp_tensor out_norm_w = view(l->out_norm_w, a, 1, SHAPE(di), NULL);
+    GDP_CHECK(gdp_gated_rmsnorm(l->ctx, &normed, &y, &z, &out_norm_w, di / l->G, l->out_norm_eps));
+
+    /* out_proj, with the residual folded in as the GEMM's C (beta = 1) on exactly one
+     * place per row: rank 0's partial (all-reduce), or the row block's owner (SP). */
+    if (l->comm == NULL)
+        return gdp_layer_gemm_nt(l->ctx, T, D, di, ws->normed, di, l->out_proj, 1.0f, x->data, D, a);
+    const size_t row_bytes = (size_t)D * es;
+    GDP_CHECK(gdp_layer_buf_zero(l->ctx, ws->out, (size_t)T * row_bytes));
+    if (sp)
+        GDP_CHECK(gdp_layer_buf_copy(l->ctx, (char *)ws->out + (size_t)(l->shard.tp_rank * T_local) * row_bytes,
+                                     x->data, (size_t)T_local * row_bytes));
+    else if (l->shard.tp_rank == 0)
+        GDP_CHECK(gdp_layer_buf_copy(l->ctx, ws->out, x->data, (size_t)T * row_bytes));
+    return gdp_layer_gemm_nt(l->ctx, T, D, di, ws->normed, di, l->out_proj, 1.0f, ws->out, D, a);
+}
+
+gdp_status_t gdp_layer_forward(gdp_layer_t layer, gdp_cache_t cache, const gdp_step_metadata *meta, gdp_tensor *x) {
+    static const char *op = "gdp_layer_forward";
+    GDP_CHECK(check_layer(layer, op));
+    int64_t T_local = 0;
+    step_ws ws;
+    memset(&ws, 0, sizeof ws);
+    gdp_status_t st = validate_forward(layer, cache, meta, x, &T_local, op);
+    if (st == GDP_STATUS_SUCCESS)
+        st = ensure_ws(layer, plan_ws(layer, meta, cache->cfg.ssm_dtype, T_local, NULL, &ws));
+    /* Every rank learns whether all can go on before any rank writes or communicates. */
+    if (layer->comm != NULL)
+        st = gdp_comm_agree(layer->comm, st);
+    if (st != GDP_STATUS_SUCCESS)
+        return st;
+    plan_ws(layer, meta, cache->cfg.ssm_dtype, T_local, layer->ws, &ws);
+
+    st = run_mixer(layer, cache, meta, x, T_local, &ws);
+    if (layer->comm == NULL)
+        return st;
+    /* A rank whose mixer failed must not leave the others inside the collective. */
+    GDP_CHECK(gdp_comm_agree(layer->comm, st));
+    return gdp_comm_tp_reduce_output(layer->comm, layer->mode, ws.out, x->data, meta->padded_token_count, layer->D,
+                                     layer->act, layer->ctx->stream);
+}
