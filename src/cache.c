@@ -290,6 +290,10 @@ gdp_status_t gdp_cache_apply_step(gdp_cache_t cache, const gdp_step_metadata *me
     GDP_CHECK(gdp_cache_check_handle(cache, op));
     if (meta == NULL || meta->step == NULL)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: meta is NULL; pass the metadata gdp_plan_build returned", op);
+    if (meta->cache_id != cache)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "%s: the metadata was built against another cache (%p, this is %p); build the step with this cache",
+                 op, meta->cache_id, (const void *)cache);
     if (meta->cache_generation != cache->generation)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
                  "%s: the metadata was built against cache state %llu but this cache is at state %llu (another "

@@ -300,7 +300,7 @@ static gdp_status_t validate_forward(const struct gdp_layer *l, const struct gdp
                  "%s: the metadata was built for M = %d Householder copies, the layer has M = %lld; configure the plan "
                  "with num_householder = %lld",
                  op, m->num_householder, (long long)l->M, (long long)l->M);
-    if (cache->generation != m->cache_generation + 1)
+    if (m->cache_id != cache || cache->generation != m->cache_generation + 1)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
                  "%s: the step's metadata does not belong to the cache's current state (built at state %llu, the cache "
                  "is at %llu): build it with this cache, apply it with gdp_cache_apply_step, then run the layers",

@@ -717,6 +717,7 @@ gdp_status_t gdp_plan_build(gdp_plan_t plan, struct gdp_cache *cache, gdp_comm_t
     plan->resolved.accept = r_accept;
     plan->resolved.bucket = bucket;
     m->step = &plan->resolved;
+    m->cache_id = cache;
     m->cache_generation = cache->generation;
 
     /* 4. One host-to-device copy of the arrays (CUDA); the CPU reads the host buffer. */

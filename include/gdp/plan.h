@@ -145,7 +145,8 @@ typedef struct gdp_step_metadata {
     size_t      buffer_bytes;     /* its size (hashed by the debug check)                   */
     const gdp_step_desc *step;    /* the step as built: GDP_SLOT_AUTO replaced by the slots
                                      chosen, bucket resolved; arrays owned by the plan      */
-    uint64_t cache_generation;    /* the cache state it was built against (internal)        */
+    const void *cache_id;         /* the cache it was built against (internal)              */
+    uint64_t cache_generation;    /* and that cache's state (internal)                      */
 } gdp_step_metadata;
 
 /* Creates a plan: copies the config, sizes the serialized step and the metadata buffers

@@ -1,0 +1,5 @@
+# Layer, state cache and step plan tests (src/layer*.c, src/cache.c, src/plan.c): the cache's
+# slot operations and the plan's metadata on one process; the plan's broadcast, error
+# propagation and cross-rank consistency check under mpirun; the tensor-parallel layer at
+# TP = 1, 2 and 4 (all-reduce and sequence parallel) against a TP = 1 run on every rank.
+gdp_add_test(test_cache LABEL cpu TIMEOUT 60)
