@@ -3,3 +3,6 @@
 # propagation and cross-rank consistency check under mpirun; the tensor-parallel layer at
 # TP = 1, 2 and 4 (all-reduce and sequence parallel) against a TP = 1 run on every rank.
 gdp_add_test(test_cache LABEL cpu TIMEOUT 60)
+gdp_add_test(test_plan LABEL cpu TIMEOUT 60)
+gdp_add_test(test_plan_mpi_np2 SOURCES test_plan.c LABEL mpi NPROCS 2 TIMEOUT 60 ARGS --mpi)
+gdp_add_test(test_plan_mpi_np4 SOURCES test_plan.c LABEL mpi NPROCS 4 TIMEOUT 60 ARGS --mpi)
