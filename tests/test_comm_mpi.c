@@ -3,10 +3,10 @@
  * Each collective (allreduce, allgather, reduce_scatter, alltoall, bcast; in place and
  * out of place) runs on per-rank seeded data (seed = base + 33*rep + rank) for every
  * dtype and several counts, and is compared with the result every rank computes on the
- * host from all ranks' seeds. Values are multiples of 1/8 below 8 in magnitude, so sums
- * over ranks are exact in fp32 and the expected 16-bit result is one rounding of the
- * exact sum (the MPI backend sums bf16/fp16 in fp32 and rounds once): the comparison is
- * bitwise. Also: the TP input/output helpers in both modes, status agreement,
+ * host from all ranks' seeds. The values make every sum over ranks exact in fp32 but most
+ * of them inexact in bf16/fp16, and the MPI backend sums 16-bit data in fp32 and rounds
+ * once, so the expected result is the exact sum rounded once to the dtype and the
+ * comparison is bitwise (this also checks the rounding). Also: the TP input/output helpers in both modes, status agreement,
  * consistency hashes, and bad arguments. Wrong-element counts are summed over ranks
  * with MPI_Allreduce so every rank exits the same way.
  */
@@ -19,13 +19,17 @@
 
 static int g_rank, g_size;
 
-/* The value rank `r` holds at element i of buffer `rep`: an integer in [-64, 64), divided
- * by 8 for the float dtypes (exact in bf16 and fp16, and so are sums of a few of them in fp32). */
+/* The value rank `r` holds at element i of buffer `rep`. Floats: k * 2^-e with k an
+ * integer in [-128, 128) and e in [0, 8], so every value is exact in bf16 and fp16, sums
+ * of a few of them are exact in fp32 (they span at most 16 bits), but most sums are not
+ * representable in 16 bits: the expected 16-bit result is one rounding of the exact sum.
+ * int32: k itself. */
 static double seeded_value(gdp_dtype_t dt, int rep, int r, size_t i) {
     test_rng rng;
     test_rng_seed(&rng, 1000u + 33u * (uint64_t)rep + (uint64_t)r + 7919u * (uint64_t)i);
-    double k = (double)((int)(test_uniform(&rng) * 128.0) - 64);
-    return dt == GDP_DTYPE_INT32 ? k : k / 8.0;
+    double k = (double)((int)(test_uniform(&rng) * 256.0) - 128);
+    int e = (int)(test_uniform(&rng) * 9.0);
+    return dt == GDP_DTYPE_INT32 ? k : ldexp(k, -e);
 }
 
 static void fill(void *buf, gdp_dtype_t dt, int rep, int r, size_t n, size_t first) {
