@@ -12,7 +12,8 @@ command -v cmake >/dev/null || need+=(cmake)
 command -v mpicc >/dev/null || need+=(libopenmpi-dev openmpi-bin)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 [ -e /usr/include/jansson.h ] || [ -n "${JANSSON_HOME:-}" ] || need+=(libjansson-dev)
-ls /usr/include/cblas.h /usr/include/*/cblas.h /usr/include/*/*/cblas.h >/dev/null 2>&1 || need+=(libopenblas-dev)
+compgen -G "/usr/include/cblas.h" >/dev/null || compgen -G "/usr/include/*/cblas.h" >/dev/null ||
+    compgen -G "/usr/include/*/*/cblas.h" >/dev/null || need+=(libopenblas-dev)
 if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}" >&2
     sudo=""
