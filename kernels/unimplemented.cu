@@ -11,6 +11,3 @@
 
 // kernel launchers
 
-extern "C" gdp_status_t gdp_cuda_chunk_local_cumsum(struct gdp_ctx *, gdp_tensor *, gdp_tensor *, const gdp_tensor *,
-                                                    const gdp_tensor *, int32_t) { GDP_CUDA_TODO("gdp_chunk_local_cumsum"); }
-extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *, const gdp_chunk_args *) { GDP_CUDA_TODO("gdp_chunk_gated_delta_product_varlen"); }

@@ -233,6 +233,30 @@ GDP_API gdp_status_t gdp_gated_rmsnorm(gdp_ctx_t ctx, gdp_tensor *out, const gdp
 GDP_API gdp_status_t gdp_rmsnorm(gdp_ctx_t ctx, gdp_tensor *out, const gdp_tensor *x,
                                  const gdp_tensor *weight, double eps);
 
+/* ==== workspace of the CUDA chunk op ==============================================
+ * The CUDA gdp_chunk_gated_delta_product_varlen keeps its intermediates (cumulative decays,
+ * normalized keys, WY factors, v_new, chunk states) in a device workspace owned by the ctx.
+ * With the three descriptors given the op never allocates: reserve once, before the first
+ * call (and before capturing a CUDA graph), for the largest step:
+ *   size_t bytes;
+ *   gdp_chunk_get_workspace_size(max_tokens, max_requests, M, H, K, V, &bytes);
+ *   gdp_ctx_reserve_workspace(ctx, bytes);
+ * A call whose descriptors are given and whose ctx workspace is too small fails with
+ * GDP_STATUS_INVALID_USAGE and writes nothing; without descriptors the op grows the
+ * workspace itself (it synchronizes the host anyway on that path). */
+
+/* Bytes of ctx workspace one chunk call needs for q of max_tokens (padded) tokens and
+ * cu_seqlens of max_requests + 1 entries; monotone in both, so the largest step covers all.
+ * Host-only arithmetic; INVALID_ARGUMENT for bad sizes (K or V > 256, M < 1, overflow). */
+GDP_API gdp_status_t gdp_chunk_get_workspace_size(int64_t max_tokens, int64_t max_requests,
+                                                  int32_t num_householder, int32_t num_heads,
+                                                  int32_t key_dim, int32_t value_dim, size_t *bytes);
+
+/* Grows the ctx's device workspace to at least `bytes` (never shrinks it). A no-op on the CPU
+ * backend. Growing frees the old buffer (waiting for work that uses it): CUDA graphs captured
+ * before a growing call must be captured again. CUDA_ERROR when cudaMalloc fails. */
+GDP_API gdp_status_t gdp_ctx_reserve_workspace(gdp_ctx_t ctx, size_t bytes);
+
 #ifdef __cplusplus
 }
 #endif

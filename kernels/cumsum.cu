@@ -1,0 +1,127 @@
+/*
+ * cumsum.cu: chunk-local cumulative decays in base 2 (gdp-math.md 3.1) on the CUDA backend:
+ * the token-stream sum Gq and the expanded-stream sum Gk (g placed on copy 0 of each token),
+ * restarted every 64 positions of each sequence, summed in fp32 in index order, then
+ * multiplied by GDP_RCP_LN2. The chunk op (chunk.cu) uses the same launcher.
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "gdp_kernels.h"
+#include "src/internal.h"
+
+namespace {
+
+// CUDA kernels
+
+/* The sequence holding stream position r: the largest i with start(i) <= r, where
+ * start(i) = cu_seqlens[i] * scale (scale = M on the expanded stream). Requires r < start(N). */
+__device__ __forceinline__ int find_sequence(const int32_t *__restrict__ cu_seqlens, int n_seq, int64_t r,
+                                             int64_t scale) {
+    int lo = 0, hi = n_seq - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if ((int64_t)cu_seqlens[mid] * scale <= r)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Work split: one thread per (stream position, head); it sums its chunk's prefix in index
+ * order (at most 64 terms), so every output has one fixed summation order (deterministic,
+ * and the same bits whichever grid computes it). g == NULL means no decay (zeros). */
+template <bool EXPANDED>
+__global__ void __launch_bounds__(256) chunk_local_cumsum_kernel(float *__restrict__ out,
+                                                                 const float *__restrict__ g,
+                                                                 const int32_t *__restrict__ cu_seqlens,
+                                                                 int n_seq, int64_t rows, int heads, int m) {
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= rows * heads)
+        return;
+    int64_t r = idx / heads;
+    int h = (int)(idx - r * heads);
+    int64_t scale = EXPANDED ? m : 1;
+    int64_t total = n_seq > 0 ? (int64_t)cu_seqlens[n_seq] * scale : 0;
+    if (r >= total || g == nullptr) {
+        out[idx] = 0.0f;
+        return;
+    }
+    int i = find_sequence(cu_seqlens, n_seq, r, scale);
+    int64_t bos = cu_seqlens[i];
+    int64_t local = r - bos * scale;
+    int64_t chunk_start = local & ~(int64_t)(GDP_CHUNK_SIZE - 1);
+    float sum = 0.0f;
+    if (!EXPANDED) {
+        for (int64_t t = bos + chunk_start; t <= r; t++)
+            sum += g[t * heads + h];
+    } else {
+        /* Only copy 0 of each token carries its decay: local positions that are multiples of M. */
+        for (int64_t p = (chunk_start + m - 1) / m * m; p <= local; p += m)
+            sum += g[(bos + p / m) * heads + h];
+    }
+    out[idx] = sum * GDP_RCP_LN2;
+}
+
+} // namespace
+
+// kernel launchers
+
+extern "C" gdp_status_t gdp_cuda_chunk_local_cumsum(struct gdp_ctx *ctx, gdp_tensor *g_cumsum,
+                                                    gdp_tensor *g_cumsum_dp, const gdp_tensor *g,
+                                                    const gdp_tensor *cu_seqlens, int32_t num_householder) {
+    static const char *op = "gdp_chunk_local_cumsum";
+    if (num_householder < 1)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: num_householder is %d, must be >= 1", op, num_householder);
+    if (!gdp_tensor_present(cu_seqlens) || cu_seqlens->dtype != GDP_DTYPE_INT32 || cu_seqlens->ndim != 1 ||
+        cu_seqlens->shape[0] < 1)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: cu_seqlens must be a [N+1] int32 device array", op);
+    const bool have_g = gdp_tensor_present(g);
+    if (have_g && (g->dtype != GDP_DTYPE_FP32 || g->ndim != 3 || !gdp_tensor_is_contiguous(g)))
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: g must be a contiguous [1, T, H] fp32 tensor", op);
+    const gdp_tensor *outs[2] = {g_cumsum, g_cumsum_dp};
+    const gdp_tensor *shape_src = have_g ? g : (gdp_tensor_present(g_cumsum) ? g_cumsum : NULL);
+    if (shape_src == NULL && !gdp_tensor_present(g_cumsum_dp))
+        return GDP_STATUS_SUCCESS; /* nothing to write */
+    int64_t T, H;
+    if (shape_src != NULL) {
+        T = shape_src->shape[1];
+        H = shape_src->shape[2];
+    } else {
+        T = g_cumsum_dp->shape[1] / num_householder;
+        H = g_cumsum_dp->shape[2];
+    }
+    for (int s = 0; s < 2; s++) {
+        const gdp_tensor *o = outs[s];
+        if (!gdp_tensor_present(o))
+            continue;
+        int64_t rows = s == 0 ? T : T * num_householder;
+        if (o->dtype != GDP_DTYPE_FP32 || o->ndim != 3 || o->shape[0] != 1 || o->shape[1] != rows ||
+            o->shape[2] != H || !gdp_tensor_is_contiguous(o))
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s must be a contiguous [1, %lld, %lld] fp32 tensor", op,
+                     s == 0 ? "g_cumsum" : "g_cumsum_dp", (long long)rows, (long long)H);
+    }
+    if (H < 1 || H > INT32_MAX)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %lld heads; expected 1 .. 2^31-1", op, (long long)H);
+
+    cudaStream_t stream = (cudaStream_t)ctx->stream;
+    const int n_seq = (int)(cu_seqlens->shape[0] - 1);
+    const float *gp = have_g ? (const float *)g->data : nullptr;
+    const int32_t *cu = (const int32_t *)cu_seqlens->data;
+    const int threads = 256;
+    if (gdp_tensor_present(g_cumsum) && T > 0) {
+        int64_t n = T * H;
+        chunk_local_cumsum_kernel<false><<<(unsigned)((n + threads - 1) / threads), threads, 0, stream>>>(
+            (float *)g_cumsum->data, gp, cu, n_seq, T, (int)H, num_householder);
+    }
+    if (gdp_tensor_present(g_cumsum_dp) && T > 0) {
+        int64_t n = T * num_householder * H;
+        chunk_local_cumsum_kernel<true><<<(unsigned)((n + threads - 1) / threads), threads, 0, stream>>>(
+            (float *)g_cumsum_dp->data, gp, cu, n_seq, T * num_householder, (int)H, num_householder);
+    }
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: kernel launch failed: %s", op, cudaGetErrorString(err));
+    return GDP_STATUS_SUCCESS;
+}

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""chunk_model.py: numpy model of the CUDA chunk op's stages (kernels/chunk.cu), with the same
+bf16 rounding points, used offline to check the device's intermediates stage by stage.
+
+  chunk_model.py golden FILE...   model vs a golden file's o_ref / final_state_ref / chunk_states_ref
+  chunk_model.py dump FILE...     model vs a dump of chunk_stages --dump (cumsums, keys, w, v_new,
+                                  chunk-entry states, o, final and chunk states), per stage
+"""
+import json, struct, sys
+import numpy as np
+
+R = np.float32(1.4426950216)  # GDP_RCP_LN2
+
+
+def load(path):
+    b = open(path, 'rb').read()
+    n = struct.unpack('<Q', b[:8])[0]
+    hdr = json.loads(b[8:8 + n])
+    data = b[8 + n:]
+    out = {}
+    for k, v in hdr.items():
+        if k == '__metadata__':
+            out[k] = v
+            continue
+        s, e = v['data_offsets']
+        raw = data[s:e]
+        dt = v['dtype']
+        if dt == 'BF16':
+            a = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+        elif dt == 'F32':
+            a = np.frombuffer(raw, np.float32)
+        else:
+            a = np.frombuffer(raw, np.int32)
+        out[k] = a.reshape(v['shape']).copy()
+    return out
+
+
+def bf(x):
+    """fp32 -> bf16 (round to nearest even) -> fp32."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def seq_cumsum(x):
+    """chunk-local inclusive sums in fp32, index order, restarted every 64, times RCP_LN2."""
+    out = np.zeros(len(x), np.float32)
+    s = np.float32(0)
+    for j, xv in enumerate(x):
+        if j % 64 == 0:
+            s = np.float32(0)
+        s = np.float32(s + xv)
+        out[j] = s * R
+    return out
+
+
+def model(q, k, v, g, beta, h0, cu, M, scale, l2):
+    """All stages; returns dict of outputs and intermediates in the workspace layouts (unpadded)."""
+    T, H, K = q.shape
+    V = v.shape[2]
+    N = len(cu) - 1
+    r = dict(o=np.zeros((T, H, V), np.float32), final=np.zeros((N, H, K, V), np.float32),
+             gq=np.zeros((T, H), np.float32), gk=np.zeros((T * M, H), np.float32),
+             kn=np.zeros((T * M, H, K), np.float32), w=np.zeros((T * M, H, K), np.float32),
+             vnew=np.zeros((T * M, H, V), np.float32), h={})
+    for i in range(N):
+        bos, L = int(cu[i]), int(cu[i + 1] - cu[i])
+        for h in range(H):
+            gs = g[bos:bos + L, h].astype(np.float32)
+            Gq = seq_cumsum(gs)
+            gi = np.zeros(L * M, np.float32)
+            gi[0::M] = gs
+            Gk = seq_cumsum(gi)
+            r['gq'][bos:bos + L, h] = Gq
+            r['gk'][bos * M:(bos + L) * M, h] = Gk
+            kk = k[bos * M:(bos + L) * M, h].astype(np.float32)
+            qq = q[bos:bos + L, h].astype(np.float32)
+            vv = v[bos * M:(bos + L) * M, h].astype(np.float32)
+            bb = beta[bos * M:(bos + L) * M, h].astype(np.float32)
+            if l2:
+                kk = bf(kk / np.sqrt((kk * kk).sum(1, keepdims=True) + np.float32(1e-6)))
+                qq = bf(qq / np.sqrt((qq * qq).sum(1, keepdims=True) + np.float32(1e-6)))
+            r['kn'][bos * M:(bos + L) * M, h] = kk
+            W = np.zeros((L * M, K), np.float32)
+            U = np.zeros((L * M, V), np.float32)
+            for c in range(0, L * M, 64):
+                n = min(64, L * M - c)
+                kc, g_, b_ = kk[c:c + n], Gk[c:c + n], bb[c:c + n]
+                A = np.tril((kc @ kc.T) * np.exp2(g_[:, None] - g_[None, :]) * b_[:, None], -1)
+                Ai = bf(np.linalg.inv(np.eye(n) + A.astype(np.float64)).astype(np.float32))
+                W[c:c + n] = bf(Ai @ bf(kc * (b_ * np.exp2(g_))[:, None]))
+                U[c:c + n] = bf(Ai @ bf(vv[c:c + n] * b_[:, None]))
+            r['w'][bos * M:(bos + L) * M, h] = W
+            S = h0[i, h].astype(np.float32).copy() if h0 is not None else np.zeros((K, V), np.float32)
+            hs = []
+            VN = np.zeros_like(U)
+            for ct in range((L * M + 63) // 64):
+                c = ct * 64
+                n = min(64, L * M - c)
+                if ct % M == 0:
+                    hs.append(S.copy())
+                vn = U[c:c + n] - bf(W[c:c + n]) @ bf(S)
+                VN[c:c + n] = bf(vn)
+                gl = Gk[c + n - 1]
+                vd = bf(vn * np.exp2(gl - Gk[c:c + n])[:, None])
+                S = S * np.exp2(gl) + kk[c:c + n].T @ vd
+            r['vnew'][bos * M:(bos + L) * M, h] = VN
+            r['final'][i, h] = S
+            r['h'][(i, h)] = hs
+            for ctok, hc in enumerate(hs):
+                t0 = ctok * 64
+                n = min(64, L - t0)
+                qc, gq = qq[t0:t0 + n], Gq[t0:t0 + n]
+                acc = (qc @ bf(hc)) * np.exp2(gq)[:, None]
+                D = np.tril(np.exp2(gq[:, None] - gq[None, :]))
+                for m in range(M):
+                    rows = np.arange(t0, t0 + n) * M + m
+                    P = bf((qc @ kk[rows].T) * D)
+                    acc += P @ VN[rows]
+                r['o'][bos + t0:bos + t0 + n, h] = bf(acc * np.float32(scale))
+    return r
+
+
+def rel(a, b):
+    a = np.asarray(a, np.float64).ravel()
+    b = np.asarray(b, np.float64).ravel()
+    nb = np.linalg.norm(b)
+    return np.linalg.norm(a - b) / nb if nb > 0 else np.linalg.norm(a - b)
+
+
+def states_table(r, co, H, K, V, rows):
+    cs = np.zeros((rows, H, K, V), np.float32)
+    for (i, h), hs in r['h'].items():
+        for c, s in enumerate(hs):
+            cs[co[i] + c, h] = s
+    return cs
+
+
+def main():
+    mode, files = sys.argv[1], sys.argv[2:]
+    for f in files:
+        d = load(f)
+        q, k, v, g, beta = d['q'][0], d['k'][0], d['v'][0], d['g'][0], d['beta'][0]
+        cu, co = d['cu_seqlens'], d['chunk_offsets']
+        T, H, K = q.shape
+        V = v.shape[2]
+        M = k.shape[0] // T
+        if mode == 'golden':
+            meta = d['__metadata__']
+            scale = float(meta['scale'])
+            l2 = str(meta['use_qk_l2norm_in_kernel']).lower() == 'true'
+        else:
+            scale, l2 = 1.0 / np.sqrt(K), True
+        r = model(q, k, v, g, beta, d['initial_state'], cu, M, scale, l2)
+        end, nreal = int(cu[-1]), int(co[-1])
+        name = f.split('/')[-1]
+        if mode == 'golden':
+            cs = states_table(r, co, H, K, V, d['chunk_states_ref'].shape[0])
+            print('%s: o %.2e final %.2e chunk states %.2e' % (
+                name, rel(r['o'][:end], d['o_ref'][0][:end]), rel(r['final'], d['final_state_ref']),
+                rel(cs[:nreal], d['chunk_states_ref'][:nreal])))
+            continue
+        TM = T * M
+        ends = [(int(cu[i]) * M, int(cu[i + 1]) * M) for i in range(len(cu) - 1)]
+        mask = np.zeros(TM, bool)
+        for a, b in ends:
+            mask[a:b] = True
+        hs = states_table(r, co, H, K, V, nreal)
+        dev_h = d['ws_h'][:nreal, :, :K, :V]
+        checks = [
+            ('Gq', d['ws_gq'][:end], r['gq'][:end]), ('Gk', d['ws_gk'][mask], r['gk'][mask]),
+            ('keys', d['ws_kn'][mask][:, :, :K], r['kn'][mask]), ('w', d['ws_w'][mask][:, :, :K], r['w'][mask]),
+            ('v_new', d['ws_vnew'][mask][:, :, :V], r['vnew'][mask]), ('h (bf16)', dev_h, bf(hs)),
+            ('chunk states', d['chunk_states'][:nreal], hs), ('final state', d['final_state'], r['final']),
+            ('o', d['o'][0][:end], r['o'][:end]),
+        ]
+        print('%s (T=%d H=%d K=%d V=%d M=%d):' % (name, T, H, K, V, M))
+        for label, a, b in checks:
+            print('  %-14s rel %.2e  max|d| %.2e  nonfinite %d' % (
+                label, rel(a, b), float(np.max(np.abs(a - b))) if a.size else 0.0, int(np.sum(~np.isfinite(a)))))
+        tail = d['o'][0][end:]
+        print('  o tail rows exactly 0: %s' % bool(np.all(tail == 0)))
+        pad_w = d['ws_w'][mask][:, :, K:]
+        print('  w / keys padding columns zero: %s' % bool(np.all(pad_w == 0) and np.all(d['ws_kn'][mask][:, :, K:] == 0)))
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,316 @@
+/*
+ * chunk_stages.cu: developer lab for the chunk op: per-stage times (cumsum, WY, state sweep,
+ * outputs, tail) of gdp_chunk_gated_delta_product_varlen on the prefill rows of
+ * docs/performance.md. It compiles kernels/chunk.cu into itself with GDP_CHUNK_STAGE_MARK
+ * recording a CUDA event after each stage, and links the rest of libgdp statically.
+ * With --dump DIR it instead writes inputs, outputs and the workspace intermediates of two small
+ * shapes (DIR/dump_k128.safetensors, DIR/dump_k100.safetensors) for offline stage-by-stage checks.
+ * Build: cmake -DGDP_BUILD_CHUNK_DEV=ON ... && cmake --build <dir> --target bench_chunk_stages
+ */
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+static cudaEvent_t g_stage_events[6];
+#define GDP_CHUNK_STAGE_MARK(stage, stream) cudaEventRecord(g_stage_events[(stage)], (stream))
+#include "../chunk.cu"
+#include "src/workspace.h"
+
+#define DEV_CHECK(call)                                                                              \
+    do {                                                                                             \
+        auto r_ = (call);                                                                            \
+        if ((int)r_ != 0) {                                                                          \
+            std::fprintf(stderr, "%s failed (%d): %s\n", #call, (int)r_, gdp_last_error());           \
+            std::exit(1);                                                                            \
+        }                                                                                            \
+    } while (0)
+
+struct Row {
+    const char *label;
+    int H, K, V, M, n;
+    int lens[8];
+};
+
+static const Row ROWS[] = {
+    {"H16 K128 V128 M2 8x2048", 16, 128, 128, 2, 8, {2048, 2048, 2048, 2048, 2048, 2048, 2048, 2048}},
+    {"H16 K128 V128 M3 8x2048", 16, 128, 128, 3, 8, {2048, 2048, 2048, 2048, 2048, 2048, 2048, 2048}},
+    {"H16 K128 V128 M2 1x16384", 16, 128, 128, 2, 1, {16384}},
+    {"H16 K128 V128 M2 varlen(8)", 16, 128, 128, 2, 8, {1000, 37, 5000, 64, 2500, 7000, 400, 299}},
+    {"H32 K128 V64 M3 4x2048", 32, 128, 64, 3, 4, {2048, 2048, 2048, 2048}},
+};
+
+/* Work split: one thread per element; a hash of the index gives a value in [lo, hi). */
+__global__ void fill_kernel(void *p, int64_t n, int bf16, float lo, float hi, uint32_t seed) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    float f = lo + (hi - lo) * (float)(x >> 8) * (1.0f / 16777216.0f);
+    if (bf16)
+        static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(f);
+    else
+        static_cast<float *>(p)[i] = f;
+}
+
+static void *filled(int64_t n, int bf16, float lo, float hi, uint32_t seed) {
+    void *p;
+    DEV_CHECK(cudaMalloc(&p, (size_t)n * (bf16 ? 2 : 4)));
+    fill_kernel<<<(unsigned)((n + 255) / 256), 256>>>(p, n, bf16, lo, hi, seed);
+    DEV_CHECK(cudaGetLastError());
+    return p;
+}
+
+static gdp_tensor view(void *data, gdp_dtype_t dt, int32_t ndim, int64_t a, int64_t b = 0, int64_t c = 0,
+                       int64_t d = 0) {
+    int64_t shape[4] = {a, b, c, d};
+    gdp_tensor t;
+    gdp_tensor_init(&t, data, dt, ndim, shape);
+    return t;
+}
+
+/* ---- dump mode: inputs, outputs and every workspace intermediate of two small shapes, as
+ * safetensors, for a stage-by-stage comparison with an offline model ---- */
+struct Blob {
+    std::string name, dtype;
+    std::vector<int64_t> shape;
+    std::vector<char> bytes;
+};
+
+static void add_host(std::vector<Blob> &out, const char *name, const char *dtype, std::vector<int64_t> shape,
+                     const void *p, size_t bytes) {
+    Blob b{name, dtype, shape, std::vector<char>(bytes)};
+    std::memcpy(b.bytes.data(), p, bytes);
+    out.push_back(b);
+}
+
+static void add_dev(std::vector<Blob> &out, const char *name, const char *dtype, std::vector<int64_t> shape,
+                    const void *p, size_t bytes) {
+    Blob b{name, dtype, shape, std::vector<char>(bytes)};
+    DEV_CHECK(cudaMemcpy(b.bytes.data(), p, bytes, cudaMemcpyDeviceToHost));
+    out.push_back(b);
+}
+
+static void write_safetensors(const char *path, const std::vector<Blob> &blobs) {
+    std::string hdr = "{";
+    size_t off = 0;
+    for (size_t i = 0; i < blobs.size(); i++) {
+        const Blob &b = blobs[i];
+        hdr += (i ? "," : "") + std::string("\"") + b.name + "\":{\"dtype\":\"" + b.dtype + "\",\"shape\":[";
+        for (size_t d = 0; d < b.shape.size(); d++)
+            hdr += (d ? "," : "") + std::to_string(b.shape[d]);
+        hdr += "],\"data_offsets\":[" + std::to_string(off) + "," + std::to_string(off + b.bytes.size()) + "]}";
+        off += b.bytes.size();
+    }
+    hdr += "}";
+    while (hdr.size() % 8)
+        hdr += " ";
+    FILE *f = std::fopen(path, "wb");
+    if (!f) {
+        std::fprintf(stderr, "cannot write %s\n", path);
+        std::exit(1);
+    }
+    uint64_t n = hdr.size();
+    std::fwrite(&n, 8, 1, f);
+    std::fwrite(hdr.data(), 1, hdr.size(), f);
+    for (const Blob &b : blobs)
+        std::fwrite(b.bytes.data(), 1, b.bytes.size(), f);
+    std::fclose(f);
+}
+
+static uint64_t g_rng = 88172645463325252ull;
+static float urand(float lo, float hi) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return lo + (hi - lo) * (float)((g_rng >> 40) * (1.0 / 16777216.0));
+}
+
+static void dump_case(const char *path, int M, int H, int K, int V, std::vector<int32_t> lens, int64_t T) {
+    const int64_t N = (int64_t)lens.size();
+    std::vector<int32_t> cu(N + 1, 0);
+    for (int64_t i = 0; i < N; i++)
+        cu[i + 1] = cu[i] + lens[i];
+    int64_t nc, ncdp;
+    DEV_CHECK(gdp_max_chunk_counts(T, N, M, &nc, &ncdp));
+    std::vector<int32_t> ci(2 * nc), cidp(2 * ncdp), co(N + 1);
+    DEV_CHECK(gdp_build_chunk_descriptors(cu.data(), (int32_t)N, M, T, ci.data(), cidp.data(), co.data(), &nc, &ncdp));
+    auto bf = [](int64_t n, float lo, float hi) {
+        std::vector<uint16_t> h(n);
+        for (auto &x : h)
+            x = gdp_float_to_bf16(urand(lo, hi));
+        return h;
+    };
+    auto hq = bf(T * H * K, -1, 1), hk = bf(T * M * H * K, -1, 1), hv = bf(T * M * H * V, -1, 1);
+    auto hb = bf(T * M * H, 0, 1);
+    std::vector<float> hg(T * H), h0(N * H * K * V);
+    for (auto &x : hg)
+        x = urand(0, 1) < 0.25f ? 0.0f : urand(-0.3f, 0.0f);
+    for (auto &x : h0)
+        x = urand(-0.5f, 0.5f);
+    auto up = [](const void *p, size_t bytes) {
+        void *d;
+        DEV_CHECK(cudaMalloc(&d, bytes ? bytes : 16));
+        DEV_CHECK(cudaMemcpy(d, p, bytes, cudaMemcpyHostToDevice));
+        return d;
+    };
+    void *q = up(hq.data(), hq.size() * 2), *k = up(hk.data(), hk.size() * 2), *v = up(hv.data(), hv.size() * 2);
+    void *beta = up(hb.data(), hb.size() * 2), *g = up(hg.data(), hg.size() * 4), *ini = up(h0.data(), h0.size() * 4);
+    void *d_cu = up(cu.data(), cu.size() * 4), *d_ci = up(ci.data(), ci.size() * 4);
+    void *d_cidp = up(cidp.data(), cidp.size() * 4), *d_co = up(co.data(), co.size() * 4);
+    void *o, *fs, *cs;
+    DEV_CHECK(cudaMalloc(&o, (size_t)(T * H * V) * 2));
+    DEV_CHECK(cudaMalloc(&fs, (size_t)(N * H * K * V) * 4));
+    DEV_CHECK(cudaMalloc(&cs, (size_t)(nc * H * K * V) * 4));
+    DEV_CHECK(cudaMemset(o, 0xff, (size_t)(T * H * V) * 2));
+    DEV_CHECK(cudaMemset(cs, 0, (size_t)(nc * H * K * V) * 4));
+    gdp_ctx_t ctx;
+    DEV_CHECK(gdp_ctx_init(&ctx, GDP_BACKEND_CUDA, 0));
+    gdp_chunk_workspace_layout lay;
+    DEV_CHECK(gdp_chunk_workspace_plan(T, N, M, H, K, V, &lay));
+    DEV_CHECK(gdp_ctx_reserve_workspace(ctx, lay.total));
+    DEV_CHECK(cudaMemset(ctx->workspace, 0, lay.total));
+    gdp_chunk_args a;
+    std::memset(&a, 0, sizeof a);
+    a.q = view(q, GDP_DTYPE_BF16, 4, 1, T, H, K);
+    a.k = view(k, GDP_DTYPE_BF16, 4, 1, T * M, H, K);
+    a.v = view(v, GDP_DTYPE_BF16, 4, 1, T * M, H, V);
+    a.g = view(g, GDP_DTYPE_FP32, 3, 1, T, H);
+    a.beta = view(beta, GDP_DTYPE_BF16, 3, 1, T * M, H);
+    a.num_householder = M;
+    a.cu_seqlens = view(d_cu, GDP_DTYPE_INT32, 1, N + 1);
+    a.initial_state = view(ini, GDP_DTYPE_FP32, 4, N, H, K, V);
+    a.output_final_state = 1;
+    a.use_qk_l2norm_in_kernel = 1;
+    a.chunk_indices = view(d_ci, GDP_DTYPE_INT32, 2, nc, 2);
+    a.chunk_indices_dp = view(d_cidp, GDP_DTYPE_INT32, 2, ncdp, 2);
+    a.chunk_offsets = view(d_co, GDP_DTYPE_INT32, 1, N + 1);
+    a.o = view(o, GDP_DTYPE_BF16, 4, 1, T, H, V);
+    a.final_state = view(fs, GDP_DTYPE_FP32, 4, N, H, K, V);
+    a.return_chunk_states = 1;
+    a.chunk_states = view(cs, GDP_DTYPE_FP32, 4, nc, H, K, V);
+    DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
+    DEV_CHECK(cudaDeviceSynchronize());
+    std::vector<Blob> blobs;
+    add_host(blobs, "q", "BF16", {1, T, H, K}, hq.data(), hq.size() * 2);
+    add_host(blobs, "k", "BF16", {1, T * M, H, K}, hk.data(), hk.size() * 2);
+    add_host(blobs, "v", "BF16", {1, T * M, H, V}, hv.data(), hv.size() * 2);
+    add_host(blobs, "beta", "BF16", {1, T * M, H}, hb.data(), hb.size() * 2);
+    add_host(blobs, "g", "F32", {1, T, H}, hg.data(), hg.size() * 4);
+    add_host(blobs, "initial_state", "F32", {N, H, K, V}, h0.data(), h0.size() * 4);
+    add_host(blobs, "cu_seqlens", "I32", {N + 1}, cu.data(), cu.size() * 4);
+    add_host(blobs, "chunk_offsets", "I32", {N + 1}, co.data(), co.size() * 4);
+    add_dev(blobs, "o", "BF16", {1, T, H, V}, o, (size_t)(T * H * V) * 2);
+    add_dev(blobs, "final_state", "F32", {N, H, K, V}, fs, (size_t)(N * H * K * V) * 4);
+    add_dev(blobs, "chunk_states", "F32", {nc, H, K, V}, cs, (size_t)(nc * H * K * V) * 4);
+    const char *ws = (const char *)ctx->workspace;
+    add_dev(blobs, "ws_gq", "F32", {T, H}, ws + lay.off_gq, (size_t)(T * H) * 4);
+    add_dev(blobs, "ws_gk", "F32", {T * M, H}, ws + lay.off_gk, (size_t)(T * M * H) * 4);
+    add_dev(blobs, "ws_kn", "BF16", {T * M, H, lay.kp}, ws + lay.off_kn, (size_t)(T * M * H * lay.kp) * 2);
+    add_dev(blobs, "ws_w", "BF16", {T * M, H, lay.kp}, ws + lay.off_w, (size_t)(T * M * H * lay.kp) * 2);
+    add_dev(blobs, "ws_vnew", "BF16", {T * M, H, lay.vp}, ws + lay.off_u, (size_t)(T * M * H * lay.vp) * 2);
+    add_dev(blobs, "ws_h", "BF16", {lay.h_rows, H, lay.kp, lay.vp}, ws + lay.off_h,
+            (size_t)(lay.h_rows * H * lay.kp * lay.vp) * 2);
+    write_safetensors(path, blobs);
+    std::printf("# dumped %s (M=%d H=%d K=%d V=%d T=%lld)\n", path, M, H, K, V, (long long)T);
+    gdp_ctx_free(ctx);
+    void *bufs[] = {q, k, v, beta, g, ini, d_cu, d_ci, d_cidp, d_co, o, fs, cs};
+    for (void *b : bufs)
+        cudaFree(b);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && !std::strcmp(argv[1], "--dump")) {
+        std::string dir = argv[2];
+        dump_case((dir + "/dump_k128.safetensors").c_str(), 2, 2, 128, 128, {100, 37, 200, 0}, 352);
+        dump_case((dir + "/dump_k100.safetensors").c_str(), 3, 2, 100, 64, {130, 7, 64}, 210);
+        return 0;
+    }
+    for (auto &e : g_stage_events)
+        DEV_CHECK(cudaEventCreate(&e));
+    std::printf("%-28s %9s %9s %9s %9s %9s %9s\n", "# shape (median us)", "cumsum", "wy", "state", "out", "tail",
+                "total");
+    for (const Row &row : ROWS) {
+        const int64_t H = row.H, K = row.K, V = row.V, M = row.M, N = row.n;
+        std::vector<int32_t> cu(N + 1, 0);
+        for (int i = 0; i < N; i++)
+            cu[i + 1] = cu[i] + row.lens[i];
+        const int64_t T = cu[N];
+        int64_t nc, ncdp;
+        DEV_CHECK(gdp_max_chunk_counts(T, N, (int32_t)M, &nc, &ncdp));
+        std::vector<int32_t> ci(2 * nc), cidp(2 * ncdp), co(N + 1);
+        DEV_CHECK(gdp_build_chunk_descriptors(cu.data(), (int32_t)N, (int32_t)M, T, ci.data(), cidp.data(), co.data(),
+                                              &nc, &ncdp));
+        void *q = filled(T * H * K, 1, -1, 1, 1), *k = filled(T * M * H * K, 1, -1, 1, 2);
+        void *v = filled(T * M * H * V, 1, -1, 1, 3), *beta = filled(T * M * H, 1, 0, 1, 4);
+        void *g = filled(T * H, 0, -0.1f, 0, 5), *h0 = filled(N * H * K * V, 0, -0.5f, 0.5f, 6);
+        int32_t *d_idx;
+        DEV_CHECK(cudaMalloc(&d_idx, (size_t)(2 * (N + 1) + 2 * nc + 2 * ncdp) * 4));
+        int32_t *d_cu = d_idx, *d_ci = d_cu + N + 1, *d_cidp = d_ci + 2 * nc, *d_co = d_cidp + 2 * ncdp;
+        DEV_CHECK(cudaMemcpy(d_cu, cu.data(), (N + 1) * 4, cudaMemcpyHostToDevice));
+        DEV_CHECK(cudaMemcpy(d_ci, ci.data(), 2 * nc * 4, cudaMemcpyHostToDevice));
+        DEV_CHECK(cudaMemcpy(d_cidp, cidp.data(), 2 * ncdp * 4, cudaMemcpyHostToDevice));
+        DEV_CHECK(cudaMemcpy(d_co, co.data(), (N + 1) * 4, cudaMemcpyHostToDevice));
+        void *o, *fs;
+        DEV_CHECK(cudaMalloc(&o, (size_t)(T * H * V) * 2));
+        DEV_CHECK(cudaMalloc(&fs, (size_t)(N * H * K * V) * 4));
+        gdp_ctx_t ctx;
+        DEV_CHECK(gdp_ctx_init(&ctx, GDP_BACKEND_CUDA, 0));
+        size_t ws;
+        DEV_CHECK(gdp_chunk_get_workspace_size(T, N, (int32_t)M, (int32_t)H, (int32_t)K, (int32_t)V, &ws));
+        DEV_CHECK(gdp_ctx_reserve_workspace(ctx, ws));
+        gdp_chunk_args a;
+        std::memset(&a, 0, sizeof a);
+        a.q = view(q, GDP_DTYPE_BF16, 4, 1, T, H, K);
+        a.k = view(k, GDP_DTYPE_BF16, 4, 1, T * M, H, K);
+        a.v = view(v, GDP_DTYPE_BF16, 4, 1, T * M, H, V);
+        a.g = view(g, GDP_DTYPE_FP32, 3, 1, T, H);
+        a.beta = view(beta, GDP_DTYPE_BF16, 3, 1, T * M, H);
+        a.num_householder = (int32_t)M;
+        a.cu_seqlens = view(d_cu, GDP_DTYPE_INT32, 1, N + 1);
+        a.initial_state = view(h0, GDP_DTYPE_FP32, 4, N, H, K, V);
+        a.output_final_state = 1;
+        a.use_qk_l2norm_in_kernel = 1;
+        a.chunk_indices = view(d_ci, GDP_DTYPE_INT32, 2, nc, 2);
+        a.chunk_indices_dp = view(d_cidp, GDP_DTYPE_INT32, 2, ncdp, 2);
+        a.chunk_offsets = view(d_co, GDP_DTYPE_INT32, 1, N + 1);
+        a.o = view(o, GDP_DTYPE_BF16, 4, 1, T, H, V);
+        a.final_state = view(fs, GDP_DTYPE_FP32, 4, N, H, K, V);
+        const int iters = 20;
+        std::vector<float> t[6];
+        for (int it = 0; it < iters + 3; it++) {
+            DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
+            DEV_CHECK(cudaDeviceSynchronize());
+            if (it < 3)
+                continue;
+            for (int s = 1; s < 6; s++) {
+                float ms;
+                DEV_CHECK(cudaEventElapsedTime(&ms, g_stage_events[s - 1], g_stage_events[s]));
+                t[s - 1].push_back(ms);
+            }
+            float ms;
+            DEV_CHECK(cudaEventElapsedTime(&ms, g_stage_events[0], g_stage_events[5]));
+            t[5].push_back(ms);
+        }
+        std::printf("%-28s", row.label);
+        for (auto &v_ : t) {
+            std::sort(v_.begin(), v_.end());
+            std::printf(" %9.1f", v_[v_.size() / 2] * 1e3);
+        }
+        std::printf("\n");
+        gdp_ctx_free(ctx);
+        void *bufs[] = {q, k, v, beta, g, h0, d_idx, o, fs};
+        for (void *b : bufs)
+            cudaFree(b);
+    }
+    return 0;
+}

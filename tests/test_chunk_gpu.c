@@ -1,0 +1,761 @@
+/*
+ * test_chunk_gpu.c: the CUDA chunked prefill (gdp_chunk_gated_delta_product_varlen) and the
+ * CUDA chunk-local cumsum, through the public API, against the golden files and against the
+ * CPU backend run on the same 16-bit inputs (double math). Bars (gdp-math.md 8): relative
+ * RMS < 8e-3 on o, final states and chunk states, and |a - b| <= 2e-2 + 2e-2 |b| elementwise.
+ *
+ * Checked: the five chunk_* golden files; random shapes (M 1..4, K 64/72/100/128/256,
+ * V 64/96/128, varlen with zero-length sequences and padded tails, initial state on/off and
+ * in bf16, L2 norm on/off, fp16 inputs, fp32 beta); the derived-descriptor path equal bit for
+ * bit to the descriptor path; two runs bitwise equal; cache mode (fp32 and bf16 cache) with -1
+ * rows: unnamed slots byte-identical, named slots and the -1 request's outputs against the
+ * CPU, padded rows exactly 0; a padded run equal bit for bit to the unpadded one on real rows;
+ * chunk-state rows past chunk_offsets[N] untouched; a CUDA graph captured with descriptors and
+ * replayed on new data (new lengths, same padded shape) equal to eager runs; fp32 q ->
+ * UNSUPPORTED and a missing workspace reservation -> INVALID_USAGE, both writing nothing.
+ * Exits 77 when the library has no CUDA backend or no GPU is present.
+ */
+#include <string.h>
+
+#include "internal.h"
+#include "test_common.h"
+
+#ifdef GDP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+static const double REL_BAR = 8e-3;  /* bf16 GPU chunk vs fp64 reference (gdp-math.md 8.3) */
+static const double ELEM_TOL = 2e-2; /* Megatron's atol = rtol */
+
+#define CUDA_OK(call)                                                                                    \
+    do {                                                                                                 \
+        cudaError_t e_ = (call);                                                                         \
+        CHECK(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                               \
+    } while (0)
+
+/* ---- device tensors ------------------------------------------------------------------------ */
+static gdp_tensor dev_alloc(gdp_dtype_t dtype, int32_t ndim, const int64_t *shape, int byte) {
+    gdp_tensor t;
+    gdp_tensor_init(&t, NULL, dtype, ndim, shape);
+    size_t bytes = test_tensor_bytes(&t);
+    CUDA_OK(cudaMalloc(&t.data, bytes ? bytes : 16));
+    CUDA_OK(cudaMemset(t.data, byte, bytes ? bytes : 16));
+    return t;
+}
+
+static gdp_tensor dev_upload(const gdp_tensor *h) {
+    if (!gdp_tensor_present(h)) {
+        gdp_tensor none;
+        memset(&none, 0, sizeof none);
+        return none;
+    }
+    gdp_tensor d = dev_alloc(h->dtype, h->ndim, h->shape, 0);
+    CUDA_OK(cudaMemcpy(d.data, h->data, test_tensor_bytes(h), cudaMemcpyHostToDevice));
+    return d;
+}
+
+/* A fresh host tensor holding the device tensor's bytes. */
+static gdp_tensor dev_download(const gdp_tensor *d) {
+    gdp_tensor h = test_tensor_alloc(d->dtype, d->ndim, d->shape);
+    CUDA_OK(cudaMemcpy(h.data, d->data, test_tensor_bytes(d), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+static void dev_free(gdp_tensor *d) {
+    if (d->data != NULL)
+        cudaFree(d->data);
+    d->data = NULL;
+}
+
+static void host_free(gdp_tensor *h) {
+    free(h->data);
+    h->data = NULL;
+}
+
+static bool bytes_all(const void *p, size_t n, unsigned char value) {
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++)
+        if (c[i] != value)
+            return false;
+    return true;
+}
+
+static void reserve_for(gdp_ctx_t ctx, int64_t T, int64_t N, int32_t M, int64_t H, int64_t K, int64_t V) {
+    size_t bytes = 0;
+    CHECK_OK(gdp_chunk_get_workspace_size(T, N, M, (int32_t)H, (int32_t)K, (int32_t)V, &bytes));
+    CHECK_OK(gdp_ctx_reserve_workspace(ctx, bytes));
+}
+
+/* ---- random inputs ----------------------------------------------------------------------------- */
+typedef struct chunk_case {
+    const char *name;
+    int32_t M, H, K, V;
+    int n_seq;
+    int32_t lens[8];
+    int64_t T;               /* padded tokens, >= the sum of lens */
+    gdp_dtype_t dtype;       /* q, k, v */
+    gdp_dtype_t beta_dtype;
+    gdp_dtype_t init_dtype;  /* initial_state; GDP_DTYPE_NUM: none */
+    int l2norm;              /* use_qk_l2norm_in_kernel (off: keys are unit rows already) */
+    double scale;            /* 0: K^-0.5 */
+    double g_scale;          /* decays in [-g_scale, 0], a quarter of them exactly 0 */
+} chunk_case;
+
+typedef struct inputs {
+    int32_t M;
+    int64_t T, N, H, K, V, num_chunks, num_chunks_dp;
+    double scale;
+    int l2norm;
+    gdp_tensor q, k, v, g, beta, init, cu, ci, cidp, co; /* host */
+} inputs;
+
+static void build_descriptors(inputs *in) {
+    int64_t rows = 0, rows_dp = 0;
+    CHECK_OK(gdp_max_chunk_counts(in->T, in->N, in->M, &rows, &rows_dp));
+    int64_t ci_shape[2] = {rows, 2}, cidp_shape[2] = {rows_dp, 2}, co_shape[1] = {in->N + 1};
+    in->ci = test_tensor_alloc(GDP_DTYPE_INT32, 2, ci_shape);
+    in->cidp = test_tensor_alloc(GDP_DTYPE_INT32, 2, cidp_shape);
+    in->co = test_tensor_alloc(GDP_DTYPE_INT32, 1, co_shape);
+    CHECK_OK(gdp_build_chunk_descriptors(in->cu.data, (int32_t)in->N, in->M, in->T, in->ci.data, in->cidp.data,
+                                         in->co.data, &in->num_chunks, &in->num_chunks_dp));
+}
+
+static void make_inputs(const chunk_case *c, uint64_t seed, inputs *in) {
+    test_rng r;
+    test_rng_seed(&r, seed);
+    memset(in, 0, sizeof *in);
+    in->M = c->M;
+    in->T = c->T;
+    in->N = c->n_seq;
+    in->H = c->H;
+    in->K = c->K;
+    in->V = c->V;
+    in->scale = c->scale;
+    in->l2norm = c->l2norm;
+    const int64_t T = c->T, TM = c->T * c->M, H = c->H, K = c->K, V = c->V, N = c->n_seq;
+    int64_t cu_shape[1] = {N + 1};
+    in->cu = test_tensor_alloc(GDP_DTYPE_INT32, 1, cu_shape);
+    int32_t *cu = in->cu.data;
+    for (int64_t i = 0; i < N; i++)
+        cu[i + 1] = cu[i] + c->lens[i];
+    CHECK(cu[N] <= T, "%s: lengths exceed T", c->name);
+
+    int64_t q_shape[4] = {1, T, H, K}, k_shape[4] = {1, TM, H, K}, v_shape[4] = {1, TM, H, V};
+    int64_t g_shape[3] = {1, T, H}, b_shape[3] = {1, TM, H}, s_shape[4] = {N, H, K, V};
+    in->q = test_tensor_alloc(c->dtype, 4, q_shape);
+    in->k = test_tensor_alloc(c->dtype, 4, k_shape);
+    in->v = test_tensor_alloc(c->dtype, 4, v_shape);
+    in->g = test_tensor_alloc(GDP_DTYPE_FP32, 3, g_shape);
+    in->beta = test_tensor_alloc(c->beta_dtype, 3, b_shape);
+    test_fill_uniform(&in->q, &r, -1.0, 1.0);
+    test_fill_uniform(&in->v, &r, -1.0, 1.0);
+    test_fill_uniform(&in->beta, &r, 0.0, 1.0);
+    double *row = calloc((size_t)K, sizeof(double));
+    for (int64_t e = 0; e < TM * H; e++) {
+        double ss = 0;
+        for (int64_t d = 0; d < K; d++) {
+            row[d] = test_uniform_range(&r, -1.0, 1.0);
+            ss += row[d] * row[d];
+        }
+        /* Without the in-kernel norm the keys must be unit rows, else the recurrence diverges. */
+        double f = c->l2norm ? 1.0 : 1.0 / sqrt(ss);
+        for (int64_t d = 0; d < K; d++)
+            gdp_tensor_set(&in->k, e * K + d, row[d] * f);
+    }
+    free(row);
+    for (int64_t e = 0; e < T * H; e++)
+        gdp_tensor_set(&in->g, e, test_uniform(&r) < 0.25 ? 0.0 : -c->g_scale * test_uniform(&r));
+    if (c->init_dtype != GDP_DTYPE_NUM) {
+        in->init = test_tensor_alloc(c->init_dtype, 4, s_shape);
+        test_fill_uniform(&in->init, &r, -0.5, 0.5);
+    }
+    build_descriptors(in);
+}
+
+static void free_inputs(inputs *in) {
+    gdp_tensor *all[] = {&in->q, &in->k, &in->v, &in->g, &in->beta, &in->init, &in->cu, &in->ci, &in->cidp, &in->co};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        host_free(all[i]);
+}
+
+/* ---- one run of the op ---------------------------------------------------------------------- */
+typedef struct outputs {
+    gdp_tensor o, fs, cs; /* host; fs absent in cache mode */
+} outputs;
+
+static void free_outputs(outputs *out) {
+    host_free(&out->o);
+    host_free(&out->fs);
+    host_free(&out->cs);
+}
+
+static gdp_chunk_args base_args(const inputs *in) {
+    gdp_chunk_args a;
+    memset(&a, 0, sizeof a);
+    a.q = in->q;
+    a.k = in->k;
+    a.v = in->v;
+    a.g = in->g;
+    a.beta = in->beta;
+    a.num_householder = in->M;
+    a.cu_seqlens = in->cu;
+    a.scale = in->scale;
+    a.initial_state = in->init;
+    a.use_qk_l2norm_in_kernel = in->l2norm;
+    a.chunk_indices = in->ci;
+    a.chunk_indices_dp = in->cidp;
+    a.chunk_offsets = in->co;
+    return a;
+}
+
+/* The CPU reference: fp32 o, fp32 dense final state, chunk states in cs_dtype. */
+static void cpu_run(gdp_ctx_t cpu, const inputs *in, gdp_dtype_t cs_dtype, outputs *out) {
+    gdp_chunk_args a = base_args(in);
+    int64_t o_shape[4] = {1, in->T, in->H, in->V}, s_shape[4] = {in->N, in->H, in->K, in->V};
+    int64_t cs_shape[4] = {in->num_chunks, in->H, in->K, in->V};
+    out->o = test_tensor_alloc(GDP_DTYPE_FP32, 4, o_shape);
+    out->fs = test_tensor_alloc(GDP_DTYPE_FP32, 4, s_shape);
+    out->cs = test_tensor_alloc(cs_dtype, 4, cs_shape);
+    a.o = out->o;
+    a.output_final_state = 1;
+    a.final_state = out->fs;
+    a.return_chunk_states = 1;
+    a.chunk_states = out->cs;
+    CHECK_OK(gdp_chunk_gated_delta_product_varlen(cpu, &a));
+}
+
+/* The GPU op on device copies; outputs poisoned first (o NaN, states NaN, chunk states 0x7f). */
+static void gpu_run(gdp_ctx_t gpu, const inputs *in, bool with_desc, gdp_dtype_t cs_dtype, outputs *out) {
+    gdp_chunk_args a = base_args(in);
+    gdp_tensor d[10];
+    const gdp_tensor *h[10] = {&in->q, &in->k, &in->v, &in->g, &in->beta, &in->init, &in->cu, &in->ci, &in->cidp, &in->co};
+    for (int i = 0; i < 10; i++)
+        d[i] = dev_upload(h[i]);
+    a.q = d[0]; a.k = d[1]; a.v = d[2]; a.g = d[3]; a.beta = d[4]; a.initial_state = d[5]; a.cu_seqlens = d[6];
+    if (with_desc) {
+        a.chunk_indices = d[7]; a.chunk_indices_dp = d[8]; a.chunk_offsets = d[9];
+    } else {
+        memset(&a.chunk_indices, 0, sizeof a.chunk_indices);
+        memset(&a.chunk_indices_dp, 0, sizeof a.chunk_indices_dp);
+        memset(&a.chunk_offsets, 0, sizeof a.chunk_offsets);
+    }
+    int64_t o_shape[4] = {1, in->T, in->H, in->V}, s_shape[4] = {in->N, in->H, in->K, in->V};
+    int64_t cs_shape[4] = {in->num_chunks, in->H, in->K, in->V};
+    gdp_tensor d_o = dev_alloc(in->q.dtype, 4, o_shape, 0xff);
+    gdp_tensor d_fs = dev_alloc(GDP_DTYPE_FP32, 4, s_shape, 0xff);
+    gdp_tensor d_cs = dev_alloc(cs_dtype, 4, cs_shape, 0x7f);
+    a.o = d_o;
+    a.output_final_state = 1;
+    a.final_state = d_fs;
+    a.return_chunk_states = 1;
+    a.chunk_states = d_cs;
+    reserve_for(gpu, in->T, in->N, in->M, in->H, in->K, in->V);
+    CHECK_OK(gdp_chunk_gated_delta_product_varlen(gpu, &a));
+    CUDA_OK(cudaDeviceSynchronize());
+    out->o = dev_download(&d_o);
+    out->fs = dev_download(&d_fs);
+    out->cs = dev_download(&d_cs);
+    dev_free(&d_o);
+    dev_free(&d_fs);
+    dev_free(&d_cs);
+    for (int i = 0; i < 10; i++)
+        dev_free(&d[i]);
+}
+
+/* GPU vs reference outputs (rows of real tokens and chunks), and the GPU's inert regions. */
+static void compare_runs(const char *what, const inputs *in, const outputs *gpu, const outputs *ref, bool check_fs) {
+    const int32_t *cu = in->cu.data, *co = in->co.data;
+    const int64_t row_o = in->H * in->V, row_s = in->H * in->K * in->V;
+    const int64_t end = cu[in->N], real_chunks = co[in->N];
+    char w[256];
+    double *a = test_tensor_f64(&gpu->o), *b = test_tensor_f64(&ref->o);
+    snprintf(w, sizeof w, "%s: o", what);
+    test_compare(w, a, b, end * row_o, REL_BAR, ELEM_TOL, ELEM_TOL);
+    double rel_o = test_rel_rms(a, b, end * row_o);
+    free(a);
+    free(b);
+    const size_t es = gdp_dtype_size(gpu->o.dtype);
+    CHECK(bytes_all((char *)gpu->o.data + (size_t)(end * row_o) * es, (size_t)((in->T - end) * row_o) * es, 0),
+          "%s: o rows past cu_seqlens[N] = %lld are not exactly 0", what, (long long)end);
+    double rel_fs = 0;
+    if (check_fs) {
+        a = test_tensor_f64(&gpu->fs);
+        b = test_tensor_f64(&ref->fs);
+        snprintf(w, sizeof w, "%s: final state", what);
+        test_compare(w, a, b, in->N * row_s, REL_BAR, ELEM_TOL, ELEM_TOL);
+        rel_fs = test_rel_rms(a, b, in->N * row_s);
+        free(a);
+        free(b);
+    }
+    a = test_tensor_f64(&gpu->cs);
+    b = test_tensor_f64(&ref->cs);
+    snprintf(w, sizeof w, "%s: chunk states", what);
+    test_compare(w, a, b, real_chunks * row_s, REL_BAR, ELEM_TOL, ELEM_TOL);
+    double rel_cs = test_rel_rms(a, b, real_chunks * row_s);
+    free(a);
+    free(b);
+    const size_t cs_es = gdp_dtype_size(gpu->cs.dtype);
+    CHECK(bytes_all((char *)gpu->cs.data + (size_t)(real_chunks * row_s) * cs_es,
+                    (size_t)((gpu->cs.shape[0] - real_chunks) * row_s) * cs_es, 0x7f),
+          "%s: chunk_states rows past chunk_offsets[N] = %lld were written", what, (long long)real_chunks);
+    printf("  %-52s rel RMS o %.2e  final %.2e  chunk states %.2e\n", what, rel_o, rel_fs, rel_cs);
+}
+
+static bool same_bytes(const gdp_tensor *a, const gdp_tensor *b) {
+    return test_tensor_bytes(a) == test_tensor_bytes(b) && memcmp(a->data, b->data, test_tensor_bytes(a)) == 0;
+}
+
+/* ---- golden files ------------------------------------------------------------------------------- */
+static void test_golden(gdp_ctx_t gpu) {
+    static const char *const files[5] = {
+        "chunk_m1_k64_single.safetensors", "chunk_m2_k64_varlen.safetensors", "chunk_m3_k100_padded.safetensors",
+        "chunk_m4_k128_scale.safetensors", "chunk_m2_k128_v64_long.safetensors",
+    };
+    printf("golden files (%s):\n", test_golden_dir());
+    for (int fi = 0; fi < 5; fi++) {
+        gdp_st_file *f = test_golden_open(files[fi]);
+        if (f == NULL)
+            continue;
+        inputs in;
+        memset(&in, 0, sizeof in);
+        bool ok = test_st_tensor(f, "q", &in.q) & test_st_tensor(f, "k", &in.k) & test_st_tensor(f, "v", &in.v) &
+                  test_st_tensor(f, "g", &in.g) & test_st_tensor(f, "beta", &in.beta) &
+                  test_st_tensor(f, "initial_state", &in.init) & test_st_tensor(f, "cu_seqlens", &in.cu) &
+                  test_st_tensor(f, "chunk_indices", &in.ci) & test_st_tensor(f, "chunk_indices_dp", &in.cidp) &
+                  test_st_tensor(f, "chunk_offsets", &in.co);
+        outputs ref;
+        memset(&ref, 0, sizeof ref);
+        ok = ok && test_st_tensor(f, "o_ref", &ref.o) && test_st_tensor(f, "final_state_ref", &ref.fs) &&
+             test_st_tensor(f, "chunk_states_ref", &ref.cs);
+        if (ok) {
+            in.M = (int32_t)test_st_meta_num(f, "num_householder", 1);
+            in.scale = test_st_meta_num(f, "scale", 0);
+            in.l2norm = test_st_meta_num(f, "use_qk_l2norm_in_kernel", 0) != 0;
+            in.T = in.q.shape[1];
+            in.H = in.q.shape[2];
+            in.K = in.q.shape[3];
+            in.V = in.v.shape[3];
+            in.N = in.cu.shape[0] - 1;
+            in.num_chunks = in.ci.shape[0];
+            in.num_chunks_dp = in.cidp.shape[0];
+            CHECK(ref.cs.shape[0] == in.num_chunks, "%s: chunk_states_ref has %lld rows, descriptors %lld", files[fi],
+                  (long long)ref.cs.shape[0], (long long)in.num_chunks);
+            outputs out;
+            gpu_run(gpu, &in, true, GDP_DTYPE_FP32, &out);
+            char w[128];
+            snprintf(w, sizeof w, "%s (M=%d K=%lld V=%lld)", files[fi], in.M, (long long)in.K, (long long)in.V);
+            /* the reference's chunk-state rows past chunk_offsets[N] are 0 (no meaning): compare real rows */
+            compare_runs(w, &in, &out, &ref, true);
+            free_outputs(&out);
+        }
+        free_outputs(&ref);
+        free_inputs(&in);
+        gdp_st_close(f);
+    }
+}
+
+/* ---- random shapes vs the CPU backend, derived descriptors, determinism ------------------------------ */
+static void test_random(gdp_ctx_t cpu, gdp_ctx_t gpu) {
+    const gdp_dtype_t BF = GDP_DTYPE_BF16, F16 = GDP_DTYPE_FP16, F32 = GDP_DTYPE_FP32, NONE = GDP_DTYPE_NUM;
+    const chunk_case cases[] = {
+        {"m1 k64 v64 single, unit keys", 1, 2, 64, 64, 1, {63}, 63, BF, BF, NONE, 0, 0.125, 0.5},
+        {"m2 k128 v128 varlen, zero-length, tail", 2, 3, 128, 128, 5, {100, 0, 200, 64, 65}, 480, BF, BF, F32, 1, 0, 0.1},
+        {"m3 k100 v64 padded (K boundary path)", 3, 2, 100, 64, 4, {130, 64, 7, 0}, 256, BF, BF, F32, 1, 0.1, 0.5},
+        {"m4 k64 v128 no initial state", 4, 2, 64, 128, 2, {257, 31}, 320, BF, BF, NONE, 1, 0, 0.05},
+        {"m2 k256 v128", 2, 2, 256, 128, 2, {100, 150}, 256, BF, BF, F32, 1, 0, 0.1},
+        {"m2 k128 v64 fp16", 2, 2, 128, 64, 2, {90, 170}, 300, F16, F16, F32, 1, 0, 0.1},
+        {"m3 k72 v96 unit keys, fp32 beta", 3, 2, 72, 96, 2, {50, 129}, 200, BF, F32, F32, 0, 0, 0.3},
+        {"m1 k128 v128 long, bf16 initial state", 1, 2, 128, 128, 1, {700}, 704, BF, BF, BF, 1, 0, 0.02},
+    };
+    printf("random shapes vs the CPU backend (same 16-bit inputs, double math):\n");
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const chunk_case *c = &cases[ci];
+        inputs in;
+        make_inputs(c, 1000 + ci, &in);
+        outputs ref, out, again, derived;
+        cpu_run(cpu, &in, GDP_DTYPE_FP32, &ref);
+        gpu_run(gpu, &in, true, GDP_DTYPE_FP32, &out);
+        compare_runs(c->name, &in, &out, &ref, true);
+        gpu_run(gpu, &in, true, GDP_DTYPE_FP32, &again);
+        CHECK(same_bytes(&out.o, &again.o) && same_bytes(&out.fs, &again.fs) && same_bytes(&out.cs, &again.cs),
+              "%s: two runs differ (not deterministic)", c->name);
+        gpu_run(gpu, &in, false, GDP_DTYPE_FP32, &derived);
+        CHECK(same_bytes(&out.o, &derived.o) && same_bytes(&out.fs, &derived.fs),
+              "%s: derived descriptors give different o / final state than given ones", c->name);
+        const int64_t real = ((const int32_t *)in.co.data)[in.N], row_s = in.H * in.K * in.V;
+        CHECK(memcmp(out.cs.data, derived.cs.data, (size_t)(real * row_s) * sizeof(float)) == 0,
+              "%s: derived descriptors give different chunk states", c->name);
+        free_outputs(&ref);
+        free_outputs(&out);
+        free_outputs(&again);
+        free_outputs(&derived);
+        free_inputs(&in);
+    }
+}
+
+/* ---- cache mode with -1 rows, fp32 and bf16 cache ------------------------------------------------------ */
+static void test_cache(gdp_ctx_t cpu, gdp_ctx_t gpu, gdp_dtype_t cache_dtype) {
+    /* request 1 is empty with a valid slot (its initial state goes back into the slot), request 3
+     * has tokens but slot -1 (outputs computed, nothing stored), request 4 is padding */
+    const chunk_case c = {"cache", 2, 2, 128, 64, 5, {70, 0, 130, 45, 0}, 300, GDP_DTYPE_BF16, GDP_DTYPE_BF16,
+                          GDP_DTYPE_FP32, 1, 0, 0.1};
+    const int32_t slots_v[5] = {6, 4, 1, -1, -1};
+    const int64_t n_slots = 8;
+    inputs in;
+    make_inputs(&c, cache_dtype == GDP_DTYPE_FP32 ? 77 : 78, &in);
+    test_rng r;
+    test_rng_seed(&r, 5);
+    int64_t cache_shape[4] = {n_slots, in.H, in.K, in.V}, idx_shape[1] = {in.N};
+    gdp_tensor cache0 = test_tensor_alloc(cache_dtype, 4, cache_shape);
+    test_fill_uniform(&cache0, &r, -0.5, 0.5);
+    gdp_tensor slots = test_tensor_alloc(GDP_DTYPE_INT32, 1, idx_shape);
+    memcpy(slots.data, slots_v, sizeof slots_v);
+    /* gather: named slots' states as initial_state (the op never reads the cache), -1 rows random */
+    const int64_t row_s = in.H * in.K * in.V;
+    for (int64_t i = 0; i < in.N; i++)
+        if (slots_v[i] >= 0)
+            for (int64_t e = 0; e < row_s; e++)
+                gdp_tensor_set(&in.init, i * row_s + e, gdp_tensor_get(&cache0, slots_v[i] * row_s + e));
+
+    /* CPU */
+    gdp_tensor cache_cpu = test_tensor_alloc(cache_dtype, 4, cache_shape);
+    memcpy(cache_cpu.data, cache0.data, test_tensor_bytes(&cache0));
+    int64_t o_shape[4] = {1, in.T, in.H, in.V}, cs_shape[4] = {in.num_chunks, in.H, in.K, in.V};
+    outputs ref, out;
+    memset(&ref, 0, sizeof ref);
+    memset(&out, 0, sizeof out);
+    ref.o = test_tensor_alloc(GDP_DTYPE_FP32, 4, o_shape);
+    ref.cs = test_tensor_alloc(cache_dtype, 4, cs_shape);
+    gdp_chunk_args a = base_args(&in);
+    a.state = cache_cpu;
+    a.state_indices = slots;
+    a.o = ref.o;
+    a.return_chunk_states = 1;
+    a.chunk_states = ref.cs;
+    CHECK_OK(gdp_chunk_gated_delta_product_varlen(cpu, &a));
+
+    /* GPU */
+    gdp_tensor d[10];
+    const gdp_tensor *h[10] = {&in.q, &in.k, &in.v, &in.g, &in.beta, &in.init, &in.cu, &in.ci, &in.cidp, &in.co};
+    for (int i = 0; i < 10; i++)
+        d[i] = dev_upload(h[i]);
+    gdp_tensor d_cache = dev_upload(&cache0), d_slots = dev_upload(&slots);
+    gdp_tensor d_o = dev_alloc(in.q.dtype, 4, o_shape, 0xff), d_cs = dev_alloc(cache_dtype, 4, cs_shape, 0x7f);
+    gdp_chunk_args b = a;
+    b.q = d[0]; b.k = d[1]; b.v = d[2]; b.g = d[3]; b.beta = d[4]; b.initial_state = d[5]; b.cu_seqlens = d[6];
+    b.chunk_indices = d[7]; b.chunk_indices_dp = d[8]; b.chunk_offsets = d[9];
+    b.state = d_cache;
+    b.state_indices = d_slots;
+    b.o = d_o;
+    b.chunk_states = d_cs;
+    reserve_for(gpu, in.T, in.N, in.M, in.H, in.K, in.V);
+    CHECK_OK(gdp_chunk_gated_delta_product_varlen(gpu, &b));
+    CUDA_OK(cudaDeviceSynchronize());
+    out.o = dev_download(&d_o);
+    out.cs = dev_download(&d_cs);
+    gdp_tensor cache_gpu = dev_download(&d_cache);
+
+    char what[96];
+    snprintf(what, sizeof what, "cache mode, %s cache, slots [6,4,1,-1,-1]", gdp_dtype_name(cache_dtype));
+    compare_runs(what, &in, &out, &ref, false);
+    const size_t es = gdp_dtype_size(cache_dtype), slot_bytes = (size_t)row_s * es;
+    for (int64_t s = 0; s < n_slots; s++) {
+        bool named = false;
+        for (int64_t i = 0; i < in.N; i++)
+            named = named || slots_v[i] == s;
+        const char *g_slot = (char *)cache_gpu.data + s * slot_bytes;
+        if (!named) {
+            CHECK(memcmp(g_slot, (char *)cache0.data + s * slot_bytes, slot_bytes) == 0,
+                  "%s: slot %lld, named by no request, changed", what, (long long)s);
+            continue;
+        }
+        double *ga = calloc((size_t)row_s, sizeof(double)), *cb = calloc((size_t)row_s, sizeof(double));
+        gdp_tensor_read_f64(&cache_gpu, s * row_s, row_s, ga);
+        gdp_tensor_read_f64(&cache_cpu, s * row_s, row_s, cb);
+        char w[128];
+        snprintf(w, sizeof w, "%s: slot %lld", what, (long long)s);
+        test_compare(w, ga, cb, row_s, REL_BAR, ELEM_TOL, ELEM_TOL);
+        free(ga);
+        free(cb);
+    }
+    /* the empty request with slot 4 stores its initial state unchanged */
+    CHECK(memcmp((char *)cache_gpu.data + 4 * slot_bytes, (char *)cache0.data + 4 * slot_bytes, slot_bytes) == 0,
+          "%s: the zero-length request did not store its initial state bit for bit", what);
+
+    host_free(&cache_gpu);
+    dev_free(&d_cache);
+    dev_free(&d_slots);
+    dev_free(&d_o);
+    dev_free(&d_cs);
+    for (int i = 0; i < 10; i++)
+        dev_free(&d[i]);
+    free_outputs(&ref);
+    free_outputs(&out);
+    host_free(&cache0);
+    host_free(&cache_cpu);
+    host_free(&slots);
+    free_inputs(&in);
+}
+
+/* ---- padded vs unpadded: bitwise equal on real rows ----------------------------------------------- */
+static gdp_tensor prefix(const gdp_tensor *t, int32_t dim, int64_t extent) {
+    int64_t shape[GDP_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    shape[dim] = extent;
+    gdp_tensor c = test_tensor_alloc(t->dtype, t->ndim, shape);
+    memcpy(c.data, t->data, test_tensor_bytes(&c)); /* leading dims are 1: a prefix of the bytes */
+    return c;
+}
+
+static void test_padding(gdp_ctx_t gpu) {
+    const chunk_case c = {"padded", 2, 2, 128, 128, 5, {100, 37, 200, 0, 0}, 400, GDP_DTYPE_BF16, GDP_DTYPE_BF16,
+                          GDP_DTYPE_FP32, 1, 0, 0.1};
+    inputs pad;
+    make_inputs(&c, 4242, &pad);
+    inputs un;
+    memset(&un, 0, sizeof un);
+    un = pad;
+    un.T = 337;
+    un.N = 3;
+    un.q = prefix(&pad.q, 1, un.T);
+    un.k = prefix(&pad.k, 1, un.T * un.M);
+    un.v = prefix(&pad.v, 1, un.T * un.M);
+    un.g = prefix(&pad.g, 1, un.T);
+    un.beta = prefix(&pad.beta, 1, un.T * un.M);
+    un.init = prefix(&pad.init, 0, un.N);
+    un.cu = prefix(&pad.cu, 0, un.N + 1);
+    build_descriptors(&un);
+    outputs po, uo;
+    gpu_run(gpu, &pad, true, GDP_DTYPE_FP32, &po);
+    gpu_run(gpu, &un, true, GDP_DTYPE_FP32, &uo);
+    const int64_t row_o = pad.H * pad.V, row_s = pad.H * pad.K * pad.V;
+    const int64_t real_chunks = ((const int32_t *)un.co.data)[un.N];
+    CHECK(memcmp(po.o.data, uo.o.data, (size_t)(un.T * row_o) * 2) == 0,
+          "padded run: o on the %lld real rows differs from the unpadded run", (long long)un.T);
+    CHECK(bytes_all((char *)po.o.data + un.T * row_o * 2, (size_t)((pad.T - un.T) * row_o) * 2, 0),
+          "padded run: padding token rows are not exactly 0");
+    CHECK(memcmp(po.fs.data, uo.fs.data, (size_t)(un.N * row_s) * sizeof(float)) == 0,
+          "padded run: final states of the real requests differ from the unpadded run");
+    CHECK(memcmp(po.cs.data, uo.cs.data, (size_t)(real_chunks * row_s) * sizeof(float)) == 0,
+          "padded run: chunk states differ from the unpadded run");
+    printf("  padded (T 400, N 5) vs unpadded (T 337, N 3): o, final and chunk states compared bit for bit\n");
+    free_outputs(&po);
+    free_outputs(&uo);
+    gdp_tensor *own[] = {&un.q, &un.k, &un.v, &un.g, &un.beta, &un.init, &un.cu, &un.ci, &un.cidp, &un.co};
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+        host_free(own[i]);
+    free_inputs(&pad);
+}
+
+/* ---- CUDA graph: capture with descriptors, replay with new data, equal to eager runs ------------------------ */
+static void upload_into(gdp_tensor *d, const gdp_tensor *h) {
+    CHECK(test_tensor_bytes(d) == test_tensor_bytes(h), "graph test: buffer sizes differ");
+    CUDA_OK(cudaMemcpy(d->data, h->data, test_tensor_bytes(h), cudaMemcpyHostToDevice));
+}
+
+static void test_graph(gdp_ctx_t cpu) {
+    const chunk_case ca = {"graph A", 2, 4, 128, 128, 4, {100, 37, 200, 0}, 512, GDP_DTYPE_BF16, GDP_DTYPE_BF16,
+                           GDP_DTYPE_FP32, 1, 0, 0.1};
+    chunk_case cb = ca;
+    cb.name = "graph B";
+    cb.lens[0] = 64; cb.lens[1] = 150; cb.lens[2] = 90; cb.lens[3] = 130;
+    inputs A, B;
+    make_inputs(&ca, 31, &A);
+    make_inputs(&cb, 32, &B);
+    CHECK(A.num_chunks == B.num_chunks && A.num_chunks_dp == B.num_chunks_dp, "graph test: padded grids differ");
+
+    gdp_ctx_t ctx;
+    CHECK_OK(gdp_ctx_init(&ctx, GDP_BACKEND_CUDA, 0));
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CHECK_OK(gdp_ctx_set_stream(ctx, stream));
+    reserve_for(ctx, A.T, A.N, A.M, A.H, A.K, A.V);
+
+    gdp_tensor d[10];
+    const gdp_tensor *h[10] = {&A.q, &A.k, &A.v, &A.g, &A.beta, &A.init, &A.cu, &A.ci, &A.cidp, &A.co};
+    for (int i = 0; i < 10; i++)
+        d[i] = dev_upload(h[i]);
+    int64_t o_shape[4] = {1, A.T, A.H, A.V}, s_shape[4] = {A.N, A.H, A.K, A.V}, cs_shape[4] = {A.num_chunks, A.H, A.K, A.V};
+    gdp_tensor g_o = dev_alloc(GDP_DTYPE_BF16, 4, o_shape, 0xff), g_fs = dev_alloc(GDP_DTYPE_FP32, 4, s_shape, 0xff);
+    gdp_tensor g_cs = dev_alloc(GDP_DTYPE_FP32, 4, cs_shape, 0x7f);
+    gdp_tensor e_o = dev_alloc(GDP_DTYPE_BF16, 4, o_shape, 0xff), e_fs = dev_alloc(GDP_DTYPE_FP32, 4, s_shape, 0xff);
+    gdp_tensor e_cs = dev_alloc(GDP_DTYPE_FP32, 4, cs_shape, 0x7f);
+    gdp_chunk_args a;
+    memset(&a, 0, sizeof a);
+    a.q = d[0]; a.k = d[1]; a.v = d[2]; a.g = d[3]; a.beta = d[4]; a.initial_state = d[5]; a.cu_seqlens = d[6];
+    a.chunk_indices = d[7]; a.chunk_indices_dp = d[8]; a.chunk_offsets = d[9];
+    a.num_householder = A.M;
+    a.use_qk_l2norm_in_kernel = 1;
+    a.output_final_state = 1;
+    a.return_chunk_states = 1;
+    gdp_chunk_args ga = a, ea = a;
+    ga.o = g_o; ga.final_state = g_fs; ga.chunk_states = g_cs;
+    ea.o = e_o; ea.final_state = e_fs; ea.chunk_states = e_cs;
+
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    gdp_status_t st = gdp_chunk_gated_delta_product_varlen(ctx, &ga);
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    CHECK(st == GDP_STATUS_SUCCESS, "capture: the op returned %s: %s", gdp_status_string(st), gdp_last_error());
+    if (graph != NULL)
+        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    const inputs *sets[2] = {&A, &B};
+    for (int round = 0; round < 2 && exec != NULL; round++) {
+        const inputs *in = sets[round];
+        const gdp_tensor *hs[10] = {&in->q, &in->k, &in->v, &in->g, &in->beta, &in->init, &in->cu, &in->ci, &in->cidp, &in->co};
+        for (int i = 0; i < 10; i++)
+            upload_into(&d[i], hs[i]);
+        CUDA_OK(cudaMemset(g_o.data, 0xff, test_tensor_bytes(&g_o)));
+        CUDA_OK(cudaMemset(e_o.data, 0xff, test_tensor_bytes(&e_o)));
+        CUDA_OK(cudaGraphLaunch(exec, stream));
+        CUDA_OK(cudaStreamSynchronize(stream));
+        CHECK_OK(gdp_chunk_gated_delta_product_varlen(ctx, &ea));
+        CUDA_OK(cudaStreamSynchronize(stream));
+        outputs go = {dev_download(&g_o), dev_download(&g_fs), dev_download(&g_cs)};
+        outputs eo = {dev_download(&e_o), dev_download(&e_fs), dev_download(&e_cs)};
+        const int64_t real = ((const int32_t *)in->co.data)[in->N], row_s = in->H * in->K * in->V;
+        CHECK(same_bytes(&go.o, &eo.o) && same_bytes(&go.fs, &eo.fs) &&
+                  memcmp(go.cs.data, eo.cs.data, (size_t)(real * row_s) * sizeof(float)) == 0,
+              "graph replay %d (%s) differs from the eager run", round, in == &A ? "first data" : "new data");
+        outputs ref;
+        inputs in_ref = *in;
+        in_ref.scale = 0;
+        in_ref.l2norm = 1;
+        cpu_run(cpu, &in_ref, GDP_DTYPE_FP32, &ref);
+        compare_runs(round == 0 ? "graph replay, first data" : "graph replay, new data and lengths", in, &go, &ref,
+                     true);
+        free_outputs(&ref);
+        free_outputs(&go);
+        free_outputs(&eo);
+    }
+    if (exec != NULL)
+        cudaGraphExecDestroy(exec);
+    if (graph != NULL)
+        cudaGraphDestroy(graph);
+    gdp_tensor *ds[] = {&g_o, &g_fs, &g_cs, &e_o, &e_fs, &e_cs};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++)
+        dev_free(ds[i]);
+    for (int i = 0; i < 10; i++)
+        dev_free(&d[i]);
+    gdp_ctx_free(ctx);
+    cudaStreamDestroy(stream);
+    free_inputs(&A);
+    free_inputs(&B);
+}
+
+/* ---- rejected calls write nothing ---------------------------------------------------------------------- */
+static void test_rejections(void) {
+    const chunk_case c = {"reject", 2, 2, 64, 64, 2, {40, 60}, 128, GDP_DTYPE_BF16, GDP_DTYPE_BF16, GDP_DTYPE_NUM,
+                          1, 0, 0.1};
+    inputs in;
+    make_inputs(&c, 9, &in);
+    gdp_ctx_t fresh;
+    CHECK_OK(gdp_ctx_init(&fresh, GDP_BACKEND_CUDA, 0));
+    gdp_tensor d[10];
+    const gdp_tensor *h[10] = {&in.q, &in.k, &in.v, &in.g, &in.beta, &in.init, &in.cu, &in.ci, &in.cidp, &in.co};
+    for (int i = 0; i < 10; i++)
+        d[i] = dev_upload(h[i]);
+    int64_t o_shape[4] = {1, in.T, in.H, in.V};
+    gdp_tensor d_o = dev_alloc(GDP_DTYPE_BF16, 4, o_shape, 0x5a);
+    gdp_chunk_args a = base_args(&in);
+    a.q = d[0]; a.k = d[1]; a.v = d[2]; a.g = d[3]; a.beta = d[4]; a.cu_seqlens = d[6];
+    a.chunk_indices = d[7]; a.chunk_indices_dp = d[8]; a.chunk_offsets = d[9];
+    a.o = d_o;
+    /* descriptors given, nothing reserved: the op must not allocate */
+    CHECK_STATUS(gdp_chunk_gated_delta_product_varlen(fresh, &a), GDP_STATUS_INVALID_USAGE);
+    printf("  no workspace reserved: %s\n", gdp_last_error());
+
+    /* fp32 q, k, v (and o) are not supported by the CUDA chunk op, as upstream */
+    int64_t q_shape[4] = {1, in.T, in.H, in.K}, k_shape[4] = {1, in.T * in.M, in.H, in.K};
+    int64_t v_shape[4] = {1, in.T * in.M, in.H, in.V};
+    gdp_tensor q32 = dev_alloc(GDP_DTYPE_FP32, 4, q_shape, 0), k32 = dev_alloc(GDP_DTYPE_FP32, 4, k_shape, 0);
+    gdp_tensor v32 = dev_alloc(GDP_DTYPE_FP32, 4, v_shape, 0), o32 = dev_alloc(GDP_DTYPE_FP32, 4, o_shape, 0x5a);
+    reserve_for(fresh, in.T, in.N, in.M, in.H, in.K, in.V);
+    gdp_chunk_args b = a;
+    b.q = q32; b.k = k32; b.v = v32; b.o = o32;
+    CHECK_STATUS(gdp_chunk_gated_delta_product_varlen(fresh, &b), GDP_STATUS_UNSUPPORTED);
+    printf("  fp32 q: %s\n", gdp_last_error());
+    CUDA_OK(cudaDeviceSynchronize());
+    gdp_tensor ho = dev_download(&d_o), ho32 = dev_download(&o32);
+    CHECK(bytes_all(ho.data, test_tensor_bytes(&ho), 0x5a) && bytes_all(ho32.data, test_tensor_bytes(&ho32), 0x5a),
+          "a rejected call wrote its output");
+    host_free(&ho);
+    host_free(&ho32);
+    gdp_tensor *ds[] = {&d_o, &q32, &k32, &v32, &o32};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++)
+        dev_free(ds[i]);
+    for (int i = 0; i < 10; i++)
+        dev_free(&d[i]);
+    gdp_ctx_free(fresh);
+    free_inputs(&in);
+}
+
+/* ---- the chunk-local cumsum op ---------------------------------------------------------------------------- */
+static void test_cumsum(gdp_ctx_t cpu, gdp_ctx_t gpu) {
+    const chunk_case c = {"cumsum", 3, 5, 64, 64, 5, {130, 0, 64, 1, 200}, 420, GDP_DTYPE_BF16, GDP_DTYPE_BF16,
+                          GDP_DTYPE_NUM, 1, 0, 1.0};
+    inputs in;
+    make_inputs(&c, 11, &in);
+    int64_t q_shape[3] = {1, in.T, in.H}, k_shape[3] = {1, in.T * in.M, in.H};
+    gdp_tensor cq = test_tensor_alloc(GDP_DTYPE_FP32, 3, q_shape), ck = test_tensor_alloc(GDP_DTYPE_FP32, 3, k_shape);
+    CHECK_OK(gdp_chunk_local_cumsum(cpu, &cq, &ck, &in.g, &in.cu, in.M));
+    gdp_tensor dg = dev_upload(&in.g), dcu = dev_upload(&in.cu);
+    gdp_tensor dq = dev_alloc(GDP_DTYPE_FP32, 3, q_shape, 0xff), dk = dev_alloc(GDP_DTYPE_FP32, 3, k_shape, 0xff);
+    CHECK_OK(gdp_chunk_local_cumsum(gpu, &dq, &dk, &dg, &dcu, in.M));
+    CUDA_OK(cudaDeviceSynchronize());
+    gdp_tensor gq = dev_download(&dq), gk = dev_download(&dk);
+    /* fp32 sums of at most 64 same-signed terms: relative error below 64 fp32 ulps */
+    double *a = test_tensor_f64(&gq), *b = test_tensor_f64(&cq);
+    test_compare("cumsum token stream", a, b, in.T * in.H, 1e-6, 1e-6, 1e-5);
+    free(a);
+    free(b);
+    a = test_tensor_f64(&gk);
+    b = test_tensor_f64(&ck);
+    test_compare("cumsum expanded stream", a, b, in.T * in.M * in.H, 1e-6, 1e-6, 1e-5);
+    free(a);
+    free(b);
+    const int64_t end = ((const int32_t *)in.cu.data)[in.N];
+    CHECK(bytes_all((float *)gq.data + end * in.H, (size_t)((in.T - end) * in.H) * 4, 0) &&
+              bytes_all((float *)gk.data + end * in.M * in.H, (size_t)((in.T - end) * in.M * in.H) * 4, 0),
+          "cumsum rows past cu_seqlens[N] are not 0");
+    printf("  chunk-local cumsums (M=3, lengths 130,0,64,1,200, 20 padded rows) vs the CPU backend\n");
+    gdp_tensor *hs[] = {&cq, &ck, &gq, &gk};
+    for (size_t i = 0; i < 4; i++)
+        host_free(hs[i]);
+    gdp_tensor *ds[] = {&dg, &dcu, &dq, &dk};
+    for (size_t i = 0; i < 4; i++)
+        dev_free(ds[i]);
+    free_inputs(&in);
+}
+
+int main(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("test_chunk_gpu: skipped, no CUDA device\n");
+        return TEST_SKIP;
+    }
+    gdp_ctx_t cpu, gpu;
+    CHECK_OK(gdp_ctx_init(&cpu, GDP_BACKEND_CPU, 0));
+    CHECK_OK(gdp_ctx_init(&gpu, GDP_BACKEND_CUDA, 0));
+    test_golden(gpu);
+    test_random(cpu, gpu);
+    printf("cache mode, padding, graphs, rejections, cumsum:\n");
+    test_cache(cpu, gpu, GDP_DTYPE_FP32);
+    test_cache(cpu, gpu, GDP_DTYPE_BF16);
+    test_padding(gpu);
+    test_graph(cpu);
+    test_rejections();
+    test_cumsum(cpu, gpu);
+    gdp_ctx_free(gpu);
+    gdp_ctx_free(cpu);
+    return test_finish("test_chunk_gpu");
+}
+
+#else /* !GDP_HAVE_CUDA */
+
+int main(void) {
+    printf("test_chunk_gpu: skipped, this libgdp was built without the CUDA backend\n");
+    return TEST_SKIP;
+}
+
+#endif
