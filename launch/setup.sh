@@ -21,6 +21,13 @@ if [ ${#need[@]} -gt 0 ]; then
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+# Python package tests (ctest test_python, python/tests): numpy and pytest from PyPI when
+# missing. Not fatal (e.g. no network): test_python then fails and says what is missing.
+if command -v python3 >/dev/null && ! python3 -c "import numpy, pytest" >/dev/null 2>&1; then
+    echo "setup: installing numpy and pytest for the Python tests" >&2
+    python3 -m pip install --quiet numpy pytest ||
+        echo "setup: warning: could not install numpy and pytest; ctest test_python will fail" >&2
+fi
 # The CUDA toolkit (nvcc, cuBLASLt, NCCL) lives in /usr/local/cuda when installed.
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
     export PATH=/usr/local/cuda/bin:$PATH

@@ -646,17 +646,24 @@ def ctx_for(placement):
 
 
 class run_on:
-    """Context manager around one C call on `placement`: takes the ctx lock and, on CUDA,
-    makes the tensors' device current and points the ctx at torch's current stream (so
-    the op is ordered with the surrounding torch work and can be captured in a graph)."""
+    """Context manager around one C call on `placement`. On CUDA it takes the ctx lock (the
+    stream is ctx state: setting it and enqueuing must not interleave across threads),
+    makes the tensors' device current and points the ctx at torch's current stream, so
+    the op is ordered with the surrounding torch work and can be captured in a graph. CPU
+    calls take no lock: they are synchronous and share no ctx state, so threads run
+    them in parallel (ctypes releases the GIL)."""
 
     def __init__(self, placement):
         self.placement = placement
         self.ctx = ctx_for(placement)
         self._device_guard = None
+        self._locked = False
 
     def __enter__(self):
+        if not self.placement.cuda:
+            return self.ctx
         self.ctx.lock.acquire()
+        self._locked = True
         try:
             if self.placement.cuda:
                 torch = _torch()
@@ -675,7 +682,9 @@ class run_on:
         if self._device_guard is not None:
             self._device_guard.__exit__(None, None, None)
             self._device_guard = None
-        self.ctx.lock.release()
+        if self._locked:
+            self._locked = False
+            self.ctx.lock.release()
 
     def __exit__(self, *exc):
         self._exit()

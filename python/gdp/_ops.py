@@ -167,7 +167,6 @@ def chunk_gated_delta_product_varlen(q, k, v, g, beta, num_householder, cu_seqle
     initial_state's, else k's): row chunk_offsets[i] + c is sequence i's state after its
     first 64 * c tokens (rows past chunk_offsets[N] untouched).
     """
-    op = "chunk_gated_delta_product_varlen"
     M = as_int32("num_householder", num_householder)
     c_scale = as_scale(scale)
     pl = Placement("q", q)

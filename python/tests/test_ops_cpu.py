@@ -22,6 +22,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -67,6 +68,42 @@ def test_struct_layouts_match_the_c_headers(tmp_path):
     assert len(got) == len(expected)
     wrong = [f"{what}: C {c}, ctypes {p}" for (what, p), c in zip(expected, got) if c != p]
     assert not wrong, "ctypes mirrors differ from include/gdp: " + "; ".join(wrong)
+
+
+def _run_python(code, env_updates, cwd):
+    env = {k: v for k, v in os.environ.items() if k not in ("GDP_LIBRARY", "PYTHONPATH")}
+    env.update(env_updates)
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_library_discovery(tmp_path):
+    """$GDP_LIBRARY as a file or a directory; a wrong $GDP_LIBRARY fails (never falls back);
+    `pip install ./python` gives a package that loads a libgdp.so placed next to it and
+    records this checkout for <repo>/build/libgdp.so."""
+    lib = gdp.library_path()
+    probe = "import gdp; print(gdp.library_path()); print(gdp.version())"
+    tree = {"PYTHONPATH": str(REPO / "python")}
+    r = _run_python(probe, {**tree, "GDP_LIBRARY": os.path.dirname(lib)}, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert os.path.dirname(r.stdout.split()[0]) == os.path.dirname(lib)
+    r = _run_python(probe, {**tree, "GDP_LIBRARY": str(tmp_path / "nope.so")}, tmp_path)
+    assert r.returncode != 0 and "GDP_LIBRARY=" in r.stderr and "does not exist" in r.stderr
+    assert REPO / "build" / "libgdp.so" in [p for _, p in _lib._candidates()]
+
+    target = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps",
+                          "--target", str(target), str(REPO / "python")], capture_output=True, text=True,
+                         timeout=300)
+    if pip.returncode != 0 and "No module named pip" in pip.stderr:
+        pytest.skip("pip is not installed")
+    assert pip.returncode == 0, pip.stderr
+    shutil.copy(lib, target / "gdp" / "libgdp.so")
+    r = _run_python("import gdp, gdp._build_info as b; print(gdp.library_path()); print(b.SOURCE_ROOT)",
+                    {"PYTHONPATH": str(target)}, tmp_path)
+    assert r.returncode == 0, r.stderr
+    loaded, root = r.stdout.split()
+    assert loaded == str(target / "gdp" / "libgdp.so") and root == str(REPO)
 
 
 def test_library_and_context():
