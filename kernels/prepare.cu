@@ -21,8 +21,9 @@
 
 namespace {
 
-/* Threads per block of the prepare kernel. */
-constexpr int PREPARE_THREADS = 256;
+/* Threads per block of the prepare kernel, and output units per thread. */
+constexpr int PREPARE_THREADS = 128;
+constexpr int PREPARE_UNITS = 4;
 
 /* Everything the kernel needs, by value (strides in elements). */
 struct PrepareParams {
@@ -78,72 +79,73 @@ __device__ __forceinline__ float eager_decay(float a, float dt_bias, float A_log
     return __fmul_rn(-expf(A_log), sp);
 }
 
-/* One thread per output unit of one (request, token) row; blockIdx.x is the row,
- * blockIdx.y the slice of the row's units. Units run value | key | query (VEC elements
- * each) | beta | g (one element each). DECODE interleaves q onto copy M-1 and g onto
- * copy 0 with zeros elsewhere; prefill keeps one of each per token. */
+/* PREPARE_UNITS output units per thread of one (request, token) row; blockIdx.x is the
+ * row, blockIdx.y the slice of the row's units. Units run value | key | query (VEC
+ * elements each) | beta | g (one element each). A thread issues the loads of all its
+ * copy units before its first store, so several 16-byte loads are in flight per thread.
+ * DECODE interleaves q onto copy M-1 and g onto copy 0 with zeros elsewhere; prefill
+ * keeps one of each per token. */
 template <int ELEM, int VEC, bool DECODE>
 __global__ void __launch_bounds__(PREPARE_THREADS) prepare_kernel(const PrepareParams p) {
     using Unit = typename CopyUnit<ELEM, VEC>::type;
     const int64_t row = blockIdx.x; /* n * T + t */
-    const int32_t unit = (int32_t)(blockIdx.y * PREPARE_THREADS + threadIdx.x);
     const int64_t req = row / p.T, tok = row - req * p.T;
     const char *x_row = static_cast<const char *>(p.x) + (req * p.x_stride_n + tok * p.x_stride_t) * ELEM;
-
-    int32_t u = unit;
-    if (u < p.value_units) {
-        /* value[(t*M + m), h, :] = x[(m*H + h)*P + :]: the row's first M*H*P elements. */
-        const int64_t e = (int64_t)u * VEC;
-        const Unit val = *reinterpret_cast<const Unit *>(x_row + e * ELEM);
-        reinterpret_cast<Unit *>(p.value)[row * p.value_units + u] = val;
-        return;
-    }
-    u -= p.value_units;
-    if (u < p.key_units) {
-        /* key[(t*M + m), h, c] = x[K_BASE + (m*G + h / (H/G))*N + c]. */
-        const int32_t e = u * VEC;
-        const int32_t c = e % p.N, mh = e / p.N;
-        const int32_t h = mh % p.H, m = mh / p.H;
-        const int64_t src = p.k_base + (int64_t)(m * p.G + h / p.heads_per_group) * p.N + c;
-        const Unit val = *reinterpret_cast<const Unit *>(x_row + src * ELEM);
-        reinterpret_cast<Unit *>(p.key)[row * p.key_units + u] = val;
-        return;
-    }
-    u -= p.key_units;
-    if (u < p.query_units) {
-        /* query[t(*M + M-1), h, c] = x[Q_BASE + (h / (H/G))*N + c]; decode: zero elsewhere. */
-        const int32_t e = u * VEC;
-        const int32_t c = e % p.N, mh = e / p.N;
-        const int32_t h = mh % p.H, m = mh / p.H; /* prefill: m == 0 */
-        Unit val;
-        if (DECODE && m != p.M - 1) {
-            val = Unit{};
-        } else {
-            const int64_t src = p.q_base + (int64_t)(h / p.heads_per_group) * p.N + c;
-            val = *reinterpret_cast<const Unit *>(x_row + src * ELEM);
-        }
-        reinterpret_cast<Unit *>(p.query)[row * p.query_units + u] = val;
-        return;
-    }
-    u -= p.query_units;
     const int64_t ba_row = req * p.ba_stride_n + tok * p.ba_stride_t;
-    if (u < p.beta_units) {
-        /* beta[(t*M + m), h] = sigmoid(b[m*H + h]), stored in ba's dtype. */
-        const float b = load_as_float(p.ba, p.ba_dtype, ba_row + u);
-        store_from_float(p.beta, p.ba_dtype, row * p.beta_units + u, eager_sigmoid(b));
-        return;
-    }
-    u -= p.beta_units;
-    if (u < p.g_units) {
-        /* decode: g[(t*M + m), h] nonzero only for m == 0; prefill: g[t, h]. */
-        const int32_t h = u % p.H, m = u / p.H;
-        float gv = 0.0f;
-        if (!DECODE || m == 0) {
-            const float a = load_as_float(p.ba, p.ba_dtype, ba_row + (int64_t)p.M * p.H + h);
-            gv = eager_decay(a, load_as_float(p.dt_bias, p.dt_bias_dtype, h), p.A_log[h]);
+    const int32_t copy_units = p.value_units + p.key_units + p.query_units;
+
+    Unit val[PREPARE_UNITS];
+    Unit *dst[PREPARE_UNITS];
+#pragma unroll
+    for (int i = 0; i < PREPARE_UNITS; i++) {
+        int32_t u = (int32_t)(blockIdx.y * (PREPARE_THREADS * PREPARE_UNITS) + i * PREPARE_THREADS + threadIdx.x);
+        dst[i] = nullptr;
+        val[i] = Unit{};
+        if (u < p.value_units) {
+            /* value[(t*M + m), h, :] = x[(m*H + h)*P + :]: the row's first M*H*P elements. */
+            val[i] = *reinterpret_cast<const Unit *>(x_row + (int64_t)u * VEC * ELEM);
+            dst[i] = reinterpret_cast<Unit *>(p.value) + row * p.value_units + u;
+        } else if (u < p.value_units + p.key_units) {
+            /* key[(t*M + m), h, c] = x[K_BASE + (m*G + h / (H/G))*N + c]. */
+            u -= p.value_units;
+            const int32_t e = u * VEC;
+            const int32_t c = e % p.N, mh = e / p.N;
+            const int32_t h = mh % p.H, m = mh / p.H;
+            const int64_t src = p.k_base + (int64_t)(m * p.G + h / p.heads_per_group) * p.N + c;
+            val[i] = *reinterpret_cast<const Unit *>(x_row + src * ELEM);
+            dst[i] = reinterpret_cast<Unit *>(p.key) + row * p.key_units + u;
+        } else if (u < copy_units) {
+            /* query[t(*M + M-1), h, c] = x[Q_BASE + (h / (H/G))*N + c]; decode: zero elsewhere. */
+            u -= p.value_units + p.key_units;
+            const int32_t e = u * VEC;
+            const int32_t c = e % p.N, mh = e / p.N;
+            const int32_t h = mh % p.H, m = mh / p.H; /* prefill: m == 0 */
+            if (!DECODE || m == p.M - 1) {
+                const int64_t src = p.q_base + (int64_t)(h / p.heads_per_group) * p.N + c;
+                val[i] = *reinterpret_cast<const Unit *>(x_row + src * ELEM);
+            }
+            dst[i] = reinterpret_cast<Unit *>(p.query) + row * p.query_units + u;
+        } else if (u < copy_units + p.beta_units) {
+            /* beta[(t*M + m), h] = sigmoid(b[m*H + h]), stored in ba's dtype. */
+            u -= copy_units;
+            const float b = load_as_float(p.ba, p.ba_dtype, ba_row + u);
+            store_from_float(p.beta, p.ba_dtype, row * p.beta_units + u, eager_sigmoid(b));
+        } else if (u < copy_units + p.beta_units + p.g_units) {
+            /* decode: g[(t*M + m), h] nonzero only for m == 0; prefill: g[t, h]. */
+            u -= copy_units + p.beta_units;
+            const int32_t h = u % p.H, m = u / p.H;
+            float gv = 0.0f;
+            if (!DECODE || m == 0) {
+                const float a = load_as_float(p.ba, p.ba_dtype, ba_row + (int64_t)p.M * p.H + h);
+                gv = eager_decay(a, load_as_float(p.dt_bias, p.dt_bias_dtype, h), p.A_log[h]);
+            }
+            p.g[row * p.g_units + u] = gv;
         }
-        p.g[row * p.g_units + u] = gv;
     }
+#pragma unroll
+    for (int i = 0; i < PREPARE_UNITS; i++)
+        if (dst[i] != nullptr)
+            *dst[i] = val[i];
 }
 
 template <int ELEM, int VEC>
@@ -219,7 +221,7 @@ extern "C" gdp_status_t gdp_cuda_prepare(struct gdp_ctx *ctx, const gdp_prepare_
     p.g_units = (int32_t)g_elems;
 
     const int64_t units = (int64_t)p.value_units + p.key_units + p.query_units + p.beta_units + p.g_units;
-    const int64_t slices = (units + PREPARE_THREADS - 1) / PREPARE_THREADS;
+    const int64_t slices = (units + PREPARE_THREADS * PREPARE_UNITS - 1) / (PREPARE_THREADS * PREPARE_UNITS);
     if (rows > INT32_MAX || slices > 65535)
         GDP_FAIL(GDP_STATUS_UNSUPPORTED,
                  "%s: %lld rows x %lld blocks per row exceed the CUDA grid; split the call into fewer tokens", op,

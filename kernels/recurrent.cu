@@ -59,6 +59,7 @@ struct RecurrentParams {
     int32_t T, H, K, V, steps_per_token, S, n_vblocks, tile_steps;
     float scale;
     int l2norm;
+    int64_t prefetch_distance; /* block b prefetches block b + this into L2 (0: off) */
 };
 
 /* Bit-level storage of the state: load/store CW elements and convert to/from fp32. */
@@ -149,12 +150,82 @@ __device__ __forceinline__ void store_from_float(void *base, gdp_dtype_t dtype, 
     }
 }
 
+__device__ __forceinline__ int gdp_dtype_size_device(gdp_dtype_t dtype) { return dtype == GDP_DTYPE_FP32 ? 4 : 2; }
+
 /* Butterfly sum over a warp: every lane ends with the same bits. */
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1)
         x += __shfl_xor_sync(0xffffffffu, x, off);
     return x;
+}
+
+/* Brings the 128-byte lines of [ptr, ptr + bytes) into L2 without occupying registers. */
+__device__ __forceinline__ void prefetch_l2(const void *ptr, int64_t bytes) {
+    const uintptr_t first = reinterpret_cast<uintptr_t>(ptr) & ~(uintptr_t)127;
+    const uintptr_t last = reinterpret_cast<uintptr_t>(ptr) + (uintptr_t)bytes - 1;
+    for (uintptr_t a = first; a <= last; a += 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
+
+constexpr int REC_STAGE_UNROLL = 4; /* elements per thread and array loaded before any is stored */
+static_assert(REC_TILE_STEPS * 64 <= REC_STAGE_UNROLL * REC_THREADS, "one round must cover a v tile (BV <= 64)");
+
+/* Stages steps [t0, t0 + ns) of q, k (rows padded to KP), v (this block's BV columns),
+ * exp(g) and beta into shared memory as fp32. Every load of a round is issued before the
+ * first store, so the tile costs one memory latency, not one per array and iteration. */
+template <int KP, int BV>
+__device__ __forceinline__ void stage_tile(const RecurrentParams &p, int64_t b, int h, int vb, int t0, int ns,
+                                           float *qs, float *ks, float *vs, float *decay, float *betas) {
+    const int tid = threadIdx.x;
+    float rv[REC_STAGE_UNROLL];
+#pragma unroll
+    for (int u = 0; u < REC_STAGE_UNROLL; u++) {
+        const int idx = tid + u * REC_THREADS;
+        const int j = idx / BV, col = vb * BV + (idx - j * BV);
+        rv[u] = idx < ns * BV && col < p.V
+                    ? load_as_float(p.v, p.qkv_dtype, ((b * p.T + t0 + j) * p.H + h) * p.V + col)
+                    : 0.0f;
+    }
+    float g_raw = 0.0f, beta = 1.0f;
+    if (tid < ns) {
+        const int64_t bth = (b * p.T + t0 + tid) * p.H + h;
+        if (p.g != nullptr)
+            g_raw = p.g[bth];
+        if (p.beta != nullptr)
+            beta = load_as_float(p.beta, p.beta_dtype, bth);
+    }
+    const int total = ns * KP;
+    for (int base = 0; base < total; base += REC_STAGE_UNROLL * REC_THREADS) {
+        float rq[REC_STAGE_UNROLL], rk[REC_STAGE_UNROLL];
+#pragma unroll
+        for (int u = 0; u < REC_STAGE_UNROLL; u++) {
+            const int idx = base + tid + u * REC_THREADS;
+            const int j = idx / KP, kk = idx - j * KP;
+            const int64_t off = ((b * p.T + t0 + j) * p.H + h) * p.K + kk;
+            const bool ok = idx < total && kk < p.K;
+            rq[u] = ok ? load_as_float(p.q, p.qkv_dtype, off) : 0.0f;
+            rk[u] = ok ? load_as_float(p.k, p.qkv_dtype, off) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < REC_STAGE_UNROLL; u++) {
+            const int idx = base + tid + u * REC_THREADS;
+            if (idx < total) {
+                qs[idx] = rq[u];
+                ks[idx] = rk[u];
+            }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < REC_STAGE_UNROLL; u++) {
+        const int idx = tid + u * REC_THREADS;
+        if (idx < ns * BV)
+            vs[idx] = rv[u];
+    }
+    if (tid < ns) {
+        decay[tid] = p.g != nullptr ? expf(g_raw) : 1.0f;
+        betas[tid] = beta;
+    }
 }
 
 /* Shared-memory floats of one block: q, k tiles [TS][16 R], v tile [TS][BV], exp(g),
@@ -164,8 +235,15 @@ __host__ __device__ constexpr int64_t recurrent_smem_floats(int tile_steps, int 
 }
 
 /* One block per (request b, head h, value block vb); see the file comment for the split. */
+/* Blocks per SM the register budget must allow: 4 (<= 128 registers) when a thread holds
+ * at most 32 state values, which keeps K = V = 128 fp32 at 64 KB of state per SM in flight. */
+template <int SDT, int R, bool VEC> constexpr int recurrent_min_blocks() {
+    return R * (VEC ? (int)(16 / sizeof(typename StateStorage<SDT>::Bits)) : 1) <= 32 ? 4 : 1;
+}
+
 template <int SDT, int R, bool VEC>
-__global__ void __launch_bounds__(REC_THREADS) recurrent_kernel(const RecurrentParams p) {
+__global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, VEC>())
+    recurrent_kernel(const RecurrentParams p) {
     using Store = StateStorage<SDT>;
     using Bits = typename Store::Bits;
     constexpr int CW = VEC ? (int)(16 / sizeof(Bits)) : 1; /* columns per thread */
@@ -183,9 +261,37 @@ __global__ void __launch_bounds__(REC_THREADS) recurrent_kernel(const RecurrentP
     const bool col_ok = col0 < p.V; /* VEC: V % CW == 0, so a group is all in or all out */
     const int64_t KV = (int64_t)p.K * p.V;
 
+    /* The slot of this block's request and of the block it prefetches for (loaded now,
+     * used after the staging, so their latency hides behind it). */
     int64_t row = b; /* state row: the slot in cache mode, the request in dense mode */
     if (p.cache && p.indices != nullptr)
         row = p.indices[b];
+    const int64_t future = p.prefetch_distance > 0 ? (int64_t)blockIdx.x + p.prefetch_distance : -1;
+    const bool has_future = future >= 0 && future < (int64_t)gridDim.x;
+    int64_t f_b = 0, f_row = 0;
+    int f_h = 0, f_vb = 0;
+    if (has_future) {
+        f_vb = (int)(future % p.n_vblocks);
+        const int64_t f_bh = future / p.n_vblocks;
+        f_h = (int)(f_bh % p.H);
+        f_b = f_row = f_bh / p.H;
+        if (p.cache && p.indices != nullptr)
+            f_row = p.indices[f_b];
+    }
+
+    const int TS = p.tile_steps;
+    float *qs = smem;              /* [TS][KP] normalized, scaled q */
+    float *ks = qs + TS * KP;      /* [TS][KP] normalized k         */
+    float *vs = ks + TS * KP;      /* [TS][BV] this block's columns */
+    float *decay = vs + TS * BV;   /* [TS] exp(g)                   */
+    float *betas = decay + TS;     /* [TS]                          */
+    float *kq = betas + TS;        /* [TS] k . q                    */
+    float *red = kq + TS;          /* [2][warps][2 BV]              */
+    const bool has_g = p.g != nullptr;
+
+    /* 1. The first tile of inputs (one memory latency, overlapping the slot loads). */
+    stage_tile<KP, BV>(p, b, h, vb, 0, min(TS, p.T), qs, ks, vs, decay, betas);
+
     if (p.cache && (row < 0 || row >= p.slots)) {
         /* Padding (-1): output 0, no slot read or written. Out-of-range slots, which the
          * host cannot check without a sync, are treated the same way. */
@@ -197,7 +303,7 @@ __global__ void __launch_bounds__(REC_THREADS) recurrent_kernel(const RecurrentP
         return;
     }
 
-    /* 1. The state tile into registers, issued first so its latency overlaps the staging. */
+    /* 2. The state tile into registers: 16-byte loads, read once. */
     float st[R][CW];
     const Bits *in = p.state_in == nullptr
                          ? nullptr
@@ -214,42 +320,38 @@ __global__ void __launch_bounds__(REC_THREADS) recurrent_kernel(const RecurrentP
         }
     }
 
-    const int TS = p.tile_steps;
-    float *qs = smem;              /* [TS][KP] normalized, scaled q */
-    float *ks = qs + TS * KP;      /* [TS][KP] normalized k         */
-    float *vs = ks + TS * KP;      /* [TS][BV] this block's columns */
-    float *decay = vs + TS * BV;   /* [TS] exp(g)                   */
-    float *betas = decay + TS;     /* [TS]                          */
-    float *kq = betas + TS;        /* [TS] k . q                    */
-    float *red = kq + TS;          /* [2][warps][2 BV]              */
-    const bool has_g = p.g != nullptr;
+    /* 3. Prefetch a block about two residency generations ahead into L2: its state tile
+     * and its q, k, v rows, so its loads hit L2 and DRAM always has requests queued
+     * (no registers held). */
+    if (has_future && p.state_in != nullptr && (!p.cache || (f_row >= 0 && f_row < p.slots))) {
+        const Bits *f_in = static_cast<const Bits *>(p.state_in) + f_row * p.in_stride_row + f_h * p.in_stride_head;
+        const int f_col = f_vb * BV;
+        const int64_t seg = (int64_t)min(BV, p.V - f_col) * (int64_t)sizeof(Bits);
+        for (int kr = tid; kr < p.K; kr += REC_THREADS)
+            prefetch_l2(f_in + (int64_t)kr * p.V + f_col, seg);
+        const int64_t qk_bytes = (int64_t)p.K * (int64_t)gdp_dtype_size_device(p.qkv_dtype);
+        for (int x = tid; x < 3 * p.T; x += REC_THREADS) {
+            const int t = x / 3, which = x - 3 * t;
+            const int64_t bth = (f_b * p.T + t) * p.H + f_h;
+            const int es = gdp_dtype_size_device(p.qkv_dtype);
+            if (which == 0)
+                prefetch_l2(static_cast<const char *>(p.q) + bth * qk_bytes, qk_bytes);
+            else if (which == 1)
+                prefetch_l2(static_cast<const char *>(p.k) + bth * qk_bytes, qk_bytes);
+            else
+                prefetch_l2(static_cast<const char *>(p.v) + (bth * p.V + f_col) * es, (int64_t)min(BV, p.V - f_col) * es);
+        }
+    }
 
     for (int t0 = 0; t0 < p.T; t0 += TS) {
         const int ns = min(TS, p.T - t0);
-        if (t0 > 0)
+        if (t0 > 0) {
             __syncthreads(); /* every thread is done with the previous tile */
-
-        /* 2. Stage the tile's inputs as fp32 (zero padding past K and V). */
-        for (int idx = tid; idx < ns * KP; idx += REC_THREADS) {
-            const int j = idx / KP, kk = idx - j * KP;
-            const int64_t base = ((b * p.T + t0 + j) * p.H + h) * p.K;
-            qs[idx] = kk < p.K ? load_as_float(p.q, p.qkv_dtype, base + kk) : 0.0f;
-            ks[idx] = kk < p.K ? load_as_float(p.k, p.qkv_dtype, base + kk) : 0.0f;
-        }
-        for (int idx = tid; idx < ns * BV; idx += REC_THREADS) {
-            const int j = idx / BV, cc = idx - j * BV;
-            const int col = vb * BV + cc;
-            const int64_t base = ((b * p.T + t0 + j) * p.H + h) * p.V;
-            vs[idx] = col < p.V ? load_as_float(p.v, p.qkv_dtype, base + col) : 0.0f;
-        }
-        for (int j = tid; j < ns; j += REC_THREADS) {
-            const int64_t bth = (b * p.T + t0 + j) * p.H + h;
-            decay[j] = has_g ? expf(p.g[bth]) : 1.0f;
-            betas[j] = p.beta != nullptr ? load_as_float(p.beta, p.beta_dtype, bth) : 1.0f;
+            stage_tile<KP, BV>(p, b, h, vb, t0, ns, qs, ks, vs, decay, betas);
         }
         __syncthreads();
 
-        /* 3. Per step (one warp each): L2 norms in fp32, then scale, then k . q. */
+        /* 4. Per step (one warp each): L2 norms in fp32, then scale, then k . q. */
         for (int j = warp; j < ns; j += REC_WARPS) {
             float *qj = qs + j * KP, *kj = ks + j * KP;
             float fq = 1.0f, fk = 1.0f;
@@ -275,7 +377,7 @@ __global__ void __launch_bounds__(REC_THREADS) recurrent_kernel(const RecurrentP
         }
         __syncthreads();
 
-        /* 4. The steps. */
+        /* 5. The steps. */
         for (int j = 0; j < ns; j++) {
             const int t = t0 + j;
             const float *qj = qs + j * KP, *kj = ks + j * KP;
@@ -359,7 +461,7 @@ __global__ void __launch_bounds__(REC_THREADS) recurrent_kernel(const RecurrentP
         }
     }
 
-    /* 5. The final state: back into the slot, or dense fp32. */
+    /* 6. The final state: back into the slot, or dense fp32. */
     if (p.state_out != nullptr && col_ok) {
 #pragma unroll
         for (int i = 0; i < R; i++) {
@@ -375,8 +477,29 @@ __global__ void __launch_bounds__(REC_THREADS) recurrent_kernel(const RecurrentP
     }
 }
 
+/* Blocks of this kernel instance the whole device holds at once (0 if unknown), cached
+ * per device: occupancy is register-bound, so the first call's shared-memory size serves. */
+template <int SDT, int R, bool VEC> int64_t resident_blocks(int device, size_t smem) {
+    constexpr int MAX_DEVICES = 64;
+    static int cached[MAX_DEVICES]; /* 0: not computed yet; -1: unknown */
+    if (device < 0 || device >= MAX_DEVICES)
+        return 0;
+    if (cached[device] == 0) {
+        int per_sm = 0, sms = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, recurrent_kernel<SDT, R, VEC>, REC_THREADS, smem) !=
+                cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || per_sm * sms <= 0) {
+            (void)cudaGetLastError();
+            cached[device] = -1;
+        } else {
+            cached[device] = per_sm * sms;
+        }
+    }
+    return cached[device] > 0 ? cached[device] : 0;
+}
+
 template <int SDT, int R, bool VEC>
-cudaError_t launch_recurrent(const RecurrentParams &p, cudaStream_t stream) {
+cudaError_t launch_recurrent(const RecurrentParams &p, int device, cudaStream_t stream) {
     using Bits = typename StateStorage<SDT>::Bits;
     constexpr int CW = VEC ? (int)(16 / sizeof(Bits)) : 1;
     constexpr int BV = REC_COL_GROUPS * CW;
@@ -386,23 +509,26 @@ cudaError_t launch_recurrent(const RecurrentParams &p, cudaStream_t stream) {
     if (blocks > INT32_MAX)
         return cudaErrorInvalidConfiguration;
     const size_t smem = (size_t)recurrent_smem_floats(p.tile_steps, REC_ROW_GROUPS * R, BV) * sizeof(float);
+    /* Two generations of resident blocks ahead: a prefetch issued when a block starts has
+     * about a block's lifetime to land, and 2 x 528 x 16 KB stays far below the L2. */
+    q.prefetch_distance = 2 * resident_blocks<SDT, R, VEC>(device, smem);
     recurrent_kernel<SDT, R, VEC><<<(unsigned)blocks, REC_THREADS, smem, stream>>>(q);
     return cudaGetLastError();
 }
 
 /* R = rows per thread, the smallest of 2, 4, 8, 16 with 16 R >= K. */
-template <int SDT, bool VEC> cudaError_t dispatch_rows(const RecurrentParams &p, cudaStream_t stream) {
+template <int SDT, bool VEC> cudaError_t dispatch_rows(const RecurrentParams &p, int device, cudaStream_t stream) {
     if (p.K <= 2 * REC_ROW_GROUPS)
-        return launch_recurrent<SDT, 2, VEC>(p, stream);
+        return launch_recurrent<SDT, 2, VEC>(p, device, stream);
     if (p.K <= 4 * REC_ROW_GROUPS)
-        return launch_recurrent<SDT, 4, VEC>(p, stream);
+        return launch_recurrent<SDT, 4, VEC>(p, device, stream);
     if (p.K <= 8 * REC_ROW_GROUPS)
-        return launch_recurrent<SDT, 8, VEC>(p, stream);
-    return launch_recurrent<SDT, 16, VEC>(p, stream);
+        return launch_recurrent<SDT, 8, VEC>(p, device, stream);
+    return launch_recurrent<SDT, 16, VEC>(p, device, stream);
 }
 
-template <int SDT> cudaError_t dispatch_vec(const RecurrentParams &p, bool vec, cudaStream_t stream) {
-    return vec ? dispatch_rows<SDT, true>(p, stream) : dispatch_rows<SDT, false>(p, stream);
+template <int SDT> cudaError_t dispatch_vec(const RecurrentParams &p, bool vec, int device, cudaStream_t stream) {
+    return vec ? dispatch_rows<SDT, true>(p, device, stream) : dispatch_rows<SDT, false>(p, device, stream);
 }
 
 /* NULL counts as aligned: an absent tensor does not constrain the access width. */
@@ -482,9 +608,9 @@ extern "C" gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurr
     cudaStream_t stream = static_cast<cudaStream_t>(ctx->stream);
     cudaError_t err;
     switch (state_dtype) {
-    case GDP_DTYPE_FP32: err = dispatch_vec<GDP_DTYPE_FP32>(p, vec, stream); break;
-    case GDP_DTYPE_BF16: err = dispatch_vec<GDP_DTYPE_BF16>(p, vec, stream); break;
-    case GDP_DTYPE_FP16: err = dispatch_vec<GDP_DTYPE_FP16>(p, vec, stream); break;
+    case GDP_DTYPE_FP32: err = dispatch_vec<GDP_DTYPE_FP32>(p, vec, ctx->device, stream); break;
+    case GDP_DTYPE_BF16: err = dispatch_vec<GDP_DTYPE_BF16>(p, vec, ctx->device, stream); break;
+    case GDP_DTYPE_FP16: err = dispatch_vec<GDP_DTYPE_FP16>(p, vec, ctx->device, stream); break;
     default:
         GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: state dtype %s is not supported by the CUDA kernel (fp32, bf16, fp16)",
                  op, gdp_dtype_name(state_dtype));

@@ -830,6 +830,9 @@ static void decode_tests(test_rng *r) {
         {2, 1, 2, 2, 48, 40, 0, BF, BF, F32, true, false, false, false, false, false, true, false, false, 0, 0},
         {64, 1, 2, 16, 128, 128, 80, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 16},
         {6, 4, 2, 4, 128, 128, 10, BF, F32, BF, true, true, true, true, false, true, false, false, true, 0, 3},
+        /* Grids larger than two generations of resident blocks: the L2 prefetch path. */
+        {40, 1, 2, 16, 128, 128, 0, BF, F32, F32, true, true, true, false, false, false, true, true, true, 0, 0},
+        {48, 1, 2, 16, 128, 128, 56, BF, BF, BF, true, true, true, true, false, false, false, false, true, 0, 7},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         decode_vs_cpu(r, &cases[i]);
