@@ -19,6 +19,7 @@ import ctypes
 import ctypes.util
 import operator
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -407,8 +408,6 @@ except ImportError:  # torch-only stacks; the CPU backend needs numpy
 
 def _torch():
     """torch if it is already imported (a torch tensor cannot exist otherwise)."""
-    import sys
-
     return sys.modules.get("torch")
 
 
@@ -559,7 +558,7 @@ class Placement:
                 raise GdpTypeError(f"{name} has dtype {obj.dtype}; gdp takes float32, bfloat16, float16 "
                                    f"(or int32 for index arrays)", "INVALID_ARGUMENT")
             shape, strides, ptr = tuple(obj.shape), tuple(obj.stride()), obj.data_ptr()
-            if writes and obj.requires_grad and obj.is_leaf:
+            if writes and obj.requires_grad:
                 raise GdpValueError(f"{name} requires grad; gdp writes it in place: pass a tensor without "
                                     f"requires_grad (or under torch.no_grad)", "INVALID_ARGUMENT")
         elif np is not None and isinstance(obj, np.ndarray):

@@ -247,10 +247,13 @@ def fused_recurrent_gated_delta_rule_update(q, k, v, g=None, beta=None, scale=No
     pl = Placement("q", q)
     B, _, H, K = shape_of("q", q, 4, "[B, T, H, K]")
     vshape = shape_of("v", v, 4, "[B, T, H, V]")
+    # Converted index arrays (CPU: lists, other integer dtypes) must outlive the call: keep
+    # them in locals, the views hold only their addresses.
+    cu_seqlens = pl.index("cu_seqlens", cu_seqlens)
+    state_indices = pl.index("state_indices", state_indices)
     a = RecurrentArgs()
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state),
-                    ("cu_seqlens", pl.index("cu_seqlens", cu_seqlens)),
-                    ("state_indices", pl.index("state_indices", state_indices))):
+                    ("cu_seqlens", cu_seqlens), ("state_indices", state_indices)):
         setattr(a, name, pl.view(name, t))
     a.state = pl.view("state", state, writes=True)
     a.intermediate_states = pl.view("intermediate_states", intermediate_states, writes=True)

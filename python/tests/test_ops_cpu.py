@@ -268,6 +268,12 @@ def test_decode_cache_slots_and_intermediate_states():
                                                         steps_per_token=M)
     np.testing.assert_array_equal(o1, o2)
     np.testing.assert_array_equal(c1, c2)
+    # state_indices as a Python list (converted to int32 on the CPU backend): the same.
+    c3 = before[:4].copy()
+    o3, _ = gdp.fused_recurrent_gated_delta_rule_update(**x, state=c3, state_indices=[0, 1, 2, 3],
+                                                        steps_per_token=M)
+    np.testing.assert_array_equal(o1, o3)
+    np.testing.assert_array_equal(c1, c3)
 
 
 # ---- prepare ----------------------------------------------------------------------------------

@@ -222,7 +222,38 @@ def test_decode_and_prepare_cuda_match_cpu():
     assert int(ulp_distance_f32(outg[4].cpu().numpy(), outc[4]).max()) <= MAX_ULP
 
 
-# ---- streams and CUDA graphs ----------------------------------------------------------------
+# ---- streams and errors ----------------------------------------------------------------------
+
+
+def test_side_stream_matches_default_stream():
+    M, T = 2, 200
+    host, cu = _random_chunk(5, [150, 40], T, M)
+    dev = {n: t.to(DEV) for n, t in host.items()}
+    cu_t = torch.tensor(cu, dtype=torch.int32, device=DEV)
+    desc = _descriptors(cu, M, T, DEV)
+    o_default, _ = gdp.chunk_gated_delta_product_varlen(**dev, num_householder=M, cu_seqlens=cu_t, **desc)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        o_side, _ = gdp.chunk_gated_delta_product_varlen(**dev, num_householder=M, cu_seqlens=cu_t, **desc)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    assert torch.equal(o_default, o_side)
+
+
+def test_gpu_bad_arguments():
+    host, cu = _random_chunk(6, [10], 16, 1)
+    dev = {n: t.to(DEV) for n, t in host.items()}
+    with pytest.raises(TypeError, match=r"cu_seqlens is a ndarray"):
+        gdp.chunk_gated_delta_product_varlen(**dev, num_householder=1, cu_seqlens=np.array(cu, np.int32))
+    with pytest.raises(TypeError, match=r"cu_seqlens has dtype torch.int64"):
+        gdp.chunk_gated_delta_product_varlen(**dev, num_householder=1, cu_seqlens=torch.tensor(cu, device=DEV))
+    with pytest.raises(ValueError, match=r"k is on cpu"):
+        gdp.chunk_gated_delta_product_varlen(**{**dev, "k": host["k"]}, num_householder=1,
+                                             cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=DEV))
+
+
+# ---- CUDA graphs (last: a capture marks the context, after which the workspace may not grow) ----
 
 
 def _step(static, cache, desc, M):
@@ -300,31 +331,3 @@ def test_graph_capture_replays_like_eager():
     with pytest.raises(RuntimeError, match="reserve_chunk_workspace"):
         with torch.cuda.graph(g2):
             gdp.chunk_gated_delta_product_varlen(**dev, num_householder=M, cu_seqlens=cu_t, **d_big)
-
-
-def test_side_stream_matches_default_stream():
-    M, T = 2, 200
-    host, cu = _random_chunk(5, [150, 40], T, M)
-    dev = {n: t.to(DEV) for n, t in host.items()}
-    cu_t = torch.tensor(cu, dtype=torch.int32, device=DEV)
-    desc = _descriptors(cu, M, T, DEV)
-    o_default, _ = gdp.chunk_gated_delta_product_varlen(**dev, num_householder=M, cu_seqlens=cu_t, **desc)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        o_side, _ = gdp.chunk_gated_delta_product_varlen(**dev, num_householder=M, cu_seqlens=cu_t, **desc)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    assert torch.equal(o_default, o_side)
-
-
-def test_gpu_bad_arguments():
-    host, cu = _random_chunk(6, [10], 16, 1)
-    dev = {n: t.to(DEV) for n, t in host.items()}
-    with pytest.raises(TypeError, match=r"cu_seqlens is a ndarray"):
-        gdp.chunk_gated_delta_product_varlen(**dev, num_householder=1, cu_seqlens=np.array(cu, np.int32))
-    with pytest.raises(TypeError, match=r"cu_seqlens has dtype torch.int64"):
-        gdp.chunk_gated_delta_product_varlen(**dev, num_householder=1, cu_seqlens=torch.tensor(cu, device=DEV))
-    with pytest.raises(ValueError, match=r"k is on cpu"):
-        gdp.chunk_gated_delta_product_varlen(**{**dev, "k": host["k"]}, num_householder=1,
-                                             cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=DEV))
