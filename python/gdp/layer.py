@@ -191,6 +191,7 @@ class Checkpoint(_Handle):
 
 _mpi_lib = None
 _mpi_we_initialized = False
+_close_registered = False
 _live_comms = []
 
 
@@ -232,9 +233,15 @@ def _ensure_mpi():
     atexit.register(_finalize_mpi)
 
 
-def _finalize_mpi():
+def _close_live_comms():
+    # Registered after whatever initialized MPI (this module or mpi4py), so atexit's LIFO
+    # order frees the comms (collectively) before MPI_Finalize runs.
     for comm in reversed(list(_live_comms)):
         comm.close()
+
+
+def _finalize_mpi():
+    _close_live_comms()
     flag = ctypes.c_int(0)
     _mpi_lib.MPI_Finalized(ctypes.byref(flag))
     if not flag.value:
@@ -258,14 +265,18 @@ class Comm(_Handle):
             device_buffers = backend == "nccl"
         address = None
         if mpi_comm is not None:
-            mpi4py = sys.modules.get("mpi4py.MPI")
-            if mpi4py is None or not isinstance(mpi_comm, mpi4py.Comm):
+            MPI = sys.modules.get("mpi4py.MPI")
+            if MPI is None or not isinstance(mpi_comm, MPI.Comm):
                 raise GdpTypeError("mpi_comm must be an mpi4py communicator (or None for MPI_COMM_WORLD)",
                                    "INVALID_ARGUMENT")
-            address = mpi4py._addressof(mpi_comm)  # the address of its MPI_Comm handle
+            address = MPI._addressof(mpi_comm)  # the address of its MPI_Comm handle
         _ensure_mpi()
         call("gdp_comm_init", ctypes.byref(self._handle), backends[backend], ctypes.c_void_p(address),
              1 if device_buffers else 0)
+        global _close_registered
+        if not _close_registered:
+            atexit.register(_close_live_comms)
+            _close_registered = True
         _live_comms.append(self)
 
     @property
