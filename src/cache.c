@@ -4,7 +4,11 @@
  * bookkeeping of which slots are in use, and gdp_cache_apply_step, which carries out a
  * built step's slot operations (accept/roll back, release, claim + zero or restore).
  * The plan (plan.c) validates a step against this bookkeeping before anything changes,
- * so apply only re-checks that the metadata belongs to the cache's current state.
+ * so apply only re-checks that the metadata belongs to the cache's current state. The
+ * step's slot fills (zero, draft rollback, snapshot restore) come with the metadata (the
+ * plan merged them into one op per slot) and run on every layer in one call of
+ * gdp_layer_cache_fill: one kernel launch on CUDA, reading the ops from the step's device
+ * copy of the metadata, through a device table of the per-layer buffers built at init.
  */
 #include <string.h>
 
@@ -80,6 +84,7 @@ static void cache_destroy(struct gdp_cache *c) {
             gdp_layer_buf_free(c->ctx, sets[s][l]);
         free(sets[s]);
     }
+    gdp_layer_buf_free(c->ctx, c->fill_tables); /* host memory on the CPU backend: free() */
     free(c->slot_used);
     free(c->draft_tokens);
     free(c->snap_saved);
@@ -96,6 +101,38 @@ static gdp_status_t alloc_layer_set(struct gdp_cache *c, void ***set, size_t per
         return GDP_STATUS_SYSTEM_ERROR;
     for (int32_t l = 0; l < c->cfg.num_layers; l++)
         GDP_CHECK(gdp_layer_buf_alloc(c->ctx, per_layer, &(*set)[l], what));
+    return GDP_STATUS_SUCCESS;
+}
+
+/* The per-layer buffers as one pointer table [GDP_FILL_TABLES][num_layers] in the backend's
+ * memory, for gdp_layer_cache_fill (a device kernel cannot read the host's arrays). */
+static gdp_status_t build_fill_tables(struct gdp_cache *c) {
+    const size_t L = (size_t)c->cfg.num_layers, bytes = GDP_FILL_TABLES * L * sizeof(void *);
+    void **host = gdp_calloc(GDP_FILL_TABLES * L, sizeof(void *), "the cache's buffer table");
+    if (host == NULL)
+        return GDP_STATUS_SYSTEM_ERROR;
+    void **const sets[GDP_FILL_TABLES] = {
+        [GDP_FILL_SSM] = c->ssm,             [GDP_FILL_CONV] = c->conv,
+        [GDP_FILL_DRAFT_SSM] = c->draft_ssm, [GDP_FILL_DRAFT_CONV] = c->draft_conv,
+        [GDP_FILL_SNAP_SSM] = c->snap_ssm,   [GDP_FILL_SNAP_CONV] = c->snap_conv,
+    };
+    for (size_t t = 0; t < GDP_FILL_TABLES; t++)
+        for (size_t l = 0; l < L; l++)
+            host[t * L + l] = sets[t] != NULL ? sets[t][l] : NULL;
+    if (c->ctx->backend == GDP_BACKEND_CPU) {
+        c->fill_tables = host;
+        return GDP_STATUS_SUCCESS;
+    }
+    void *dev = NULL;
+    gdp_status_t st = gdp_layer_buf_alloc(c->ctx, bytes, &dev, "the cache's device buffer table");
+    if (st == GDP_STATUS_SUCCESS)
+        st = gdp_layer_buf_upload(c->ctx, dev, host, bytes);
+    free(host);
+    if (st != GDP_STATUS_SUCCESS) {
+        gdp_layer_buf_free(c->ctx, dev);
+        return st;
+    }
+    c->fill_tables = dev;
     return GDP_STATUS_SUCCESS;
 }
 
@@ -134,6 +171,7 @@ gdp_status_t gdp_cache_init(gdp_cache_t *out, gdp_ctx_t ctx, const gdp_cache_con
     GDP_CHECK_GOTO(alloc_layer_set(cache, &cache->snap_conv, snaps * cache->conv_bytes,
                                    "the cache's conv snapshots"),
                    st, fail);
+    GDP_CHECK_GOTO(build_fill_tables(cache), st, fail);
     cache->slot_used = gdp_calloc(slots, 1, "the cache's slot table");
     cache->draft_tokens = gdp_calloc(slots, sizeof(int32_t), "the cache's draft table");
     cache->snap_saved = gdp_calloc(snaps ? snaps : 1, 1, "the cache's snapshot table");
@@ -267,24 +305,6 @@ gdp_status_t gdp_cache_draft_views(gdp_cache_t cache, int32_t layer, int32_t S, 
 
 /* ---- applying a step ------------------------------------------------------------------ */
 
-/* Copies (src == NULL: zeroes) one slot's ssm and conv state on every layer. */
-static gdp_status_t fill_slot(struct gdp_cache *c, int32_t slot, void **src_ssm, void **src_conv, size_t src_index) {
-    for (int32_t l = 0; l < c->cfg.num_layers; l++) {
-        char *ssm = (char *)c->ssm[l] + (size_t)slot * c->ssm_bytes;
-        char *conv = (char *)c->conv[l] + (size_t)slot * c->conv_bytes;
-        if (src_ssm == NULL) {
-            GDP_CHECK(gdp_layer_buf_zero(c->ctx, ssm, c->ssm_bytes));
-            GDP_CHECK(gdp_layer_buf_zero(c->ctx, conv, c->conv_bytes));
-        } else {
-            GDP_CHECK(gdp_layer_buf_copy(c->ctx, ssm, (const char *)src_ssm[l] + src_index * c->ssm_bytes,
-                                         c->ssm_bytes));
-            GDP_CHECK(gdp_layer_buf_copy(c->ctx, conv, (const char *)src_conv[l] + src_index * c->conv_bytes,
-                                         c->conv_bytes));
-        }
-    }
-    return GDP_STATUS_SUCCESS;
-}
-
 gdp_status_t gdp_cache_apply_step(gdp_cache_t cache, const gdp_step_metadata *meta) {
     static const char *op = "gdp_cache_apply_step";
     GDP_CHECK(gdp_cache_check_handle(cache, op));
@@ -301,30 +321,39 @@ gdp_status_t gdp_cache_apply_step(gdp_cache_t cache, const gdp_step_metadata *me
                  "with this cache, then apply once",
                  op, (unsigned long long)meta->cache_generation, (unsigned long long)cache->generation);
     const gdp_step_desc *step = meta->step;
-    /* 1. Accepts: the slot's state becomes the one after its n_accepted-th draft token.
-     *    Row [slot, s] of a step of S tokens lives at (slot * S + s) in the draft buffers. */
-    for (int32_t a = 0; a < step->accept_count; a++) {
-        const int32_t slot = step->accept[a].slot, S = cache->draft_tokens[slot];
-        const size_t row = (size_t)slot * (size_t)S + (size_t)(step->accept[a].n_accepted - 1);
-        GDP_CHECK(fill_slot(cache, slot, cache->draft_ssm, cache->draft_conv, row));
-        cache->draft_tokens[slot] = 0;
-    }
+    const int32_t *fills_host = NULL, *fills_dev = NULL;
+    int32_t n_fill = 0;
+    GDP_CHECK(gdp_plan_meta_fills(meta, &fills_host, &fills_dev, &n_fill));
+    /* The states: accepts (the slot's state becomes the one after its n_accepted-th draft
+     * token), then new requests (zeroed or restored), merged by the plan into one fill per
+     * slot and carried out on every layer at once. */
+    const gdp_layer_cache_fill_args fill = {
+        .num_layers = cache->cfg.num_layers,
+        .tables = cache->fill_tables,
+        .ops = fills_dev,
+        .n_ops = n_fill,
+        .ssm_bytes = cache->ssm_bytes,
+        .conv_bytes = cache->conv_bytes,
+        .n_slots = cache->cfg.n_slots,
+        .draft_rows = (int64_t)cache->cfg.n_slots * cache->cfg.max_draft_tokens,
+        .n_snapshots = cache->cfg.n_snapshots,
+    };
+    GDP_CHECK(gdp_layer_cache_fill(cache->ctx, &fill));
+    /* The bookkeeping, in the same order. 1. Accepts end the pending draft steps. */
+    for (int32_t a = 0; a < step->accept_count; a++)
+        cache->draft_tokens[step->accept[a].slot] = 0;
     /* 2. Releases. */
     for (int32_t r = 0; r < step->release_count; r++) {
         cache->slot_used[step->release_slots[r]] = 0;
         cache->draft_tokens[step->release_slots[r]] = 0;
     }
-    /* 3. New requests: claim, then zero or restore (the plan resolved GDP_SLOT_AUTO). */
+    /* 3. New requests are claimed (the plan resolved GDP_SLOT_AUTO; their states were filled above). */
     for (int32_t i = 0; i < step->prefill_count; i++) {
         const gdp_prefill_request *p = &step->prefill[i];
         cache->draft_tokens[p->slot] = 0; /* any step but a draft step ends a pending draft */
         if (!(p->flags & GDP_PREFILL_NEW))
             continue;
         cache->slot_used[p->slot] = 1;
-        if (p->flags & GDP_PREFILL_RESTORE)
-            GDP_CHECK(fill_slot(cache, p->slot, cache->snap_ssm, cache->snap_conv, (size_t)p->restore_snapshot));
-        else
-            GDP_CHECK(fill_slot(cache, p->slot, NULL, NULL, 0));
     }
     /* 4. Decode slots of a step with draft tokens hold a pending draft step. */
     const int32_t S = step->decode_tokens;

@@ -27,6 +27,9 @@ struct gdp_ctx {
     void         *workspace;       /* device scratch owned by the ctx (CUDA)      */
     size_t        workspace_bytes;
     uint32_t      magic_end;
+    void         *layer_blas;      /* cuBLASLt handle + workspace of the layers on this ctx
+                                      (src/layer_cuda.c; created by the first gdp_layer_init,
+                                      freed by the last gdp_layer_free), NULL otherwise */
 };
 
 /* ---- errors -------------------------------------------------------------- */

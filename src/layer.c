@@ -7,9 +7,15 @@
  * RMSNorm, out_proj, the TP collective and the residual add.
  *
  * Everything here is backend-neutral: the ops pick their backend from the ctx, and the
- * few other things the layer does (GEMM, buffer copies) go through layer_gemm.c. The
- * index arrays the ops read come from the metadata's `device` arrays (== host on CPU);
- * the host copies drive the few per-request copies (initial states, snapshots).
+ * few other things the layer does (GEMMs, buffer copies, index-driven row copies) go
+ * through layer_gemm.c. Every index array any of them reads comes from the metadata's
+ * `device` arrays (== host on CPU), and no host value of an index decides a launch, so
+ * on CUDA the forward pass only enqueues work on the ctx's stream: it never waits for the
+ * device and (outside the comm's own collectives) never talks to the other ranks.
+ *
+ * Dtypes: the residual stream x is fp32 on both backends. The CPU backend computes in
+ * fp32 (double inside the ops); the CUDA backend keeps weights and activations in bf16
+ * (A_log fp32), its GEMMs accumulate in fp32, and out_proj adds into the fp32 x.
  */
 #include <stdio.h>
 #include <string.h>
@@ -18,7 +24,7 @@
 #include "layer_internal.h"
 
 #define GDP_LAYER_MAGIC 0x6764706cu /* "gdpl" */
-#define WS_ALIGN 64
+#define WS_ALIGN 256 /* cuBLASLt picks its fastest kernels for 256-byte aligned operands */
 
 struct gdp_layer {
     uint32_t      magic;
@@ -27,7 +33,11 @@ struct gdp_layer {
     gdp_tp_mode_t mode;
     gdp_tp_shard  shard;
     int32_t       layer_index; /* the layer's index in the stack and in the cache     */
-    gdp_dtype_t   act;         /* activation and weight dtype of the backend (fp32)   */
+    gdp_dtype_t   act;         /* activation and weight dtype: fp32 CPU, bf16 CUDA    */
+    gdp_dtype_t   res;         /* the residual stream x and the collective: fp32      */
+    int32_t       blas;        /* holds a reference to the ctx's GEMM state           */
+    int32_t       debug_agree; /* GDP_PLAN_DEBUG=1: agree before every forward's work */
+    const void   *agreed_cache;/* the cache whose pairing every rank has agreed on    */
     /* TP-local sizes */
     int64_t D, H, G, P, N, M, W, d_inner, conv_dim, proj_dim, ba_dim;
     double  norm_eps, out_norm_eps;
@@ -105,6 +115,8 @@ static void layer_destroy(struct gdp_layer *l) {
     void *bufs[] = {l->norm_w, l->in_proj, l->conv_w, l->A_log, l->dt_bias, l->out_norm_w, l->out_proj, l->ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         gdp_layer_buf_free(l->ctx, bufs[i]);
+    if (l->blas)
+        gdp_layer_gemm_release(l->ctx);
     l->magic = l->magic_end = 0;
     free(l);
 }
@@ -120,9 +132,11 @@ gdp_status_t gdp_layer_init(gdp_layer_t *out, gdp_ctx_t ctx, gdp_comm_t comm, co
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
                  "%s: mode %d is not a gdp_tp_mode_t (GDP_TP_MODE_ALLREDUCE or GDP_TP_MODE_SEQUENCE_PARALLEL)", op,
                  (int)mode);
-    const gdp_dtype_t act = GDP_DTYPE_FP32;
+    /* fp32 on the CPU reference; bf16 with fp32 accumulation on CUDA (as upstream). */
+    const gdp_dtype_t act = ctx->backend == GDP_BACKEND_CPU ? GDP_DTYPE_FP32 : GDP_DTYPE_BF16;
+    const gdp_dtype_t res = GDP_DTYPE_FP32;
     const char *why = NULL;
-    if (!gdp_layer_gemm_supported(ctx, act, &why))
+    if (!gdp_layer_gemm_supported_ex(ctx, act, act, &why) || !gdp_layer_gemm_supported_ex(ctx, act, res, &why))
         GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: %s", op, why);
 
     const gdp_tp_shard *sh = &weights->shard;
@@ -168,11 +182,16 @@ gdp_status_t gdp_layer_init(gdp_layer_t *out, gdp_ctx_t ctx, gdp_comm_t comm, co
     l->shard = *sh;
     l->layer_index = weights->layer;
     l->act = act;
+    l->res = res;
+    const char *dbg = getenv("GDP_PLAN_DEBUG");
+    l->debug_agree = dbg != NULL && dbg[0] != 0 && strcmp(dbg, "0") != 0;
     l->D = D, l->H = H, l->G = G, l->P = P, l->N = N, l->M = M, l->W = W;
     l->d_inner = d_inner, l->conv_dim = C, l->proj_dim = proj, l->ba_dim = (M + 1) * H;
     l->norm_eps = c->norm_eps;
     l->out_norm_eps = c->out_norm_eps;
     gdp_status_t st = GDP_STATUS_SUCCESS;
+    GDP_CHECK_GOTO(gdp_layer_gemm_acquire(ctx), st, fail);
+    l->blas = 1;
     GDP_CHECK_GOTO(upload_weight(ctx, &weights->norm_weight, act, &l->norm_w, "the layer's norm weight"), st, fail);
     GDP_CHECK_GOTO(upload_weight(ctx, &weights->in_proj, act, &l->in_proj, "the layer's in_proj"), st, fail);
     GDP_CHECK_GOTO(upload_weight(ctx, &weights->conv, act, &l->conv_w, "the layer's conv weight"), st, fail);
@@ -214,14 +233,13 @@ typedef struct step_ws {
     void *y;        /* [T, d_inner]  mixer output, decode rows then prefill rows        */
     void *z;        /* [T, d_inner]  the gate, contiguous                               */
     void *normed;   /* [T, d_inner]  gated-norm output                                  */
-    void *out;      /* [T, D]        out_proj partial (+ residual) before the collective */
+    void *out;      /* [T, D] res    out_proj partial (+ residual) before the collective */
     /* decode block: n = pd requests, S tokens, E = S*M expanded rows each */
     void *d_conv, *d_q, *d_k, *d_v, *d_beta, *d_g, *d_o;
     /* prefill block: R rows */
     void *p_conv, *p_q, *p_k, *p_v, *p_beta, *p_g;
     void *h0;           /* [pp, H, N, P] ssm dtype: initial states gathered from the slots */
     void *chunk_states; /* [num_chunks, H, N, P] ssm dtype, when the step saves one        */
-    void *save_y;       /* [R, conv_dim] conv output of a snapshot's window run (unused)  */
 } step_ws;
 
 typedef struct ws_layout {
@@ -240,7 +258,7 @@ static size_t ws_add(ws_layout *w, size_t bytes) {
 /* Lays out the workspace of a step and, with base != NULL, points *ws into it. */
 static size_t plan_ws(const struct gdp_layer *l, const gdp_step_metadata *m, gdp_dtype_t ssm_dtype, int64_t T_local,
                       char *base, step_ws *ws) {
-    const size_t es = gdp_dtype_size(l->act), ss = gdp_dtype_size(ssm_dtype);
+    const size_t es = gdp_dtype_size(l->act), ss = gdp_dtype_size(ssm_dtype), rs = gdp_dtype_size(l->res);
     const size_t T = (size_t)m->padded_token_count, D = (size_t)l->D, di = (size_t)l->d_inner;
     const size_t H = (size_t)l->H, N = (size_t)l->N, P = (size_t)l->P, M = (size_t)l->M, C = (size_t)l->conv_dim;
     const size_t dec_rows = (size_t)m->padded_decode_count * (size_t)m->decode_tokens, E = dec_rows * M;
@@ -248,17 +266,16 @@ static size_t plan_ws(const struct gdp_layer *l, const gdp_step_metadata *m, gdp
     ws_layout w = {0};
     const size_t sizes[] = {
         l->mode == GDP_TP_MODE_SEQUENCE_PARALLEL && l->comm != NULL ? (size_t)T_local * D * es : 0, /* xn_local */
-        T * D * es, T * (size_t)l->proj_dim * es, T * di * es, T * di * es, T * di * es, T * D * es,
+        T * D * es, T * (size_t)l->proj_dim * es, T * di * es, T * di * es, T * di * es, T * D * rs,
         dec_rows * C * es, E * H * N * es, E * H * N * es, E * H * P * es, E * H * es, E * H * 4, E * H * P * es,
         R * C * es, R * H * N * es, R * M * H * N * es, R * M * H * P * es, R * M * H * es, R * H * 4,
         pp * H * N * P * ss,
         m->chunk_state_saves > 0 ? (size_t)m->num_chunks * H * N * P * ss : 0,
-        m->save_count > 0 ? R * C * es : 0,
     };
     void **slots[] = {&ws->xn_local, &ws->xn,   &ws->proj, &ws->y,      &ws->z,   &ws->normed,
                       &ws->out,      &ws->d_conv, &ws->d_q, &ws->d_k,   &ws->d_v, &ws->d_beta,
                       &ws->d_g,      &ws->d_o,  &ws->p_conv, &ws->p_q,  &ws->p_k, &ws->p_v,
-                      &ws->p_beta,   &ws->p_g,  &ws->h0,   &ws->chunk_states, &ws->save_y};
+                      &ws->p_beta,   &ws->p_g,  &ws->h0,   &ws->chunk_states};
     _Static_assert(sizeof sizes / sizeof sizes[0] == sizeof slots / sizeof slots[0], "one size per buffer");
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         const size_t at = ws_add(&w, sizes[i]);
@@ -270,15 +287,9 @@ static size_t plan_ws(const struct gdp_layer *l, const gdp_step_metadata *m, gdp
 
 /* ---- forward ------------------------------------------------------------------------------ */
 
-/* Every argument rule of gdp_layer_forward, before anything is written. */
-static gdp_status_t validate_forward(const struct gdp_layer *l, const struct gdp_cache *cache,
-                                     const gdp_step_metadata *m, const gdp_tensor *x, int64_t *T_local,
-                                     const char *op) {
+/* The rules that pair a layer with a cache (the same for every step). */
+static gdp_status_t validate_pairing(const struct gdp_layer *l, const struct gdp_cache *cache, const char *op) {
     GDP_CHECK(gdp_cache_check_handle(cache, op));
-    if (m == NULL || m->step == NULL)
-        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: meta is NULL; pass the metadata gdp_plan_build returned", op);
-    if (x == NULL)
-        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: x is NULL", op);
     if (cache->ctx->backend != l->ctx->backend)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: the cache's backend (%d) differs from the layer's (%d)", op,
                  (int)cache->ctx->backend, (int)l->ctx->backend);
@@ -295,6 +306,24 @@ static gdp_status_t validate_forward(const struct gdp_layer *l, const struct gdp
                  "(%lld, %lld, %lld, %lld, %lld); fill its config with gdp_cache_config_init from this shard",
                  op, cc->num_heads, cc->state_dim, cc->head_dim, cc->conv_dim, cc->conv_width, (long long)l->H,
                  (long long)l->N, (long long)l->P, (long long)l->conv_dim, (long long)l->W);
+    return GDP_STATUS_SUCCESS;
+}
+
+/* Rows of x this rank holds in a step of T rows (-1 when sequence parallel cannot split T). */
+static int64_t local_rows(const struct gdp_layer *l, int64_t T) {
+    const int64_t tp = l->shard.tp_size;
+    if (l->mode != GDP_TP_MODE_SEQUENCE_PARALLEL || l->comm == NULL)
+        return T;
+    return T % tp == 0 ? T / tp : -1;
+}
+
+/* The step's rules: the metadata and x. */
+static gdp_status_t validate_step(const struct gdp_layer *l, const struct gdp_cache *cache,
+                                  const gdp_step_metadata *m, const gdp_tensor *x, const char *op) {
+    if (m == NULL || m->step == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: meta is NULL; pass the metadata gdp_plan_build returned", op);
+    if (x == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: x is NULL", op);
     if (m->num_householder != l->M)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
                  "%s: the metadata was built for M = %d Householder copies, the layer has M = %lld; configure the plan "
@@ -305,32 +334,38 @@ static gdp_status_t validate_forward(const struct gdp_layer *l, const struct gdp
                  "%s: the step's metadata does not belong to the cache's current state (built at state %llu, the cache "
                  "is at %llu): build it with this cache, apply it with gdp_cache_apply_step, then run the layers",
                  op, (unsigned long long)m->cache_generation, (unsigned long long)cache->generation);
-    const int64_t T = m->padded_token_count, tp = l->shard.tp_size;
-    int64_t rows = T;
-    if (l->mode == GDP_TP_MODE_SEQUENCE_PARALLEL && l->comm != NULL) {
-        if (T % tp != 0)
-            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
-                     "%s: sequence parallel splits the step's %lld token rows over tp = %lld ranks, which does not "
-                     "divide; use buckets whose token_count is a multiple of %lld",
-                     op, (long long)T, (long long)tp, (long long)tp);
-        rows = T / tp;
-    }
-    GDP_CHECK(gdp_check_tensor(op, "x", x, 2, SHAPE(rows, l->D), GDP_DT(l->act)));
+    const int64_t T = m->padded_token_count, tp = l->shard.tp_size, rows = local_rows(l, T);
+    if (rows < 0)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: sequence parallel splits the step's %lld token rows over tp = %lld ranks, which does not "
+                 "divide; use buckets whose token_count is a multiple of %lld",
+                 op, (long long)T, (long long)tp, (long long)tp);
+    GDP_CHECK(gdp_check_tensor(op, "x", x, 2, SHAPE(rows, l->D), GDP_DT(l->res)));
     GDP_CHECK(gdp_check_contiguous(op, "x", x));
-    *T_local = rows;
     return GDP_STATUS_SUCCESS;
 }
 
-/* Grows the workspace to `bytes` (contents are scratch: nothing to keep). */
-static gdp_status_t ensure_ws(struct gdp_layer *l, size_t bytes) {
-    if (bytes <= l->ws_bytes)
+/* Bytes of ctx workspace the CUDA chunk op needs for the step's prefill block (0 on the CPU). */
+static gdp_status_t chunk_ws_bytes(const struct gdp_layer *l, const gdp_step_metadata *m, size_t *bytes) {
+    *bytes = 0;
+    if (l->ctx->backend == GDP_BACKEND_CPU || m->padded_prefill_count == 0 || m->prefill_rows == 0)
         return GDP_STATUS_SUCCESS;
-    void *ws = NULL;
-    GDP_CHECK(gdp_layer_buf_alloc(l->ctx, bytes, &ws, "the layer's workspace"));
-    gdp_layer_buf_free(l->ctx, l->ws);
-    l->ws = ws;
-    l->ws_bytes = bytes;
-    return GDP_STATUS_SUCCESS;
+    return gdp_chunk_get_workspace_size(m->prefill_rows, m->padded_prefill_count, (int32_t)l->M, (int32_t)l->H,
+                                        (int32_t)l->N, (int32_t)l->P, bytes);
+}
+
+/* Grows the layer's workspace to `bytes` (contents are scratch: nothing to keep) and the
+ * ctx's chunk workspace to `chunk_bytes`. Only ever grows, so after the first step of the
+ * largest bucket nothing is allocated (and nothing waits on the device) any more. */
+static gdp_status_t grow_workspaces(struct gdp_layer *l, size_t bytes, size_t chunk_bytes) {
+    if (bytes > l->ws_bytes) {
+        void *ws = NULL;
+        GDP_CHECK(gdp_layer_buf_alloc(l->ctx, bytes, &ws, "the layer's workspace"));
+        gdp_layer_buf_free(l->ctx, l->ws);
+        l->ws = ws;
+        l->ws_bytes = bytes;
+    }
+    return gdp_ctx_reserve_workspace(l->ctx, chunk_bytes);
 }
 
 /* The decode block: rows [0, pd * S). */
@@ -388,7 +423,10 @@ static gdp_status_t run_decode(struct gdp_layer *l, struct gdp_cache *cache, con
                                 (size_t)(M * di) * es, (size_t)di * es, (size_t)(n * S));
 }
 
-/* The prefill block: rows [prefill_token_offset, padded_token_count). */
+/* The prefill block: rows [prefill_token_offset, padded_token_count). Every per-request
+ * copy (initial states, snapshot saves) is one launch over the padded requests, driven by
+ * the metadata's device arrays: -1 entries (padding, requests that save nothing) copy
+ * nothing. */
 static gdp_status_t run_prefill(struct gdp_layer *l, struct gdp_cache *cache, const gdp_step_metadata *m,
                                 const step_ws *ws) {
     const int64_t R = m->prefill_rows, pp = m->padded_prefill_count, R0 = m->prefill_token_offset, M = l->M;
@@ -400,44 +438,38 @@ static gdp_status_t run_prefill(struct gdp_layer *l, struct gdp_cache *cache, co
     GDP_CHECK(gdp_cache_state_views(cache, l->layer_index, &ssm, &conv));
     if (m->save_count > 0)
         GDP_CHECK(gdp_cache_snapshot_views(cache, l->layer_index, &snap_ssm, &snap_conv));
-    const size_t ssm_bytes = cache->ssm_bytes, conv_bytes = cache->conv_bytes;
-    const gdp_tensor conv_w = view(l->conv_w, a, 2, SHAPE(C, l->W), NULL);
-    const gdp_step_arrays *host = &m->host, *dev = &m->device;
+    const int64_t n_slots = cache->cfg.n_slots, n_snaps = cache->cfg.n_snapshots;
+    const gdp_step_arrays *dev = &m->device;
 
-    /* Conv windows of the snapshots: the slot's incoming window, run through the first
-     * save_offset tokens of the slice (the conv's carry rule), so BEFORE the slot moves on. */
-    for (int64_t i = 0; i < m->prefill_count && m->save_count > 0; i++) {
-        const int32_t snap = host->save_snapshot[i], off = host->save_offset[i];
-        if (snap < 0)
-            continue;
-        char *dst = (char *)snap_conv.data + (size_t)snap * conv_bytes;
-        GDP_CHECK(gdp_layer_buf_copy(l->ctx, dst, (char *)conv.data + (size_t)host->prefill_slots[i] * conv_bytes,
-                                     conv_bytes));
-        if (off == 0)
-            continue;
-        gdp_conv1d_varlen_args sv = {
-            .x = view(proj_rows + ((size_t)host->cu_seqlens[i] * WT + (size_t)di) * es, a, 2, SHAPE(off, C),
-                      SHAPE(WT, 1)),
-            .weight = conv_w,
-            .conv_state = snap_conv,
-            .state_indices = view((void *)(dev->save_snapshot + i), GDP_DTYPE_INT32, 1, SHAPE(1), NULL),
-            .cu_seqlens = view((void *)(dev->save_cu_seqlens + 2 * i), GDP_DTYPE_INT32, 1, SHAPE(2), NULL),
-            .silu = 1,
-            .y = view(ws->save_y, a, 2, SHAPE(off, C), NULL),
+    /* Conv windows of the snapshots: the slot's incoming window carried through the first
+     * save_offset tokens of the slice, read BEFORE the slice's own conv moves the slot on. */
+    if (m->save_count > 0) {
+        const gdp_layer_snapshot_conv_args sc = {
+            .n = pp, .channels = C, .width = (int32_t)l->W,
+            .x = proj_rows + (size_t)di * es, .x_dtype = a, .x_pitch = WT,
+            .conv = conv.data, .snap_conv = snap_conv.data, .conv_dtype = conv.dtype,
+            .n_slots = n_slots, .n_snapshots = n_snaps,
+            .slots = dev->prefill_slots, .snapshot = dev->save_snapshot, .offset = dev->save_offset,
+            .cu_seqlens = dev->cu_seqlens,
         };
-        GDP_CHECK(gdp_causal_conv1d_varlen(l->ctx, &sv));
+        GDP_CHECK(gdp_layer_snapshot_conv(l->ctx, &sc));
     }
 
-    /* The chunk op never reads the cache: gather each request's state as initial_state. */
-    for (int64_t i = 0; i < m->prefill_count; i++)
-        GDP_CHECK(gdp_layer_buf_copy(l->ctx, (char *)ws->h0 + (size_t)i * ssm_bytes,
-                                     (char *)ssm.data + (size_t)host->prefill_slots[i] * ssm_bytes, ssm_bytes));
+    /* The chunk op never reads the cache: gather each request's state as initial_state
+     * (padding requests, slot -1, get zeros; they are zero-length). */
+    const gdp_layer_copy_rows_args gather = {
+        .n = pp, .row_bytes = cache->ssm_bytes,
+        .dst = ws->h0, .dst_idx = NULL, .dst_rows = pp,
+        .src = ssm.data, .src_idx = dev->prefill_slots, .src_rows = n_slots,
+        .zero_missing = 1,
+    };
+    GDP_CHECK(gdp_layer_copy_rows(l->ctx, &gather));
 
     const gdp_tensor slots = view((void *)dev->prefill_slots, GDP_DTYPE_INT32, 1, SHAPE(pp), NULL);
     const gdp_tensor cu = view((void *)dev->cu_seqlens, GDP_DTYPE_INT32, 1, SHAPE(pp + 1), NULL);
     gdp_conv1d_varlen_args cv = {
         .x = view(proj_rows + (size_t)di * es, a, 2, SHAPE(R, C), SHAPE(WT, 1)),
-        .weight = conv_w,
+        .weight = view(l->conv_w, a, 2, SHAPE(C, l->W), NULL),
         .conv_state = conv,
         .state_indices = slots,
         .cu_seqlens = cu,
@@ -479,14 +511,21 @@ static gdp_status_t run_prefill(struct gdp_layer *l, struct gdp_cache *cache, co
         ch.chunk_states = view(ws->chunk_states, ssm.dtype, 4, SHAPE(m->num_chunks, H, N, P), NULL);
     GDP_CHECK(gdp_chunk_gated_delta_product_varlen(l->ctx, &ch));
 
-    /* Snapshot states: a chunk state inside the slice, or the slot's final state at its end. */
-    for (int64_t i = 0; i < m->prefill_count && m->save_count > 0; i++) {
-        const int32_t snap = host->save_snapshot[i], row = host->save_chunk_row[i];
-        if (snap < 0)
-            continue;
-        const char *src = row >= 0 ? (const char *)ws->chunk_states + (size_t)row * ssm_bytes
-                                   : (const char *)ssm.data + (size_t)host->prefill_slots[i] * ssm_bytes;
-        GDP_CHECK(gdp_layer_buf_copy(l->ctx, (char *)snap_ssm.data + (size_t)snap * ssm_bytes, src, ssm_bytes));
+    /* Snapshot states: the slot's final state (saves at a slice's end), then, for saves
+     * inside a slice, the chunk state of the save point over it (save_chunk_row >= 0). */
+    if (m->save_count > 0) {
+        gdp_layer_copy_rows_args save = {
+            .n = pp, .row_bytes = cache->ssm_bytes,
+            .dst = snap_ssm.data, .dst_idx = dev->save_snapshot, .dst_rows = n_snaps,
+            .src = ssm.data, .src_idx = dev->prefill_slots, .src_rows = n_slots,
+        };
+        GDP_CHECK(gdp_layer_copy_rows(l->ctx, &save));
+        if (want_chunk_states) {
+            save.src = ws->chunk_states;
+            save.src_idx = dev->save_chunk_row;
+            save.src_rows = m->num_chunks;
+            GDP_CHECK(gdp_layer_copy_rows(l->ctx, &save));
+        }
     }
     return GDP_STATUS_SUCCESS;
 }
@@ -495,12 +534,13 @@ static gdp_status_t run_prefill(struct gdp_layer *l, struct gdp_cache *cache, co
 static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, const gdp_step_metadata *m,
                               gdp_tensor *x, int64_t T_local, const step_ws *ws) {
     const int64_t T = m->padded_token_count, D = l->D, di = l->d_inner, WT = l->proj_dim;
-    const gdp_dtype_t a = l->act;
+    const gdp_dtype_t a = l->act, r = l->res;
     const size_t es = gdp_dtype_size(a);
     const gdp_tensor norm_w = view(l->norm_w, a, 1, SHAPE(D), NULL);
     const bool sp = l->mode == GDP_TP_MODE_SEQUENCE_PARALLEL && l->comm != NULL;
 
-    /* Pre-norm on the rows this rank holds; sequence parallel then gathers all rows. */
+    /* Pre-norm (x in the residual dtype, out in the activation dtype) on the rows this rank
+     * holds; sequence parallel then gathers all rows. */
     gdp_tensor xn = view(ws->xn, a, 2, SHAPE(T, D), NULL);
     if (sp) {
         gdp_tensor xn_local = view(ws->xn_local, a, 2, SHAPE(T_local, D), NULL);
@@ -509,7 +549,7 @@ static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, cons
     } else {
         GDP_CHECK(gdp_rmsnorm(l->ctx, &xn, x, &norm_w, l->norm_eps));
     }
-    GDP_CHECK(gdp_layer_gemm_nt(l->ctx, T, WT, D, ws->xn, D, l->in_proj, 0.0f, ws->proj, WT, a));
+    GDP_CHECK(gdp_layer_gemm_nt_ex(l->ctx, T, WT, D, ws->xn, D, l->in_proj, a, 0.0f, ws->proj, WT, a));
 
     /* Rows no request owns keep y = 0 (the ops write 0 there too). */
     GDP_CHECK(gdp_layer_buf_zero(l->ctx, ws->y, (size_t)(T * di) * es));
@@ -526,41 +566,71 @@ static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, cons
     gdp_tensor out_norm_w = view(l->out_norm_w, a, 1, SHAPE(di), NULL);
     GDP_CHECK(gdp_gated_rmsnorm(l->ctx, &normed, &y, &z, &out_norm_w, di / l->G, l->out_norm_eps));
 
-    /* out_proj, with the residual folded in as the GEMM's C (beta = 1) on exactly one
-     * place per row: rank 0's partial (all-reduce), or the row block's owner (SP). */
+    /* out_proj into the residual dtype, with the residual folded in as the GEMM's C
+     * (beta = 1) on exactly one place per row: rank 0's partial (all-reduce), or the row
+     * block's owner (SP). */
     if (l->comm == NULL)
-        return gdp_layer_gemm_nt(l->ctx, T, D, di, ws->normed, di, l->out_proj, 1.0f, x->data, D, a);
-    const size_t row_bytes = (size_t)D * es;
+        return gdp_layer_gemm_nt_ex(l->ctx, T, D, di, ws->normed, di, l->out_proj, a, 1.0f, x->data, D, r);
+    const size_t row_bytes = (size_t)D * gdp_dtype_size(r);
     GDP_CHECK(gdp_layer_buf_zero(l->ctx, ws->out, (size_t)T * row_bytes));
     if (sp)
         GDP_CHECK(gdp_layer_buf_copy(l->ctx, (char *)ws->out + (size_t)(l->shard.tp_rank * T_local) * row_bytes,
                                      x->data, (size_t)T_local * row_bytes));
     else if (l->shard.tp_rank == 0)
         GDP_CHECK(gdp_layer_buf_copy(l->ctx, ws->out, x->data, (size_t)T * row_bytes));
-    return gdp_layer_gemm_nt(l->ctx, T, D, di, ws->normed, di, l->out_proj, 1.0f, ws->out, D, a);
+    return gdp_layer_gemm_nt_ex(l->ctx, T, D, di, ws->normed, di, l->out_proj, a, 1.0f, ws->out, D, r);
 }
 
 gdp_status_t gdp_layer_forward(gdp_layer_t layer, gdp_cache_t cache, const gdp_step_metadata *meta, gdp_tensor *x) {
     static const char *op = "gdp_layer_forward";
     GDP_CHECK(check_layer(layer, op));
-    int64_t T_local = 0;
+    /* 1. Validate, locally: nothing here talks to the device or to the other ranks. */
+    gdp_status_t st = validate_pairing(layer, cache, op);
+    if (st == GDP_STATUS_SUCCESS)
+        st = validate_step(layer, cache, meta, x, op);
+
+    /* 2. Workspaces, sized from the step's shape alone (the same on every rank). They only
+     *    grow, which happens at the first steps of each larger bucket: the one place where
+     *    the forward allocates, and so may wait on the device or fail on one rank alone. */
+    const bool sized = meta != NULL && meta->step != NULL && gdp_cache_check_handle(cache, op) == GDP_STATUS_SUCCESS;
+    const int64_t T_local = sized ? local_rows(layer, meta->padded_token_count) : 0;
     step_ws ws;
     memset(&ws, 0, sizeof ws);
-    gdp_status_t st = validate_forward(layer, cache, meta, x, &T_local, op);
-    if (st == GDP_STATUS_SUCCESS)
-        st = ensure_ws(layer, plan_ws(layer, meta, cache->cfg.ssm_dtype, T_local, NULL, &ws));
-    /* Every rank learns whether all can go on before any rank writes or communicates. */
-    if (layer->comm != NULL)
+    size_t need = 0, chunk_need = 0;
+    if (sized && T_local >= 0) {
+        need = plan_ws(layer, meta, cache->cfg.ssm_dtype, T_local, NULL, &ws);
+        gdp_status_t cst = chunk_ws_bytes(layer, meta, &chunk_need);
+        if (st == GDP_STATUS_SUCCESS)
+            st = cst;
+    }
+    const bool grow = need > layer->ws_bytes || chunk_need > layer->ctx->workspace_bytes;
+    if (st == GDP_STATUS_SUCCESS && grow)
+        st = grow_workspaces(layer, need, chunk_need);
+
+    /* 3. Agreement. The step itself was validated and agreed on by gdp_plan_build; what
+     *    remains rank-local is this call's own arguments, which an SPMD program passes alike
+     *    on every rank. The ranks agree only when one may fail where the others do not:
+     *    the first forward of this layer with a cache (pairing), a workspace growth (memory),
+     *    and every forward with GDP_PLAN_DEBUG=1. A step's steady state therefore runs the
+     *    layer without any host round trip. */
+    if (layer->comm != NULL && (grow || layer->agreed_cache != (const void *)cache || layer->debug_agree)) {
         st = gdp_comm_agree(layer->comm, st);
+        if (st == GDP_STATUS_SUCCESS)
+            layer->agreed_cache = cache;
+    }
     if (st != GDP_STATUS_SUCCESS)
         return st;
     plan_ws(layer, meta, cache->cfg.ssm_dtype, T_local, layer->ws, &ws);
 
+    /* 4. The work, enqueued on the ctx's stream. A failure from here on (a CUDA launch, a
+     *    collective) leaves the ranks apart: callers end the job (gdp_fatal). */
     st = run_mixer(layer, cache, meta, x, T_local, &ws);
     if (layer->comm == NULL)
         return st;
-    /* A rank whose mixer failed must not leave the others inside the collective. */
-    GDP_CHECK(gdp_comm_agree(layer->comm, st));
+    if (layer->debug_agree) /* debug: no rank is left waiting in the collective either */
+        st = gdp_comm_agree(layer->comm, st);
+    if (st != GDP_STATUS_SUCCESS)
+        return st;
     return gdp_comm_tp_reduce_output(layer->comm, layer->mode, ws.out, x->data, meta->padded_token_count, layer->D,
-                                     layer->act, layer->ctx->stream);
+                                     layer->res, layer->ctx->stream);
 }

@@ -1,9 +1,11 @@
 /*
  * layer_gemm.c: the backend primitives of the layer, cache and plan (layer_internal.h):
- * buffers on the ctx's backend (allocate zeroed, zero, copy, 2-D copy, upload, download)
- * and the projection GEMM C = A B^T + beta C. The CPU backend uses host memory and
- * cblas_sgemm; the CUDA backend uses the CUDA runtime on the ctx's stream for buffers,
- * and its GEMM (cuBLASLt) is not implemented yet, so it returns UNSUPPORTED.
+ * buffers on the ctx's backend (allocate zeroed, zero, copy, 2-D copy, upload, download),
+ * the projection GEMM C = A B^T + beta C, and the copies driven by the step's index arrays
+ * (row gathers by slot, a snapshot's conv window, a step's slot fills). The CPU backend
+ * uses host memory, cblas_sgemm and the plain loops below; the CUDA backend uses the CUDA
+ * runtime on the ctx's stream for buffers, cuBLASLt for the GEMM (layer_cuda.c) and the
+ * kernels of kernels/layer_util.cu, none of which synchronizes the host.
  */
 #include <string.h>
 
@@ -13,6 +15,8 @@
 
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "kernels/gdp_layer_kernels.h"
 
 /* Records a failing CUDA runtime call with its error string, then returns. */
 #define LAYER_CUDA_CHECK(call)                                                                          \
@@ -154,25 +158,58 @@ gdp_status_t gdp_layer_buf_download(gdp_ctx_t ctx, void *host_dst, const void *s
 #endif
 }
 
-int gdp_layer_gemm_supported(gdp_ctx_t ctx, gdp_dtype_t dtype, const char **why) {
+int gdp_layer_gemm_supported_ex(gdp_ctx_t ctx, gdp_dtype_t ab_dtype, gdp_dtype_t c_dtype, const char **why) {
     if (on_cpu(ctx)) {
-        if (dtype == GDP_DTYPE_FP32)
+        if (ab_dtype == GDP_DTYPE_FP32 && c_dtype == GDP_DTYPE_FP32)
             return 1;
-        *why = "the CPU backend's projections run in fp32 (cblas_sgemm): pass fp32 activations";
+        *why = "the CPU backend's projections run in fp32 (cblas_sgemm): pass fp32 activations and weights";
         return 0;
     }
-    *why = "the CUDA backend's projection GEMMs (cuBLASLt) are not implemented yet: run the layer on "
-           "GDP_BACKEND_CPU";
+#ifdef GDP_HAVE_CUDA
+    if ((ab_dtype == GDP_DTYPE_BF16 || ab_dtype == GDP_DTYPE_FP16) &&
+        (c_dtype == GDP_DTYPE_FP32 || c_dtype == ab_dtype))
+        return 1;
+    if (ab_dtype == GDP_DTYPE_FP32 && c_dtype == GDP_DTYPE_FP32)
+        return 1;
+    *why = "the CUDA backend's GEMMs (cuBLASLt) take bf16 or fp16 inputs with an fp32 or same-dtype output, or fp32 "
+           "throughout";
     return 0;
+#else
+    *why = "this libgdp was built without the CUDA backend; use GDP_BACKEND_CPU";
+    return 0;
+#endif
+}
+
+gdp_status_t gdp_layer_gemm_acquire(gdp_ctx_t ctx) {
+    if (on_cpu(ctx))
+        return GDP_STATUS_SUCCESS;
+    return gdp_layer_cuda_gemm_acquire(ctx);
+}
+
+void gdp_layer_gemm_release(gdp_ctx_t ctx) {
+    if (!on_cpu(ctx))
+        gdp_layer_cuda_gemm_release(ctx);
+}
+
+int gdp_layer_gemm_supported(gdp_ctx_t ctx, gdp_dtype_t dtype, const char **why) {
+    return gdp_layer_gemm_supported_ex(ctx, dtype, dtype, why);
 }
 
 gdp_status_t gdp_layer_gemm_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
                                const void *B, float beta, void *C, int64_t ldc, gdp_dtype_t dtype) {
+    return gdp_layer_gemm_nt_ex(ctx, rows, n, k, A, lda, B, dtype, beta, C, ldc, dtype);
+}
+
+gdp_status_t gdp_layer_gemm_nt_ex(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
+                                  const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
+                                  gdp_dtype_t c_dtype) {
     const char *why = NULL;
-    if (!gdp_layer_gemm_supported(ctx, dtype, &why))
+    if (!gdp_layer_gemm_supported_ex(ctx, ab_dtype, c_dtype, &why))
         GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_layer_gemm_nt: %s", why);
     if (rows == 0 || n == 0)
         return GDP_STATUS_SUCCESS;
+    if (!on_cpu(ctx))
+        return gdp_layer_cuda_gemm_nt(ctx, rows, n, k, A, lda, B, ab_dtype, beta, C, ldc, c_dtype);
     if (rows > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX || ldc > INT32_MAX)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
                  "gdp_layer_gemm_nt: sizes %lld x %lld x %lld exceed the BLAS int range; use fewer tokens per step",
@@ -180,5 +217,88 @@ gdp_status_t gdp_layer_gemm_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k
     /* Row-major C[rows, n] = A[rows, k] . B[n, k]^T: B is the [out, in] weight as stored. */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)n, (int)k, 1.0f, (const float *)A, (int)lda,
                 (const float *)B, (int)k, beta, (float *)C, (int)ldc);
+    return GDP_STATUS_SUCCESS;
+}
+
+/* ---- index-driven copies: CPU loops with the semantics of kernels/gdp_layer_kernels.h ---- */
+
+gdp_status_t gdp_layer_copy_rows(gdp_ctx_t ctx, const gdp_layer_copy_rows_args *a) {
+    if (!on_cpu(ctx)) {
+#ifdef GDP_HAVE_CUDA
+        return gdp_cuda_layer_copy_rows(ctx, a);
+#else
+        return no_cuda("gdp_layer_copy_rows");
+#endif
+    }
+    for (int64_t i = 0; i < a->n; i++) {
+        const int64_t d = a->dst_idx ? a->dst_idx[i] : i, s = a->src_idx ? a->src_idx[i] : i;
+        if (d < 0 || d >= a->dst_rows)
+            continue;
+        char *dst = (char *)a->dst + (size_t)d * a->row_bytes;
+        if (s >= 0 && s < a->src_rows)
+            memcpy(dst, (const char *)a->src + (size_t)s * a->row_bytes, a->row_bytes);
+        else if (a->zero_missing)
+            memset(dst, 0, a->row_bytes);
+    }
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_layer_snapshot_conv(gdp_ctx_t ctx, const gdp_layer_snapshot_conv_args *a) {
+    if (!on_cpu(ctx)) {
+#ifdef GDP_HAVE_CUDA
+        return gdp_cuda_layer_snapshot_conv(ctx, a);
+#else
+        return no_cuda("gdp_layer_snapshot_conv");
+#endif
+    }
+    const int64_t C = a->channels, W = a->width;
+    for (int64_t i = 0; i < a->n; i++) {
+        const int64_t snap = a->snapshot[i], slot = a->slots[i], off = a->offset[i], start = a->cu_seqlens[i];
+        if (snap < 0 || snap >= a->n_snapshots)
+            continue;
+        const bool have_slot = slot >= 0 && slot < a->n_slots;
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t j = 0; j < W; j++) {
+                const int64_t u = off + j; /* position in (window ++ tokens) */
+                const double v = u < W ? (have_slot ? gdp_load_elem(a->conv, a->conv_dtype, (slot * C + c) * W + u) : 0.0)
+                                       : gdp_load_elem(a->x, a->x_dtype, (start + u - W) * a->x_pitch + c);
+                gdp_store_elem(a->snap_conv, a->conv_dtype, (snap * C + c) * W + j, v);
+            }
+    }
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_layer_cache_fill(gdp_ctx_t ctx, const gdp_layer_cache_fill_args *a) {
+    if (!on_cpu(ctx)) {
+#ifdef GDP_HAVE_CUDA
+        return gdp_cuda_layer_cache_fill(ctx, a);
+#else
+        return no_cuda("gdp_layer_cache_fill");
+#endif
+    }
+    const int32_t L = a->num_layers;
+    for (int32_t k = 0; k < a->n_ops; k++) {
+        const int32_t slot = a->ops[3 * k], source = a->ops[3 * k + 1], row = a->ops[3 * k + 2];
+        if (slot < 0 || slot >= a->n_slots)
+            continue;
+        for (int32_t l = 0; l < L; l++)
+            for (int part = 0; part < 2; part++) {
+                const size_t bytes = part ? a->conv_bytes : a->ssm_bytes;
+                char *dst = a->tables[(part ? GDP_FILL_CONV : GDP_FILL_SSM) * L + l];
+                const char *src = NULL;
+                if (source == GDP_FILL_FROM_DRAFT && row >= 0 && row < a->draft_rows)
+                    src = a->tables[(part ? GDP_FILL_DRAFT_CONV : GDP_FILL_DRAFT_SSM) * L + l];
+                else if (source == GDP_FILL_FROM_SNAPSHOT && row >= 0 && row < a->n_snapshots)
+                    src = a->tables[(part ? GDP_FILL_SNAP_CONV : GDP_FILL_SNAP_SSM) * L + l];
+                else if (source != GDP_FILL_ZERO)
+                    continue;
+                if (dst == NULL || (source != GDP_FILL_ZERO && src == NULL))
+                    continue;
+                if (src == NULL)
+                    memset(dst + (size_t)slot * bytes, 0, bytes);
+                else
+                    memcpy(dst + (size_t)slot * bytes, src + (size_t)row * bytes, bytes);
+            }
+    }
     return GDP_STATUS_SUCCESS;
 }

@@ -5,7 +5,11 @@
  * state and the buckets, resolves GDP_SLOT_AUTO, and writes the step's metadata (slot
  * arrays, cu_seqlens, chunk descriptors, conv per-token metadata, snapshot saves, and
  * the resolved step itself) into one contiguous host buffer, copied to the device in one
- * transfer. Validation happens before the first write.
+ * transfer. Validation happens before the first write, and the ranks agree on its outcome
+ * (one host all-reduce per step), so a step one rank refuses is refused by every rank and
+ * the layers' forward passes need no agreement of their own. The buffer also carries the
+ * step's slot fills (zero, draft rollback, snapshot restore) for gdp_cache_apply_step,
+ * which the device then carries out in one launch from the same upload.
  */
 #include <stdio.h>
 #include <string.h>
@@ -78,8 +82,10 @@ static gdp_status_t bucket_meta_words(const gdp_plan_config *c, const gdp_step_b
 enum {
     M_MAGIC = 0, M_BUCKET, M_DECODE_COUNT, M_DECODE_TOKENS, M_PREFILL_COUNT, M_PD, M_PP, M_TOKENS, M_OFFSET,
     M_ROWS, M_PREFILL_TOKENS, M_SAVES, M_CHUNK_SAVES, M_NC, M_NCDP, M_M, M_RELEASE_COUNT, M_ACCEPT_COUNT,
+    M_FILL_COUNT, M_FILL_OFFSET, /* the slot fills: count, and word offset from the buffer start */
     M_HEADER_WORDS
 };
+#define FILL_WORDS 3 /* slot, source, row: gdp_layer_cache_fill_args.ops */
 
 gdp_status_t gdp_plan_init(gdp_plan_t *out, gdp_ctx_t ctx, const gdp_plan_config *config) {
     static const char *op = "gdp_plan_init";
@@ -122,9 +128,10 @@ gdp_status_t gdp_plan_init(gdp_plan_t *out, gdp_ctx_t ctx, const gdp_plan_config
         if (bk->prefill_count > max_prefill)
             max_prefill = bk->prefill_count;
     }
-    /* The resolved step rides in the metadata buffer, after the arrays. */
-    meta_words += M_HEADER_WORDS + (size_t)max_decode + (size_t)max_prefill * PREFILL_WORDS +
-                  (size_t)c->n_slots * (1 + ACCEPT_WORDS);
+    /* The slot fills (at most one per accept and per prefill request) and the resolved step
+     * ride in the metadata buffer, after the arrays. */
+    meta_words += M_HEADER_WORDS + ((size_t)c->n_slots + (size_t)max_prefill) * FILL_WORDS + (size_t)max_decode +
+                  (size_t)max_prefill * PREFILL_WORDS + (size_t)c->n_slots * (1 + ACCEPT_WORDS);
     size_t frame_words = FRAME_HEADER + (size_t)max_decode + (size_t)max_prefill * PREFILL_WORDS +
                          (size_t)c->n_slots * (1 + ACCEPT_WORDS);
     if (frame_words < FRAME_HEADER + FRAME_MIN_MSG / sizeof(int32_t))
@@ -578,9 +585,10 @@ gdp_status_t gdp_plan_build(gdp_plan_t plan, struct gdp_cache *cache, gdp_comm_t
     int32_t bucket = -1;
     int64_t tokens = 0;
     gdp_status_t st = validate_step(plan, cache, d, new_slots, &bucket, &tokens, op);
-    if (debug && comm != NULL) {
-        /* A rank whose cache diverged may fail where the others pass: agree first, so
-         * nobody waits in the hash all-reduce below. */
+    if (comm != NULL) {
+        /* The step's one agreement: a rank whose cache diverged (or whose validation failed
+         * for any reason) fails every rank here, before any rank writes anything or waits in
+         * a collective (the debug hash all-reduce below, the layers' collectives). */
         gdp_status_t agreed = gdp_comm_agree(comm, st);
         if (st == GDP_STATUS_SUCCESS)
             st = agreed;
@@ -613,7 +621,8 @@ gdp_status_t gdp_plan_build(gdp_plan_t plan, struct gdp_cache *cache, gdp_comm_t
     int32_t *conv_idx = take(&cur, (size_t)rows), *conv_start = take(&cur, (size_t)rows);
     int32_t *save_snap = take(&cur, (size_t)pp), *save_off = take(&cur, (size_t)pp);
     int32_t *save_row = take(&cur, (size_t)pp), *save_cu = take(&cur, 2 * (size_t)pp);
-    const size_t arrays_end = (size_t)(cur - base);
+    int32_t *fills = take(&cur, ((size_t)d->accept_count + (size_t)d->prefill_count) * FILL_WORDS);
+    const size_t arrays_end = (size_t)(cur - base); /* what the device reads: arrays and fills */
     int32_t *r_decode = take(&cur, (size_t)d->decode_count);
     gdp_prefill_request *r_prefill = (gdp_prefill_request *)take(&cur, (size_t)d->prefill_count * PREFILL_WORDS);
     int32_t *r_release = take(&cur, (size_t)d->release_count);
@@ -661,6 +670,34 @@ gdp_status_t gdp_plan_build(gdp_plan_t plan, struct gdp_cache *cache, gdp_comm_t
             }
         }
     }
+    /* The slot fills, in the order gdp_cache_apply_step applies them (accepts, then new
+     * requests); a later operation on the same slot replaces an earlier one (an accepted slot
+     * released and claimed again in this step ends up zeroed or restored), so the fills name
+     * distinct slots and the device may run them in parallel. */
+    int32_t n_fill = 0;
+    for (int32_t k = 0; k < d->accept_count + d->prefill_count; k++) {
+        int32_t slot, source, row;
+        if (k < d->accept_count) {
+            const gdp_draft_accept *a = &d->accept[k];
+            /* Row [slot, s] of a draft step of S tokens is row slot * S + s of the buffers. */
+            slot = a->slot, source = GDP_FILL_FROM_DRAFT;
+            row = a->slot * cache->draft_tokens[a->slot] + (a->n_accepted - 1);
+        } else {
+            const gdp_prefill_request *r = &d->prefill[k - d->accept_count];
+            if (!(r->flags & GDP_PREFILL_NEW))
+                continue;
+            slot = new_slots[k - d->accept_count];
+            source = (r->flags & GDP_PREFILL_RESTORE) ? GDP_FILL_FROM_SNAPSHOT : GDP_FILL_ZERO;
+            row = (r->flags & GDP_PREFILL_RESTORE) ? r->restore_snapshot : 0;
+        }
+        int32_t at = n_fill;
+        for (int32_t e = 0; e < n_fill; e++)
+            if (fills[FILL_WORDS * e] == slot)
+                at = e;
+        fills[FILL_WORDS * at] = slot, fills[FILL_WORDS * at + 1] = source, fills[FILL_WORDS * at + 2] = row;
+        if (at == n_fill)
+            n_fill++;
+    }
     /* The resolved step. */
     for (int32_t i = 0; i < d->decode_count; i++)
         r_decode[i] = d->decode_slots[i];
@@ -682,6 +719,7 @@ gdp_status_t gdp_plan_build(gdp_plan_t plan, struct gdp_cache *cache, gdp_comm_t
         [M_ROWS] = rows,               [M_PREFILL_TOKENS] = (int32_t)tokens, [M_SAVES] = saves,
         [M_CHUNK_SAVES] = chunk_saves, [M_NC] = (int32_t)nc,         [M_NCDP] = (int32_t)ncdp,
         [M_M] = M,                     [M_RELEASE_COUNT] = d->release_count, [M_ACCEPT_COUNT] = d->accept_count,
+        [M_FILL_COUNT] = n_fill,       [M_FILL_OFFSET] = (int32_t)(fills - base),
     };
     memcpy(base, header, sizeof header);
 
@@ -720,7 +758,7 @@ gdp_status_t gdp_plan_build(gdp_plan_t plan, struct gdp_cache *cache, gdp_comm_t
     m->cache_id = cache;
     m->cache_generation = cache->generation;
 
-    /* 4. One host-to-device copy of the arrays (CUDA); the CPU reads the host buffer. */
+    /* 4. One host-to-device copy of the arrays and fills (CUDA); the CPU reads the host buffer. */
     if (plan->meta_dev != NULL) {
         GDP_CHECK(gdp_layer_buf_upload(plan->ctx, plan->meta_dev, base, arrays_end * sizeof(int32_t)));
         point_arrays(&m->device, (const int32_t *)plan->meta_dev, offs);
@@ -744,4 +782,21 @@ gdp_status_t gdp_plan_check_consistent(const gdp_step_metadata *meta, gdp_comm_t
         return GDP_STATUS_SUCCESS; /* one rank agrees with itself */
     return gdp_comm_check_consistent(comm, meta->host_buffer, meta->buffer_bytes,
                                      "the step metadata (slots, cu_seqlens, chunk descriptors, conv metadata)");
+}
+
+gdp_status_t gdp_plan_meta_fills(const gdp_step_metadata *meta, const int32_t **host, const int32_t **device,
+                                 int32_t *count) {
+    if (meta == NULL || meta->host_buffer == NULL || meta->buffer_bytes < M_HEADER_WORDS * sizeof(int32_t) ||
+        ((const int32_t *)meta->host_buffer)[M_MAGIC] != META_MAGIC)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_cache_apply_step: meta is not a step built by gdp_plan_build");
+    const int32_t *base = meta->host_buffer;
+    const int32_t n = base[M_FILL_COUNT], off = base[M_FILL_OFFSET];
+    if (n < 0 || off < M_HEADER_WORDS || (size_t)off + (size_t)n * FILL_WORDS > meta->buffer_bytes / sizeof(int32_t))
+        GDP_FAIL(GDP_STATUS_INTERNAL_ERROR, "gdp_cache_apply_step: the metadata's fill section (%d at word %d) lies "
+                 "outside its %zu bytes", n, off, meta->buffer_bytes);
+    *host = base + off;
+    /* The device copy has the host buffer's layout: the same offset from its first array. */
+    *device = meta->device.decode_slots + (*host - meta->host.decode_slots);
+    *count = n;
+    return GDP_STATUS_SUCCESS;
 }
