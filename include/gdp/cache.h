@@ -61,6 +61,9 @@ GDP_API gdp_status_t gdp_cache_get_config(gdp_cache_t cache, gdp_cache_config *c
  * slot's last draft step back into the slot), releases (slots freed), new slots (claimed
  * and zeroed, or restored from a prefix snapshot). Also marks the decode slots of a step
  * with S > 1 as holding a pending draft step, and the snapshots the step saves as saved.
+ * The state copies run on the cache's backend, driven by the fills the plan put in the
+ * metadata (CUDA: one kernel launch for every layer, enqueued on the ctx's stream, which
+ * the layers must share; nothing waits for the device).
  * Call once per step, after gdp_plan_build and before the layers' forward passes.
  * INVALID_USAGE (nothing modified) if meta was built against another cache or another
  * state of this one (every step must be built, then applied, once). */

@@ -176,7 +176,12 @@ GDP_API gdp_status_t gdp_plan_get_step(gdp_plan_t plan, const gdp_step_desc **de
  * resolves GDP_SLOT_AUTO to the lowest free slots, picks the bucket, fills the host
  * buffer, copies it to the device (CUDA: one copy), and with debug_check compares a hash
  * of it across comm (comm may be NULL). *meta stays owned by the plan.
- * Everything is validated before anything is written; the cache is only read. Errors
+ * Everything is validated before anything is written; the cache is only read. With a
+ * comm the ranks then agree on the outcome (gdp_comm_agree: one host all-reduce), so a
+ * step refused by one rank is refused by all (the others return REMOTE_ERROR carrying its
+ * message) and the layers' forward passes need no agreement of their own. The metadata
+ * also carries the step's slot fills (zero, draft rollback, snapshot restore), which
+ * gdp_cache_apply_step runs on the device from the same single copy. Errors
  * (INVALID_ARGUMENT, the same on every rank, naming the numbers):
  *   - slot exhaustion: more new requests than free slots ("3 new requests need slots but
  *     only 2 of 8 slots are free");
