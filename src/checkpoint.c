@@ -4,6 +4,8 @@
  * divisibility by the TP size), the per-section shard loader (one pread per section
  * slice, nothing else read), and the seeded synthetic writer with Megatron's initial
  * distributions. The tensor layout is documented in checkpoint.h and docs/checkpoint.md.
+ * A checkpoint with vocab_size > 0 also holds the model's token embedding (tied to the
+ * LM head) and final norm, loaded whole on every rank (gdp_checkpoint_load_model_weights).
  */
 #include <errno.h>
 #include <math.h>
@@ -199,6 +201,8 @@ typedef enum tensor_role {
     ROLE_DT_BIAS,
     ROLE_OUT_NORM,
     ROLE_OUT_PROJ,
+    ROLE_EMBEDDING,  /* model tensors (vocab_size > 0), not per layer */
+    ROLE_FINAL_NORM,
 } tensor_role;
 
 typedef struct layer_tensor {
@@ -247,6 +251,21 @@ static void list_layer_tensors(const gdp_tp_shard *shard, int32_t layer, gdp_dty
     ADD(ROLE_OUT_NORM, "out_norm.weight", wt, 1, HP, 0);
     ADD(ROLE_OUT_PROJ, "out_proj", wt, 2, D, HP);
 #undef ADD
+}
+
+/* The model tensors outside the layers: none when vocab_size is 0, else the token
+ * embedding [vocab, D] (tied to the LM head) and the final norm weight [D]. Returns how
+ * many it listed (0 or GDP_MODEL_TENSOR_COUNT). */
+#define GDP_MODEL_TENSOR_COUNT 2
+static int32_t list_model_tensors(const gdp_layer_config *c, gdp_dtype_t wt, layer_tensor *t) {
+    if (c->vocab_size <= 0)
+        return 0;
+    memset(t, 0, sizeof *t * GDP_MODEL_TENSOR_COUNT);
+    t[0] = (layer_tensor){.role = ROLE_EMBEDDING, .dtype = wt, .ndim = 2, .shape = {c->vocab_size, c->hidden_size}};
+    snprintf(t[0].name, sizeof t[0].name, "embedding");
+    t[1] = (layer_tensor){.role = ROLE_FINAL_NORM, .dtype = wt, .ndim = 1, .shape = {c->hidden_size, 0}};
+    snprintf(t[1].name, sizeof t[1].name, "final_norm.weight");
+    return GDP_MODEL_TENSOR_COUNT;
 }
 
 static const char *st_dtype_name(gdp_dtype_t d) {
@@ -304,6 +323,10 @@ gdp_status_t gdp_checkpoint_check(gdp_checkpoint_t ckpt, int32_t tp_size) {
     for (int32_t l = 0; st == GDP_STATUS_SUCCESS && l < ckpt->config.num_layers; l++)
         st = check_layer(ckpt, &shard, l, fn, tensors);
     free(tensors);
+    layer_tensor model[GDP_MODEL_TENSOR_COUNT];
+    const int32_t n_model = list_model_tensors(&ckpt->config, ckpt->dtype, model);
+    for (int32_t i = 0; st == GDP_STATUS_SUCCESS && i < n_model; i++)
+        st = check_tensor_in_file(ckpt, &model[i], fn);
     return st;
 }
 
@@ -417,12 +440,65 @@ gdp_status_t gdp_checkpoint_load_layer_shard(gdp_checkpoint_t ckpt, gdp_layer_we
             st = gdp_st_read_slice(ckpt->file, t->name, 1, shard.head_begin * c->head_dim, dt, w.out_proj.data,
                                    (size_t)(D * dt) * es);
             break;
+        case ROLE_EMBEDDING:
+        case ROLE_FINAL_NORM: /* model tensors: gdp_checkpoint_load_model_weights */
+            break;
         }
     }
     if (tensors != tensors_stack)
         free(tensors);
     if (st != GDP_STATUS_SUCCESS) {
         gdp_layer_weights_free(&w);
+        return st;
+    }
+    *out = w;
+    return GDP_STATUS_SUCCESS;
+}
+
+/* ---- the model tensors (embedding, final norm) ----------------------------------------- */
+gdp_status_t gdp_model_weights_free(gdp_model_weights *w) {
+    if (w == NULL)
+        return GDP_STATUS_SUCCESS;
+    free(w->embedding.data);
+    free(w->final_norm_weight.data);
+    memset(w, 0, sizeof *w);
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_checkpoint_load_model_weights(gdp_checkpoint_t ckpt, gdp_model_weights *out) {
+    const char *fn = "gdp_checkpoint_load_model_weights";
+    GDP_CHECK(ckpt_check(ckpt, fn));
+    if (out == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    const gdp_layer_config *c = &ckpt->config;
+    if (c->vocab_size <= 0)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: %s has vocab_size 0: it holds GDP layers but no token embedding; write a checkpoint with a "
+                 "vocabulary (gdp_checkpoint_write_synthetic with cfg.vocab_size > 0, or gdp-run --write-model)",
+                 fn, ckpt->path);
+    layer_tensor t[GDP_MODEL_TENSOR_COUNT];
+    list_model_tensors(c, ckpt->dtype, t);
+    for (int32_t i = 0; i < GDP_MODEL_TENSOR_COUNT; i++)
+        GDP_CHECK(check_tensor_in_file(ckpt, &t[i], fn));
+    const size_t es = gdp_dtype_size(ckpt->dtype);
+    const size_t n_emb = (size_t)(c->vocab_size * c->hidden_size), n_norm = (size_t)c->hidden_size;
+    gdp_model_weights w;
+    memset(&w, 0, sizeof w);
+    w.dtype = ckpt->dtype;
+    void *emb = gdp_calloc(n_emb, es, "the token embedding");
+    void *norm = emb ? gdp_calloc(n_norm, es, "the final norm weight") : NULL;
+    gdp_status_t st = norm ? GDP_STATUS_SUCCESS : GDP_STATUS_SYSTEM_ERROR;
+    if (st == GDP_STATUS_SUCCESS)
+        st = view(&w.embedding, emb, ckpt->dtype, 2, c->vocab_size, c->hidden_size);
+    if (st == GDP_STATUS_SUCCESS)
+        st = view(&w.final_norm_weight, norm, ckpt->dtype, 1, c->hidden_size, 1);
+    if (st == GDP_STATUS_SUCCESS)
+        st = gdp_st_read(ckpt->file, t[0].name, emb, n_emb * es);
+    if (st == GDP_STATUS_SUCCESS)
+        st = gdp_st_read(ckpt->file, t[1].name, norm, n_norm * es);
+    if (st != GDP_STATUS_SUCCESS) {
+        free(emb);
+        free(norm);
         return st;
     }
     *out = w;
@@ -463,14 +539,21 @@ static void rng_for_tensor(ckpt_rng *r, uint64_t seed, const char *name) {
 static void fill_tensor(void *data, gdp_dtype_t dtype, int64_t n, tensor_role role, const gdp_layer_config *c,
                         ckpt_rng *r) {
     const double in_std = 0.02, out_std = 0.02 / sqrt(2.0 * c->num_layers);
+    /* The token embedding is tied to the LM head. At Megatron's 0.02 a random model's logits
+     * favour the input token by ~10 sigma over the rest (its own embedding outweighs the
+     * small residual updates of random layers), so greedy decoding only repeats the last
+     * token. A quarter of that lets the layers' outputs decide the next token. */
+    const double emb_std = 0.005;
     const double conv_bound = 1.0 / sqrt((double)c->conv_width);
     const double log_dt_min = log(1e-3), log_dt_max = log(0.1), dt_floor = 1e-4;
     for (int64_t i = 0; i < n; i++) {
         double v = 0.0;
         switch (role) {
         case ROLE_NORM:
-        case ROLE_OUT_NORM: v = 1.0; break;
+        case ROLE_OUT_NORM:
+        case ROLE_FINAL_NORM: v = 1.0; break;
         case ROLE_IN_PROJ: v = in_std * rng_normal(r); break;
+        case ROLE_EMBEDDING: v = emb_std * rng_normal(r); break;
         case ROLE_OUT_PROJ: v = out_std * rng_normal(r); break;
         case ROLE_CONV: v = conv_bound * (2.0 * rng_open01(r) - 1.0); break;
         case ROLE_A_LOG: v = log(16.0 * rng_open01(r)); break;
@@ -497,14 +580,20 @@ gdp_status_t gdp_checkpoint_write_synthetic(const char *path, const gdp_layer_co
     gdp_tp_shard shard;
     GDP_CHECK(gdp_tp_shard_init(&shard, cfg, 0, 1));
     const int32_t per_layer = layer_tensor_count(cfg);
-    const size_t total = (size_t)per_layer * (size_t)cfg->num_layers;
+    const size_t layer_total = (size_t)per_layer * (size_t)cfg->num_layers;
+    const size_t total = layer_total + (cfg->vocab_size > 0 ? GDP_MODEL_TENSOR_COUNT : 0);
     layer_tensor *tensors = gdp_calloc(total, sizeof *tensors, "the synthetic tensor list");
     gdp_st_entry *entries = gdp_calloc(total, sizeof *entries, "the synthetic entry list");
     gdp_status_t st = (tensors && entries) ? GDP_STATUS_SUCCESS : GDP_STATUS_SYSTEM_ERROR;
     size_t n = 0;
-    for (int32_t l = 0; st == GDP_STATUS_SUCCESS && l < cfg->num_layers; l++) {
-        list_layer_tensors(&shard, l, dtype, &tensors[(size_t)l * (size_t)per_layer]);
-        for (int32_t i = 0; i < per_layer; i++, n++) {
+    if (st == GDP_STATUS_SUCCESS)
+        list_model_tensors(cfg, dtype, &tensors[layer_total]);
+    for (int32_t l = 0; st == GDP_STATUS_SUCCESS && l <= cfg->num_layers; l++) {
+        /* every layer's tensors, then (pass l == num_layers) the model's, if any */
+        const int32_t count = l < cfg->num_layers ? per_layer : (int32_t)(total - layer_total);
+        if (l < cfg->num_layers)
+            list_layer_tensors(&shard, l, dtype, &tensors[(size_t)l * (size_t)per_layer]);
+        for (int32_t i = 0; i < count; i++, n++) {
             layer_tensor *t = &tensors[n];
             int64_t numel = t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
             void *data = gdp_calloc((size_t)numel, gdp_dtype_size(t->dtype), t->name);

@@ -22,6 +22,9 @@
  *   layers.{l}.dt_bias          [H]        wt
  *   layers.{l}.out_norm.weight  [H*P]      wt    grouped gated RMSNorm weight
  *   layers.{l}.out_proj         [D, H*P]   wt
+ * and, when the metadata's vocab_size V is > 0 (a whole model, not just a layer stack):
+ *   embedding                   [V, D]     wt    token embedding, tied to the LM head
+ *   final_norm.weight           [D]        wt    RMSNorm before the LM head
  */
 #ifndef GDP_CHECKPOINT_H
 #define GDP_CHECKPOINT_H
@@ -55,6 +58,15 @@ typedef struct gdp_layer_weights {
     gdp_tensor   out_proj;     /* [D, d_t]                this rank's input columns    */
 } gdp_layer_weights;
 
+/* The model tensors outside the layers, whole (they are replicated on every rank), in
+ * host memory owned by the struct (free with gdp_model_weights_free), in the
+ * checkpoint's weight dtype. */
+typedef struct gdp_model_weights {
+    gdp_dtype_t dtype;             /* weight dtype                                   */
+    gdp_tensor  embedding;         /* [vocab_size, D] token embedding = LM head rows */
+    gdp_tensor  final_norm_weight; /* [D]             final RMSNorm weight           */
+} gdp_model_weights;
+
 /* Opens a checkpoint: parses the safetensors header and the config metadata (no tensor
  * data is read). Errors (*out = NULL): SYSTEM_ERROR (cannot open), INVALID_ARGUMENT
  * naming the file and the problem (not safetensors, truncated, metadata key missing or
@@ -69,7 +81,8 @@ GDP_API gdp_status_t gdp_checkpoint_get_dtype(gdp_checkpoint_t ckpt, gdp_dtype_t
 
 /* Validates every layer for tensor-parallel size tp_size without reading tensor data:
  * H and G divisible by tp_size, and each tensor present with the expected shape and
- * dtype. Errors as gdp_checkpoint_load_layer_shard (the first problem found). */
+ * dtype (with vocab_size > 0 also the embedding and the final norm). Errors as
+ * gdp_checkpoint_load_layer_shard (the first problem found). */
 GDP_API gdp_status_t gdp_checkpoint_check(gdp_checkpoint_t ckpt, int32_t tp_size);
 
 /* Loads rank tp_rank's shard of layer `layer` at tensor-parallel size tp_size into *out:
@@ -87,13 +100,24 @@ GDP_API gdp_status_t gdp_checkpoint_load_layer_shard(gdp_checkpoint_t ckpt, gdp_
 /* Frees the buffers of *w and zeroes it. A zeroed struct is a no-op. */
 GDP_API gdp_status_t gdp_layer_weights_free(gdp_layer_weights *w);
 
+/* Loads the embedding [vocab_size, D] and final_norm.weight [D] whole into *out (every
+ * rank holds them). Errors (nothing allocated, *out untouched): INVALID_ARGUMENT when the
+ * checkpoint has vocab_size 0 (a layer stack without a vocabulary) or a tensor is missing
+ * or has the wrong shape or dtype (named); SYSTEM_ERROR on a read failure or out of memory. */
+GDP_API gdp_status_t gdp_checkpoint_load_model_weights(gdp_checkpoint_t ckpt, gdp_model_weights *out);
+/* Frees the buffers of *w and zeroes it. A zeroed struct is a no-op. */
+GDP_API gdp_status_t gdp_model_weights_free(gdp_model_weights *w);
+
 /* Writes a seeded synthetic checkpoint with cfg->num_layers layers and Megatron's
  * initial distributions (the same seed gives the same bytes):
  *   in_proj ~ N(0, 0.02);  out_proj ~ N(0, 0.02 / sqrt(2 * num_layers)) (scaled init);
  *   conv ~ U(-1/sqrt(W), 1/sqrt(W)) (PyTorch's default for a depthwise conv);
  *   A_log = log(U(0, 16)), the uniform drawn from the open interval so A_log is finite;
  *   dt_bias = softplus^-1(dt), dt = exp(U(log 1e-3, log 0.1)) floored at 1e-4;
- *   norm.weight = out_norm.weight = 1.
+ *   norm.weight = out_norm.weight = 1;
+ *   with cfg->vocab_size > 0 also embedding ~ N(0, 0.005) and final_norm.weight = 1 (the
+ *   embedding is tied to the LM head; at 0.02 a random model's greedy decoding only
+ *   repeats its input token, see checkpoint.c).
  * dtype (fp32, bf16 or fp16) is the weight dtype; A_log is always fp32. The file is
  * written to a temporary name and renamed, so `path` never holds a partial file; the
  * whole checkpoint is built in memory first. Errors: INVALID_ARGUMENT (config, dtype),

@@ -1,0 +1,220 @@
+/*
+ * engine.h: the serving engine of gdp-run: a stream of requests (a workload) served through
+ * a GDP model (model.h) on every rank of a tensor-parallel group, with
+ *   - continuous batching under a token budget per step: decode tokens of the running
+ *     requests and chunked-prefill slices of new prompts share one step;
+ *   - state slots from the distributed cache (cache.h), one per live request;
+ *   - preemption when requests wait and every slot is taken: a running request's slot
+ *     state (this rank's share, every layer) is copied to host memory, the slot is
+ *     released, and the request resumes later from exactly that state;
+ *   - optional draft tokens from an n-gram drafter (prompt lookup), verified greedily in
+ *     one decode step of S = 1 + drafts tokens and rolled back to the kept ones;
+ *   - CUDA graphs captured per bucket (decode requests, prefill tokens, S) and replayed
+ *     (see gdp_engine_config.cuda_graphs for what runs under a graph today);
+ *   - per-step timing by phase, a progress line and an end-of-run report.
+ * Decoding is greedy. Rank 0 of the comm (the root) schedules: each step it broadcasts
+ * the step's token ids, swap operations and step plan (plan.h); every rank then applies
+ * the same step to its cache and runs the model; the root samples. docs/gdp-run.md
+ * describes the workload format, the scheduler and the report.
+ *
+ * Workloads (src/workload.c): a JSONL file, one request per line, or a seeded synthetic
+ * generator (arrival rate, length ranges). Token ids of a prompt given as a length are
+ * drawn from (seed, request id), so every run of the same file feeds the same tokens.
+ */
+#ifndef GDP_ENGINE_H
+#define GDP_ENGINE_H
+
+#include <stdio.h>
+
+#include "gdp/comm.h"
+#include "gdp/gdp.h"
+#include "gdp/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ==== workloads ======================================================================== */
+
+/* One request. */
+typedef struct gdp_request_spec {
+    int64_t  id;             /* the user's id (unique within the workload)              */
+    double   arrival_s;      /* seconds after the run starts (>= 0)                     */
+    int32_t  prompt_len;     /* >= 1                                                    */
+    int32_t *prompt;         /* [prompt_len] token ids in [0, vocab), owned by the workload */
+    int32_t  max_new_tokens; /* tokens to generate (>= 1); there is no end-of-text token */
+} gdp_request_spec;
+
+/* A list of requests sorted by arrival (ties keep file order). Free with gdp_workload_free. */
+typedef struct gdp_workload {
+    int32_t           n_requests;
+    gdp_request_spec *requests;   /* [n_requests] */
+    char              source[256]; /* the file, or the synthetic spec, for the report */
+} gdp_workload;
+
+/* Parameters of the synthetic generator. */
+typedef struct gdp_synthetic_workload {
+    int32_t  n_requests;   /* >= 1                                                               */
+    double   rate;         /* mean arrivals per second (Poisson process); 0: all arrive at t = 0 */
+    int32_t  prompt_min;   /* prompt lengths uniform in [prompt_min, prompt_max]                 */
+    int32_t  prompt_max;
+    int32_t  new_min;      /* max_new_tokens uniform in [new_min, new_max]                       */
+    int32_t  new_max;
+    double   repeat;       /* probability that a prompt continues with a copy of an earlier span
+                              of itself (text-like repetition the n-gram drafter can find)       */
+    uint64_t seed;
+} gdp_synthetic_workload;
+
+/* gdp-run's built-in workload: 32 requests all at t = 0 (rate 0), prompts 16..300, 32 new tokens each,
+ * repeat 0.3, seed 1. */
+GDP_API gdp_status_t gdp_workload_synthetic_default(gdp_synthetic_workload *params);
+/* Parses "n=32,rate=16,prompt=16-300,new=32,repeat=0.3,seed=1" (any subset, any order, an
+ * optional "synthetic:" prefix; "prompt=100" means 100-100) over the values in *params.
+ * INVALID_ARGUMENT naming the key or value that is wrong (params untouched). */
+GDP_API gdp_status_t gdp_workload_parse_synthetic(const char *spec, gdp_synthetic_workload *params);
+/* Generates the workload (token ids in [0, vocab_size)). INVALID_ARGUMENT for bad params. */
+GDP_API gdp_status_t gdp_workload_synthetic(gdp_workload *out, const gdp_synthetic_workload *params,
+                                            int64_t vocab_size);
+/* Reads a JSONL workload (docs/gdp-run.md): per line an object with
+ *   "prompt": [token ids]  or  "prompt_len": n   (exactly one),
+ *   "max_new_tokens": n    (required),
+ *   "id": n                (default: the request's index), "arrival": seconds (default 0).
+ * Blank lines and lines starting with '#' are skipped. Prompts given as a length get
+ * tokens drawn from (seed, id). Errors (*out untouched): SYSTEM_ERROR when the file cannot
+ * be read; INVALID_ARGUMENT naming the file, line and field (bad JSON, a missing or
+ * ill-typed field, a token outside [0, vocab_size), a duplicate id, no request at all). */
+GDP_API gdp_status_t gdp_workload_load_jsonl(gdp_workload *out, const char *path, int64_t vocab_size,
+                                             uint64_t seed);
+/* Frees the requests and zeroes *wl. A zeroed workload is a no-op. */
+GDP_API gdp_status_t gdp_workload_free(gdp_workload *wl);
+
+/* ==== the engine ======================================================================== */
+
+typedef struct gdp_engine *gdp_engine_t;
+#define GDP_ENGINE_NULL NULL
+
+typedef struct gdp_engine_config {
+    int32_t n_slots;              /* requests holding a state slot at once (>= 1)                  */
+    int32_t max_step_tokens;      /* token budget of a step: decode tokens + prefill tokens; must
+                                     hold n_slots * (1 + draft_tokens) + prefill_chunk             */
+    int32_t prefill_chunk;        /* prefill slice length, a multiple of 64 (slices start at
+                                     64-token boundaries of the prompt); 0: a whole prompt per
+                                     slice (it must then fit the budget)                           */
+    int32_t max_prefill_requests; /* prefill slices per step (0: n_slots)                          */
+    int32_t draft_tokens;         /* n-gram draft tokens per decode request and step (0: off)      */
+    int32_t ngram;                /* the drafter matches the last ngram .. 2 tokens                */
+    int32_t preempt;              /* 1: preempt running requests when others wait for a slot       */
+    int32_t preempt_after;        /* decode steps a request runs after (re)admission before it
+                                     may be preempted (>= 1; keeps preemption from thrashing)      */
+    int32_t cuda_graphs;          /* 1: decode-only steps run as a CUDA graph per (bucket, S),
+                                     captured on first use and replayed (CUDA backend; on the CPU
+                                     the hooks only count captures and replays). Steps with
+                                     prefill run eagerly: the layer gathers prefill states with
+                                     host-driven copies, which a graph cannot replay.             */
+    int32_t honor_arrivals;       /* 1: a request joins at its arrival time; 0: all at the start   */
+    int32_t progress;             /* seconds between progress lines on stderr (root); 0: none      */
+    int32_t check_requests;       /* keep the last logits of this many requests for gdp_engine_check */
+    int32_t debug_check;          /* 1: the plan hash-checks every step's metadata across ranks    */
+} gdp_engine_config;
+
+/* gdp-run's defaults: 16 slots, 512 tokens per step, prefill chunk 256, no drafts (ngram 3),
+ * preemption after 16 decode steps, graphs on, arrivals honored, progress every second,
+ * no check, no debug check. */
+GDP_API gdp_status_t gdp_engine_config_default(gdp_engine_config *cfg);
+
+/* Creates an engine over a model (gdp_model_init with the same ctx and comm): the state
+ * cache (n_slots slots, draft states when draft_tokens > 0), the step plan with its
+ * buckets, the token buffer, and calibrates the phase timing (a few GEMMs and
+ * all-reduces). Collective over comm (NULL: one process). Errors (nothing allocated, the
+ * same on every rank): INVALID_ARGUMENT naming the config field and values (e.g. a
+ * budget smaller than n_slots * (1 + draft_tokens) + prefill_chunk), or a comm whose size
+ * is not the model's TP size; errors of the cache and plan. */
+GDP_API gdp_status_t gdp_engine_init(gdp_engine_t *out, gdp_ctx_t ctx, gdp_comm_t comm, gdp_model_t model,
+                                     const gdp_engine_config *config);
+/* Frees the engine (not the model). NULL is a no-op. */
+GDP_API gdp_status_t gdp_engine_free(gdp_engine_t engine);
+
+/* Serves the workload until every request has generated its max_new_tokens, then frees
+ * every slot. Collective over the comm: the root (rank 0 of the comm) passes the workload,
+ * the other ranks NULL (ignored). Replaces the results of an earlier run. Errors, on every
+ * rank (the root's message reaches the others as REMOTE_ERROR): INVALID_ARGUMENT for a
+ * workload the engine cannot serve (a token outside the vocabulary, a whole-prompt slice
+ * larger than the budget: named with the request id), and errors of the steps. */
+GDP_API gdp_status_t gdp_engine_run(gdp_engine_t engine, const gdp_workload *workload);
+
+/* Phases of a step's time (gdp_engine_report.phase_s). */
+typedef enum gdp_engine_phase {
+    GDP_PHASE_GEMM = 0,   /* the layers' in_proj and out_proj GEMMs and the LM head         */
+    GDP_PHASE_GDP_OPS,    /* conv, prepare, chunked / recurrent GDP, norms (the layers' rest) */
+    GDP_PHASE_COLLECTIVE, /* the layers' all-reduces and status agreements, step broadcasts  */
+    GDP_PHASE_HOST,       /* scheduling, plan build, embedding, swaps, sampling              */
+    GDP_PHASE_NUM         /* must be last */
+} gdp_engine_phase_t;
+/* "GEMMs", "GDP ops", "collectives", "host" or "invalid". */
+GDP_API const char *gdp_engine_phase_name(gdp_engine_phase_t phase);
+
+/* What a run did, as seen by this rank (request statistics on the root only). */
+typedef struct gdp_engine_report {
+    int32_t tp_size;
+    int32_t requests;                 /* finished requests                                    */
+    int64_t prompt_tokens, generated_tokens;
+    double  wall_s;                   /* first step to last                                   */
+    double  idle_s;                   /* of which the root slept waiting for arrivals         */
+    double  generated_per_s, tokens_per_s, requests_per_s;
+    double  ttft_p50_s, ttft_p99_s;   /* time to first token (from arrival)                   */
+    double  tpot_p50_s, tpot_p99_s;   /* per request: (last token - first token) / (n - 1)    */
+    double  itl_p50_s, itl_p99_s;     /* gaps between consecutive tokens of a request         */
+    int64_t steps, decode_only_steps, prefill_only_steps, mixed_steps;
+    int32_t buckets_used;
+    int64_t preemptions, resumes;
+    int64_t drafts_proposed, drafts_accepted;
+    int64_t graph_captures, graph_replays;
+    double  phase_s[GDP_PHASE_NUM];   /* this rank, summed over the steps; GEMM and collective
+                                         shares of the layers are estimated from the rates
+                                         calibrated at init (the rest of the layers' time is
+                                         GDP ops); the LM head and broadcasts are measured   */
+    double  step_s;                   /* sum of the phases                                    */
+    size_t  weight_bytes, cache_bytes, swap_peak_bytes, peak_rss_bytes, device_bytes;
+} gdp_engine_report;
+
+/* The report of the last run (collective: it gathers nothing, but call it on every rank
+ * for symmetry with gdp_engine_print_report). */
+GDP_API gdp_status_t gdp_engine_get_report(gdp_engine_t engine, gdp_engine_report *report);
+/* Prints the report (root) with the memory of every rank (gathered over the comm).
+ * Collective. `title` heads the report (e.g. the model and workload). */
+GDP_API gdp_status_t gdp_engine_print_report(gdp_engine_t engine, FILE *out, const char *title);
+
+/* One request's outcome (root only, valid until the next run or gdp_engine_free). */
+typedef struct gdp_request_result {
+    int64_t        id;
+    int32_t        prompt_len;
+    int32_t        n_generated;
+    const int32_t *tokens;       /* [n_generated] greedy tokens                                  */
+    const float   *margin;       /* [n_generated] top-1 minus top-2 logit of each token's logits */
+    const float   *logit_scale;  /* [n_generated] max |logit| of those logits                    */
+    double         arrival_s, first_token_s, finish_s; /* seconds after the run started          */
+    int32_t        preemptions;
+    int32_t        drafts_proposed, drafts_accepted;
+} gdp_request_result;
+
+/* Result `index` (workload order) of the last run. INVALID_USAGE off the root. */
+GDP_API gdp_status_t gdp_engine_get_result(gdp_engine_t engine, int32_t index, gdp_request_result *out);
+/* Writes every request's generated tokens as JSONL (root): {"id", "prompt_len", "tokens",
+ * "ttft_s", "latency_s", "preemptions"}. SYSTEM_ERROR when the file cannot be written. */
+GDP_API gdp_status_t gdp_engine_write_results(gdp_engine_t engine, const char *path);
+
+/* Decode vs recompute (the walk-through's self check, gdp-math.md 8.1): for the first
+ * config.check_requests requests of the last run, prefills prompt + generated tokens but
+ * the last in fresh slots and compares the logits at the last position with the logits
+ * the run produced there (by decode steps). Collective. On the root:
+ *   *worst = the largest max|a - b| / max|b| over those requests (bar: 1e-4 on the CPU),
+ *   *mismatches = requests whose greedy token differs although the logits' top-2 margin
+ *                 is at least bar * max|logit|.
+ * INVALID_USAGE when the last run kept no logits (check_requests was 0). */
+GDP_API gdp_status_t gdp_engine_check(gdp_engine_t engine, double *worst, int32_t *checked, int32_t *mismatches);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GDP_ENGINE_H */

@@ -1,0 +1,77 @@
+/*
+ * model.h: a whole GDP language model on one tensor-parallel rank:
+ *
+ *   token ids -> embedding [vocab, D] -> L x (RMSNorm -> GDP mixer -> + residual)
+ *             -> final RMSNorm -> LM head (tied: logits = x . embedding^T) -> logits [vocab]
+ *
+ * The L layers are gdp_layer shards (layer.h) of one checkpoint (checkpoint.h, with
+ * vocab_size > 0); the embedding and the final norm are replicated on every rank. A step
+ * runs as in layer.h (plan, cache, metadata): gdp_model_embed fills x, gdp_model_forward
+ * runs the layers on it (collective over the comm), gdp_model_logits turns chosen rows of
+ * x into logits on the calling rank only (no communication; the engine calls it on the
+ * rank that samples).
+ *
+ * Backends: everything above the ops and GEMMs is backend-neutral. The CPU backend runs
+ * fp32 with the GEMMs in cblas_sgemm; the CUDA backend uses the layer's GEMM helper,
+ * which returns UNSUPPORTED until the cuBLASLt GEMMs land (so does gdp_model_init).
+ */
+#ifndef GDP_MODEL_H
+#define GDP_MODEL_H
+
+#include "gdp/cache.h"
+#include "gdp/checkpoint.h"
+#include "gdp/comm.h"
+#include "gdp/gdp.h"
+#include "gdp/layer.h"
+#include "gdp/plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gdp_model *gdp_model_t;
+#define GDP_MODEL_NULL NULL
+
+/* Loads this rank's shard of every layer of ckpt (rank and size from comm; comm == NULL:
+ * tp = 1) and the replicated embedding and final norm, converted to the backend's compute
+ * dtype (fp32), in buffers the model owns. Tensor parallelism is the all-reduce mode
+ * (every rank holds every token row). Collective over comm (the layers agree on errors).
+ * Errors (nothing allocated, *out = NULL): INVALID_ARGUMENT when the checkpoint has no
+ * vocabulary (vocab_size 0) or a tensor is wrong (named), or H, G do not divide by the
+ * TP size; UNSUPPORTED on a backend without the layer's GEMMs; SYSTEM/CUDA errors. */
+GDP_API gdp_status_t gdp_model_init(gdp_model_t *out, gdp_ctx_t ctx, gdp_comm_t comm, gdp_checkpoint_t ckpt);
+/* Frees the model and its layers. NULL is a no-op. */
+GDP_API gdp_status_t gdp_model_free(gdp_model_t model);
+
+/* The shard of layer 0 (config with vocab_size, tp rank and size, TP-local sizes): what
+ * gdp_cache_config_init needs. */
+GDP_API gdp_status_t gdp_model_get_shard(gdp_model_t model, gdp_tp_shard *shard);
+/* Bytes of backend memory the model's weights take on this rank. */
+GDP_API gdp_status_t gdp_model_weight_bytes(gdp_model_t model, size_t *bytes);
+
+/* x [n, D] (backend memory, fp32, contiguous) <- the embedding rows of tokens[0..n)
+ * (host memory); a token of -1 gives a row of zeros (padding). Errors (x unchanged):
+ * INVALID_ARGUMENT for x's shape or dtype, or a token outside [-1, vocab_size) (named
+ * with its index). */
+GDP_API gdp_status_t gdp_model_embed(gdp_model_t model, gdp_tensor *x, const int32_t *tokens, int64_t n);
+
+/* Runs every layer on x [padded_token_count, D] in place (layer.h: the step must have
+ * been built and applied to cache). Collective over the model's comm. */
+GDP_API gdp_status_t gdp_model_forward(gdp_model_t model, gdp_cache_t cache, const gdp_step_metadata *meta,
+                                       gdp_tensor *x);
+
+/* logits [n_rows, vocab_size] (host memory, fp32) <- the LM head of rows rows[0..n_rows)
+ * of x [T, D]: final RMSNorm (eps = config.norm_eps) then x . embedding^T. Local: no
+ * communication. The product always runs on at least 2 rows (a row is repeated when
+ * n_rows is 1): a BLAS computes a single row with a matrix-vector kernel whose summation
+ * order differs from its matrix-matrix kernel's, and a request's logits must not depend
+ * on how many other requests share its step. Errors (nothing written): INVALID_ARGUMENT
+ * for x's shape or dtype, a row outside [0, T), n_rows < 1, NULL pointers. */
+GDP_API gdp_status_t gdp_model_logits(gdp_model_t model, float *logits, const gdp_tensor *x, const int32_t *rows,
+                                      int64_t n_rows);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GDP_MODEL_H */

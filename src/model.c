@@ -1,0 +1,302 @@
+/*
+ * model.c: a GDP language model on one tensor-parallel rank (include/gdp/model.h): the
+ * layer shards of a checkpoint, the replicated token embedding (tied to the LM head) and
+ * final norm; the embedding gather, the layer stack of a step, and the LM head of chosen
+ * rows (final RMSNorm, then one GEMM against the embedding).
+ *
+ * Backend-neutral like layer.c: buffers, copies and the GEMM go through the layer's
+ * primitives (layer_internal.h: host memory and cblas_sgemm on the CPU, the CUDA runtime
+ * and the layer engineer's GEMM helper on CUDA), the norm is the gdp_rmsnorm op.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "gdp/model.h"
+#include "layer_internal.h"
+
+#define GDP_MODEL_MAGIC 0x67646d6du /* "gdmm" */
+
+struct gdp_model {
+    uint32_t      magic;
+    gdp_ctx_t     ctx;
+    gdp_comm_t    comm;
+    gdp_tp_shard  shard;        /* layer 0's shard: the config and TP-local sizes      */
+    int32_t       n_layers;
+    gdp_layer_t  *layers;       /* [n_layers]                                           */
+    int64_t       vocab, D;
+    double        norm_eps;
+    float        *embedding_host; /* [vocab, D] fp32: the gather reads it on the host   */
+    void         *embedding;    /* [vocab, D] fp32 backend buffer (== host on the CPU)  */
+    void         *final_norm;   /* [D] fp32 backend buffer                              */
+    size_t        weight_bytes;
+    /* LM-head scratch, grown on demand: gathered rows, normed rows, logits (backend) */
+    void         *rows_x, *rows_normed, *rows_logits;
+    int64_t       scratch_rows;
+    float        *staging;      /* host staging of x for the embedding upload (CUDA)  */
+    int64_t       staging_rows;
+    uint32_t      magic_end;
+};
+
+static gdp_status_t check_model(const struct gdp_model *m, const char *op) {
+    if (m == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: model is NULL; create it with gdp_model_init()", op);
+    if (m->magic != GDP_MODEL_MAGIC || m->magic_end != GDP_MODEL_MAGIC)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: model %p is not a live gdp model (freed or corrupted)", op,
+                 (const void *)m);
+    return GDP_STATUS_SUCCESS;
+}
+
+static bool on_cpu(const struct gdp_model *m) { return m->ctx->backend == GDP_BACKEND_CPU; }
+
+static void model_destroy(struct gdp_model *m) {
+    for (int32_t l = 0; m->layers != NULL && l < m->n_layers; l++)
+        gdp_layer_free(m->layers[l]);
+    free(m->layers);
+    if (!on_cpu(m))
+        free(m->embedding_host);
+    gdp_layer_buf_free(m->ctx, m->embedding);
+    gdp_layer_buf_free(m->ctx, m->final_norm);
+    gdp_layer_buf_free(m->ctx, m->rows_x);
+    gdp_layer_buf_free(m->ctx, m->rows_normed);
+    gdp_layer_buf_free(m->ctx, m->rows_logits);
+    free(m->staging);
+    m->magic = m->magic_end = 0;
+    free(m);
+}
+
+/* fp32 host copy of a weight tensor of any float dtype. */
+static float *to_f32(const gdp_tensor *t, const char *what) {
+    const int64_t n = gdp_tensor_numel(t);
+    float *out = gdp_calloc((size_t)(n ? n : 1), sizeof(float), what);
+    if (out == NULL)
+        return NULL;
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (float)gdp_tensor_get(t, i);
+    return out;
+}
+
+/* Bytes of one layer shard's weights in fp32 (as gdp_layer_init keeps them). */
+static size_t layer_shard_bytes(const gdp_tp_shard *s) {
+    const gdp_layer_config *c = &s->config;
+    const int64_t D = c->hidden_size;
+    const int64_t n = D + s->in_proj_dim * D + s->conv_dim * c->conv_width + 2 * s->num_heads + s->d_inner +
+                      D * s->d_inner;
+    return (size_t)n * sizeof(float);
+}
+
+/* Everything of init but the final agreement. */
+static gdp_status_t model_build(struct gdp_model *m, gdp_checkpoint_t ckpt, int32_t rank, int32_t size) {
+    gdp_layer_config cfg;
+    GDP_CHECK(gdp_checkpoint_get_config(ckpt, &cfg));
+    gdp_model_weights mw;
+    memset(&mw, 0, sizeof mw);
+    GDP_CHECK(gdp_checkpoint_load_model_weights(ckpt, &mw));
+    gdp_status_t st = GDP_STATUS_SUCCESS;
+    float *norm_host = NULL;
+    m->vocab = cfg.vocab_size;
+    m->D = cfg.hidden_size;
+    m->norm_eps = cfg.norm_eps;
+    m->n_layers = cfg.num_layers;
+    m->embedding_host = to_f32(&mw.embedding, "the model's token embedding");
+    norm_host = to_f32(&mw.final_norm_weight, "the model's final norm weight");
+    if (m->embedding_host == NULL || norm_host == NULL) {
+        st = GDP_STATUS_SYSTEM_ERROR;
+        goto done;
+    }
+    const size_t emb_bytes = (size_t)(m->vocab * m->D) * sizeof(float), norm_bytes = (size_t)m->D * sizeof(float);
+    if (on_cpu(m)) {
+        m->embedding = m->embedding_host; /* one buffer serves the gather and the LM head */
+    } else {
+        GDP_CHECK_GOTO(gdp_layer_buf_alloc(m->ctx, emb_bytes, &m->embedding, "the model's token embedding"), st, done);
+        GDP_CHECK_GOTO(gdp_layer_buf_upload(m->ctx, m->embedding, m->embedding_host, emb_bytes), st, done);
+    }
+    GDP_CHECK_GOTO(gdp_layer_buf_alloc(m->ctx, norm_bytes, &m->final_norm, "the model's final norm weight"), st, done);
+    GDP_CHECK_GOTO(gdp_layer_buf_upload(m->ctx, m->final_norm, norm_host, norm_bytes), st, done);
+    m->weight_bytes = emb_bytes + norm_bytes;
+
+    m->layers = gdp_calloc((size_t)m->n_layers, sizeof *m->layers, "the model's layer list");
+    if (m->layers == NULL) {
+        st = GDP_STATUS_SYSTEM_ERROR;
+        goto done;
+    }
+    for (int32_t l = 0; l < m->n_layers && st == GDP_STATUS_SUCCESS; l++) {
+        gdp_layer_weights w;
+        memset(&w, 0, sizeof w);
+        st = gdp_checkpoint_load_layer_shard(ckpt, &w, l, rank, size);
+        if (st == GDP_STATUS_SUCCESS)
+            st = gdp_layer_init(&m->layers[l], m->ctx, m->comm, &w, GDP_TP_MODE_ALLREDUCE);
+        if (st == GDP_STATUS_SUCCESS) {
+            if (l == 0)
+                m->shard = w.shard;
+            m->weight_bytes += layer_shard_bytes(&w.shard);
+        }
+        gdp_layer_weights_free(&w);
+    }
+done:
+    free(norm_host);
+    gdp_model_weights_free(&mw);
+    return st;
+}
+
+gdp_status_t gdp_model_init(gdp_model_t *out, gdp_ctx_t ctx, gdp_comm_t comm, gdp_checkpoint_t ckpt) {
+    static const char *op = "gdp_model_init";
+    if (out == NULL || ckpt == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: out and ckpt must not be NULL", op);
+    *out = NULL;
+    GDP_CHECK(gdp_ctx_check(ctx, op));
+    int32_t rank = 0, size = 1;
+    if (comm != NULL) {
+        GDP_CHECK(gdp_comm_rank(comm, &rank));
+        GDP_CHECK(gdp_comm_size(comm, &size));
+    }
+    struct gdp_model *m = gdp_calloc(1, sizeof *m, "gdp_model");
+    gdp_status_t st = m ? GDP_STATUS_SUCCESS : GDP_STATUS_SYSTEM_ERROR;
+    if (m != NULL) {
+        m->magic = m->magic_end = GDP_MODEL_MAGIC;
+        m->ctx = ctx;
+        m->comm = comm;
+        st = model_build(m, ckpt, rank, size);
+    }
+    /* A rank that failed (a file only it cannot read, memory) must not leave the others
+     * to wait in the first step's collectives. */
+    if (comm != NULL)
+        st = gdp_comm_agree(comm, st);
+    if (st != GDP_STATUS_SUCCESS) {
+        if (m != NULL)
+            model_destroy(m);
+        return st;
+    }
+    *out = m;
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_model_free(gdp_model_t model) {
+    if (model == NULL)
+        return GDP_STATUS_SUCCESS;
+    GDP_CHECK(check_model(model, "gdp_model_free"));
+    model_destroy(model);
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_model_get_shard(gdp_model_t model, gdp_tp_shard *shard) {
+    GDP_CHECK(check_model(model, "gdp_model_get_shard"));
+    if (shard == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_model_get_shard: shard out-pointer is NULL");
+    *shard = model->shard;
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_model_weight_bytes(gdp_model_t model, size_t *bytes) {
+    GDP_CHECK(check_model(model, "gdp_model_weight_bytes"));
+    if (bytes == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_model_weight_bytes: bytes out-pointer is NULL");
+    *bytes = model->weight_bytes;
+    return GDP_STATUS_SUCCESS;
+}
+
+static gdp_status_t check_x(const struct gdp_model *m, const gdp_tensor *x, int64_t rows, const char *op) {
+    if (x == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: x is NULL", op);
+    GDP_CHECK(gdp_check_tensor(op, "x", x, 2, (const int64_t[]){rows, m->D}, GDP_DT(GDP_DTYPE_FP32)));
+    return gdp_check_contiguous(op, "x", x);
+}
+
+gdp_status_t gdp_model_embed(gdp_model_t model, gdp_tensor *x, const int32_t *tokens, int64_t n) {
+    static const char *op = "gdp_model_embed";
+    GDP_CHECK(check_model(model, op));
+    if (n < 0 || (n > 0 && tokens == NULL))
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %lld tokens with tokens %s", op, (long long)n,
+                 tokens ? "given" : "NULL");
+    GDP_CHECK(check_x(model, x, n, op));
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < -1 || tokens[i] >= model->vocab)
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                     "%s: tokens[%lld] = %d is outside [0, %lld) (the vocabulary; -1 = padding row)", op, (long long)i,
+                     tokens[i], (long long)model->vocab);
+    const int64_t D = model->D;
+    float *dst = (float *)x->data;
+    if (!on_cpu(model)) {
+        if (n > model->staging_rows) {
+            float *s = gdp_calloc((size_t)(n * D), sizeof(float), "the embedding staging buffer");
+            if (s == NULL)
+                return GDP_STATUS_SYSTEM_ERROR;
+            free(model->staging);
+            model->staging = s;
+            model->staging_rows = n;
+        }
+        dst = model->staging;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (tokens[i] < 0)
+            memset(dst + i * D, 0, sizeof(float) * (size_t)D);
+        else
+            memcpy(dst + i * D, model->embedding_host + (int64_t)tokens[i] * D, sizeof(float) * (size_t)D);
+    }
+    if (!on_cpu(model))
+        GDP_CHECK(gdp_layer_buf_upload(model->ctx, x->data, dst, sizeof(float) * (size_t)(n * D)));
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_model_forward(gdp_model_t model, gdp_cache_t cache, const gdp_step_metadata *meta, gdp_tensor *x) {
+    GDP_CHECK(check_model(model, "gdp_model_forward"));
+    for (int32_t l = 0; l < model->n_layers; l++)
+        GDP_CHECK(gdp_layer_forward(model->layers[l], cache, meta, x));
+    return GDP_STATUS_SUCCESS;
+}
+
+/* Grows the LM-head scratch to `rows` rows. */
+static gdp_status_t ensure_scratch(struct gdp_model *m, int64_t rows) {
+    if (rows <= m->scratch_rows)
+        return GDP_STATUS_SUCCESS;
+    const size_t xb = (size_t)(rows * m->D) * sizeof(float), lb = (size_t)(rows * m->vocab) * sizeof(float);
+    void *a = NULL, *b = NULL, *c = NULL;
+    gdp_status_t st = gdp_layer_buf_alloc(m->ctx, xb, &a, "the LM head's row buffer");
+    if (st == GDP_STATUS_SUCCESS)
+        st = gdp_layer_buf_alloc(m->ctx, xb, &b, "the LM head's normed rows");
+    if (st == GDP_STATUS_SUCCESS)
+        st = gdp_layer_buf_alloc(m->ctx, lb, &c, "the LM head's logits");
+    if (st != GDP_STATUS_SUCCESS) {
+        gdp_layer_buf_free(m->ctx, a);
+        gdp_layer_buf_free(m->ctx, b);
+        return st;
+    }
+    gdp_layer_buf_free(m->ctx, m->rows_x);
+    gdp_layer_buf_free(m->ctx, m->rows_normed);
+    gdp_layer_buf_free(m->ctx, m->rows_logits);
+    m->rows_x = a, m->rows_normed = b, m->rows_logits = c;
+    m->scratch_rows = rows;
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_model_logits(gdp_model_t model, float *logits, const gdp_tensor *x, const int32_t *rows,
+                              int64_t n_rows) {
+    static const char *op = "gdp_model_logits";
+    GDP_CHECK(check_model(model, op));
+    if (logits == NULL || rows == NULL || n_rows < 1)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: logits %s, rows %s, n_rows %lld (>= 1 needed)", op,
+                 logits ? "given" : "NULL", rows ? "given" : "NULL", (long long)n_rows);
+    if (x == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: x is NULL", op);
+    const int64_t T = x->shape[0];
+    GDP_CHECK(check_x(model, x, T, op));
+    for (int64_t i = 0; i < n_rows; i++)
+        if (rows[i] < 0 || rows[i] >= T)
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: rows[%lld] = %d is outside [0, %lld) (x's rows)", op,
+                     (long long)i, rows[i], (long long)T);
+    const int64_t D = model->D, V = model->vocab;
+    const int64_t n = n_rows < 2 ? 2 : n_rows; /* see model.h: never a one-row product */
+    GDP_CHECK(ensure_scratch(model, n));
+    const size_t row_bytes = (size_t)D * sizeof(float);
+    for (int64_t i = 0; i < n; i++)
+        GDP_CHECK(gdp_layer_buf_copy(model->ctx, (char *)model->rows_x + (size_t)i * row_bytes,
+                                     (const char *)x->data + (size_t)rows[i < n_rows ? i : 0] * row_bytes, row_bytes));
+    gdp_tensor in, out, w;
+    GDP_CHECK(gdp_tensor_init(&in, model->rows_x, GDP_DTYPE_FP32, 2, (const int64_t[]){n, D}));
+    GDP_CHECK(gdp_tensor_init(&out, model->rows_normed, GDP_DTYPE_FP32, 2, (const int64_t[]){n, D}));
+    GDP_CHECK(gdp_tensor_init(&w, model->final_norm, GDP_DTYPE_FP32, 1, (const int64_t[]){D}));
+    GDP_CHECK(gdp_rmsnorm(model->ctx, &out, &in, &w, model->norm_eps));
+    /* Tied LM head: logits[r, v] = normed[r] . embedding[v], the embedding as stored [V, D]. */
+    GDP_CHECK(gdp_layer_gemm_nt(model->ctx, n, V, D, model->rows_normed, D, model->embedding, 0.0f,
+                                model->rows_logits, V, GDP_DTYPE_FP32));
+    return gdp_layer_buf_download(model->ctx, logits, model->rows_logits, (size_t)(n_rows * V) * sizeof(float));
+}
