@@ -260,8 +260,11 @@ gdp_status_t gdp_layer_snapshot_conv(gdp_ctx_t ctx, const gdp_layer_snapshot_con
         for (int64_t c = 0; c < C; c++)
             for (int64_t j = 0; j < W; j++) {
                 const int64_t u = off + j; /* position in (window ++ tokens) */
-                const double v = u < W ? (have_slot ? gdp_load_elem(a->conv, a->conv_dtype, (slot * C + c) * W + u) : 0.0)
-                                       : gdp_load_elem(a->x, a->x_dtype, (start + u - W) * a->x_pitch + c);
+                double v = 0.0;
+                if (u >= W)
+                    v = gdp_load_elem(a->x, a->x_dtype, (start + u - W) * a->x_pitch + c);
+                else if (have_slot)
+                    v = gdp_load_elem(a->conv, a->conv_dtype, (slot * C + c) * W + u);
                 gdp_store_elem(a->snap_conv, a->conv_dtype, (snap * C + c) * W + j, v);
             }
     }

@@ -14,7 +14,7 @@
 #include "gdp/cache.h"
 #include "gdp/plan.h"
 #include "internal.h"
-#include "kernels/gdp_layer_kernels.h" /* defines: gdp_layer_copy_rows_args, ..._snapshot_conv_args, ..._cache_fill_args */
+#include "kernels/gdp_layer_kernels.h" /* defines: gdp_layer_copy_rows_args and the other copy args */
 
 #ifdef __cplusplus
 extern "C" {
