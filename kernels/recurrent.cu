@@ -22,6 +22,8 @@
  * K = V = 128, fp32: 64 blocks).
  */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -39,6 +41,8 @@ constexpr int REC_WARPS = REC_THREADS / 32;
 constexpr int REC_COL_GROUPS = 8;                            /* column groups per block */
 constexpr int REC_ROW_GROUPS = REC_THREADS / REC_COL_GROUPS; /* 16 row groups          */
 constexpr int REC_TILE_STEPS = 8;                            /* steps staged at a time */
+/* The decode kernel of the 16-byte path when GDP_DECODE_KERNEL is unset (see recurrent_tunables). */
+constexpr bool REC_DEFAULT_PIPELINED = false;
 
 struct RecurrentParams {
     const void *q, *k, *v, *beta; /* [B, T, H, *], contiguous */
@@ -228,120 +232,99 @@ __device__ __forceinline__ void stage_tile(const RecurrentParams &p, int64_t b, 
     }
 }
 
-/* Shared-memory floats of one block: q, k tiles [TS][16 R], v tile [TS][BV], exp(g),
- * beta and k.q per step, and two reduction buffers [warps][2 BV]. */
+/* Shared-memory floats of one block's step area: q, k tiles [TS][16 R], v tile [TS][BV],
+ * exp(g), beta and k.q per step, and two reduction buffers [warps][2 BV]. */
 __host__ __device__ constexpr int64_t recurrent_smem_floats(int tile_steps, int kp, int bv) {
     return (int64_t)tile_steps * (2 * kp + bv + 3) + 2 * REC_WARPS * 2 * bv;
 }
 
-/* One block per (request b, head h, value block vb); see the file comment for the split. */
+/* Compile-time geometry of one kernel instance. */
+template <int SDT, int R, bool VEC> struct RecGeom {
+    using Store = StateStorage<SDT>;
+    using Bits = typename Store::Bits;
+    static constexpr int CW = VEC ? (int)(16 / sizeof(Bits)) : 1; /* columns per thread */
+    static constexpr int BV = REC_COL_GROUPS * CW;                 /* columns per block */
+    static constexpr int KP = REC_ROW_GROUPS * R;                  /* K padded to the row tiling */
+};
+
 /* Blocks per SM the register budget must allow: 4 (<= 128 registers) when a thread holds
  * at most 32 state values, which keeps K = V = 128 fp32 at 64 KB of state per SM in flight. */
 template <int SDT, int R, bool VEC> constexpr int recurrent_min_blocks() {
-    return R * (VEC ? (int)(16 / sizeof(typename StateStorage<SDT>::Bits)) : 1) <= 32 ? 4 : 1;
+    return R * RecGeom<SDT, R, VEC>::CW <= 32 ? 4 : 1;
 }
 
-template <int SDT, int R, bool VEC>
-__global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, VEC>())
-    recurrent_kernel(const RecurrentParams p) {
-    using Store = StateStorage<SDT>;
-    using Bits = typename Store::Bits;
-    constexpr int CW = VEC ? (int)(16 / sizeof(Bits)) : 1; /* columns per thread */
-    constexpr int BV = REC_COL_GROUPS * CW;                 /* columns per block */
-    constexpr int KP = REC_ROW_GROUPS * R;                  /* K padded to the row tiling */
-    extern __shared__ float smem[];
+/* The (request, head, value block) of work item `item` (value blocks fastest). */
+__device__ __forceinline__ void item_coords(const RecurrentParams &p, int64_t item, int64_t &b, int &h, int &vb) {
+    vb = (int)(item % p.n_vblocks);
+    const int64_t bh = item / p.n_vblocks;
+    h = (int)(bh % p.H);
+    b = bh / p.H;
+}
 
+/* The state row of request b: its slot (cache mode; -1 and out-of-range slots count as
+ * padding), or b itself (dense mode). */
+__device__ __forceinline__ int64_t state_row(const RecurrentParams &p, int64_t b) {
+    return p.cache && p.indices != nullptr ? (int64_t)p.indices[b] : b;
+}
+__device__ __forceinline__ bool row_is_padding(const RecurrentParams &p, int64_t row) {
+    return p.cache && (row < 0 || row >= p.slots);
+}
+
+/* Padding request: output 0 for this block's columns, no slot read or written. */
+template <int CW>
+__device__ __forceinline__ void write_zero_output(const RecurrentParams &p, int64_t b, int h, int col0, bool col_ok) {
+    if (threadIdx.x / REC_COL_GROUPS == 0 && col_ok)
+        for (int t = 0; t < p.T; t++)
+#pragma unroll
+            for (int c = 0; c < CW; c++)
+                store_from_float(p.o, p.o_dtype, ((b * p.T + t) * p.H + h) * p.V + col0 + c, 0.0f);
+}
+
+/* L2 prefetch of item (b, h, vb)'s q, k and v rows (and, with state, its state tile). */
+template <int BV, typename Bits>
+__device__ __forceinline__ void prefetch_item(const RecurrentParams &p, int64_t b, int h, int vb, const Bits *state) {
+    const int tid = threadIdx.x, col = vb * BV;
+    const int es = gdp_dtype_size_device(p.qkv_dtype);
+    const int64_t cols = min(BV, p.V - col);
+    if (state != nullptr)
+        for (int kr = tid; kr < p.K; kr += REC_THREADS)
+            prefetch_l2(state + (int64_t)kr * p.V + col, cols * (int64_t)sizeof(Bits));
+    const int64_t qk_bytes = (int64_t)p.K * es;
+    for (int x = tid; x < 3 * p.T; x += REC_THREADS) {
+        const int t = x / 3, which = x - 3 * t;
+        const int64_t bth = (b * p.T + t) * p.H + h;
+        if (which == 0)
+            prefetch_l2(static_cast<const char *>(p.q) + bth * qk_bytes, qk_bytes);
+        else if (which == 1)
+            prefetch_l2(static_cast<const char *>(p.k) + bth * qk_bytes, qk_bytes);
+        else
+            prefetch_l2(static_cast<const char *>(p.v) + (bth * p.V + col) * es, cols * es);
+    }
+}
+
+/* The steps of one item whose first input tile is already staged and whose state tile is
+ * in st: norms, the T steps (snapshots included), then the final state store. Every
+ * thread of the block calls it (it holds __syncthreads). */
+template <int SDT, int R, bool VEC>
+__device__ __forceinline__ void run_item(const RecurrentParams &p, int64_t b, int h, int vb, int64_t row,
+                                         float (&st)[R][RecGeom<SDT, R, VEC>::CW], float *area) {
+    using G = RecGeom<SDT, R, VEC>;
+    using Bits = typename G::Bits;
+    constexpr int CW = G::CW, BV = G::BV, KP = G::KP;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int cg = tid % REC_COL_GROUPS, rg = tid / REC_COL_GROUPS;
-    const int vb = (int)(blockIdx.x % (unsigned)p.n_vblocks);
-    const int64_t bh = blockIdx.x / (unsigned)p.n_vblocks;
-    const int h = (int)(bh % p.H);
-    const int64_t b = bh / p.H;
     const int col0 = vb * BV + cg * CW;
     const bool col_ok = col0 < p.V; /* VEC: V % CW == 0, so a group is all in or all out */
     const int64_t KV = (int64_t)p.K * p.V;
-
-    /* The slot of this block's request and of the block it prefetches for (loaded now,
-     * used after the staging, so their latency hides behind it). */
-    int64_t row = b; /* state row: the slot in cache mode, the request in dense mode */
-    if (p.cache && p.indices != nullptr)
-        row = p.indices[b];
-    const int64_t future = p.prefetch_distance > 0 ? (int64_t)blockIdx.x + p.prefetch_distance : -1;
-    const bool has_future = future >= 0 && future < (int64_t)gridDim.x;
-    int64_t f_b = 0, f_row = 0;
-    int f_h = 0, f_vb = 0;
-    if (has_future) {
-        f_vb = (int)(future % p.n_vblocks);
-        const int64_t f_bh = future / p.n_vblocks;
-        f_h = (int)(f_bh % p.H);
-        f_b = f_row = f_bh / p.H;
-        if (p.cache && p.indices != nullptr)
-            f_row = p.indices[f_b];
-    }
-
     const int TS = p.tile_steps;
-    float *qs = smem;              /* [TS][KP] normalized, scaled q */
-    float *ks = qs + TS * KP;      /* [TS][KP] normalized k         */
-    float *vs = ks + TS * KP;      /* [TS][BV] this block's columns */
-    float *decay = vs + TS * BV;   /* [TS] exp(g)                   */
-    float *betas = decay + TS;     /* [TS]                          */
-    float *kq = betas + TS;        /* [TS] k . q                    */
-    float *red = kq + TS;          /* [2][warps][2 BV]              */
+    float *qs = area;            /* [TS][KP] normalized, scaled q */
+    float *ks = qs + TS * KP;    /* [TS][KP] normalized k         */
+    float *vs = ks + TS * KP;    /* [TS][BV] this block's columns */
+    float *decay = vs + TS * BV; /* [TS] exp(g)                   */
+    float *betas = decay + TS;   /* [TS]                          */
+    float *kq = betas + TS;      /* [TS] k . q                    */
+    float *red = kq + TS;        /* [2][warps][2 BV]              */
     const bool has_g = p.g != nullptr;
-
-    /* 1. The first tile of inputs (one memory latency, overlapping the slot loads). */
-    stage_tile<KP, BV>(p, b, h, vb, 0, min(TS, p.T), qs, ks, vs, decay, betas);
-
-    if (p.cache && (row < 0 || row >= p.slots)) {
-        /* Padding (-1): output 0, no slot read or written. Out-of-range slots, which the
-         * host cannot check without a sync, are treated the same way. */
-        if (rg == 0 && col_ok)
-            for (int t = 0; t < p.T; t++)
-#pragma unroll
-                for (int c = 0; c < CW; c++)
-                    store_from_float(p.o, p.o_dtype, ((b * p.T + t) * p.H + h) * p.V + col0 + c, 0.0f);
-        return;
-    }
-
-    /* 2. The state tile into registers: 16-byte loads, read once. */
-    float st[R][CW];
-    const Bits *in = p.state_in == nullptr
-                         ? nullptr
-                         : static_cast<const Bits *>(p.state_in) + row * p.in_stride_row + h * p.in_stride_head;
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-        const int kr = rg + REC_ROW_GROUPS * i;
-        if (in != nullptr && kr < p.K && col_ok) {
-            load_columns<SDT, CW>(in + (int64_t)kr * p.V + col0, st[i]);
-        } else {
-#pragma unroll
-            for (int c = 0; c < CW; c++)
-                st[i][c] = 0.0f;
-        }
-    }
-
-    /* 3. Prefetch a block about two residency generations ahead into L2: its state tile
-     * and its q, k, v rows, so its loads hit L2 and DRAM always has requests queued
-     * (no registers held). */
-    if (has_future && p.state_in != nullptr && (!p.cache || (f_row >= 0 && f_row < p.slots))) {
-        const Bits *f_in = static_cast<const Bits *>(p.state_in) + f_row * p.in_stride_row + f_h * p.in_stride_head;
-        const int f_col = f_vb * BV;
-        const int64_t seg = (int64_t)min(BV, p.V - f_col) * (int64_t)sizeof(Bits);
-        for (int kr = tid; kr < p.K; kr += REC_THREADS)
-            prefetch_l2(f_in + (int64_t)kr * p.V + f_col, seg);
-        const int64_t qk_bytes = (int64_t)p.K * (int64_t)gdp_dtype_size_device(p.qkv_dtype);
-        for (int x = tid; x < 3 * p.T; x += REC_THREADS) {
-            const int t = x / 3, which = x - 3 * t;
-            const int64_t bth = (f_b * p.T + t) * p.H + f_h;
-            const int es = gdp_dtype_size_device(p.qkv_dtype);
-            if (which == 0)
-                prefetch_l2(static_cast<const char *>(p.q) + bth * qk_bytes, qk_bytes);
-            else if (which == 1)
-                prefetch_l2(static_cast<const char *>(p.k) + bth * qk_bytes, qk_bytes);
-            else
-                prefetch_l2(static_cast<const char *>(p.v) + (bth * p.V + f_col) * es, (int64_t)min(BV, p.V - f_col) * es);
-        }
-    }
 
     for (int t0 = 0; t0 < p.T; t0 += TS) {
         const int ns = min(TS, p.T - t0);
@@ -351,7 +334,7 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, VEC>
         }
         __syncthreads();
 
-        /* 4. Per step (one warp each): L2 norms in fp32, then scale, then k . q. */
+        /* Per step (one warp each): L2 norms in fp32, then scale, then k . q. */
         for (int j = warp; j < ns; j += REC_WARPS) {
             float *qj = qs + j * KP, *kj = ks + j * KP;
             float fq = 1.0f, fk = 1.0f;
@@ -377,7 +360,7 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, VEC>
         }
         __syncthreads();
 
-        /* 5. The steps. */
+        /* The steps. */
         for (int j = 0; j < ns; j++) {
             const int t = t0 + j;
             const float *qj = qs + j * KP, *kj = ks + j * KP;
@@ -461,7 +444,7 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, VEC>
         }
     }
 
-    /* 6. The final state: back into the slot, or dense fp32. */
+    /* The final state: back into the slot, or dense fp32. */
     if (p.state_out != nullptr && col_ok) {
 #pragma unroll
         for (int i = 0; i < R; i++) {
@@ -477,42 +460,248 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, VEC>
     }
 }
 
-/* Blocks of this kernel instance the whole device holds at once (0 if unknown), cached
- * per device: occupancy is register-bound, so the first call's shared-memory size serves. */
-template <int SDT, int R, bool VEC> int64_t resident_blocks(int device, size_t smem) {
-    constexpr int MAX_DEVICES = 64;
-    static int cached[MAX_DEVICES]; /* 0: not computed yet; -1: unknown */
-    if (device < 0 || device >= MAX_DEVICES)
-        return 0;
-    if (cached[device] == 0) {
-        int per_sm = 0, sms = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, recurrent_kernel<SDT, R, VEC>, REC_THREADS, smem) !=
-                cudaSuccess ||
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || per_sm * sms <= 0) {
-            (void)cudaGetLastError();
-            cached[device] = -1;
+/* One block per item (request b, head h, value block vb); see the file comment. */
+template <int SDT, int R, bool VEC>
+__global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, VEC>())
+    recurrent_kernel(const RecurrentParams p) {
+    using G = RecGeom<SDT, R, VEC>;
+    using Bits = typename G::Bits;
+    constexpr int CW = G::CW, BV = G::BV, KP = G::KP;
+    extern __shared__ float smem[];
+    const int tid = threadIdx.x;
+    const int cg = tid % REC_COL_GROUPS, rg = tid / REC_COL_GROUPS;
+    int64_t b;
+    int h, vb;
+    item_coords(p, blockIdx.x, b, h, vb);
+    const int col0 = vb * BV + cg * CW;
+    const bool col_ok = col0 < p.V;
+
+    /* The slots of this block's request and of the block it prefetches for (loaded now,
+     * used after the staging, so their latency hides behind it). */
+    const int64_t row = state_row(p, b);
+    const int64_t future = p.prefetch_distance > 0 ? (int64_t)blockIdx.x + p.prefetch_distance : -1;
+    const bool has_future = future >= 0 && future < (int64_t)gridDim.x;
+    int64_t f_b = 0, f_row = 0;
+    int f_h = 0, f_vb = 0;
+    if (has_future) {
+        item_coords(p, future, f_b, f_h, f_vb);
+        f_row = state_row(p, f_b);
+    }
+
+    /* 1. The first tile of inputs (one memory latency, overlapping the slot loads). */
+    stage_tile<KP, BV>(p, b, h, vb, 0, min(p.tile_steps, p.T), smem, smem + p.tile_steps * KP,
+                       smem + 2 * p.tile_steps * KP, smem + p.tile_steps * (2 * KP + BV),
+                       smem + p.tile_steps * (2 * KP + BV + 1));
+    if (row_is_padding(p, row)) {
+        write_zero_output<CW>(p, b, h, col0, col_ok);
+        return;
+    }
+
+    /* 2. The state tile into registers: 16-byte loads, read once. */
+    float st[R][CW];
+    const Bits *in = p.state_in == nullptr
+                         ? nullptr
+                         : static_cast<const Bits *>(p.state_in) + row * p.in_stride_row + h * p.in_stride_head;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        const int kr = rg + REC_ROW_GROUPS * i;
+        if (in != nullptr && kr < p.K && col_ok) {
+            load_columns<SDT, CW>(in + (int64_t)kr * p.V + col0, st[i]);
         } else {
-            cached[device] = per_sm * sms;
+#pragma unroll
+            for (int c = 0; c < CW; c++)
+                st[i][c] = 0.0f;
         }
     }
-    return cached[device] > 0 ? cached[device] : 0;
+
+    /* 3. Prefetch the block about two residency generations ahead into L2 (its state tile
+     * and its q, k, v rows), so its loads hit L2 and DRAM always has requests queued. */
+    if (has_future && !row_is_padding(p, f_row))
+        prefetch_item<BV, Bits>(p, f_b, f_h, f_vb,
+                                p.state_in == nullptr ? nullptr
+                                                      : static_cast<const Bits *>(p.state_in) +
+                                                            f_row * p.in_stride_row + f_h * p.in_stride_head);
+
+    /* 4. Norms, steps, final state. */
+    run_item<SDT, R, VEC>(p, b, h, vb, row, st, smem);
+}
+
+/* cp.async: 16 bytes global -> shared without registers; groups complete in order. */
+__device__ __forceinline__ void cp_async16(void *smem_dst, const void *gmem_src) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* The pipelined variant (16-byte columns only): a resident grid; block i takes items
+ * i, i + grid, ... and, while it computes one, the state tile of its next item is already
+ * on its way into a second shared-memory buffer (cp.async), so every block keeps 16 KB
+ * in flight at all times instead of only between its start and its first step. Each
+ * thread copies, and later reads back, only its own rows and columns of the tile, so the
+ * tile needs no barrier. The next item's q, k, v rows are prefetched into L2. */
+template <int SDT, int R>
+__global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, true>())
+    recurrent_pipelined_kernel(const RecurrentParams p, int64_t n_items) {
+    using G = RecGeom<SDT, R, true>;
+    using Bits = typename G::Bits;
+    constexpr int CW = G::CW, BV = G::BV, KP = G::KP;
+    extern __shared__ __align__(16) float smem[];
+    Bits *tiles = reinterpret_cast<Bits *>(smem); /* [2][KP][BV] raw state tiles */
+    float *area = smem + 2 * KP * BV * (int)sizeof(Bits) / (int)sizeof(float);
+    const int tid = threadIdx.x;
+    const int cg = tid % REC_COL_GROUPS, rg = tid / REC_COL_GROUPS;
+    const int64_t stride = gridDim.x;
+
+    /* Issues the copy of item's tile into buffer buf (an empty group past the end or for
+     * padding), so group accounting stays one per item. */
+    auto issue = [&](int64_t item, int64_t item_row, int buf) {
+        if (item < n_items && !row_is_padding(p, item_row) && p.state_in != nullptr) {
+            int64_t ib;
+            int ih, ivb;
+            item_coords(p, item, ib, ih, ivb);
+            const int icol = ivb * BV + cg * CW;
+            if (icol < p.V) {
+                const Bits *src = static_cast<const Bits *>(p.state_in) + item_row * p.in_stride_row +
+                                  ih * p.in_stride_head + icol;
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    const int kr = rg + REC_ROW_GROUPS * i;
+                    if (kr < p.K)
+                        cp_async16(tiles + ((buf * KP + kr) * BV + cg * CW), src + (int64_t)kr * p.V);
+                }
+            }
+        }
+        cp_async_commit();
+    };
+    auto row_of = [&](int64_t item) -> int64_t {
+        if (item >= n_items)
+            return -1;
+        int64_t ib;
+        int ih, ivb;
+        item_coords(p, item, ib, ih, ivb);
+        return state_row(p, ib);
+    };
+
+    int64_t item = blockIdx.x;
+    int64_t row = row_of(item), next_row = row_of(item + stride);
+    issue(item, row, 0);
+    for (int it = 0; item < n_items; it++, item += stride) {
+        const int buf = it & 1;
+        /* Slot of the item after next, loaded now and used one iteration later. */
+        const int64_t next_next_row = row_of(item + 2 * stride);
+        issue(item + stride, next_row, buf ^ 1);
+        if (item + stride < n_items && !row_is_padding(p, next_row)) {
+            int64_t nb;
+            int nh, nvb;
+            item_coords(p, item + stride, nb, nh, nvb);
+            prefetch_item<BV, Bits>(p, nb, nh, nvb, nullptr);
+        }
+        int64_t b;
+        int h, vb;
+        item_coords(p, item, b, h, vb);
+        const int col0 = vb * BV + cg * CW;
+        const bool col_ok = col0 < p.V;
+        __syncthreads(); /* the previous item's readers of the step area are done */
+        stage_tile<KP, BV>(p, b, h, vb, 0, min(p.tile_steps, p.T), area, area + p.tile_steps * KP,
+                           area + 2 * p.tile_steps * KP, area + p.tile_steps * (2 * KP + BV),
+                           area + p.tile_steps * (2 * KP + BV + 1));
+        cp_async_wait<1>(); /* this thread's copies of the current tile have landed */
+        if (row_is_padding(p, row)) {
+            write_zero_output<CW>(p, b, h, col0, col_ok);
+        } else {
+            float st[R][CW];
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const int kr = rg + REC_ROW_GROUPS * i;
+                if (p.state_in != nullptr && kr < p.K && col_ok) {
+                    load_columns<SDT, CW>(tiles + ((buf * KP + kr) * BV + cg * CW), st[i]);
+                } else {
+#pragma unroll
+                    for (int c = 0; c < CW; c++)
+                        st[i][c] = 0.0f;
+                }
+            }
+            run_item<SDT, R, true>(p, b, h, vb, row, st, area);
+        }
+        row = next_row;
+        next_row = next_next_row;
+    }
+    cp_async_wait<0>();
+}
+
+/* Blocks of a kernel the whole device holds at once (0 if unknown), cached per device in
+ * `cache` (one per kernel instance): occupancy is register-bound, so the first call's
+ * shared-memory size serves. */
+template <typename Kernel> int64_t resident_blocks(Kernel kernel, int *cache, int device, size_t smem) {
+    constexpr int MAX_DEVICES = 64;
+    if (device < 0 || device >= MAX_DEVICES)
+        return 0;
+    if (cache[device] == 0) { /* 0: not computed yet; -1: unknown */
+        int per_sm = 0, sms = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, REC_THREADS, smem) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || per_sm * sms <= 0) {
+            (void)cudaGetLastError();
+            cache[device] = -1;
+        } else {
+            cache[device] = per_sm * sms;
+        }
+    }
+    return cache[device] > 0 ? cache[device] : 0;
+}
+
+/* Tunables read once from the environment (benchmarks compare variants with them):
+ *   GDP_DECODE_KERNEL = plain | pipelined   which decode kernel the 16-byte path uses;
+ *   GDP_DECODE_PREFETCH = g (0..16)          plain kernel: prefetch g resident generations ahead. */
+struct RecurrentTunables {
+    bool pipelined;
+    double prefetch_generations;
+};
+const RecurrentTunables &recurrent_tunables() {
+    static const RecurrentTunables t = [] {
+        RecurrentTunables r = {REC_DEFAULT_PIPELINED, 2.0};
+        const char *k = getenv("GDP_DECODE_KERNEL");
+        if (k != nullptr && strcmp(k, "pipelined") == 0)
+            r.pipelined = true;
+        else if (k != nullptr && strcmp(k, "plain") == 0)
+            r.pipelined = false;
+        const char *g = getenv("GDP_DECODE_PREFETCH");
+        if (g != nullptr && atof(g) >= 0.0 && atof(g) <= 16.0)
+            r.prefetch_generations = atof(g);
+        return r;
+    }();
+    return t;
 }
 
 template <int SDT, int R, bool VEC>
 cudaError_t launch_recurrent(const RecurrentParams &p, int device, cudaStream_t stream) {
-    using Bits = typename StateStorage<SDT>::Bits;
-    constexpr int CW = VEC ? (int)(16 / sizeof(Bits)) : 1;
-    constexpr int BV = REC_COL_GROUPS * CW;
+    using G = RecGeom<SDT, R, VEC>;
     RecurrentParams q = p;
-    q.n_vblocks = (p.V + BV - 1) / BV;
-    const int64_t blocks = p.B * p.H * q.n_vblocks;
-    if (blocks > INT32_MAX)
+    q.n_vblocks = (p.V + G::BV - 1) / G::BV;
+    const int64_t items = p.B * p.H * q.n_vblocks;
+    if (items > INT32_MAX)
         return cudaErrorInvalidConfiguration;
-    const size_t smem = (size_t)recurrent_smem_floats(p.tile_steps, REC_ROW_GROUPS * R, BV) * sizeof(float);
-    /* Two generations of resident blocks ahead: a prefetch issued when a block starts has
-     * about a block's lifetime to land, and 2 x 528 x 16 KB stays far below the L2. */
-    q.prefetch_distance = 2 * resident_blocks<SDT, R, VEC>(device, smem);
-    recurrent_kernel<SDT, R, VEC><<<(unsigned)blocks, REC_THREADS, smem, stream>>>(q);
+    const size_t area = (size_t)recurrent_smem_floats(p.tile_steps, G::KP, G::BV) * sizeof(float);
+    if constexpr (VEC) {
+        if (recurrent_tunables().pipelined) {
+            static int cache[64];
+            const size_t smem = 2 * (size_t)G::KP * G::BV * sizeof(typename G::Bits) + area;
+            if (smem > 48 * 1024 &&
+                cudaFuncSetAttribute(recurrent_pipelined_kernel<SDT, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)smem) != cudaSuccess)
+                return cudaGetLastError();
+            const int64_t resident = resident_blocks(recurrent_pipelined_kernel<SDT, R>, cache, device, smem);
+            const int64_t grid = resident > 0 && resident < items ? resident : items;
+            recurrent_pipelined_kernel<SDT, R><<<(unsigned)grid, REC_THREADS, smem, stream>>>(q, items);
+            return cudaGetLastError();
+        }
+    }
+    static int cache[64];
+    q.prefetch_distance =
+        (int64_t)(recurrent_tunables().prefetch_generations * (double)resident_blocks(recurrent_kernel<SDT, R, VEC>, cache, device, area));
+    recurrent_kernel<SDT, R, VEC><<<(unsigned)items, REC_THREADS, area, stream>>>(q);
     return cudaGetLastError();
 }
 
