@@ -16,14 +16,19 @@
  *     warp, then a fixed-order sum of the 4 warps' partials in shared memory (double
  *     buffered); no atomics, the same bits every run;
  *   - q, k (L2-normalized in fp32, never rounded; scale applied after the norm), v, beta and
- *     exp(g) of up to 8 steps at a time are staged in shared memory as fp32;
+ *     exp(g) of up to 8 steps at a time are staged in shared memory as fp32, every load of
+ *     a round issued before the first store (one memory latency per tile);
+ *   - each block prefetches into L2 the state tile and q/k/v rows of the block one
+ *     generation of resident blocks ahead (prefetch.global.L2 holds no registers), so
+ *     later blocks find their data in L2 and DRAM keeps requests queued;
  *   - no host synchronization and no allocation: the launch is graph-capturable.
+ * A pipelined variant (resident grid, next tile streamed into shared memory by cp.async)
+ * was measured slower on the H200 and removed (commit 7a961f2, NOTES-ops.md).
  * Splitting V across blocks keeps small batches spread over the GPU (B = 1, H = 16,
  * K = V = 128, fp32: 64 blocks).
  */
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -41,8 +46,8 @@ constexpr int REC_WARPS = REC_THREADS / 32;
 constexpr int REC_COL_GROUPS = 8;                            /* column groups per block */
 constexpr int REC_ROW_GROUPS = REC_THREADS / REC_COL_GROUPS; /* 16 row groups          */
 constexpr int REC_TILE_STEPS = 8;                            /* steps staged at a time */
-/* The decode kernel of the 16-byte path when GDP_DECODE_KERNEL is unset (see recurrent_tunables). */
-constexpr bool REC_DEFAULT_PIPELINED = false;
+/* Default L2 prefetch distance in generations of resident blocks (see prefetch_generations). */
+constexpr double REC_PREFETCH_GENERATIONS = 1.0;
 
 struct RecurrentParams {
     const void *q, *k, *v, *beta; /* [B, T, H, *], contiguous */
@@ -514,8 +519,8 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, VEC>
         }
     }
 
-    /* 3. Prefetch the block about two residency generations ahead into L2 (its state tile
-     * and its q, k, v rows), so its loads hit L2 and DRAM always has requests queued. */
+    /* 3. Prefetch the block one residency generation ahead (by default) into L2: its state
+     * tile and its q, k, v rows, so its loads hit L2 and DRAM always has requests queued. */
     if (has_future && !row_is_padding(p, f_row))
         prefetch_item<BV, Bits>(p, f_b, f_h, f_vb,
                                 p.state_in == nullptr ? nullptr
@@ -524,112 +529,6 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, VEC>
 
     /* 4. Norms, steps, final state. */
     run_item<SDT, R, VEC>(p, b, h, vb, row, st, smem);
-}
-
-/* cp.async: 16 bytes global -> shared without registers; groups complete in order. */
-__device__ __forceinline__ void cp_async16(void *smem_dst, const void *gmem_src) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-/* The pipelined variant (16-byte columns only): a resident grid; block i takes items
- * i, i + grid, ... and, while it computes one, the state tile of its next item is already
- * on its way into a second shared-memory buffer (cp.async), so every block keeps 16 KB
- * in flight at all times instead of only between its start and its first step. Each
- * thread copies, and later reads back, only its own rows and columns of the tile, so the
- * tile needs no barrier. The next item's q, k, v rows are prefetched into L2. */
-template <int SDT, int R>
-__global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, true>())
-    recurrent_pipelined_kernel(const RecurrentParams p, int64_t n_items) {
-    using G = RecGeom<SDT, R, true>;
-    using Bits = typename G::Bits;
-    constexpr int CW = G::CW, BV = G::BV, KP = G::KP;
-    extern __shared__ __align__(16) float smem[];
-    Bits *tiles = reinterpret_cast<Bits *>(smem); /* [2][KP][BV] raw state tiles */
-    float *area = smem + 2 * KP * BV * (int)sizeof(Bits) / (int)sizeof(float);
-    const int tid = threadIdx.x;
-    const int cg = tid % REC_COL_GROUPS, rg = tid / REC_COL_GROUPS;
-    const int64_t stride = gridDim.x;
-
-    /* Issues the copy of item's tile into buffer buf (an empty group past the end or for
-     * padding), so group accounting stays one per item. */
-    auto issue = [&](int64_t item, int64_t item_row, int buf) {
-        if (item < n_items && !row_is_padding(p, item_row) && p.state_in != nullptr) {
-            int64_t ib;
-            int ih, ivb;
-            item_coords(p, item, ib, ih, ivb);
-            const int icol = ivb * BV + cg * CW;
-            if (icol < p.V) {
-                const Bits *src = static_cast<const Bits *>(p.state_in) + item_row * p.in_stride_row +
-                                  ih * p.in_stride_head + icol;
-#pragma unroll
-                for (int i = 0; i < R; i++) {
-                    const int kr = rg + REC_ROW_GROUPS * i;
-                    if (kr < p.K)
-                        cp_async16(tiles + ((buf * KP + kr) * BV + cg * CW), src + (int64_t)kr * p.V);
-                }
-            }
-        }
-        cp_async_commit();
-    };
-    auto row_of = [&](int64_t item) -> int64_t {
-        if (item >= n_items)
-            return -1;
-        int64_t ib;
-        int ih, ivb;
-        item_coords(p, item, ib, ih, ivb);
-        return state_row(p, ib);
-    };
-
-    int64_t item = blockIdx.x;
-    int64_t row = row_of(item), next_row = row_of(item + stride);
-    issue(item, row, 0);
-    for (int it = 0; item < n_items; it++, item += stride) {
-        const int buf = it & 1;
-        /* Slot of the item after next, loaded now and used one iteration later. */
-        const int64_t next_next_row = row_of(item + 2 * stride);
-        issue(item + stride, next_row, buf ^ 1);
-        if (item + stride < n_items && !row_is_padding(p, next_row)) {
-            int64_t nb;
-            int nh, nvb;
-            item_coords(p, item + stride, nb, nh, nvb);
-            prefetch_item<BV, Bits>(p, nb, nh, nvb, nullptr);
-        }
-        int64_t b;
-        int h, vb;
-        item_coords(p, item, b, h, vb);
-        const int col0 = vb * BV + cg * CW;
-        const bool col_ok = col0 < p.V;
-        __syncthreads(); /* the previous item's readers of the step area are done */
-        stage_tile<KP, BV>(p, b, h, vb, 0, min(p.tile_steps, p.T), area, area + p.tile_steps * KP,
-                           area + 2 * p.tile_steps * KP, area + p.tile_steps * (2 * KP + BV),
-                           area + p.tile_steps * (2 * KP + BV + 1));
-        cp_async_wait<1>(); /* this thread's copies of the current tile have landed */
-        if (row_is_padding(p, row)) {
-            write_zero_output<CW>(p, b, h, col0, col_ok);
-        } else {
-            float st[R][CW];
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                const int kr = rg + REC_ROW_GROUPS * i;
-                if (p.state_in != nullptr && kr < p.K && col_ok) {
-                    load_columns<SDT, CW>(tiles + ((buf * KP + kr) * BV + cg * CW), st[i]);
-                } else {
-#pragma unroll
-                    for (int c = 0; c < CW; c++)
-                        st[i][c] = 0.0f;
-                }
-            }
-            run_item<SDT, R, true>(p, b, h, vb, row, st, area);
-        }
-        row = next_row;
-        next_row = next_next_row;
-    }
-    cp_async_wait<0>();
 }
 
 /* Blocks of a kernel the whole device holds at once (0 if unknown), cached per device in
@@ -652,27 +551,16 @@ template <typename Kernel> int64_t resident_blocks(Kernel kernel, int *cache, in
     return cache[device] > 0 ? cache[device] : 0;
 }
 
-/* Tunables read once from the environment (benchmarks compare variants with them):
- *   GDP_DECODE_KERNEL = plain | pipelined   which decode kernel the 16-byte path uses;
- *   GDP_DECODE_PREFETCH = g (0..16)          plain kernel: prefetch g resident generations ahead. */
-struct RecurrentTunables {
-    bool pipelined;
-    double prefetch_generations;
-};
-const RecurrentTunables &recurrent_tunables() {
-    static const RecurrentTunables t = [] {
-        RecurrentTunables r = {REC_DEFAULT_PIPELINED, 2.0};
-        const char *k = getenv("GDP_DECODE_KERNEL");
-        if (k != nullptr && strcmp(k, "pipelined") == 0)
-            r.pipelined = true;
-        else if (k != nullptr && strcmp(k, "plain") == 0)
-            r.pipelined = false;
-        const char *g = getenv("GDP_DECODE_PREFETCH");
-        if (g != nullptr && atof(g) >= 0.0 && atof(g) <= 16.0)
-            r.prefetch_generations = atof(g);
-        return r;
+/* How many generations of resident blocks ahead a block prefetches: GDP_DECODE_PREFETCH
+ * (0..16, 0 = off), read once; default 1, the best of 0, 1, 2 and 4 on the H200 (B = 256:
+ * 239, 215, 229 and 257 us; NOTES-ops.md). */
+double prefetch_generations() {
+    static const double g = [] {
+        const char *e = getenv("GDP_DECODE_PREFETCH");
+        const double v = e != nullptr ? atof(e) : REC_PREFETCH_GENERATIONS;
+        return v >= 0.0 && v <= 16.0 ? v : REC_PREFETCH_GENERATIONS;
     }();
-    return t;
+    return g;
 }
 
 template <int SDT, int R, bool VEC>
@@ -684,23 +572,9 @@ cudaError_t launch_recurrent(const RecurrentParams &p, int device, cudaStream_t 
     if (items > INT32_MAX)
         return cudaErrorInvalidConfiguration;
     const size_t area = (size_t)recurrent_smem_floats(p.tile_steps, G::KP, G::BV) * sizeof(float);
-    if constexpr (VEC) {
-        if (recurrent_tunables().pipelined) {
-            static int cache[64];
-            const size_t smem = 2 * (size_t)G::KP * G::BV * sizeof(typename G::Bits) + area;
-            if (smem > 48 * 1024 &&
-                cudaFuncSetAttribute(recurrent_pipelined_kernel<SDT, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)smem) != cudaSuccess)
-                return cudaGetLastError();
-            const int64_t resident = resident_blocks(recurrent_pipelined_kernel<SDT, R>, cache, device, smem);
-            const int64_t grid = resident > 0 && resident < items ? resident : items;
-            recurrent_pipelined_kernel<SDT, R><<<(unsigned)grid, REC_THREADS, smem, stream>>>(q, items);
-            return cudaGetLastError();
-        }
-    }
     static int cache[64];
-    q.prefetch_distance =
-        (int64_t)(recurrent_tunables().prefetch_generations * (double)resident_blocks(recurrent_kernel<SDT, R, VEC>, cache, device, area));
+    q.prefetch_distance = (int64_t)(prefetch_generations() *
+                                    (double)resident_blocks(recurrent_kernel<SDT, R, VEC>, cache, device, area));
     recurrent_kernel<SDT, R, VEC><<<(unsigned)items, REC_THREADS, area, stream>>>(q);
     return cudaGetLastError();
 }

@@ -1,19 +1,11 @@
 # GPU tests of the prepare, decode (fused recurrent), conv1d and norm CUDA kernels: one
 # program (test_ops_gpu.c), one CTest entry per op family (its first argument). Each compares
 # the CUDA backend with the golden files and the CPU backend; without a GPU it exits 77
-# (skipped). Properties as gdp_add_test gives a one-process gpu test. test_decode_alt_gpu
-# reruns the decode family on the decode kernel that is not the default (GDP_DECODE_KERNEL,
-# kernels/recurrent.cu), so both stay correct.
+# (skipped). Properties as gdp_add_test gives a one-process gpu test.
 add_executable(test_ops_gpu test_ops_gpu.c)
 target_link_libraries(test_ops_gpu PRIVATE gdp_test_common)
-foreach(family prepare decode conv norm decode_alt)
-  set(arg ${family})
-  set(env "NCCL_NVLS_ENABLE=0")
-  if(family STREQUAL "decode_alt")
-    set(arg decode)
-    list(APPEND env "GDP_DECODE_KERNEL=pipelined")
-  endif()
-  add_test(NAME test_${family}_gpu COMMAND test_ops_gpu ${arg})
+foreach(family prepare decode conv norm)
+  add_test(NAME test_${family}_gpu COMMAND test_ops_gpu ${family})
   set_tests_properties(test_${family}_gpu PROPERTIES LABELS gpu TIMEOUT 600 SKIP_RETURN_CODE 77
-                       ENVIRONMENT "${env}" RESOURCE_GROUPS "gpus:1")
+                       ENVIRONMENT "NCCL_NVLS_ENABLE=0" RESOURCE_GROUPS "gpus:1")
 endforeach()
