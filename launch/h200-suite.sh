@@ -13,7 +13,10 @@ export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 export OMPI_MCA_rmaps_base_oversubscribe=1
 [ -d "$root/.golden" ] && export GDP_GOLDEN_DIR=${GDP_GOLDEN_DIR:-$root/.golden}
 extra=()
-[ -e /usr/include/jansson.h ] || extra+=(-DJANSSON_HOME="$root/.deps/usr")
+if [ ! -e /usr/include/jansson.h ]; then
+    export JANSSON_HOME="$root/.deps/usr" # launch/setup.sh then installs nothing
+    extra+=(-DJANSSON_HOME="$JANSSON_HOME")
+fi
 stage=${1:-all}
 
 if ! { cmake -B build -DCMAKE_BUILD_TYPE=Release "${extra[@]}" >"$out/configure.log" 2>&1 &&
