@@ -29,9 +29,11 @@ __device__ __forceinline__ int find_sequence(const int32_t *__restrict__ cu_seql
     return lo;
 }
 
-/* Work split: one thread per (stream position, head); it sums its chunk's prefix in index
- * order (at most 64 terms), so every output has one fixed summation order (deterministic,
- * and the same bits whichever grid computes it). g == NULL means no decay (zeros). */
+/* Work split: one thread per (stream position, head) of the launch grid, but only the thread
+ * at a chunk's first row works: it scans that chunk's (at most 64) positions in index order and
+ * writes all of them. Every output therefore has one fixed summation order (deterministic, and
+ * the same bits whichever grid computes it); threads past cu_seqlens[N] write 0. g == NULL
+ * means no decay (zeros). */
 template <bool EXPANDED>
 __global__ void __launch_bounds__(256) chunk_local_cumsum_kernel(float *__restrict__ out,
                                                                  const float *__restrict__ g,
@@ -51,17 +53,30 @@ __global__ void __launch_bounds__(256) chunk_local_cumsum_kernel(float *__restri
     int i = find_sequence(cu_seqlens, n_seq, r, scale);
     int64_t bos = cu_seqlens[i];
     int64_t local = r - bos * scale;
-    int64_t chunk_start = local & ~(int64_t)(GDP_CHUNK_SIZE - 1);
+    if (local & (GDP_CHUNK_SIZE - 1))
+        return; /* written by the thread at this chunk's first row */
+    int n = (int)min((int64_t)GDP_CHUNK_SIZE, ((int64_t)cu_seqlens[i + 1] - bos) * scale - local);
     float sum = 0.0f;
     if (!EXPANDED) {
-        for (int64_t t = bos + chunk_start; t <= r; t++)
-            sum += g[t * heads + h];
+#pragma unroll 8
+        for (int j = 0; j < n; j++) {
+            sum += g[(r + j) * heads + h];
+            out[(r + j) * heads + h] = sum * GDP_RCP_LN2;
+        }
     } else {
         /* Only copy 0 of each token carries its decay: local positions that are multiples of M. */
-        for (int64_t p = (chunk_start + m - 1) / m * m; p <= local; p += m)
-            sum += g[(bos + p / m) * heads + h];
+        int copy = (int)(local % m);
+        int64_t token = bos + local / m;
+        for (int j = 0; j < n; j++) {
+            if (copy == 0)
+                sum += g[token * heads + h];
+            out[(r + j) * heads + h] = sum * GDP_RCP_LN2;
+            if (++copy == m) {
+                copy = 0;
+                token++;
+            }
+        }
     }
-    out[idx] = sum * GDP_RCP_LN2;
 }
 
 } // namespace

@@ -90,7 +90,7 @@ typedef struct chunk_case {
     const char *name;
     int32_t M, H, K, V;
     int n_seq;
-    int32_t lens[8];
+    int32_t lens[10];
     int64_t T;               /* padded tokens, >= the sum of lens */
     gdp_dtype_t dtype;       /* q, k, v */
     gdp_dtype_t beta_dtype;
@@ -365,6 +365,11 @@ static void test_random(gdp_ctx_t cpu, gdp_ctx_t gpu) {
         {"m2 k128 v64 fp16", 2, 2, 128, 64, 2, {90, 170}, 300, F16, F16, F32, 1, 0, 0.1},
         {"m3 k72 v96 unit keys, fp32 beta", 3, 2, 72, 96, 2, {50, 129}, 200, BF, F32, F32, 0, 0, 0.3},
         {"m1 k128 v128 long, bf16 initial state", 1, 2, 128, 128, 1, {700}, 704, BF, BF, BF, 1, 0, 0.02},
+        /* more state-sweep blocks than SMs: the two-stage pipeline (few blocks take the deep one) */
+        {"m2 k128 v128 10 heads x 8 seqs", 2, 10, 128, 128, 8, {70, 3, 130, 64, 0, 99, 1, 40}, 420, BF, BF, F32, 1, 0,
+         0.1},
+        {"m3 k64 v64 20 heads x 8 seqs", 3, 20, 64, 64, 8, {33, 128, 0, 65, 7, 64, 20, 90}, 420, BF, BF, F32, 1, 0,
+         0.2},
     };
     printf("random shapes vs the CPU backend (same 16-bit inputs, double math):\n");
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {

@@ -229,17 +229,20 @@ static void dump_case(const char *path, int M, int H, int K, int V, std::vector<
 }
 
 int main(int argc, char **argv) {
+    for (auto &e : g_stage_events)
+        DEV_CHECK(cudaEventCreate(&e));
     if (argc == 3 && !std::strcmp(argv[1], "--dump")) {
         std::string dir = argv[2];
         dump_case((dir + "/dump_k128.safetensors").c_str(), 2, 2, 128, 128, {100, 37, 200, 0}, 352);
         dump_case((dir + "/dump_k100.safetensors").c_str(), 3, 2, 100, 64, {130, 7, 64}, 210);
         return 0;
     }
-    for (auto &e : g_stage_events)
-        DEV_CHECK(cudaEventCreate(&e));
+    const int only_row = argc == 3 && !std::strcmp(argv[1], "--row") ? std::atoi(argv[2]) : 0;
     std::printf("%-28s %9s %9s %9s %9s %9s %9s\n", "# shape (median us)", "cumsum", "wy", "state", "out", "tail",
                 "total");
     for (const Row &row : ROWS) {
+        if (only_row > 0 && &row != &ROWS[only_row - 1])
+            continue;
         const int64_t H = row.H, K = row.K, V = row.V, M = row.M, N = row.n;
         std::vector<int32_t> cu(N + 1, 0);
         for (int i = 0; i < N; i++)
