@@ -344,10 +344,13 @@ static int32_t bucket_for(const struct gdp_engine *e, int32_t S, int32_t n_decod
 
 /* ---- phase calibration ------------------------------------------------------------------ */
 
-/* Per layer: the in_proj + out_proj GEMMs at T rows, and the all-reduce of T x D floats plus
- * the layer's two status agreements. Timed at two sizes (best of a few), fitted a + b T. */
+/* Per layer: the in_proj + out_proj GEMMs at T rows in the layer's dtypes (fp32 on the CPU;
+ * bf16 operands on CUDA, out_proj adding into the fp32 residual), and the all-reduce of
+ * T x D floats; plus one status agreement (the plan's per step). Timed at two sizes (best
+ * of a few), fitted a + b T. */
 static gdp_status_t calibrate(struct gdp_engine *e) {
     const int64_t D = e->D, P = e->shard.in_proj_dim, di = e->shard.d_inner;
+    const gdp_dtype_t act = e->ctx->backend == GDP_BACKEND_CPU ? GDP_DTYPE_FP32 : GDP_DTYPE_BF16;
     const int64_t T1 = 16, T2 = 256;
     const size_t es = sizeof(float);
     void *a = NULL, *w1 = NULL, *w2 = NULL, *c = NULL;
@@ -364,9 +367,9 @@ static gdp_status_t calibrate(struct gdp_engine *e) {
         double best = 1e30;
         for (int rep = 0; rep < 3 && st == GDP_STATUS_SUCCESS; rep++) {
             const double t0 = now_s();
-            st = gdp_layer_gemm_nt(e->ctx, Ts[k], P, D, a, D, w1, 0.0f, c, P, GDP_DTYPE_FP32);
+            st = gdp_layer_gemm_nt_ex(e->ctx, Ts[k], P, D, a, D, w1, act, 0.0f, c, P, act);
             if (st == GDP_STATUS_SUCCESS)
-                st = gdp_layer_gemm_nt(e->ctx, Ts[k], D, di, a, di, w2, 1.0f, c, D, GDP_DTYPE_FP32);
+                st = gdp_layer_gemm_nt_ex(e->ctx, Ts[k], D, di, a, di, w2, act, 1.0f, c, D, GDP_DTYPE_FP32);
             backend_sync(e->ctx);
             best = fmin(best, now_s() - t0);
         }
@@ -411,7 +414,7 @@ static gdp_status_t calibrate(struct gdp_engine *e) {
 static void split_layers(const struct gdp_engine *e, double layers_s, int64_t T, double *gemm, double *coll,
                          double *ops) {
     double g = e->n_layers * (e->ga + e->gb * (double)T);
-    double c = e->comm ? e->n_layers * (e->ca + e->cb * (double)T + 2 * e->agree_s) : 0;
+    double c = e->comm ? e->n_layers * (e->ca + e->cb * (double)T) : 0;
     if (g + c > layers_s && g + c > 0) { /* an estimate cannot exceed what was measured */
         const double f = layers_s / (g + c);
         g *= f, c *= f;
@@ -1225,6 +1228,10 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
         const gdp_step_metadata *m = NULL;
         if (st == GDP_STATUS_SUCCESS)
             st = gdp_plan_build(e->plan, e->cache, e->comm, &m);
+        /* the build ends with the ranks' agreement on its validation: a collective */
+        const double agree = fmin(e->agree_s, now_s() - tp1);
+        ph[GDP_PHASE_COLLECTIVE] += agree;
+        ph[GDP_PHASE_HOST] -= agree;
         if (st == GDP_STATUS_SUCCESS)
             st = gdp_cache_apply_step(e->cache, m);
         if (st != GDP_STATUS_SUCCESS)

@@ -29,7 +29,7 @@ struct gdp_model {
     void         *embedding;    /* [vocab, D] fp32 backend buffer (== host on the CPU)  */
     void         *final_norm;   /* [D] fp32 backend buffer                              */
     size_t        weight_bytes;
-    /* LM-head scratch, grown on demand: gathered rows, normed rows, logits (backend) */
+    /* LM-head scratch of one block: gathered rows, normed rows, logits (backend) */
     void         *rows_x, *rows_normed, *rows_logits;
     int64_t       scratch_rows;
     float        *staging;      /* host staging of x for the embedding upload (CUDA)  */
@@ -244,26 +244,29 @@ gdp_status_t gdp_model_forward(gdp_model_t model, gdp_cache_t cache, const gdp_s
     return GDP_STATUS_SUCCESS;
 }
 
-/* Grows the LM-head scratch to `rows` rows. */
-static gdp_status_t ensure_scratch(struct gdp_model *m, int64_t rows) {
-    if (rows <= m->scratch_rows)
+/* The LM head runs in blocks of exactly this many rows (the last one padded): a BLAS picks
+ * its kernel by the matrix sizes (OpenBLAS: a matrix-vector kernel for one row, a
+ * small-matrix kernel below some size), and each kernel sums in its own order. With one
+ * shape for every call, a row's logits do not depend on how many rows share its step. */
+#define LM_HEAD_BLOCK 16
+
+/* Allocates the LM-head scratch of one block on first use. */
+static gdp_status_t ensure_scratch(struct gdp_model *m) {
+    if (m->scratch_rows > 0)
         return GDP_STATUS_SUCCESS;
+    const int64_t rows = LM_HEAD_BLOCK;
     const size_t xb = (size_t)(rows * m->D) * sizeof(float), lb = (size_t)(rows * m->vocab) * sizeof(float);
-    void *a = NULL, *b = NULL, *c = NULL;
-    gdp_status_t st = gdp_layer_buf_alloc(m->ctx, xb, &a, "the LM head's row buffer");
+    gdp_status_t st = gdp_layer_buf_alloc(m->ctx, xb, &m->rows_x, "the LM head's row buffer");
     if (st == GDP_STATUS_SUCCESS)
-        st = gdp_layer_buf_alloc(m->ctx, xb, &b, "the LM head's normed rows");
+        st = gdp_layer_buf_alloc(m->ctx, xb, &m->rows_normed, "the LM head's normed rows");
     if (st == GDP_STATUS_SUCCESS)
-        st = gdp_layer_buf_alloc(m->ctx, lb, &c, "the LM head's logits");
+        st = gdp_layer_buf_alloc(m->ctx, lb, &m->rows_logits, "the LM head's logits");
     if (st != GDP_STATUS_SUCCESS) {
-        gdp_layer_buf_free(m->ctx, a);
-        gdp_layer_buf_free(m->ctx, b);
+        gdp_layer_buf_free(m->ctx, m->rows_x);
+        gdp_layer_buf_free(m->ctx, m->rows_normed);
+        m->rows_x = m->rows_normed = NULL;
         return st;
     }
-    gdp_layer_buf_free(m->ctx, m->rows_x);
-    gdp_layer_buf_free(m->ctx, m->rows_normed);
-    gdp_layer_buf_free(m->ctx, m->rows_logits);
-    m->rows_x = a, m->rows_normed = b, m->rows_logits = c;
     m->scratch_rows = rows;
     return GDP_STATUS_SUCCESS;
 }
@@ -283,20 +286,25 @@ gdp_status_t gdp_model_logits(gdp_model_t model, float *logits, const gdp_tensor
         if (rows[i] < 0 || rows[i] >= T)
             GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: rows[%lld] = %d is outside [0, %lld) (x's rows)", op,
                      (long long)i, rows[i], (long long)T);
-    const int64_t D = model->D, V = model->vocab;
-    const int64_t n = n_rows < 2 ? 2 : n_rows; /* see model.h: never a one-row product */
-    GDP_CHECK(ensure_scratch(model, n));
+    GDP_CHECK(ensure_scratch(model));
+    const int64_t D = model->D, V = model->vocab, B = LM_HEAD_BLOCK;
     const size_t row_bytes = (size_t)D * sizeof(float);
-    for (int64_t i = 0; i < n; i++)
-        GDP_CHECK(gdp_layer_buf_copy(model->ctx, (char *)model->rows_x + (size_t)i * row_bytes,
-                                     (const char *)x->data + (size_t)rows[i < n_rows ? i : 0] * row_bytes, row_bytes));
     gdp_tensor in, out, w;
-    GDP_CHECK(gdp_tensor_init(&in, model->rows_x, GDP_DTYPE_FP32, 2, (const int64_t[]){n, D}));
-    GDP_CHECK(gdp_tensor_init(&out, model->rows_normed, GDP_DTYPE_FP32, 2, (const int64_t[]){n, D}));
+    GDP_CHECK(gdp_tensor_init(&in, model->rows_x, GDP_DTYPE_FP32, 2, (const int64_t[]){B, D}));
+    GDP_CHECK(gdp_tensor_init(&out, model->rows_normed, GDP_DTYPE_FP32, 2, (const int64_t[]){B, D}));
     GDP_CHECK(gdp_tensor_init(&w, model->final_norm, GDP_DTYPE_FP32, 1, (const int64_t[]){D}));
-    GDP_CHECK(gdp_rmsnorm(model->ctx, &out, &in, &w, model->norm_eps));
-    /* Tied LM head: logits[r, v] = normed[r] . embedding[v], the embedding as stored [V, D]. */
-    GDP_CHECK(gdp_layer_gemm_nt(model->ctx, n, V, D, model->rows_normed, D, model->embedding, 0.0f,
-                                model->rows_logits, V, GDP_DTYPE_FP32));
-    return gdp_layer_buf_download(model->ctx, logits, model->rows_logits, (size_t)(n_rows * V) * sizeof(float));
+    for (int64_t first = 0; first < n_rows; first += B) {
+        const int64_t n = n_rows - first < B ? n_rows - first : B;
+        for (int64_t i = 0; i < B; i++) /* padding rows repeat the block's last real row */
+            GDP_CHECK(gdp_layer_buf_copy(model->ctx, (char *)model->rows_x + (size_t)i * row_bytes,
+                                         (const char *)x->data + (size_t)rows[first + (i < n ? i : n - 1)] * row_bytes,
+                                         row_bytes));
+        GDP_CHECK(gdp_rmsnorm(model->ctx, &out, &in, &w, model->norm_eps));
+        /* Tied LM head: logits[r, v] = normed[r] . embedding[v], the embedding as stored [V, D]. */
+        GDP_CHECK(gdp_layer_gemm_nt(model->ctx, B, V, D, model->rows_normed, D, model->embedding, 0.0f,
+                                    model->rows_logits, V, GDP_DTYPE_FP32));
+        GDP_CHECK(gdp_layer_buf_download(model->ctx, logits + first * V, model->rows_logits,
+                                         (size_t)(n * V) * sizeof(float)));
+    }
+    return GDP_STATUS_SUCCESS;
 }

@@ -197,13 +197,16 @@ gdp_status_t gdp_workload_synthetic(gdp_workload *out, const gdp_synthetic_workl
     if (wl.requests == NULL)
         return GDP_STATUS_SYSTEM_ERROR;
     wl.n_requests = params->n_requests;
-    wl_rng r;
+    /* Arrivals draw from their own stream, so the rate changes when requests come, not
+     * which requests come. */
+    wl_rng r, arrivals;
     wl_seed(&r, params->seed, 0);
+    wl_seed(&arrivals, params->seed, UINT64_MAX);
     double t = 0;
     for (int32_t i = 0; i < wl.n_requests; i++) {
         gdp_request_spec *q = &wl.requests[i];
         if (params->rate > 0)
-            t += -log(wl_uniform(&r)) / params->rate; /* exponential gaps: a Poisson process */
+            t += -log(wl_uniform(&arrivals)) / params->rate; /* exponential gaps: a Poisson process */
         q->id = i;
         q->arrival_s = t;
         q->prompt_len = wl_range(&r, params->prompt_min, params->prompt_max);

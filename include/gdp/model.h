@@ -62,9 +62,9 @@ GDP_API gdp_status_t gdp_model_forward(gdp_model_t model, gdp_cache_t cache, con
 
 /* logits [n_rows, vocab_size] (host memory, fp32) <- the LM head of rows rows[0..n_rows)
  * of x [T, D]: final RMSNorm (eps = config.norm_eps) then x . embedding^T. Local: no
- * communication. The product always runs on at least 2 rows (a row is repeated when
- * n_rows is 1): a BLAS computes a single row with a matrix-vector kernel whose summation
- * order differs from its matrix-matrix kernel's, and a request's logits must not depend
+ * communication. The rows run in fixed blocks of 16 (the last padded): a BLAS picks its
+ * kernel by the matrix sizes (a matrix-vector kernel for one row, a small-matrix kernel
+ * below some size), each summing in its own order, and a request's logits must not depend
  * on how many other requests share its step. Errors (nothing written): INVALID_ARGUMENT
  * for x's shape or dtype, a row outside [0, T), n_rows < 1, NULL pointers. */
 GDP_API gdp_status_t gdp_model_logits(gdp_model_t model, float *logits, const gdp_tensor *x, const int32_t *rows,

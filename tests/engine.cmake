@@ -1,0 +1,9 @@
+# Serving engine tests (src/engine.c, src/model.c, src/workload.c): the workload reader and
+# generator, the model's embedding and LM head, engine config errors and a TP = 1 run on one
+# process; under mpirun, engine variants at TP = 1, 2 and 4 whose generated tokens must agree
+# by the rule of gdp-math.md 8.1, and bad input on every rank; the same on the CUDA backend
+# (gpu;mpi, exits 77 without a GPU).
+gdp_add_test(test_engine_units SOURCES test_engine.c LABEL cpu TIMEOUT 60 ARGS --units)
+gdp_add_test(test_engine_np4 SOURCES test_engine.c LABEL mpi NPROCS 4 TIMEOUT 120)
+gdp_add_test(test_engine_np2 SOURCES test_engine.c LABEL mpi NPROCS 2 TIMEOUT 120)
+gdp_add_test(test_engine_gpu_np2 SOURCES test_engine.c LABEL "gpu;mpi" NPROCS 2 TIMEOUT 300 ARGS --backend cuda)

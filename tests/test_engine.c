@@ -1,0 +1,739 @@
+/*
+ * test_engine.c: the serving engine (include/gdp/engine.h), its model (model.h) and its
+ * workloads. Three modes:
+ *
+ *   --units (cpu, one process, no MPI): the JSONL reader (fields, defaults, arrival order,
+ *     seeded prompts; every error names the file, line and field and leaves *out alone), the
+ *     synthetic generator and its spec parser, the checkpoint's model tensors, the model's
+ *     embedding and LM head against a double-precision reference (and a one-row request
+ *     getting the same bits as in a batch), engine config errors, and a TP = 1 run over a
+ *     JSONL file whose results file matches the results API.
+ *
+ *   (default, mpi, np 4; 2 and 1 work too): one seeded checkpoint; every TP size t in
+ *     {1, 2, 4} dividing the ranks runs engine variants on its groups of t ranks (groups run
+ *     at once) over one synthetic workload, then every rank gets every result. Generated
+ *     tokens are compared by the rule of gdp-math.md 8.1:
+ *       - identical tokens where each request's math is the same and only the schedule
+ *         differs: preemption on/off, requests arriving over time vs at once; and the logits'
+ *         top-2 margins bit for bit as well where the schedule is the same too: graphs on/off
+ *         (at each TP size). Under another schedule the logits still differ in the last bits:
+ *         the layers' CPU GEMM (OpenBLAS) picks its kernel by the step's row count, and the
+ *         kernels sum in different orders (the test prints the largest difference);
+ *       - up to the first token whose top-2 logit margin is below the logit bar (1e-4 of
+ *         max |logit| on the CPU) in either run: TP 1 vs 2 vs 4, chunked vs whole prefill
+ *         (and slices of 64 vs 128), drafts on/off. Drafts are not exact on the CPU: its
+ *         recurrent op carries the state of a multi-token decode step in double between
+ *         the tokens, where single-token steps round it to the fp32 cache after each;
+ *     and each run's report: every request finished with max_new_tokens tokens, preemption
+ *     variants preempted (and resumed), draft variants proposed and accepted drafts, graph
+ *     hooks replayed (and never ran with graphs off), the decode-vs-recompute self check
+ *     within 1e-4. Bad input: a budget too small, a token outside the vocabulary, a whole
+ *     prompt over the budget, results off the root, a check without kept logits: errors on
+ *     every rank naming the values, and the engine still runs afterwards.
+ *
+ *   --backend cuda (gpu;mpi): the same comparisons with the CUDA backend at TP = ranks
+ *     (bars: logits 5e-2, exact only for graphs on/off), plus a CUDA TP = 1 and a CPU TP = 1
+ *     run on rank 0 against it. Exits 77 on every rank without a GPU.
+ * Failures are summed over the ranks, so every rank exits the same way.
+ */
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gdp/checkpoint.h"
+#include "gdp/comm.h"
+#include "gdp/engine.h"
+#include "gdp/model.h"
+#include "test_common.h"
+
+#define NREQ 10
+#define NEW 16
+#define BUDGET 256
+#define VOCAB 128
+#define BAR_CPU 1e-4 /* logit bar: the CPU's decode-vs-recompute bar, relative to max |logit| */
+#define BAR_GPU 5e-2 /* Megatron's logit bar */
+
+static int g_rank = 0, g_size = 1;
+static bool g_cuda = false;
+
+static void test_config(gdp_layer_config *c) {
+    gdp_layer_config_default(c);
+    c->hidden_size = 64, c->num_layers = 2, c->num_heads = 8, c->num_groups = 4, c->head_dim = 16;
+    c->state_dim = 16, c->num_householder = 2, c->vocab_size = VOCAB;
+}
+
+static void temp_path(char *buf, size_t n, const char *what, long job) {
+    snprintf(buf, n, "%s/gdp_test_engine_%ld_%s", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", job, what);
+}
+
+/* ======================================================================================
+ * --units
+ * ====================================================================================== */
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+}
+
+/* A JSONL file that must fail with `status` and a message holding every `want` string. */
+static void expect_jsonl_error(const char *path, const char *text, gdp_status_t status, const char *want1,
+                               const char *want2) {
+    write_file(path, text);
+    gdp_workload wl = {.n_requests = -7};
+    CHECK_STATUS(gdp_workload_load_jsonl(&wl, path, VOCAB, 1), status);
+    CHECK(strstr(gdp_last_error(), want1) != NULL && (want2 == NULL || strstr(gdp_last_error(), want2) != NULL),
+          "message '%s' lacks '%s'%s%s", gdp_last_error(), want1, want2 ? " / " : "", want2 ? want2 : "");
+    CHECK(wl.n_requests == -7 && wl.requests == NULL, "a failed load modified *out");
+}
+
+static void units_workload(long job) {
+    char path[512];
+    temp_path(path, sizeof path, "workload.jsonl", job);
+    write_file(path, "# a comment, then a blank line\n\n"
+                     "{\"id\": 7, \"arrival\": 0.5, \"prompt\": [1, 2, 3], \"max_new_tokens\": 4}\n"
+                     "{\"prompt_len\": 40, \"max_new_tokens\": 2}\n"
+                     "{\"id\": 9, \"arrival\": 0.5, \"prompt_len\": 40, \"max_new_tokens\": 1}\n"
+                     "{\"id\": 3, \"arrival\": 0.25, \"prompt\": [127], \"max_new_tokens\": 5}\n");
+    gdp_workload wl, wl2, wl3;
+    CHECK_OK(gdp_workload_load_jsonl(&wl, path, VOCAB, 11));
+    CHECK_OK(gdp_workload_load_jsonl(&wl2, path, VOCAB, 11));
+    CHECK_OK(gdp_workload_load_jsonl(&wl3, path, VOCAB, 12));
+    CHECK(wl.n_requests == 4, "%d requests, expected 4", wl.n_requests);
+    if (wl.n_requests == 4) {
+        /* sorted by arrival, ties in file order: id 1 (index default, t 0), 3 (0.25), 7, 9 (0.5) */
+        const int64_t ids[4] = {1, 3, 7, 9};
+        for (int i = 0; i < 4; i++)
+            CHECK(wl.requests[i].id == ids[i], "request %d has id %lld, expected %lld", i,
+                  (long long)wl.requests[i].id, (long long)ids[i]);
+        CHECK(wl.requests[2].prompt_len == 3 && wl.requests[2].prompt[0] == 1 && wl.requests[2].prompt[2] == 3 &&
+                  wl.requests[2].max_new_tokens == 4 && wl.requests[2].arrival_s == 0.5,
+              "request 7 parsed wrong");
+        CHECK(wl.requests[1].prompt_len == 1 && wl.requests[1].prompt[0] == 127, "request 3 parsed wrong");
+        CHECK(wl.requests[0].prompt_len == 40 && wl.requests[0].arrival_s == 0, "request 1 parsed wrong");
+        bool same = true, other_seed = false, other_id = false, in_vocab = true;
+        for (int t = 0; t < 40; t++) {
+            same &= wl.requests[0].prompt[t] == wl2.requests[0].prompt[t];
+            other_seed |= wl.requests[0].prompt[t] != wl3.requests[0].prompt[t];
+            other_id |= wl.requests[0].prompt[t] != wl.requests[3].prompt[t];
+            in_vocab &= wl.requests[0].prompt[t] >= 0 && wl.requests[0].prompt[t] < VOCAB;
+        }
+        CHECK(same && other_seed && other_id && in_vocab,
+              "prompts from a length: same seed same tokens %d, another seed differs %d, another id differs %d, "
+              "in the vocabulary %d", same, other_seed, other_id, in_vocab);
+    }
+    CHECK(strstr(wl.source, "workload.jsonl") != NULL, "source '%s'", wl.source);
+    gdp_workload_free(&wl), gdp_workload_free(&wl2), gdp_workload_free(&wl3);
+    CHECK(wl.requests == NULL && wl.n_requests == 0, "gdp_workload_free did not zero the workload");
+
+    expect_jsonl_error(path, "{\"prompt\": [1], \"max_new_tokens\": 2}\n{\"prompt\": [1, \"max_new_tokens\": 2}\n",
+                       GDP_STATUS_INVALID_ARGUMENT, "workload.jsonl:2", "not valid JSON");
+    expect_jsonl_error(path, "{\"prompt\": [1, 2]}\n", GDP_STATUS_INVALID_ARGUMENT, ":1:", "max_new_tokens");
+    expect_jsonl_error(path, "\n{\"prompt\": [1], \"prompt_len\": 4, \"max_new_tokens\": 1}\n",
+                       GDP_STATUS_INVALID_ARGUMENT, ":2:", "exactly one");
+    expect_jsonl_error(path, "{\"max_new_tokens\": 1}\n", GDP_STATUS_INVALID_ARGUMENT, ":1:", "exactly one");
+    expect_jsonl_error(path, "{\"prompt\": [5, 128], \"max_new_tokens\": 1}\n", GDP_STATUS_INVALID_ARGUMENT,
+                       "prompt[1]", "[0, 128)");
+    expect_jsonl_error(path, "{\"id\": 4, \"prompt\": [5], \"max_new_tokens\": 1}\n{\"id\": 4, \"prompt\": [6], "
+                       "\"max_new_tokens\": 1}\n", GDP_STATUS_INVALID_ARGUMENT, ":2:", "id 4 is used twice");
+    expect_jsonl_error(path, "{\"prompt\": [5], \"max_new_tokens\": 1, \"temperature\": 1}\n",
+                       GDP_STATUS_INVALID_ARGUMENT, "unknown field", "temperature");
+    expect_jsonl_error(path, "{\"prompt\": [5], \"max_new_tokens\": 0}\n", GDP_STATUS_INVALID_ARGUMENT,
+                       "max_new_tokens", "out of range");
+    expect_jsonl_error(path, "{\"prompt\": [5], \"max_new_tokens\": 1, \"arrival\": -1}\n",
+                       GDP_STATUS_INVALID_ARGUMENT, "arrival", ":1:");
+    expect_jsonl_error(path, "# nothing\n\n", GDP_STATUS_INVALID_ARGUMENT, "holds no request", NULL);
+    remove(path);
+    gdp_workload wl4 = {.n_requests = -7};
+    CHECK_STATUS(gdp_workload_load_jsonl(&wl4, path, VOCAB, 1), GDP_STATUS_SYSTEM_ERROR);
+    CHECK(strstr(gdp_last_error(), "cannot open") != NULL, "missing-file message '%s'", gdp_last_error());
+
+    /* synthetic */
+    gdp_synthetic_workload p;
+    CHECK_OK(gdp_workload_synthetic_default(&p));
+    CHECK(p.n_requests == 32 && p.rate == 0 && p.prompt_min == 16 && p.prompt_max == 300 && p.new_min == 32 &&
+              p.new_max == 32,
+          "default synthetic workload (%d, %g, %d-%d, %d-%d)", p.n_requests, p.rate, p.prompt_min, p.prompt_max,
+          p.new_min, p.new_max);
+    CHECK_OK(gdp_workload_parse_synthetic("synthetic:new=3-9,n=50,prompt=7,rate=100,seed=5", &p));
+    CHECK(p.n_requests == 50 && p.new_min == 3 && p.new_max == 9 && p.prompt_min == 7 && p.prompt_max == 7 &&
+              p.rate == 100 && p.seed == 5,
+          "parsed spec wrong");
+    const gdp_synthetic_workload keep = p;
+    const char *bad[] = {"n=0", "rate=-1", "prompt=9-3", "new=x", "colour=2", "n", "repeat=2"};
+    const char *want[] = {"n=0", "rate", "9-3", "new=x", "colour", "'n'", "repeat"};
+    for (int i = 0; i < 7; i++) {
+        CHECK_STATUS(gdp_workload_parse_synthetic(bad[i], &p), GDP_STATUS_INVALID_ARGUMENT);
+        CHECK(strstr(gdp_last_error(), want[i]) != NULL, "spec '%s': message '%s' lacks '%s'", bad[i],
+              gdp_last_error(), want[i]);
+        CHECK(!memcmp(&p, &keep, sizeof p), "a refused spec '%s' modified the params", bad[i]);
+    }
+    gdp_workload a, b;
+    CHECK_OK(gdp_workload_synthetic(&a, &p, VOCAB));
+    CHECK_OK(gdp_workload_synthetic(&b, &p, VOCAB));
+    bool ok = a.n_requests == 50, same = true;
+    for (int i = 0; ok && i < a.n_requests; i++) {
+        const gdp_request_spec *q = &a.requests[i];
+        ok &= q->prompt_len == 7 && q->max_new_tokens >= 3 && q->max_new_tokens <= 9 && q->arrival_s >= 0 &&
+              (i == 0 || q->arrival_s >= a.requests[i - 1].arrival_s);
+        for (int t = 0; t < q->prompt_len; t++)
+            ok &= q->prompt[t] >= 0 && q->prompt[t] < VOCAB;
+        same &= q->arrival_s == b.requests[i].arrival_s && !memcmp(q->prompt, b.requests[i].prompt, 7 * 4);
+    }
+    const double span = a.requests[a.n_requests - 1].arrival_s;
+    CHECK(ok && same, "synthetic workload: ranges/order ok %d, same seed identical %d", ok, same);
+    CHECK(span > 0.2 && span < 1.0, "50 arrivals at 100/s span %.3f s (a Poisson process: ~0.5 s)", span);
+    gdp_workload_free(&a), gdp_workload_free(&b);
+    printf("workloads: JSONL fields, defaults, order, seeded prompts, 11 refused files; synthetic spec and "
+           "generator: checked\n");
+}
+
+static void units_model(long job) {
+    char path[512], path0[512];
+    temp_path(path, sizeof path, "model.safetensors", job);
+    temp_path(path0, sizeof path0, "layers_only.safetensors", job);
+    gdp_layer_config cfg;
+    test_config(&cfg);
+    CHECK_OK(gdp_checkpoint_write_synthetic(path, &cfg, 77, GDP_DTYPE_FP32));
+    gdp_layer_config c0 = cfg;
+    c0.vocab_size = 0;
+    CHECK_OK(gdp_checkpoint_write_synthetic(path0, &c0, 77, GDP_DTYPE_FP32));
+    gdp_checkpoint_t ck = NULL, ck0 = NULL;
+    CHECK_OK(gdp_checkpoint_open(&ck, path));
+    CHECK_OK(gdp_checkpoint_open(&ck0, path0));
+    CHECK_OK(gdp_checkpoint_check(ck, 4));
+    gdp_model_weights mw = {.dtype = GDP_DTYPE_INT32};
+    CHECK_STATUS(gdp_checkpoint_load_model_weights(ck0, &mw), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(gdp_last_error(), "vocab_size 0") != NULL && mw.dtype == GDP_DTYPE_INT32,
+          "a checkpoint without vocabulary: message '%s', out modified %d", gdp_last_error(),
+          mw.dtype != GDP_DTYPE_INT32);
+    CHECK_OK(gdp_checkpoint_load_model_weights(ck, &mw));
+    CHECK(mw.embedding.shape[0] == VOCAB && mw.embedding.shape[1] == 64 && mw.final_norm_weight.shape[0] == 64,
+          "model weight shapes");
+
+    gdp_ctx_t ctx;
+    CHECK_OK(gdp_ctx_init(&ctx, GDP_BACKEND_CPU, 0));
+    gdp_model_t m = NULL, m0 = (gdp_model_t)&mw;
+    CHECK_STATUS(gdp_model_init(&m0, ctx, NULL, ck0), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK(m0 == NULL, "a failed gdp_model_init left *out set");
+    CHECK_OK(gdp_model_init(&m, ctx, NULL, ck));
+
+    /* embedding: rows are the embedding's, -1 gives zeros; a bad token changes nothing */
+    const int64_t T = 6, D = 64;
+    float x[6 * 64], x_copy[6 * 64];
+    const int32_t tokens[6] = {5, -1, 127, 0, 5, 64};
+    gdp_tensor xt;
+    gdp_tensor_init(&xt, x, GDP_DTYPE_FP32, 2, (const int64_t[]){T, D});
+    CHECK_OK(gdp_model_embed(m, &xt, tokens, T));
+    const float *E = mw.embedding.data;
+    bool rows_ok = true;
+    for (int64_t i = 0; i < T; i++)
+        for (int64_t d = 0; d < D; d++)
+            rows_ok &= x[i * D + d] == (tokens[i] < 0 ? 0.0f : E[tokens[i] * D + d]);
+    CHECK(rows_ok, "embedded rows are not the embedding's rows");
+    memcpy(x_copy, x, sizeof x);
+    const int32_t bad_tokens[6] = {1, 2, 128, 3, 4, 5};
+    CHECK_STATUS(gdp_model_embed(m, &xt, bad_tokens, T), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(gdp_last_error(), "tokens[2] = 128") != NULL && !memcmp(x, x_copy, sizeof x),
+          "a bad token: message '%s', x modified %d", gdp_last_error(), memcmp(x, x_copy, sizeof x) != 0);
+
+    /* LM head vs double: final RMSNorm (weight 1 here, eps 1e-5) then x . E^T */
+    for (int64_t i = 0; i < T * D; i++)
+        x[i] = (float)sin(0.37 * (double)i) * 0.3f;
+    float logits[6 * VOCAB], one[VOCAB];
+    const int32_t rows[5] = {3, 0, 5, 1, 3};
+    CHECK_OK(gdp_model_logits(m, logits, &xt, rows, 5));
+    double worst = 0;
+    for (int r = 0; r < 5; r++) {
+        const float *xr = x + rows[r] * D, *nw = mw.final_norm_weight.data;
+        double ss = 0;
+        for (int64_t d = 0; d < D; d++)
+            ss += (double)xr[d] * xr[d];
+        const double rstd = 1.0 / sqrt(ss / (double)D + cfg.norm_eps);
+        double mx = 0, md = 0;
+        for (int64_t v = 0; v < VOCAB; v++) {
+            double acc = 0;
+            for (int64_t d = 0; d < D; d++)
+                acc += (double)xr[d] * rstd * nw[d] * E[v * D + d];
+            mx = fmax(mx, fabs(acc));
+            md = fmax(md, fabs(acc - logits[r * VOCAB + v]));
+        }
+        worst = fmax(worst, md / mx);
+    }
+    CHECK(worst <= 1e-5, "LM head vs double: max|a-b|/max|b| = %.2e > 1e-5", worst);
+    /* one row alone gets the bits it gets in a batch (never a one-row BLAS kernel) */
+    CHECK_OK(gdp_model_logits(m, one, &xt, &rows[2], 1));
+    CHECK(!memcmp(one, logits + 2 * VOCAB, sizeof one), "row 5's logits alone differ from its logits in a batch");
+    const int32_t bad_rows[2] = {1, 6};
+    memcpy(one, logits, sizeof one);
+    CHECK_STATUS(gdp_model_logits(m, logits, &xt, bad_rows, 2), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(gdp_last_error(), "rows[1] = 6") != NULL && !memcmp(one, logits, sizeof one),
+          "bad row: message '%s'", gdp_last_error());
+    printf("model: embedding rows, LM head vs double (%.1e), one row == its batch bits, bad tokens/rows refused\n",
+           worst);
+
+    /* engine config errors, one process */
+    gdp_engine_config ec;
+    CHECK_OK(gdp_engine_config_default(&ec));
+    struct { gdp_engine_config c; const char *want; } cases[4];
+    for (int i = 0; i < 4; i++)
+        cases[i].c = ec;
+    cases[0].c.max_step_tokens = 100, cases[0].want = "max_step_tokens is 100";
+    cases[1].c.prefill_chunk = 100, cases[1].want = "prefill_chunk is 100";
+    cases[2].c.draft_tokens = 16, cases[2].want = "draft_tokens is 16";
+    cases[3].c.n_slots = 0, cases[3].want = "n_slots is 0";
+    for (int i = 0; i < 4; i++) {
+        gdp_engine_t e = (gdp_engine_t)&mw;
+        CHECK_STATUS(gdp_engine_init(&e, ctx, NULL, m, &cases[i].c), GDP_STATUS_INVALID_ARGUMENT);
+        CHECK(e == NULL && strstr(gdp_last_error(), cases[i].want) != NULL, "config case %d: message '%s' lacks '%s'",
+              i, gdp_last_error(), cases[i].want);
+    }
+
+    /* a TP = 1 run over a JSONL file; the results file matches the API */
+    char wpath[512], opath[512];
+    temp_path(wpath, sizeof wpath, "run.jsonl", job);
+    temp_path(opath, sizeof opath, "out.jsonl", job);
+    write_file(wpath, "{\"id\": 11, \"prompt\": [3, 4, 5, 6, 7, 8, 9], \"max_new_tokens\": 6}\n"
+                      "{\"id\": 12, \"prompt_len\": 130, \"max_new_tokens\": 3}\n"
+                      "{\"id\": 13, \"prompt_len\": 1, \"max_new_tokens\": 1}\n");
+    gdp_workload wl;
+    CHECK_OK(gdp_workload_load_jsonl(&wl, wpath, VOCAB, 5));
+    ec.n_slots = 2, ec.progress = 0, ec.check_requests = 2;
+    gdp_engine_t e = NULL;
+    CHECK_OK(gdp_engine_init(&e, ctx, NULL, m, &ec));
+    CHECK_OK(gdp_engine_run(e, &wl));
+    CHECK_OK(gdp_engine_write_results(e, opath));
+    FILE *f = fopen(opath, "r");
+    char line[4096];
+    int n_lines = 0;
+    for (; f != NULL && fgets(line, sizeof line, f) != NULL; n_lines++) {
+        gdp_request_result r;
+        CHECK_OK(gdp_engine_get_result(e, n_lines, &r));
+        char want_line[512];
+        int k = snprintf(want_line, sizeof want_line, "{\"id\":%lld,\"prompt_len\":%d,\"tokens\":[", (long long)r.id,
+                         r.prompt_len);
+        for (int t = 0; t < r.n_generated; t++)
+            k += snprintf(want_line + k, sizeof want_line - (size_t)k, "%s%d", t ? "," : "", r.tokens[t]);
+        snprintf(want_line + k, sizeof want_line - (size_t)k, "]");
+        CHECK(strncmp(line, want_line, strlen(want_line)) == 0, "results line %d '%s' does not start with '%s'",
+              n_lines, line, want_line);
+        CHECK(r.n_generated == wl.requests[n_lines].max_new_tokens, "request %lld generated %d tokens", (long long)r.id,
+              r.n_generated);
+    }
+    if (f)
+        fclose(f);
+    CHECK(n_lines == 3, "%d result lines, expected 3", n_lines);
+    double cw = 1;
+    int32_t checked = 0, mism = 1;
+    CHECK_OK(gdp_engine_check(e, &cw, &checked, &mism));
+    CHECK(checked == 2 && cw <= BAR_CPU && mism == 0, "self check: %d requests, worst %.2e, mismatches %d", checked,
+          cw, mism);
+    gdp_request_result r;
+    CHECK_STATUS(gdp_engine_get_result(e, 3, &r), GDP_STATUS_INVALID_ARGUMENT);
+    printf("engine: 4 bad configs refused; a TP = 1 JSONL run, its results file, self check %.1e: checked\n", cw);
+    gdp_engine_free(e);
+    gdp_workload_free(&wl);
+    gdp_model_free(m);
+    gdp_model_weights_free(&mw);
+    gdp_checkpoint_free(ck), gdp_checkpoint_free(ck0);
+    gdp_ctx_free(ctx);
+    remove(path), remove(path0), remove(wpath), remove(opath);
+}
+
+/* ======================================================================================
+ * mpi: variants across TP sizes
+ * ====================================================================================== */
+
+/* How a variant's tokens must compare with the base run's at the same TP size. */
+typedef enum match {
+    MATCH_MARGIN = 0, /* identical up to the first token with a margin below the logit bar   */
+    MATCH_TOKENS,     /* identical tokens: the same per-request math, another schedule       */
+    MATCH_BITWISE,    /* identical tokens and logit margins bit for bit: the same schedule   */
+} match;
+
+typedef struct variant {
+    const char *name;
+    int32_t     slots, chunk, draft, preempt, graphs, timed;
+    match       vs_base;
+} variant;
+
+static const variant k_variants[] = {
+    {"base", 16, 64, 0, 0, 1, 0, MATCH_BITWISE},
+    {"preempt", 3, 64, 0, 1, 1, 0, MATCH_TOKENS},
+    {"no-graphs", 16, 64, 0, 0, 0, 0, MATCH_BITWISE},
+    {"arrivals", 16, 64, 0, 0, 1, 1, MATCH_TOKENS},
+    {"drafts", 16, 64, 3, 0, 1, 0, MATCH_MARGIN},
+    {"drafts+preempt", 3, 64, 3, 1, 1, 0, MATCH_MARGIN},
+    {"whole", 16, 0, 0, 0, 1, 0, MATCH_MARGIN},
+    {"slices-128", 16, 128, 0, 0, 1, 0, MATCH_MARGIN},
+};
+#define N_VARIANTS ((int)(sizeof k_variants / sizeof k_variants[0]))
+
+typedef struct result {
+    int32_t valid, tp;
+    int32_t n_gen[NREQ];
+    int32_t tokens[NREQ][NEW];
+    float   margin[NREQ][NEW], scale[NREQ][NEW];
+    int32_t requests;
+    int64_t generated, preemptions, resumes, drafts_proposed, drafts_accepted, captures, replays;
+    double  check_worst;
+    int32_t check_checked, check_mismatches;
+} result;
+
+static gdp_workload g_wl, g_wl_timed;
+
+static void make_workloads(void) {
+    gdp_synthetic_workload p;
+    gdp_workload_synthetic_default(&p);
+    p.n_requests = NREQ, p.rate = 0, p.prompt_min = 5, p.prompt_max = 150, p.new_min = p.new_max = NEW, p.seed = 3;
+    GDP_FATAL_IF_ERROR(NULL, gdp_workload_synthetic(&g_wl, &p, VOCAB));
+    p.rate = 300; /* ten requests over ~30 ms: they join running batches at different steps */
+    GDP_FATAL_IF_ERROR(NULL, gdp_workload_synthetic(&g_wl_timed, &p, VOCAB));
+}
+
+static void engine_config(const variant *v, gdp_engine_config *c) {
+    gdp_engine_config_default(c);
+    c->n_slots = v->slots, c->max_step_tokens = BUDGET, c->prefill_chunk = v->chunk, c->draft_tokens = v->draft;
+    c->preempt = v->preempt, c->preempt_after = 2, c->cuda_graphs = v->graphs, c->honor_arrivals = v->timed;
+    c->progress = 0, c->check_requests = !strcmp(v->name, "base") ? 3 : 0;
+}
+
+/* Runs variant v on the ranks of `group` (MPI_COMM_NULL: this rank alone), into *out (root). */
+static void run_variant(const char *ckpt_path, MPI_Comm group, const variant *v, gdp_backend_t backend,
+                        result *out) {
+    memset(out, 0, sizeof *out);
+    gdp_comm_t comm = NULL;
+    int32_t grank = 0, device = 0;
+    if (group != MPI_COMM_NULL) {
+        const bool nccl = backend == GDP_BACKEND_CUDA && gdp_comm_backend_available(GDP_COMM_NCCL);
+        gdp_status_t st = gdp_comm_init(&comm, nccl ? GDP_COMM_NCCL : GDP_COMM_MPI, &group,
+                                        backend == GDP_BACKEND_CUDA ? GDP_COMM_DEVICE_BUFFERS : GDP_COMM_HOST_BUFFERS);
+        if (st != GDP_STATUS_SUCCESS && nccl) /* more ranks than GPUs: host-staged MPI */
+            st = gdp_comm_init(&comm, GDP_COMM_MPI, &group, GDP_COMM_DEVICE_BUFFERS);
+        GDP_FATAL_IF_ERROR(NULL, st);
+        gdp_comm_rank(comm, &grank);
+        if (backend == GDP_BACKEND_CUDA)
+            gdp_comm_device(comm, &device);
+    }
+    gdp_ctx_t ctx;
+    GDP_FATAL_IF_ERROR(comm, gdp_ctx_init(&ctx, backend, device));
+    gdp_checkpoint_t ck;
+    GDP_FATAL_IF_ERROR(comm, gdp_checkpoint_open(&ck, ckpt_path));
+    gdp_model_t model;
+    GDP_FATAL_IF_ERROR(comm, gdp_model_init(&model, ctx, comm, ck));
+    gdp_engine_config ec;
+    engine_config(v, &ec);
+    gdp_engine_t e;
+    GDP_FATAL_IF_ERROR(comm, gdp_engine_init(&e, ctx, comm, model, &ec));
+    GDP_FATAL_IF_ERROR(comm, gdp_engine_run(e, grank == 0 ? (v->timed ? &g_wl_timed : &g_wl) : NULL));
+    if (ec.check_requests > 0)
+        GDP_FATAL_IF_ERROR(comm, gdp_engine_check(e, &out->check_worst, &out->check_checked, &out->check_mismatches));
+    if (grank == 0) {
+        gdp_engine_report rep;
+        gdp_engine_get_report(e, &rep);
+        out->valid = 1;
+        out->requests = rep.requests, out->generated = rep.generated_tokens, out->preemptions = rep.preemptions;
+        out->resumes = rep.resumes, out->drafts_proposed = rep.drafts_proposed;
+        out->drafts_accepted = rep.drafts_accepted, out->captures = rep.graph_captures;
+        out->replays = rep.graph_replays, out->tp = rep.tp_size;
+        for (int i = 0; i < NREQ; i++) {
+            gdp_request_result r;
+            GDP_FATAL_IF_ERROR(comm, gdp_engine_get_result(e, i, &r));
+            /* results are in workload order; the timed workload has the same requests */
+            out->n_gen[i] = r.n_generated;
+            for (int t = 0; t < r.n_generated && t < NEW; t++) {
+                out->tokens[i][t] = r.tokens[t];
+                out->margin[i][t] = r.margin[t];
+                out->scale[i][t] = r.logit_scale[t];
+            }
+        }
+    }
+    gdp_engine_free(e);
+    gdp_model_free(model);
+    gdp_checkpoint_free(ck);
+    gdp_ctx_free(ctx);
+    gdp_comm_free(comm);
+}
+
+static double g_bar = BAR_CPU;
+static int64_t g_compared = 0, g_total = 0;
+
+/* Tokens identical up to the first token whose margin is below the bar in either run
+ * (MATCH_MARGIN), or throughout (MATCH_TOKENS; MATCH_BITWISE: margins bit for bit too). */
+static void compare(const char *what, const result *a, const result *b, match how) {
+    if (!a->valid || !b->valid)
+        return;
+    int64_t same = 0, cut = 0, diff = 0;
+    double margin_diff = 0; /* the largest |margin a - margin b| / max |logit| of identical tokens */
+    for (int i = 0; i < NREQ; i++) {
+        const int n = a->n_gen[i] < b->n_gen[i] ? a->n_gen[i] : b->n_gen[i];
+        for (int t = 0; t < n; t++) {
+            if (how == MATCH_MARGIN &&
+                (a->margin[i][t] < g_bar * a->scale[i][t] || b->margin[i][t] < g_bar * b->scale[i][t])) {
+                cut += n - t; /* no claim from here on */
+                break;
+            }
+            if (a->tokens[i][t] != b->tokens[i][t] || (how == MATCH_BITWISE && a->margin[i][t] != b->margin[i][t])) {
+                diff++;
+                CHECK(false, "%s: request %d token %d: %d (margin %.9g) vs %d (margin %.9g)%s", what, i, t,
+                      a->tokens[i][t], a->margin[i][t], b->tokens[i][t], b->margin[i][t],
+                      how == MATCH_BITWISE ? " (the same schedule: logits must be identical bit for bit)"
+                      : how == MATCH_TOKENS ? " (tokens must be identical)" : "");
+                break;
+            }
+            margin_diff = fmax(margin_diff, fabs((double)a->margin[i][t] - b->margin[i][t]) / b->scale[i][t]);
+            same++;
+        }
+    }
+    g_compared += same, g_total += same + cut + diff;
+    static const char *const kind[] = {"margin ", "tokens ", "bitwise"};
+    printf("  %-38s %s: %3lld tokens identical, %3lld past a small margin; margins differ by <= %.1e x max|logit|\n",
+           what, kind[how], (long long)same, (long long)cut, margin_diff);
+}
+
+static void check_result(const char *what, const variant *v, const result *r) {
+    if (!r->valid)
+        return;
+    bool all = r->requests == NREQ && r->generated == (int64_t)NREQ * NEW;
+    for (int i = 0; i < NREQ; i++)
+        all &= r->n_gen[i] == NEW;
+    CHECK(all, "%s: %d requests finished, %lld tokens generated (want %d, %d)", what, r->requests,
+          (long long)r->generated, NREQ, NREQ * NEW);
+    if (v->preempt)
+        CHECK(r->preemptions > 0 && r->resumes == r->preemptions, "%s: %lld preemptions, %lld resumes", what,
+              (long long)r->preemptions, (long long)r->resumes);
+    else
+        CHECK(r->preemptions == 0, "%s: %lld preemptions with preemption off", what, (long long)r->preemptions);
+    if (v->draft)
+        CHECK(r->drafts_proposed > 0 && r->drafts_accepted > 0 && r->drafts_accepted <= r->drafts_proposed,
+              "%s: drafts proposed %lld, accepted %lld", what, (long long)r->drafts_proposed,
+              (long long)r->drafts_accepted);
+    if (v->graphs)
+        CHECK(r->captures > 0 && r->replays > 0, "%s: graph hooks: %lld captures, %lld replays", what,
+              (long long)r->captures, (long long)r->replays);
+    else
+        CHECK(r->captures == 0 && r->replays == 0, "%s: graphs off but %lld captures", what, (long long)r->captures);
+    if (!strcmp(v->name, "base"))
+        CHECK(r->check_checked == 3 && r->check_worst <= (g_cuda ? BAR_GPU : BAR_CPU) && r->check_mismatches == 0,
+              "%s: decode vs recompute: %d checked, worst %.2e, %d mismatches", what, r->check_checked,
+              r->check_worst, r->check_mismatches);
+}
+
+/* Results[tp index][variant]. */
+static result g_res[3][N_VARIANTS];
+static const int k_tps[3] = {1, 2, 4};
+
+static void mpi_variants(const char *path) {
+    for (int ti = 0; ti < 3; ti++) {
+        const int tp = k_tps[ti];
+        if (g_size % tp != 0 || tp > g_size)
+            continue;
+        /* TP = 4 runs only the base: its comparisons with TP 1 and 2 are the point. */
+        const int n_var = tp == 4 ? 1 : N_VARIANTS, groups = g_size / tp, my_group = g_rank / tp;
+        MPI_Comm group = MPI_COMM_NULL;
+        if (tp > 1)
+            MPI_Comm_split(MPI_COMM_WORLD, my_group, g_rank, &group);
+        for (int k = my_group; k < n_var; k += groups)
+            run_variant(path, group, &k_variants[k], GDP_BACKEND_CPU, &g_res[ti][k]);
+        for (int k = 0; k < n_var; k++) /* every rank gets every result from its group's root */
+            MPI_Bcast(&g_res[ti][k], sizeof(result), MPI_BYTE, (k % groups) * tp, MPI_COMM_WORLD);
+        if (group != MPI_COMM_NULL)
+            MPI_Comm_free(&group);
+    }
+    if (g_rank != 0)
+        return;
+    for (int ti = 0; ti < 3; ti++)
+        for (int k = 0; k < N_VARIANTS; k++) {
+            char what[96];
+            snprintf(what, sizeof what, "tp %d %s", k_tps[ti], k_variants[k].name);
+            check_result(what, &k_variants[k], &g_res[ti][k]);
+        }
+    /* The model must not be degenerate, or identical tokens prove nothing: a random model
+     * repeats tokens in runs, and where a run ends is up to the recurrent state. */
+    const result *b1 = &g_res[0][0];
+    int switches = 0;
+    for (int i = 0; i < NREQ; i++)
+        for (int t = 1; t < NEW; t++)
+            switches += b1->tokens[i][t] != b1->tokens[i][t - 1];
+    CHECK(switches >= 2 * NREQ, "the base run's tokens change only %d times over %d requests: the test model is too "
+          "degenerate for token comparisons to mean anything", switches, NREQ);
+    printf("# generated tokens (the next token differs from the last %d times in %d), logit bar %.0e x max|logit|:\n",
+           switches, NREQ * (NEW - 1), g_bar);
+    for (int ti = 0; ti < 3; ti++) {
+        const result *r = g_res[ti];
+        if (!r[0].valid)
+            continue;
+        char what[96];
+        for (int k = 1; k < N_VARIANTS; k++) {
+            snprintf(what, sizeof what, "tp %d: base vs %s", k_tps[ti], k_variants[k].name);
+            compare(what, &r[0], &r[k], k_variants[k].vs_base);
+        }
+        if (ti > 0) {
+            snprintf(what, sizeof what, "tp 1 vs tp %d (base)", k_tps[ti]);
+            compare(what, &g_res[0][0], &r[0], MATCH_MARGIN);
+        }
+    }
+    CHECK(g_total > 0 && g_compared >= g_total * 8 / 10, "only %lld of %lld token comparisons made a claim",
+          (long long)g_compared, (long long)g_total);
+}
+
+/* Bad input at TP = all ranks: errors on every rank, and the engine runs afterwards. */
+static void mpi_bad_input(const char *path) {
+    gdp_comm_t comm = NULL;
+    if (g_size > 1)
+        GDP_FATAL_IF_ERROR(NULL, gdp_comm_init(&comm, GDP_COMM_MPI, NULL, GDP_COMM_HOST_BUFFERS));
+    gdp_ctx_t ctx;
+    GDP_FATAL_IF_ERROR(comm, gdp_ctx_init(&ctx, GDP_BACKEND_CPU, 0));
+    gdp_checkpoint_t ck;
+    GDP_FATAL_IF_ERROR(comm, gdp_checkpoint_open(&ck, path));
+    gdp_model_t model;
+    GDP_FATAL_IF_ERROR(comm, gdp_model_init(&model, ctx, comm, ck));
+    gdp_engine_config ec;
+    engine_config(&k_variants[0], &ec);
+    ec.check_requests = 0;
+    ec.max_step_tokens = 40;
+    gdp_engine_t e = (gdp_engine_t)&ec;
+    CHECK_STATUS(gdp_engine_init(&e, ctx, comm, model, &ec), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK(e == NULL && strstr(gdp_last_error(), "max_step_tokens is 40") && strstr(gdp_last_error(), ">= 80"),
+          "rank %d: small budget: message '%s'", g_rank, gdp_last_error());
+    ec.max_step_tokens = BUDGET;
+    GDP_FATAL_IF_ERROR(comm, gdp_engine_init(&e, ctx, comm, model, &ec));
+
+    /* a token outside the vocabulary */
+    const int32_t keep = g_wl.requests[7].prompt[2];
+    g_wl.requests[7].prompt[2] = 200;
+    const gdp_status_t want = g_rank == 0 ? GDP_STATUS_INVALID_ARGUMENT : GDP_STATUS_REMOTE_ERROR;
+    CHECK_STATUS(gdp_engine_run(e, g_rank == 0 ? &g_wl : NULL), want);
+    char id[64];
+    snprintf(id, sizeof id, "request %lld: prompt[2] = 200", (long long)g_wl.requests[7].id);
+    CHECK(strstr(gdp_last_error(), id) != NULL, "rank %d: message '%s' lacks '%s'", g_rank, gdp_last_error(), id);
+    g_wl.requests[7].prompt[2] = keep;
+    gdp_request_result r;
+    CHECK_STATUS(gdp_engine_get_result(e, 0, &r), GDP_STATUS_INVALID_USAGE);
+    /* a check without kept logits */
+    double w;
+    int32_t c, mm;
+    CHECK_STATUS(gdp_engine_check(e, &w, &c, &mm), g_rank == 0 ? GDP_STATUS_INVALID_USAGE : GDP_STATUS_REMOTE_ERROR);
+    /* the engine still serves, with the same tokens as the base run at this TP size */
+    CHECK_OK(gdp_engine_run(e, g_rank == 0 ? &g_wl : NULL));
+    if (g_rank == 0) {
+        CHECK_OK(gdp_engine_get_result(e, 7, &r));
+        const int ti = g_size == 4 ? 2 : g_size == 2 ? 1 : 0;
+        CHECK(r.n_generated == NEW && (!g_res[ti][0].valid || !memcmp(r.tokens, g_res[ti][0].tokens[7], NEW * 4)),
+              "after a refused run, request 7 generated %d tokens, different from the base run's", r.n_generated);
+        CHECK_STATUS(gdp_engine_get_result(e, NREQ, &r), GDP_STATUS_INVALID_ARGUMENT);
+    } else {
+        CHECK_STATUS(gdp_engine_get_result(e, 0, &r), GDP_STATUS_INVALID_USAGE);
+        CHECK(strstr(gdp_last_error(), "root") != NULL, "off-root message '%s'", gdp_last_error());
+    }
+    gdp_engine_free(e);
+
+    /* a whole prompt larger than the budget */
+    ec.prefill_chunk = 0, ec.max_step_tokens = 100;
+    GDP_FATAL_IF_ERROR(comm, gdp_engine_init(&e, ctx, comm, model, &ec));
+    CHECK_STATUS(gdp_engine_run(e, g_rank == 0 ? &g_wl : NULL), want);
+    CHECK(strstr(gdp_last_error(), "whole-prompt") != NULL && strstr(gdp_last_error(), "max_step_tokens 100") != NULL,
+          "rank %d: whole-prompt message '%s'", g_rank, gdp_last_error());
+    gdp_engine_free(e);
+    gdp_model_free(model);
+    gdp_checkpoint_free(ck);
+    gdp_ctx_free(ctx);
+    gdp_comm_free(comm);
+    if (g_rank == 0)
+        printf("bad input: small budget, token outside the vocabulary, whole prompt over the budget, results off the "
+               "root, check without logits: refused on every rank; the engine serves afterwards\n");
+}
+
+/* --backend cuda: CUDA variants at TP = ranks, CUDA and CPU TP = 1 on rank 0. */
+static void gpu_variants(const char *path) {
+    g_bar = BAR_GPU;
+    static const int k_gpu[] = {0, 1, 2, 4, 6}; /* base, preempt, no-graphs, drafts, whole */
+    result cuda[5], cuda1, cpu1;
+    memset(&cuda1, 0, sizeof cuda1), memset(&cpu1, 0, sizeof cpu1);
+    for (int k = 0; k < 5; k++)
+        run_variant(path, g_size > 1 ? MPI_COMM_WORLD : MPI_COMM_NULL, &k_variants[k_gpu[k]], GDP_BACKEND_CUDA,
+                    &cuda[k]);
+    if (g_rank == 0 && g_size > 1) {
+        run_variant(path, MPI_COMM_NULL, &k_variants[0], GDP_BACKEND_CUDA, &cuda1);
+        run_variant(path, MPI_COMM_NULL, &k_variants[0], GDP_BACKEND_CPU, &cpu1);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g_rank != 0)
+        return;
+    printf("# CUDA, tp %d, logit bar %.0e x max|logit|:\n", g_size, g_bar);
+    for (int k = 0; k < 5; k++)
+        check_result(k_variants[k_gpu[k]].name, &k_variants[k_gpu[k]], &cuda[k]);
+    for (int k = 1; k < 5; k++) {
+        char what[96];
+        snprintf(what, sizeof what, "cuda tp %d: base vs %s", g_size, k_variants[k_gpu[k]].name);
+        /* cuBLASLt picks its algorithm by shape, so only the same schedule is the same math */
+        compare(what, &cuda[0], &cuda[k], k_gpu[k] == 2 ? MATCH_BITWISE : MATCH_MARGIN);
+    }
+    compare("cuda tp 1 vs cuda tp n (base)", &cuda1, &cuda[0], MATCH_MARGIN);
+    compare("cpu tp 1 vs cuda tp n (base)", &cpu1, &cuda[0], MATCH_MARGIN);
+}
+
+int main(int argc, char **argv) {
+    const bool units = argc > 1 && !strcmp(argv[1], "--units");
+    g_cuda = argc > 2 && !strcmp(argv[1], "--backend") && !strcmp(argv[2], "cuda");
+    if (units) {
+        const long job = (long)getpid();
+        units_workload(job);
+        units_model(job);
+        return test_finish("test_engine_units");
+    }
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    if (g_cuda) {
+        int ok = gdp_backend_available(GDP_BACKEND_CUDA);
+        gdp_ctx_t probe = NULL;
+        if (ok && gdp_ctx_init(&probe, GDP_BACKEND_CUDA, 0) != GDP_STATUS_SUCCESS)
+            ok = 0;
+        gdp_ctx_free(probe);
+        int all = 0;
+        MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (!all) {
+            if (g_rank == 0)
+                printf("test_engine --backend cuda: no GPU (or a build without CUDA): skipped\n");
+            MPI_Finalize();
+            return TEST_SKIP;
+        }
+    }
+    char path[512];
+    long job = (long)getpid();
+    MPI_Bcast(&job, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    temp_path(path, sizeof path, "model.safetensors", job);
+    gdp_layer_config cfg;
+    test_config(&cfg);
+    if (g_rank == 0)
+        GDP_FATAL_IF_ERROR(NULL, gdp_checkpoint_write_synthetic(path, &cfg, 2026, GDP_DTYPE_FP32));
+    MPI_Barrier(MPI_COMM_WORLD);
+    make_workloads();
+    if (g_rank == 0)
+        printf("# engine: D=%lld L=%d H=%lld G=%lld P=%lld N=%lld M=%d vocab %d; %d requests, prompts 5-150, %d new "
+               "tokens; %d ranks, %s backend\n",
+               (long long)cfg.hidden_size, cfg.num_layers, (long long)cfg.num_heads, (long long)cfg.num_groups,
+               (long long)cfg.head_dim, (long long)cfg.state_dim, cfg.num_householder, VOCAB, NREQ, NEW, g_size,
+               g_cuda ? "cuda" : "cpu");
+    if (g_cuda) {
+        gpu_variants(path);
+    } else {
+        mpi_variants(path);
+        mpi_bad_input(path);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g_rank == 0)
+        remove(path);
+    gdp_workload_free(&g_wl), gdp_workload_free(&g_wl_timed);
+    int failures = 0;
+    MPI_Allreduce(&g_test_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (g_rank == 0)
+        printf("# failures over %d ranks : %d %s\n", g_size, failures, failures ? "FAILED" : "OK");
+    if (g_rank == 0 || g_test_failures)
+        test_finish(g_cuda ? "test_engine_gpu" : "test_engine");
+    MPI_Finalize();
+    return failures ? 1 : 0;
+}
