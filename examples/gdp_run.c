@@ -26,6 +26,10 @@
 #include "gdp/engine.h"
 #include "gdp/model.h"
 
+#ifdef GDP_HAVE_CUDA
+#include <cuda_runtime_api.h> /* defines: cudaStreamCreateWithFlags (CUDA graphs need a stream of our own) */
+#endif
+
 typedef struct options {
     const char *model, *workload, *output, *write_model, *backend;
     gdp_layer_config cfg;   /* the embedded synthetic model */
@@ -227,11 +231,16 @@ typedef struct stack {
     gdp_comm_t    comm;
     gdp_ctx_t     ctx;
     gdp_model_t   model;
+    void         *stream; /* cudaStream_t of the ctx (CUDA): graphs cannot capture the legacy default stream */
 } stack;
 
 static void stack_free(stack *s) {
     gdp_model_free(s->model);
     gdp_ctx_free(s->ctx);
+#ifdef GDP_HAVE_CUDA
+    if (s->stream != NULL)
+        cudaStreamDestroy((cudaStream_t)s->stream);
+#endif
     gdp_comm_free(s->comm);
     memset(s, 0, sizeof *s);
 }
@@ -249,6 +258,15 @@ static gdp_status_t stack_init(stack *s, gdp_backend_t backend, gdp_checkpoint_t
     if (cuda)
         gdp_comm_device(s->comm, &device);
     st = gdp_ctx_init(&s->ctx, backend, device);
+#ifdef GDP_HAVE_CUDA
+    if (st == GDP_STATUS_SUCCESS && cuda) {
+        cudaStream_t stream = NULL;
+        if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess) {
+            s->stream = stream;
+            st = gdp_ctx_set_stream(s->ctx, stream);
+        } /* else: the default stream; the engine then runs without graphs */
+    }
+#endif
     st = gdp_comm_agree(s->comm, st);
     if (st == GDP_STATUS_SUCCESS)
         st = gdp_model_init(&s->model, s->ctx, s->comm, ckpt); /* agreed inside */

@@ -117,6 +117,7 @@ struct gdp_engine {
     int32_t           n_buckets, n_dec_levels, n_pre_levels;
     int32_t           dec_levels[40], pre_levels[40];
     int32_t          *bucket_of;
+    int32_t          *bucket_S;     /* [n_buckets] the S each bucket was made for          */
     int32_t          *bucket_seen;
     graph_entry      *graphs;
     int               graphs_live;  /* graphs really captured (CUDA with NCCL or tp = 1)  */
@@ -308,7 +309,8 @@ static gdp_status_t make_buckets(struct gdp_engine *e) {
     const int32_t n_s = e->S_max > 1 ? 2 : 1;
     e->bucket_of = gdp_calloc((size_t)(n_s * nd * np), sizeof(int32_t), "the engine's bucket table");
     e->buckets = gdp_calloc((size_t)(n_s * nd * np), sizeof *e->buckets, "the engine's buckets");
-    if (e->bucket_of == NULL || e->buckets == NULL)
+    e->bucket_S = gdp_calloc((size_t)(n_s * nd * np), sizeof(int32_t), "the engine's bucket S table");
+    if (e->bucket_of == NULL || e->buckets == NULL || e->bucket_S == NULL)
         return GDP_STATUS_SYSTEM_ERROR;
     int32_t n = 0;
     for (int32_t si = 0; si < n_s; si++) {
@@ -326,6 +328,7 @@ static gdp_status_t make_buckets(struct gdp_engine *e) {
                                                   .token_count = rows};
                 if (rows > e->max_rows)
                     e->max_rows = rows;
+                e->bucket_S[n] = S;
                 *slot = n++;
             }
     }
@@ -425,6 +428,7 @@ static void split_layers(const struct gdp_engine *e, double layers_s, int64_t T,
 /* ---- init / free ----------------------------------------------------------------------- */
 
 static void engine_destroy(struct gdp_engine *e);
+static gdp_status_t warm_up(struct gdp_engine *e);
 
 static gdp_status_t engine_build(struct gdp_engine *e) {
     const gdp_engine_config *c = &e->cfg;
@@ -514,6 +518,10 @@ gdp_status_t gdp_engine_init(gdp_engine_t *out, gdp_ctx_t ctx, gdp_comm_t comm, 
         st = gdp_comm_agree(comm, st);
     if (st == GDP_STATUS_SUCCESS)
         st = calibrate(e); /* collective; ends agreed */
+    /* Also on the CPU, where nothing is captured: the same steps on every backend, and the
+     * tests' graphs-on vs graphs-off comparison shows the warm-up leaves no trace. */
+    if (st == GDP_STATUS_SUCCESS && e->cfg.cuda_graphs)
+        st = warm_up(e); /* collective */
     if (st != GDP_STATUS_SUCCESS) {
         if (e != NULL)
             engine_destroy(e);
@@ -550,6 +558,7 @@ static void engine_destroy(struct gdp_engine *e) {
 #endif
     free(e->buckets);
     free(e->bucket_of);
+    free(e->bucket_S);
     free(e->bucket_seen);
     free(e->graphs);
     free(e->frame);
@@ -1060,11 +1069,12 @@ static void place_tokens(struct gdp_engine *e, const gdp_step_metadata *m) {
             e->row_tokens[m->prefill_token_offset + t] = tok[k++];
 }
 
-/* The layers, eagerly or through the step shape's graph. */
+/* The layers, eagerly or through the step shape's graph (captured on the shape's first
+ * step, replayed after). Every launch of a forward depends only on the bucket and S (each
+ * bucket has one S), never on host values of the step's indices (docs/layer.md). */
 static gdp_status_t forward(struct gdp_engine *e, const gdp_step_metadata *m, gdp_tensor *x) {
     graph_entry *g = &e->graphs[m->bucket];
-    const bool graphable = e->cfg.cuda_graphs && m->prefill_count == 0 && m->padded_prefill_count == 0;
-    if (!graphable)
+    if (!e->cfg.cuda_graphs || m->save_count > 0) /* a snapshot save adds launches: never captured */
         return gdp_model_forward(e->model, e->cache, m, x);
 #ifdef GDP_HAVE_CUDA
     if (e->graphs_live) {
@@ -1076,8 +1086,11 @@ static gdp_status_t forward(struct gdp_engine *e, const gdp_step_metadata *m, gd
                          cudaGetErrorString(cudaGetLastError()));
             const gdp_status_t st = gdp_model_forward(e->model, e->cache, m, x);
             const cudaError_t end = cudaStreamEndCapture(s, &graph);
-            if (st != GDP_STATUS_SUCCESS)
+            if (st != GDP_STATUS_SUCCESS) {
+                if (graph != NULL)
+                    cudaGraphDestroy(graph);
                 return st;
+            }
             if (end != cudaSuccess || cudaGraphInstantiate(&g->exec, graph, 0) != cudaSuccess) {
                 if (graph != NULL)
                     cudaGraphDestroy(graph);
@@ -1107,6 +1120,40 @@ static gdp_status_t forward(struct gdp_engine *e, const gdp_step_metadata *m, gd
         e->report.graph_replays++;
     }
     return gdp_model_forward(e->model, e->cache, m, x);
+}
+
+/* Before any capture: one eager step of the largest bucket (one token of a throwaway
+ * request, then its release), so every layer's workspace has its final size and address;
+ * growing it later would leave captured graphs pointing at freed memory. Collective. */
+static gdp_status_t warm_up(struct gdp_engine *e) {
+    int32_t big = 0;
+    for (int32_t b = 1; b < e->n_buckets; b++)
+        if (e->buckets[b].token_count > e->buckets[big].token_count)
+            big = b;
+    gdp_prefill_request p = {.slot = GDP_SLOT_AUTO, .n_tokens = 1, .flags = GDP_PREFILL_NEW};
+    gdp_step_desc d = {.decode_tokens = e->bucket_S[big], .prefill_count = 1, .prefill = &p, .bucket = big};
+    const gdp_step_metadata *m = NULL;
+    GDP_CHECK(gdp_plan_bcast(e->plan, e->comm, 0, &d));
+    GDP_CHECK(gdp_plan_build(e->plan, e->cache, e->comm, &m));
+    GDP_CHECK(gdp_cache_apply_step(e->cache, m));
+    const int32_t slot = m->step->prefill[0].slot;
+    for (int32_t i = 0; i < m->padded_token_count; i++)
+        e->row_tokens[i] = i == m->prefill_token_offset ? 0 : -1;
+    gdp_tensor x;
+    GDP_CHECK(gdp_tensor_init(&x, e->x, GDP_DTYPE_FP32, 2, (const int64_t[]){m->padded_token_count, e->D}));
+    gdp_status_t st = gdp_model_embed(e->model, &x, e->row_tokens, m->padded_token_count);
+    if (e->comm != NULL)
+        st = gdp_comm_agree(e->comm, st);
+    if (st == GDP_STATUS_SUCCESS)
+        st = gdp_model_forward(e->model, e->cache, m, &x);
+    if (st != GDP_STATUS_SUCCESS)
+        return st;
+    gdp_step_desc rel = {.decode_tokens = 1, .release_count = 1, .release_slots = &slot, .bucket = GDP_BUCKET_AUTO};
+    GDP_CHECK(gdp_plan_bcast(e->plan, e->comm, 0, &rel));
+    GDP_CHECK(gdp_plan_build(e->plan, e->cache, e->comm, &m));
+    GDP_CHECK(gdp_cache_apply_step(e->cache, m));
+    backend_sync(e->ctx);
+    return GDP_STATUS_SUCCESS;
 }
 
 static void progress_line(const struct gdp_engine *e, const run *r, double t, int64_t steps, bool last) {
@@ -1569,7 +1616,7 @@ gdp_status_t gdp_engine_print_report(gdp_engine_t engine, FILE *out, const char 
         fprintf(out, "%-22s proposed %lld, accepted %lld (%.1f%%)\n", "draft tokens", (long long)r->drafts_proposed,
                 (long long)r->drafts_accepted,
                 r->drafts_proposed ? 100.0 * (double)r->drafts_accepted / (double)r->drafts_proposed : 0.0);
-    fprintf(out, "%-22s %lld captured, %lld replays\n", "graphs (decode steps)", (long long)r->graph_captures,
+    fprintf(out, "%-22s %lld captured, %lld replays\n", "graphs (step shapes)", (long long)r->graph_captures,
             (long long)r->graph_replays);
     fprintf(out, "step time by phase (rank 0, summed over %lld steps; the layers' GEMM and collective shares are "
                  "estimated from rates calibrated at start-up):\n", (long long)r->steps);

@@ -48,6 +48,10 @@
 #include "gdp/model.h"
 #include "test_common.h"
 
+#ifdef GDP_HAVE_CUDA
+#include <cuda_runtime_api.h> /* defines: cudaStreamCreateWithFlags (graphs need a non-default stream) */
+#endif
+
 #define NREQ 10
 #define NEW 16
 #define BUDGET 256
@@ -419,6 +423,14 @@ static void run_variant(const char *ckpt_path, MPI_Comm group, const variant *v,
     }
     gdp_ctx_t ctx;
     GDP_FATAL_IF_ERROR(comm, gdp_ctx_init(&ctx, backend, device));
+#ifdef GDP_HAVE_CUDA
+    cudaStream_t stream = NULL;
+    if (backend == GDP_BACKEND_CUDA) {
+        if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
+            GDP_FATAL(comm, "cudaStreamCreateWithFlags failed");
+        GDP_FATAL_IF_ERROR(comm, gdp_ctx_set_stream(ctx, stream));
+    }
+#endif
     gdp_checkpoint_t ck;
     GDP_FATAL_IF_ERROR(comm, gdp_checkpoint_open(&ck, ckpt_path));
     gdp_model_t model;
@@ -454,6 +466,10 @@ static void run_variant(const char *ckpt_path, MPI_Comm group, const variant *v,
     gdp_model_free(model);
     gdp_checkpoint_free(ck);
     gdp_ctx_free(ctx);
+#ifdef GDP_HAVE_CUDA
+    if (stream != NULL)
+        cudaStreamDestroy(stream);
+#endif
     gdp_comm_free(comm);
 }
 
@@ -630,6 +646,11 @@ static void mpi_bad_input(const char *path) {
     }
     gdp_engine_free(e);
 
+    /* A fresh model for the next engine: gdp_layer_forward skips its ranks' agreement when it
+     * sees the cache pointer it last agreed on, and a new cache may get a freed one's address
+     * on one rank only (reported to the layer's owner); new layers start unpaired. */
+    gdp_model_free(model);
+    GDP_FATAL_IF_ERROR(comm, gdp_model_init(&model, ctx, comm, ck));
     /* a whole prompt larger than the budget */
     ec.prefill_chunk = 0, ec.max_step_tokens = 100;
     GDP_FATAL_IF_ERROR(comm, gdp_engine_init(&e, ctx, comm, model, &ec));

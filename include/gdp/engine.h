@@ -9,8 +9,7 @@
  *     released, and the request resumes later from exactly that state;
  *   - optional draft tokens from an n-gram drafter (prompt lookup), verified greedily in
  *     one decode step of S = 1 + drafts tokens and rolled back to the kept ones;
- *   - CUDA graphs captured per bucket (decode requests, prefill tokens, S) and replayed
- *     (see gdp_engine_config.cuda_graphs for what runs under a graph today);
+ *   - CUDA graphs captured per bucket (decode requests, prefill tokens, S) and replayed;
  *   - per-step timing by phase, a progress line and an end-of-run report.
  * Decoding is greedy. Rank 0 of the comm (the root) schedules: each step it broadcasts
  * the step's token ids, swap operations and step plan (plan.h); every rank then applies
@@ -106,11 +105,13 @@ typedef struct gdp_engine_config {
     int32_t preempt;              /* 1: preempt running requests when others wait for a slot       */
     int32_t preempt_after;        /* decode steps a request runs after (re)admission before it
                                      may be preempted (>= 1; keeps preemption from thrashing)      */
-    int32_t cuda_graphs;          /* 1: decode-only steps run as a CUDA graph per (bucket, S),
-                                     captured on first use and replayed (CUDA backend; on the CPU
-                                     the hooks only count captures and replays). Steps with
-                                     prefill run eagerly: the layer gathers prefill states with
-                                     host-driven copies, which a graph cannot replay.             */
+    int32_t cuda_graphs;          /* 1: each step runs its layers as the CUDA graph of its bucket
+                                     (decode requests, prefill tokens, S), captured on the
+                                     bucket's first step and replayed after (CUDA with NCCL or
+                                     tp = 1; init runs one eager step of the largest bucket first
+                                     so the layers' workspaces never move). On the CPU, or over a
+                                     host-staged MPI comm, the hooks only count captures and
+                                     replays and the layers run eagerly.                         */
     int32_t honor_arrivals;       /* 1: a request joins at its arrival time; 0: all at the start   */
     int32_t progress;             /* seconds between progress lines on stderr (root); 0: none      */
     int32_t check_requests;       /* keep the last logits of this many requests for gdp_engine_check */

@@ -1,0 +1,748 @@
+/*
+ * bench_layer.c: layer and collective benchmarks across the ranks of one tensor-parallel
+ * group, printed in the nccl-tests format (# header with the version, config and rank map;
+ * fixed-width columns; "# Out of bounds values" and "# Avg bus bandwidth" footers).
+ *
+ *   gdp-bench-layer layer [options]  decode and prefill steps of a GDP layer stack (the
+ *       layers' forward pass: GEMMs, GDP ops, the all-reduce per layer), TP over the ranks;
+ *       #wrong counts output elements off the TP = 1 stack's by more than the bar of
+ *       gdp-math.md 8.1 (layer deltas: 1e-5 max|ref| on the CPU, 2e-2 on CUDA)
+ *   gdp-bench-layer coll [options]   the TP collectives at layer message sizes (tokens x D):
+ *       all-reduce (after out_proj), reduce-scatter and all-gather (sequence parallel), on
+ *       integer-valued data whose sums are exact, so #wrong must be 0
+ *
+ * Bandwidths follow nccl-tests: algbw = bytes / time; busbw = algbw * 2(n-1)/n for the
+ * all-reduce, (n-1)/n for reduce-scatter and all-gather. A layer step's bytes are those of
+ * its all-reduces: layers x padded tokens x D x 4. Times are medians over the iterations
+ * (the host clock around a synchronized call). The entry points gdp_bench_layer_main and
+ * gdp_bench_coll_main are meant for gdp-bench; compiled with GDP_BENCH_LAYER_NO_MAIN this
+ * file has no main().
+ */
+#include <errno.h>
+#include <math.h>
+#include <mpi.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gdp/cache.h"
+#include "gdp/checkpoint.h"
+#include "gdp/comm.h"
+#include "gdp/layer.h"
+#include "gdp/plan.h"
+
+#ifdef GDP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+int gdp_bench_layer_main(int argc, char **argv);
+int gdp_bench_coll_main(int argc, char **argv);
+
+/* ---- shared ----------------------------------------------------------------------------- */
+
+typedef struct bench_env {
+    int           rank, size;
+    bool          own_mpi;  /* this entry point initialized MPI */
+    gdp_backend_t backend;
+    gdp_comm_t    comm;     /* NULL with one rank */
+    gdp_ctx_t     ctx;
+    int32_t       device;
+} bench_env;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Buffers of the backend: host memory on the CPU, device memory on CUDA. */
+static void *buf_alloc(const bench_env *e, size_t bytes) {
+#ifdef GDP_HAVE_CUDA
+    if (e->backend == GDP_BACKEND_CUDA) {
+        void *p = NULL;
+        if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess)
+            GDP_FATAL(e->comm, "cudaMalloc of %zu bytes failed", bytes);
+        return p;
+    }
+#endif
+    void *p = calloc(bytes ? bytes : 1, 1);
+    if (p == NULL)
+        GDP_FATAL(e->comm, "out of memory (%zu bytes)", bytes);
+    return p;
+}
+
+static void buf_free(const bench_env *e, void *p) {
+#ifdef GDP_HAVE_CUDA
+    if (e->backend == GDP_BACKEND_CUDA) {
+        cudaFree(p);
+        return;
+    }
+#endif
+    (void)e;
+    free(p);
+}
+
+static void buf_put(const bench_env *e, void *dst, const void *src, size_t bytes) {
+#ifdef GDP_HAVE_CUDA
+    if (e->backend == GDP_BACKEND_CUDA) {
+        cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+        return;
+    }
+#endif
+    (void)e;
+    memcpy(dst, src, bytes);
+}
+
+static void buf_get(const bench_env *e, void *dst, const void *src, size_t bytes) {
+#ifdef GDP_HAVE_CUDA
+    if (e->backend == GDP_BACKEND_CUDA) {
+        cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+        return;
+    }
+#endif
+    (void)e;
+    memcpy(dst, src, bytes);
+}
+
+static void sync_backend(const bench_env *e) {
+#ifdef GDP_HAVE_CUDA
+    if (e->backend == GDP_BACKEND_CUDA)
+        cudaDeviceSynchronize();
+#else
+    (void)e;
+#endif
+}
+
+/* MPI (if nobody did), the comm and the ctx on the requested backend ("auto": CUDA when this
+ * build has it and every rank can create a CUDA context). */
+static int env_init(bench_env *e, int *argc, char ***argv, const char *backend) {
+    memset(e, 0, sizeof *e);
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        MPI_Init(argc, argv);
+        e->own_mpi = true;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &e->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &e->size);
+    bool cuda = !strcmp(backend, "cuda");
+    if (!strcmp(backend, "auto")) {
+        int ok = gdp_backend_available(GDP_BACKEND_CUDA);
+        gdp_ctx_t probe = NULL;
+        if (ok && gdp_ctx_init(&probe, GDP_BACKEND_CUDA, 0) != GDP_STATUS_SUCCESS)
+            ok = 0;
+        gdp_ctx_free(probe);
+        int all = 0;
+        MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        cuda = all != 0;
+    } else if (!cuda && strcmp(backend, "cpu")) {
+        if (e->rank == 0)
+            fprintf(stderr, "gdp-bench-layer: backend '%s': use auto, cpu or cuda\n", backend);
+        return 2;
+    }
+    e->backend = cuda ? GDP_BACKEND_CUDA : GDP_BACKEND_CPU;
+    if (e->size > 1) {
+        const gdp_comm_buffers_t where = cuda ? GDP_COMM_DEVICE_BUFFERS : GDP_COMM_HOST_BUFFERS;
+        gdp_status_t st = GDP_STATUS_UNSUPPORTED;
+        if (cuda && gdp_comm_backend_available(GDP_COMM_NCCL))
+            st = gdp_comm_init(&e->comm, GDP_COMM_NCCL, NULL, where);
+        if (st != GDP_STATUS_SUCCESS) /* the CPU, or more ranks than GPUs: host-staged MPI */
+            GDP_FATAL_IF_ERROR(NULL, gdp_comm_init(&e->comm, GDP_COMM_MPI, NULL, where));
+        if (cuda)
+            gdp_comm_device(e->comm, &e->device);
+    }
+    GDP_FATAL_IF_ERROR(e->comm, gdp_ctx_init(&e->ctx, e->backend, e->device));
+    return 0;
+}
+
+static void env_free(bench_env *e) {
+    gdp_ctx_free(e->ctx);
+    gdp_comm_free(e->comm);
+    if (e->own_mpi)
+        MPI_Finalize();
+}
+
+/* "# rank host device" lines of every rank (nccl-tests' rank map). */
+static void print_rank_map(const bench_env *e) {
+    char me[96], host[64] = "";
+    gethostname(host, sizeof host - 1);
+    snprintf(me, sizeof me, "#  rank %3d  host %-20.20s  device %s", e->rank, host,
+             e->backend == GDP_BACKEND_CUDA ? "" : "cpu");
+    if (e->backend == GDP_BACKEND_CUDA)
+        snprintf(me + strlen(me), sizeof me - strlen(me), "cuda:%d", e->device);
+    char *all = e->rank == 0 ? calloc((size_t)e->size, sizeof me) : NULL;
+    MPI_Gather(me, sizeof me, MPI_CHAR, all, sizeof me, MPI_CHAR, 0, MPI_COMM_WORLD);
+    for (int r = 0; e->rank == 0 && r < e->size; r++)
+        printf("%s\n", all + (size_t)r * sizeof me);
+    free(all);
+}
+
+/* Parses "1,8,64" into v (at most cap values, each >= 1). Returns the count, -1 if bad. */
+static int parse_list(const char *s, int32_t *v, int cap) {
+    int n = 0;
+    const char *p = s;
+    while (*p && n < cap) {
+        char *end = NULL;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (errno || end == p || x < 1 || x > (1 << 24))
+            return -1;
+        v[n++] = (int32_t)x;
+        p = *end == ',' ? end + 1 : end;
+        if (*end != ',' && *end != '\0')
+            return -1;
+    }
+    return n;
+}
+
+static const char *comm_name(const bench_env *e) {
+    const char *name = "none (1 rank)";
+    if (e->comm != NULL)
+        gdp_comm_name(e->comm, &name);
+    return name;
+}
+
+/* ---- the layer benchmark ------------------------------------------------------------------ */
+
+#define MAX_CASES 32
+
+typedef struct layer_opts {
+    const char      *backend;
+    gdp_layer_config cfg;
+    int32_t          decode[MAX_CASES], prefill[MAX_CASES];
+    int              n_decode, n_prefill, warmup, iters, check;
+} layer_opts;
+
+/* A layer stack on this rank with its cache and plan (tp = size of comm, or 1). */
+typedef struct stack {
+    gdp_comm_t    comm;
+    gdp_layer_t  *layers;
+    int32_t       n_layers;
+    gdp_cache_t   cache;
+    gdp_plan_t    plan;
+    gdp_tp_shard  shard;
+} stack;
+
+static void stack_init(stack *s, const bench_env *e, gdp_comm_t comm, gdp_ctx_t ctx, const char *path,
+                       const gdp_step_bucket *buckets, int n_buckets, int32_t n_slots) {
+    memset(s, 0, sizeof *s);
+    s->comm = comm;
+    int32_t rank = 0, size = 1;
+    if (comm != NULL) {
+        gdp_comm_rank(comm, &rank);
+        gdp_comm_size(comm, &size);
+    }
+    gdp_checkpoint_t ck;
+    GDP_FATAL_IF_ERROR(e->comm, gdp_checkpoint_open(&ck, path));
+    gdp_layer_config cfg;
+    gdp_checkpoint_get_config(ck, &cfg);
+    s->n_layers = cfg.num_layers;
+    s->layers = calloc((size_t)cfg.num_layers, sizeof *s->layers);
+    for (int32_t l = 0; l < cfg.num_layers; l++) {
+        gdp_layer_weights w;
+        memset(&w, 0, sizeof w);
+        GDP_FATAL_IF_ERROR(e->comm, gdp_checkpoint_load_layer_shard(ck, &w, l, rank, size));
+        GDP_FATAL_IF_ERROR(e->comm, gdp_layer_init(&s->layers[l], ctx, comm, &w, GDP_TP_MODE_ALLREDUCE));
+        s->shard = w.shard;
+        gdp_layer_weights_free(&w);
+    }
+    gdp_checkpoint_free(ck);
+    gdp_cache_config cc;
+    GDP_FATAL_IF_ERROR(e->comm, gdp_cache_config_init(&cc, &s->shard, n_slots));
+    GDP_FATAL_IF_ERROR(e->comm, gdp_cache_init(&s->cache, ctx, &cc));
+    gdp_plan_config pc = {.num_householder = cfg.num_householder, .n_slots = n_slots, .max_decode_tokens = 1,
+                          .n_buckets = n_buckets, .buckets = buckets};
+    GDP_FATAL_IF_ERROR(e->comm, gdp_plan_init(&s->plan, ctx, &pc));
+}
+
+static void stack_free(stack *s) {
+    for (int32_t l = 0; l < s->n_layers; l++)
+        gdp_layer_free(s->layers[l]);
+    free(s->layers);
+    gdp_cache_free(s->cache);
+    gdp_plan_free(s->plan);
+}
+
+/* Broadcast (every rank built the same desc), build, apply. */
+static const gdp_step_metadata *stack_step(stack *s, const bench_env *e, const gdp_step_desc *d) {
+    const gdp_step_metadata *m = NULL;
+    GDP_FATAL_IF_ERROR(e->comm, gdp_plan_bcast(s->plan, s->comm, 0, d));
+    GDP_FATAL_IF_ERROR(e->comm, gdp_plan_build(s->plan, s->cache, s->comm, &m));
+    GDP_FATAL_IF_ERROR(e->comm, gdp_cache_apply_step(s->cache, m));
+    return m;
+}
+
+static void stack_forward(stack *s, const bench_env *e, const gdp_step_metadata *m, void *x, int64_t D) {
+    gdp_tensor xt;
+    gdp_tensor_init(&xt, x, GDP_DTYPE_FP32, 2, (const int64_t[]){m->padded_token_count, D});
+    for (int32_t l = 0; l < s->n_layers; l++)
+        GDP_FATAL_IF_ERROR(e->comm, gdp_layer_forward(s->layers[l], s->cache, m, &xt));
+}
+
+/* Seeded token rows ~ N(0, 0.05^2) (test_layer_tp's scale: the residual is then of the order
+ * of a layer's output, so comparing deltas measures the layers). */
+static void fill_rows(float *x, int64_t rows, int64_t D, uint64_t seed) {
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (int64_t i = 0; i < rows * D; i += 2) {
+        s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+        const double u1 = ((double)((s * 2685821657736338717ull) >> 11) + 0.5) * 0x1.0p-53;
+        s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+        const double u2 = ((double)((s * 2685821657736338717ull) >> 11) + 0.5) * 0x1.0p-53;
+        const double r = 0.05 * sqrt(-2 * log(u1));
+        x[i] = (float)(r * cos(6.283185307179586 * u2));
+        if (i + 1 < rows * D)
+            x[i + 1] = (float)(r * sin(6.283185307179586 * u2));
+    }
+}
+
+/* Elements of the TP stack's layer delta off the reference's by more than bar * max|ref|. */
+static int64_t count_wrong(const float *in, const float *a, const float *b, int64_t n, double bar) {
+    double mb = 0;
+    for (int64_t i = 0; i < n; i++)
+        mb = fmax(mb, fabs((double)b[i] - in[i]));
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = fabs(((double)a[i] - in[i]) - ((double)b[i] - in[i]));
+        wrong += !(d <= bar * mb);
+    }
+    return wrong;
+}
+
+static int layer_usage(int rank) {
+    if (rank == 0)
+        printf("usage: gdp-bench-layer layer [options]\n"
+               "  -b, --backend auto|cpu|cuda   (auto)\n"
+               "  -d, --hidden D -l, --layers L -H, --heads H -g, --groups G -p, --head-dim P\n"
+               "  -n, --state-dim N -m, --householder M   (256 2 16 4 64 64 2)\n"
+               "  -D, --decode LIST   decode batches, e.g. 1,8,64   (1,4,16,64)\n"
+               "  -P, --prefill LIST  prefill tokens, e.g. 64,1024  (64,256,1024)\n"
+               "  -w, --warmup N -i, --iters N   (2 10)\n"
+               "  -c, --check 0|1     compare with a TP = 1 stack (#wrong)   (1)\n");
+    return 0;
+}
+
+int gdp_bench_layer_main(int argc, char **argv) {
+    layer_opts o;
+    memset(&o, 0, sizeof o);
+    o.backend = "auto";
+    gdp_layer_config_default(&o.cfg);
+    o.cfg.hidden_size = 256, o.cfg.num_layers = 2, o.cfg.num_heads = 16, o.cfg.num_groups = 4;
+    o.cfg.head_dim = 64, o.cfg.state_dim = 64, o.cfg.num_householder = 2;
+    o.n_decode = parse_list("1,4,16,64", o.decode, MAX_CASES);
+    o.n_prefill = parse_list("64,256,1024", o.prefill, MAX_CASES);
+    o.warmup = 2, o.iters = 10, o.check = 1;
+    int rank = 0;
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (inited)
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help"))
+            return layer_usage(rank);
+        if (v == NULL) {
+            fprintf(stderr, "gdp-bench-layer layer: %s needs a value (or unknown option; try --help)\n", a);
+            return 2;
+        }
+        i++;
+        long x = strtol(v, NULL, 10);
+        if (!strcmp(a, "-b") || !strcmp(a, "--backend")) o.backend = v;
+        else if (!strcmp(a, "-d") || !strcmp(a, "--hidden")) o.cfg.hidden_size = x;
+        else if (!strcmp(a, "-l") || !strcmp(a, "--layers")) o.cfg.num_layers = (int32_t)x;
+        else if (!strcmp(a, "-H") || !strcmp(a, "--heads")) o.cfg.num_heads = x;
+        else if (!strcmp(a, "-g") || !strcmp(a, "--groups")) o.cfg.num_groups = x;
+        else if (!strcmp(a, "-p") || !strcmp(a, "--head-dim")) o.cfg.head_dim = x;
+        else if (!strcmp(a, "-n") || !strcmp(a, "--state-dim")) o.cfg.state_dim = x;
+        else if (!strcmp(a, "-m") || !strcmp(a, "--householder")) o.cfg.num_householder = (int32_t)x;
+        else if (!strcmp(a, "-w") || !strcmp(a, "--warmup")) o.warmup = (int)x;
+        else if (!strcmp(a, "-i") || !strcmp(a, "--iters")) o.iters = (int)x;
+        else if (!strcmp(a, "-c") || !strcmp(a, "--check")) o.check = (int)x;
+        else if (!strcmp(a, "-D") || !strcmp(a, "--decode")) o.n_decode = parse_list(v, o.decode, MAX_CASES);
+        else if (!strcmp(a, "-P") || !strcmp(a, "--prefill")) o.n_prefill = parse_list(v, o.prefill, MAX_CASES);
+        else {
+            fprintf(stderr, "gdp-bench-layer layer: unknown option %s (try --help)\n", a);
+            return 2;
+        }
+    }
+    bool big = false;
+    for (int i = 0; i < o.n_decode; i++)
+        big |= o.decode[i] > MAX_CASES * 64;
+    if (big) {
+        fprintf(stderr, "gdp-bench-layer layer: decode batches are limited to %d requests\n", MAX_CASES * 64);
+        return 2;
+    }
+    if (o.n_decode < 0 || o.n_prefill < 0 || o.iters < 1 || o.warmup < 0 ||
+        gdp_layer_config_validate(&o.cfg) != GDP_STATUS_SUCCESS) {
+        fprintf(stderr, "gdp-bench-layer layer: bad options (%s)\n",
+                o.n_decode < 0 || o.n_prefill < 0 ? "a list is not positive integers separated by commas"
+                : o.iters < 1 || o.warmup < 0   ? "iters >= 1, warmup >= 0"
+                                                : gdp_last_error());
+        return 2;
+    }
+    bench_env e;
+    int rc = env_init(&e, &argc, &argv, o.backend);
+    if (rc != 0) {
+        if (e.own_mpi)
+            MPI_Finalize();
+        return rc;
+    }
+    const int64_t D = o.cfg.hidden_size;
+    const double bar = e.backend == GDP_BACKEND_CPU ? 1e-5 : 2e-2;
+
+    /* one checkpoint per node, written by the node's first rank */
+    char path[512] = "";
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int local = 0;
+    MPI_Comm_rank(node, &local);
+    long job = (long)getpid();
+    MPI_Bcast(&job, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    snprintf(path, sizeof path, "%s/gdp_bench_layer_%ld.safetensors", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+             job);
+    if (local == 0)
+        GDP_FATAL_IF_ERROR(e.comm, gdp_checkpoint_write_synthetic(path, &o.cfg, 1234, GDP_DTYPE_FP32));
+    MPI_Barrier(MPI_COMM_WORLD);
+
+    /* buckets: claims of b one-token requests, decode of b, prefill of t tokens */
+    gdp_step_bucket buckets[3 * MAX_CASES];
+    int nb = 0, pre_bucket[MAX_CASES];
+    int32_t max_batch = 1, max_rows = 2;
+    for (int i = 0; i < o.n_decode; i++) {
+        const int32_t b = o.decode[i];
+        buckets[nb++] = (gdp_step_bucket){.decode_count = 0, .prefill_count = b, .token_count = b < 2 ? 2 : b};
+        buckets[nb++] = (gdp_step_bucket){.decode_count = b, .prefill_count = 0, .token_count = b < 2 ? 2 : b};
+        max_batch = b > max_batch ? b : max_batch;
+        max_rows = b > max_rows ? b : max_rows;
+    }
+    for (int i = 0; i < o.n_prefill; i++) {
+        pre_bucket[i] = nb; /* named in the step: a claim bucket of as many rows would fit too */
+        buckets[nb++] = (gdp_step_bucket){.decode_count = 0, .prefill_count = 1, .token_count = o.prefill[i]};
+        max_rows = o.prefill[i] > max_rows ? o.prefill[i] : max_rows;
+    }
+    stack tp, ref;
+    stack_init(&tp, &e, e.comm, e.ctx, path, buckets, nb, max_batch + 1);
+    if (o.check)
+        stack_init(&ref, &e, NULL, e.ctx, path, buckets, nb, max_batch + 1);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (local == 0)
+        remove(path);
+
+    int version = 0;
+    gdp_get_version(&version);
+    if (e.rank == 0) {
+        printf("# gdp-bench-layer layer: gdp %d.%d.%d, %d ranks, backend %s, comm %s\n", version / 10000,
+               version / 100 % 100, version % 100, e.size, e.backend == GDP_BACKEND_CUDA ? "cuda" : "cpu",
+               comm_name(&e));
+        printf("# config: D=%lld L=%d H=%lld G=%lld P=%lld N=%lld M=%d, tp %d (H_t %lld), activations %s, "
+               "warmup %d, iters %d (median), check %s\n",
+               (long long)D, o.cfg.num_layers, (long long)o.cfg.num_heads, (long long)o.cfg.num_groups,
+               (long long)o.cfg.head_dim, (long long)o.cfg.state_dim, o.cfg.num_householder, e.size,
+               (long long)tp.shard.num_heads, e.backend == GDP_BACKEND_CUDA ? "bf16" : "fp32", o.warmup, o.iters,
+               o.check ? "vs TP = 1" : "off");
+    }
+    print_rank_map(&e);
+    if (e.rank == 0)
+        printf("#\n# %8s %8s %6s %6s %11s %12s %12s %12s %7s\n", "step", "tokens", "batch", "dtype", "time(us)",
+               "tok/s", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+
+    float *host_in = malloc(sizeof(float) * (size_t)(max_rows * D));
+    float *host_a = malloc(sizeof(float) * (size_t)(max_rows * D)), *host_b = malloc(sizeof(float) * (size_t)(max_rows * D));
+    void *x = buf_alloc(&e, sizeof(float) * (size_t)(max_rows * D));
+    void *xr = buf_alloc(&e, sizeof(float) * (size_t)(max_rows * D));
+    double *times = calloc((size_t)o.iters, sizeof(double));
+    int64_t wrong_total = 0;
+    double bus_sum = 0;
+    int n_rows_printed = 0;
+    const double bus_factor = e.size > 1 ? 2.0 * (e.size - 1) / e.size : 0.0;
+    int32_t slots[MAX_CASES * 64], rel[1] = {-1};
+    for (int phase = 0; phase < 2; phase++) {
+        const int n_cases = phase == 0 ? o.n_decode : o.n_prefill;
+        for (int c = 0; c < n_cases; c++) {
+            const int32_t v = phase == 0 ? o.decode[c] : o.prefill[c];
+            const int32_t batch = phase == 0 ? v : 1;
+            int64_t wrong = 0, T = 0;
+            if (phase == 0) { /* claim v slots with one token each, then decode them */
+                gdp_prefill_request pre[MAX_CASES * 64];
+                for (int32_t i = 0; i < v; i++)
+                    pre[i] = (gdp_prefill_request){.slot = GDP_SLOT_AUTO, .n_tokens = 1, .flags = GDP_PREFILL_NEW};
+                gdp_step_desc d = {.prefill_count = v, .prefill = pre, .decode_tokens = 1, .bucket = GDP_BUCKET_AUTO};
+                const gdp_step_metadata *m = stack_step(&tp, &e, &d);
+                for (int32_t i = 0; i < v; i++)
+                    slots[i] = m->step->prefill[i].slot;
+                fill_rows(host_in, m->padded_token_count, D, 77);
+                buf_put(&e, x, host_in, sizeof(float) * (size_t)(m->padded_token_count * D));
+                stack_forward(&tp, &e, m, x, D);
+                if (o.check) {
+                    const gdp_step_metadata *mr = stack_step(&ref, &e, &d);
+                    buf_put(&e, xr, host_in, sizeof(float) * (size_t)(mr->padded_token_count * D));
+                    stack_forward(&ref, &e, mr, xr, D);
+                }
+            }
+            for (int it = 0; it < o.warmup + o.iters; it++) {
+                gdp_prefill_request pre = {.slot = GDP_SLOT_AUTO, .n_tokens = v, .flags = GDP_PREFILL_NEW};
+                gdp_step_desc d = phase == 0
+                    ? (gdp_step_desc){.decode_count = v, .decode_tokens = 1, .decode_slots = slots,
+                                      .bucket = GDP_BUCKET_AUTO}
+                    : (gdp_step_desc){.prefill_count = 1, .prefill = &pre, .decode_tokens = 1,
+                                      .release_count = rel[0] >= 0, .release_slots = rel, .bucket = pre_bucket[c]};
+                const gdp_step_metadata *m = stack_step(&tp, &e, &d);
+                T = m->padded_token_count;
+                fill_rows(host_in, T, D, 1000 + (uint64_t)it);
+                buf_put(&e, x, host_in, sizeof(float) * (size_t)(T * D));
+                if (e.comm)
+                    gdp_comm_barrier(e.comm, NULL);
+                sync_backend(&e);
+                const double t0 = now_s();
+                stack_forward(&tp, &e, m, x, D);
+                sync_backend(&e);
+                const double t = now_s() - t0;
+                if (it >= o.warmup)
+                    times[it - o.warmup] = t;
+                if (o.check) {
+                    const gdp_step_metadata *mr = stack_step(&ref, &e, &d);
+                    buf_put(&e, xr, host_in, sizeof(float) * (size_t)(T * D));
+                    stack_forward(&ref, &e, mr, xr, D);
+                    if (it == o.warmup) {
+                        buf_get(&e, host_a, x, sizeof(float) * (size_t)(T * D));
+                        buf_get(&e, host_b, xr, sizeof(float) * (size_t)(T * D));
+                        wrong = count_wrong(host_in, host_a, host_b, T * D, bar);
+                    }
+                }
+                if (phase == 1)
+                    rel[0] = m->step->prefill[0].slot;
+            }
+            /* free the case's slots (a release-only step: no forward pass) */
+            gdp_step_desc d = {.release_count = phase == 0 ? v : 1, .release_slots = phase == 0 ? slots : rel,
+                               .decode_tokens = 1, .bucket = GDP_BUCKET_AUTO};
+            stack_step(&tp, &e, &d);
+            if (o.check)
+                stack_step(&ref, &e, &d);
+            rel[0] = -1;
+            /* the slowest rank's median is the step's time */
+            double t = median(times, o.iters), t_max = t;
+            int64_t wrong_all = wrong;
+            MPI_Allreduce(&t, &t_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            MPI_Allreduce(&wrong, &wrong_all, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+            const double bytes = (double)o.cfg.num_layers * (double)T * (double)D * 4.0;
+            const double algbw = bytes / t_max / 1e9, busbw = algbw * bus_factor;
+            wrong_total += wrong_all;
+            bus_sum += busbw;
+            n_rows_printed++;
+            if (e.rank == 0)
+                printf("  %8s %8d %6d %6s %11.1f %12.0f %12.3f %12.3f %7lld\n", phase == 0 ? "decode" : "prefill", v,
+                       batch, e.backend == GDP_BACKEND_CUDA ? "bf16" : "fp32", t_max * 1e6, (double)v / t_max, algbw,
+                       busbw, (long long)wrong_all);
+            fflush(stdout);
+        }
+    }
+    if (e.rank == 0) {
+        printf("# Out of bounds values : %lld %s\n", (long long)wrong_total, wrong_total ? "FAILED" : "OK");
+        printf("# Avg bus bandwidth    : %g\n#\n", n_rows_printed ? bus_sum / n_rows_printed : 0.0);
+    }
+    free(host_in), free(host_a), free(host_b), free(times);
+    buf_free(&e, x), buf_free(&e, xr);
+    stack_free(&tp);
+    if (o.check)
+        stack_free(&ref);
+    MPI_Comm_free(&node);
+    env_free(&e);
+    return wrong_total ? 1 : 0;
+}
+
+/* ---- the collective benchmark ------------------------------------------------------------- */
+
+typedef enum coll_op { COLL_ALLREDUCE = 0, COLL_REDUCE_SCATTER, COLL_ALLGATHER, COLL_NUM } coll_op;
+static const char *const k_coll_names[COLL_NUM] = {"allreduce", "reduce_scatter", "allgather"};
+
+/* Send value i of rank r: (r + 1) * (i % K + 1), small integers whose sums over the ranks
+ * are exact in fp32 and in bf16 (K = 3: at most 3 * n(n+1)/2 <= 256 for n <= 12). */
+static int32_t coll_period(gdp_dtype_t dt) { return dt == GDP_DTYPE_FP32 ? 13 : 3; }
+
+static void coll_fill(void *host, size_t count, gdp_dtype_t dt, int rank, size_t offset) {
+    for (size_t i = 0; i < count; i++) {
+        const float v = (float)((rank + 1) * (int)((offset + i) % (size_t)coll_period(dt) + 1));
+        if (dt == GDP_DTYPE_FP32)
+            ((float *)host)[i] = v;
+        else
+            ((uint16_t *)host)[i] = gdp_float_to_bf16(v);
+    }
+}
+
+static float coll_get(const void *host, size_t i, gdp_dtype_t dt) {
+    return dt == GDP_DTYPE_FP32 ? ((const float *)host)[i] : gdp_bf16_to_float(((const uint16_t *)host)[i]);
+}
+
+static int coll_usage(int rank) {
+    if (rank == 0)
+        printf("usage: gdp-bench-layer coll [options]\n"
+               "  -b, --backend auto|cpu|cuda        (auto)\n"
+               "  -d, --hidden D                     row width of a token (256)\n"
+               "  -T, --tokens LIST                  message sizes in tokens (1,4,16,64,256,1024,4096)\n"
+               "  -o, --op allreduce|reduce_scatter|allgather|all   (all)\n"
+               "  -t, --dtype fp32|bf16              (fp32)\n"
+               "  -w, --warmup N -i, --iters N       (5 20)\n");
+    return 0;
+}
+
+int gdp_bench_coll_main(int argc, char **argv) {
+    const char *backend = "auto", *op_name = "all", *dtype_name = "fp32";
+    int64_t D = 256;
+    int32_t tokens[MAX_CASES];
+    int n_tokens = parse_list("1,4,16,64,256,1024,4096", tokens, MAX_CASES), warmup = 5, iters = 20;
+    int rank = 0, inited = 0;
+    MPI_Initialized(&inited);
+    if (inited)
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help"))
+            return coll_usage(rank);
+        if (v == NULL) {
+            fprintf(stderr, "gdp-bench-layer coll: %s needs a value (or unknown option; try --help)\n", a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "-b") || !strcmp(a, "--backend")) backend = v;
+        else if (!strcmp(a, "-d") || !strcmp(a, "--hidden")) D = strtol(v, NULL, 10);
+        else if (!strcmp(a, "-T") || !strcmp(a, "--tokens")) n_tokens = parse_list(v, tokens, MAX_CASES);
+        else if (!strcmp(a, "-o") || !strcmp(a, "--op")) op_name = v;
+        else if (!strcmp(a, "-t") || !strcmp(a, "--dtype")) dtype_name = v;
+        else if (!strcmp(a, "-w") || !strcmp(a, "--warmup")) warmup = (int)strtol(v, NULL, 10);
+        else if (!strcmp(a, "-i") || !strcmp(a, "--iters")) iters = (int)strtol(v, NULL, 10);
+        else {
+            fprintf(stderr, "gdp-bench-layer coll: unknown option %s (try --help)\n", a);
+            return 2;
+        }
+    }
+    const gdp_dtype_t dt = !strcmp(dtype_name, "bf16") ? GDP_DTYPE_BF16 : GDP_DTYPE_FP32;
+    int op_first = -1;
+    for (int k = 0; k < COLL_NUM; k++)
+        op_first = !strcmp(op_name, k_coll_names[k]) ? k : op_first;
+    if (n_tokens < 1 || D < 1 || iters < 1 || warmup < 0 || (strcmp(dtype_name, "fp32") && dt != GDP_DTYPE_BF16) ||
+        (op_first < 0 && strcmp(op_name, "all"))) {
+        fprintf(stderr, "gdp-bench-layer coll: bad options (try --help)\n");
+        return 2;
+    }
+    bench_env e;
+    int rc = env_init(&e, &argc, &argv, backend);
+    if (rc != 0) {
+        if (e.own_mpi)
+            MPI_Finalize();
+        return rc;
+    }
+    const int n = e.size;
+    const size_t es = gdp_dtype_size(dt);
+    int version = 0;
+    gdp_get_version(&version);
+    if (e.rank == 0)
+        printf("# gdp-bench-layer coll: gdp %d.%d.%d, %d ranks, backend %s, comm %s\n# messages: tokens x D = %lld, "
+               "%s, warmup %d, iters %d (median)\n",
+               version / 10000, version / 100 % 100, version % 100, n, e.backend == GDP_BACKEND_CUDA ? "cuda" : "cpu",
+               comm_name(&e), (long long)D, gdp_dtype_name(dt), warmup, iters);
+    print_rank_map(&e);
+    if (e.comm == NULL) {
+        if (e.rank == 0)
+            printf("# one rank: no collective to time (run with -n 2 or more)\n");
+        env_free(&e);
+        return 0;
+    }
+    if (e.rank == 0)
+        printf("#\n# %14s %8s %12s %12s %6s %6s %11s %12s %12s %7s\n", "op", "tokens", "size(B)", "count", "type",
+               "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    int64_t wrong_total = 0;
+    double bus_sum = 0;
+    int rows = 0;
+    double *times = calloc((size_t)iters, sizeof(double));
+    for (int k = 0; k < COLL_NUM; k++) {
+        if (op_first >= 0 && k != op_first)
+            continue;
+        for (int c = 0; c < n_tokens; c++) {
+            size_t count = (size_t)tokens[c] * (size_t)D; /* the whole [tokens, D] tensor */
+            count = (count + (size_t)n - 1) / (size_t)n * (size_t)n; /* blocks of equal size per rank */
+            const size_t piece = count / (size_t)n;
+            void *host_send = malloc(count * es), *host_recv = malloc(count * es);
+            void *send = buf_alloc(&e, count * es), *recv = buf_alloc(&e, count * es);
+            if (k == COLL_ALLGATHER)
+                coll_fill(host_send, piece, dt, e.rank, (size_t)e.rank * piece);
+            else
+                coll_fill(host_send, count, dt, e.rank, 0);
+            buf_put(&e, send, host_send, (k == COLL_ALLGATHER ? piece : count) * es);
+            int64_t wrong = 0;
+            for (int it = 0; it < warmup + iters; it++) {
+                gdp_comm_barrier(e.comm, NULL);
+                const double t0 = now_s();
+                gdp_status_t st = k == COLL_ALLREDUCE      ? gdp_comm_allreduce(e.comm, send, recv, count, dt, NULL)
+                                  : k == COLL_REDUCE_SCATTER ? gdp_comm_reduce_scatter(e.comm, send, recv, piece, dt,
+                                                                                       NULL)
+                                                             : gdp_comm_allgather(e.comm, send, recv, piece, dt, NULL);
+                sync_backend(&e);
+                const double t = now_s() - t0;
+                GDP_FATAL_IF_ERROR(e.comm, st);
+                if (it >= warmup)
+                    times[it - warmup] = t;
+            }
+            const size_t out = k == COLL_REDUCE_SCATTER ? piece : count;
+            buf_get(&e, host_recv, recv, out * es);
+            const float tri = (float)n * (float)(n + 1) / 2.0f;
+            for (size_t i = 0; i < out; i++) {
+                float want;
+                if (k == COLL_ALLGATHER) {
+                    const size_t r = i / piece;
+                    want = (float)((r + 1) * (i % (size_t)coll_period(dt) + 1));
+                } else {
+                    const size_t g = k == COLL_REDUCE_SCATTER ? (size_t)e.rank * piece + i : i;
+                    want = tri * (float)(g % (size_t)coll_period(dt) + 1);
+                }
+                wrong += coll_get(host_recv, i, dt) != want;
+            }
+            double t = median(times, iters), t_max = t;
+            int64_t wrong_all = 0;
+            MPI_Allreduce(&t, &t_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            MPI_Allreduce(&wrong, &wrong_all, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+            const double bytes = (double)(count * es), algbw = bytes / t_max / 1e9;
+            const double factor = k == COLL_ALLREDUCE ? 2.0 * (n - 1) / n : (double)(n - 1) / n;
+            wrong_total += wrong_all;
+            bus_sum += algbw * factor;
+            rows++;
+            if (e.rank == 0)
+                printf("  %14s %8d %12zu %12zu %6s %6s %11.1f %12.3f %12.3f %7lld\n", k_coll_names[k], tokens[c],
+                       count * es, count, gdp_dtype_name(dt), k == COLL_ALLGATHER ? "none" : "sum", t_max * 1e6,
+                       algbw, algbw * factor, (long long)wrong_all);
+            fflush(stdout);
+            free(host_send), free(host_recv);
+            buf_free(&e, send), buf_free(&e, recv);
+        }
+    }
+    if (e.rank == 0) {
+        printf("# Out of bounds values : %lld %s\n", (long long)wrong_total, wrong_total ? "FAILED" : "OK");
+        printf("# Avg bus bandwidth    : %g\n#\n", rows ? bus_sum / rows : 0.0);
+    }
+    free(times);
+    env_free(&e);
+    return wrong_total ? 1 : 0;
+}
+
+#ifndef GDP_BENCH_LAYER_NO_MAIN
+int main(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "layer"))
+        return gdp_bench_layer_main(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "coll"))
+        return gdp_bench_coll_main(argc - 1, argv + 1);
+    fprintf(stderr, "usage: gdp-bench-layer layer|coll [options]   (under mpirun; --help after the mode for its "
+                    "options)\n");
+    return 2;
+}
+#endif
