@@ -584,15 +584,14 @@ gdp_status_t gdp_engine_free(gdp_engine_t engine) {
 
 /* ---- the root's run state ---------------------------------------------------------------- */
 
-static gdp_status_t run_init(struct gdp_engine *e, run *r, const gdp_workload *wl, int32_t keep_logits,
-                             int first_logits) {
+/* Every rule a workload must meet, before anything is touched (the root). */
+static gdp_status_t validate_workload(const struct gdp_engine *e, const gdp_workload *wl, int64_t *total_new) {
     static const char *op = "gdp_engine_run";
-    memset(r, 0, sizeof *r);
     if (wl == NULL || wl->n_requests < 1 || wl->requests == NULL)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: the root passed %s; pass a workload with at least one request", op,
                  wl == NULL ? "no workload" : "an empty workload");
     const gdp_engine_config *c = &e->cfg;
-    int64_t total_new = 0;
+    *total_new = 0;
     for (int32_t i = 0; i < wl->n_requests; i++) {
         const gdp_request_spec *q = &wl->requests[i];
         if (q->prompt_len < 1 || q->prompt == NULL || q->max_new_tokens < 1 || !(q->arrival_s >= 0))
@@ -613,8 +612,18 @@ static gdp_status_t run_init(struct gdp_engine *e, run *r, const gdp_workload *w
             GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
                      "%s: request %lld arrives at %g s, before its predecessor (%g s); sort the workload by arrival", op,
                      (long long)q->id, q->arrival_s, wl->requests[i - 1].arrival_s);
-        total_new += q->max_new_tokens;
+        *total_new += q->max_new_tokens;
     }
+    return GDP_STATUS_SUCCESS;
+}
+
+/* The root's state of a run over a validated workload. */
+static gdp_status_t run_init(struct gdp_engine *e, run *r, const gdp_workload *wl, int32_t keep_logits,
+                             int first_logits) {
+    memset(r, 0, sizeof *r);
+    int64_t total_new = 0;
+    GDP_CHECK(validate_workload(e, wl, &total_new));
+    const gdp_engine_config *c = &e->cfg;
     r->n = wl->n_requests;
     r->r = gdp_calloc((size_t)r->n, sizeof *r->r, "the run's requests");
     r->slot_owner = gdp_calloc((size_t)c->n_slots, sizeof(int32_t), "the run's slot table");
@@ -746,11 +755,9 @@ static gdp_status_t compose(struct gdp_engine *e, run *r, step_plan *sp, double 
             r->released_now[r->release[k]] = 1;
         }
         r->n_release = 0;
-        int32_t free_start = 0, free_total = 0, waiting = 0;
-        for (int32_t s = 0; s < c->n_slots; s++) {
+        int32_t free_total = 0, waiting = 0; /* slots free after this step's releases */
+        for (int32_t s = 0; s < c->n_slots; s++)
             free_total += r->slot_owner[s] < 0;
-            free_start += r->slot_owner[s] < 0 && !r->released_now[s];
-        }
         for (int32_t i = 0; i < r->n; i++)
             waiting += r->r[i].state == RQ_QUEUED || r->r[i].state == RQ_SWAPPED;
 
@@ -1372,13 +1379,20 @@ gdp_status_t gdp_engine_run(gdp_engine_t engine, const gdp_workload *workload) {
     static const char *op = "gdp_engine_run";
     GDP_CHECK(check_engine(engine, op));
     struct gdp_engine *e = engine;
+    /* The workload is checked (on the root, agreed everywhere) before the last run's
+     * results and report are dropped: a refused run leaves them as they were. */
+    int64_t total_new = 0;
+    gdp_status_t st = e->rank == 0 ? validate_workload(e, workload, &total_new) : GDP_STATUS_SUCCESS;
+    if (e->comm != NULL)
+        st = gdp_comm_agree(e->comm, st);
+    if (st != GDP_STATUS_SUCCESS)
+        return st;
     run_free(&e->main);
     e->have_run = 0;
     memset(&e->report, 0, sizeof e->report);
     e->report.tp_size = e->size;
     for (int32_t b = 0; b < e->n_buckets; b++)
         e->bucket_seen[b] = 0;
-    gdp_status_t st = GDP_STATUS_SUCCESS;
     if (e->rank == 0)
         st = run_init(e, &e->main, workload, e->cfg.check_requests, 0);
     if (e->comm != NULL)

@@ -295,12 +295,17 @@ static gdp_status_t parse_request(const json_t *obj, gdp_request_spec *q, int64_
         for (int64_t i = 0; i < len; i++) {
             const json_t *t = json_array_get(prompt, (size_t)i);
             const int64_t tok = json_is_integer(t) ? json_integer_value(t) : -1;
-            if (!json_is_integer(t) || tok < 0 || tok >= vocab) {
+            if (!json_is_integer(t)) {
                 free(tokens);
-                GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
-                         "%s: %s:%lld: prompt[%lld] %s; token ids must be integers in [0, %lld) (the model's vocabulary)",
-                         op, path, (long long)line, (long long)i, json_is_integer(t) ? "is outside the vocabulary"
-                         : "is not an integer", (long long)vocab);
+                GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s:%lld: prompt[%lld] is not an integer; token ids are "
+                         "integers in [0, %lld) (the model's vocabulary)", op, path, (long long)line, (long long)i,
+                         (long long)vocab);
+            }
+            if (tok < 0 || tok >= vocab) {
+                free(tokens);
+                GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s:%lld: prompt[%lld] = %lld is outside the model's "
+                         "vocabulary [0, %lld)", op, path, (long long)line, (long long)i, (long long)tok,
+                         (long long)vocab);
             }
             tokens[i] = (int32_t)tok;
         }

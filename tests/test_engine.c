@@ -139,7 +139,9 @@ static void units_workload(long job) {
                        GDP_STATUS_INVALID_ARGUMENT, ":2:", "exactly one");
     expect_jsonl_error(path, "{\"max_new_tokens\": 1}\n", GDP_STATUS_INVALID_ARGUMENT, ":1:", "exactly one");
     expect_jsonl_error(path, "{\"prompt\": [5, 128], \"max_new_tokens\": 1}\n", GDP_STATUS_INVALID_ARGUMENT,
-                       "prompt[1]", "[0, 128)");
+                       "prompt[1] = 128", "[0, 128)");
+    expect_jsonl_error(path, "{\"prompt\": [5, 1.5], \"max_new_tokens\": 1}\n", GDP_STATUS_INVALID_ARGUMENT,
+                       "prompt[1] is not an integer", ":1:");
     expect_jsonl_error(path, "{\"id\": 4, \"prompt\": [5], \"max_new_tokens\": 1}\n{\"id\": 4, \"prompt\": [6], "
                        "\"max_new_tokens\": 1}\n", GDP_STATUS_INVALID_ARGUMENT, ":2:", "id 4 is used twice");
     expect_jsonl_error(path, "{\"prompt\": [5], \"max_new_tokens\": 1, \"temperature\": 1}\n",
@@ -190,7 +192,7 @@ static void units_workload(long job) {
     CHECK(ok && same, "synthetic workload: ranges/order ok %d, same seed identical %d", ok, same);
     CHECK(span > 0.2 && span < 1.0, "50 arrivals at 100/s span %.3f s (a Poisson process: ~0.5 s)", span);
     gdp_workload_free(&a), gdp_workload_free(&b);
-    printf("workloads: JSONL fields, defaults, order, seeded prompts, 11 refused files; synthetic spec and "
+    printf("workloads: JSONL fields, defaults, order, seeded prompts, 12 refused files; synthetic spec and "
            "generator: checked\n");
 }
 
@@ -336,6 +338,17 @@ static void units_model(long job) {
           cw, mism);
     gdp_request_result r;
     CHECK_STATUS(gdp_engine_get_result(e, 3, &r), GDP_STATUS_INVALID_ARGUMENT);
+    /* a refused run (a token outside the vocabulary) keeps the last run's results */
+    CHECK_OK(gdp_engine_get_result(e, 0, &r));
+    int32_t kept[8];
+    memcpy(kept, r.tokens, sizeof(int32_t) * (size_t)r.n_generated);
+    const int32_t n_kept = r.n_generated;
+    wl.requests[1].prompt[3] = VOCAB;
+    CHECK_STATUS(gdp_engine_run(e, &wl), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(gdp_last_error(), "prompt[3] = 128") != NULL, "refused run: message '%s'", gdp_last_error());
+    CHECK_OK(gdp_engine_get_result(e, 0, &r));
+    CHECK(r.n_generated == n_kept && !memcmp(r.tokens, kept, sizeof(int32_t) * (size_t)n_kept),
+          "a refused run changed the last run's results");
     printf("engine: 4 bad configs refused; a TP = 1 JSONL run, its results file, self check %.1e: checked\n", cw);
     gdp_engine_free(e);
     gdp_workload_free(&wl);

@@ -140,7 +140,8 @@ GDP_API gdp_status_t gdp_engine_free(gdp_engine_t engine);
  * the other ranks NULL (ignored). Replaces the results of an earlier run. Errors, on every
  * rank (the root's message reaches the others as REMOTE_ERROR): INVALID_ARGUMENT for a
  * workload the engine cannot serve (a token outside the vocabulary, a whole-prompt slice
- * larger than the budget: named with the request id), and errors of the steps. */
+ * larger than the budget, arrivals out of order: named with the request id), checked before
+ * anything changes (the earlier run's results stay); errors of the steps. */
 GDP_API gdp_status_t gdp_engine_run(gdp_engine_t engine, const gdp_workload *workload);
 
 /* Phases of a step's time (gdp_engine_report.phase_s). */
