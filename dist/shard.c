@@ -1,8 +1,10 @@
 /*
- * shard.c: tensor-parallel shard arithmetic (config.h): the layer config's defaults and
- * validation, which heads and groups a rank owns, and where every in_proj and conv
- * section lies globally and rank-locally (gdp-layer.md 1.1, 1.2, 2). Pure arithmetic,
- * no communication; the checkpoint loader and the layer both build on it.
+ * shard.c: tensor- and context-parallel shard arithmetic (config.h): the layer config's
+ * defaults and validation, which heads and groups a rank owns, where every in_proj and conv
+ * section lies globally and rank-locally (gdp-layer.md 1.1, 1.2, 2), the CP slicing of a TP
+ * shard (the heads and groups a CP rank's mixer core runs, gdp-layer.md 3.1) and the rank
+ * layout of a tp x cp job. Pure arithmetic, no communication; the checkpoint loader and the
+ * layer both build on it.
  */
 #include <stdio.h>
 #include <string.h>
@@ -208,5 +210,147 @@ gdp_status_t gdp_tp_shard_conv_section(const gdp_tp_shard *shard, int32_t index,
     sec.global_offset -= z.global_rows;
     sec.local_offset -= z.rows;
     *out = sec;
+    return GDP_STATUS_SUCCESS;
+}
+
+/* ---- context parallelism ---------------------------------------------------------------- */
+
+gdp_status_t gdp_cp_shard_init(gdp_cp_shard *out, const gdp_tp_shard *tp, int32_t cp_rank, int32_t cp_size) {
+    const char *fn = "gdp_cp_shard_init";
+    if (out == NULL || tp == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: out and tp must not be NULL", fn);
+    if (tp->tp_size < 1 || tp->num_in_proj_sections != 3 * tp->config.num_householder + 3 || tp->num_heads < 1 ||
+        tp->num_groups < 1)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: tp was not filled by gdp_tp_shard_init", fn);
+    if (cp_size < 1)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: cp_size = %d must be >= 1", fn, cp_size);
+    if (cp_rank < 0 || cp_rank >= cp_size)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: cp_rank = %d is outside [0, cp_size = %d)", fn, cp_rank, cp_size);
+    const int64_t Ht = tp->num_heads, Gt = tp->num_groups, cp = cp_size;
+    /* Every CP rank runs whole heads, and the heads of one rank must share its group(s):
+     * contiguous head blocks then line up with contiguous group blocks (or sit inside one
+     * replicated group), so GQA stays h / (H_c / G_c) on every rank. */
+    if (Ht % cp != 0)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: the TP shard's heads H/tp = %lld (H = %lld, tp = %d) are not divisible by cp_size = %d; each "
+                 "CP rank runs H/(tp*cp) whole heads: choose cp dividing %lld",
+                 fn, (long long)Ht, (long long)tp->config.num_heads, tp->tp_size, cp_size, (long long)Ht);
+    if (Gt >= cp && Gt % cp != 0)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: the TP shard's groups G/tp = %lld (G = %lld, tp = %d) are >= cp_size = %d but not divisible by "
+                 "it; each CP rank runs G/(tp*cp) whole groups: choose cp dividing %lld, or a multiple of it (then "
+                 "consecutive CP ranks share a group)",
+                 fn, (long long)Gt, (long long)tp->config.num_groups, tp->tp_size, cp_size, (long long)Gt);
+    if (Gt < cp && cp % Gt != 0)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: the TP shard's groups G/tp = %lld (G = %lld, tp = %d) are fewer than cp_size = %d, so each "
+                 "group is replicated on cp/(G/tp) consecutive CP ranks, which needs cp divisible by %lld; choose cp "
+                 "a multiple of %lld or a divisor of it",
+                 fn, (long long)Gt, (long long)tp->config.num_groups, tp->tp_size, cp_size, (long long)Gt,
+                 (long long)Gt);
+    gdp_cp_shard s;
+    memset(&s, 0, sizeof s);
+    s.tp = *tp;
+    s.cp_rank = cp_rank;
+    s.cp_size = cp_size;
+    s.num_heads = Ht / cp;
+    s.head_begin = (int64_t)cp_rank * s.num_heads;
+    if (Gt >= cp) {
+        s.num_groups = Gt / cp;
+        s.group_repeat = 1;
+        s.group_begin = (int64_t)cp_rank * s.num_groups;
+    } else {
+        s.num_groups = 1;
+        s.group_repeat = cp / Gt;
+        s.group_begin = cp_rank / s.group_repeat;
+    }
+    const int64_t M = tp->config.num_householder, N = tp->config.state_dim;
+    s.d_inner = s.num_heads * tp->config.head_dim;
+    s.conv_dim = M * s.d_inner + (M + 1) * s.num_groups * N;
+    s.core_dim = s.conv_dim + (M + 1) * s.num_heads;
+    *out = s;
+    return GDP_STATUS_SUCCESS;
+}
+
+static gdp_status_t check_cp_shard(const gdp_cp_shard *shard, const gdp_cp_section *out, const char *fn) {
+    if (shard == NULL || out == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: shard or out is NULL", fn);
+    if (shard->cp_size < 1 || shard->num_heads < 1 || shard->num_groups < 1 ||
+        shard->num_heads * shard->cp_size != shard->tp.num_heads)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: shard was not filled by gdp_cp_shard_init", fn);
+    return GDP_STATUS_SUCCESS;
+}
+
+/* The CP slice of a TP section (core_offset is left 0 for the caller to fill). */
+static void cp_slice(const gdp_cp_shard *s, const gdp_section *sec, gdp_cp_section *out) {
+    memset(out, 0, sizeof *out);
+    out->tp = *sec;
+    switch (sec->kind) {
+    case GDP_SECTION_Z: /* z is not part of the core: the gated norm reads it on the sequence shard */
+        out->rows = 0;
+        out->slice_begin = 0;
+        break;
+    case GDP_SECTION_K:
+    case GDP_SECTION_Q:
+        out->rows = s->num_groups * sec->unit;
+        out->slice_begin = s->group_begin * sec->unit;
+        break;
+    default: /* V (P rows per head), b and a (one row per head) */
+        out->rows = s->num_heads * sec->unit;
+        out->slice_begin = s->head_begin * sec->unit;
+        break;
+    }
+}
+
+gdp_status_t gdp_cp_shard_in_proj_section(const gdp_cp_shard *shard, int32_t index, gdp_cp_section *out) {
+    const char *fn = "gdp_cp_shard_in_proj_section";
+    GDP_CHECK(check_cp_shard(shard, out, fn));
+    if (index < 0 || index >= shard->tp.num_in_proj_sections)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: index %d is outside [0, 3M+3 = %d)", fn, index,
+                 shard->tp.num_in_proj_sections);
+    /* Core offsets are the running sums of the CP rows of the sections before this one. */
+    int64_t core = 0;
+    gdp_cp_section cur;
+    memset(&cur, 0, sizeof cur);
+    for (int32_t i = 0; i <= index; i++) {
+        gdp_section sec;
+        GDP_CHECK(gdp_tp_shard_in_proj_section(&shard->tp, i, &sec));
+        cp_slice(shard, &sec, &cur);
+        cur.core_offset = core;
+        core += cur.rows;
+    }
+    *out = cur;
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_cp_shard_conv_section(const gdp_cp_shard *shard, int32_t index, gdp_cp_section *out) {
+    const char *fn = "gdp_cp_shard_conv_section";
+    GDP_CHECK(check_cp_shard(shard, out, fn));
+    if (index < 0 || index >= shard->tp.num_conv_sections)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: index %d is outside [0, 2M+1 = %d)", fn, index,
+                 shard->tp.num_conv_sections);
+    /* Conv sections are in_proj sections 1 .. 2M+1; z has no core rows, so their core offsets
+     * are already conv offsets. Only the TP placement is rebased (gdp_tp_shard_conv_section). */
+    gdp_cp_section sec;
+    GDP_CHECK(gdp_cp_shard_in_proj_section(shard, index + 1, &sec));
+    GDP_CHECK(gdp_tp_shard_conv_section(&shard->tp, index, &sec.tp));
+    *out = sec;
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_parallel_ranks(int32_t world_rank, int32_t world_size, int32_t tp_size, int32_t *tp_rank,
+                                int32_t *cp_rank, int32_t *cp_size) {
+    const char *fn = "gdp_parallel_ranks";
+    if (tp_rank == NULL || cp_rank == NULL || cp_size == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: tp_rank, cp_rank and cp_size must not be NULL", fn);
+    if (tp_size < 1 || world_size < 1 || world_size % tp_size != 0)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: %d ranks do not split into TP groups of tp_size = %d; start tp x cp ranks (a multiple of tp)",
+                 fn, world_size, tp_size);
+    if (world_rank < 0 || world_rank >= world_size)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: world_rank = %d is outside [0, %d)", fn, world_rank, world_size);
+    *tp_rank = world_rank % tp_size;
+    *cp_rank = world_rank / tp_size;
+    *cp_size = world_size / tp_size;
     return GDP_STATUS_SUCCESS;
 }

@@ -51,6 +51,24 @@ gdp_status_t gdp_cache_config_init(gdp_cache_config *out, const gdp_tp_shard *sh
     return GDP_STATUS_SUCCESS;
 }
 
+gdp_status_t gdp_cache_config_init_cp(gdp_cache_config *out, const gdp_cp_shard *shard, int32_t n_slots) {
+    static const char *op = "gdp_cache_config_init_cp";
+    if (out == NULL || shard == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: out and shard must not be NULL", op);
+    if (shard->cp_size < 1 || shard->num_heads < 1 || shard->num_heads * shard->cp_size != shard->tp.num_heads)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: shard was not filled by gdp_cp_shard_init", op);
+    if (shard->conv_dim > INT32_MAX)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: the CP-local conv_dim_c %lld exceeds int32", op,
+                 (long long)shard->conv_dim);
+    gdp_cache_config c;
+    GDP_CHECK(gdp_cache_config_init(&c, &shard->tp, n_slots));
+    /* The core of a CP rank runs H_c heads and their group(s): the states of nothing else. */
+    c.num_heads = (int32_t)shard->num_heads;
+    c.conv_dim = (int32_t)shard->conv_dim;
+    *out = c;
+    return GDP_STATUS_SUCCESS;
+}
+
 static gdp_status_t validate_config(const gdp_cache_config *c, const char *op) {
     const struct { const char *name; int32_t value, min; } sizes[] = {
         {"num_layers", c->num_layers, 1}, {"n_slots", c->n_slots, 1},       {"num_heads", c->num_heads, 1},

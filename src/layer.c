@@ -1,10 +1,20 @@
 /*
- * layer.c: one GDP mixer layer's tensor-parallel shard (include/gdp/layer.h): weights
- * copied from a checkpoint shard, a workspace sized for the largest step seen, and the
- * forward pass of one step: pre-RMSNorm + in_proj GEMM, the decode block (conv update,
+ * layer.c: one GDP mixer layer's tensor- (and context-) parallel shard (include/gdp/layer.h):
+ * weights copied from a checkpoint shard, a workspace sized for the largest step seen, and
+ * the forward pass of one step: pre-RMSNorm + in_proj GEMM, the decode block (conv update,
  * decode prepare, recurrent update on the slots), the prefill block (varlen conv, prefill
  * prepare, chunked GDP from the slots' states, prefix-snapshot saves), grouped gated
  * RMSNorm, out_proj, the TP collective and the residual add.
+ *
+ * Context parallelism (cp > 1, gdp-layer.md 3.1, docs/cp.md): x holds this CP rank's 1/cp of
+ * the step's rows. The "mixer core" (both blocks above: conv, prepare, recurrence) runs on the
+ * whole step for the CP rank's slice of the TP shard's heads and groups, with the core's own
+ * conv weights, A_log and dt_bias (sliced at init). Around it, two all-to-alls over the CP
+ * group: in_proj's sections V_m, K_m, Q, b_m and a (each cut by heads or groups for every
+ * destination, K and Q replicated when groups are shared) go to the ranks that run them, and
+ * the core's output y comes back to the ranks that hold its rows. The gate z never leaves its
+ * rank: the gated norm reads it on the same rows in_proj wrote it. With cp = 1 the core is
+ * the TP shard and reads in_proj's output in place.
  *
  * Everything here is backend-neutral: the ops pick their backend from the ctx, and the
  * few other things the layer does (GEMMs, buffer copies, index-driven row copies) go
@@ -26,12 +36,21 @@
 #define GDP_LAYER_MAGIC 0x6764706cu /* "gdpl" */
 #define WS_ALIGN 256 /* cuBLASLt picks its fastest kernels for 256-byte aligned operands */
 
+/* One copy of the pre-core all-to-all's packing: `width` columns of in_proj's output (TP
+ * layout, from column src_col) into the send block of CP rank `dest` (core layout, dst_col). */
+typedef struct cp_pack {
+    int32_t dest;
+    int64_t src_col, dst_col, width;
+} cp_pack;
+
 struct gdp_layer {
     uint32_t      magic;
     gdp_ctx_t     ctx;
     gdp_comm_t    comm;        /* NULL: tp = 1                                        */
+    gdp_comm_t    cp_comm;     /* NULL: cp = 1                                        */
     gdp_tp_mode_t mode;
     gdp_tp_shard  shard;
+    gdp_cp_shard  cp;          /* the core's slice of the shard (cp_size 1: all of it) */
     int32_t       layer_index; /* the layer's index in the stack and in the cache     */
     gdp_dtype_t   act;         /* activation and weight dtype: fp32 CPU, bf16 CUDA    */
     gdp_dtype_t   res;         /* the residual stream x and the collective: fp32      */
@@ -40,15 +59,21 @@ struct gdp_layer {
     const void   *agreed_cache;/* the cache whose pairing every rank has agreed on    */
     /* TP-local sizes */
     int64_t D, H, G, P, N, M, W, d_inner, conv_dim, proj_dim, ba_dim;
+    /* the mixer core's sizes: the TP-local ones, or the CP rank's slice (H_c, G_c, ...) */
+    int64_t cH, cG, c_inner, c_conv, c_ba;
+    int64_t core_dim;  /* cp > 1: columns per row of the core's in_proj input (V..|K..|Q|b..|a) */
     double  norm_eps, out_norm_eps;
     /* weights, in backend buffers */
     void *norm_w;      /* [D]                 */
     void *in_proj;     /* [proj_dim, D]       */
-    void *conv_w;      /* [conv_dim, W]       */
-    void *A_log;       /* [H] fp32            */
-    void *dt_bias;     /* [H]                 */
+    void *conv_w;      /* [c_conv, W]    the core's channels */
+    void *A_log;       /* [cH] fp32      the core's heads    */
+    void *dt_bias;     /* [cH]                               */
     void *out_norm_w;  /* [d_inner]           */
     void *out_proj;    /* [D, d_inner]        */
+    /* cp > 1: the pre-core all-to-all's copies, (3M+2) per destination */
+    cp_pack *pack;
+    int32_t  n_pack;
     /* workspace */
     void  *ws;
     size_t ws_bytes;
@@ -115,14 +140,89 @@ static void layer_destroy(struct gdp_layer *l) {
     void *bufs[] = {l->norm_w, l->in_proj, l->conv_w, l->A_log, l->dt_bias, l->out_norm_w, l->out_proj, l->ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         gdp_layer_buf_free(l->ctx, bufs[i]);
+    free(l->pack);
     if (l->blas)
         gdp_layer_gemm_release(l->ctx);
     l->magic = l->magic_end = 0;
     free(l);
 }
 
+/* Copies `count` rows of a contiguous host weight (rows = dim 0) from src_row to dst_row of
+ * another of the same dtype and row size. */
+static void copy_weight_rows(gdp_tensor *dst, int64_t dst_row, const gdp_tensor *src, int64_t src_row, int64_t count) {
+    const size_t row_bytes = (size_t)(gdp_tensor_numel(src) / src->shape[0]) * gdp_dtype_size(src->dtype);
+    memcpy((char *)dst->data + (size_t)dst_row * row_bytes, (const char *)src->data + (size_t)src_row * row_bytes,
+           (size_t)count * row_bytes);
+}
+
+/* A host tensor of `rows` rows shaped like `like` otherwise (data owned: free(t->data)). */
+static gdp_status_t host_rows_like(const gdp_tensor *like, int64_t rows, gdp_tensor *t, const char *what) {
+    int64_t shape[GDP_MAX_DIMS];
+    for (int32_t d = 0; d < like->ndim; d++)
+        shape[d] = d == 0 ? rows : like->shape[d];
+    const size_t n = (size_t)(gdp_tensor_numel(like) / like->shape[0]) * (size_t)rows;
+    void *data = gdp_calloc(n ? n : 1, gdp_dtype_size(like->dtype), what);
+    if (data == NULL)
+        return GDP_STATUS_SYSTEM_ERROR;
+    gdp_tensor_init(t, data, like->dtype, like->ndim, shape);
+    return GDP_STATUS_SUCCESS;
+}
+
+/* The mixer core's parameters for the layer's CP slice, uploaded: the conv channels of its
+ * V, K, Q sections (gdp_cp_shard_conv_section), A_log and dt_bias of its heads. With cp = 1
+ * the slices are the whole TP-local tensors. */
+static gdp_status_t upload_core_params(struct gdp_layer *l, const gdp_layer_weights *w) {
+    const gdp_cp_shard *cs = &l->cp;
+    gdp_tensor conv, A_log, dt_bias;
+    memset(&conv, 0, sizeof conv), memset(&A_log, 0, sizeof A_log), memset(&dt_bias, 0, sizeof dt_bias);
+    gdp_status_t st = GDP_STATUS_SUCCESS;
+    GDP_CHECK_GOTO(host_rows_like(&w->conv, l->c_conv, &conv, "the core's conv weight"), st, done);
+    GDP_CHECK_GOTO(host_rows_like(&w->A_log, l->cH, &A_log, "the core's A_log"), st, done);
+    GDP_CHECK_GOTO(host_rows_like(&w->dt_bias, l->cH, &dt_bias, "the core's dt_bias"), st, done);
+    for (int32_t i = 0; i < cs->tp.num_conv_sections; i++) {
+        gdp_cp_section sec;
+        GDP_CHECK_GOTO(gdp_cp_shard_conv_section(cs, i, &sec), st, done);
+        copy_weight_rows(&conv, sec.core_offset, &w->conv, sec.tp.local_offset + sec.slice_begin, sec.rows);
+    }
+    copy_weight_rows(&A_log, 0, &w->A_log, cs->head_begin, l->cH);
+    copy_weight_rows(&dt_bias, 0, &w->dt_bias, cs->head_begin, l->cH);
+    GDP_CHECK_GOTO(upload_weight(l->ctx, &conv, l->act, &l->conv_w, "the layer's conv weight"), st, done);
+    GDP_CHECK_GOTO(upload_weight(l->ctx, &A_log, GDP_DTYPE_FP32, &l->A_log, "the layer's A_log"), st, done);
+    GDP_CHECK_GOTO(upload_weight(l->ctx, &dt_bias, l->act, &l->dt_bias, "the layer's dt_bias"), st, done);
+done:
+    free(conv.data), free(A_log.data), free(dt_bias.data);
+    return st;
+}
+
+/* The pre-core all-to-all's copies: for every CP rank, every in_proj section but z, the
+ * columns of that rank's slice in this rank's in_proj output and where they go in the rank's
+ * send block (the core layout). K and Q slices of a shared group go to each of its ranks. */
+static gdp_status_t build_cp_pack(struct gdp_layer *l) {
+    const int32_t cp = l->cp.cp_size, n_sec = l->shard.num_in_proj_sections;
+    l->pack = gdp_calloc((size_t)cp * (size_t)(n_sec - 1), sizeof *l->pack, "the layer's all-to-all copies");
+    if (l->pack == NULL)
+        return GDP_STATUS_SYSTEM_ERROR;
+    l->n_pack = 0;
+    for (int32_t dest = 0; dest < cp; dest++) {
+        gdp_cp_shard ds;
+        GDP_CHECK(gdp_cp_shard_init(&ds, &l->shard, dest, cp));
+        for (int32_t i = 1; i < n_sec; i++) { /* section 0 is z: it stays here */
+            gdp_cp_section sec;
+            GDP_CHECK(gdp_cp_shard_in_proj_section(&ds, i, &sec));
+            l->pack[l->n_pack++] = (cp_pack){.dest = dest, .src_col = sec.tp.local_offset + sec.slice_begin,
+                                             .dst_col = sec.core_offset, .width = sec.rows};
+        }
+    }
+    return GDP_STATUS_SUCCESS;
+}
+
 gdp_status_t gdp_layer_init(gdp_layer_t *out, gdp_ctx_t ctx, gdp_comm_t comm, const gdp_layer_weights *weights,
                             gdp_tp_mode_t mode) {
+    return gdp_layer_init_cp(out, ctx, comm, NULL, weights, mode);
+}
+
+gdp_status_t gdp_layer_init_cp(gdp_layer_t *out, gdp_ctx_t ctx, gdp_comm_t comm, gdp_comm_t cp_comm,
+                               const gdp_layer_weights *weights, gdp_tp_mode_t mode) {
     static const char *op = "gdp_layer_init";
     if (out == NULL || weights == NULL)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: out and weights must not be NULL", op);
@@ -154,6 +254,18 @@ gdp_status_t gdp_layer_init(gdp_layer_t *out, gdp_ctx_t ctx, gdp_comm_t comm, co
     if (weights->layer < 0 || weights->layer >= sh->config.num_layers)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: weights->layer is %d, outside [0, %d) (config.num_layers)", op,
                  weights->layer, sh->config.num_layers);
+    int32_t cp_rank = 0, cp_size = 1;
+    if (cp_comm != NULL) {
+        GDP_CHECK(gdp_comm_rank(cp_comm, &cp_rank));
+        GDP_CHECK(gdp_comm_size(cp_comm, &cp_size));
+    }
+    if (cp_size > 1 && cp_comm == comm)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: comm and cp_comm are the same comm (%d ranks); pass the TP group as comm and the CP group as "
+                 "cp_comm (rank = tp_rank + tp * cp_rank, see gdp_parallel_ranks)",
+                 op, size);
+    gdp_cp_shard cps;
+    GDP_CHECK(gdp_cp_shard_init(&cps, sh, cp_rank, cp_size));
     const gdp_layer_config *c = &sh->config;
     const int64_t D = c->hidden_size, H = sh->num_heads, G = sh->num_groups, P = c->head_dim, N = c->state_dim;
     const int64_t M = c->num_householder, W = c->conv_width, d_inner = sh->d_inner, C = sh->conv_dim;
@@ -178,8 +290,10 @@ gdp_status_t gdp_layer_init(gdp_layer_t *out, gdp_ctx_t ctx, gdp_comm_t comm, co
     l->magic = l->magic_end = GDP_LAYER_MAGIC;
     l->ctx = ctx;
     l->comm = comm;
+    l->cp_comm = cp_size > 1 ? cp_comm : NULL;
     l->mode = mode;
     l->shard = *sh;
+    l->cp = cps;
     l->layer_index = weights->layer;
     l->act = act;
     l->res = res;
@@ -187,6 +301,8 @@ gdp_status_t gdp_layer_init(gdp_layer_t *out, gdp_ctx_t ctx, gdp_comm_t comm, co
     l->debug_agree = dbg != NULL && dbg[0] != 0 && strcmp(dbg, "0") != 0;
     l->D = D, l->H = H, l->G = G, l->P = P, l->N = N, l->M = M, l->W = W;
     l->d_inner = d_inner, l->conv_dim = C, l->proj_dim = proj, l->ba_dim = (M + 1) * H;
+    l->cH = cps.num_heads, l->cG = cps.num_groups, l->c_inner = cps.d_inner, l->c_conv = cps.conv_dim;
+    l->c_ba = (M + 1) * cps.num_heads, l->core_dim = cps.core_dim;
     l->norm_eps = c->norm_eps;
     l->out_norm_eps = c->out_norm_eps;
     gdp_status_t st = GDP_STATUS_SUCCESS;
@@ -194,9 +310,9 @@ gdp_status_t gdp_layer_init(gdp_layer_t *out, gdp_ctx_t ctx, gdp_comm_t comm, co
     l->blas = 1;
     GDP_CHECK_GOTO(upload_weight(ctx, &weights->norm_weight, act, &l->norm_w, "the layer's norm weight"), st, fail);
     GDP_CHECK_GOTO(upload_weight(ctx, &weights->in_proj, act, &l->in_proj, "the layer's in_proj"), st, fail);
-    GDP_CHECK_GOTO(upload_weight(ctx, &weights->conv, act, &l->conv_w, "the layer's conv weight"), st, fail);
-    GDP_CHECK_GOTO(upload_weight(ctx, &weights->A_log, GDP_DTYPE_FP32, &l->A_log, "the layer's A_log"), st, fail);
-    GDP_CHECK_GOTO(upload_weight(ctx, &weights->dt_bias, act, &l->dt_bias, "the layer's dt_bias"), st, fail);
+    GDP_CHECK_GOTO(upload_core_params(l, weights), st, fail);
+    if (l->cp_comm != NULL)
+        GDP_CHECK_GOTO(build_cp_pack(l), st, fail);
     GDP_CHECK_GOTO(upload_weight(ctx, &weights->out_norm_weight, act, &l->out_norm_w, "the layer's out_norm weight"),
                    st, fail);
     GDP_CHECK_GOTO(upload_weight(ctx, &weights->out_proj, act, &l->out_proj, "the layer's out_proj"), st, fail);
@@ -223,23 +339,38 @@ gdp_status_t gdp_layer_get_shard(gdp_layer_t layer, gdp_tp_shard *shard) {
     return GDP_STATUS_SUCCESS;
 }
 
+gdp_status_t gdp_layer_get_cp_shard(gdp_layer_t layer, gdp_cp_shard *shard) {
+    GDP_CHECK(check_layer(layer, "gdp_layer_get_cp_shard"));
+    if (shard == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_layer_get_cp_shard: shard out-pointer is NULL");
+    *shard = layer->cp;
+    return GDP_STATUS_SUCCESS;
+}
+
 /* ---- workspace -------------------------------------------------------------------------- */
 
-/* The scratch buffers of one step. Sizes in elements; NULL when a block is absent. */
+/* The scratch buffers of one step; NULL when a block is absent. T is the step's padded rows,
+ * Tc = T / cp the rows of this CP rank (T without context parallelism), T_local the rows of
+ * x. The core's buffers (decode and prefill blocks) cover all T rows for the core's heads. */
 typedef struct step_ws {
-    void *xn_local; /* [T_local, D]  SP: this rank's normed rows                       */
-    void *xn;       /* [T, D]        normed input of in_proj                            */
-    void *proj;     /* [T, proj_dim] in_proj output                                     */
-    void *y;        /* [T, d_inner]  mixer output, decode rows then prefill rows        */
-    void *z;        /* [T, d_inner]  the gate, contiguous                               */
-    void *normed;   /* [T, d_inner]  gated-norm output                                  */
-    void *out;      /* [T, D] res    out_proj partial (+ residual) before the collective */
+    void *xn_local; /* [T_local, D]   SP: this rank's normed rows                           */
+    void *xn;       /* [Tc, D]        normed input of in_proj                                */
+    void *proj;     /* [Tc, proj_dim] in_proj output                                         */
+    void *y;        /* [Tc, d_inner]  mixer output of every TP-local head                     */
+    void *z;        /* [Tc, d_inner]  the gate, contiguous                                    */
+    void *normed;   /* [Tc, d_inner]  gated-norm output                                       */
+    void *out;      /* [Tc, D] res    out_proj partial (+ residual) before the collective     */
+    /* cp > 1: the two all-to-alls and the core's whole-step input and output */
+    void *cp_send;   /* [cp, Tc, core_dim] in_proj sections of this rank's rows, per destination */
+    void *core_proj; /* [T, core_dim]      the core's sections of every row (received)          */
+    void *core_y;    /* [T, c_inner]       the core's output                                     */
+    void *cp_y;      /* [cp, Tc, c_inner]  this rank's rows of every CP rank's heads (received)  */
     /* decode block: n = pd requests, S tokens, E = S*M expanded rows each */
     void *d_conv, *d_q, *d_k, *d_v, *d_beta, *d_g, *d_o;
     /* prefill block: R rows */
     void *p_conv, *p_q, *p_k, *p_v, *p_beta, *p_g;
-    void *h0;           /* [pp, H, N, P] ssm dtype: initial states gathered from the slots */
-    void *chunk_states; /* [num_chunks, H, N, P] ssm dtype, when the step saves one        */
+    void *h0;           /* [pp, cH, N, P] ssm dtype: initial states gathered from the slots */
+    void *chunk_states; /* [num_chunks, cH, N, P] ssm dtype, when the step saves one        */
 } step_ws;
 
 typedef struct ws_layout {
@@ -259,23 +390,28 @@ static size_t ws_add(ws_layout *w, size_t bytes) {
 static size_t plan_ws(const struct gdp_layer *l, const gdp_step_metadata *m, gdp_dtype_t ssm_dtype, int64_t T_local,
                       char *base, step_ws *ws) {
     const size_t es = gdp_dtype_size(l->act), ss = gdp_dtype_size(ssm_dtype), rs = gdp_dtype_size(l->res);
-    const size_t T = (size_t)m->padded_token_count, D = (size_t)l->D, di = (size_t)l->d_inner;
-    const size_t H = (size_t)l->H, N = (size_t)l->N, P = (size_t)l->P, M = (size_t)l->M, C = (size_t)l->conv_dim;
+    const size_t T = (size_t)m->padded_token_count, Tc = T / (size_t)l->cp.cp_size;
+    const size_t D = (size_t)l->D, di = (size_t)l->d_inner;
+    const size_t H = (size_t)l->cH, N = (size_t)l->N, P = (size_t)l->P, M = (size_t)l->M, C = (size_t)l->c_conv;
     const size_t dec_rows = (size_t)m->padded_decode_count * (size_t)m->decode_tokens, E = dec_rows * M;
     const size_t R = (size_t)m->prefill_rows, pp = (size_t)m->padded_prefill_count;
+    const bool cp = l->cp_comm != NULL;
     ws_layout w = {0};
     const size_t sizes[] = {
         l->mode == GDP_TP_MODE_SEQUENCE_PARALLEL && l->comm != NULL ? (size_t)T_local * D * es : 0, /* xn_local */
-        T * D * es, T * (size_t)l->proj_dim * es, T * di * es, T * di * es, T * di * es, T * D * rs,
+        Tc * D * es, Tc * (size_t)l->proj_dim * es, Tc * di * es, Tc * di * es, Tc * di * es, Tc * D * rs,
+        cp ? T * (size_t)l->core_dim * es : 0, cp ? T * (size_t)l->core_dim * es : 0,
+        cp ? T * (size_t)l->c_inner * es : 0, cp ? T * (size_t)l->c_inner * es : 0,
         dec_rows * C * es, E * H * N * es, E * H * N * es, E * H * P * es, E * H * es, E * H * 4, E * H * P * es,
         R * C * es, R * H * N * es, R * M * H * N * es, R * M * H * P * es, R * M * H * es, R * H * 4,
         pp * H * N * P * ss,
         m->chunk_state_saves > 0 ? (size_t)m->num_chunks * H * N * P * ss : 0,
     };
-    void **slots[] = {&ws->xn_local, &ws->xn,   &ws->proj, &ws->y,      &ws->z,   &ws->normed,
-                      &ws->out,      &ws->d_conv, &ws->d_q, &ws->d_k,   &ws->d_v, &ws->d_beta,
-                      &ws->d_g,      &ws->d_o,  &ws->p_conv, &ws->p_q,  &ws->p_k, &ws->p_v,
-                      &ws->p_beta,   &ws->p_g,  &ws->h0,   &ws->chunk_states};
+    void **slots[] = {&ws->xn_local, &ws->xn,      &ws->proj,   &ws->y,      &ws->z,    &ws->normed,
+                      &ws->out,      &ws->cp_send, &ws->core_proj, &ws->core_y, &ws->cp_y, &ws->d_conv,
+                      &ws->d_q,      &ws->d_k,     &ws->d_v,    &ws->d_beta, &ws->d_g,  &ws->d_o,
+                      &ws->p_conv,   &ws->p_q,     &ws->p_k,    &ws->p_v,    &ws->p_beta, &ws->p_g,
+                      &ws->h0,       &ws->chunk_states};
     _Static_assert(sizeof sizes / sizeof sizes[0] == sizeof slots / sizeof slots[0], "one size per buffer");
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         const size_t at = ws_add(&w, sizes[i]);
@@ -299,22 +435,29 @@ static gdp_status_t validate_pairing(const struct gdp_layer *l, const struct gdp
                  "%s: the layer is layer %d of the stack but the cache holds %d layers; size the cache with "
                  "config.num_layers > %d",
                  op, l->layer_index, cc->num_layers, l->layer_index);
-    if (cc->num_heads != l->H || cc->state_dim != l->N || cc->head_dim != l->P || cc->conv_dim != l->conv_dim ||
+    /* The cache holds the states of the heads the core runs: the TP shard's, or its CP slice. */
+    if (cc->num_heads != l->cH || cc->state_dim != l->N || cc->head_dim != l->P || cc->conv_dim != l->c_conv ||
         cc->conv_width != l->W)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
-                 "%s: the cache holds (H_t %d, N %d, P %d, conv_dim_t %d, W %d) per slot but this layer shard needs "
-                 "(%lld, %lld, %lld, %lld, %lld); fill its config with gdp_cache_config_init from this shard",
-                 op, cc->num_heads, cc->state_dim, cc->head_dim, cc->conv_dim, cc->conv_width, (long long)l->H,
-                 (long long)l->N, (long long)l->P, (long long)l->conv_dim, (long long)l->W);
+                 "%s: the cache holds (H %d, N %d, P %d, conv_dim %d, W %d) per slot but this layer shard's mixer "
+                 "core needs (%lld, %lld, %lld, %lld, %lld)%s; fill its config with %s from this shard",
+                 op, cc->num_heads, cc->state_dim, cc->head_dim, cc->conv_dim, cc->conv_width, (long long)l->cH,
+                 (long long)l->N, (long long)l->P, (long long)l->c_conv, (long long)l->W,
+                 l->cp.cp_size > 1 ? " (the CP-local heads H/(tp*cp))" : "",
+                 l->cp.cp_size > 1 ? "gdp_cache_config_init_cp" : "gdp_cache_config_init");
     return GDP_STATUS_SUCCESS;
 }
 
-/* Rows of x this rank holds in a step of T rows (-1 when sequence parallel cannot split T). */
+/* Rows of x this rank holds in a step of T rows: T / cp, split again over tp with sequence
+ * parallel; -1 when T does not split. */
 static int64_t local_rows(const struct gdp_layer *l, int64_t T) {
-    const int64_t tp = l->shard.tp_size;
+    const int64_t tp = l->shard.tp_size, cp = l->cp.cp_size;
+    if (T % cp != 0)
+        return -1;
+    const int64_t Tc = T / cp;
     if (l->mode != GDP_TP_MODE_SEQUENCE_PARALLEL || l->comm == NULL)
-        return T;
-    return T % tp == 0 ? T / tp : -1;
+        return Tc;
+    return Tc % tp == 0 ? Tc / tp : -1;
 }
 
 /* The step's rules: the metadata and x. */
@@ -334,12 +477,24 @@ static gdp_status_t validate_step(const struct gdp_layer *l, const struct gdp_ca
                  "%s: the step's metadata does not belong to the cache's current state (built at state %llu, the cache "
                  "is at %llu): build it with this cache, apply it with gdp_cache_apply_step, then run the layers",
                  op, (unsigned long long)m->cache_generation, (unsigned long long)cache->generation);
-    const int64_t T = m->padded_token_count, tp = l->shard.tp_size, rows = local_rows(l, T);
-    if (rows < 0)
+    const int64_t T = m->padded_token_count, tp = l->shard.tp_size, cp = l->cp.cp_size, rows = local_rows(l, T);
+    const int64_t multiple = l->mode == GDP_TP_MODE_SEQUENCE_PARALLEL && l->comm != NULL ? cp * tp : cp;
+    if (T % cp != 0)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: context parallelism splits the step's %lld token rows over cp = %lld ranks, which does not "
+                 "divide; use buckets whose token_count is a multiple of %lld (gdp_plan_check_token_split)",
+                 op, (long long)T, (long long)cp, (long long)multiple);
+    if (rows < 0 && cp == 1)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
                  "%s: sequence parallel splits the step's %lld token rows over tp = %lld ranks, which does not "
                  "divide; use buckets whose token_count is a multiple of %lld",
                  op, (long long)T, (long long)tp, (long long)tp);
+    if (rows < 0)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: sequence parallel splits this CP rank's %lld token rows (the step's %lld over cp = %lld) over "
+                 "tp = %lld ranks, which does not divide; use buckets whose token_count is a multiple of tp * cp = "
+                 "%lld (gdp_plan_check_token_split)",
+                 op, (long long)(T / cp), (long long)T, (long long)cp, (long long)tp, (long long)multiple);
     GDP_CHECK(gdp_check_tensor(op, "x", x, 2, SHAPE(rows, l->D), GDP_DT(l->res)));
     GDP_CHECK(gdp_check_contiguous(op, "x", x));
     return GDP_STATUS_SUCCESS;
@@ -350,7 +505,7 @@ static gdp_status_t chunk_ws_bytes(const struct gdp_layer *l, const gdp_step_met
     *bytes = 0;
     if (l->ctx->backend == GDP_BACKEND_CPU || m->padded_prefill_count == 0 || m->prefill_rows == 0)
         return GDP_STATUS_SUCCESS;
-    return gdp_chunk_get_workspace_size(m->prefill_rows, m->padded_prefill_count, (int32_t)l->M, (int32_t)l->H,
+    return gdp_chunk_get_workspace_size(m->prefill_rows, m->padded_prefill_count, (int32_t)l->M, (int32_t)l->cH,
                                         (int32_t)l->N, (int32_t)l->P, bytes);
 }
 
@@ -368,14 +523,25 @@ static gdp_status_t grow_workspaces(struct gdp_layer *l, size_t bytes, size_t ch
     return gdp_ctx_reserve_workspace(l->ctx, chunk_bytes);
 }
 
+/* Where the mixer core reads and writes a step: every row of the step (T) for the core's
+ * heads. Without CP, in_proj's own output (columns z|V..|K..|Q|b..|a, pitch proj_dim) and y;
+ * with CP, what the all-to-all delivered (V..|K..|Q|b..|a, pitch core_dim) and core_y. */
+typedef struct core_io {
+    char   *proj;     /* row 0 of the core's in_proj columns                 */
+    int64_t pitch;    /* elements between rows                               */
+    int64_t conv_col; /* column of the first conv channel (V_0)              */
+    int64_t ba_col;   /* column of b_0 (b_0..b_{M-1} | a follow)             */
+    void   *y;        /* [T, c_inner] the core's output                      */
+} core_io;
+
 /* The decode block: rows [0, pd * S). */
 static gdp_status_t run_decode(struct gdp_layer *l, struct gdp_cache *cache, const gdp_step_metadata *m,
-                               const step_ws *ws) {
+                               const core_io *io, const step_ws *ws) {
     const int64_t n = m->padded_decode_count, S = m->decode_tokens, M = l->M, E = S * M;
-    const int64_t H = l->H, N = l->N, P = l->P, C = l->conv_dim, WT = l->proj_dim, di = l->d_inner;
+    const int64_t H = l->cH, N = l->N, P = l->P, C = l->c_conv, WT = io->pitch, di = l->c_inner;
     const gdp_dtype_t a = l->act;
     const size_t es = gdp_dtype_size(a);
-    char *proj = ws->proj;
+    char *proj = io->proj;
     gdp_tensor ssm, conv, draft_ssm = {0}, draft_conv = {0};
     GDP_CHECK(gdp_cache_state_views(cache, l->layer_index, &ssm, &conv));
     if (S > 1 && cache->cfg.max_draft_tokens >= S)
@@ -383,7 +549,7 @@ static gdp_status_t run_decode(struct gdp_layer *l, struct gdp_cache *cache, con
     const gdp_tensor slots = view((void *)m->device.decode_slots, GDP_DTYPE_INT32, 1, SHAPE(n), NULL);
 
     gdp_conv1d_update_args cu = {
-        .x = view(proj + (size_t)di * es, a, 3, SHAPE(n, S, C), SHAPE(S * WT, WT, 1)),
+        .x = view(proj + (size_t)io->conv_col * es, a, 3, SHAPE(n, S, C), SHAPE(S * WT, WT, 1)),
         .weight = view(l->conv_w, a, 2, SHAPE(C, l->W), NULL),
         .conv_state = conv,
         .conv_state_indices = slots,
@@ -395,10 +561,10 @@ static gdp_status_t run_decode(struct gdp_layer *l, struct gdp_cache *cache, con
 
     gdp_prepare_args pr = {
         .x = cu.y,
-        .ba = view(proj + (size_t)(di + C) * es, a, 3, SHAPE(n, S, l->ba_dim), SHAPE(S * WT, WT, 1)),
+        .ba = view(proj + (size_t)io->ba_col * es, a, 3, SHAPE(n, S, l->c_ba), SHAPE(S * WT, WT, 1)),
         .A_log = view(l->A_log, GDP_DTYPE_FP32, 1, SHAPE(H), NULL),
         .dt_bias = view(l->dt_bias, a, 1, SHAPE(H), NULL),
-        .num_householder = (int32_t)M, .num_heads = (int32_t)H, .num_groups = (int32_t)l->G,
+        .num_householder = (int32_t)M, .num_heads = (int32_t)H, .num_groups = (int32_t)l->cG,
         .head_dim = (int32_t)P, .state_dim = (int32_t)N,
         .query = view(ws->d_q, a, 4, SHAPE(n, E, H, N), NULL),
         .key = view(ws->d_k, a, 4, SHAPE(n, E, H, N), NULL),
@@ -419,7 +585,7 @@ static gdp_status_t run_decode(struct gdp_layer *l, struct gdp_cache *cache, con
     GDP_CHECK(gdp_fused_recurrent_gated_delta_rule_update(l->ctx, &rc));
 
     /* Token s of request r reads out after its last copy: o row (r*S + s)*M + M-1. */
-    return gdp_layer_buf_copy2d(l->ctx, ws->y, (size_t)di * es, (char *)ws->d_o + (size_t)(M - 1) * di * es,
+    return gdp_layer_buf_copy2d(l->ctx, io->y, (size_t)di * es, (char *)ws->d_o + (size_t)(M - 1) * di * es,
                                 (size_t)(M * di) * es, (size_t)di * es, (size_t)(n * S));
 }
 
@@ -428,12 +594,12 @@ static gdp_status_t run_decode(struct gdp_layer *l, struct gdp_cache *cache, con
  * the metadata's device arrays: -1 entries (padding, requests that save nothing) copy
  * nothing. */
 static gdp_status_t run_prefill(struct gdp_layer *l, struct gdp_cache *cache, const gdp_step_metadata *m,
-                                const step_ws *ws) {
+                                const core_io *io, const step_ws *ws) {
     const int64_t R = m->prefill_rows, pp = m->padded_prefill_count, R0 = m->prefill_token_offset, M = l->M;
-    const int64_t H = l->H, N = l->N, P = l->P, C = l->conv_dim, WT = l->proj_dim, di = l->d_inner;
+    const int64_t H = l->cH, N = l->N, P = l->P, C = l->c_conv, WT = io->pitch, di = l->c_inner;
     const gdp_dtype_t a = l->act;
     const size_t es = gdp_dtype_size(a);
-    char *proj_rows = (char *)ws->proj + (size_t)R0 * WT * es;
+    char *proj_rows = io->proj + (size_t)R0 * WT * es;
     gdp_tensor ssm, conv, snap_ssm = {0}, snap_conv = {0};
     GDP_CHECK(gdp_cache_state_views(cache, l->layer_index, &ssm, &conv));
     if (m->save_count > 0)
@@ -446,7 +612,7 @@ static gdp_status_t run_prefill(struct gdp_layer *l, struct gdp_cache *cache, co
     if (m->save_count > 0) {
         const gdp_layer_snapshot_conv_args sc = {
             .n = pp, .channels = C, .width = (int32_t)l->W,
-            .x = proj_rows + (size_t)di * es, .x_dtype = a, .x_pitch = WT,
+            .x = proj_rows + (size_t)io->conv_col * es, .x_dtype = a, .x_pitch = WT,
             .conv = conv.data, .snap_conv = snap_conv.data, .conv_dtype = conv.dtype,
             .n_slots = n_slots, .n_snapshots = n_snaps,
             .slots = dev->prefill_slots, .snapshot = dev->save_snapshot, .offset = dev->save_offset,
@@ -468,7 +634,7 @@ static gdp_status_t run_prefill(struct gdp_layer *l, struct gdp_cache *cache, co
     const gdp_tensor slots = view((void *)dev->prefill_slots, GDP_DTYPE_INT32, 1, SHAPE(pp), NULL);
     const gdp_tensor cu = view((void *)dev->cu_seqlens, GDP_DTYPE_INT32, 1, SHAPE(pp + 1), NULL);
     gdp_conv1d_varlen_args cv = {
-        .x = view(proj_rows + (size_t)di * es, a, 2, SHAPE(R, C), SHAPE(WT, 1)),
+        .x = view(proj_rows + (size_t)io->conv_col * es, a, 2, SHAPE(R, C), SHAPE(WT, 1)),
         .weight = view(l->conv_w, a, 2, SHAPE(C, l->W), NULL),
         .conv_state = conv,
         .state_indices = slots,
@@ -480,10 +646,10 @@ static gdp_status_t run_prefill(struct gdp_layer *l, struct gdp_cache *cache, co
 
     gdp_prepare_args pr = {
         .x = view(ws->p_conv, a, 3, SHAPE(1, R, C), NULL),
-        .ba = view(proj_rows + (size_t)(di + C) * es, a, 3, SHAPE(1, R, l->ba_dim), SHAPE(R * WT, WT, 1)),
+        .ba = view(proj_rows + (size_t)io->ba_col * es, a, 3, SHAPE(1, R, l->c_ba), SHAPE(R * WT, WT, 1)),
         .A_log = view(l->A_log, GDP_DTYPE_FP32, 1, SHAPE(H), NULL),
         .dt_bias = view(l->dt_bias, a, 1, SHAPE(H), NULL),
-        .num_householder = (int32_t)M, .num_heads = (int32_t)H, .num_groups = (int32_t)l->G,
+        .num_householder = (int32_t)M, .num_heads = (int32_t)H, .num_groups = (int32_t)l->cG,
         .head_dim = (int32_t)P, .state_dim = (int32_t)N,
         .query = view(ws->p_q, a, 4, SHAPE(1, R, H, N), NULL),
         .key = view(ws->p_k, a, 4, SHAPE(1, R * M, H, N), NULL),
@@ -505,7 +671,7 @@ static gdp_status_t run_prefill(struct gdp_layer *l, struct gdp_cache *cache, co
         .chunk_offsets = view((void *)dev->chunk_offsets, GDP_DTYPE_INT32, 1, SHAPE(pp + 1), NULL),
         .state = ssm, .state_indices = slots,
         .return_chunk_states = want_chunk_states,
-        .o = view((char *)ws->y + (size_t)R0 * di * es, a, 4, SHAPE(1, R, H, P), NULL),
+        .o = view((char *)io->y + (size_t)R0 * di * es, a, 4, SHAPE(1, R, H, P), NULL),
     };
     if (want_chunk_states)
         ch.chunk_states = view(ws->chunk_states, ssm.dtype, 4, SHAPE(m->num_chunks, H, N, P), NULL);
@@ -530,39 +696,75 @@ static gdp_status_t run_prefill(struct gdp_layer *l, struct gdp_cache *cache, co
     return GDP_STATUS_SUCCESS;
 }
 
+/* CP, before the core: this rank's Tc rows of in_proj's sections, cut for every CP rank by
+ * its heads or groups (the copies of build_cp_pack), exchanged in one all-to-all. Block j of
+ * the result came from CP rank j: its rows, j * Tc .., so core_proj is the whole step's rows
+ * in order, for this rank's heads. */
+static gdp_status_t cp_scatter_heads(struct gdp_layer *l, int64_t Tc, const step_ws *ws) {
+    const size_t es = gdp_dtype_size(l->act), block = (size_t)Tc * (size_t)l->core_dim;
+    for (int32_t k = 0; k < l->n_pack; k++) {
+        const cp_pack *c = &l->pack[k];
+        GDP_CHECK(gdp_layer_buf_copy2d(l->ctx, (char *)ws->cp_send + ((size_t)c->dest * block + (size_t)c->dst_col) * es,
+                                       (size_t)l->core_dim * es, (char *)ws->proj + (size_t)c->src_col * es,
+                                       (size_t)l->proj_dim * es, (size_t)c->width * es, (size_t)Tc));
+    }
+    return gdp_comm_alltoall(l->cp_comm, ws->cp_send, ws->core_proj, block, l->act, l->ctx->stream);
+}
+
+/* CP, after the core: rows j * Tc .. of core_y go back to CP rank j (one all-to-all); block j
+ * received holds CP rank j's heads on this rank's rows, i.e. columns j * c_inner .. of y. */
+static gdp_status_t cp_gather_heads(struct gdp_layer *l, int64_t Tc, const step_ws *ws) {
+    const size_t es = gdp_dtype_size(l->act), ci = (size_t)l->c_inner, block = (size_t)Tc * ci;
+    GDP_CHECK(gdp_comm_alltoall(l->cp_comm, ws->core_y, ws->cp_y, block, l->act, l->ctx->stream));
+    for (int32_t j = 0; j < l->cp.cp_size; j++)
+        GDP_CHECK(gdp_layer_buf_copy2d(l->ctx, (char *)ws->y + (size_t)j * ci * es, (size_t)l->d_inner * es,
+                                       (char *)ws->cp_y + (size_t)j * block * es, ci * es, ci * es, (size_t)Tc));
+    return GDP_STATUS_SUCCESS;
+}
+
 /* Everything between the input and the output collective. */
 static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, const gdp_step_metadata *m,
                               gdp_tensor *x, int64_t T_local, const step_ws *ws) {
-    const int64_t T = m->padded_token_count, D = l->D, di = l->d_inner, WT = l->proj_dim;
+    const int64_t T = m->padded_token_count, Tc = T / l->cp.cp_size, D = l->D, di = l->d_inner, WT = l->proj_dim;
     const gdp_dtype_t a = l->act, r = l->res;
     const size_t es = gdp_dtype_size(a);
     const gdp_tensor norm_w = view(l->norm_w, a, 1, SHAPE(D), NULL);
     const bool sp = l->mode == GDP_TP_MODE_SEQUENCE_PARALLEL && l->comm != NULL;
 
     /* Pre-norm (x in the residual dtype, out in the activation dtype) on the rows this rank
-     * holds; sequence parallel then gathers all rows. */
-    gdp_tensor xn = view(ws->xn, a, 2, SHAPE(T, D), NULL);
+     * holds; sequence parallel then gathers the TP group's rows (this CP rank's Tc). */
+    gdp_tensor xn = view(ws->xn, a, 2, SHAPE(Tc, D), NULL);
     if (sp) {
         gdp_tensor xn_local = view(ws->xn_local, a, 2, SHAPE(T_local, D), NULL);
         GDP_CHECK(gdp_rmsnorm(l->ctx, &xn_local, x, &norm_w, l->norm_eps));
-        GDP_CHECK(gdp_comm_tp_gather_input(l->comm, l->mode, ws->xn_local, ws->xn, T, D, a, l->ctx->stream));
+        GDP_CHECK(gdp_comm_tp_gather_input(l->comm, l->mode, ws->xn_local, ws->xn, Tc, D, a, l->ctx->stream));
     } else {
         GDP_CHECK(gdp_rmsnorm(l->ctx, &xn, x, &norm_w, l->norm_eps));
     }
-    GDP_CHECK(gdp_layer_gemm_nt_ex(l->ctx, T, WT, D, ws->xn, D, l->in_proj, a, 0.0f, ws->proj, WT, a));
+    GDP_CHECK(gdp_layer_gemm_nt_ex(l->ctx, Tc, WT, D, ws->xn, D, l->in_proj, a, 0.0f, ws->proj, WT, a));
 
+    /* The core, on every row of the step for its heads. */
+    core_io io = {.proj = ws->proj, .pitch = WT, .conv_col = di, .ba_col = di + l->conv_dim, .y = ws->y};
+    if (l->cp_comm != NULL) {
+        GDP_CHECK(cp_scatter_heads(l, Tc, ws));
+        io = (core_io){.proj = ws->core_proj, .pitch = l->core_dim, .conv_col = 0, .ba_col = l->c_conv,
+                       .y = ws->core_y};
+    }
     /* Rows no request owns keep y = 0 (the ops write 0 there too). */
-    GDP_CHECK(gdp_layer_buf_zero(l->ctx, ws->y, (size_t)(T * di) * es));
+    GDP_CHECK(gdp_layer_buf_zero(l->ctx, io.y, (size_t)(T * l->c_inner) * es));
     if (m->padded_decode_count > 0)
-        GDP_CHECK(run_decode(l, cache, m, ws));
+        GDP_CHECK(run_decode(l, cache, m, &io, ws));
     if (m->padded_prefill_count > 0 && m->prefill_rows > 0)
-        GDP_CHECK(run_prefill(l, cache, m, ws));
+        GDP_CHECK(run_prefill(l, cache, m, &io, ws));
+    if (l->cp_comm != NULL)
+        GDP_CHECK(cp_gather_heads(l, Tc, ws));
 
-    /* Grouped gated RMSNorm: the gate z is the first d_inner columns of in_proj's output. */
+    /* Grouped gated RMSNorm on this rank's rows and every TP-local head: the gate z is the
+     * first d_inner columns of in_proj's output (it never left the rank). */
     GDP_CHECK(gdp_layer_buf_copy2d(l->ctx, ws->z, (size_t)di * es, ws->proj, (size_t)WT * es, (size_t)di * es,
-                                   (size_t)T));
-    gdp_tensor y = view(ws->y, a, 2, SHAPE(T, di), NULL), z = view(ws->z, a, 2, SHAPE(T, di), NULL);
-    gdp_tensor normed = view(ws->normed, a, 2, SHAPE(T, di), NULL);
+                                   (size_t)Tc));
+    gdp_tensor y = view(ws->y, a, 2, SHAPE(Tc, di), NULL), z = view(ws->z, a, 2, SHAPE(Tc, di), NULL);
+    gdp_tensor normed = view(ws->normed, a, 2, SHAPE(Tc, di), NULL);
     gdp_tensor out_norm_w = view(l->out_norm_w, a, 1, SHAPE(di), NULL);
     GDP_CHECK(gdp_gated_rmsnorm(l->ctx, &normed, &y, &z, &out_norm_w, di / l->G, l->out_norm_eps));
 
@@ -570,15 +772,25 @@ static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, cons
      * (beta = 1) on exactly one place per row: rank 0's partial (all-reduce), or the row
      * block's owner (SP). */
     if (l->comm == NULL)
-        return gdp_layer_gemm_nt_ex(l->ctx, T, D, di, ws->normed, di, l->out_proj, a, 1.0f, x->data, D, r);
+        return gdp_layer_gemm_nt_ex(l->ctx, Tc, D, di, ws->normed, di, l->out_proj, a, 1.0f, x->data, D, r);
     const size_t row_bytes = (size_t)D * gdp_dtype_size(r);
-    GDP_CHECK(gdp_layer_buf_zero(l->ctx, ws->out, (size_t)T * row_bytes));
+    GDP_CHECK(gdp_layer_buf_zero(l->ctx, ws->out, (size_t)Tc * row_bytes));
     if (sp)
         GDP_CHECK(gdp_layer_buf_copy(l->ctx, (char *)ws->out + (size_t)(l->shard.tp_rank * T_local) * row_bytes,
                                      x->data, (size_t)T_local * row_bytes));
     else if (l->shard.tp_rank == 0)
-        GDP_CHECK(gdp_layer_buf_copy(l->ctx, ws->out, x->data, (size_t)T * row_bytes));
-    return gdp_layer_gemm_nt_ex(l->ctx, T, D, di, ws->normed, di, l->out_proj, a, 1.0f, ws->out, D, r);
+        GDP_CHECK(gdp_layer_buf_copy(l->ctx, ws->out, x->data, (size_t)Tc * row_bytes));
+    return gdp_layer_gemm_nt_ex(l->ctx, Tc, D, di, ws->normed, di, l->out_proj, a, 1.0f, ws->out, D, r);
+}
+
+/* A status agreement over every rank the layer's collectives involve: the TP group, then the
+ * CP group (a failure in one TP group reaches every CP group through its own member). */
+static gdp_status_t agree_all(const struct gdp_layer *l, gdp_status_t st) {
+    if (l->comm != NULL)
+        st = gdp_comm_agree(l->comm, st);
+    if (l->cp_comm != NULL)
+        st = gdp_comm_agree(l->cp_comm, st);
+    return st;
 }
 
 gdp_status_t gdp_layer_forward(gdp_layer_t layer, gdp_cache_t cache, const gdp_step_metadata *meta, gdp_tensor *x) {
@@ -593,7 +805,7 @@ gdp_status_t gdp_layer_forward(gdp_layer_t layer, gdp_cache_t cache, const gdp_s
      *    grow, which happens at the first steps of each larger bucket: the one place where
      *    the forward allocates, and so may wait on the device or fail on one rank alone. */
     const bool sized = meta != NULL && meta->step != NULL && gdp_cache_check_handle(cache, op) == GDP_STATUS_SUCCESS;
-    const int64_t T_local = sized ? local_rows(layer, meta->padded_token_count) : 0;
+    const int64_t T_local = sized ? local_rows(layer, meta->padded_token_count) : -1;
     step_ws ws;
     memset(&ws, 0, sizeof ws);
     size_t need = 0, chunk_need = 0;
@@ -613,8 +825,9 @@ gdp_status_t gdp_layer_forward(gdp_layer_t layer, gdp_cache_t cache, const gdp_s
      *    the first forward of this layer with a cache (pairing), a workspace growth (memory),
      *    and every forward with GDP_PLAN_DEBUG=1. A step's steady state therefore runs the
      *    layer without any host round trip. */
-    if (layer->comm != NULL && (grow || layer->agreed_cache != (const void *)cache || layer->debug_agree)) {
-        st = gdp_comm_agree(layer->comm, st);
+    const bool multi = layer->comm != NULL || layer->cp_comm != NULL;
+    if (multi && (grow || layer->agreed_cache != (const void *)cache || layer->debug_agree)) {
+        st = agree_all(layer, st);
         if (st == GDP_STATUS_SUCCESS)
             layer->agreed_cache = cache;
     }
@@ -625,12 +838,13 @@ gdp_status_t gdp_layer_forward(gdp_layer_t layer, gdp_cache_t cache, const gdp_s
     /* 4. The work, enqueued on the ctx's stream. A failure from here on (a CUDA launch, a
      *    collective) leaves the ranks apart: callers end the job (gdp_fatal). */
     st = run_mixer(layer, cache, meta, x, T_local, &ws);
-    if (layer->comm == NULL)
+    if (!multi)
         return st;
     if (layer->debug_agree) /* debug: no rank is left waiting in the collective either */
-        st = gdp_comm_agree(layer->comm, st);
-    if (st != GDP_STATUS_SUCCESS)
+        st = agree_all(layer, st);
+    if (st != GDP_STATUS_SUCCESS || layer->comm == NULL)
         return st;
-    return gdp_comm_tp_reduce_output(layer->comm, layer->mode, ws.out, x->data, meta->padded_token_count, layer->D,
-                                     layer->res, layer->ctx->stream);
+    return gdp_comm_tp_reduce_output(layer->comm, layer->mode, ws.out, x->data,
+                                     meta->padded_token_count / layer->cp.cp_size, layer->D, layer->res,
+                                     layer->ctx->stream);
 }

@@ -774,6 +774,23 @@ gdp_status_t gdp_plan_build(gdp_plan_t plan, struct gdp_cache *cache, gdp_comm_t
     return GDP_STATUS_SUCCESS;
 }
 
+gdp_status_t gdp_plan_check_token_split(gdp_plan_t plan, int32_t ranks) {
+    static const char *op = "gdp_plan_check_token_split";
+    GDP_CHECK(check_plan(plan, op));
+    if (ranks < 1)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: ranks is %d, must be >= 1 (cp, or tp * cp with sequence parallel)",
+                 op, ranks);
+    for (int32_t b = 0; b < plan->cfg.n_buckets; b++) {
+        const int32_t rows = plan->buckets[b].token_count;
+        if (rows % ranks != 0)
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                     "%s: bucket %d has %d token rows, which do not split evenly over %d ranks; pad its token_count "
+                     "to %d (a multiple of %d)",
+                     op, b, rows, ranks, (rows / ranks + 1) * ranks, ranks);
+    }
+    return GDP_STATUS_SUCCESS;
+}
+
 gdp_status_t gdp_plan_check_consistent(const gdp_step_metadata *meta, gdp_comm_t comm) {
     static const char *op = "gdp_plan_check_consistent";
     if (meta == NULL || meta->host_buffer == NULL)

@@ -2,7 +2,9 @@
  * cache.h: the distributed state cache. Per layer and rank it holds the recurrent state
  * ssm_state [slots, H_t, K, V] (fp32 by default, bf16 selectable) and the conv state
  * conv_state [slots, conv_dim_t, W] (the last W pre-conv inputs, column W-1 newest) of
- * every live request, each rank holding its heads' share of every slot. Optionally:
+ * every live request, each rank holding its heads' share of every slot (with context
+ * parallelism the heads its mixer core runs: H_c = H/(tp*cp), gdp_cache_config_init_cp).
+ * Optionally:
  *   - draft-token states for speculative decoding: intermediate ssm and conv states
  *     [slots, S, ...] per layer, written by decode steps with S > 1 tokens, from which a
  *     later step's accept rolls a slot back to its n_accepted kept tokens (gdp-math.md 5.3);
@@ -47,6 +49,12 @@ typedef struct gdp_cache_config {
  * no snapshots (set those fields afterwards). INVALID_ARGUMENT for n_slots < 1 or sizes
  * beyond int32. */
 GDP_API gdp_status_t gdp_cache_config_init(gdp_cache_config *out, const gdp_tp_shard *shard, int32_t n_slots);
+/* The same for a context-parallel layer stack (cp > 1): the cache of CP rank shard->cp_rank
+ * holds only the states of the heads and groups its mixer core runs, H_c = H/(tp*cp) heads
+ * and conv_dim_c = M*H_c*P + (M+1)*G_c*N channels (gdp_cp_shard). Every CP rank holds every
+ * slot (the slots are the same on every rank of the job). With cp_size = 1 it equals
+ * gdp_cache_config_init(out, &shard->tp, n_slots). Errors as gdp_cache_config_init. */
+GDP_API gdp_status_t gdp_cache_config_init_cp(gdp_cache_config *out, const gdp_cp_shard *shard, int32_t n_slots);
 
 /* Allocates the cache (every state zero, every slot free, no snapshot saved). Errors:
  * INVALID_ARGUMENT naming the field (a size < 1, a dtype not allowed, W < 2), SYSTEM_ERROR

@@ -15,6 +15,11 @@
  *   gdp_cache_apply_step(cache, meta)         release / roll back / claim+zero / restore
  *   gdp_layer_forward(layer_l, cache, meta, x) for every layer
  *
+ * With context parallelism the plan is still global: every rank of the job (tp x cp) holds
+ * the same step and metadata (bcast and build over the job's comm), and CP rank c's layers
+ * take the c-th contiguous 1/cp of the rows below (gdp_plan_check_token_split: buckets whose
+ * token_count divides).
+ *
  * Token layout of a step's activations x [padded_token_count, D]: rows
  * [0, padded_decode_count * S) are the decode block (request r's token s at row r*S + s;
  * rows of padding requests are dead), rows [prefill_token_offset, padded_token_count)
@@ -196,6 +201,14 @@ GDP_API gdp_status_t gdp_plan_get_step(gdp_plan_t plan, const gdp_step_desc **de
  * INVALID_USAGE on every rank when debug_check finds ranks with different metadata. */
 GDP_API gdp_status_t gdp_plan_build(gdp_plan_t plan, struct gdp_cache *cache, gdp_comm_t comm,
                                     const gdp_step_metadata **meta);
+
+/* Layers that shard a step's rows over ranks (context parallelism: cp ranks; with sequence
+ * parallelism inside: tp * cp ranks) give each rank an equal contiguous slice of the padded
+ * rows, so every bucket's token_count must be a multiple of `ranks`. Checks every bucket of
+ * the plan (they are fixed at gdp_plan_init, so every step it builds then splits);
+ * INVALID_ARGUMENT naming the first bucket that does not split, and how to pad it. Local (no
+ * communication); call it once after gdp_plan_init. ranks = 1 always succeeds. */
+GDP_API gdp_status_t gdp_plan_check_token_split(gdp_plan_t plan, int32_t ranks);
 
 /* Compares a hash of the metadata's host buffer across comm (gdp_comm_check_consistent):
  * SUCCESS on every rank if all ranks hold identical bytes, else INVALID_USAGE on every

@@ -1,0 +1,1229 @@
+/*
+ * test_layer_cp.c: the context-parallel GDP layer stack (gdp-layer.md 3.1, docs/cp.md), under
+ * mpirun, on the CPU backend (default) or the CUDA backend (--backend cuda).
+ *
+ * The job is tp x cp ranks (--tp T, default 1; cp = ranks / tp), laid out as
+ * rank = tp_rank + tp * cp_rank (gdp_parallel_ranks): a TP comm per CP rank and a CP comm per
+ * TP rank, both over MPI sub-communicators, plus a job-wide comm for the step plan (every rank
+ * holds the same global step). Rank 0 writes one seeded global checkpoint (2 layers, fp32,
+ * H = 8, --groups G groups, default 4, and a 64-token vocabulary). Every rank then runs two
+ * stacks over the same scheduled steps: the CP stack (its TP shard, sliced by its CP rank,
+ * with all-reduce or, with --sp, sequence parallel inside the TP group) and a TP = CP = 1
+ * reference of the whole layer, each with its own state cache and plan. The CP stack's x holds
+ * the rank's contiguous 1/cp of every step's padded rows (its TP block of them with --sp).
+ * Checks (gdp-math.md 8.1, CPU bars):
+ *   - the CP arithmetic on its own: for many (H, G, tp, cp), gdp_cp_shard_init's slices tile
+ *     every TP shard's heads, each CP rank's heads use exactly its group (replicated groups
+ *     when G/tp < cp), the core layout is contiguous; invalid sizes are refused naming them;
+ *   - every step: each layer's output (its residual delta) of the CP stack vs the reference,
+ *     max|a - b| <= 1e-5 max|b|; this rank's heads of every live slot's ssm state and its
+ *     channels of the conv state vs the reference's, same bar; padding rows come out exactly
+ *     as they went in; the step's metadata is identical on every rank of the job;
+ *   - uneven varlen packs ({170, 64, 3}, {64, 2}, {43, 6}, {200, 128}, {72, 32, 32}), whose
+ *     requests straddle the CP ranks' row blocks; chunked prefill equals one prefill (1e-5);
+ *     decode after prefill equals recomputing (1e-4); prefix snapshots restore (1e-5); draft
+ *     tokens roll back (1e-5), as test_layer_tp checks them for TP;
+ *   - generated tokens: three prompts of uneven lengths (37, 5, 90) prefilled in one step, then
+ *     greedy decoding with the requests sharded across the CP ranks (a decode bucket of 4 rows:
+ *     each CP rank holds 4/cp requests' tokens); logits = tied LM head of the final RMSNorm.
+ *     Tokens must be identical to the reference's up to the first step where either run's
+ *     top-2 logit margin is below the logit bar (from there on, no claim; gdp-math.md 8.1),
+ *     logits within the bar until then, layer outputs and states every step as above;
+ *   - bad input, an error on every rank with x and the cache unchanged: x of the wrong shape,
+ *     a cache sized for the TP shard instead of the CP shard, a bucket whose rows do not split
+ *     over cp (also refused by gdp_plan_check_token_split), a checkpoint whose G/tp breaks the
+ *     group rule (gdp_layer_init_cp), another TP rank's weights.
+ * With --backend cuda (labels gpu;mpi) both stacks run on the GPU (bf16 activations, fp32
+ * states) with the MPI comm on device buffers (host-staged: the ranks may share one GPU),
+ * plus a third TP = 1 stack on the CPU backend; every comparison then uses the GPU bars of
+ * gdp-math.md 8.1 (relative RMS <= 2e-2 on layer outputs, <= 8e-3 on states, <= 5e-2 on
+ * logits) and each step also compares the GPU reference with the CPU one. Without a GPU on any
+ * rank every rank exits 77 (skipped).
+ * Failure counts are summed over the ranks, so every rank exits the same way.
+ */
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gdp/cache.h"
+#include "gdp/checkpoint.h"
+#include "gdp/comm.h"
+#include "gdp/config.h"
+#include "gdp/layer.h"
+#include "gdp/plan.h"
+#include "test_common.h"
+
+#ifdef GDP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#define LAYERS 2
+#define D_MODEL 32
+#define HEADS 8
+#define VOCAB 64
+#define N_SLOTS 8
+#define N_SNAPSHOTS 2
+#define MAX_DRAFT 3
+#define NREQ 11
+#define MAXPOS 256
+#define GEN_STEPS 8
+
+/* CPU backend: max|a - b| <= bar * max|b| (gdp-math.md 8.1, CPU). */
+#define BAR_CP 1e-5        /* CP vs reference, chunked prefill, prefix restore, draft rollback */
+#define BAR_RECOMPUTE 1e-4 /* decode vs recomputing the sequence                            */
+/* CUDA backend: relative RMS (gdp-math.md 8.1, GPU). */
+#define GPU_BAR_OUT 2e-2    /* layer outputs */
+#define GPU_BAR_STATE 8e-3  /* ssm and conv states */
+#define GPU_BAR_LOGITS 5e-2 /* model logits (Megatron's bar) */
+
+static gdp_ctx_t g_ctx;     /* the backend under test                      */
+static gdp_ctx_t g_cpu_ctx; /* --backend cuda: the CPU reference's backend */
+static int g_rank = 0, g_size = 1;
+static int32_t g_tp = 1, g_cp = 1, g_tp_rank = 0, g_cp_rank = 0;
+static int64_t g_groups = 4;
+static gdp_comm_t g_world;   /* every rank: the step plan's comm            */
+static gdp_comm_t g_tp_comm; /* this rank's TP group (NULL for tp = 1)      */
+static gdp_comm_t g_cp_comm; /* this rank's CP group                        */
+static bool g_sp = false;
+static bool g_cuda = false;
+
+/* ---- device memory of the test (CUDA runtime calls end the job when they fail) ---------- */
+#ifdef GDP_HAVE_CUDA
+static void *g_stream;
+#define CUDA_OK(call)                                                                                \
+    do {                                                                                             \
+        cudaError_t cuda_err_ = (call);                                                              \
+        if (cuda_err_ != cudaSuccess)                                                                \
+            GDP_FATAL(g_world, "%s failed: %s", #call, cudaGetErrorString(cuda_err_));              \
+    } while (0)
+static void *dev_alloc(size_t bytes) {
+    void *p = NULL;
+    CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1));
+    return p;
+}
+static void dev_free(void *p) { CUDA_OK(cudaFree(p)); }
+/* Copies wait for the ctx's stream first: it does not synchronize with the legacy stream. */
+static void dev_upload(void *dst, const void *src, size_t bytes) {
+    CUDA_OK(cudaStreamSynchronize((cudaStream_t)g_stream));
+    CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+static void dev_download(void *dst, const void *src, size_t bytes) {
+    CUDA_OK(cudaStreamSynchronize((cudaStream_t)g_stream));
+    CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+#else
+/* Never reached: without CUDA the --backend cuda run is skipped before any stack exists. */
+static void *dev_alloc(size_t bytes) { GDP_FATAL(g_world, "no CUDA in this build (%zu bytes)", bytes); }
+static void dev_free(void *p) { (void)p; }
+static void dev_upload(void *dst, const void *src, size_t bytes) { GDP_FATAL(g_world, "no CUDA in this build"); }
+static void dev_download(void *dst, const void *src, size_t bytes) { GDP_FATAL(g_world, "no CUDA in this build"); }
+#endif
+
+/* Buckets: mixed steps of 256 and 512 rows, a decode-only bucket of 4 rows (the generation's
+ * decode steps: 4/cp requests per CP rank), and 513 rows, which no cp > 1 splits. */
+static const gdp_step_bucket k_buckets[] = {{4, 4, 256}, {4, 4, 512}, {4, 0, 4}, {1, 1, 513}};
+#define N_BUCKETS 4
+#define ODD_BUCKET 3
+#define ODD_ROWS 513
+
+/* ---- the CP arithmetic on its own ------------------------------------------------------ */
+
+/* For one (H, G, tp, cp): every TP rank's CP slices tile its heads, V/b/a slices tile their
+ * sections, K/Q slices are the group(s) of the rank's heads, the core layout is contiguous. */
+static void check_cp_layout(int64_t H, int64_t G, int32_t tp, int32_t cp) {
+    gdp_layer_config cfg;
+    gdp_layer_config_default(&cfg);
+    cfg.hidden_size = 16, cfg.num_heads = H, cfg.num_groups = G, cfg.head_dim = 4, cfg.state_dim = 8;
+    cfg.num_householder = 2;
+    const int32_t M = cfg.num_householder, n_sec = 3 * M + 3;
+    for (int32_t t = 0; t < tp; t++) {
+        gdp_tp_shard ts;
+        CHECK_OK(gdp_tp_shard_init(&ts, &cfg, t, tp));
+        int64_t *covered = calloc((size_t)(ts.in_proj_dim), sizeof(int64_t));
+        for (int32_t c = 0; c < cp; c++) {
+            gdp_cp_shard cs;
+            CHECK_OK(gdp_cp_shard_init(&cs, &ts, c, cp));
+            CHECK(cs.num_heads * cp == ts.num_heads && cs.head_begin == c * cs.num_heads,
+                  "H %lld G %lld tp %d cp %d: rank %d heads %lld from %lld", (long long)H, (long long)G, tp, cp, c,
+                  (long long)cs.num_heads, (long long)cs.head_begin);
+            CHECK(cs.num_heads % cs.num_groups == 0 && cs.group_begin + cs.num_groups <= ts.num_groups,
+                  "H %lld G %lld tp %d cp %d: rank %d groups %lld from %lld of %lld", (long long)H, (long long)G, tp,
+                  cp, c, (long long)cs.num_groups, (long long)cs.group_begin, (long long)ts.num_groups);
+            /* GQA: the core's head i uses its group i / (H_c / G_c), which must be the TP shard's
+             * group of that head, (head_begin + i) / (H_t / G_t). */
+            for (int64_t i = 0; i < cs.num_heads; i++) {
+                const int64_t core_group = cs.group_begin + i / (cs.num_heads / cs.num_groups);
+                const int64_t tp_group = (cs.head_begin + i) / (ts.num_heads / ts.num_groups);
+                CHECK(core_group == tp_group, "H %lld G %lld tp %d cp %d: rank %d head %lld uses group %lld, not %lld",
+                      (long long)H, (long long)G, tp, cp, c, (long long)i, (long long)core_group,
+                      (long long)tp_group);
+            }
+            int64_t core = 0;
+            for (int32_t i = 0; i < n_sec; i++) {
+                gdp_cp_section sec;
+                CHECK_OK(gdp_cp_shard_in_proj_section(&cs, i, &sec));
+                CHECK(sec.core_offset == core, "section %s core offset %lld, expected %lld", sec.tp.name,
+                      (long long)sec.core_offset, (long long)core);
+                CHECK(sec.slice_begin >= 0 && sec.slice_begin + sec.rows <= sec.tp.rows,
+                      "section %s slice [%lld, +%lld) outside its %lld rows", sec.tp.name,
+                      (long long)sec.slice_begin, (long long)sec.rows, (long long)sec.tp.rows);
+                core += sec.rows;
+                for (int64_t r = 0; r < sec.rows; r++)
+                    covered[sec.tp.local_offset + sec.slice_begin + r]++;
+                if (i > 0 && i <= 2 * M + 1) { /* a conv section: the same slice, conv offsets */
+                    gdp_cp_section cv;
+                    CHECK_OK(gdp_cp_shard_conv_section(&cs, i - 1, &cv));
+                    CHECK(cv.core_offset == sec.core_offset && cv.rows == sec.rows &&
+                              cv.slice_begin == sec.slice_begin && cv.tp.local_offset + ts.d_inner == sec.tp.local_offset,
+                          "conv section %d differs from in_proj section %d", i - 1, i);
+                }
+            }
+            CHECK(core == cs.core_dim && cs.core_dim == cs.conv_dim + (M + 1) * cs.num_heads,
+                  "core columns %lld, core_dim %lld, conv_dim %lld", (long long)core, (long long)cs.core_dim,
+                  (long long)cs.conv_dim);
+        }
+        /* z is never exchanged; V, b, a rows exactly once; K, Q rows group_repeat times */
+        gdp_cp_shard c0;
+        CHECK_OK(gdp_cp_shard_init(&c0, &ts, 0, cp));
+        for (int32_t i = 0; i < n_sec; i++) {
+            gdp_section sec;
+            CHECK_OK(gdp_tp_shard_in_proj_section(&ts, i, &sec));
+            const int64_t want = sec.kind == GDP_SECTION_Z ? 0
+                                 : (sec.kind == GDP_SECTION_K || sec.kind == GDP_SECTION_Q) ? c0.group_repeat
+                                                                                              : 1;
+            int64_t bad = 0;
+            for (int64_t r = 0; r < sec.rows; r++)
+                bad += covered[sec.local_offset + r] != want;
+            CHECK(bad == 0, "H %lld G %lld tp %d cp %d: %lld rows of section %s are not sent %lld times",
+                  (long long)H, (long long)G, tp, cp, (long long)bad, sec.name, (long long)want);
+        }
+        free(covered);
+    }
+}
+
+static void check_cp_refused(int64_t H, int64_t G, int32_t tp, int32_t cp, const char *want) {
+    gdp_layer_config cfg;
+    gdp_layer_config_default(&cfg);
+    cfg.hidden_size = 16, cfg.num_heads = H, cfg.num_groups = G, cfg.head_dim = 4, cfg.state_dim = 8;
+    gdp_tp_shard ts;
+    CHECK_OK(gdp_tp_shard_init(&ts, &cfg, 0, tp));
+    gdp_cp_shard cs;
+    memset(&cs, 0x5a, sizeof cs);
+    CHECK_STATUS(gdp_cp_shard_init(&cs, &ts, 0, cp), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(gdp_last_error(), want) != NULL, "H %lld G %lld tp %d cp %d: message '%s' lacks '%s'", (long long)H,
+          (long long)G, tp, cp, gdp_last_error(), want);
+    CHECK(((const unsigned char *)&cs)[0] == 0x5a, "a refused gdp_cp_shard_init wrote its output");
+}
+
+static void scenario_arithmetic(void) {
+    /* G/tp >= cp (divisible), G/tp == cp, G/tp < cp (replicated groups, repeat 2 and 4), cp = 1 */
+    const int64_t cases[][4] = {{8, 4, 1, 2}, {8, 4, 2, 2}, {8, 2, 2, 2}, {8, 1, 1, 2}, {8, 2, 1, 4}, {16, 8, 2, 4},
+                                {16, 2, 2, 4}, {8, 8, 1, 8}, {12, 6, 3, 2}, {8, 4, 4, 1}, {24, 3, 3, 8}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_cp_layout(cases[i][0], cases[i][1], (int32_t)cases[i][2], (int32_t)cases[i][3]);
+    check_cp_refused(6, 6, 1, 4, "heads H/tp = 6");          /* H/tp % cp != 0                */
+    check_cp_refused(12, 6, 2, 2, "groups G/tp = 3");         /* G/tp >= cp, not divisible     */
+    check_cp_refused(12, 4, 2, 3, "groups G/tp = 2");         /* G/tp < cp, cp % (G/tp) != 0   */
+    check_cp_refused(8, 4, 1, 0, "cp_size = 0");
+    int32_t tr, cr, cs;
+    CHECK_OK(gdp_parallel_ranks(5, 8, 2, &tr, &cr, &cs));
+    CHECK(tr == 1 && cr == 2 && cs == 4, "rank 5 of 8 at tp 2: tp_rank %d cp_rank %d cp %d", tr, cr, cs);
+    CHECK_STATUS(gdp_parallel_ranks(0, 6, 4, &tr, &cr, &cs), GDP_STATUS_INVALID_ARGUMENT);
+    if (g_rank == 0)
+        printf("CP arithmetic: slices, groups and core layout of 11 (H, G, tp, cp) cases; 4 invalid ones refused\n");
+}
+
+/* ---- a stack of layers with its cache and plan --------------------------------------- */
+typedef struct stack {
+    const char   *name;
+    gdp_ctx_t     ctx;
+    bool          gpu;     /* its buffers (x, states) are device memory */
+    bool          cp;      /* the CP stack (else a single-rank reference) */
+    gdp_tp_mode_t mode;
+    gdp_cp_shard  shard;
+    gdp_layer_t   layers[LAYERS];
+    gdp_cache_t   cache;
+    gdp_plan_t    plan;
+} stack;
+
+static void stack_init(stack *s, const char *name, const char *path, gdp_ctx_t ctx, bool cp, gdp_tp_mode_t mode) {
+    memset(s, 0, sizeof *s);
+    s->name = name;
+    s->ctx = ctx;
+    gdp_backend_t backend;
+    GDP_FATAL_IF_ERROR(g_world, gdp_ctx_get_backend(ctx, &backend));
+    s->gpu = backend == GDP_BACKEND_CUDA;
+    s->cp = cp;
+    s->mode = mode;
+    gdp_checkpoint_t ck = NULL;
+    GDP_FATAL_IF_ERROR(g_world, gdp_checkpoint_open(&ck, path));
+    for (int32_t l = 0; l < LAYERS; l++) {
+        gdp_layer_weights w;
+        memset(&w, 0, sizeof w);
+        GDP_FATAL_IF_ERROR(g_world, gdp_checkpoint_load_layer_shard(ck, &w, l, cp ? g_tp_rank : 0, cp ? g_tp : 1));
+        GDP_FATAL_IF_ERROR(g_world, gdp_layer_init_cp(&s->layers[l], ctx, cp ? g_tp_comm : NULL,
+                                                      cp ? g_cp_comm : NULL, &w, mode));
+        gdp_layer_weights_free(&w);
+    }
+    gdp_checkpoint_free(ck);
+    GDP_FATAL_IF_ERROR(g_world, gdp_layer_get_cp_shard(s->layers[0], &s->shard));
+    gdp_cache_config cc;
+    GDP_FATAL_IF_ERROR(g_world, gdp_cache_config_init_cp(&cc, &s->shard, N_SLOTS));
+    cc.max_draft_tokens = MAX_DRAFT;
+    cc.n_snapshots = N_SNAPSHOTS;
+    GDP_FATAL_IF_ERROR(g_world, gdp_cache_init(&s->cache, ctx, &cc));
+    gdp_plan_config pc = {.num_householder = s->shard.tp.config.num_householder, .n_slots = N_SLOTS,
+                          .max_decode_tokens = MAX_DRAFT, .n_buckets = N_BUCKETS, .buckets = k_buckets,
+                          .debug_check = cp};
+    GDP_FATAL_IF_ERROR(g_world, gdp_plan_init(&s->plan, ctx, &pc));
+}
+
+static void stack_free(stack *s) {
+    for (int32_t l = 0; l < LAYERS; l++)
+        CHECK_OK(gdp_layer_free(s->layers[l]));
+    CHECK_OK(gdp_cache_free(s->cache));
+    CHECK_OK(gdp_plan_free(s->plan));
+}
+
+/* Broadcast over the job (rank 0 decides), build, check consistency, apply. The reference
+ * stacks are single-rank: each rank builds the same step for itself. */
+static const gdp_step_metadata *stack_prepare(stack *s, const gdp_step_desc *d) {
+    const gdp_step_metadata *m = NULL;
+    gdp_comm_t comm = s->cp ? g_world : NULL;
+    GDP_FATAL_IF_ERROR(g_world, gdp_plan_bcast(s->plan, comm, 0, g_rank == 0 || !comm ? d : NULL));
+    GDP_FATAL_IF_ERROR(g_world, gdp_plan_build(s->plan, s->cache, comm, &m));
+    CHECK_OK(gdp_plan_check_consistent(m, comm));
+    GDP_FATAL_IF_ERROR(g_world, gdp_cache_apply_step(s->cache, m));
+    return m;
+}
+
+/* This rank's rows of x in the stack: the CP rank's block of T / cp rows (its TP block of those
+ * with sequence parallel); *owner: this rank's copy is the one gathered (one per row). */
+static void local_rows(const stack *s, int64_t T, int64_t *first, int64_t *count, bool *owner) {
+    if (!s->cp) {
+        *first = 0, *count = T, *owner = true;
+        return;
+    }
+    const int64_t Tc = T / g_cp;
+    *first = g_cp_rank * Tc, *count = Tc, *owner = g_tp_rank == 0;
+    if (s->mode == GDP_TP_MODE_SEQUENCE_PARALLEL && g_tp > 1) {
+        *count = Tc / g_tp;
+        *first += g_tp_rank * *count;
+        *owner = true;
+    }
+}
+
+/* Runs every layer on x_full [T, D] (every rank holds all rows); outs[l] = the whole x after
+ * layer l, assembled over the job from each row's owner (a sum of exact copies and zeros). */
+static void stack_forward(stack *s, const gdp_step_metadata *m, const float *x_full, float *outs[LAYERS]) {
+    const int64_t T = m->padded_token_count;
+    int64_t first, count;
+    bool owner;
+    local_rows(s, T, &first, &count, &owner);
+    const size_t bytes = sizeof(float) * (size_t)(count * D_MODEL);
+    float *x = malloc(bytes ? bytes : 1);
+    memcpy(x, x_full + first * D_MODEL, bytes);
+    void *xd = x;
+    if (s->gpu) {
+        xd = dev_alloc(bytes);
+        dev_upload(xd, x, bytes);
+    }
+    for (int32_t l = 0; l < LAYERS; l++) {
+        gdp_tensor xt;
+        gdp_tensor_init(&xt, xd, GDP_DTYPE_FP32, 2, (const int64_t[]){count, D_MODEL});
+        GDP_FATAL_IF_ERROR(g_world, gdp_layer_forward(s->layers[l], s->cache, m, &xt));
+        if (s->gpu)
+            dev_download(x, xd, bytes);
+        if (!s->cp) {
+            memcpy(outs[l], x, sizeof(float) * (size_t)(T * D_MODEL));
+            continue;
+        }
+        memset(outs[l], 0, sizeof(float) * (size_t)(T * D_MODEL));
+        if (owner)
+            memcpy(outs[l] + first * D_MODEL, x, bytes);
+        MPI_Allreduce(MPI_IN_PLACE, outs[l], (int)(T * D_MODEL), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    }
+    if (s->gpu)
+        dev_free(xd);
+    free(x);
+}
+
+/* ---- the scheduled requests ----------------------------------------------------------- */
+typedef struct request {
+    int32_t seed;       /* token content: rows are seeded by (seed, position) */
+    int32_t pos;        /* next position                                       */
+    int32_t draft_base; /* position before the last decode step                */
+    int32_t slot;       /* slot (the same in every stack, checked)             */
+    int32_t live;
+} request;
+
+static request g_req[NREQ];
+/* delta of layer l at (request, position), per stack: [stack][req][pos][layer][D] */
+#define MAX_STACKS 3
+static double g_rec[MAX_STACKS][NREQ][MAXPOS][LAYERS][D_MODEL];
+static bool g_have[NREQ][MAXPOS];
+
+typedef struct tstep {
+    int32_t S, n_dec, dec[4];
+    int32_t n_pre, pre[4], tokens[4], flags[4], restore[4], save[4], save_off[4];
+    int32_t n_rel, rel[8];
+    int32_t n_acc, acc[4], acc_n[4];
+    int32_t bucket; /* 0 = GDP_BUCKET_AUTO, b + 1 = bucket b */
+} tstep;
+
+/* Token rows ~ N(0, 0.05^2), as in test_layer_tp: the residual stream is of the order of a
+ * layer's output, so each layer's delta measures the layer, not the residual's rounding. */
+#define TOKEN_SCALE 0.05
+static void token_row(int32_t seed, int32_t pos, float *row) {
+    test_rng r;
+    test_rng_seed(&r, (uint64_t)seed * 1000003u + (uint64_t)pos);
+    for (int d = 0; d < D_MODEL; d++)
+        row[d] = (float)(TOKEN_SCALE * test_normal(&r));
+}
+
+enum { K_CP_OUT, K_SCENARIO, K_RECOMPUTE, K_CP_STATE, K_LOGITS, K_CPU_OUT, K_CPU_STATE, K_KINDS };
+static double g_worst[K_KINDS];
+
+/* The bar of the backend under test: on the CPU max|a - b| <= cpu_bar * max|b|; on the GPU
+ * ||a - b|| <= gpu_bar * ||b|| (or <= 1e-6 when b is all zero). */
+static void check_close(const char *what, const double *a, const double *b, int64_t n, double cpu_bar,
+                        double gpu_bar, int kind) {
+    double ratio, bar;
+    if (g_cuda) {
+        double bn = 0;
+        for (int64_t i = 0; i < n; i++)
+            bn += b[i] * b[i];
+        ratio = test_rel_rms(a, b, n);
+        bar = bn > 0 ? gpu_bar : 1e-6;
+        CHECK(ratio <= bar, "rank %d: %s: relative RMS %.3e > %.0e (n = %lld)", g_rank, what, ratio, bar,
+              (long long)n);
+    } else {
+        double md = 0, mb = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const double e = fabs(a[i] - b[i]);
+            md = e > md || isnan(e) ? e : md;
+            mb = fabs(b[i]) > mb ? fabs(b[i]) : mb;
+        }
+        bar = cpu_bar;
+        ratio = mb > 0 ? md / mb : md;
+        CHECK(md <= bar * mb && mb > 0, "rank %d: %s: max|a-b| = %.3e > %.0e x max|b| = %.3e (n = %lld)", g_rank,
+              what, md, bar, mb, (long long)n);
+    }
+    if (ratio > g_worst[kind] || isnan(ratio))
+        g_worst[kind] = ratio;
+    if ((kind == K_SCENARIO || kind == K_RECOMPUTE) && g_rank == 0)
+        printf("  %-84s %s = %.2e (bar %.0e)\n", what, g_cuda ? "rel RMS" : "max|a-b|/max|b|", ratio, bar);
+}
+
+static double *g_a, *g_b; /* comparison scratch */
+#define SCRATCH (LAYERS * D_MODEL * MAXPOS * 4)
+
+/* Compares recorded deltas of (ra, positions pa..) with (rb, pb..), both in the CP stack. */
+static void compare_positions(const char *what, int32_t ra, int32_t pa, int32_t rb, int32_t pb, int32_t n, double bar,
+                              int kind) {
+    CHECK((int64_t)n * LAYERS * D_MODEL <= SCRATCH, "%s: %d positions overflow the scratch", what, n);
+    int64_t k = 0;
+    for (int32_t i = 0; i < n; i++) {
+        CHECK(g_have[ra][pa + i] && g_have[rb][pb + i], "%s: position %d/%d not recorded", what, pa + i, pb + i);
+        for (int32_t l = 0; l < LAYERS; l++)
+            for (int d = 0; d < D_MODEL; d++, k++) {
+                g_a[k] = g_rec[0][ra][pa + i][l][d];
+                g_b[k] = g_rec[0][rb][pb + i][l][d];
+            }
+    }
+    check_close(what, g_a, g_b, k, bar, GPU_BAR_OUT, kind);
+}
+
+/* n floats at base + offset of a stack's buffer (device memory on a GPU stack), as doubles. */
+static void read_floats(const stack *s, const void *base, int64_t offset, int64_t n, double *out) {
+    const float *src = (const float *)base + offset;
+    float *tmp = NULL;
+    if (s->gpu) {
+        tmp = malloc(sizeof(float) * (size_t)n);
+        dev_download(tmp, src, sizeof(float) * (size_t)n);
+        src = tmp;
+    }
+    for (int64_t i = 0; i < n; i++)
+        out[i] = src[i];
+    free(tmp);
+}
+
+/* The ssm and conv state of a request in a stack (this rank's CP-local share), as doubles. */
+static int64_t local_state(const stack *s, int32_t slot, double *out) {
+    int64_t k = 0;
+    for (int32_t l = 0; l < LAYERS; l++) {
+        gdp_tensor ssm, conv;
+        gdp_cache_state_views(s->cache, l, &ssm, &conv);
+        const int64_t ns = ssm.shape[1] * ssm.shape[2] * ssm.shape[3], nc = conv.shape[1] * conv.shape[2];
+        read_floats(s, ssm.data, slot * ns, ns, out + k);
+        k += ns;
+        read_floats(s, conv.data, slot * nc, nc, out + k);
+        k += nc;
+    }
+    return k;
+}
+
+/* The reference's state restricted to the CP stack's core: its heads (TP head_begin + CP
+ * head_begin ..) and its conv channels, section by section in the core's order. */
+static int64_t ref_state_as_local(const stack *ref, const stack *cp, int32_t slot, double *out) {
+    int64_t k = 0;
+    const gdp_cp_shard *cs = &cp->shard;
+    const int64_t NP = cs->tp.config.state_dim * cs->tp.config.head_dim, W = cs->tp.config.conv_width;
+    for (int32_t l = 0; l < LAYERS; l++) {
+        gdp_tensor ssm, conv;
+        gdp_cache_state_views(ref->cache, l, &ssm, &conv);
+        const int64_t ns = ssm.shape[1] * NP, nc = conv.shape[1] * W;
+        read_floats(ref, ssm.data, slot * ns + (cs->tp.head_begin + cs->head_begin) * NP, cs->num_heads * NP, out + k);
+        k += cs->num_heads * NP;
+        double *c = malloc(sizeof(double) * (size_t)nc);
+        read_floats(ref, conv.data, slot * nc, nc, c);
+        for (int32_t sec = 0; sec < cs->tp.num_conv_sections; sec++) {
+            gdp_cp_section se;
+            gdp_cp_shard_conv_section(cs, sec, &se);
+            for (int64_t r = 0; r < se.rows; r++)
+                for (int64_t w = 0; w < W; w++)
+                    out[k++] = c[(se.tp.global_offset + se.tp.slice_begin + se.slice_begin + r) * W + w];
+        }
+        free(c);
+    }
+    return k;
+}
+
+static stack g_cps, g_ref, g_cref; /* CP stack, TP = CP = 1, and (--backend cuda) TP = 1 on the CPU */
+static int32_t g_step_no = 0;
+
+static int n_stacks(void) { return g_cuda ? 3 : 2; }
+static stack *stack_at(int k) { return k == 0 ? &g_cps : (k == 1 ? &g_ref : &g_cref); }
+
+/* Compares the recorded deltas of every request row of this step in stacks sa and sb. */
+static void compare_step_outputs(const char *what, int sa, int sb, const int32_t *tag_req, const int32_t *tag_pos,
+                                 int64_t T, int kind) {
+    int64_t n = 0;
+    for (int64_t row = 0; row < T; row++) {
+        if (tag_req[row] < 0)
+            continue;
+        CHECK(n + LAYERS * D_MODEL <= SCRATCH, "%s: %lld rows overflow the scratch", what, (long long)T);
+        if (n + LAYERS * D_MODEL > SCRATCH)
+            return;
+        for (int32_t l = 0; l < LAYERS; l++)
+            for (int c = 0; c < D_MODEL; c++, n++) {
+                g_a[n] = g_rec[sa][tag_req[row]][tag_pos[row]][l][c];
+                g_b[n] = g_rec[sb][tag_req[row]][tag_pos[row]][l][c];
+            }
+    }
+    if (n > 0)
+        check_close(what, g_a, g_b, n, BAR_CP, GPU_BAR_OUT, kind);
+}
+
+/* The step's desc from the request table (accepts move positions back first). */
+static gdp_step_desc make_desc(const tstep *t, int32_t *dec_slots, int32_t *rel_slots, gdp_prefill_request *pre,
+                               gdp_draft_accept *acc) {
+    for (int32_t i = 0; i < t->n_acc; i++) {
+        request *r = &g_req[t->acc[i]];
+        acc[i] = (gdp_draft_accept){.slot = r->slot, .n_accepted = t->acc_n[i]};
+        r->pos = r->draft_base + t->acc_n[i];
+    }
+    for (int32_t i = 0; i < t->n_rel; i++)
+        rel_slots[i] = g_req[t->rel[i]].slot;
+    for (int32_t i = 0; i < t->n_dec; i++)
+        dec_slots[i] = g_req[t->dec[i]].slot;
+    for (int32_t i = 0; i < t->n_pre; i++) {
+        const request *r = &g_req[t->pre[i]];
+        const bool is_new = (t->flags[i] & GDP_PREFILL_NEW) != 0;
+        pre[i] = (gdp_prefill_request){.slot = is_new ? GDP_SLOT_AUTO : r->slot, .n_tokens = t->tokens[i],
+                                       .flags = t->flags[i], .restore_snapshot = t->restore[i],
+                                       .save_snapshot = t->save[i], .save_offset = t->save_off[i]};
+    }
+    const int32_t S = t->S ? t->S : 1;
+    return (gdp_step_desc){.decode_count = t->n_dec, .decode_tokens = S, .decode_slots = dec_slots,
+                           .prefill_count = t->n_pre, .prefill = pre, .release_count = t->n_rel,
+                           .release_slots = rel_slots, .accept_count = t->n_acc, .accept = acc,
+                           .bucket = t->bucket ? t->bucket - 1 : GDP_BUCKET_AUTO};
+}
+
+/* Prepares the step on every stack; checks every stack built the same bytes and slots. */
+static void prepare_all(const tstep *t, const gdp_step_desc *d, const gdp_step_metadata *ms[MAX_STACKS]) {
+    for (int k = 0; k < n_stacks(); k++)
+        ms[k] = stack_prepare(stack_at(k), d);
+    for (int k = 1; k < n_stacks(); k++) {
+        CHECK(ms[k]->bucket == ms[0]->bucket, "step %d: buckets %d vs %d", g_step_no, ms[k]->bucket, ms[0]->bucket);
+        CHECK(ms[k]->buffer_bytes == ms[0]->buffer_bytes &&
+                  !memcmp(ms[k]->host_buffer, ms[0]->host_buffer, ms[0]->buffer_bytes),
+              "step %d: the metadata of stack %s differs from stack %s's", g_step_no, stack_at(k)->name, g_cps.name);
+        for (int32_t i = 0; i < t->n_pre; i++)
+            CHECK(ms[0]->step->prefill[i].slot == ms[k]->step->prefill[i].slot, "step %d: request %d slots %d vs %d",
+                  g_step_no, t->pre[i], ms[0]->step->prefill[i].slot, ms[k]->step->prefill[i].slot);
+    }
+    for (int32_t i = 0; i < t->n_pre; i++) {
+        g_req[t->pre[i]].slot = ms[0]->step->prefill[i].slot;
+        g_req[t->pre[i]].live = 1;
+    }
+    for (int32_t i = 0; i < t->n_rel; i++)
+        g_req[t->rel[i]].live = 0;
+}
+
+/* Rows of x of each request token of the step: tag_req/tag_pos (-1: padding). */
+static void tag_rows(const tstep *t, const gdp_step_metadata *m, int32_t *tag_req, int32_t *tag_pos) {
+    const int32_t S = m->decode_tokens;
+    for (int64_t row = 0; row < m->padded_token_count; row++)
+        tag_req[row] = -1, tag_pos[row] = -1;
+    for (int32_t i = 0; i < t->n_dec; i++)
+        for (int32_t s = 0; s < S; s++)
+            tag_req[i * S + s] = t->dec[i], tag_pos[i * S + s] = g_req[t->dec[i]].pos + s;
+    for (int32_t i = 0; i < t->n_pre; i++)
+        for (int32_t k = 0; k < t->tokens[i]; k++) {
+            const int64_t row = m->prefill_token_offset + m->host.cu_seqlens[i] + k;
+            tag_req[row] = t->pre[i], tag_pos[row] = g_req[t->pre[i]].pos + k;
+        }
+}
+
+/* Runs the prepared step on every stack (x_k: stack k's input rows); records each layer's
+ * delta per (request, position); padding rows must come out exactly as they went in; compares
+ * the CP stack with the reference (and on the GPU the GPU reference with the CPU one). Fills
+ * finals[k] with each stack's last layer output when finals != NULL. */
+static void forward_all(const gdp_step_metadata *ms[MAX_STACKS], float *xs[MAX_STACKS], const int32_t *tag_req,
+                        const int32_t *tag_pos, float *finals[MAX_STACKS]) {
+    const int64_t T = ms[0]->padded_token_count;
+    float *outs[MAX_STACKS][LAYERS];
+    for (int k = 0; k < n_stacks(); k++) {
+        for (int32_t l = 0; l < LAYERS; l++)
+            outs[k][l] = malloc(sizeof(float) * (size_t)(T * D_MODEL));
+        stack_forward(stack_at(k), ms[k], xs[k], outs[k]);
+    }
+    int64_t pad_changed = 0;
+    for (int64_t row = 0; row < T; row++) {
+        for (int k = 0; k < n_stacks(); k++)
+            for (int32_t l = 0; l < LAYERS; l++)
+                for (int c = 0; c < D_MODEL; c++) {
+                    const double in = l ? outs[k][l - 1][row * D_MODEL + c] : xs[k][row * D_MODEL + c];
+                    const double delta = (double)outs[k][l][row * D_MODEL + c] - in;
+                    if (tag_req[row] < 0)
+                        pad_changed += delta != 0;
+                    else
+                        g_rec[k][tag_req[row]][tag_pos[row]][l][c] = delta;
+                }
+        if (tag_req[row] >= 0)
+            g_have[tag_req[row]][tag_pos[row]] = true;
+    }
+    CHECK(pad_changed == 0, "step %d: %lld values of padding rows changed", g_step_no, (long long)pad_changed);
+    char what[112];
+    snprintf(what, sizeof what, "step %d: layer outputs, tp %d x cp %d vs tp 1 cp 1", g_step_no, g_tp, g_cp);
+    compare_step_outputs(what, 0, 1, tag_req, tag_pos, T, K_CP_OUT);
+    if (g_cuda) {
+        snprintf(what, sizeof what, "step %d: layer outputs, GPU tp 1 vs CPU tp 1", g_step_no);
+        compare_step_outputs(what, 1, 2, tag_req, tag_pos, T, K_CPU_OUT);
+    }
+    for (int k = 0; k < n_stacks(); k++) {
+        if (finals != NULL)
+            memcpy(finals[k], outs[k][LAYERS - 1], sizeof(float) * (size_t)(T * D_MODEL));
+        for (int32_t l = 0; l < LAYERS; l++)
+            free(outs[k][l]);
+    }
+}
+
+/* Moves the positions on and compares every live request's states (CP share vs reference). */
+static void finish_step(const tstep *t, int32_t S) {
+    for (int32_t i = 0; i < t->n_dec; i++) {
+        g_req[t->dec[i]].draft_base = g_req[t->dec[i]].pos;
+        g_req[t->dec[i]].pos += S;
+    }
+    for (int32_t i = 0; i < t->n_pre; i++)
+        g_req[t->pre[i]].pos += t->tokens[i];
+    char what[112];
+    for (int32_t q = 0; q < NREQ; q++) {
+        if (!g_req[q].live)
+            continue;
+        const int64_t na = local_state(&g_cps, g_req[q].slot, g_a);
+        const int64_t nb = ref_state_as_local(&g_ref, &g_cps, g_req[q].slot, g_b);
+        CHECK(na == nb, "state sizes %lld vs %lld", (long long)na, (long long)nb);
+        snprintf(what, sizeof what, "step %d: request %d states, tp %d x cp %d vs tp 1 cp 1", g_step_no, q, g_tp, g_cp);
+        check_close(what, g_a, g_b, na, BAR_CP, GPU_BAR_STATE, K_CP_STATE);
+        if (g_cuda) {
+            const int64_t nr = local_state(&g_ref, g_req[q].slot, g_a), nc = local_state(&g_cref, g_req[q].slot, g_b);
+            CHECK(nr == nc, "state sizes %lld vs %lld", (long long)nr, (long long)nc);
+            snprintf(what, sizeof what, "step %d: request %d states, GPU tp 1 vs CPU tp 1", g_step_no, q);
+            check_close(what, g_a, g_b, nr, BAR_CP, GPU_BAR_STATE, K_CPU_STATE);
+        }
+    }
+}
+
+/* One scheduled step with seeded token rows, the same x on every stack. */
+static void run_step(const tstep *t) {
+    g_step_no++;
+    int32_t dec_slots[4], rel_slots[8];
+    gdp_prefill_request pre[4];
+    gdp_draft_accept acc[4];
+    const gdp_step_desc d = make_desc(t, dec_slots, rel_slots, pre, acc);
+    const gdp_step_metadata *ms[MAX_STACKS] = {NULL};
+    prepare_all(t, &d, ms);
+    const int64_t T = ms[0]->padded_token_count;
+    float *x = malloc(sizeof(float) * (size_t)(T * D_MODEL));
+    int32_t *tag_req = malloc(sizeof(int32_t) * (size_t)T), *tag_pos = malloc(sizeof(int32_t) * (size_t)T);
+    tag_rows(t, ms[0], tag_req, tag_pos);
+    for (int64_t row = 0; row < T; row++) {
+        if (tag_req[row] < 0)
+            token_row(900000 + g_step_no, (int32_t)row, x + row * D_MODEL); /* seeded padding */
+        else
+            token_row(g_req[tag_req[row]].seed, tag_pos[row], x + row * D_MODEL);
+    }
+    float *xs[MAX_STACKS] = {x, x, x};
+    forward_all(ms, xs, tag_req, tag_pos, NULL);
+    finish_step(t, d.decode_tokens);
+    free(x), free(tag_req), free(tag_pos);
+}
+
+/* The states of two requests in the CP stack (this rank's share). */
+static void compare_states(const char *what, int32_t qa, int32_t qb, double bar, int kind) {
+    const int64_t n = local_state(&g_cps, g_req[qa].slot, g_a);
+    local_state(&g_cps, g_req[qb].slot, g_b);
+    check_close(what, g_a, g_b, n, bar, GPU_BAR_STATE, kind);
+}
+
+enum { A, A2, B, B2, C, C2, DD, D2, G0, G1, G2 };
+#define NEW GDP_PREFILL_NEW
+#define SAVE GDP_PREFILL_SAVE
+#define RESTORE GDP_PREFILL_RESTORE
+
+static void scenario_chunked_and_decode(void) {
+    g_req[A] = (request){.seed = 1}, g_req[A2] = (request){.seed = 1};
+    g_req[B] = (request){.seed = 2}, g_req[B2] = (request){.seed = 2};
+    /* A: one prefill of 170 then decodes; A2: the same tokens in chunks 64 + 64 + 42 */
+    run_step(&(tstep){.n_pre = 3, .pre = {A, A2, B}, .tokens = {170, 64, 3}, .flags = {NEW, NEW, NEW}});
+    run_step(&(tstep){.n_dec = 1, .dec = {A}, .n_pre = 2, .pre = {A2, B}, .tokens = {64, 2}});
+    run_step(&(tstep){.n_dec = 1, .dec = {B}, .n_pre = 2, .pre = {A2, B2}, .tokens = {43, 6}, .flags = {0, NEW}});
+    compare_positions("A prefilled in chunks 64+64+42 vs one prefill", A2, 0, A, 0, 170, BAR_CP, K_SCENARIO);
+    compare_positions("B2 one prefill vs B in chunks 3+2 (last shorter than W)", B, 0, B2, 0, 5, BAR_CP, K_SCENARIO);
+    compare_positions("A decode of token 170 vs recomputing it in A2's prefill", A, 170, A2, 170, 1, BAR_RECOMPUTE,
+                      K_RECOMPUTE);
+    compare_positions("B decode of token 5 vs recomputing it in B2's prefill", B, 5, B2, 5, 1, BAR_RECOMPUTE,
+                      K_RECOMPUTE);
+    compare_states("A (prefill + decode) vs A2 (chunked prefill of the same 171 tokens) states", A, A2, BAR_RECOMPUTE,
+                   K_RECOMPUTE);
+    compare_states("B (chunks + decode) vs B2 (one prefill of 6) states", B, B2, BAR_RECOMPUTE, K_RECOMPUTE);
+    if (g_rank == 0)
+        printf("uneven varlen packs over the CP ranks, chunked prefill == one prefill, decode == recompute: checked "
+               "(steps 1-3)\n");
+}
+
+static void scenario_prefix(void) {
+    g_req[C] = (request){.seed = 3}, g_req[C2] = (request){.seed = 3, .pos = 128};
+    g_req[DD] = (request){.seed = 4}, g_req[D2] = (request){.seed = 4, .pos = 128};
+    run_step(&(tstep){.n_rel = 4, .rel = {A, A2, B, B2}, .n_pre = 2, .pre = {C, DD}, .tokens = {200, 128},
+                      .flags = {NEW | SAVE, NEW | SAVE}, .save = {0, 1}, .save_off = {128, 128}});
+    run_step(&(tstep){.n_pre = 3, .pre = {C2, D2, DD}, .tokens = {72, 32, 32},
+                      .flags = {NEW | RESTORE, NEW | RESTORE, 0}, .restore = {0, 1, 0}});
+    compare_positions("C2 restored at token 128 vs C uninterrupted", C2, 128, C, 128, 72, BAR_CP, K_SCENARIO);
+    compare_states("C2 (restored + 72) vs C (200 in one slice) states", C2, C, BAR_CP, K_SCENARIO);
+    compare_positions("D2 restored from a slice-end snapshot vs D continuing", D2, 128, DD, 128, 32, BAR_CP,
+                      K_SCENARIO);
+    compare_states("D2 vs D states", D2, DD, BAR_CP, K_SCENARIO);
+    if (g_rank == 0)
+        printf("prefix snapshot restore + continue == uninterrupted: checked (steps 4-5)\n");
+}
+
+static void scenario_drafts(void) {
+    /* D and D2 both hold 160 tokens. Each decodes S = 3 draft tokens and keeps some; the
+     * comments give the tokens each holds after the step. */
+    run_step(&(tstep){.n_rel = 2, .rel = {C, C2}, .S = 3, .n_dec = 2, .dec = {DD, D2}});
+    run_step(&(tstep){.n_acc = 2, .acc = {DD, D2}, .acc_n = {2, 1}, .n_dec = 2, .dec = {DD, D2}}); /* D 163, D2 162 */
+    run_step(&(tstep){.n_dec = 2, .dec = {DD, D2}});                                                /* D 164, D2 163 */
+    run_step(&(tstep){.n_dec = 2, .dec = {D2, DD}});                                                /* D2 164, D 165 */
+    compare_positions("kept draft tokens 160-161 of D (S = 3, n_acc 2) vs D2 one at a time", DD, 160, D2, 160, 2,
+                      BAR_CP, K_SCENARIO);
+    compare_positions("D after keeping 2 of 3 (tokens 162-163) vs D2 running only those", DD, 162, D2, 162, 2, BAR_CP,
+                      K_SCENARIO);
+    run_step(&(tstep){.n_dec = 1, .dec = {D2}}); /* D2 165: both hold 165 tokens */
+    compare_positions("D2 tokens 163-164 after keeping 1 of 3 vs D", D2, 163, DD, 163, 2, BAR_CP, K_SCENARIO);
+    compare_states("D vs D2 after the same 165 tokens through different draft acceptances", DD, D2, BAR_CP,
+                   K_SCENARIO);
+    if (g_rank == 0)
+        printf("draft tokens: keeping n_acc of S = 3 == running only those tokens: checked (steps 6-10)\n");
+}
+
+/* ---- generation: greedy tokens through the tied LM head ------------------------------------ */
+static gdp_model_weights g_model;
+static double g_norm_eps;
+static char g_path[256]; /* the test's checkpoint */
+
+/* Logits of one final hidden row: the final RMSNorm, then the tied embedding as the LM head. */
+static void logits_of(const float *row, double *logits) {
+    const float *emb = g_model.embedding.data, *fw = g_model.final_norm_weight.data;
+    double ss = 0, h[D_MODEL];
+    for (int d = 0; d < D_MODEL; d++)
+        ss += (double)row[d] * row[d];
+    const double rstd = 1.0 / sqrt(ss / D_MODEL + g_norm_eps);
+    for (int d = 0; d < D_MODEL; d++)
+        h[d] = row[d] * rstd * fw[d];
+    for (int v = 0; v < VOCAB; v++) {
+        double acc = 0;
+        for (int d = 0; d < D_MODEL; d++)
+            acc += h[d] * emb[v * D_MODEL + d];
+        logits[v] = acc;
+    }
+}
+
+/* argmax and the margin to the runner-up. */
+static int32_t greedy(const double *logits, double *margin) {
+    int32_t best = 0, second = -1;
+    for (int32_t v = 1; v < VOCAB; v++)
+        if (logits[v] > logits[best])
+            best = v;
+    for (int32_t v = 0; v < VOCAB; v++)
+        if (v != best && (second < 0 || logits[v] > logits[second]))
+            second = v;
+    *margin = logits[best] - logits[second];
+    return best;
+}
+
+static void embed(int32_t token, float *row) {
+    memcpy(row, (const float *)g_model.embedding.data + (size_t)token * D_MODEL, sizeof(float) * D_MODEL);
+}
+
+static void scenario_generate(void) {
+    const int32_t reqs[3] = {G0, G1, G2}, prompt_len[3] = {37, 5, 90};
+    int32_t *prompt[3];
+    for (int32_t i = 0; i < 3; i++) {
+        g_req[reqs[i]] = (request){.seed = 20 + i};
+        prompt[i] = malloc(sizeof(int32_t) * (size_t)prompt_len[i]);
+        test_rng r;
+        test_rng_seed(&r, 4242u + (uint64_t)i);
+        for (int32_t k = 0; k < prompt_len[i]; k++)
+            prompt[i][k] = (int32_t)(test_uniform(&r) * VOCAB) % VOCAB;
+    }
+    /* tokens[k][i][s]: stack k's generated token s of request i; the comparison's state */
+    int32_t tokens[MAX_STACKS][3][GEN_STEPS + 1];
+    bool agreeing[3] = {true, true, true};
+    int32_t compared = 0, free_after = 0;
+    double logits[MAX_STACKS][VOCAB], margin[MAX_STACKS], logit_worst = 0;
+    for (int32_t step = 0; step <= GEN_STEPS; step++) {
+        tstep t;
+        memset(&t, 0, sizeof t);
+        if (step == 0) {
+            t = (tstep){.n_rel = 2, .rel = {DD, D2}, .n_pre = 3, .pre = {G0, G1, G2},
+                        .tokens = {prompt_len[0], prompt_len[1], prompt_len[2]}, .flags = {NEW, NEW, NEW}};
+        } else {
+            t = (tstep){.n_dec = 3, .dec = {G0, G1, G2}};
+        }
+        g_step_no++;
+        int32_t dec_slots[4], rel_slots[8];
+        gdp_prefill_request pre[4];
+        gdp_draft_accept acc[4];
+        const gdp_step_desc d = make_desc(&t, dec_slots, rel_slots, pre, acc);
+        const gdp_step_metadata *ms[MAX_STACKS] = {NULL};
+        prepare_all(&t, &d, ms);
+        const gdp_step_metadata *m = ms[0];
+        const int64_t T = m->padded_token_count;
+        if (step > 0)
+            CHECK(T == 4 && m->padded_decode_count == 4, "generation step %d: bucket of %lld rows, pd %d (want the "
+                  "4-row decode bucket: 4/cp requests per CP rank)", step, (long long)T, m->padded_decode_count);
+        int32_t *tag_req = malloc(sizeof(int32_t) * (size_t)T), *tag_pos = malloc(sizeof(int32_t) * (size_t)T);
+        tag_rows(&t, m, tag_req, tag_pos);
+        /* Every stack is fed the reference's tokens: identical to each stack's own while the
+         * tokens agree, and after a near-tie (no claim on tokens) the layers, states and logits
+         * still compare on identical inputs. */
+        float *x = malloc(sizeof(float) * (size_t)(T * D_MODEL)), *finals[MAX_STACKS];
+        int64_t last_row[3];
+        for (int64_t row = 0; row < T; row++)
+            token_row(800000 + g_step_no, (int32_t)row, x + row * D_MODEL); /* padding */
+        for (int32_t i = 0; i < 3; i++) {
+            if (step == 0) {
+                const int64_t first = m->prefill_token_offset + m->host.cu_seqlens[i];
+                for (int32_t p = 0; p < prompt_len[i]; p++)
+                    embed(prompt[i][p], x + (first + p) * D_MODEL);
+                last_row[i] = first + prompt_len[i] - 1;
+            } else {
+                embed(tokens[1][i][step - 1], x + (int64_t)i * D_MODEL);
+                last_row[i] = i;
+            }
+        }
+        for (int k = 0; k < n_stacks(); k++)
+            finals[k] = malloc(sizeof(float) * (size_t)(T * D_MODEL));
+        float *xs[MAX_STACKS] = {x, x, x};
+        forward_all(ms, xs, tag_req, tag_pos, finals);
+        finish_step(&t, d.decode_tokens);
+        for (int32_t i = 0; i < 3; i++) {
+            for (int k = 0; k < n_stacks(); k++) {
+                logits_of(finals[k] + last_row[i] * D_MODEL, logits[k]);
+                tokens[k][i][step] = greedy(logits[k], &margin[k]);
+            }
+            /* The logit bar: CPU, the layer bar on the logits (1e-5 max|b|); GPU, Megatron's 5e-2. */
+            double mb = 0;
+            for (int32_t v = 0; v < VOCAB; v++)
+                mb = fabs(logits[1][v]) > mb ? fabs(logits[1][v]) : mb;
+            const double bar = g_cuda ? GPU_BAR_LOGITS : BAR_CP * mb;
+            char what[96];
+            snprintf(what, sizeof what, "generation step %d: request %d logits, cp stack vs tp 1 cp 1", step, i);
+            check_close(what, logits[0], logits[1], VOCAB, BAR_CP, GPU_BAR_LOGITS, K_LOGITS);
+            logit_worst = g_worst[K_LOGITS];
+            if (!agreeing[i])
+                continue;
+            compared++;
+            if (tokens[0][i][step] != tokens[1][i][step]) {
+                /* Runs that sum in different orders may split a near-tie: no claim from here on. */
+                CHECK(margin[0] < bar || margin[1] < bar,
+                      "generation step %d: request %d tokens %d vs %d with top-2 margins %.3e and %.3e, both above "
+                      "the logit bar %.1e",
+                      step, i, tokens[0][i][step], tokens[1][i][step], margin[0], margin[1], bar);
+                agreeing[i] = false;
+                free_after++;
+            } else if (margin[0] < bar || margin[1] < bar) {
+                agreeing[i] = false; /* the same token, but the next ones carry no claim either */
+                free_after++;
+            }
+            if (g_cuda && tokens[1][i][step] != tokens[2][i][step] && margin[1] >= bar && margin[2] >= bar)
+                CHECK(false, "generation step %d: request %d GPU vs CPU reference tokens %d vs %d, margins %.3e %.3e",
+                      step, i, tokens[1][i][step], tokens[2][i][step], margin[1], margin[2]);
+        }
+        for (int k = 0; k < n_stacks(); k++)
+            free(finals[k]);
+        free(x), free(tag_req), free(tag_pos);
+    }
+    if (g_rank == 0) {
+        printf("generation (prompts 37, 5, 90; %d greedy decode steps, requests sharded over cp = %d):\n", GEN_STEPS,
+               g_cp);
+        for (int32_t i = 0; i < 3; i++) {
+            printf("  request %d tokens:", i);
+            for (int32_t s = 0; s <= GEN_STEPS; s++)
+                printf(" %d", tokens[0][i][s]);
+            printf("%s\n", agreeing[i] ? " (identical to tp 1 cp 1)" : " (a near-tie ended the claim)");
+        }
+        printf("  %d token comparisons, %d ended by a margin below the logit bar; worst logits %s %.2e\n", compared,
+               free_after, g_cuda ? "rel RMS" : "max|a-b|/max|b|", logit_worst);
+    }
+    for (int32_t i = 0; i < 3; i++)
+        free(prompt[i]);
+}
+
+/* ---- bad input: an error on every rank, nothing modified --------------------------------- */
+
+static void write_checkpoint(const char *path, int64_t H, int64_t G) {
+    gdp_layer_config cfg;
+    gdp_layer_config_default(&cfg);
+    cfg.hidden_size = D_MODEL, cfg.num_heads = H, cfg.num_groups = G, cfg.head_dim = 16, cfg.state_dim = 16;
+    cfg.num_householder = 2, cfg.num_layers = LAYERS, cfg.vocab_size = VOCAB;
+    if (g_rank == 0)
+        GDP_FATAL_IF_ERROR(g_world, gdp_checkpoint_write_synthetic(path, &cfg, 1234, GDP_DTYPE_FP32));
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+static void scenario_bad_input(const char *bad_path) {
+    const int32_t gslot[1] = {g_req[G0].slot};
+    gdp_step_desc d = {.decode_count = 1, .decode_tokens = 1, .decode_slots = gslot, .bucket = GDP_BUCKET_AUTO};
+    const gdp_step_metadata *m = stack_prepare(&g_cps, &d);
+    int64_t first, count;
+    bool owner;
+    local_rows(&g_cps, m->padded_token_count, &first, &count, &owner);
+    const int64_t ns = local_state(&g_cps, g_req[G0].slot, g_a);
+    const size_t x_bytes = sizeof(float) * (size_t)((count + 1) * D_MODEL);
+    float *x = calloc((size_t)((count + 1) * D_MODEL), sizeof(float));
+    for (int64_t i = 0; i < (count + 1) * D_MODEL; i++)
+        x[i] = (float)(i % 7);
+    float *x_copy = malloc(x_bytes);
+    memcpy(x_copy, x, x_bytes);
+    void *xd = x;
+    if (g_cps.gpu) {
+        xd = dev_alloc(x_bytes);
+        dev_upload(xd, x, x_bytes);
+    }
+    char want[96];
+#define UNCHANGED(what)                                                                                   \
+    do {                                                                                                  \
+        if (g_cps.gpu)                                                                                    \
+            dev_download(x, xd, x_bytes);                                                                 \
+        CHECK(!memcmp(x, x_copy, x_bytes), "%s: a refused forward modified x", what);                     \
+        local_state(&g_cps, g_req[G0].slot, g_b);                                                         \
+        CHECK(!memcmp(g_a, g_b, sizeof(double) * (size_t)ns), "%s: a refused forward modified the cache", what); \
+    } while (0)
+    /* x of the wrong shape (one row too many for this rank's block) */
+    gdp_tensor xt;
+    gdp_tensor_init(&xt, xd, GDP_DTYPE_FP32, 2, (const int64_t[]){count + 1, D_MODEL});
+    CHECK_STATUS(gdp_layer_forward(g_cps.layers[0], g_cps.cache, m, &xt), GDP_STATUS_INVALID_ARGUMENT);
+    snprintf(want, sizeof want, "[%lld, %d]", (long long)(count + 1), D_MODEL);
+    CHECK(strstr(gdp_last_error(), want) != NULL, "rank %d: wrong-shape message '%s' lacks %s", g_rank,
+          gdp_last_error(), want);
+    UNCHANGED("wrong x shape");
+
+    /* a cache sized for the TP shard (every TP-local head) instead of the CP shard's */
+    if (g_cp > 1) {
+        gdp_cache_config cc;
+        gdp_cache_t tp_cache = NULL;
+        gdp_plan_t local_plan = NULL;
+        CHECK_OK(gdp_cache_config_init(&cc, &g_cps.shard.tp, N_SLOTS));
+        CHECK_OK(gdp_cache_init(&tp_cache, g_ctx, &cc));
+        gdp_plan_config pc = {.num_householder = g_cps.shard.tp.config.num_householder, .n_slots = N_SLOTS,
+                              .max_decode_tokens = 1, .n_buckets = N_BUCKETS, .buckets = k_buckets};
+        CHECK_OK(gdp_plan_init(&local_plan, g_ctx, &pc));
+        const gdp_prefill_request one = {.slot = GDP_SLOT_AUTO, .n_tokens = 3, .flags = GDP_PREFILL_NEW};
+        const gdp_step_desc pd = {.prefill_count = 1, .prefill = &one, .bucket = GDP_BUCKET_AUTO};
+        const gdp_step_metadata *mt = NULL;
+        CHECK_OK(gdp_plan_bcast(local_plan, NULL, 0, &pd));
+        CHECK_OK(gdp_plan_build(local_plan, tp_cache, NULL, &mt));
+        CHECK_OK(gdp_cache_apply_step(tp_cache, mt));
+        int64_t f2, c2;
+        local_rows(&g_cps, mt->padded_token_count, &f2, &c2, &owner);
+        const size_t b2 = sizeof(float) * (size_t)(c2 * D_MODEL);
+        void *x2 = g_cps.gpu ? dev_alloc(b2) : calloc((size_t)(c2 * D_MODEL), sizeof(float));
+        gdp_tensor_init(&xt, x2, GDP_DTYPE_FP32, 2, (const int64_t[]){c2, D_MODEL});
+        CHECK_STATUS(gdp_layer_forward(g_cps.layers[0], tp_cache, mt, &xt), GDP_STATUS_INVALID_ARGUMENT);
+        CHECK(strstr(gdp_last_error(), "gdp_cache_config_init_cp") != NULL, "rank %d: message '%s' lacks '%s'",
+              g_rank, gdp_last_error(), "gdp_cache_config_init_cp");
+        if (g_cps.gpu)
+            dev_free(x2);
+        else
+            free(x2);
+        CHECK_OK(gdp_plan_free(local_plan));
+        CHECK_OK(gdp_cache_free(tp_cache));
+        UNCHANGED("a cache of the TP shard");
+    }
+
+    /* metadata built but not applied: refused */
+    CHECK_OK(gdp_plan_bcast(g_cps.plan, g_world, 0, &d));
+    CHECK_OK(gdp_plan_build(g_cps.plan, g_cps.cache, g_world, &m));
+    gdp_tensor_init(&xt, xd, GDP_DTYPE_FP32, 2, (const int64_t[]){count, D_MODEL});
+    CHECK_STATUS(gdp_layer_forward(g_cps.layers[0], g_cps.cache, m, &xt), GDP_STATUS_INVALID_USAGE);
+    UNCHANGED("unapplied metadata");
+
+    /* rows that do not split over cp: gdp_plan_check_token_split names the bucket, the layer
+     * refuses a step padded to it */
+    const int32_t split = g_sp ? g_tp * g_cp : g_cp;
+    if (split > 1) {
+        CHECK_STATUS(gdp_plan_check_token_split(g_cps.plan, split), GDP_STATUS_INVALID_ARGUMENT);
+        snprintf(want, sizeof want, "bucket %d has %d token rows", ODD_BUCKET, ODD_ROWS);
+        CHECK(strstr(gdp_last_error(), want) != NULL, "rank %d: message '%s' lacks '%s'", g_rank, gdp_last_error(),
+              want);
+        d.bucket = ODD_BUCKET;
+        m = stack_prepare(&g_cps, &d);
+        const int64_t odd_rows = ODD_ROWS / split;
+        const size_t odd_bytes = sizeof(float) * (size_t)(odd_rows * D_MODEL);
+        void *odd = g_cps.gpu ? dev_alloc(odd_bytes) : calloc((size_t)(odd_rows * D_MODEL), sizeof(float));
+        gdp_tensor_init(&xt, odd, GDP_DTYPE_FP32, 2, (const int64_t[]){odd_rows, D_MODEL});
+        CHECK_STATUS(gdp_layer_forward(g_cps.layers[0], g_cps.cache, m, &xt), GDP_STATUS_INVALID_ARGUMENT);
+        snprintf(want, sizeof want, "%d token rows over cp = %d", ODD_ROWS, g_cp);
+        CHECK(strstr(gdp_last_error(), want) != NULL, "rank %d: message '%s' lacks '%s'", g_rank, gdp_last_error(),
+              want);
+        if (g_cps.gpu)
+            dev_free(odd);
+        else
+            free(odd);
+        UNCHANGED("rows that do not split");
+    }
+    int32_t without_odd = 0;
+    for (int32_t b = 0; b < N_BUCKETS; b++)
+        without_odd += k_buckets[b].token_count % split != 0 && b != ODD_BUCKET;
+    CHECK(without_odd == 0, "the test's own buckets other than %d must split over %d ranks", ODD_BUCKET, split);
+
+    /* a checkpoint whose G/tp breaks the group rule (G/tp = 3 groups over cp = 2 or 4) */
+    if (g_cp > 1) {
+        gdp_checkpoint_t ck = NULL;
+        gdp_layer_weights w;
+        memset(&w, 0, sizeof w);
+        CHECK_OK(gdp_checkpoint_open(&ck, bad_path));
+        CHECK_OK(gdp_checkpoint_load_layer_shard(ck, &w, 0, g_tp_rank, g_tp));
+        gdp_layer_t bad = (gdp_layer_t)&w;
+        CHECK_STATUS(gdp_layer_init_cp(&bad, g_ctx, g_tp_comm, g_cp_comm, &w, g_cps.mode),
+                     GDP_STATUS_INVALID_ARGUMENT);
+        CHECK(bad == NULL, "*out not reset by a failing gdp_layer_init_cp");
+        snprintf(want, sizeof want, "cp_size = %d", g_cp);
+        CHECK(strstr(gdp_last_error(), want) != NULL && strstr(gdp_last_error(), "G/tp = 3") != NULL,
+              "rank %d: message '%s' lacks '%s' and 'G/tp = 3'", g_rank, gdp_last_error(), want);
+        gdp_layer_weights_free(&w);
+        gdp_checkpoint_free(ck);
+    }
+    /* another TP rank's weights */
+    if (g_tp > 1) {
+        gdp_checkpoint_t ck = NULL;
+        gdp_layer_weights w;
+        memset(&w, 0, sizeof w);
+        CHECK_OK(gdp_checkpoint_open(&ck, g_path));
+        CHECK_OK(gdp_checkpoint_load_layer_shard(ck, &w, 0, (g_tp_rank + 1) % g_tp, g_tp));
+        gdp_layer_t bad = (gdp_layer_t)&w;
+        CHECK_STATUS(gdp_layer_init_cp(&bad, g_ctx, g_tp_comm, g_cp_comm, &w, g_cps.mode),
+                     GDP_STATUS_INVALID_ARGUMENT);
+        snprintf(want, sizeof want, "tp rank %d of %d", (g_tp_rank + 1) % g_tp, g_tp);
+        CHECK(strstr(gdp_last_error(), want) != NULL, "rank %d: message '%s' lacks '%s'", g_rank, gdp_last_error(),
+              want);
+        gdp_layer_weights_free(&w);
+        gdp_checkpoint_free(ck);
+    }
+#undef UNCHANGED
+    if (g_cps.gpu)
+        dev_free(xd);
+    free(x), free(x_copy);
+    if (g_rank == 0)
+        printf("bad input: wrong x shape%s, unapplied metadata%s%s%s refused on every rank, nothing modified\n",
+               g_cp > 1 ? ", a cache of the TP shard" : "", split > 1 ? ", rows that do not split over cp" : "",
+               g_cp > 1 ? ", G/tp = 3 over cp" : "", g_tp > 1 ? ", another TP rank's weights" : "");
+}
+
+/* --backend cuda: 1 when this rank can run the test (a CUDA build and a visible GPU). */
+static int gpu_usable(char *why, size_t n) {
+#ifdef GDP_HAVE_CUDA
+    if (!gdp_backend_available(GDP_BACKEND_CUDA)) {
+        snprintf(why, n, "this libgdp has no CUDA backend");
+        return 0;
+    }
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count < 1) {
+        (void)cudaGetLastError();
+        snprintf(why, n, "no GPU visible (%s)", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+        return 0;
+    }
+    return 1;
+#else
+    snprintf(why, n, "this libgdp was built without CUDA");
+    return 0;
+#endif
+}
+
+static void usage_fatal(const char *arg) {
+    GDP_FATAL(NULL, "test_layer_cp: bad argument '%s'; usage: test_layer_cp [--tp T] [--sp] [--groups G] "
+              "[--backend cpu|cuda] (cp = ranks / T)", arg);
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--sp"))
+            g_sp = true;
+        else if (!strcmp(argv[i], "--tp") && i + 1 < argc)
+            g_tp = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--groups") && i + 1 < argc)
+            g_groups = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--backend") && i + 1 < argc && !strcmp(argv[i + 1], "cuda"))
+            g_cuda = true, i++;
+        else if (!strcmp(argv[i], "--backend") && i + 1 < argc && !strcmp(argv[i + 1], "cpu"))
+            g_cuda = false, i++;
+        else
+            usage_fatal(argv[i]);
+    }
+    if (gdp_parallel_ranks(g_rank, g_size, g_tp, &g_tp_rank, &g_cp_rank, &g_cp) != GDP_STATUS_SUCCESS)
+        usage_fatal(gdp_last_error());
+    char name[64];
+    snprintf(name, sizeof name, "test_layer_cp%s%s", g_cuda ? "_gpu" : "", g_sp ? "_sp" : "");
+    if (g_cuda) {
+        /* Every rank skips, or none: a rank alone would leave the others in a collective. */
+        char why[160] = "";
+        int usable = gpu_usable(why, sizeof why), all = 0;
+        MPI_Allreduce(&usable, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (!all) {
+            if (!usable)
+                printf("%s: skipped on rank %d: %s\n", name, g_rank, why);
+            MPI_Finalize();
+            return TEST_SKIP;
+        }
+    }
+    /* The job's comm (the plan's host agreements), then the TP groups (ranks with the same
+     * cp_rank, ordered by tp_rank) and the CP groups (the same tp_rank, ordered by cp_rank). */
+    GDP_FATAL_IF_ERROR(NULL, gdp_comm_init(&g_world, GDP_COMM_MPI, NULL, GDP_COMM_HOST_BUFFERS));
+    const gdp_comm_buffers_t buffers = g_cuda ? GDP_COMM_DEVICE_BUFFERS : GDP_COMM_HOST_BUFFERS;
+    MPI_Comm tp_mpi, cp_mpi;
+    MPI_Comm_split(MPI_COMM_WORLD, g_cp_rank, g_tp_rank, &tp_mpi);
+    MPI_Comm_split(MPI_COMM_WORLD, g_tp_rank, g_cp_rank, &cp_mpi);
+    if (g_tp > 1)
+        GDP_FATAL_IF_ERROR(g_world, gdp_comm_init(&g_tp_comm, GDP_COMM_MPI, &tp_mpi, buffers));
+    GDP_FATAL_IF_ERROR(g_world, gdp_comm_init(&g_cp_comm, GDP_COMM_MPI, &cp_mpi, buffers));
+    int32_t r = -1;
+    GDP_FATAL_IF_ERROR(g_world, gdp_comm_rank(g_cp_comm, &r));
+    CHECK(r == g_cp_rank, "the CP comm's rank %d is not cp_rank %d", r, g_cp_rank);
+    if (g_cuda) {
+#ifdef GDP_HAVE_CUDA
+        int32_t device = 0;
+        GDP_FATAL_IF_ERROR(g_world, gdp_comm_device(g_cp_comm, &device));
+        GDP_FATAL_IF_ERROR(g_world, gdp_ctx_init(&g_ctx, GDP_BACKEND_CUDA, device));
+        cudaStream_t stream = NULL;
+        CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        g_stream = stream;
+        GDP_FATAL_IF_ERROR(g_world, gdp_ctx_set_stream(g_ctx, g_stream));
+        GDP_FATAL_IF_ERROR(g_world, gdp_ctx_init(&g_cpu_ctx, GDP_BACKEND_CPU, 0));
+#endif
+    } else {
+        GDP_FATAL_IF_ERROR(g_world, gdp_ctx_init(&g_ctx, GDP_BACKEND_CPU, 0));
+    }
+
+    /* the checkpoints, written by rank 0: the test's (H = 8, G = --groups) and one whose
+     * G/tp = 3 groups no cp > 1 of this job can split or share (H/tp = 3 cp heads divide) */
+    long job = (long)getpid();
+    MPI_Bcast(&job, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char bad_path[256];
+    snprintf(g_path, sizeof g_path, "%s/gdp_test_layer_cp_%ld.safetensors", tmp, job);
+    snprintf(bad_path, sizeof bad_path, "%s/gdp_test_layer_cp_bad_%ld.safetensors", tmp, job);
+    write_checkpoint(g_path, HEADS, g_groups);
+    write_checkpoint(bad_path, 3 * (int64_t)g_tp * g_cp, 3 * (int64_t)g_tp);
+    {
+        gdp_checkpoint_t ck = NULL;
+        gdp_layer_config cfg;
+        GDP_FATAL_IF_ERROR(g_world, gdp_checkpoint_open(&ck, g_path));
+        GDP_FATAL_IF_ERROR(g_world, gdp_checkpoint_get_config(ck, &cfg));
+        GDP_FATAL_IF_ERROR(g_world, gdp_checkpoint_load_model_weights(ck, &g_model));
+        gdp_checkpoint_free(ck);
+        g_norm_eps = cfg.norm_eps;
+    }
+    const gdp_tp_mode_t mode = g_sp ? GDP_TP_MODE_SEQUENCE_PARALLEL : GDP_TP_MODE_ALLREDUCE;
+    stack_init(&g_cps, "cp", g_path, g_ctx, true, mode);
+    stack_init(&g_ref, "tp1 cp1", g_path, g_ctx, false, GDP_TP_MODE_ALLREDUCE);
+    if (g_cuda)
+        stack_init(&g_cref, "cpu tp1 cp1", g_path, g_cpu_ctx, false, GDP_TP_MODE_ALLREDUCE);
+    if (g_rank == 0)
+        printf("# gdp layer stack: %d layers, D=%d H=%d G=%lld P=16 N=16 M=2, tp %d x cp %d (%s) vs tp 1 cp 1, %s "
+               "backend%s; core per rank: H_c=%lld G_c=%lld (groups %s)\n",
+               LAYERS, D_MODEL, HEADS, (long long)g_groups, g_tp, g_cp, gdp_tp_mode_name(mode),
+               g_cuda ? "CUDA" : "CPU", g_cuda ? " (and CPU tp 1)" : "", (long long)g_cps.shard.num_heads,
+               (long long)g_cps.shard.num_groups,
+               g_cps.shard.group_repeat > 1 ? "replicated: G/tp < cp" : "split: G/tp >= cp");
+    g_a = malloc(sizeof(double) * SCRATCH);
+    g_b = malloc(sizeof(double) * SCRATCH);
+
+    scenario_arithmetic();
+    scenario_chunked_and_decode();
+    scenario_prefix();
+    scenario_drafts();
+    scenario_generate();
+    scenario_bad_input(bad_path);
+
+    stack_free(&g_cps);
+    stack_free(&g_ref);
+    if (g_cuda)
+        stack_free(&g_cref);
+    gdp_model_weights_free(&g_model);
+    free(g_a), free(g_b);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g_rank == 0)
+        remove(g_path), remove(bad_path);
+    double worst[K_KINDS];
+    MPI_Allreduce(g_worst, worst, K_KINDS, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (g_rank == 0) {
+        printf("# worst %s: cp vs tp1 cp1 outputs %.2e, states %.2e, logits %.2e; chunked/restore/drafts %.2e, "
+               "decode vs recompute %.2e\n",
+               g_cuda ? "relative RMS" : "max|a-b|/max|b|", worst[K_CP_OUT], worst[K_CP_STATE], worst[K_LOGITS],
+               worst[K_SCENARIO], worst[K_RECOMPUTE]);
+        if (g_cuda)
+            printf("# worst relative RMS, GPU tp 1 vs CPU tp 1: outputs %.2e, states %.2e\n", worst[K_CPU_OUT],
+                   worst[K_CPU_STATE]);
+    }
+    CHECK_OK(gdp_ctx_free(g_ctx));
+    if (g_cuda) {
+        CHECK_OK(gdp_ctx_free(g_cpu_ctx));
+#ifdef GDP_HAVE_CUDA
+        CUDA_OK(cudaStreamDestroy((cudaStream_t)g_stream));
+#endif
+    }
+    CHECK_OK(gdp_comm_free(g_cp_comm));
+    CHECK_OK(gdp_comm_free(g_tp_comm));
+    MPI_Comm_free(&tp_mpi);
+    MPI_Comm_free(&cp_mpi);
+    CHECK_OK(gdp_comm_free(g_world));
+    int failures = 0;
+    MPI_Allreduce(&g_test_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (g_rank == 0)
+        printf("# failures over %d ranks : %d %s\n", g_size, failures, failures ? "FAILED" : "OK");
+    if (g_rank == 0 || g_test_failures)
+        test_finish(name);
+    MPI_Finalize();
+    return failures ? 1 : 0;
+}
