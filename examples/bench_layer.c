@@ -4,7 +4,8 @@
  * fixed-width columns; "# Out of bounds values" and "# Avg bus bandwidth" footers).
  *
  *   gdp-bench-layer layer [options]  decode and prefill steps of a GDP layer stack (the
- *       layers' forward pass: GEMMs, GDP ops, the all-reduce per layer), TP over the ranks;
+ *       layers' forward pass: GEMMs, GDP ops, the all-reduce per layer), TP over the ranks
+ *       (with --cp C: tp = ranks / C TP groups x C CP ranks, docs/cp.md);
  *       #wrong counts output elements off the TP = 1 stack's by more than the bar of
  *       gdp-math.md 8.1 (layer deltas: 1e-5 max|ref| on the CPU, 2e-2 on CUDA)
  *   gdp-bench-layer coll [options]   the TP collectives at layer message sizes (tokens x D):
@@ -13,7 +14,8 @@
  *
  * Bandwidths follow nccl-tests: algbw = bytes / time; busbw = algbw * 2(n-1)/n for the
  * all-reduce, (n-1)/n for reduce-scatter and all-gather. A layer step's bytes are those of
- * its all-reduces: layers x padded tokens x D x 4. Times are medians over the iterations
+ * its all-reduces: layers x padded tokens x D x 4 (with --cp C: a rank's, padded tokens / C;
+ * busbw then uses the TP group's size). Times are medians over the iterations
  * (the host clock around a synchronized call). The entry points gdp_bench_layer_main and
  * gdp_bench_coll_main are meant for gdp-bench; compiled with GDP_BENCH_LAYER_NO_MAIN this
  * file has no main().
@@ -224,11 +226,15 @@ typedef struct layer_opts {
     gdp_layer_config cfg;
     int32_t          decode[MAX_CASES], prefill[MAX_CASES];
     int              n_decode, n_prefill, warmup, iters, check;
+    int32_t          cp; /* context-parallel size; tp = ranks / cp */
 } layer_opts;
 
-/* A layer stack on this rank with its cache and plan (tp = size of comm, or 1). */
+/* A layer stack on this rank with its cache and plan (tp = size of comm, or 1; with cp_comm a
+ * CP stack: x holds every row, the layers run on this CP rank's block of them). */
 typedef struct stack {
-    gdp_comm_t    comm;
+    gdp_comm_t    comm;      /* the plan's: every rank of the stack (the job), NULL for one rank */
+    gdp_comm_t    cp_comm;   /* NULL: cp = 1                                                     */
+    int32_t       cp_rank, cp_size;
     gdp_layer_t  *layers;
     int32_t       n_layers;
     gdp_cache_t   cache;
@@ -236,14 +242,21 @@ typedef struct stack {
     gdp_tp_shard  shard;
 } stack;
 
-static void stack_init(stack *s, const bench_env *e, gdp_comm_t comm, gdp_ctx_t ctx, const char *path,
-                       const gdp_step_bucket *buckets, int n_buckets, int32_t n_slots) {
+static void stack_init(stack *s, const bench_env *e, gdp_comm_t comm, gdp_comm_t tp_comm, gdp_comm_t cp_comm,
+                       gdp_ctx_t ctx, const char *path, const gdp_step_bucket *buckets, int n_buckets,
+                       int32_t n_slots) {
     memset(s, 0, sizeof *s);
     s->comm = comm;
+    s->cp_comm = cp_comm;
+    s->cp_size = 1;
     int32_t rank = 0, size = 1;
-    if (comm != NULL) {
-        gdp_comm_rank(comm, &rank);
-        gdp_comm_size(comm, &size);
+    if (tp_comm != NULL) {
+        gdp_comm_rank(tp_comm, &rank);
+        gdp_comm_size(tp_comm, &size);
+    }
+    if (cp_comm != NULL) {
+        gdp_comm_rank(cp_comm, &s->cp_rank);
+        gdp_comm_size(cp_comm, &s->cp_size);
     }
     gdp_checkpoint_t ck;
     GDP_FATAL_IF_ERROR(e->comm, gdp_checkpoint_open(&ck, path));
@@ -255,13 +268,16 @@ static void stack_init(stack *s, const bench_env *e, gdp_comm_t comm, gdp_ctx_t 
         gdp_layer_weights w;
         memset(&w, 0, sizeof w);
         GDP_FATAL_IF_ERROR(e->comm, gdp_checkpoint_load_layer_shard(ck, &w, l, rank, size));
-        GDP_FATAL_IF_ERROR(e->comm, gdp_layer_init(&s->layers[l], ctx, comm, &w, GDP_TP_MODE_ALLREDUCE));
+        GDP_FATAL_IF_ERROR(e->comm,
+                           gdp_layer_init_cp(&s->layers[l], ctx, tp_comm, cp_comm, &w, GDP_TP_MODE_ALLREDUCE));
         s->shard = w.shard;
         gdp_layer_weights_free(&w);
     }
     gdp_checkpoint_free(ck);
+    gdp_cp_shard cs;
+    GDP_FATAL_IF_ERROR(e->comm, gdp_layer_get_cp_shard(s->layers[0], &cs));
     gdp_cache_config cc;
-    GDP_FATAL_IF_ERROR(e->comm, gdp_cache_config_init(&cc, &s->shard, n_slots));
+    GDP_FATAL_IF_ERROR(e->comm, gdp_cache_config_init_cp(&cc, &cs, n_slots));
     GDP_FATAL_IF_ERROR(e->comm, gdp_cache_init(&s->cache, ctx, &cc));
     gdp_plan_config pc = {.num_householder = cfg.num_householder, .n_slots = n_slots, .max_decode_tokens = 1,
                           .n_buckets = n_buckets, .buckets = buckets};
@@ -285,9 +301,17 @@ static const gdp_step_metadata *stack_step(stack *s, const bench_env *e, const g
     return m;
 }
 
+/* This rank's rows of x [T, D] in the stack: all of them, or the CP rank's block. */
+static void stack_rows(const stack *s, int64_t T, int64_t *first, int64_t *count) {
+    *count = T / s->cp_size;
+    *first = s->cp_rank * *count;
+}
+
 static void stack_forward(stack *s, const bench_env *e, const gdp_step_metadata *m, void *x, int64_t D) {
+    int64_t first, count;
+    stack_rows(s, m->padded_token_count, &first, &count);
     gdp_tensor xt;
-    gdp_tensor_init(&xt, x, GDP_DTYPE_FP32, 2, (const int64_t[]){m->padded_token_count, D});
+    gdp_tensor_init(&xt, (float *)x + first * D, GDP_DTYPE_FP32, 2, (const int64_t[]){count, D});
     for (int32_t l = 0; l < s->n_layers; l++)
         GDP_FATAL_IF_ERROR(e->comm, gdp_layer_forward(s->layers[l], s->cache, m, &xt));
 }
@@ -330,7 +354,9 @@ static int layer_usage(int rank) {
                "  -D, --decode LIST   decode batches, e.g. 1,8,64   (1,4,16,64)\n"
                "  -P, --prefill LIST  prefill tokens, e.g. 64,1024  (64,256,1024)\n"
                "  -w, --warmup N -i, --iters N   (2 10)\n"
-               "  -c, --check 0|1     compare with a TP = 1 stack (#wrong)   (1)\n");
+               "  -c, --check 0|1     compare with a TP = 1 stack (#wrong)   (1)\n"
+               "  -C, --cp C          context parallelism: tp = ranks / C, each rank's layer core on H/(tp*C) heads\n"
+               "                      of every row, its block of T/C rows around it (docs/cp.md; CP groups over MPI) (1)\n");
     return 0;
 }
 
@@ -343,7 +369,7 @@ int gdp_bench_layer_main(int argc, char **argv) {
     o.cfg.head_dim = 64, o.cfg.state_dim = 64, o.cfg.num_householder = 2;
     o.n_decode = parse_list("1,4,16,64", o.decode, MAX_CASES);
     o.n_prefill = parse_list("64,256,1024", o.prefill, MAX_CASES);
-    o.warmup = 2, o.iters = 10, o.check = 1;
+    o.warmup = 2, o.iters = 10, o.check = 1, o.cp = 1;
     int rank = 0;
     int inited = 0;
     MPI_Initialized(&inited);
@@ -370,6 +396,7 @@ int gdp_bench_layer_main(int argc, char **argv) {
         else if (!strcmp(a, "-w") || !strcmp(a, "--warmup")) o.warmup = (int)x;
         else if (!strcmp(a, "-i") || !strcmp(a, "--iters")) o.iters = (int)x;
         else if (!strcmp(a, "-c") || !strcmp(a, "--check")) o.check = (int)x;
+        else if (!strcmp(a, "-C") || !strcmp(a, "--cp")) o.cp = (int32_t)x;
         else if (!strcmp(a, "-D") || !strcmp(a, "--decode")) o.n_decode = parse_list(v, o.decode, MAX_CASES);
         else if (!strcmp(a, "-P") || !strcmp(a, "--prefill")) o.n_prefill = parse_list(v, o.prefill, MAX_CASES);
         else {
@@ -384,11 +411,11 @@ int gdp_bench_layer_main(int argc, char **argv) {
         fprintf(stderr, "gdp-bench-layer layer: decode batches are limited to %d requests\n", MAX_CASES * 64);
         return 2;
     }
-    if (o.n_decode < 0 || o.n_prefill < 0 || o.iters < 1 || o.warmup < 0 ||
+    if (o.n_decode < 0 || o.n_prefill < 0 || o.iters < 1 || o.warmup < 0 || o.cp < 1 ||
         gdp_layer_config_validate(&o.cfg) != GDP_STATUS_SUCCESS) {
         fprintf(stderr, "gdp-bench-layer layer: bad options (%s)\n",
                 o.n_decode < 0 || o.n_prefill < 0 ? "a list is not positive integers separated by commas"
-                : o.iters < 1 || o.warmup < 0   ? "iters >= 1, warmup >= 0"
+                : o.iters < 1 || o.warmup < 0 || o.cp < 1 ? "iters >= 1, warmup >= 0, cp >= 1"
                                                 : gdp_last_error());
         return 2;
     }
@@ -401,6 +428,30 @@ int gdp_bench_layer_main(int argc, char **argv) {
     }
     const int64_t D = o.cfg.hidden_size;
     const double bar = e.backend == GDP_BACKEND_CPU ? 1e-5 : 2e-2;
+    /* CP: the TP group of this rank (the ranks with its cp_rank) and its CP group (its
+     * tp_rank), rank = tp_rank + tp * cp_rank. Over the MPI comm: gdp_comm_init binds GPUs by
+     * a sub-communicator's own node-local rank, which NCCL would need to be this rank's GPU. */
+    const int32_t cp = o.cp, tp_size = e.size % cp == 0 ? e.size / cp : 0;
+    if (tp_size == 0)
+        GDP_FATAL(e.comm, "gdp-bench-layer layer: --cp %d does not divide the %d ranks", cp, e.size);
+    gdp_comm_t tp_comm = e.comm, cp_comm = NULL;
+    MPI_Comm tp_mpi = MPI_COMM_NULL, cp_mpi = MPI_COMM_NULL;
+    if (cp > 1) {
+        int32_t tp_rank = 0, cp_rank = 0, cp_size = 1;
+        GDP_FATAL_IF_ERROR(e.comm, gdp_parallel_ranks(e.rank, e.size, tp_size, &tp_rank, &cp_rank, &cp_size));
+        MPI_Comm_split(MPI_COMM_WORLD, cp_rank, tp_rank, &tp_mpi);
+        MPI_Comm_split(MPI_COMM_WORLD, tp_rank, cp_rank, &cp_mpi);
+        const gdp_comm_buffers_t where = e.backend == GDP_BACKEND_CUDA ? GDP_COMM_DEVICE_BUFFERS
+                                                                       : GDP_COMM_HOST_BUFFERS;
+        tp_comm = NULL;
+        if (tp_size > 1)
+            GDP_FATAL_IF_ERROR(e.comm, gdp_comm_init(&tp_comm, GDP_COMM_MPI, &tp_mpi, where));
+        GDP_FATAL_IF_ERROR(e.comm, gdp_comm_init(&cp_comm, GDP_COMM_MPI, &cp_mpi, where));
+#ifdef GDP_HAVE_CUDA
+        if (e.backend == GDP_BACKEND_CUDA && cudaSetDevice(e.device) != cudaSuccess) /* the comms bound theirs */
+            GDP_FATAL(e.comm, "cudaSetDevice(%d) failed after creating the TP and CP comms", e.device);
+#endif
+    }
 
     /* one checkpoint per node, written by the node's first rank */
     char path[512] = "";
@@ -416,26 +467,30 @@ int gdp_bench_layer_main(int argc, char **argv) {
         GDP_FATAL_IF_ERROR(e.comm, gdp_checkpoint_write_synthetic(path, &o.cfg, 1234, GDP_DTYPE_FP32));
     MPI_Barrier(MPI_COMM_WORLD);
 
-    /* buckets: claims of b one-token requests, decode of b, prefill of t tokens */
+    /* buckets: claims of b one-token requests, decode of b, prefill of t tokens; rows at least
+     * 2 per CP rank (never a one-row GEMM) and a multiple of cp (equal row blocks) */
     gdp_step_bucket buckets[3 * MAX_CASES];
     int nb = 0, pre_bucket[MAX_CASES];
     int32_t max_batch = 1, max_rows = 2;
+#define ROWS(n) (((n) < 2 * cp ? 2 * cp : (n)) + cp - 1) / cp * cp
     for (int i = 0; i < o.n_decode; i++) {
-        const int32_t b = o.decode[i];
-        buckets[nb++] = (gdp_step_bucket){.decode_count = 0, .prefill_count = b, .token_count = b < 2 ? 2 : b};
-        buckets[nb++] = (gdp_step_bucket){.decode_count = b, .prefill_count = 0, .token_count = b < 2 ? 2 : b};
+        const int32_t b = o.decode[i], rows = ROWS(b);
+        buckets[nb++] = (gdp_step_bucket){.decode_count = 0, .prefill_count = b, .token_count = rows};
+        buckets[nb++] = (gdp_step_bucket){.decode_count = b, .prefill_count = 0, .token_count = rows};
         max_batch = b > max_batch ? b : max_batch;
-        max_rows = b > max_rows ? b : max_rows;
+        max_rows = rows > max_rows ? rows : max_rows;
     }
     for (int i = 0; i < o.n_prefill; i++) {
+        const int32_t rows = ROWS(o.prefill[i]);
         pre_bucket[i] = nb; /* named in the step: a claim bucket of as many rows would fit too */
-        buckets[nb++] = (gdp_step_bucket){.decode_count = 0, .prefill_count = 1, .token_count = o.prefill[i]};
-        max_rows = o.prefill[i] > max_rows ? o.prefill[i] : max_rows;
+        buckets[nb++] = (gdp_step_bucket){.decode_count = 0, .prefill_count = 1, .token_count = rows};
+        max_rows = rows > max_rows ? rows : max_rows;
     }
+#undef ROWS
     stack tp, ref;
-    stack_init(&tp, &e, e.comm, e.ctx, path, buckets, nb, max_batch + 1);
+    stack_init(&tp, &e, e.comm, tp_comm, cp_comm, e.ctx, path, buckets, nb, max_batch + 1);
     if (o.check)
-        stack_init(&ref, &e, NULL, e.ctx, path, buckets, nb, max_batch + 1);
+        stack_init(&ref, &e, NULL, NULL, NULL, e.ctx, path, buckets, nb, max_batch + 1);
     MPI_Barrier(MPI_COMM_WORLD);
     if (local == 0)
         remove(path);
@@ -446,11 +501,12 @@ int gdp_bench_layer_main(int argc, char **argv) {
         printf("# gdp-bench-layer layer: gdp %d.%d.%d, %d ranks, backend %s, comm %s\n", version / 10000,
                version / 100 % 100, version % 100, e.size, e.backend == GDP_BACKEND_CUDA ? "cuda" : "cpu",
                comm_name(&e));
-        printf("# config: D=%lld L=%d H=%lld G=%lld P=%lld N=%lld M=%d, tp %d (H_t %lld), activations %s, "
+        printf("# config: D=%lld L=%d H=%lld G=%lld P=%lld N=%lld M=%d, tp %d x cp %d (heads per rank %lld), "
+               "activations %s, "
                "warmup %d, iters %d (median), check %s\n",
                (long long)D, o.cfg.num_layers, (long long)o.cfg.num_heads, (long long)o.cfg.num_groups,
-               (long long)o.cfg.head_dim, (long long)o.cfg.state_dim, o.cfg.num_householder, e.size,
-               (long long)tp.shard.num_heads, e.backend == GDP_BACKEND_CUDA ? "bf16" : "fp32", o.warmup, o.iters,
+               (long long)o.cfg.head_dim, (long long)o.cfg.state_dim, o.cfg.num_householder, tp_size, cp,
+               (long long)tp.shard.num_heads / cp, e.backend == GDP_BACKEND_CUDA ? "bf16" : "fp32", o.warmup, o.iters,
                o.check ? "vs TP = 1" : "off");
     }
     print_rank_map(&e);
@@ -466,7 +522,7 @@ int gdp_bench_layer_main(int argc, char **argv) {
     int64_t wrong_total = 0;
     double bus_sum = 0;
     int n_rows_printed = 0;
-    const double bus_factor = e.size > 1 ? 2.0 * (e.size - 1) / e.size : 0.0;
+    const double bus_factor = tp_size > 1 ? 2.0 * (tp_size - 1) / tp_size : 0.0; /* the TP all-reduce's */
     int32_t slots[MAX_CASES * 64], rel[1] = {-1};
     for (int phase = 0; phase < 2; phase++) {
         const int n_cases = phase == 0 ? o.n_decode : o.n_prefill;
@@ -518,7 +574,10 @@ int gdp_bench_layer_main(int argc, char **argv) {
                     if (it == o.warmup) {
                         buf_get(&e, host_a, x, sizeof(float) * (size_t)(T * D));
                         buf_get(&e, host_b, xr, sizeof(float) * (size_t)(T * D));
-                        wrong = count_wrong(host_in, host_a, host_b, T * D, bar);
+                        int64_t first, count; /* this rank's rows (its CP block) */
+                        stack_rows(&tp, T, &first, &count);
+                        wrong = count_wrong(host_in + first * D, host_a + first * D, host_b + first * D, count * D,
+                                            bar);
                     }
                 }
                 if (phase == 1)
@@ -536,7 +595,7 @@ int gdp_bench_layer_main(int argc, char **argv) {
             int64_t wrong_all = wrong;
             MPI_Allreduce(&t, &t_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
             MPI_Allreduce(&wrong, &wrong_all, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
-            const double bytes = (double)o.cfg.num_layers * (double)T * (double)D * 4.0;
+            const double bytes = (double)o.cfg.num_layers * (double)(T / cp) * (double)D * 4.0; /* per rank */
             const double algbw = bytes / t_max / 1e9, busbw = algbw * bus_factor;
             wrong_total += wrong_all;
             bus_sum += busbw;
@@ -558,6 +617,12 @@ int gdp_bench_layer_main(int argc, char **argv) {
     if (o.check)
         stack_free(&ref);
     MPI_Comm_free(&node);
+    if (cp > 1) {
+        gdp_comm_free(cp_comm);
+        gdp_comm_free(tp_comm);
+        MPI_Comm_free(&cp_mpi);
+        MPI_Comm_free(&tp_mpi);
+    }
     env_free(&e);
     return wrong_total ? 1 : 0;
 }

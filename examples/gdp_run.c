@@ -37,6 +37,7 @@ typedef struct options {
     uint64_t model_seed, prompt_seed;
     gdp_engine_config engine;
     int32_t check;          /* requests to check, 0: no check */
+    int32_t cp;             /* context-parallel size (docs/cp.md); tp = ranks / cp */
 } options;
 
 static int g_rank = 0, g_size = 1;
@@ -67,6 +68,8 @@ static void usage(FILE *f) {
             "  --no-graphs             run every step eagerly (no CUDA graphs)\n"
             "  --progress S            seconds between progress lines on stderr, 0 = none (1)\n"
             "  --debug-check           hash-check every step's metadata across ranks\n"
+            "  --cp C                  context parallelism: the ranks form tp = ranks / C TP groups x C, each layer\n"
+            "                          core on H/(tp*C) heads of every row (docs/cp.md); CUDA then uses the MPI comm (1)\n"
             "output:\n"
             "  --output FILE           each request's generated tokens, JSONL\n"
             "  --check [N]             decode vs recompute self check on the first N requests (4)\n"
@@ -154,6 +157,7 @@ static int parse_args(int argc, char **argv, options *o) {
         INT_OPT("--ngram", 2, 64, o->engine.ngram)
         INT_OPT("--preempt-after", 1, 1 << 20, o->engine.preempt_after)
         INT_OPT("--progress", 0, 3600, o->engine.progress)
+        INT_OPT("--cp", 1, 1 << 16, o->cp)
         if (!strcmp(a, "--model-seed") || !strcmp(a, "--prompt-seed")) {
             NEED_VALUE();
             char *end = NULL;
@@ -228,7 +232,9 @@ static void write_default_model(const options *o, char *path, size_t n, char *di
 /* Everything one backend needs; torn down to retry another. */
 typedef struct stack {
     gdp_backend_t backend;
-    gdp_comm_t    comm;
+    gdp_comm_t    comm;    /* every rank: the engine's */
+    gdp_comm_t    tp_comm, cp_comm; /* --cp > 1: this rank's TP group (NULL for tp = 1) and CP group */
+    MPI_Comm      tp_mpi, cp_mpi;
     gdp_ctx_t     ctx;
     gdp_model_t   model;
     void         *stream; /* cudaStream_t of the ctx (CUDA): graphs cannot capture the legacy default stream */
@@ -241,22 +247,53 @@ static void stack_free(stack *s) {
     if (s->stream != NULL)
         cudaStreamDestroy((cudaStream_t)s->stream);
 #endif
+    gdp_comm_free(s->cp_comm);
+    gdp_comm_free(s->tp_comm);
+    if (s->tp_mpi != MPI_COMM_NULL)
+        MPI_Comm_free(&s->tp_mpi);
+    if (s->cp_mpi != MPI_COMM_NULL)
+        MPI_Comm_free(&s->cp_mpi);
     gdp_comm_free(s->comm);
     memset(s, 0, sizeof *s);
+    s->tp_mpi = s->cp_mpi = MPI_COMM_NULL;
 }
 
 /* Comm, ctx and model on `backend`; every rank returns the same status. */
-static gdp_status_t stack_init(stack *s, gdp_backend_t backend, gdp_checkpoint_t ckpt) {
+static gdp_status_t stack_init(stack *s, gdp_backend_t backend, gdp_checkpoint_t ckpt, int32_t cp) {
     memset(s, 0, sizeof *s);
+    s->tp_mpi = s->cp_mpi = MPI_COMM_NULL;
     s->backend = backend;
     const bool cuda = backend == GDP_BACKEND_CUDA;
-    const gdp_comm_backend_t cb = cuda && gdp_comm_backend_available(GDP_COMM_NCCL) ? GDP_COMM_NCCL : GDP_COMM_MPI;
-    gdp_status_t st = gdp_comm_init(&s->comm, cb, NULL, cuda ? GDP_COMM_DEVICE_BUFFERS : GDP_COMM_HOST_BUFFERS);
+    /* With CP the TP and CP groups are comms over MPI sub-communicators, on which
+     * gdp_comm_init binds GPUs by the sub-communicator's node-local rank, not this rank's:
+     * NCCL there would put ranks on each other's GPUs, so CP runs over the host-staged MPI
+     * comm (which works whatever GPU a comm bound; the ctx takes the job comm's). */
+    const gdp_comm_backend_t cb =
+        cuda && cp == 1 && gdp_comm_backend_available(GDP_COMM_NCCL) ? GDP_COMM_NCCL : GDP_COMM_MPI;
+    const gdp_comm_buffers_t where = cuda ? GDP_COMM_DEVICE_BUFFERS : GDP_COMM_HOST_BUFFERS;
+    gdp_status_t st = gdp_comm_init(&s->comm, cb, NULL, where);
     if (st != GDP_STATUS_SUCCESS)
         return st; /* agreed by gdp_comm_init */
     int32_t device = 0;
     if (cuda)
         gdp_comm_device(s->comm, &device);
+    if (cp > 1) { /* rank = tp_rank + tp * cp_rank (gdp_parallel_ranks) */
+        int32_t tp_rank = 0, cp_rank = 0, cp_size = 1;
+        st = gdp_parallel_ranks(g_rank, g_size, g_size / cp, &tp_rank, &cp_rank, &cp_size);
+        if (st == GDP_STATUS_SUCCESS) {
+            MPI_Comm_split(MPI_COMM_WORLD, cp_rank, tp_rank, &s->tp_mpi);
+            MPI_Comm_split(MPI_COMM_WORLD, tp_rank, cp_rank, &s->cp_mpi);
+            if (g_size / cp > 1)
+                st = gdp_comm_init(&s->tp_comm, cb, &s->tp_mpi, where);
+            if (st == GDP_STATUS_SUCCESS)
+                st = gdp_comm_init(&s->cp_comm, cb, &s->cp_mpi, where);
+        }
+        st = gdp_comm_agree(s->comm, st); /* a failure in one group fails every rank */
+        if (st != GDP_STATUS_SUCCESS) {
+            stack_free(s);
+            return st;
+        }
+    }
     st = gdp_ctx_init(&s->ctx, backend, device);
 #ifdef GDP_HAVE_CUDA
     if (st == GDP_STATUS_SUCCESS && cuda) {
@@ -269,7 +306,10 @@ static gdp_status_t stack_init(stack *s, gdp_backend_t backend, gdp_checkpoint_t
 #endif
     st = gdp_comm_agree(s->comm, st);
     if (st == GDP_STATUS_SUCCESS)
-        st = gdp_model_init(&s->model, s->ctx, s->comm, ckpt); /* agreed inside */
+        st = cp > 1 ? gdp_model_init_cp(&s->model, s->ctx, s->tp_comm, s->cp_comm, ckpt) /* agreed inside */
+                    : gdp_model_init(&s->model, s->ctx, s->comm, ckpt);
+    if (cp > 1)
+        st = gdp_comm_agree(s->comm, st); /* the TP groups and CP groups agreed: now the job */
     if (st != GDP_STATUS_SUCCESS)
         stack_free(s); /* frees only what was made; gdp_last_error() keeps the failure */
     return st;
@@ -313,19 +353,28 @@ int main(int argc, char **argv) {
         return 2;
     }
     o.engine.check_requests = o.check;
+    if (o.cp < 1)
+        o.cp = 1;
+    if (g_size % o.cp != 0) {
+        if (g_rank == 0)
+            fprintf(stderr, "gdp-run: --cp %d does not divide the %d ranks (tp = ranks / cp)\n", o.cp, g_size);
+        MPI_Finalize();
+        return 2;
+    }
+    const int32_t tp = g_size / o.cp;
 
-    /* The embedded default shards its heads and groups over every rank (tp = the ranks):
-     * raise G (and H with it) to the rank count where G = 2 would not divide. */
-    if (o.model == NULL && !o.groups_set && o.cfg.num_groups % g_size != 0) {
+    /* The embedded default shards its heads and groups over every TP rank (tp = the ranks
+     * / cp): raise G (and H with it) to the TP size where G = 2 would not divide. */
+    if (o.model == NULL && !o.groups_set && o.cfg.num_groups % tp != 0) {
         const int64_t g0 = o.cfg.num_groups, h0 = o.cfg.num_heads;
-        while (o.cfg.num_groups % g_size != 0)
+        while (o.cfg.num_groups % tp != 0)
             o.cfg.num_groups += g0;
         if (!o.heads_set)
             while (o.cfg.num_heads % o.cfg.num_groups != 0 || o.cfg.num_heads < o.cfg.num_groups)
                 o.cfg.num_heads += h0;
         if (g_rank == 0)
             printf("# default model: G raised from %lld to %lld%s so that tp %d divides the groups\n", (long long)g0,
-                   (long long)o.cfg.num_groups, o.cfg.num_heads != h0 ? " (and H with it)" : "", g_size);
+                   (long long)o.cfg.num_groups, o.cfg.num_heads != h0 ? " (and H with it)" : "", tp);
     }
 
     /* The model: --model, or the embedded default. */
@@ -353,7 +402,7 @@ int main(int argc, char **argv) {
                                                           gdp_backend_available(GDP_BACKEND_CUDA));
     st = GDP_STATUS_UNSUPPORTED;
     if (want_cuda) {
-        st = stack_init(&s, GDP_BACKEND_CUDA, ckpt);
+        st = stack_init(&s, GDP_BACKEND_CUDA, ckpt, o.cp);
         if (st != GDP_STATUS_SUCCESS && !strcmp(o.backend, "cuda"))
             exit_if_failed(st, "setting up the CUDA backend (--backend cuda)");
         if (st != GDP_STATUS_SUCCESS && g_rank == 0)
@@ -361,7 +410,7 @@ int main(int argc, char **argv) {
                     gdp_last_error());
     }
     if (st != GDP_STATUS_SUCCESS)
-        exit_if_failed(stack_init(&s, GDP_BACKEND_CPU, ckpt), "setting up the CPU backend");
+        exit_if_failed(stack_init(&s, GDP_BACKEND_CPU, ckpt, o.cp), "setting up the CPU backend");
     gdp_checkpoint_free(ckpt);
 
     /* The workload, on the root. */
@@ -389,11 +438,11 @@ int main(int argc, char **argv) {
     char title[1024];
     snprintf(title, sizeof title,
              "#   model    : D=%lld L=%d H=%lld G=%lld P=%lld N=%lld M=%d vocab=%lld  (%s)\n"
-             "#   ranks    : tp %d, backend %s, comm %s\n"
+             "#   ranks    : tp %d x cp %d, backend %s, comm %s\n"
              "#   workload : %s, %d requests\n",
              (long long)cfg.hidden_size, cfg.num_layers, (long long)cfg.num_heads, (long long)cfg.num_groups,
              (long long)cfg.head_dim, (long long)cfg.state_dim, cfg.num_householder, (long long)cfg.vocab_size,
-             o.model ? o.model : "embedded default, synthetic weights", g_size,
+             o.model ? o.model : "embedded default, synthetic weights", tp, o.cp,
              s.backend == GDP_BACKEND_CUDA ? "cuda" : "cpu", comm_name, g_rank == 0 ? wl.source : "",
              wl.n_requests);
     if (g_rank == 0) {

@@ -107,6 +107,7 @@ struct gdp_engine {
     gdp_engine_config cfg;
     int32_t           rank, size;
     gdp_tp_shard      shard;
+    gdp_cp_shard      cp;           /* the model's CP shard (cp_size 1 without CP)        */
     int64_t           D, vocab;
     int32_t           n_layers, S_max, max_prefill;
     gdp_cache_t       cache;
@@ -293,7 +294,8 @@ static int32_t level_at_least(const int32_t *levels, int32_t n, int32_t v) {
 }
 
 /* Buckets for S = 1 and S = S_max: decode counts 0, 1, 2, 4 .. n_slots x prefill tokens
- * 0, 64, 128, 256 .. budget; rows = max(2, decode * S + prefill) (never a one-row GEMM). */
+ * 0, 64, 128, 256 .. budget; rows = max(2, decode * S + prefill) (never a one-row GEMM),
+ * with CP at least 2 per CP rank and rounded up to a multiple of cp (equal row blocks). */
 static gdp_status_t make_buckets(struct gdp_engine *e) {
     const gdp_engine_config *c = &e->cfg;
     int32_t nd = 0, np = 0;
@@ -323,7 +325,8 @@ static gdp_status_t make_buckets(struct gdp_engine *e) {
                     *slot = -1;
                     continue;
                 }
-                const int32_t rows = dc * S + pt < 2 ? 2 : dc * S + pt;
+                const int32_t cp = e->cp.cp_size, need = dc * S + pt < 2 * cp ? 2 * cp : dc * S + pt;
+                const int32_t rows = (need + cp - 1) / cp * cp;
                 e->buckets[n] = (gdp_step_bucket){.decode_count = dc, .prefill_count = pt ? e->max_prefill : 0,
                                                   .token_count = rows};
                 if (rows > e->max_rows)
@@ -433,17 +436,22 @@ static gdp_status_t warm_up(struct gdp_engine *e);
 static gdp_status_t engine_build(struct gdp_engine *e) {
     const gdp_engine_config *c = &e->cfg;
     GDP_CHECK(gdp_model_get_shard(e->model, &e->shard));
-    if (e->shard.tp_size != e->size || e->shard.tp_rank != e->rank)
+    GDP_CHECK(gdp_model_get_cp_shard(e->model, &e->cp));
+    /* With CP the engine's comm is the whole job: rank = tp_rank + tp * cp_rank (config.h). */
+    if (e->shard.tp_size * e->cp.cp_size != e->size ||
+        e->shard.tp_rank + e->shard.tp_size * e->cp.cp_rank != e->rank)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
-                 "gdp_engine_init: the model is the shard of tp rank %d of %d but the comm is rank %d of %d; create "
-                 "the model with the same comm", e->shard.tp_rank, e->shard.tp_size, e->rank, e->size);
+                 "gdp_engine_init: the model is the shard of tp rank %d of %d (cp rank %d of %d) but the comm is rank "
+                 "%d of %d; create the model with the same comm (with CP: the TP and CP groups of this comm, rank = "
+                 "tp_rank + tp * cp_rank)",
+                 e->shard.tp_rank, e->shard.tp_size, e->cp.cp_rank, e->cp.cp_size, e->rank, e->size);
     const gdp_layer_config *lc = &e->shard.config;
     e->D = lc->hidden_size, e->vocab = lc->vocab_size, e->n_layers = lc->num_layers;
     e->S_max = 1 + c->draft_tokens;
     e->max_prefill = c->max_prefill_requests > 0 ? c->max_prefill_requests : c->n_slots;
 
     gdp_cache_config cc;
-    GDP_CHECK(gdp_cache_config_init(&cc, &e->shard, c->n_slots));
+    GDP_CHECK(gdp_cache_config_init_cp(&cc, &e->cp, c->n_slots));
     cc.max_draft_tokens = e->S_max > 1 ? e->S_max : 0;
     GDP_CHECK(gdp_cache_init(&e->cache, e->ctx, &cc));
     e->swap_bytes = (size_t)cc.num_layers * (e->cache->ssm_bytes + e->cache->conv_bytes);
@@ -1390,7 +1398,7 @@ gdp_status_t gdp_engine_run(gdp_engine_t engine, const gdp_workload *workload) {
     run_free(&e->main);
     e->have_run = 0;
     memset(&e->report, 0, sizeof e->report);
-    e->report.tp_size = e->size;
+    e->report.tp_size = e->shard.tp_size;
     for (int32_t b = 0; b < e->n_buckets; b++)
         e->bucket_seen[b] = 0;
     if (e->rank == 0)

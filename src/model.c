@@ -20,7 +20,9 @@ struct gdp_model {
     uint32_t      magic;
     gdp_ctx_t     ctx;
     gdp_comm_t    comm;
+    gdp_comm_t    cp_comm;      /* NULL: cp = 1                                         */
     gdp_tp_shard  shard;        /* layer 0's shard: the config and TP-local sizes      */
+    gdp_cp_shard  cp;           /* layer 0's CP shard (cp_size 1 without CP)           */
     int32_t       n_layers;
     gdp_layer_t  *layers;       /* [n_layers]                                           */
     int64_t       vocab, D;
@@ -124,10 +126,12 @@ static gdp_status_t model_build(struct gdp_model *m, gdp_checkpoint_t ckpt, int3
         memset(&w, 0, sizeof w);
         st = gdp_checkpoint_load_layer_shard(ckpt, &w, l, rank, size);
         if (st == GDP_STATUS_SUCCESS)
-            st = gdp_layer_init(&m->layers[l], m->ctx, m->comm, &w, GDP_TP_MODE_ALLREDUCE);
+            st = gdp_layer_init_cp(&m->layers[l], m->ctx, m->comm, m->cp_comm, &w, GDP_TP_MODE_ALLREDUCE);
         if (st == GDP_STATUS_SUCCESS) {
-            if (l == 0)
+            if (l == 0) {
                 m->shard = w.shard;
+                st = gdp_layer_get_cp_shard(m->layers[0], &m->cp);
+            }
             m->weight_bytes += layer_shard_bytes(&w.shard);
         }
         gdp_layer_weights_free(&w);
@@ -139,28 +143,38 @@ done:
 }
 
 gdp_status_t gdp_model_init(gdp_model_t *out, gdp_ctx_t ctx, gdp_comm_t comm, gdp_checkpoint_t ckpt) {
+    return gdp_model_init_cp(out, ctx, comm, NULL, ckpt);
+}
+
+gdp_status_t gdp_model_init_cp(gdp_model_t *out, gdp_ctx_t ctx, gdp_comm_t comm, gdp_comm_t cp_comm,
+                               gdp_checkpoint_t ckpt) {
     static const char *op = "gdp_model_init";
     if (out == NULL || ckpt == NULL)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: out and ckpt must not be NULL", op);
     *out = NULL;
     GDP_CHECK(gdp_ctx_check(ctx, op));
-    int32_t rank = 0, size = 1;
+    int32_t rank = 0, size = 1, cp_size = 1;
     if (comm != NULL) {
         GDP_CHECK(gdp_comm_rank(comm, &rank));
         GDP_CHECK(gdp_comm_size(comm, &size));
     }
+    if (cp_comm != NULL)
+        GDP_CHECK(gdp_comm_size(cp_comm, &cp_size));
     struct gdp_model *m = gdp_calloc(1, sizeof *m, "gdp_model");
     gdp_status_t st = m ? GDP_STATUS_SUCCESS : GDP_STATUS_SYSTEM_ERROR;
     if (m != NULL) {
         m->magic = m->magic_end = GDP_MODEL_MAGIC;
         m->ctx = ctx;
         m->comm = comm;
+        m->cp_comm = cp_size > 1 ? cp_comm : NULL;
         st = model_build(m, ckpt, rank, size);
     }
     /* A rank that failed (a file only it cannot read, memory) must not leave the others
-     * to wait in the first step's collectives. */
+     * to wait in the first step's collectives (with CP: its TP group, then its CP group). */
     if (comm != NULL)
         st = gdp_comm_agree(comm, st);
+    if (cp_size > 1)
+        st = gdp_comm_agree(cp_comm, st);
     if (st != GDP_STATUS_SUCCESS) {
         if (m != NULL)
             model_destroy(m);
@@ -183,6 +197,14 @@ gdp_status_t gdp_model_get_shard(gdp_model_t model, gdp_tp_shard *shard) {
     if (shard == NULL)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_model_get_shard: shard out-pointer is NULL");
     *shard = model->shard;
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_model_get_cp_shard(gdp_model_t model, gdp_cp_shard *shard) {
+    GDP_CHECK(check_model(model, "gdp_model_get_cp_shard"));
+    if (shard == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_model_get_cp_shard: shard out-pointer is NULL");
+    *shard = model->cp;
     return GDP_STATUS_SUCCESS;
 }
 
@@ -239,9 +261,30 @@ gdp_status_t gdp_model_embed(gdp_model_t model, gdp_tensor *x, const int32_t *to
 
 gdp_status_t gdp_model_forward(gdp_model_t model, gdp_cache_t cache, const gdp_step_metadata *meta, gdp_tensor *x) {
     GDP_CHECK(check_model(model, "gdp_model_forward"));
+    if (model->cp_comm == NULL) {
+        for (int32_t l = 0; l < model->n_layers; l++)
+            GDP_CHECK(gdp_layer_forward(model->layers[l], cache, meta, x));
+        return GDP_STATUS_SUCCESS;
+    }
+    /* CP: the layers run on this CP rank's block of rows (a view into x), then the blocks
+     * are all-gathered in place, so x holds every row again for the LM head. */
+    if (meta == NULL || x == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_model_forward: meta and x must not be NULL");
+    const int64_t T = meta->padded_token_count, cp = model->cp.cp_size;
+    GDP_CHECK(check_x(model, x, T, "gdp_model_forward"));
+    if (T % cp != 0)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "gdp_model_forward: the step's %lld rows do not split over cp = %lld ranks; use buckets whose "
+                 "token_count is a multiple of %lld",
+                 (long long)T, (long long)cp, (long long)cp);
+    const int64_t Tc = T / cp;
+    gdp_tensor block;
+    GDP_CHECK(gdp_tensor_init(&block, (float *)x->data + (size_t)(model->cp.cp_rank * Tc * model->D),
+                              GDP_DTYPE_FP32, 2, (const int64_t[]){Tc, model->D}));
     for (int32_t l = 0; l < model->n_layers; l++)
-        GDP_CHECK(gdp_layer_forward(model->layers[l], cache, meta, x));
-    return GDP_STATUS_SUCCESS;
+        GDP_CHECK(gdp_layer_forward(model->layers[l], cache, meta, &block));
+    return gdp_comm_allgather(model->cp_comm, block.data, x->data, (size_t)(Tc * model->D), GDP_DTYPE_FP32,
+                              model->ctx->stream);
 }
 
 /* The LM head runs in blocks of exactly this many rows (the last one padded): a BLAS picks

@@ -29,6 +29,9 @@
  *     Tokens must be identical to the reference's up to the first step where either run's
  *     top-2 logit margin is below the logit bar (from there on, no claim; gdp-math.md 8.1),
  *     logits within the bar until then, layer outputs and states every step as above;
+ *   - gdp-run's engine over a CP model (gdp_model_init_cp, the job's comm) vs a tp 1 cp 1
+ *     engine: a synthetic workload with draft tokens and preemption; generated tokens
+ *     identical up to the first near-tie, by the same rule;
  *   - bad input, an error on every rank with x and the cache unchanged: x of the wrong shape,
  *     a cache sized for the TP shard instead of the CP shard, a bucket whose rows do not split
  *     over cp (also refused by gdp_plan_check_token_split), a checkpoint whose G/tp breaks the
@@ -51,7 +54,9 @@
 #include "gdp/checkpoint.h"
 #include "gdp/comm.h"
 #include "gdp/config.h"
+#include "gdp/engine.h"
 #include "gdp/layer.h"
+#include "gdp/model.h"
 #include "gdp/plan.h"
 #include "test_common.h"
 
@@ -896,6 +901,77 @@ static void scenario_generate(void) {
         free(prompt[i]);
 }
 
+/* ---- the serving engine (gdp-run) with CP ---------------------------------------------------- */
+
+/* gdp-run's engine over a CP model (gdp_model_init_cp; the engine's comm is the whole job)
+ * vs a tp 1 cp 1 engine on every rank, on one synthetic workload with draft tokens and
+ * preemption (4 slots for 8 requests): the generated tokens must be identical up to the first
+ * token whose top-2 margin, in either run, is below the logit bar (gdp-math.md 8.1). */
+static void scenario_engine(void) {
+    gdp_checkpoint_t ck = NULL;
+    GDP_FATAL_IF_ERROR(g_world, gdp_checkpoint_open(&ck, g_path));
+    gdp_model_t cpm = NULL, refm = NULL;
+    GDP_FATAL_IF_ERROR(g_world, gdp_model_init_cp(&cpm, g_ctx, g_tp_comm, g_cp_comm, ck));
+    GDP_FATAL_IF_ERROR(g_world, gdp_model_init(&refm, g_ctx, NULL, ck));
+    gdp_cp_shard ms;
+    CHECK_OK(gdp_model_get_cp_shard(cpm, &ms));
+    CHECK(ms.cp_size == g_cp && ms.cp_rank == g_cp_rank && ms.tp.tp_rank == g_tp_rank,
+          "the model's CP shard is cp rank %d of %d, tp rank %d", ms.cp_rank, ms.cp_size, ms.tp.tp_rank);
+    gdp_engine_config ec;
+    gdp_engine_config_default(&ec);
+    ec.n_slots = 4, ec.max_step_tokens = 192, ec.prefill_chunk = 128, ec.draft_tokens = 2, ec.preempt_after = 4;
+    ec.progress = 0, ec.honor_arrivals = 0;
+    gdp_engine_t cpe = NULL, refe = NULL;
+    GDP_FATAL_IF_ERROR(g_world, gdp_engine_init(&cpe, g_ctx, g_world, cpm, &ec));
+    GDP_FATAL_IF_ERROR(g_world, gdp_engine_init(&refe, g_ctx, NULL, refm, &ec));
+    gdp_synthetic_workload sp;
+    gdp_workload_synthetic_default(&sp);
+    sp.n_requests = 8, sp.rate = 0, sp.prompt_min = 20, sp.prompt_max = 150, sp.new_min = sp.new_max = 10;
+    sp.seed = 5;
+    gdp_workload wl;
+    memset(&wl, 0, sizeof wl);
+    GDP_FATAL_IF_ERROR(g_world, gdp_workload_synthetic(&wl, &sp, VOCAB));
+    GDP_FATAL_IF_ERROR(g_world, gdp_engine_run(cpe, g_rank == 0 ? &wl : NULL));
+    GDP_FATAL_IF_ERROR(g_world, gdp_engine_run(refe, &wl));
+    gdp_engine_report rep;
+    CHECK_OK(gdp_engine_get_report(cpe, &rep));
+    CHECK(rep.tp_size == g_tp, "the CP engine reports tp %d, expected %d", rep.tp_size, g_tp);
+    if (g_rank == 0) {
+        int64_t same = 0, total = 0, ended = 0;
+        for (int32_t i = 0; i < wl.n_requests; i++) {
+            gdp_request_result a, b;
+            CHECK_OK(gdp_engine_get_result(cpe, i, &a));
+            CHECK_OK(gdp_engine_get_result(refe, i, &b));
+            CHECK(a.n_generated == b.n_generated && a.n_generated == sp.new_max, "request %d: %d vs %d tokens", i,
+                  a.n_generated, b.n_generated);
+            total += b.n_generated;
+            for (int32_t t = 0; t < a.n_generated && t < b.n_generated; t++) {
+                /* CPU: the layer bar on the logits; GPU: Megatron's 5e-2 */
+                const double bar_a = (g_cuda ? GPU_BAR_LOGITS : BAR_CP) * a.logit_scale[t];
+                const double bar_b = (g_cuda ? GPU_BAR_LOGITS : BAR_CP) * b.logit_scale[t];
+                const bool near_tie = a.margin[t] < bar_a || b.margin[t] < bar_b;
+                if (a.tokens[t] != b.tokens[t])
+                    CHECK(near_tie, "engine request %d token %d: %d vs %d with margins %.3e and %.3e above the bar",
+                          i, t, a.tokens[t], b.tokens[t], a.margin[t], b.margin[t]);
+                if (a.tokens[t] != b.tokens[t] || near_tie) {
+                    ended++;
+                    break;
+                }
+                same++;
+            }
+        }
+        printf("engine (gdp-run) with cp = %d, drafts 2, 4 slots for 8 requests (%lld preemptions): %lld of %lld "
+               "generated tokens identical to tp 1 cp 1 before any near-tie (%lld requests ended by one)\n",
+               g_cp, (long long)rep.preemptions, (long long)same, (long long)total, (long long)ended);
+    }
+    CHECK_OK(gdp_engine_free(cpe));
+    CHECK_OK(gdp_engine_free(refe));
+    CHECK_OK(gdp_model_free(cpm));
+    CHECK_OK(gdp_model_free(refm));
+    gdp_workload_free(&wl);
+    gdp_checkpoint_free(ck);
+}
+
 /* ---- bad input: an error on every rank, nothing modified --------------------------------- */
 
 static void write_checkpoint(const char *path, int64_t H, int64_t G) {
@@ -1184,6 +1260,7 @@ int main(int argc, char **argv) {
     scenario_prefix();
     scenario_drafts();
     scenario_generate();
+    scenario_engine();
     scenario_bad_input(bad_path);
 
     stack_free(&g_cps);

@@ -40,12 +40,22 @@ typedef struct gdp_model *gdp_model_t;
  * vocabulary (vocab_size 0) or a tensor is wrong (named), or H, G do not divide by the
  * TP size; UNSUPPORTED on a backend without the layer's GEMMs; SYSTEM/CUDA errors. */
 GDP_API gdp_status_t gdp_model_init(gdp_model_t *out, gdp_ctx_t ctx, gdp_comm_t comm, gdp_checkpoint_t ckpt);
+/* The same with context parallelism (docs/cp.md): comm is this rank's TP group (NULL for
+ * tp = 1), cp_comm its CP group (config.h's rank layout; NULL or size 1: gdp_model_init).
+ * The layers are gdp_layer_init_cp shards. x keeps every row on every rank: the forward runs
+ * the layers on this CP rank's contiguous 1/cp of the rows (padded_token_count must divide by
+ * cp) and all-gathers the blocks back over cp_comm. Errors: those of gdp_model_init and of
+ * gdp_layer_init_cp (the CP group rule), agreed over both comms. */
+GDP_API gdp_status_t gdp_model_init_cp(gdp_model_t *out, gdp_ctx_t ctx, gdp_comm_t comm, gdp_comm_t cp_comm,
+                                       gdp_checkpoint_t ckpt);
 /* Frees the model and its layers. NULL is a no-op. */
 GDP_API gdp_status_t gdp_model_free(gdp_model_t model);
 
 /* The shard of layer 0 (config with vocab_size, tp rank and size, TP-local sizes): what
  * gdp_cache_config_init needs. */
 GDP_API gdp_status_t gdp_model_get_shard(gdp_model_t model, gdp_tp_shard *shard);
+/* Its CP shard (cp_size 1 without context parallelism): what gdp_cache_config_init_cp needs. */
+GDP_API gdp_status_t gdp_model_get_cp_shard(gdp_model_t model, gdp_cp_shard *shard);
 /* Bytes of backend memory the model's weights take on this rank. */
 GDP_API gdp_status_t gdp_model_weight_bytes(gdp_model_t model, size_t *bytes);
 
@@ -56,7 +66,8 @@ GDP_API gdp_status_t gdp_model_weight_bytes(gdp_model_t model, size_t *bytes);
 GDP_API gdp_status_t gdp_model_embed(gdp_model_t model, gdp_tensor *x, const int32_t *tokens, int64_t n);
 
 /* Runs every layer on x [padded_token_count, D] in place (layer.h: the step must have
- * been built and applied to cache). Collective over the model's comm. */
+ * been built and applied to cache). Collective over the model's comm (and cp_comm: the
+ * layers on this CP rank's rows, then one all-gather of the rows). */
 GDP_API gdp_status_t gdp_model_forward(gdp_model_t model, gdp_cache_t cache, const gdp_step_metadata *meta,
                                        gdp_tensor *x);
 
