@@ -163,7 +163,10 @@ GDP_API gdp_status_t gdp_gated_delta_product_recurrent_ref(gdp_ctx_t ctx, const 
  *     row [slot, s] receives the state after token s; other rows untouched.
  *   steps_per_token : M for GDP decode (>= 1, divides T)
  * Outputs: o [B, T, H, V] in v's dtype (CPU: any float dtype); final_state [B, H, K, V]
- * fp32 when output_final_state and no state. */
+ * fp32 when output_final_state and no state.
+ * Numerics: the state stays in registers (CUDA: fp32; CPU: double within a token's steps,
+ * rounded to fp32 between tokens in cache mode), so with an fp32 cache one call of S tokens
+ * equals S calls of one token bit for bit. */
 typedef struct gdp_recurrent_args {
     gdp_tensor q, k, v, g, beta;
     double     scale;

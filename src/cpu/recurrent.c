@@ -68,6 +68,15 @@ static void l2_normalize(double *x, int64_t n) {
         x[i] *= inv;
 }
 
+/* Rounds n values to `dtype` and back (round to nearest even), in place. */
+static void round_to_dtype(gdp_dtype_t dtype, double *x, int64_t n) {
+    float buf;
+    for (int64_t i = 0; i < n; i++) {
+        gdp_store_elem(&buf, dtype, 0, x[i]);
+        x[i] = gdp_load_elem(&buf, dtype, 0);
+    }
+}
+
 gdp_status_t gdp_cpu_recurrent_update(const gdp_recurrent_args *a) {
     static const char *op = "gdp_fused_recurrent_gated_delta_rule_update";
     const int64_t B = a->q.shape[0], T = a->q.shape[1], H = a->q.shape[2], K = a->q.shape[3];
@@ -139,6 +148,12 @@ gdp_status_t gdp_cpu_recurrent_update(const gdp_recurrent_args *a) {
                     const int64_t s = (t + 1) / M - 1; /* the token this step completes */
                     store_block(&inter, ((slot * S + s) * H + h) * KV, KV, st);
                 }
+                /* Cache mode: between tokens the state is rounded to fp32, as the CUDA kernel
+                 * holds it, so with the default fp32 cache a step of S tokens equals S steps of
+                 * one token bit for bit (drafts on vs off, keeping n_acc of S vs running only
+                 * those). Within a token's copies it stays double. */
+                if (cache && (t + 1) % M == 0 && t + 1 < T)
+                    round_to_dtype(GDP_DTYPE_FP32, st, KV);
             }
 
             if (cache)
