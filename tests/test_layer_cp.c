@@ -853,11 +853,12 @@ static void scenario_generate(void) {
                 logits_of(finals[k] + last_row[i] * D_MODEL, logits[k]);
                 tokens[k][i][step] = greedy(logits[k], &margin[k]);
             }
-            /* The logit bar: CPU, the layer bar on the logits (1e-5 max|b|); GPU, Megatron's 5e-2. */
+            /* The logit bar, relative to the reference's largest logit: CPU, the layer bar
+             * (1e-5); GPU, Megatron's 5e-2. */
             double mb = 0;
             for (int32_t v = 0; v < VOCAB; v++)
                 mb = fabs(logits[1][v]) > mb ? fabs(logits[1][v]) : mb;
-            const double bar = g_cuda ? GPU_BAR_LOGITS : BAR_CP * mb;
+            const double bar = (g_cuda ? GPU_BAR_LOGITS : BAR_CP) * mb;
             char what[96];
             snprintf(what, sizeof what, "generation step %d: request %d logits, cp stack vs tp 1 cp 1", step, i);
             check_close(what, logits[0], logits[1], VOCAB, BAR_CP, GPU_BAR_LOGITS, K_LOGITS);
@@ -1193,10 +1194,12 @@ int main(int argc, char **argv) {
             return TEST_SKIP;
         }
     }
-    /* The job's comm (the plan's host agreements), then the TP groups (ranks with the same
-     * cp_rank, ordered by tp_rank) and the CP groups (the same tp_rank, ordered by cp_rank). */
-    GDP_FATAL_IF_ERROR(NULL, gdp_comm_init(&g_world, GDP_COMM_MPI, NULL, GDP_COMM_HOST_BUFFERS));
+    /* The job's comm (the plan's host agreements, the engine's collectives), then the TP
+     * groups (ranks with the same cp_rank, ordered by tp_rank) and the CP groups (the same
+     * tp_rank, ordered by cp_rank). The ctx takes the job comm's GPU (each sub-comm binds one
+     * by its own node-local rank; the MPI comm stages through the host from any GPU). */
     const gdp_comm_buffers_t buffers = g_cuda ? GDP_COMM_DEVICE_BUFFERS : GDP_COMM_HOST_BUFFERS;
+    GDP_FATAL_IF_ERROR(NULL, gdp_comm_init(&g_world, GDP_COMM_MPI, NULL, buffers));
     MPI_Comm tp_mpi, cp_mpi;
     MPI_Comm_split(MPI_COMM_WORLD, g_cp_rank, g_tp_rank, &tp_mpi);
     MPI_Comm_split(MPI_COMM_WORLD, g_tp_rank, g_cp_rank, &cp_mpi);
@@ -1209,7 +1212,7 @@ int main(int argc, char **argv) {
     if (g_cuda) {
 #ifdef GDP_HAVE_CUDA
         int32_t device = 0;
-        GDP_FATAL_IF_ERROR(g_world, gdp_comm_device(g_cp_comm, &device));
+        GDP_FATAL_IF_ERROR(g_world, gdp_comm_device(g_world, &device));
         GDP_FATAL_IF_ERROR(g_world, gdp_ctx_init(&g_ctx, GDP_BACKEND_CUDA, device));
         cudaStream_t stream = NULL;
         CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
