@@ -36,6 +36,8 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: gdp-bench ops [--op all|prefill|decode|prepare] [--iters N] [--warmup N]\n"
+               "       mpirun -n N gdp-bench layer|coll [options]   (layer steps and collectives across ranks;\n"
+               "                                                     --help for their options)\n"
                "  --op      which rows to run (default all)\n"
                "  --iters   timed calls per row, at least 10 (default 20)\n"
                "  --warmup  untimed calls before timing (default 3)\n");
@@ -627,12 +629,20 @@ static int run_ops(const char *which, int iters, int warmup) {
 
 #endif /* GDP_HAVE_CUDA */
 
+/* Layer and collective benchmarks across ranks (examples/bench_layer.c, run under mpirun). */
+int gdp_bench_layer_main(int argc, char **argv);
+int gdp_bench_coll_main(int argc, char **argv);
+
 int main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "layer") == 0)
+        return gdp_bench_layer_main(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "coll") == 0)
+        return gdp_bench_coll_main(argc - 1, argv + 1);
     if (argc < 2 || strcmp(argv[1], "ops") != 0) {
         usage(argc < 2 ? stderr : stdout);
         if (argc >= 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0))
             return 0;
-        fprintf(stderr, "gdp-bench: only the 'ops' benchmark exists so far\n");
+        fprintf(stderr, "gdp-bench: unknown benchmark '%s' (ops, layer or coll)\n", argc >= 2 ? argv[1] : "");
         return 2;
     }
     const char *which = "all";
