@@ -169,6 +169,8 @@ gdp_status_t gdp_cache_init(gdp_cache_t *out, gdp_ctx_t ctx, const gdp_cache_con
     if (cache == NULL)
         return GDP_STATUS_SYSTEM_ERROR;
     cache->magic = cache->magic_end = GDP_CACHE_MAGIC;
+    static uint64_t caches_made;
+    cache->serial = __atomic_add_fetch(&caches_made, 1, __ATOMIC_RELAXED);
     cache->ctx = ctx;
     cache->cfg = *c;
     cache->ssm_bytes = ssm_elems * gdp_dtype_size(c->ssm_dtype);

@@ -56,7 +56,8 @@ struct gdp_layer {
     gdp_dtype_t   res;         /* the residual stream x and the collective: fp32      */
     int32_t       blas;        /* holds a reference to the ctx's GEMM state           */
     int32_t       debug_agree; /* GDP_PLAN_DEBUG=1: agree before every forward's work */
-    const void   *agreed_cache;/* the cache whose pairing every rank has agreed on    */
+    uint64_t      agreed_cache;/* serial of the cache whose pairing all ranks agreed on:
+                                  * a serial, not an address, so every rank decides alike  */
     /* TP-local sizes */
     int64_t D, H, G, P, N, M, W, d_inner, conv_dim, proj_dim, ba_dim;
     /* the mixer core's sizes: the TP-local ones, or the CP rank's slice (H_c, G_c, ...) */
@@ -826,10 +827,13 @@ gdp_status_t gdp_layer_forward(gdp_layer_t layer, gdp_cache_t cache, const gdp_s
      *    and every forward with GDP_PLAN_DEBUG=1. A step's steady state therefore runs the
      *    layer without any host round trip. */
     const bool multi = layer->comm != NULL || layer->cp_comm != NULL;
-    if (multi && (grow || layer->agreed_cache != (const void *)cache || layer->debug_agree)) {
+    /* An invalid cache handle (validation failed above) is a new pairing: never read it. */
+    const bool cache_ok = gdp_cache_check_handle(cache, op) == GDP_STATUS_SUCCESS;
+    const bool new_pairing = !cache_ok || layer->agreed_cache != cache->serial;
+    if (multi && (grow || new_pairing || layer->debug_agree)) {
         st = agree_all(layer, st);
         if (st == GDP_STATUS_SUCCESS)
-            layer->agreed_cache = cache;
+            layer->agreed_cache = cache->serial;
     }
     if (st != GDP_STATUS_SUCCESS)
         return st;

@@ -24,6 +24,8 @@ extern "C" {
 
 struct gdp_cache {
     uint32_t         magic;
+    uint64_t         serial;      /* n-th cache this process made: alike on every rank of an
+                                   * SPMD job, unlike the address (the layer's pairing check) */
     gdp_ctx_t        ctx;
     gdp_cache_config cfg;
     size_t           ssm_bytes;   /* one slot's ssm state of one layer: H_t*K*V elements  */
