@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -97,23 +98,43 @@ gdp_status_t gdp_comm_agree(gdp_comm_t comm, gdp_status_t local_status) {
 
 /* ---- init / free ------------------------------------------------------------------- */
 #ifdef GDP_HAVE_CUDA
-/* Binds GPU local_rank % device_count; with `exclusive` (NCCL) each rank of a node needs its own GPU. */
+/* Binds GPU node_rank % device_count, node_rank being the rank's place among the job's ranks
+ * on this node (not among this comm's: a TP or CP sub-comm must bind the GPU its rank uses
+ * in every other comm); with `exclusive` (NCCL) each rank of a node needs its own GPU. */
 static gdp_status_t bind_device(struct gdp_comm *c, int exclusive) {
     int count = 0;
     GDP_COMM_CUDA_CHECK(cudaGetDeviceCount(&count));
     if (count < 1)
         GDP_FAIL(GDP_STATUS_CUDA_ERROR, "gdp_comm_init: device buffers need a GPU, but none is visible on %s",
                  "this node (check CUDA_VISIBLE_DEVICES)");
-    if (exclusive && c->local_size > count)
+    if (exclusive && c->node_size > count)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
                  "gdp_comm_init: %d ranks share this node but only %d GPUs are visible; NCCL needs one GPU per "
                  "rank: start at most %d ranks per node, or use GDP_COMM_MPI (host-staged) to share GPUs",
-                 c->local_size, count, count);
-    c->device = c->local_rank % count;
+                 c->node_size, count, count);
+    c->device = c->node_rank % count;
     GDP_COMM_CUDA_CHECK(cudaSetDevice(c->device));
     return GDP_STATUS_SUCCESS;
 }
 #endif
+
+/* The rank's place among the whole job's ranks on this node, from the launcher's environment
+ * (Open MPI, MPICH/Hydra, SLURM): no communication, so a comm over a subset of the ranks can
+ * be made without the others. Without one, the place within this comm's ranks on the node. */
+static void job_node_rank(int comm_rank, int comm_size, int32_t *rank, int32_t *size) {
+    static const char *const ranks[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"};
+    static const char *const sizes[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"};
+    for (size_t i = 0; i < sizeof ranks / sizeof ranks[0]; i++) {
+        const char *r = getenv(ranks[i]), *n = getenv(sizes[i]);
+        if (r != NULL && n != NULL && atoi(n) > atoi(r) && atoi(r) >= 0) {
+            *rank = atoi(r);
+            *size = atoi(n);
+            return;
+        }
+    }
+    *rank = comm_rank;
+    *size = comm_size;
+}
 
 /* The per-rank part of init that involves no backend: MPI duplicate, ranks, node-local rank. */
 static gdp_status_t comm_setup_mpi(struct gdp_comm *c, MPI_Comm parent) {
@@ -135,6 +156,7 @@ static gdp_status_t comm_setup_mpi(struct gdp_comm *c, MPI_Comm parent) {
     GDP_MPI_CHECK(e2);
     c->local_rank = local_rank;
     c->local_size = local_size;
+    job_node_rank(local_rank, local_size, &c->node_rank, &c->node_size);
     return GDP_STATUS_SUCCESS;
 }
 

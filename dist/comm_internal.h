@@ -47,6 +47,9 @@ struct gdp_comm {
     MPI_Comm           mpi;           /* our duplicate, MPI_ERRORS_RETURN                 */
     int32_t            rank, size;
     int32_t            local_rank, local_size; /* among this comm's ranks on this node    */
+    int32_t            node_rank, node_size;   /* among the whole job's ranks on this node:
+                                                * picks the GPU, so TP and CP sub-comms of
+                                                * one rank bind the GPU that rank uses     */
     int32_t            world_rank;
     int32_t            device;        /* bound CUDA device, -1 with host buffers         */
     int32_t            aborted;       /* set by gdp_comm_abort: only free is valid after */
