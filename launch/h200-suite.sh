@@ -33,6 +33,9 @@ if [ "$stage" = all ] || [ "$stage" = tests ]; then
 fi
 if [ "$stage" = all ] || [ "$stage" = bench ]; then
     ./build/examples/gdp-bench ops 2>&1 | tee "$out/bench_ops.log" || rc=1
+    # A whole layer step on one GPU (rank 0 of NCCL), at the performance.md head shape.
+    mpirun -n 1 ./build/examples/gdp-bench layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 \
+        -D 1,64,256 -P 2048,16384 2>&1 | tee "$out/bench_layer.log" || rc=1
 fi
 if [ "$stage" = all ] || [ "$stage" = run ]; then
     ./launch/gdp-run 2>&1 | tee "$out/gdp_run.log" | tail -40 || rc=1
