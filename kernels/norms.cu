@@ -15,6 +15,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "dtype_access.cuh"
 #include "gdp_kernels.h"
 #include "src/internal.h"
 
@@ -25,21 +26,6 @@ namespace {
 constexpr int NORM_THREADS = 128;
 constexpr int NORM_WARPS = NORM_THREADS / 32;
 
-__device__ __forceinline__ float load_as_float(const void *base, gdp_dtype_t dtype, int64_t i) {
-    switch (dtype) {
-    case GDP_DTYPE_BF16: return __bfloat162float(static_cast<const __nv_bfloat16 *>(base)[i]);
-    case GDP_DTYPE_FP16: return __half2float(static_cast<const __half *>(base)[i]);
-    default: return static_cast<const float *>(base)[i];
-    }
-}
-
-__device__ __forceinline__ void store_from_float(void *base, gdp_dtype_t dtype, int64_t i, float v) {
-    switch (dtype) {
-    case GDP_DTYPE_BF16: static_cast<__nv_bfloat16 *>(base)[i] = __float2bfloat16_rn(v); break;
-    case GDP_DTYPE_FP16: static_cast<__half *>(base)[i] = __float2half_rn(v); break;
-    default: static_cast<float *>(base)[i] = v; break;
-    }
-}
 
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
