@@ -113,16 +113,6 @@ static gdp_plan_t make_plan(int32_t M) {
     return plan;
 }
 
-/* Sends desc through the plan (no comm), builds and applies it. */
-static const gdp_step_metadata *run_step(gdp_plan_t plan, gdp_cache_t cache, const gdp_step_desc *desc) {
-    const gdp_step_metadata *meta = NULL;
-    CHECK_OK(gdp_plan_bcast(plan, NULL, 0, desc));
-    CHECK_OK(gdp_plan_build(plan, cache, NULL, &meta));
-    if (meta != NULL)
-        CHECK_OK(gdp_cache_apply_step(cache, meta));
-    return meta;
-}
-
 static void test_config(void) {
     gdp_layer_config lc = small_config();
     for (int32_t tp = 1; tp <= 2; tp++) {
@@ -203,7 +193,7 @@ static void test_slot_operations(gdp_cache_t cache, const gdp_cache_config *c) {
     gdp_prefill_request p1[2] = {{.slot = GDP_SLOT_AUTO, .n_tokens = 5, .flags = GDP_PREFILL_NEW},
                                  {.slot = GDP_SLOT_AUTO, .n_tokens = 3, .flags = GDP_PREFILL_NEW}};
     gdp_step_desc d1 = {.prefill_count = 2, .prefill = p1, .bucket = GDP_BUCKET_AUTO};
-    const gdp_step_metadata *m = run_step(plan, cache, &d1);
+    const gdp_step_metadata *m = test_step_local(plan, cache, &d1);
     const int32_t a = m ? m->step->prefill[0].slot : -1, b = m ? m->step->prefill[1].slot : -1;
     CHECK(a == expect0 && b > a, "new slots %d, %d; expected the lowest free (%d) and the next", a, b, expect0);
     CHECK(m && m->host.prefill_slots[0] == a && m->host.prefill_slots[1] == b, "metadata slots differ from the step");
@@ -240,7 +230,7 @@ static void test_slot_operations(gdp_cache_t cache, const gdp_cache_config *c) {
     gdp_step_desc d2 = {.decode_count = 1, .decode_tokens = 3, .decode_slots = dec, .prefill_count = 1,
                         .prefill = &p2, .release_count = 1, .release_slots = rel, .bucket = GDP_BUCKET_AUTO};
     before = copy_states(cache, c);
-    m = run_step(plan, cache, &d2);
+    m = test_step_local(plan, cache, &d2);
     CHECK_OK(gdp_cache_slot_in_use(cache, a, &used));
     CHECK(used == 0, "released slot %d still in use", a);
     CHECK(m && m->step->prefill[0].slot == explicit_slot, "explicit slot %d became %d", explicit_slot,
@@ -263,7 +253,7 @@ static void test_slot_operations(gdp_cache_t cache, const gdp_cache_config *c) {
     gdp_draft_accept acc = {.slot = b, .n_accepted = 2};
     gdp_step_desc d3 = {.accept_count = 1, .accept = &acc, .bucket = GDP_BUCKET_AUTO};
     before = copy_states(cache, c);
-    m = run_step(plan, cache, &d3);
+    m = test_step_local(plan, cache, &d3);
     bool rolled = true;
     for (int32_t l = 0; l < c->num_layers; l++) {
         gdp_tensor ssm, conv, ds, dc;
@@ -295,7 +285,7 @@ static void test_slot_operations(gdp_cache_t cache, const gdp_cache_config *c) {
     gdp_prefill_request p4 = {.slot = explicit_slot, .n_tokens = 64, .flags = GDP_PREFILL_SAVE, .save_snapshot = 1,
                               .save_offset = 64};
     gdp_step_desc d4 = {.prefill_count = 1, .prefill = &p4, .bucket = GDP_BUCKET_AUTO};
-    run_step(plan, cache, &d4);
+    test_step_local(plan, cache, &d4);
     CHECK_OK(gdp_cache_snapshot_saved(cache, 1, &saved));
     CHECK(saved == 1, "snapshot 1 not marked saved by the step that saves it");
     for (int32_t l = 0; l < c->num_layers; l++) {
@@ -309,7 +299,7 @@ static void test_slot_operations(gdp_cache_t cache, const gdp_cache_config *c) {
                               .restore_snapshot = 1};
     gdp_step_desc d5 = {.prefill_count = 1, .prefill = &p5, .bucket = GDP_BUCKET_AUTO};
     const int32_t expect5 = lowest_free(cache, c->n_slots);
-    m = run_step(plan, cache, &d5);
+    m = test_step_local(plan, cache, &d5);
     const int32_t rs = m ? m->step->prefill[0].slot : -1;
     CHECK(rs == expect5, "restored request got slot %d, expected the lowest free %d", rs, expect5);
     bool restored = rs >= 0;

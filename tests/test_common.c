@@ -139,3 +139,43 @@ void test_fill_uniform(gdp_tensor *t, test_rng *r, double lo, double hi) {
 double *test_tensor_f64(const gdp_tensor *t) { return gdp_tensor_to_f64(t); }
 
 size_t test_tensor_bytes(const gdp_tensor *t) { return (size_t)gdp_tensor_numel(t) * gdp_dtype_size(t->dtype); }
+
+gdp_tensor test_copy_as(const gdp_tensor *t, gdp_dtype_t dt) {
+    gdp_tensor r = test_tensor_alloc(dt, t->ndim, t->shape);
+    if (dt == t->dtype)
+        memcpy(r.data, t->data, test_tensor_bytes(t));
+    else
+        for (int64_t i = 0; i < gdp_tensor_numel(t); i++)
+            gdp_tensor_set(&r, i, gdp_tensor_get(t, i));
+    return r;
+}
+
+void test_fill_nan(gdp_tensor *t) {
+    for (int64_t i = 0; i < gdp_tensor_numel(t); i++)
+        gdp_tensor_set(t, i, NAN);
+}
+
+int64_t test_ordered_bits(gdp_dtype_t dt, const void *base, int64_t i) {
+    if (dt == GDP_DTYPE_FP32) {
+        uint32_t u;
+        memcpy(&u, (const char *)base + 4 * i, 4);
+        return (u & 0x80000000u) ? -(int64_t)(u & 0x7fffffffu) : (int64_t)u;
+    }
+    uint16_t u;
+    memcpy(&u, (const char *)base + 2 * i, 2);
+    return (u & 0x8000u) ? -(int64_t)(u & 0x7fffu) : (int64_t)u;
+}
+
+int64_t test_bf16_ulp_distance(uint16_t a, uint16_t b) {
+    const int64_t oa = (a & 0x8000u) ? -(int64_t)(a & 0x7fffu) : a, ob = (b & 0x8000u) ? -(int64_t)(b & 0x7fffu) : b;
+    return oa > ob ? oa - ob : ob - oa;
+}
+
+const gdp_step_metadata *test_step_local(gdp_plan_t plan, gdp_cache_t cache, const gdp_step_desc *desc) {
+    const gdp_step_metadata *meta = NULL;
+    CHECK_OK(gdp_plan_bcast(plan, NULL, 0, desc));
+    CHECK_OK(gdp_plan_build(plan, cache, NULL, &meta));
+    if (meta != NULL)
+        CHECK_OK(gdp_cache_apply_step(cache, meta));
+    return meta;
+}

@@ -2,8 +2,8 @@
  * test_common.h: what the CTest programs share: check macros that count failures,
  * seeded random inputs, the accuracy metrics of gdp-math.md section 8 (relative RMS
  * and the elementwise |a - b| <= atol + rtol |b| bar), the golden directory and
- * safetensors loading into gdp_tensor views, and the exit codes (0 pass, 1 fail,
- * 77 skip).
+ * safetensors loading into gdp_tensor views, tensor copies, ulp distances, a one-process
+ * plan step, and the exit codes (0 pass, 1 fail, 77 skip).
  */
 #ifndef GDP_TEST_COMMON_H
 #define GDP_TEST_COMMON_H
@@ -14,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "gdp/cache.h"
 #include "gdp/gdp.h"
+#include "gdp/plan.h"
 #include "safetensors.h"
 
 #define TEST_SKIP 77
@@ -81,5 +83,20 @@ gdp_tensor test_tensor_alloc(gdp_dtype_t dtype, int32_t ndim, const int64_t *sha
 void test_fill_uniform(gdp_tensor *t, test_rng *r, double lo, double hi);
 double *test_tensor_f64(const gdp_tensor *t); /* contiguous double copy */
 size_t test_tensor_bytes(const gdp_tensor *t);
+/* A contiguous copy of t, converted to dtype dt when it differs. */
+gdp_tensor test_copy_as(const gdp_tensor *t, gdp_dtype_t dt);
+/* Sets every element to NaN (outputs a test expects to be written). */
+void test_fill_nan(gdp_tensor *t);
+
+/* ---- ulp distances ---- */
+/* Element i of an fp32 (else bf16) buffer's bits as an integer monotonic in its value. */
+int64_t test_ordered_bits(gdp_dtype_t dt, const void *base, int64_t i);
+/* |a - b| in bf16 ulps, a and b the raw bits. */
+int64_t test_bf16_ulp_distance(uint16_t a, uint16_t b);
+
+/* ---- step plans ---- */
+/* Sends desc through the plan with no comm, builds and applies it to the cache (each call
+ * checked); the metadata, or NULL when the build failed. */
+const gdp_step_metadata *test_step_local(gdp_plan_t plan, gdp_cache_t cache, const gdp_step_desc *desc);
 
 #endif /* GDP_TEST_COMMON_H */

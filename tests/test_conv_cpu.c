@@ -16,23 +16,6 @@
 #include "internal.h" /* defines: gdp_tensor_get/set */
 #include "test_common.h"
 
-static gdp_tensor copy_as(const gdp_tensor *t, gdp_dtype_t dt) {
-    gdp_tensor r = test_tensor_alloc(dt, t->ndim, t->shape);
-    for (int64_t i = 0; i < gdp_tensor_numel(t); i++)
-        gdp_tensor_set(&r, i, gdp_tensor_get(t, i));
-    return r;
-}
-
-static void fill_nan(gdp_tensor *t) {
-    for (int64_t i = 0; i < gdp_tensor_numel(t); i++)
-        gdp_tensor_set(t, i, NAN);
-}
-
-static int64_t bf16_ulp_distance(uint16_t a, uint16_t b) {
-    const int64_t oa = (a & 0x8000u) ? -(int64_t)(a & 0x7fffu) : a, ob = (b & 0x8000u) ? -(int64_t)(b & 0x7fffu) : b;
-    return oa > ob ? oa - ob : ob - oa;
-}
-
 static void golden(gdp_ctx_t ctx) {
     gdp_st_file *f = test_golden_open("conv_varlen.safetensors");
     if (f == NULL)
@@ -52,15 +35,15 @@ static void golden(gdp_ctx_t ctx) {
     const int32_t *cuv = cu.data;
 
     /* y in x's dtype (bf16), as the layer runs it. */
-    gdp_tensor state = copy_as(&state0, state0.dtype);
+    gdp_tensor state = test_copy_as(&state0, state0.dtype);
     gdp_tensor y16 = test_tensor_alloc(GDP_DTYPE_BF16, 2, x.shape);
-    fill_nan(&y16);
+    test_fill_nan(&y16);
     gdp_conv1d_varlen_args a = {.x = x, .weight = weight, .conv_state = state, .state_indices = idx,
                                 .cu_seqlens = cu, .silu = 1, .y = y16};
     CHECK_OK(gdp_causal_conv1d_varlen(ctx, &a));
     int64_t worst = 0;
     for (int64_t i = 0; i < T * C; i++) {
-        const int64_t d = bf16_ulp_distance(((uint16_t *)y16.data)[i], gdp_double_to_bf16(gdp_tensor_get(&y_ref, i)));
+        const int64_t d = test_bf16_ulp_distance(((uint16_t *)y16.data)[i], gdp_double_to_bf16(gdp_tensor_get(&y_ref, i)));
         worst = d > worst ? d : worst;
     }
     CHECK(worst <= 1, "conv_varlen: bf16 y is %lld bf16 ulp from y_ref (bar 1)", (long long)worst);
@@ -77,9 +60,9 @@ static void golden(gdp_ctx_t ctx) {
 
     /* y in fp32 from the same starting state. */
     free(state.data);
-    state = copy_as(&state0, state0.dtype);
+    state = test_copy_as(&state0, state0.dtype);
     gdp_tensor y32 = test_tensor_alloc(GDP_DTYPE_FP32, 2, x.shape);
-    fill_nan(&y32);
+    test_fill_nan(&y32);
     a.conv_state = state;
     a.y = y32;
     CHECK_OK(gdp_causal_conv1d_varlen(ctx, &a));
@@ -136,7 +119,7 @@ static gdp_tensor idx_tensor(int32_t *idx, int64_t n) {
 static void update_vs_varlen(gdp_ctx_t ctx, test_rng *r, int64_t W, bool bias) {
     const int32_t idx[3] = {2, 0, 4};
     conv_problem p = make_problem(r, 3, 3, 6, W, 5, bias, idx);
-    gdp_tensor su = copy_as(&p.state, GDP_DTYPE_FP32), sv = copy_as(&p.state, GDP_DTYPE_FP32);
+    gdp_tensor su = test_copy_as(&p.state, GDP_DTYPE_FP32), sv = test_copy_as(&p.state, GDP_DTYPE_FP32);
     gdp_tensor yu = test_tensor_alloc(GDP_DTYPE_FP32, 3, p.x.shape);
     const int64_t flat[2] = {p.B * p.S, p.C};
     gdp_tensor yv = test_tensor_alloc(GDP_DTYPE_FP32, 2, flat), xv = p.x;
@@ -171,12 +154,12 @@ static void intermediate_rows(gdp_ctx_t ctx, test_rng *r) {
     const int32_t idx[3] = {3, -1, 1};
     conv_problem p = make_problem(r, 3, 4, 5, 4, 5, true, idx);
     const int64_t B = p.B, S = p.S, C = p.C, W = p.W;
-    gdp_tensor s_all = copy_as(&p.state, GDP_DTYPE_FP32), s_step = copy_as(&p.state, GDP_DTYPE_FP32);
+    gdp_tensor s_all = test_copy_as(&p.state, GDP_DTYPE_FP32), s_step = test_copy_as(&p.state, GDP_DTYPE_FP32);
     const int64_t ishape[4] = {p.slots, S, C, W};
     gdp_tensor inter = test_tensor_alloc(GDP_DTYPE_FP32, 4, ishape);
-    fill_nan(&inter); /* untouched rows must stay NaN */
+    test_fill_nan(&inter); /* untouched rows must stay NaN */
     gdp_tensor y_all = test_tensor_alloc(GDP_DTYPE_FP32, 3, p.x.shape);
-    fill_nan(&y_all);
+    test_fill_nan(&y_all);
     gdp_conv1d_update_args u = {.x = p.x, .weight = p.weight, .bias = p.bias, .conv_state = s_all,
                                 .conv_state_indices = idx_tensor(p.idx, B), .intermediate_conv_states = inter,
                                 .silu = 1, .y = y_all};
@@ -230,9 +213,9 @@ static void padding_rows(gdp_ctx_t ctx, test_rng *r) {
     /* Update: a -1 row writes y = 0 and leaves every slot it could name alone. */
     const int32_t idx[2] = {-1, 2};
     conv_problem p = make_problem(r, 2, 2, 4, 4, 4, false, idx);
-    gdp_tensor state = copy_as(&p.state, GDP_DTYPE_FP32);
+    gdp_tensor state = test_copy_as(&p.state, GDP_DTYPE_FP32);
     gdp_tensor y = test_tensor_alloc(GDP_DTYPE_FP32, 3, p.x.shape);
-    fill_nan(&y);
+    test_fill_nan(&y);
     gdp_conv1d_update_args u = {.x = p.x, .weight = p.weight, .conv_state = state,
                                 .conv_state_indices = idx_tensor(p.idx, 2), .silu = 1, .y = y};
     CHECK_OK(gdp_causal_conv1d_update(ctx, &u));
@@ -256,7 +239,7 @@ static void padding_rows(gdp_ctx_t ctx, test_rng *r) {
     const int64_t cu_shape[1] = {3};
     gdp_tensor cut;
     gdp_tensor_init(&cut, cu, GDP_DTYPE_INT32, 1, cu_shape);
-    gdp_tensor s_pad = copy_as(&p.state, GDP_DTYPE_FP32), s_zero = copy_as(&p.state, GDP_DTYPE_FP32);
+    gdp_tensor s_pad = test_copy_as(&p.state, GDP_DTYPE_FP32), s_zero = test_copy_as(&p.state, GDP_DTYPE_FP32);
     memset((float *)s_zero.data + 3 * per, 0, (size_t)per * 4);
     gdp_tensor y_pad = test_tensor_alloc(GDP_DTYPE_FP32, 2, flat), y_zero = test_tensor_alloc(GDP_DTYPE_FP32, 2, flat);
     int32_t with_pad[2] = {-1, 2}, with_zero[2] = {3, 2};
@@ -299,7 +282,7 @@ static void bad_inputs(gdp_ctx_t ctx, test_rng *r) {
     const int32_t idx[3] = {0, 2, 1};
     conv_problem p = make_problem(r, 3, 2, 4, 4, 3, true, idx);
     gdp_tensor y = test_tensor_alloc(GDP_DTYPE_FP32, 3, p.x.shape);
-    fill_nan(&y);
+    test_fill_nan(&y);
     int32_t sidx[3];
     memcpy(sidx, idx, sizeof sidx);
     const gdp_conv1d_update_args good = {.x = p.x, .weight = p.weight, .bias = p.bias, .conv_state = p.state,

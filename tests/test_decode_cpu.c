@@ -53,22 +53,6 @@ static bool load_case(const char *file, dec_case *c) {
     return ok;
 }
 
-/* A contiguous copy of t, optionally converted to dtype dt. */
-static gdp_tensor copy_as(const gdp_tensor *t, gdp_dtype_t dt) {
-    gdp_tensor r = test_tensor_alloc(dt, t->ndim, t->shape);
-    if (dt == t->dtype)
-        memcpy(r.data, t->data, test_tensor_bytes(t));
-    else
-        for (int64_t i = 0; i < gdp_tensor_numel(t); i++)
-            gdp_tensor_set(&r, i, gdp_tensor_get(t, i));
-    return r;
-}
-
-static void fill_nan(gdp_tensor *t) {
-    for (int64_t i = 0; i < gdp_tensor_numel(t); i++)
-        gdp_tensor_set(t, i, NAN);
-}
-
 /* Cache-mode arguments over the case's inputs; state, intermediate and o are the caller's. */
 static gdp_recurrent_args cache_args(const dec_case *c, gdp_tensor state, gdp_tensor inter, gdp_tensor o) {
     gdp_recurrent_args a = {.q = c->q, .k = c->k, .v = c->v, .g = c->g, .beta = c->beta, .scale = c->scale,
@@ -105,10 +89,10 @@ static void golden_case(gdp_ctx_t ctx, const char *file) {
     const int64_t slots = c.state.shape[0], slot_elems = gdp_tensor_numel(&c.state) / slots;
     CHECK(T == (int64_t)c.S * c.M, "%s: T = %lld is not S*M = %d*%d", file, (long long)T, c.S, c.M);
 
-    gdp_tensor state = copy_as(&c.state, GDP_DTYPE_FP32);
+    gdp_tensor state = test_copy_as(&c.state, GDP_DTYPE_FP32);
     gdp_tensor inter = test_tensor_alloc(GDP_DTYPE_FP32, c.inter_ref.ndim, c.inter_ref.shape); /* zero-filled */
     gdp_tensor o = test_tensor_alloc(GDP_DTYPE_FP32, c.o_ref.ndim, c.o_ref.shape);
-    fill_nan(&o); /* so that rows the op leaves unwritten fail */
+    test_fill_nan(&o); /* so that rows the op leaves unwritten fail */
     gdp_recurrent_args a = cache_args(&c, state, inter, o);
     CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(ctx, &a));
 
@@ -148,7 +132,7 @@ static void golden_case(gdp_ctx_t ctx, const char *file) {
     printf("%s: %d unnamed slots bitwise unchanged, %d padding rows exactly 0\n", file, unnamed, pad_rows);
 
     /* o in v's dtype (bf16), from the same starting cache: the bar or one bf16 ulp. */
-    gdp_tensor state2 = copy_as(&c.state, GDP_DTYPE_FP32);
+    gdp_tensor state2 = test_copy_as(&c.state, GDP_DTYPE_FP32);
     gdp_tensor o16 = test_tensor_alloc(GDP_DTYPE_BF16, c.o_ref.ndim, c.o_ref.shape);
     a = cache_args(&c, state2, (gdp_tensor){0}, o16);
     CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(ctx, &a));
@@ -178,7 +162,7 @@ static void identity_slots(gdp_ctx_t ctx) {
     for (int64_t b = 0; b < B; b++)
         identity = identity && slot_of(&c, b) == b;
     CHECK(identity, "decode_m1_k128 no longer has identity slots; pick another case");
-    gdp_tensor s1 = copy_as(&c.state, GDP_DTYPE_FP32), s2 = copy_as(&c.state, GDP_DTYPE_FP32);
+    gdp_tensor s1 = test_copy_as(&c.state, GDP_DTYPE_FP32), s2 = test_copy_as(&c.state, GDP_DTYPE_FP32);
     gdp_tensor o1 = test_tensor_alloc(GDP_DTYPE_FP32, c.o_ref.ndim, c.o_ref.shape);
     gdp_tensor o2 = test_tensor_alloc(GDP_DTYPE_FP32, c.o_ref.ndim, c.o_ref.shape);
     gdp_recurrent_args a = cache_args(&c, s1, (gdp_tensor){0}, o1);
@@ -203,7 +187,7 @@ static void dense_vs_cache(gdp_ctx_t ctx) {
     }
     const int64_t B = c.q.shape[0], T = c.q.shape[1], H = c.q.shape[2], K = c.q.shape[3], V = c.v.shape[3];
     const int64_t per = H * K * V;
-    gdp_tensor state = copy_as(&c.state, GDP_DTYPE_FP32);
+    gdp_tensor state = test_copy_as(&c.state, GDP_DTYPE_FP32);
     gdp_tensor oc = test_tensor_alloc(GDP_DTYPE_FP32, c.o_ref.ndim, c.o_ref.shape);
     gdp_recurrent_args a = cache_args(&c, state, (gdp_tensor){0}, oc);
     CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(ctx, &a));
@@ -245,8 +229,8 @@ static void bf16_cache(gdp_ctx_t ctx) {
         free_case(&c);
         return;
     }
-    gdp_tensor s16 = copy_as(&c.state, GDP_DTYPE_BF16);
-    gdp_tensor s32 = copy_as(&s16, GDP_DTYPE_FP32);
+    gdp_tensor s16 = test_copy_as(&c.state, GDP_DTYPE_BF16);
+    gdp_tensor s32 = test_copy_as(&s16, GDP_DTYPE_FP32);
     gdp_tensor i16 = test_tensor_alloc(GDP_DTYPE_BF16, c.inter_ref.ndim, c.inter_ref.shape);
     gdp_tensor i32 = test_tensor_alloc(GDP_DTYPE_FP32, c.inter_ref.ndim, c.inter_ref.shape);
     gdp_tensor o16 = test_tensor_alloc(GDP_DTYPE_FP32, c.o_ref.ndim, c.o_ref.shape);
@@ -304,10 +288,10 @@ static void bad_inputs(gdp_ctx_t ctx) {
     }
     printf("bad inputs:\n");
     const int64_t B = c.q.shape[0], slots = c.state.shape[0];
-    gdp_tensor state = copy_as(&c.state, GDP_DTYPE_FP32);
+    gdp_tensor state = test_copy_as(&c.state, GDP_DTYPE_FP32);
     gdp_tensor inter = test_tensor_alloc(GDP_DTYPE_FP32, c.inter_ref.ndim, c.inter_ref.shape);
     gdp_tensor o = test_tensor_alloc(GDP_DTYPE_FP32, c.o_ref.ndim, c.o_ref.shape);
-    fill_nan(&o);
+    test_fill_nan(&o);
     const gdp_recurrent_args good = cache_args(&c, state, inter, o);
 
     gdp_recurrent_args a = good;

@@ -13,16 +13,6 @@
 #include "internal.h" /* defines: gdp_tensor_get/set */
 #include "test_common.h"
 
-static int64_t bf16_ulp_distance(uint16_t a, uint16_t b) {
-    const int64_t oa = (a & 0x8000u) ? -(int64_t)(a & 0x7fffu) : a, ob = (b & 0x8000u) ? -(int64_t)(b & 0x7fffu) : b;
-    return oa > ob ? oa - ob : ob - oa;
-}
-
-static void fill_nan(gdp_tensor *t) {
-    for (int64_t i = 0; i < gdp_tensor_numel(t); i++)
-        gdp_tensor_set(t, i, NAN);
-}
-
 static void golden(gdp_ctx_t ctx) {
     gdp_st_file *f = test_golden_open("gated_norm.safetensors");
     if (f == NULL)
@@ -39,18 +29,18 @@ static void golden(gdp_ctx_t ctx) {
     const int64_t n = gdp_tensor_numel(&y);
 
     gdp_tensor o16 = test_tensor_alloc(GDP_DTYPE_BF16, y.ndim, y.shape);
-    fill_nan(&o16);
+    test_fill_nan(&o16);
     CHECK_OK(gdp_gated_rmsnorm(ctx, &o16, &y, &z, &w, group, eps));
     int64_t worst = 0, exact = 0;
     for (int64_t i = 0; i < n; i++) {
-        const int64_t d = bf16_ulp_distance(((uint16_t *)o16.data)[i], ((uint16_t *)ref16.data)[i]);
+        const int64_t d = test_bf16_ulp_distance(((uint16_t *)o16.data)[i], ((uint16_t *)ref16.data)[i]);
         worst = d > worst ? d : worst;
         exact += d == 0;
     }
     CHECK(worst <= 1, "gated_norm: bf16 out is %lld bf16 ulp from out_bf16_ref (bar 1)", (long long)worst);
 
     gdp_tensor o32 = test_tensor_alloc(GDP_DTYPE_FP32, y.ndim, y.shape);
-    fill_nan(&o32);
+    test_fill_nan(&o32);
     CHECK_OK(gdp_gated_rmsnorm(ctx, &o32, &y, &z, &w, group, eps));
     double *od = test_tensor_f64(&o32), *rd = test_tensor_f64(&ref32);
     test_compare("gated_norm fp32 out", od, rd, n, 1e-5, 0, 1e-5);
@@ -92,7 +82,7 @@ static void random_cases(gdp_ctx_t ctx, test_rng *rng) {
     double *xd = test_tensor_f64(&x), *zd = test_tensor_f64(&z), *wd = test_tensor_f64(&w);
     double *want = malloc(sizeof(double) * (size_t)(rows * d));
 
-    fill_nan(&out);
+    test_fill_nan(&out);
     CHECK_OK(gdp_rmsnorm(ctx, &out, &x, &w, eps));
     reference(xd, NULL, wd, rows, d, d, eps, want);
     double *got = test_tensor_f64(&out);
@@ -103,7 +93,7 @@ static void random_cases(gdp_ctx_t ctx, test_rng *rng) {
 
     const int64_t groups[3] = {48, 16, 12};
     for (int i = 0; i < 3; i++) {
-        fill_nan(&out);
+        test_fill_nan(&out);
         CHECK_OK(gdp_gated_rmsnorm(ctx, &out, &x, &z, &w, groups[i], eps));
         reference(xd, zd, wd, rows, d, groups[i], eps, want);
         got = test_tensor_f64(&out);
@@ -123,7 +113,7 @@ static void bad_inputs(gdp_ctx_t ctx) {
     const int64_t shape[2] = {3, 32}, wshape[1] = {32};
     gdp_tensor y = test_tensor_alloc(GDP_DTYPE_FP32, 2, shape), z = test_tensor_alloc(GDP_DTYPE_FP32, 2, shape);
     gdp_tensor w = test_tensor_alloc(GDP_DTYPE_FP32, 1, wshape), out = test_tensor_alloc(GDP_DTYPE_FP32, 2, shape);
-    fill_nan(&out);
+    test_fill_nan(&out);
     void *before = malloc(test_tensor_bytes(&out));
     memcpy(before, out.data, test_tensor_bytes(&out));
     const int64_t bad_groups[3] = {0, -8, 12};

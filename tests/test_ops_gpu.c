@@ -146,24 +146,12 @@ static gdp_tensor int_tensor(const int32_t *vals, int64_t n) {
 
 /* ---- comparisons ------------------------------------------------------------------ */
 
-/* A float's bits as an integer monotonic in its value (ulp distances). */
-static int64_t ordered_bits(gdp_dtype_t dt, const void *base, int64_t i) {
-    if (dt == GDP_DTYPE_FP32) {
-        uint32_t u;
-        memcpy(&u, (const char *)base + 4 * i, 4);
-        return (u & 0x80000000u) ? -(int64_t)(u & 0x7fffffffu) : (int64_t)u;
-    }
-    uint16_t u;
-    memcpy(&u, (const char *)base + 2 * i, 2);
-    return (u & 0x8000u) ? -(int64_t)(u & 0x7fffu) : (int64_t)u;
-}
-
 /* Largest ulp distance between two contiguous tensors of one dtype. */
 static int64_t max_ulp(const gdp_tensor *a, const gdp_tensor *b, int64_t *where) {
     int64_t worst = 0;
     *where = 0;
     for (int64_t i = 0; i < gdp_tensor_numel(a); i++) {
-        int64_t d = ordered_bits(a->dtype, a->data, i) - ordered_bits(b->dtype, b->data, i);
+        int64_t d = test_ordered_bits(a->dtype, a->data, i) - test_ordered_bits(b->dtype, b->data, i);
         d = d < 0 ? -d : d;
         if (d > worst) {
             worst = d;

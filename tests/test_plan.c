@@ -49,22 +49,12 @@ static gdp_plan_t make_plan(int32_t debug) {
     return plan;
 }
 
-/* Builds and applies desc on one process. */
-static const gdp_step_metadata *step_local(gdp_plan_t plan, gdp_cache_t cache, const gdp_step_desc *d) {
-    const gdp_step_metadata *m = NULL;
-    CHECK_OK(gdp_plan_bcast(plan, NULL, 0, d));
-    CHECK_OK(gdp_plan_build(plan, cache, NULL, &m));
-    if (m)
-        CHECK_OK(gdp_cache_apply_step(cache, m));
-    return m;
-}
-
 static void claim(gdp_plan_t plan, gdp_cache_t cache, int32_t n) {
     gdp_prefill_request p[N_SLOTS];
     for (int32_t i = 0; i < n; i++)
         p[i] = (gdp_prefill_request){.slot = GDP_SLOT_AUTO, .n_tokens = 1, .flags = GDP_PREFILL_NEW};
     gdp_step_desc d = {.prefill_count = n, .prefill = p, .bucket = GDP_BUCKET_AUTO};
-    step_local(plan, cache, &d);
+    test_step_local(plan, cache, &d);
 }
 
 static bool contains(const char *msg, const char *needle) { return strstr(msg, needle) != NULL; }
@@ -382,7 +372,7 @@ static void test_errors_everywhere(gdp_comm_t comm) {
     if (g_rank == g_size - 1) {
         gdp_plan_t solo = make_plan(0);
         gdp_step_desc one = {.prefill_count = 1, .prefill = nine, .bucket = GDP_BUCKET_AUTO};
-        step_local(solo, cache, &one);
+        test_step_local(solo, cache, &one);
         CHECK_OK(gdp_plan_free(solo));
     }
     gdp_step_desc one = {.prefill_count = 1, .prefill = nine, .bucket = GDP_BUCKET_AUTO};

@@ -16,24 +16,12 @@
 
 #define SENTINEL_BYTE 0xA5 /* outputs start as this pattern, so unwritten zeros show */
 
-/* Maps a float's bits to an integer that is monotonic in the value (for ulp distances). */
-static int64_t ordered_bits(gdp_dtype_t dt, const void *base, int64_t i) {
-    if (dt == GDP_DTYPE_FP32) {
-        uint32_t u;
-        memcpy(&u, (const char *)base + 4 * i, 4);
-        return (u & 0x80000000u) ? -(int64_t)(u & 0x7fffffffu) : (int64_t)u;
-    }
-    uint16_t u;
-    memcpy(&u, (const char *)base + 2 * i, 2);
-    return (u & 0x8000u) ? -(int64_t)(u & 0x7fffu) : (int64_t)u;
-}
-
 /* Largest ulp distance (in the dtype of a and b) over n elements. */
 static int64_t max_ulp(gdp_dtype_t dt, const void *a, const void *b, int64_t n, int64_t *where) {
     int64_t worst = 0;
     *where = -1;
     for (int64_t i = 0; i < n; i++) {
-        int64_t d = ordered_bits(dt, a, i) - ordered_bits(dt, b, i);
+        int64_t d = test_ordered_bits(dt, a, i) - test_ordered_bits(dt, b, i);
         d = d < 0 ? -d : d;
         if (d > worst) {
             worst = d;
