@@ -1638,8 +1638,13 @@ gdp_status_t gdp_engine_print_report(gdp_engine_t engine, FILE *out, const char 
         fprintf(out, "%-22s proposed %lld, accepted %lld (%.1f%%)\n", "draft tokens", (long long)r->drafts_proposed,
                 (long long)r->drafts_accepted,
                 r->drafts_proposed ? 100.0 * (double)r->drafts_accepted / (double)r->drafts_proposed : 0.0);
-    fprintf(out, "%-22s %lld captured, %lld replays\n", "graphs (step shapes)", (long long)r->graph_captures,
-            (long long)r->graph_replays);
+    if (e->graphs_live)
+        fprintf(out, "%-22s %lld captured, %lld replays\n", "graphs (step shapes)", (long long)r->graph_captures,
+                (long long)r->graph_replays);
+    else /* CPU backend or MPI comm: the bucket hooks run, no CUDA graph is captured */
+        fprintf(out, "%-22s none captured (%s); bucket hooks: %lld first uses, %lld repeats\n",
+                "graphs (step shapes)", c->cuda_graphs ? "not on this backend/comm" : "off",
+                (long long)r->graph_captures, (long long)r->graph_replays);
     fprintf(out, "step time by phase (rank 0, summed over %lld steps; the layers' GEMM and collective shares are "
                  "estimated from rates calibrated at start-up):\n", (long long)r->steps);
     for (int p = 0; p < GDP_PHASE_NUM; p++)
