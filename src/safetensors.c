@@ -37,7 +37,8 @@ static const struct {
     {"F32", GDP_DTYPE_FP32, 4}, {"BF16", GDP_DTYPE_BF16, 2}, {"F16", GDP_DTYPE_FP16, 2},
     {"I32", GDP_DTYPE_INT32, 4}, {"I64", GDP_DTYPE_NUM, 8},   {"F64", GDP_DTYPE_NUM, 8},
     {"U8", GDP_DTYPE_NUM, 1},    {"I8", GDP_DTYPE_NUM, 1},    {"BOOL", GDP_DTYPE_NUM, 1},
-    {"I16", GDP_DTYPE_NUM, 2},
+    {"I16", GDP_DTYPE_NUM, 2},   {"U16", GDP_DTYPE_NUM, 2},   {"U32", GDP_DTYPE_NUM, 4},
+    {"U64", GDP_DTYPE_NUM, 8},   {"F8_E4M3", GDP_DTYPE_NUM, 1}, {"F8_E5M2", GDP_DTYPE_NUM, 1},
 };
 
 static const char *st_dtype_of(gdp_dtype_t d) {
@@ -95,9 +96,8 @@ static gdp_status_t parse_entry(gdp_st_file *f, const char *name, json_t *v, gdp
             info->dtype = st_dtypes[i].dtype;
             info->elem_size = st_dtypes[i].size;
         }
-    if (info->elem_size == 0)
-        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "safetensors: %s: tensor '%s' has dtype %s, which gdp cannot read",
-                 f->path, name, ds);
+    /* A dtype this reader does not know (a newer format's) keeps elem_size 0: the file still
+     * opens, and only reading that tensor fails. */
     snprintf(info->st_dtype, sizeof info->st_dtype, "%s", ds);
     if (json_array_size(shape) > GDP_MAX_DIMS)
         GDP_FAIL(GDP_STATUS_UNSUPPORTED, "safetensors: %s: tensor '%s' has %zu dims, gdp supports at most %d",
@@ -117,7 +117,7 @@ static gdp_status_t parse_entry(gdp_st_file *f, const char *name, json_t *v, gdp
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "safetensors: %s: tensor '%s' has non-integer data_offsets",
                  f->path, name);
     long long b = json_integer_value(o0), e = json_integer_value(o1);
-    if (b < 0 || e < b || (uint64_t)(e - b) != (uint64_t)info->numel * info->elem_size ||
+    if (b < 0 || e < b || (info->elem_size != 0 && (uint64_t)(e - b) != (uint64_t)info->numel * info->elem_size) ||
         f->data_start + (uint64_t)e > f->file_size)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
                  "safetensors: %s: tensor '%s' has data_offsets [%lld, %lld] that do not match its %lld "
@@ -247,6 +247,9 @@ static gdp_status_t find_or_fail(gdp_st_file *f, const char *name, const gdp_st_
     *info = gdp_st_find(f, name);
     if (*info == NULL)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "safetensors: %s has no tensor named '%s'", f->path, name);
+    if ((*info)->elem_size == 0)
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "safetensors: %s: tensor '%s' has dtype %s, which gdp cannot read",
+                 f->path, name, (*info)->st_dtype);
     return GDP_STATUS_SUCCESS;
 }
 

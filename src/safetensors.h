@@ -24,7 +24,7 @@ typedef struct gdp_st_info {
     const char *name;
     char        st_dtype[8];  /* as in the file: "F32", "BF16", "F16", "I32", "I64", "F64", ... */
     gdp_dtype_t dtype;        /* GDP_DTYPE_NUM when it has no gdp equivalent */
-    size_t      elem_size;
+    size_t      elem_size;    /* 0 for a dtype this reader does not know: reading it fails */
     int32_t     ndim;
     int64_t     shape[GDP_MAX_DIMS];
     int64_t     numel;

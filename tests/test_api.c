@@ -155,6 +155,26 @@ static void safetensors(void) {
     fclose(out);
     CHECK_STATUS(gdp_st_open(bad, &f), GDP_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(gdp_st_open("/nonexistent/x.safetensors", &f), GDP_STATUS_SYSTEM_ERROR);
+    /* A tensor of a dtype gdp does not know: the file opens, the other tensors read, that one
+     * fails with a message naming its dtype. */
+    const char *hdr = "{\"odd\":{\"dtype\":\"F4_NEW\",\"shape\":[2],\"data_offsets\":[0,1]},"
+                      "\"x\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[1,5]}}";
+    out = fopen(bad, "wb");
+    unsigned char len8[8] = {0};
+    len8[0] = (unsigned char)strlen(hdr);
+    int32_t xval = 42;
+    fwrite(len8, 1, 8, out), fwrite(hdr, 1, strlen(hdr), out), fputc(0x5a, out), fwrite(&xval, 4, 1, out);
+    fclose(out);
+    CHECK_OK(gdp_st_open(bad, &f));
+    if (f != NULL) {
+        int32_t xr = 0;
+        uint8_t odd = 0;
+        CHECK_OK(gdp_st_read(f, "x", &xr, sizeof xr));
+        CHECK(xr == 42, "x read %d", xr);
+        CHECK_STATUS(gdp_st_read(f, "odd", &odd, 1), GDP_STATUS_UNSUPPORTED);
+        CHECK(strstr(gdp_last_error(), "F4_NEW") != NULL, "unknown dtype message: %s", gdp_last_error());
+        gdp_st_close(f);
+    }
     unlink(bad);
     unlink(path);
 }
