@@ -16,9 +16,7 @@
  * the same step to its cache and runs the model; the root samples. docs/gdp-run.md
  * describes the workload format, the scheduler and the report.
  *
- * Workloads (src/workload.c): a JSONL file, one request per line, or a seeded synthetic
- * generator (arrival rate, length ranges). Token ids of a prompt given as a length are
- * drawn from (seed, request id), so every run of the same file feeds the same tokens.
+ * The workloads it serves are in workload.h.
  */
 #ifndef GDP_ENGINE_H
 #define GDP_ENGINE_H
@@ -28,69 +26,28 @@
 #include "gdp/comm.h"
 #include "gdp/gdp.h"
 #include "gdp/model.h"
+#include "gdp/workload.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* ==== workloads ======================================================================== */
-
-/* One request. */
-typedef struct gdp_request_spec {
-    int64_t  id;             /* the user's id (unique within the workload)              */
-    double   arrival_s;      /* seconds after the run starts (>= 0)                     */
-    int32_t  prompt_len;     /* >= 1                                                    */
-    int32_t *prompt;         /* [prompt_len] token ids in [0, vocab), owned by the workload */
-    int32_t  max_new_tokens; /* tokens to generate (>= 1); there is no end-of-text token */
-} gdp_request_spec;
-
-/* A list of requests sorted by arrival (ties keep file order). Free with gdp_workload_free. */
-typedef struct gdp_workload {
-    int32_t           n_requests;
-    gdp_request_spec *requests;   /* [n_requests] */
-    char              source[256]; /* the file, or the synthetic spec, for the report */
-} gdp_workload;
-
-/* Parameters of the synthetic generator. */
-typedef struct gdp_synthetic_workload {
-    int32_t  n_requests;   /* >= 1                                                               */
-    double   rate;         /* mean arrivals per second (Poisson process); 0: all arrive at t = 0 */
-    int32_t  prompt_min;   /* prompt lengths uniform in [prompt_min, prompt_max]                 */
-    int32_t  prompt_max;
-    int32_t  new_min;      /* max_new_tokens uniform in [new_min, new_max]                       */
-    int32_t  new_max;
-    double   repeat;       /* probability that a prompt continues with a copy of an earlier span
-                              of itself (text-like repetition the n-gram drafter can find)       */
-    uint64_t seed;
-} gdp_synthetic_workload;
-
-/* gdp-run's built-in workload: 32 requests all at t = 0 (rate 0), prompts 16..300, 32 new tokens each,
- * repeat 0.3, seed 1. */
-GDP_API gdp_status_t gdp_workload_synthetic_default(gdp_synthetic_workload *params);
-/* Parses "n=32,rate=16,prompt=16-300,new=32,repeat=0.3,seed=1" (any subset, any order, an
- * optional "synthetic:" prefix; "prompt=100" means 100-100) over the values in *params.
- * INVALID_ARGUMENT naming the key or value that is wrong (params untouched). */
-GDP_API gdp_status_t gdp_workload_parse_synthetic(const char *spec, gdp_synthetic_workload *params);
-/* Generates the workload (token ids in [0, vocab_size)). INVALID_ARGUMENT for bad params. */
-GDP_API gdp_status_t gdp_workload_synthetic(gdp_workload *out, const gdp_synthetic_workload *params,
-                                            int64_t vocab_size);
-/* Reads a JSONL workload (docs/gdp-run.md): per line an object with
- *   "prompt": [token ids]  or  "prompt_len": n   (exactly one),
- *   "max_new_tokens": n    (required),
- *   "id": n                (default: the request's index), "arrival": seconds (default 0).
- * Blank lines and lines starting with '#' are skipped. Prompts given as a length get
- * tokens drawn from (seed, id). Errors (*out untouched): SYSTEM_ERROR when the file cannot
- * be read; INVALID_ARGUMENT naming the file, line and field (bad JSON, a missing or
- * ill-typed field, a token outside [0, vocab_size), a duplicate id, no request at all). */
-GDP_API gdp_status_t gdp_workload_load_jsonl(gdp_workload *out, const char *path, int64_t vocab_size,
-                                             uint64_t seed);
-/* Frees the requests and zeroes *wl. A zeroed workload is a no-op. */
-GDP_API gdp_status_t gdp_workload_free(gdp_workload *wl);
-
 /* ==== the engine ======================================================================== */
 
 typedef struct gdp_engine *gdp_engine_t;
 #define GDP_ENGINE_NULL NULL
+
+/* Why a request's generation ended. */
+typedef enum gdp_finish_reason {
+    GDP_FINISH_LENGTH = 0, /* it generated max_new_tokens                                  */
+    GDP_FINISH_STOP,       /* it emitted one of its stop token ids (the last token)        */
+    GDP_FINISH_ERROR       /* the engine failed it (gdp_request_result.error says why)     */
+} gdp_finish_reason;
+
+struct gdp_request_result;
+/* Called on the root as each request finishes (finish order), e.g. to stream results to a
+ * file so that a killed run keeps what finished. The result is valid during the call. */
+typedef void (*gdp_engine_result_fn)(const struct gdp_request_result *result, void *user);
 
 typedef struct gdp_engine_config {
     int32_t n_slots;              /* requests holding a state slot at once (>= 1)                  */
@@ -116,6 +73,8 @@ typedef struct gdp_engine_config {
     int32_t progress;             /* seconds between progress lines on stderr (root); 0: none      */
     int32_t check_requests;       /* keep the last logits of this many requests for gdp_engine_check */
     int32_t debug_check;          /* 1: the plan hash-checks every step's metadata across ranks    */
+    gdp_engine_result_fn on_result; /* NULL: none                                                */
+    void   *on_result_user;
 } gdp_engine_config;
 
 /* gdp-run's defaults: 16 slots, 512 tokens per step, prefill chunk 256, no drafts (ngram 3),
@@ -188,6 +147,7 @@ GDP_API gdp_status_t gdp_engine_print_report(gdp_engine_t engine, FILE *out, con
 
 /* One request's outcome (root only, valid until the next run or gdp_engine_free). */
 typedef struct gdp_request_result {
+    int32_t        index;        /* the request's place in the workload                            */
     int64_t        id;
     int32_t        prompt_len;
     int32_t        n_generated;
@@ -197,6 +157,8 @@ typedef struct gdp_request_result {
     double         arrival_s, first_token_s, finish_s; /* seconds after the run started          */
     int32_t        preemptions;
     int32_t        drafts_proposed, drafts_accepted;
+    int32_t        finish_reason; /* why generation ended (gdp_finish_reason)                     */
+    const char    *error;        /* GDP_FINISH_ERROR: what went wrong (e.g. non-finite logits)     */
 } gdp_request_result;
 
 /* Result `index` (workload order) of the last run. INVALID_USAGE off the root. */
