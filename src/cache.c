@@ -442,7 +442,9 @@ gdp_status_t gdp_cache_swap_out(gdp_cache_t cache, int32_t slot, int32_t pending
     if (slot < 0 || slot >= c->cfg.n_slots || !c->slot_used[slot])
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: slot %d is %s; swap out a claimed slot of [0, %d)", op, slot,
                  slot < 0 || slot >= c->cfg.n_slots ? "out of range" : "free", c->cfg.n_slots);
-    if (pending_S != c->draft_tokens[slot] || (pending_S > 0 && (keep < 1 || keep > pending_S)))
+    /* pending_S 0: the slot's own state (a draft step whose every token was kept left the
+     * slot holding the state after all of them, whatever the draft marker says) */
+    if (pending_S > 0 && (pending_S != c->draft_tokens[slot] || keep < 1 || keep > pending_S))
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
                  "%s: slot %d has a pending draft step of S = %d (0: none) but the call says S = %d with %d kept "
                  "(keep must be in 1..S)", op, slot, c->draft_tokens[slot], pending_S, keep);

@@ -519,15 +519,3 @@ gdp_status_t gdp_model_sample(gdp_model_t model, const gdp_model_head_args *a) {
     gdp_phase_unlock(model->ctx, GDP_MARK_OPS);
     return st;
 }
-
-/* TEMPORARY (removed when src/sampling.c lands): weak stand-ins so the library links while
- * the sampling ops are being written beside this file. */
-__attribute__((weak)) gdp_status_t gdp_sample_candidates(gdp_ctx_t ctx, const gdp_sample_candidates_args *a) {
-    (void)ctx, (void)a;
-    GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_sample_candidates: not built yet");
-}
-__attribute__((weak)) gdp_status_t gdp_sample_merge(gdp_ctx_t ctx, const gdp_sample_merge_args *a) {
-    (void)ctx, (void)a;
-    GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_sample_merge: not built yet");
-}
-__attribute__((weak)) int64_t gdp_sample_record_words(int32_t max_candidates) { return 8 + 2 * (int64_t)max_candidates; }

@@ -91,7 +91,8 @@ GDP_API gdp_status_t gdp_cache_snapshot_saved(gdp_cache_t cache, int32_t snapsho
  *   swap_out: copies slot `slot`'s state into buf; with pending_S > 0 the slot has a
  *             pending draft step of pending_S tokens of which `keep` (1..pending_S) are
  *             kept, and the state after the kept tokens is what is saved (what the accept
- *             would have made). The slot stays claimed: a step's release frees it.
+ *             would have made); with pending_S 0, the slot's own state. The slot stays
+ *             claimed: a step's release frees it.
  *   swap_in:  claims free slot `slot` with the state in buf (no pending draft step).
  * Both wait for their copies (CUDA: on the cache's stream, after the work queued on it).
  * Errors (nothing modified): INVALID_ARGUMENT naming the slot and its state (a free slot to
