@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "comm_internal.h"
+#include "src/phase.h"
 
 /* ---- errors ------------------------------------------------------------------------ */
 gdp_status_t gdp_mpi_fail(int err, const char *call, const char *file, int line) {
@@ -336,22 +337,32 @@ static gdp_status_t check_collective(gdp_comm_t comm, const char *fn, const void
     return GDP_STATUS_SUCCESS;
 }
 
+/* Measured phases (src/phase.h): a collective on the recorded stream is a phase of its
+ * own; what follows it is the layer's ops again. */
+#define TIMED_COLLECTIVE(stream, call)                                                             \
+    do {                                                                                           \
+        gdp_phase_mark_stream((stream), GDP_MARK_COLLECTIVE);                                      \
+        const gdp_status_t timed_st_ = (call);                                                     \
+        gdp_phase_mark_stream((stream), GDP_MARK_OPS);                                             \
+        return timed_st_;                                                                          \
+    } while (0)
+
 gdp_status_t gdp_comm_allreduce(gdp_comm_t comm, const void *send, void *recv, size_t count, gdp_dtype_t dtype,
                                 void *stream) {
     GDP_CHECK(check_collective(comm, "gdp_comm_allreduce", send, recv, count, dtype));
-    return comm->iface.allreduce(comm, send, recv, count, dtype, stream);
+    TIMED_COLLECTIVE(stream, comm->iface.allreduce(comm, send, recv, count, dtype, stream));
 }
 
 gdp_status_t gdp_comm_allgather(gdp_comm_t comm, const void *send, void *recv, size_t count, gdp_dtype_t dtype,
                                 void *stream) {
     GDP_CHECK(check_collective(comm, "gdp_comm_allgather", send, recv, count, dtype));
-    return comm->iface.allgather(comm, send, recv, count, dtype, stream);
+    TIMED_COLLECTIVE(stream, comm->iface.allgather(comm, send, recv, count, dtype, stream));
 }
 
 gdp_status_t gdp_comm_reduce_scatter(gdp_comm_t comm, const void *send, void *recv, size_t recv_count,
                                      gdp_dtype_t dtype, void *stream) {
     GDP_CHECK(check_collective(comm, "gdp_comm_reduce_scatter", send, recv, recv_count, dtype));
-    return comm->iface.reduce_scatter(comm, send, recv, recv_count, dtype, stream);
+    TIMED_COLLECTIVE(stream, comm->iface.reduce_scatter(comm, send, recv, recv_count, dtype, stream));
 }
 
 gdp_status_t gdp_comm_alltoall(gdp_comm_t comm, const void *send, void *recv, size_t count, gdp_dtype_t dtype,
@@ -362,7 +373,7 @@ gdp_status_t gdp_comm_alltoall(gdp_comm_t comm, const void *send, void *recv, si
     if (count > 0 && s < r + bytes && r < s + bytes)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_comm_alltoall: send and recv overlap (%zu bytes each); "
                  "alltoall is not in-place, pass separate buffers", bytes);
-    return comm->iface.alltoall(comm, send, recv, count, dtype, stream);
+    TIMED_COLLECTIVE(stream, comm->iface.alltoall(comm, send, recv, count, dtype, stream));
 }
 
 gdp_status_t gdp_comm_bcast(gdp_comm_t comm, void *buf, size_t count, gdp_dtype_t dtype, int32_t root,

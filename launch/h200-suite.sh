@@ -4,6 +4,12 @@
 # its dev files), run every ctest labelled gpu (gpu;mpi included), the Python torch tests,
 # the ops benchmark and the main program. Logs go to $OUT (or ./h200-out) when set.
 # Golden vectors: $GDP_GOLDEN_DIR, else ./.golden (an ignored copy of ../shared/golden).
+# Usage: launch/h200-suite.sh [all|tests|bench|run|sanitize]   (default all; sanitize is not
+# part of all: it runs every gpu test under compute-sanitizer, which takes far longer).
+#   GDP_BUILD_DIR            build folder (default build)
+#   GDP_SANITIZE_TOOLS       sanitizer tools, in order (default "memcheck racecheck")
+#   GDP_SANITIZE_TESTS       ctest -R regex of the gpu tests to sanitize (default: all of them)
+#   GDP_SANITIZE_TIMEOUT     seconds per sanitized test run (default 1800)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -18,26 +24,77 @@ if [ ! -e /usr/include/jansson.h ]; then
     extra+=(-DJANSSON_HOME="$JANSSON_HOME")
 fi
 stage=${1:-all}
+build=${GDP_BUILD_DIR:-build}
 
-if ! { cmake -B build -DCMAKE_BUILD_TYPE=Release "${extra[@]}" >"$out/configure.log" 2>&1 &&
-       cmake --build build -j"$(nproc)" >"$out/build.log" 2>&1; }; then
+if ! { cmake -B "$build" -DCMAKE_BUILD_TYPE=Release "${extra[@]}" >"$out/configure.log" 2>&1 &&
+       cmake --build "$build" -j"$(nproc)" >"$out/build.log" 2>&1; }; then
     tail -40 "$out/configure.log" "$out/build.log"
     exit 1
 fi
 nvidia-smi -L
 rc=0
 if [ "$stage" = all ] || [ "$stage" = tests ]; then
-    (cd build && ctest -L gpu --output-on-failure -j4 --timeout 300) 2>&1 | tee "$out/ctest_gpu.log" | tail -40 || rc=1
-    GDP_LIBRARY="$root/build/libgdp.so" python3 -m pytest -q -rs python/tests/test_torch_gpu.py 2>&1 |
+    (cd "$build" && ctest -L gpu --output-on-failure -j4 --timeout 300) 2>&1 | tee "$out/ctest_gpu.log" | tail -40 || rc=1
+    GDP_LIBRARY="$root/$build/libgdp.so" python3 -m pytest -q -rs python/tests/test_torch_gpu.py 2>&1 |
         tee "$out/pytest_gpu.log" | tail -15 || rc=1
 fi
 if [ "$stage" = all ] || [ "$stage" = bench ]; then
-    ./build/examples/gdp-bench ops 2>&1 | tee "$out/bench_ops.log" || rc=1
+    "./$build/examples/gdp-bench" ops 2>&1 | tee "$out/bench_ops.log" || rc=1
     # A whole layer step on one GPU (rank 0 of NCCL), at the performance.md head shape.
-    mpirun -n 1 ./build/examples/gdp-bench layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 \
+    mpirun -n 1 "./$build/examples/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 \
         -D 1,64,256 -P 2048,16384 2>&1 | tee "$out/bench_layer.log" || rc=1
 fi
 if [ "$stage" = all ] || [ "$stage" = run ]; then
     ./launch/gdp-run 2>&1 | tee "$out/gdp_run.log" | tail -40 || rc=1
+fi
+if [ "$stage" = sanitize ]; then
+    # compute-sanitizer over every ctest labelled gpu, one tool at a time: a one-process test
+    # runs as `compute-sanitizer --tool T test args`, an mpirun test as `mpirun -n N ...
+    # compute-sanitizer --tool T test args` (each rank under its own sanitizer). The commands,
+    # environments and skip codes come from ctest itself (--show-only=json-v1), so a new gpu
+    # test is covered without editing this list. Exit codes: 0 clean, 77 skipped (no GPU),
+    # 86 the sanitizer found errors, anything else the test itself failed. One log for all
+    # (sanitize.log; $OUT returns few files), a table at the end.
+    tools=${GDP_SANITIZE_TOOLS:-memcheck racecheck}
+    filter=${GDP_SANITIZE_TESTS:-.}
+    limit=${GDP_SANITIZE_TIMEOUT:-1800}
+    command -v compute-sanitizer >/dev/null || PATH=$PATH:/usr/local/cuda/bin
+    log="$out/sanitize.log"
+    : >"$log"
+    (cd "$build" && ctest -L gpu -R "$filter" --show-only=json-v1) >"$out/gpu_tests.json" || rc=1
+    # one line per test: name <TAB> dir <TAB> env <TAB> launcher... <TAB> program args... (shell-quoted)
+    lines=$(python3 - "$out/gpu_tests.json" <<'PY'
+import json, os, shlex, sys
+for t in json.load(open(sys.argv[1]))["tests"]:
+    props = {p["name"]: p["value"] for p in t.get("properties", [])}
+    cmd = t["command"]
+    # the program is the first executable file after the launcher's own options (mpiexec
+    # -n N --oversubscribe ...), or the command itself for a one-process test
+    at = 0
+    if os.path.basename(cmd[0]) in ("mpiexec", "mpirun"):
+        at = next(i for i in range(1, len(cmd)) if os.path.isfile(cmd[i]) and os.access(cmd[i], os.X_OK))
+    print("\t".join([t["name"], props.get("WORKING_DIRECTORY", "."),
+                     shlex.join(props.get("ENVIRONMENT", [])), shlex.join(cmd[:at]), shlex.join(cmd[at:])]))
+PY
+)
+    table=()
+    for tool in $tools; do
+        while IFS=$'\t' read -r name dir envs launcher program; do
+            [ -n "$name" ] || continue
+            echo "==== $tool $name" >>"$log"
+            start=$SECONDS
+            (cd "$dir" && eval "env $envs timeout $limit $launcher compute-sanitizer --tool $tool \
+                --error-exitcode 86 --print-limit 20 $program") </dev/null >>"$log" 2>&1
+            code=$?
+            case $code in
+            0) verdict=clean ;; 77) verdict=skipped ;; 86) verdict="ERRORS"; rc=1 ;;
+            124) verdict="TIMEOUT"; rc=1 ;; *) verdict="FAILED ($code)"; rc=1 ;;
+            esac
+            echo "==== $tool $name: $verdict in $((SECONDS - start)) s" >>"$log"
+            table+=("$(printf '%-10s %-30s %-12s %5ss' "$tool" "$name" "$verdict" "$((SECONDS - start))")")
+        done <<<"$lines"
+    done
+    printf '%-10s %-30s %-12s %6s\n' tool test verdict time
+    printf '%s\n' "${table[@]}"
 fi
 exit $rc

@@ -14,6 +14,10 @@
 
 #include "layer_internal.h"
 
+#ifdef GDP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 static const char *k_cache_hint = "create it with gdp_cache_init()";
 
 gdp_status_t gdp_cache_check_handle(const struct gdp_cache *cache, const char *op) {
@@ -384,5 +388,97 @@ gdp_status_t gdp_cache_apply_step(gdp_cache_t cache, const gdp_step_metadata *me
         if (step->prefill[i].flags & GDP_PREFILL_SAVE)
             cache->snap_saved[step->prefill[i].save_snapshot] = 1;
     cache->generation++;
+    return GDP_STATUS_SUCCESS;
+}
+
+/* ---- swapping a slot out and in (preemption) ---------------------------------------------- */
+
+gdp_status_t gdp_cache_swap_bytes(gdp_cache_t cache, size_t *bytes) {
+    GDP_CHECK(gdp_cache_check_handle(cache, "gdp_cache_swap_bytes"));
+    if (bytes == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_cache_swap_bytes: bytes out-pointer is NULL");
+    *bytes = (size_t)cache->cfg.num_layers * (cache->ssm_bytes + cache->conv_bytes);
+    return GDP_STATUS_SUCCESS;
+}
+
+/* One copy between the cache's memory and host memory, queued on the cache's stream. */
+static gdp_status_t swap_copy(const struct gdp_cache *c, void *dst, const void *src, size_t bytes) {
+#ifdef GDP_HAVE_CUDA
+    if (c->ctx->backend == GDP_BACKEND_CUDA) {
+        const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)c->ctx->stream);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "gdp_cache_swap: cudaMemcpyAsync of %zu bytes failed: %s", bytes,
+                     cudaGetErrorString(err));
+        }
+        return GDP_STATUS_SUCCESS;
+    }
+#endif
+    memcpy(dst, src, bytes);
+    return GDP_STATUS_SUCCESS;
+}
+
+static gdp_status_t swap_wait(const struct gdp_cache *c) {
+#ifdef GDP_HAVE_CUDA
+    if (c->ctx->backend == GDP_BACKEND_CUDA) {
+        const cudaError_t err = cudaStreamSynchronize((cudaStream_t)c->ctx->stream);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "gdp_cache_swap: waiting for the copies failed: %s",
+                     cudaGetErrorString(err));
+        }
+    }
+#endif
+    (void)c;
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_cache_swap_out(gdp_cache_t cache, int32_t slot, int32_t pending_S, int32_t keep, void *buf) {
+    static const char *op = "gdp_cache_swap_out";
+    GDP_CHECK(gdp_cache_check_handle(cache, op));
+    struct gdp_cache *c = cache;
+    if (buf == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: buf is NULL; pass gdp_cache_swap_bytes bytes of host memory", op);
+    if (slot < 0 || slot >= c->cfg.n_slots || !c->slot_used[slot])
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: slot %d is %s; swap out a claimed slot of [0, %d)", op, slot,
+                 slot < 0 || slot >= c->cfg.n_slots ? "out of range" : "free", c->cfg.n_slots);
+    /* pending_S 0: the slot's own state (a draft step whose every token was kept left the
+     * slot holding the state after all of them, whatever the draft marker says) */
+    if (pending_S > 0 && (pending_S != c->draft_tokens[slot] || keep < 1 || keep > pending_S))
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: slot %d has a pending draft step of S = %d (0: none) but the call says S = %d with %d kept "
+                 "(keep must be in 1..S)", op, slot, c->draft_tokens[slot], pending_S, keep);
+    char *host = buf;
+    const size_t row = pending_S > 0 ? (size_t)slot * (size_t)pending_S + (size_t)(keep - 1) : (size_t)slot;
+    for (int32_t l = 0; l < c->cfg.num_layers; l++) {
+        const char *ssm = (const char *)(pending_S > 0 ? c->draft_ssm[l] : c->ssm[l]) + row * c->ssm_bytes;
+        const char *conv = (const char *)(pending_S > 0 ? c->draft_conv[l] : c->conv[l]) + row * c->conv_bytes;
+        GDP_CHECK(swap_copy(c, host, ssm, c->ssm_bytes));
+        host += c->ssm_bytes;
+        GDP_CHECK(swap_copy(c, host, conv, c->conv_bytes));
+        host += c->conv_bytes;
+    }
+    return swap_wait(c);
+}
+
+gdp_status_t gdp_cache_swap_in(gdp_cache_t cache, int32_t slot, const void *buf) {
+    static const char *op = "gdp_cache_swap_in";
+    GDP_CHECK(gdp_cache_check_handle(cache, op));
+    struct gdp_cache *c = cache;
+    if (buf == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: buf is NULL; pass what gdp_cache_swap_out wrote", op);
+    if (slot < 0 || slot >= c->cfg.n_slots || c->slot_used[slot])
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: slot %d is %s; swap into a free slot of [0, %d)", op, slot,
+                 slot < 0 || slot >= c->cfg.n_slots ? "out of range" : "in use", c->cfg.n_slots);
+    const char *host = buf;
+    for (int32_t l = 0; l < c->cfg.num_layers; l++) {
+        GDP_CHECK(swap_copy(c, (char *)c->ssm[l] + (size_t)slot * c->ssm_bytes, host, c->ssm_bytes));
+        host += c->ssm_bytes;
+        GDP_CHECK(swap_copy(c, (char *)c->conv[l] + (size_t)slot * c->conv_bytes, host, c->conv_bytes));
+        host += c->conv_bytes;
+    }
+    GDP_CHECK(swap_wait(c));
+    c->slot_used[slot] = 1;
+    c->draft_tokens[slot] = 0;
     return GDP_STATUS_SUCCESS;
 }

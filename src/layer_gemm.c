@@ -12,6 +12,7 @@
 #include <cblas.h>
 
 #include "layer_internal.h"
+#include "phase.h"
 
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -208,8 +209,12 @@ gdp_status_t gdp_layer_gemm_nt_ex(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_
         GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_layer_gemm_nt: %s", why);
     if (rows == 0 || n == 0)
         return GDP_STATUS_SUCCESS;
-    if (!on_cpu(ctx))
-        return gdp_layer_cuda_gemm_nt(ctx, rows, n, k, A, lda, B, ab_dtype, beta, C, ldc, c_dtype);
+    gdp_phase_mark(ctx, GDP_MARK_GEMM); /* measured phases (phase.h): the GEMM, then back to ops */
+    if (!on_cpu(ctx)) {
+        const gdp_status_t st = gdp_layer_cuda_gemm_nt(ctx, rows, n, k, A, lda, B, ab_dtype, beta, C, ldc, c_dtype);
+        gdp_phase_mark(ctx, GDP_MARK_OPS);
+        return st;
+    }
     if (rows > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX || ldc > INT32_MAX)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
                  "gdp_layer_gemm_nt: sizes %lld x %lld x %lld exceed the BLAS int range; use fewer tokens per step",
@@ -217,6 +222,7 @@ gdp_status_t gdp_layer_gemm_nt_ex(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_
     /* Row-major C[rows, n] = A[rows, k] . B[n, k]^T: B is the [out, in] weight as stored. */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)n, (int)k, 1.0f, (const float *)A, (int)lda,
                 (const float *)B, (int)k, beta, (float *)C, (int)ldc);
+    gdp_phase_mark(ctx, GDP_MARK_OPS);
     return GDP_STATUS_SUCCESS;
 }
 

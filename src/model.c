@@ -12,7 +12,10 @@
 #include <string.h>
 
 #include "gdp/model.h"
+#include "gdp/sampling.h"
+#include "kernels/model_kernels.h"
 #include "layer_internal.h"
+#include "phase.h"
 
 #define GDP_MODEL_MAGIC 0x67646d6du /* "gdmm" */
 
@@ -34,6 +37,18 @@ struct gdp_model {
     /* LM-head scratch of one block: gathered rows, normed rows, logits (backend) */
     void         *rows_x, *rows_normed, *rows_logits;
     int64_t       scratch_rows;
+    /* The vocab-parallel head of gdp_model_sample: this rank's rows [v0, v0 + v_local) of
+     * the tied embedding (bf16 copy on CUDA; a view of the fp32 embedding on the CPU),
+     * records of v_part = ceil(vocab / tp) columns per rank. */
+    int32_t       tp_rank, tp_size;
+    int64_t       v0, v_local;
+    void         *head_w;
+    int64_t       head_cap;       /* rows reserved (gdp_model_reserve_head), a block multiple */
+    int32_t       head_cand;      /* candidate capacity of a record                         */
+    int64_t       head_words;     /* int32 words of one row's record                        */
+    void         *head_in;        /* [head_cap, D] normed rows (bf16 on CUDA, fp32 on CPU)  */
+    float        *head_logits;    /* [head_cap, v_local]                                    */
+    int32_t      *head_records;   /* [tp, head_cap, words] (this rank's part at tp_rank)    */
     float        *staging;      /* host staging of x for the embedding upload (CUDA)  */
     int64_t       staging_rows;
     uint32_t      magic_end;
@@ -61,6 +76,11 @@ static void model_destroy(struct gdp_model *m) {
     gdp_layer_buf_free(m->ctx, m->rows_x);
     gdp_layer_buf_free(m->ctx, m->rows_normed);
     gdp_layer_buf_free(m->ctx, m->rows_logits);
+    if (!on_cpu(m))
+        gdp_layer_buf_free(m->ctx, m->head_w);
+    gdp_layer_buf_free(m->ctx, m->head_in);
+    gdp_layer_buf_free(m->ctx, m->head_logits);
+    gdp_layer_buf_free(m->ctx, m->head_records);
     free(m->staging);
     m->magic = m->magic_end = 0;
     free(m);
@@ -112,9 +132,31 @@ static gdp_status_t model_build(struct gdp_model *m, gdp_checkpoint_t ckpt, int3
         GDP_CHECK_GOTO(gdp_layer_buf_alloc(m->ctx, emb_bytes, &m->embedding, "the model's token embedding"), st, done);
         GDP_CHECK_GOTO(gdp_layer_buf_upload(m->ctx, m->embedding, m->embedding_host, emb_bytes), st, done);
     }
+    /* The head's slice of the vocabulary: rank r holds rows [r * ceil(V / tp), ...). */
+    m->tp_rank = rank, m->tp_size = size;
+    const int64_t v_part = (m->vocab + size - 1) / size;
+    m->v0 = v_part * rank < m->vocab ? v_part * rank : m->vocab;
+    m->v_local = m->v0 + v_part < m->vocab ? v_part : m->vocab - m->v0;
+    if (m->v_local < 1) {
+        st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT,
+                       "gdp_model_init: a vocabulary of %lld tokens leaves tp rank %d of %d no slice of the LM head; "
+                       "use tp <= %lld", (long long)m->vocab, rank, size, (long long)m->vocab);
+        goto done;
+    }
+    if (on_cpu(m)) {
+        m->head_w = (float *)m->embedding + m->v0 * m->D;
+    } else {
+#ifdef GDP_HAVE_CUDA
+        const size_t hb = (size_t)(m->v_local * m->D) * sizeof(uint16_t);
+        GDP_CHECK_GOTO(gdp_layer_buf_alloc(m->ctx, hb, &m->head_w, "the LM head's bf16 weight"), st, done);
+        GDP_CHECK_GOTO(gdp_cuda_f32_to_bf16(m->ctx, m->head_w, (const float *)m->embedding + m->v0 * m->D,
+                                            m->v_local * m->D), st, done);
+        m->weight_bytes += hb;
+#endif
+    }
     GDP_CHECK_GOTO(gdp_layer_buf_alloc(m->ctx, norm_bytes, &m->final_norm, "the model's final norm weight"), st, done);
     GDP_CHECK_GOTO(gdp_layer_buf_upload(m->ctx, m->final_norm, norm_host, norm_bytes), st, done);
-    m->weight_bytes = emb_bytes + norm_bytes;
+    m->weight_bytes += emb_bytes + norm_bytes;
 
     m->layers = gdp_calloc((size_t)m->n_layers, sizeof *m->layers, "the model's layer list");
     if (m->layers == NULL) {
@@ -350,4 +392,130 @@ gdp_status_t gdp_model_logits(gdp_model_t model, float *logits, const gdp_tensor
                                          (size_t)(n * V) * sizeof(float)));
     }
     return GDP_STATUS_SUCCESS;
+}
+
+/* ---- the device path of a step: embedding gather, vocab-parallel head and sampling ------ */
+
+/* The head GEMM runs in blocks of this many rows (the last one padded), for the reason of
+ * LM_HEAD_BLOCK: one GEMM shape, so a row's logits do not depend on its batch. On CUDA the
+ * block is large enough that a decode step of up to 128 requests reads the head's weight
+ * once (the step's floor); on the CPU the BLAS's small-matrix reasoning above holds. */
+static int64_t head_block(const struct gdp_model *m) { return on_cpu(m) ? LM_HEAD_BLOCK : 128; }
+
+gdp_status_t gdp_model_reserve_head(gdp_model_t model, int64_t max_rows, int32_t max_candidates) {
+    static const char *op = "gdp_model_reserve_head";
+    GDP_CHECK(check_model(model, op));
+    struct gdp_model *m = model;
+    if (max_rows < 1 || max_rows > (1 << 24))
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: max_rows is %lld; use 1 .. 2^24", op, (long long)max_rows);
+    if (max_candidates < 1 || max_candidates > GDP_SAMPLING_MAX_CANDIDATES)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: max_candidates is %d; use 1 .. %d", op, max_candidates,
+                 GDP_SAMPLING_MAX_CANDIDATES);
+    const int64_t B = head_block(m), cap = (max_rows + B - 1) / B * B;
+    if (cap <= m->head_cap && max_candidates == m->head_cand)
+        return GDP_STATUS_SUCCESS;
+    const int64_t words = gdp_sample_record_words(max_candidates);
+    const size_t in_bytes = (size_t)(cap * m->D) * (on_cpu(m) ? sizeof(float) : sizeof(uint16_t));
+    const size_t logit_bytes = (size_t)(cap * m->v_local) * sizeof(float);
+    const size_t rec_bytes = (size_t)(m->tp_size * cap * words) * sizeof(int32_t);
+    void *in = NULL, *logits = NULL, *rec = NULL;
+    gdp_status_t st = gdp_layer_buf_alloc(m->ctx, in_bytes, &in, "the LM head's input rows");
+    if (st == GDP_STATUS_SUCCESS)
+        st = gdp_layer_buf_alloc(m->ctx, logit_bytes, &logits, "the LM head's logits");
+    if (st == GDP_STATUS_SUCCESS)
+        st = gdp_layer_buf_alloc(m->ctx, rec_bytes, &rec, "the sampling candidate records");
+    if (st != GDP_STATUS_SUCCESS) {
+        gdp_layer_buf_free(m->ctx, in);
+        gdp_layer_buf_free(m->ctx, logits);
+        return st;
+    }
+    gdp_layer_buf_free(m->ctx, m->head_in);
+    gdp_layer_buf_free(m->ctx, m->head_logits);
+    gdp_layer_buf_free(m->ctx, m->head_records);
+    m->head_in = in, m->head_logits = logits, m->head_records = rec;
+    m->head_cap = cap, m->head_cand = max_candidates, m->head_words = words;
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_model_embed_device(gdp_model_t model, gdp_tensor *x, const int32_t *tokens, int64_t n) {
+    static const char *op = "gdp_model_embed_device";
+    GDP_CHECK(check_model(model, op));
+    if (n < 0 || (n > 0 && tokens == NULL))
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %lld tokens with tokens %s", op, (long long)n,
+                 tokens ? "given" : "NULL");
+    GDP_CHECK(check_x(model, x, n, op));
+    if (on_cpu(model)) /* backend memory is host memory: the checked host gather */
+        return gdp_model_embed(model, x, tokens, n);
+#ifdef GDP_HAVE_CUDA
+    const gdp_embed_gather_args a = {.x = x->data, .embedding = model->embedding, .tokens = tokens, .n = n,
+                                     .D = model->D, .vocab = model->vocab};
+    return gdp_cuda_embed_gather(model->ctx, &a);
+#else
+    GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: this libgdp was built without the CUDA backend", op);
+#endif
+}
+
+/* The normed head input rows: rows[i] of x, RMSNorm, in the GEMM's dtype. */
+static gdp_status_t head_rows(struct gdp_model *m, const gdp_tensor *x, const int32_t *rows, int64_t n_pad) {
+    const int64_t D = m->D, T = x->shape[0];
+    if (!on_cpu(m)) {
+#ifdef GDP_HAVE_CUDA
+        const gdp_head_rows_args a = {.out = m->head_in, .x = x->data, .rows = rows, .weight = m->final_norm,
+                                      .n = n_pad, .D = D, .x_rows = T, .eps = (float)m->norm_eps};
+        return gdp_cuda_head_rows(m->ctx, &a);
+#endif
+    }
+    /* CPU: gather (a bad or padding row is zeros), then the gdp_rmsnorm op in place */
+    float *in = m->head_in;
+    for (int64_t i = 0; i < n_pad; i++) {
+        const int32_t r = rows[i];
+        if (r >= 0 && r < T)
+            memcpy(in + i * D, (const float *)x->data + (int64_t)r * D, sizeof(float) * (size_t)D);
+        else
+            memset(in + i * D, 0, sizeof(float) * (size_t)D);
+    }
+    gdp_tensor t, w;
+    GDP_CHECK(gdp_tensor_init(&t, in, GDP_DTYPE_FP32, 2, (const int64_t[]){n_pad, D}));
+    GDP_CHECK(gdp_tensor_init(&w, m->final_norm, GDP_DTYPE_FP32, 1, (const int64_t[]){D}));
+    return gdp_rmsnorm(m->ctx, &t, &t, &w, m->norm_eps);
+}
+
+static gdp_status_t model_sample(struct gdp_model *m, const gdp_model_head_args *a) {
+    const int64_t B = head_block(m), n = a->n_rows, n_pad = (n + B - 1) / B * B;
+    const gdp_dtype_t ab = on_cpu(m) ? GDP_DTYPE_FP32 : GDP_DTYPE_BF16;
+    const size_t in_row = (size_t)m->D * (on_cpu(m) ? sizeof(float) : sizeof(uint16_t));
+    /* padding rows of the last block: the kernel's rows array has only n entries, so the
+     * head-rows pass runs on n rows and the padded tail stays as the reserve zeroed it */
+    GDP_CHECK(head_rows(m, a->x, a->rows, n));
+    for (int64_t first = 0; first < n_pad; first += B)
+        GDP_CHECK(gdp_layer_gemm_nt_ex(m->ctx, B, m->v_local, m->D, (const char *)m->head_in + (size_t)first * in_row,
+                                       m->D, m->head_w, ab, 0.0f, m->head_logits + first * m->v_local, m->v_local,
+                                       GDP_DTYPE_FP32));
+    int32_t *mine = m->head_records + (size_t)(m->tp_rank * n * m->head_words);
+    const gdp_sample_candidates_args ca = {.logits = m->head_logits, .n_rows = n, .vocab_local = m->v_local,
+                                           .ld = m->v_local, .vocab_offset = m->v0, .rows = a->params,
+                                           .max_candidates = m->head_cand, .records = mine};
+    GDP_CHECK(gdp_sample_candidates(m->ctx, &ca));
+    if (m->tp_size > 1)
+        GDP_CHECK(gdp_comm_allgather(m->comm, mine, m->head_records, (size_t)(n * m->head_words), GDP_DTYPE_INT32,
+                                     m->ctx->stream));
+    const gdp_sample_merge_args ma = {.records = m->head_records, .n_parts = m->tp_size, .n_rows = n,
+                                      .max_candidates = m->head_cand, .rows = a->params, .out = a->out};
+    return gdp_sample_merge(m->ctx, &ma);
+}
+
+gdp_status_t gdp_model_sample(gdp_model_t model, const gdp_model_head_args *a) {
+    static const char *op = "gdp_model_sample";
+    GDP_CHECK(check_model(model, op));
+    if (a == NULL || a->x == NULL || a->rows == NULL || a->params == NULL || a->out == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: args, x, rows, params and out must not be NULL", op);
+    GDP_CHECK(check_x(model, a->x, a->x->shape[0], op));
+    if (a->n_rows < 1 || a->n_rows > model->head_cap)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: n_rows is %lld; reserve the head for it first "
+                 "(gdp_model_reserve_head: %lld rows reserved)", op, (long long)a->n_rows,
+                 (long long)model->head_cap);
+    gdp_phase_lock(model->ctx, GDP_MARK_HEAD); /* measured phases: the head and sampling as one */
+    const gdp_status_t st = model_sample(model, a);
+    gdp_phase_unlock(model->ctx, GDP_MARK_OPS);
+    return st;
 }

@@ -23,8 +23,8 @@ gdp_status_t gdp_sampling_params_check(const gdp_sampling_params *p, const char 
     if (p->top_k < 0 || p->top_k > GDP_SAMPLING_MAX_CANDIDATES)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: top_k is %d; use 0 (off) or 1 .. %d", what, p->top_k,
                  GDP_SAMPLING_MAX_CANDIDATES);
-    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
-        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: top_p is %g; use a value in (0, 1], 1 for off", what,
+    if (!(p->top_p >= 0.0f && p->top_p <= 1.0f)) /* 0 (a zeroed struct) and 1 both mean off */
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: top_p is %g; use a value in (0, 1), or 1 (or 0) for off", what,
                  (double)p->top_p);
     return GDP_STATUS_SUCCESS;
 }

@@ -413,7 +413,8 @@ static void make_workloads(void) {
 static void engine_config(const variant *v, gdp_engine_config *c) {
     gdp_engine_config_default(c);
     c->n_slots = v->slots, c->max_step_tokens = BUDGET, c->prefill_chunk = v->chunk, c->draft_tokens = v->draft;
-    c->preempt = v->preempt, c->preempt_after = 2, c->cuda_graphs = v->graphs, c->honor_arrivals = v->timed;
+    c->preempt = v->preempt, c->preempt_after = 2, c->preempt_wait_ms = 0, c->cuda_graphs = v->graphs;
+    c->honor_arrivals = v->timed;
     c->progress = 0, c->check_requests = !strcmp(v->name, "base") ? 3 : 0;
 }
 

@@ -58,73 +58,25 @@
 #include "gdp/layer.h"
 #include "gdp/model.h"
 #include "gdp/plan.h"
+#include "layer_harness.h"
 #include "test_common.h"
 
-#ifdef GDP_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
-#define LAYERS 2
-#define D_MODEL 32
 #define HEADS 8
 #define VOCAB 64
-#define N_SLOTS 8
-#define N_SNAPSHOTS 2
-#define MAX_DRAFT 3
 #define NREQ 11
-#define MAXPOS 256
+_Static_assert(NREQ <= LH_MAX_REQ, "the harness records LH_MAX_REQ requests");
 #define GEN_STEPS 8
 
-/* CPU backend: max|a - b| <= bar * max|b| (gdp-math.md 8.1, CPU). */
+/* CPU backend: max|a - b| <= bar * max|b| (gdp-math.md 8.1, CPU); BAR_RECOMPUTE, GPU_BAR_OUT
+ * and GPU_BAR_STATE (relative RMS, gdp-math.md 8.1, GPU) are the harness's. */
 #define BAR_CP 1e-5        /* CP vs reference, chunked prefill, prefix restore, draft rollback */
-#define BAR_RECOMPUTE 1e-4 /* decode vs recomputing the sequence                            */
-/* CUDA backend: relative RMS (gdp-math.md 8.1, GPU). */
-#define GPU_BAR_OUT 2e-2    /* layer outputs */
-#define GPU_BAR_STATE 8e-3  /* ssm and conv states */
 #define GPU_BAR_LOGITS 5e-2 /* model logits (Megatron's bar) */
 
-static gdp_ctx_t g_ctx;     /* the backend under test                      */
-static gdp_ctx_t g_cpu_ctx; /* --backend cuda: the CPU reference's backend */
-static int g_rank = 0, g_size = 1;
 static int32_t g_tp = 1, g_cp = 1, g_tp_rank = 0, g_cp_rank = 0;
 static int64_t g_groups = 4;
 static gdp_comm_t g_world;   /* every rank: the step plan's comm            */
 static gdp_comm_t g_tp_comm; /* this rank's TP group (NULL for tp = 1)      */
 static gdp_comm_t g_cp_comm; /* this rank's CP group                        */
-static bool g_sp = false;
-static bool g_cuda = false;
-
-/* ---- device memory of the test (CUDA runtime calls end the job when they fail) ---------- */
-#ifdef GDP_HAVE_CUDA
-static void *g_stream;
-#define CUDA_OK(call)                                                                                \
-    do {                                                                                             \
-        cudaError_t cuda_err_ = (call);                                                              \
-        if (cuda_err_ != cudaSuccess)                                                                \
-            GDP_FATAL(g_world, "%s failed: %s", #call, cudaGetErrorString(cuda_err_));              \
-    } while (0)
-static void *dev_alloc(size_t bytes) {
-    void *p = NULL;
-    CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1));
-    return p;
-}
-static void dev_free(void *p) { CUDA_OK(cudaFree(p)); }
-/* Copies wait for the ctx's stream first: it does not synchronize with the legacy stream. */
-static void dev_upload(void *dst, const void *src, size_t bytes) {
-    CUDA_OK(cudaStreamSynchronize((cudaStream_t)g_stream));
-    CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-}
-static void dev_download(void *dst, const void *src, size_t bytes) {
-    CUDA_OK(cudaStreamSynchronize((cudaStream_t)g_stream));
-    CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-}
-#else
-/* Never reached: without CUDA the --backend cuda run is skipped before any stack exists. */
-static void *dev_alloc(size_t bytes) { GDP_FATAL(g_world, "no CUDA in this build (%zu bytes)", bytes); }
-static void dev_free(void *p) { (void)p; }
-static void dev_upload(void *dst, const void *src, size_t bytes) { GDP_FATAL(g_world, "no CUDA in this build"); }
-static void dev_download(void *dst, const void *src, size_t bytes) { GDP_FATAL(g_world, "no CUDA in this build"); }
-#endif
 
 /* Buckets: mixed steps of 256 and 512 rows, a decode-only bucket of 4 rows (the generation's
  * decode steps: 4/cp requests per CP rank), and 513 rows, which no cp > 1 splits. */
@@ -285,12 +237,7 @@ static void stack_init(stack *s, const char *name, const char *path, gdp_ctx_t c
     GDP_FATAL_IF_ERROR(g_world, gdp_plan_init(&s->plan, ctx, &pc));
 }
 
-static void stack_free(stack *s) {
-    for (int32_t l = 0; l < LAYERS; l++)
-        CHECK_OK(gdp_layer_free(s->layers[l]));
-    CHECK_OK(gdp_cache_free(s->cache));
-    CHECK_OK(gdp_plan_free(s->plan));
-}
+static void stack_free(stack *s) { lh_free_stack(s->layers, s->cache, s->plan); }
 
 /* Broadcast over the job (rank 0 decides), build, check consistency, apply. The reference
  * stacks are single-rank: each rank builds the same step for itself. */
@@ -355,119 +302,31 @@ static void stack_forward(stack *s, const gdp_step_metadata *m, const float *x_f
     free(x);
 }
 
-/* ---- the scheduled requests ----------------------------------------------------------- */
-typedef struct request {
-    int32_t seed;       /* token content: rows are seeded by (seed, position) */
-    int32_t pos;        /* next position                                       */
-    int32_t draft_base; /* position before the last decode step                */
-    int32_t slot;       /* slot (the same in every stack, checked)             */
-    int32_t live;
-} request;
-
+/* ---- the scheduled requests (request, tstep, token_row, g_rec: the harness's) ------------ */
 static request g_req[NREQ];
-/* delta of layer l at (request, position), per stack: [stack][req][pos][layer][D] */
-#define MAX_STACKS 3
-static double g_rec[MAX_STACKS][NREQ][MAXPOS][LAYERS][D_MODEL];
-static bool g_have[NREQ][MAXPOS];
-
-typedef struct tstep {
-    int32_t S, n_dec, dec[4];
-    int32_t n_pre, pre[4], tokens[4], flags[4], restore[4], save[4], save_off[4];
-    int32_t n_rel, rel[8];
-    int32_t n_acc, acc[4], acc_n[4];
-    int32_t bucket; /* 0 = GDP_BUCKET_AUTO, b + 1 = bucket b */
-} tstep;
-
-/* Token rows ~ N(0, 0.05^2), as in test_layer_tp: the residual stream is of the order of a
- * layer's output, so each layer's delta measures the layer, not the residual's rounding. */
-#define TOKEN_SCALE 0.05
-static void token_row(int32_t seed, int32_t pos, float *row) {
-    test_rng r;
-    test_rng_seed(&r, (uint64_t)seed * 1000003u + (uint64_t)pos);
-    for (int d = 0; d < D_MODEL; d++)
-        row[d] = (float)(TOKEN_SCALE * test_normal(&r));
-}
 
 enum { K_CP_OUT, K_SCENARIO, K_RECOMPUTE, K_CP_STATE, K_LOGITS, K_CPU_OUT, K_CPU_STATE, K_KINDS };
 static double g_worst[K_KINDS];
 
-/* The bar of the backend under test: on the CPU max|a - b| <= cpu_bar * max|b|; on the GPU
- * ||a - b|| <= gpu_bar * ||b|| (or <= 1e-6 when b is all zero). */
+/* The backend's bar (lh_check_close); rank 0 prints the scenarios' ratios. */
 static void check_close(const char *what, const double *a, const double *b, int64_t n, double cpu_bar,
                         double gpu_bar, int kind) {
-    double ratio, bar;
-    if (g_cuda) {
-        double bn = 0;
-        for (int64_t i = 0; i < n; i++)
-            bn += b[i] * b[i];
-        ratio = test_rel_rms(a, b, n);
-        bar = bn > 0 ? gpu_bar : 1e-6;
-        CHECK(ratio <= bar, "rank %d: %s: relative RMS %.3e > %.0e (n = %lld)", g_rank, what, ratio, bar,
-              (long long)n);
-    } else {
-        double md = 0, mb = 0;
-        for (int64_t i = 0; i < n; i++) {
-            const double e = fabs(a[i] - b[i]);
-            md = e > md || isnan(e) ? e : md;
-            mb = fabs(b[i]) > mb ? fabs(b[i]) : mb;
-        }
-        bar = cpu_bar;
-        ratio = mb > 0 ? md / mb : md;
-        CHECK(md <= bar * mb && mb > 0, "rank %d: %s: max|a-b| = %.3e > %.0e x max|b| = %.3e (n = %lld)", g_rank,
-              what, md, bar, mb, (long long)n);
-    }
-    if (ratio > g_worst[kind] || isnan(ratio))
-        g_worst[kind] = ratio;
+    double bar;
+    const double ratio = lh_check_close(what, a, b, n, cpu_bar, gpu_bar, &g_worst[kind], &bar);
     if ((kind == K_SCENARIO || kind == K_RECOMPUTE) && g_rank == 0)
         printf("  %-84s %s = %.2e (bar %.0e)\n", what, g_cuda ? "rel RMS" : "max|a-b|/max|b|", ratio, bar);
 }
 
-static double *g_a, *g_b; /* comparison scratch */
-#define SCRATCH (LAYERS * D_MODEL * MAXPOS * 4)
-
 /* Compares recorded deltas of (ra, positions pa..) with (rb, pb..), both in the CP stack. */
 static void compare_positions(const char *what, int32_t ra, int32_t pa, int32_t rb, int32_t pb, int32_t n, double bar,
                               int kind) {
-    CHECK((int64_t)n * LAYERS * D_MODEL <= SCRATCH, "%s: %d positions overflow the scratch", what, n);
-    int64_t k = 0;
-    for (int32_t i = 0; i < n; i++) {
-        CHECK(g_have[ra][pa + i] && g_have[rb][pb + i], "%s: position %d/%d not recorded", what, pa + i, pb + i);
-        for (int32_t l = 0; l < LAYERS; l++)
-            for (int d = 0; d < D_MODEL; d++, k++) {
-                g_a[k] = g_rec[0][ra][pa + i][l][d];
-                g_b[k] = g_rec[0][rb][pb + i][l][d];
-            }
-    }
+    const int64_t k = lh_gather_positions(what, ra, pa, rb, pb, n);
     check_close(what, g_a, g_b, k, bar, GPU_BAR_OUT, kind);
-}
-
-/* n floats at base + offset of a stack's buffer (device memory on a GPU stack), as doubles. */
-static void read_floats(const stack *s, const void *base, int64_t offset, int64_t n, double *out) {
-    const float *src = (const float *)base + offset;
-    float *tmp = NULL;
-    if (s->gpu) {
-        tmp = malloc(sizeof(float) * (size_t)n);
-        dev_download(tmp, src, sizeof(float) * (size_t)n);
-        src = tmp;
-    }
-    for (int64_t i = 0; i < n; i++)
-        out[i] = src[i];
-    free(tmp);
 }
 
 /* The ssm and conv state of a request in a stack (this rank's CP-local share), as doubles. */
 static int64_t local_state(const stack *s, int32_t slot, double *out) {
-    int64_t k = 0;
-    for (int32_t l = 0; l < LAYERS; l++) {
-        gdp_tensor ssm, conv;
-        gdp_cache_state_views(s->cache, l, &ssm, &conv);
-        const int64_t ns = ssm.shape[1] * ssm.shape[2] * ssm.shape[3], nc = conv.shape[1] * conv.shape[2];
-        read_floats(s, ssm.data, slot * ns, ns, out + k);
-        k += ns;
-        read_floats(s, conv.data, slot * nc, nc, out + k);
-        k += nc;
-    }
-    return k;
+    return lh_local_state(s->gpu, s->cache, slot, out);
 }
 
 /* The reference's state restricted to the CP stack's core: its heads (TP head_begin + CP
@@ -480,10 +339,10 @@ static int64_t ref_state_as_local(const stack *ref, const stack *cp, int32_t slo
         gdp_tensor ssm, conv;
         gdp_cache_state_views(ref->cache, l, &ssm, &conv);
         const int64_t ns = ssm.shape[1] * NP, nc = conv.shape[1] * W;
-        read_floats(ref, ssm.data, slot * ns + (cs->tp.head_begin + cs->head_begin) * NP, cs->num_heads * NP, out + k);
+        lh_read_floats(ref->gpu, ssm.data, slot * ns + (cs->tp.head_begin + cs->head_begin) * NP, cs->num_heads * NP, out + k);
         k += cs->num_heads * NP;
         double *c = malloc(sizeof(double) * (size_t)nc);
-        read_floats(ref, conv.data, slot * nc, nc, c);
+        lh_read_floats(ref->gpu, conv.data, slot * nc, nc, c);
         for (int32_t sec = 0; sec < cs->tp.num_conv_sections; sec++) {
             gdp_cp_section se;
             gdp_cp_shard_conv_section(cs, sec, &se);
@@ -505,19 +364,7 @@ static stack *stack_at(int k) { return k == 0 ? &g_cps : (k == 1 ? &g_ref : &g_c
 /* Compares the recorded deltas of every request row of this step in stacks sa and sb. */
 static void compare_step_outputs(const char *what, int sa, int sb, const int32_t *tag_req, const int32_t *tag_pos,
                                  int64_t T, int kind) {
-    int64_t n = 0;
-    for (int64_t row = 0; row < T; row++) {
-        if (tag_req[row] < 0)
-            continue;
-        CHECK(n + LAYERS * D_MODEL <= SCRATCH, "%s: %lld rows overflow the scratch", what, (long long)T);
-        if (n + LAYERS * D_MODEL > SCRATCH)
-            return;
-        for (int32_t l = 0; l < LAYERS; l++)
-            for (int c = 0; c < D_MODEL; c++, n++) {
-                g_a[n] = g_rec[sa][tag_req[row]][tag_pos[row]][l][c];
-                g_b[n] = g_rec[sb][tag_req[row]][tag_pos[row]][l][c];
-            }
-    }
+    const int64_t n = lh_gather_step_rows(what, sa, sb, tag_req, tag_pos, T);
     if (n > 0)
         check_close(what, g_a, g_b, n, BAR_CP, GPU_BAR_OUT, kind);
 }
@@ -525,48 +372,15 @@ static void compare_step_outputs(const char *what, int sa, int sb, const int32_t
 /* The step's desc from the request table (accepts move positions back first). */
 static gdp_step_desc make_desc(const tstep *t, int32_t *dec_slots, int32_t *rel_slots, gdp_prefill_request *pre,
                                gdp_draft_accept *acc) {
-    for (int32_t i = 0; i < t->n_acc; i++) {
-        request *r = &g_req[t->acc[i]];
-        acc[i] = (gdp_draft_accept){.slot = r->slot, .n_accepted = t->acc_n[i]};
-        r->pos = r->draft_base + t->acc_n[i];
-    }
-    for (int32_t i = 0; i < t->n_rel; i++)
-        rel_slots[i] = g_req[t->rel[i]].slot;
-    for (int32_t i = 0; i < t->n_dec; i++)
-        dec_slots[i] = g_req[t->dec[i]].slot;
-    for (int32_t i = 0; i < t->n_pre; i++) {
-        const request *r = &g_req[t->pre[i]];
-        const bool is_new = (t->flags[i] & GDP_PREFILL_NEW) != 0;
-        pre[i] = (gdp_prefill_request){.slot = is_new ? GDP_SLOT_AUTO : r->slot, .n_tokens = t->tokens[i],
-                                       .flags = t->flags[i], .restore_snapshot = t->restore[i],
-                                       .save_snapshot = t->save[i], .save_offset = t->save_off[i]};
-    }
-    const int32_t S = t->S ? t->S : 1;
-    return (gdp_step_desc){.decode_count = t->n_dec, .decode_tokens = S, .decode_slots = dec_slots,
-                           .prefill_count = t->n_pre, .prefill = pre, .release_count = t->n_rel,
-                           .release_slots = rel_slots, .accept_count = t->n_acc, .accept = acc,
-                           .bucket = t->bucket ? t->bucket - 1 : GDP_BUCKET_AUTO};
+    return lh_make_desc(t, g_req, dec_slots, rel_slots, pre, acc);
 }
 
 /* Prepares the step on every stack; checks every stack built the same bytes and slots. */
 static void prepare_all(const tstep *t, const gdp_step_desc *d, const gdp_step_metadata *ms[MAX_STACKS]) {
+    const char *names[MAX_STACKS] = {NULL};
     for (int k = 0; k < n_stacks(); k++)
-        ms[k] = stack_prepare(stack_at(k), d);
-    for (int k = 1; k < n_stacks(); k++) {
-        CHECK(ms[k]->bucket == ms[0]->bucket, "step %d: buckets %d vs %d", g_step_no, ms[k]->bucket, ms[0]->bucket);
-        CHECK(ms[k]->buffer_bytes == ms[0]->buffer_bytes &&
-                  !memcmp(ms[k]->host_buffer, ms[0]->host_buffer, ms[0]->buffer_bytes),
-              "step %d: the metadata of stack %s differs from stack %s's", g_step_no, stack_at(k)->name, g_cps.name);
-        for (int32_t i = 0; i < t->n_pre; i++)
-            CHECK(ms[0]->step->prefill[i].slot == ms[k]->step->prefill[i].slot, "step %d: request %d slots %d vs %d",
-                  g_step_no, t->pre[i], ms[0]->step->prefill[i].slot, ms[k]->step->prefill[i].slot);
-    }
-    for (int32_t i = 0; i < t->n_pre; i++) {
-        g_req[t->pre[i]].slot = ms[0]->step->prefill[i].slot;
-        g_req[t->pre[i]].live = 1;
-    }
-    for (int32_t i = 0; i < t->n_rel; i++)
-        g_req[t->rel[i]].live = 0;
+        ms[k] = stack_prepare(stack_at(k), d), names[k] = stack_at(k)->name;
+    lh_agree_on_step(t, ms, n_stacks(), names, g_step_no, g_req);
 }
 
 /* Rows of x of each request token of the step: tag_req/tag_pos (-1: padding). */
@@ -597,21 +411,7 @@ static void forward_all(const gdp_step_metadata *ms[MAX_STACKS], float *xs[MAX_S
             outs[k][l] = malloc(sizeof(float) * (size_t)(T * D_MODEL));
         stack_forward(stack_at(k), ms[k], xs[k], outs[k]);
     }
-    int64_t pad_changed = 0;
-    for (int64_t row = 0; row < T; row++) {
-        for (int k = 0; k < n_stacks(); k++)
-            for (int32_t l = 0; l < LAYERS; l++)
-                for (int c = 0; c < D_MODEL; c++) {
-                    const double in = l ? outs[k][l - 1][row * D_MODEL + c] : xs[k][row * D_MODEL + c];
-                    const double delta = (double)outs[k][l][row * D_MODEL + c] - in;
-                    if (tag_req[row] < 0)
-                        pad_changed += delta != 0;
-                    else
-                        g_rec[k][tag_req[row]][tag_pos[row]][l][c] = delta;
-                }
-        if (tag_req[row] >= 0)
-            g_have[tag_req[row]][tag_pos[row]] = true;
-    }
+    const int64_t pad_changed = lh_record_deltas(n_stacks(), T, xs, outs, tag_req, tag_pos);
     CHECK(pad_changed == 0, "step %d: %lld values of padding rows changed", g_step_no, (long long)pad_changed);
     char what[112];
     snprintf(what, sizeof what, "step %d: layer outputs, tp %d x cp %d vs tp 1 cp 1", g_step_no, g_tp, g_cp);
@@ -630,12 +430,7 @@ static void forward_all(const gdp_step_metadata *ms[MAX_STACKS], float *xs[MAX_S
 
 /* Moves the positions on and compares every live request's states (CP share vs reference). */
 static void finish_step(const tstep *t, int32_t S) {
-    for (int32_t i = 0; i < t->n_dec; i++) {
-        g_req[t->dec[i]].draft_base = g_req[t->dec[i]].pos;
-        g_req[t->dec[i]].pos += S;
-    }
-    for (int32_t i = 0; i < t->n_pre; i++)
-        g_req[t->pre[i]].pos += t->tokens[i];
+    lh_advance_positions(t, S, g_req);
     char what[112];
     for (int32_t q = 0; q < NREQ; q++) {
         if (!g_req[q].live)
@@ -1136,23 +931,8 @@ static void scenario_bad_input(const char *bad_path) {
 
 /* --backend cuda: 1 when this rank can run the test (a CUDA build and a visible GPU). */
 static int gpu_usable(char *why, size_t n) {
-#ifdef GDP_HAVE_CUDA
-    if (!gdp_backend_available(GDP_BACKEND_CUDA)) {
-        snprintf(why, n, "this libgdp has no CUDA backend");
-        return 0;
-    }
     int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count < 1) {
-        (void)cudaGetLastError();
-        snprintf(why, n, "no GPU visible (%s)", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
-        return 0;
-    }
-    return 1;
-#else
-    snprintf(why, n, "this libgdp was built without CUDA");
-    return 0;
-#endif
+    return lh_gpu_usable(why, n, &count);
 }
 
 static void usage_fatal(const char *arg) {
@@ -1185,11 +965,8 @@ int main(int argc, char **argv) {
     if (g_cuda) {
         /* Every rank skips, or none: a rank alone would leave the others in a collective. */
         char why[160] = "";
-        int usable = gpu_usable(why, sizeof why), all = 0;
-        MPI_Allreduce(&usable, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-        if (!all) {
-            if (!usable)
-                printf("%s: skipped on rank %d: %s\n", name, g_rank, why);
+        const int usable = gpu_usable(why, sizeof why);
+        if (!lh_all_ranks_usable(usable, name, why)) {
             MPI_Finalize();
             return TEST_SKIP;
         }
@@ -1200,6 +977,7 @@ int main(int argc, char **argv) {
      * by its own node-local rank; the MPI comm stages through the host from any GPU). */
     const gdp_comm_buffers_t buffers = g_cuda ? GDP_COMM_DEVICE_BUFFERS : GDP_COMM_HOST_BUFFERS;
     GDP_FATAL_IF_ERROR(NULL, gdp_comm_init(&g_world, GDP_COMM_MPI, NULL, buffers));
+    lh_fatal_comm = g_world;
     MPI_Comm tp_mpi, cp_mpi;
     MPI_Comm_split(MPI_COMM_WORLD, g_cp_rank, g_tp_rank, &tp_mpi);
     MPI_Comm_split(MPI_COMM_WORLD, g_tp_rank, g_cp_rank, &cp_mpi);
@@ -1209,20 +987,7 @@ int main(int argc, char **argv) {
     int32_t r = -1;
     GDP_FATAL_IF_ERROR(g_world, gdp_comm_rank(g_cp_comm, &r));
     CHECK(r == g_cp_rank, "the CP comm's rank %d is not cp_rank %d", r, g_cp_rank);
-    if (g_cuda) {
-#ifdef GDP_HAVE_CUDA
-        int32_t device = 0;
-        GDP_FATAL_IF_ERROR(g_world, gdp_comm_device(g_world, &device));
-        GDP_FATAL_IF_ERROR(g_world, gdp_ctx_init(&g_ctx, GDP_BACKEND_CUDA, device));
-        cudaStream_t stream = NULL;
-        CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        g_stream = stream;
-        GDP_FATAL_IF_ERROR(g_world, gdp_ctx_set_stream(g_ctx, g_stream));
-        GDP_FATAL_IF_ERROR(g_world, gdp_ctx_init(&g_cpu_ctx, GDP_BACKEND_CPU, 0));
-#endif
-    } else {
-        GDP_FATAL_IF_ERROR(g_world, gdp_ctx_init(&g_ctx, GDP_BACKEND_CPU, 0));
-    }
+    lh_ctx_init(g_world);
 
     /* the checkpoints, written by rank 0: the test's (H = 8, G = --groups) and one whose
      * G/tp = 3 groups no cp > 1 of this job can split or share (H/tp = 3 cp heads divide) */
@@ -1286,24 +1051,11 @@ int main(int argc, char **argv) {
             printf("# worst relative RMS, GPU tp 1 vs CPU tp 1: outputs %.2e, states %.2e\n", worst[K_CPU_OUT],
                    worst[K_CPU_STATE]);
     }
-    CHECK_OK(gdp_ctx_free(g_ctx));
-    if (g_cuda) {
-        CHECK_OK(gdp_ctx_free(g_cpu_ctx));
-#ifdef GDP_HAVE_CUDA
-        CUDA_OK(cudaStreamDestroy((cudaStream_t)g_stream));
-#endif
-    }
+    lh_ctx_free();
     CHECK_OK(gdp_comm_free(g_cp_comm));
     CHECK_OK(gdp_comm_free(g_tp_comm));
     MPI_Comm_free(&tp_mpi);
     MPI_Comm_free(&cp_mpi);
     CHECK_OK(gdp_comm_free(g_world));
-    int failures = 0;
-    MPI_Allreduce(&g_test_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (g_rank == 0)
-        printf("# failures over %d ranks : %d %s\n", g_size, failures, failures ? "FAILED" : "OK");
-    if (g_rank == 0 || g_test_failures)
-        test_finish(name);
-    MPI_Finalize();
-    return failures ? 1 : 0;
+    return lh_finish(name);
 }

@@ -47,67 +47,18 @@
 #include "gdp/comm.h"
 #include "gdp/layer.h"
 #include "gdp/plan.h"
+#include "layer_harness.h"
 #include "test_common.h"
 
-#ifdef GDP_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
-#define LAYERS 2
-#define D_MODEL 32
-#define N_SLOTS 8
-#define N_SNAPSHOTS 2
-#define MAX_DRAFT 3
 #define NREQ 8
-#define MAXPOS 256
-#define MAXROWS 512
+_Static_assert(NREQ <= LH_MAX_REQ, "the harness records LH_MAX_REQ requests");
 
-/* CPU backend: max|a - b| <= bar * max|b| (gdp-math.md 8.1, CPU). */
+/* CPU backend: max|a - b| <= bar * max|b| (gdp-math.md 8.1, CPU); BAR_RECOMPUTE and the GPU
+ * bars (relative RMS, whatever the comparison) are the harness's. */
 #define BAR_TP 1e-5       /* TP sizes, chunked prefill, prefix restore, draft rollback */
-#define BAR_RECOMPUTE 1e-4 /* decode vs recomputing the sequence                      */
-/* CUDA backend: relative RMS (gdp-math.md 8.1, GPU), whatever the comparison. */
-#define GPU_BAR_OUT 2e-2   /* layer outputs */
-#define GPU_BAR_STATE 8e-3 /* ssm and conv states */
 
-static gdp_ctx_t g_ctx;     /* the backend under test                       */
-static gdp_ctx_t g_cpu_ctx; /* --backend cuda: the CPU reference's backend  */
-static int g_rank = 0, g_size = 1;
 static gdp_comm_t g_comm;
-static bool g_sp = false;
-static bool g_cuda = false; /* --backend cuda */
 static bool g_nccl = false; /* --comm nccl    */
-
-/* ---- device memory of the test (CUDA runtime calls end the job when they fail) ---------- */
-#ifdef GDP_HAVE_CUDA
-static void *g_stream; /* --backend cuda: the ctx's stream (a non-blocking cudaStream_t) */
-#define CUDA_OK(call)                                                                                \
-    do {                                                                                             \
-        cudaError_t cuda_err_ = (call);                                                              \
-        if (cuda_err_ != cudaSuccess)                                                                \
-            GDP_FATAL(g_comm, "%s failed: %s", #call, cudaGetErrorString(cuda_err_));               \
-    } while (0)
-static void *dev_alloc(size_t bytes) {
-    void *p = NULL;
-    CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1));
-    return p;
-}
-static void dev_free(void *p) { CUDA_OK(cudaFree(p)); }
-/* Copies wait for the ctx's stream first: it does not synchronize with the legacy stream. */
-static void dev_upload(void *dst, const void *src, size_t bytes) {
-    CUDA_OK(cudaStreamSynchronize((cudaStream_t)g_stream));
-    CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-}
-static void dev_download(void *dst, const void *src, size_t bytes) {
-    CUDA_OK(cudaStreamSynchronize((cudaStream_t)g_stream));
-    CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-}
-#else
-/* Never reached: without CUDA the --backend cuda run is skipped before any stack exists. */
-static void *dev_alloc(size_t bytes) { GDP_FATAL(g_comm, "no CUDA in this build (%zu bytes)", bytes); }
-static void dev_free(void *p) { (void)p; }
-static void dev_upload(void *dst, const void *src, size_t bytes) { GDP_FATAL(g_comm, "no CUDA in this build"); }
-static void dev_download(void *dst, const void *src, size_t bytes) { GDP_FATAL(g_comm, "no CUDA in this build"); }
-#endif
 
 static const gdp_step_bucket k_buckets[] = {{4, 4, 256}, {4, 4, 512}, {1, 1, 513}};
 #define N_BUCKETS 3
@@ -162,12 +113,7 @@ static void stack_init(stack *s, const char *name, const char *path, gdp_ctx_t c
     GDP_FATAL_IF_ERROR(g_comm, gdp_plan_init(&s->plan, ctx, &pc));
 }
 
-static void stack_free(stack *s) {
-    for (int32_t l = 0; l < LAYERS; l++)
-        CHECK_OK(gdp_layer_free(s->layers[l]));
-    CHECK_OK(gdp_cache_free(s->cache));
-    CHECK_OK(gdp_plan_free(s->plan));
-}
+static void stack_free(stack *s) { lh_free_stack(s->layers, s->cache, s->plan); }
 
 /* Broadcast (rank 0 decides), build, check consistency, apply. */
 static const gdp_step_metadata *stack_prepare(stack *s, const gdp_step_desc *d) {
@@ -221,124 +167,33 @@ static void stack_forward(stack *s, const gdp_step_metadata *m, const float *x_f
     free(x);
 }
 
-/* ---- the scheduled requests ----------------------------------------------------------- */
-typedef struct request {
-    int32_t seed;       /* token content: rows are seeded by (seed, position)  */
-    int32_t pos;        /* next position                                        */
-    int32_t draft_base; /* position before the last decode step                 */
-    int32_t slot;       /* slot (the same in both stacks, checked)              */
-    int32_t live;
-} request;
-
+/* ---- the scheduled requests (request, tstep, token_row, g_rec: the harness's) ------------ */
 static request g_req[NREQ];
-/* delta of layer l at (request, position), per stack (TP, TP = 1, and with --backend cuda
- * the CPU TP = 1): [stack][req][pos][layer][D] */
-#define MAX_STACKS 3
-static double g_rec[MAX_STACKS][NREQ][MAXPOS][LAYERS][D_MODEL];
-static bool g_have[NREQ][MAXPOS];
-
-typedef struct tstep {
-    int32_t S, n_dec, dec[4];
-    int32_t n_pre, pre[4], tokens[4], flags[4], restore[4], save[4], save_off[4];
-    int32_t n_rel, rel[8];
-    int32_t n_acc, acc[4], acc_n[4];
-    int32_t bucket; /* 0 = GDP_BUCKET_AUTO, b + 1 = bucket b */
-} tstep;
-
-/* Token rows ~ N(0, 0.05^2): the residual stream is then of the order of a layer's
- * output (~0.03 here), so comparing each layer's delta x_out - x_in measures the layer,
- * not the fp32 rounding of a much larger residual (1 ulp of |x| ~ 3 is 2.4e-7, i.e. 1e-5
- * of these deltas). The pre-norm makes the layer itself independent of the scale. */
-#define TOKEN_SCALE 0.05
-static void token_row(int32_t seed, int32_t pos, float *row) {
-    test_rng r;
-    test_rng_seed(&r, (uint64_t)seed * 1000003u + (uint64_t)pos);
-    for (int d = 0; d < D_MODEL; d++)
-        row[d] = (float)(TOKEN_SCALE * test_normal(&r));
-}
 
 /* Worst ratio per kind of comparison (max|a-b|/max|b| on the CPU, relative RMS on the GPU). */
 enum { K_TP_OUT, K_SCENARIO, K_RECOMPUTE, K_TP_STATE, K_CPU_OUT, K_CPU_STATE, K_KINDS };
 static double g_worst[K_KINDS];
 
-/* The bar of the backend under test: on the CPU max|a - b| <= cpu_bar * max|b|; on the GPU
- * ||a - b|| <= gpu_bar * ||b|| (or <= 1e-6 when b is all zero). */
+/* The backend's bar (lh_check_close); the scenarios' comparisons print their ratio. */
 static void check_close(const char *what, const double *a, const double *b, int64_t n, double cpu_bar,
                         double gpu_bar, int kind) {
-    double ratio, bar;
-    if (g_cuda) {
-        double bn = 0;
-        for (int64_t i = 0; i < n; i++)
-            bn += b[i] * b[i];
-        ratio = test_rel_rms(a, b, n);
-        bar = bn > 0 ? gpu_bar : 1e-6;
-        CHECK(ratio <= bar, "rank %d: %s: relative RMS %.3e > %.0e (n = %lld)", g_rank, what, ratio, bar,
-              (long long)n);
-    } else {
-        double md = 0, mb = 0;
-        for (int64_t i = 0; i < n; i++) {
-            const double e = fabs(a[i] - b[i]);
-            md = e > md || isnan(e) ? e : md;
-            mb = fabs(b[i]) > mb ? fabs(b[i]) : mb;
-        }
-        bar = cpu_bar;
-        ratio = mb > 0 ? md / mb : md;
-        CHECK(md <= bar * mb && mb > 0, "rank %d: %s: max|a-b| = %.3e > %.0e x max|b| = %.3e (n = %lld)", g_rank,
-              what, md, bar, mb, (long long)n);
-    }
-    if (ratio > g_worst[kind] || isnan(ratio))
-        g_worst[kind] = ratio;
+    double bar;
+    const double ratio = lh_check_close(what, a, b, n, cpu_bar, gpu_bar, &g_worst[kind], &bar);
     if (kind == K_SCENARIO || kind == K_RECOMPUTE)
         printf("  rank %d %-78s %s = %.2e (bar %.0e)\n", g_rank, what, g_cuda ? "rel RMS" : "max|a-b|/max|b|", ratio,
                bar);
 }
 
-static double *g_a, *g_b; /* comparison scratch */
-#define SCRATCH (LAYERS * D_MODEL * MAXPOS * 4)
-
 /* Compares recorded deltas of (ra, positions pa..) in stack sa with (rb, pb..) in stack sb. */
 static void compare_positions(const char *what, int32_t ra, int32_t pa, int32_t rb, int32_t pb, int32_t n, double bar,
                               int kind) {
-    CHECK((int64_t)n * LAYERS * D_MODEL <= SCRATCH, "%s: %d positions overflow the scratch", what, n);
-    int64_t k = 0;
-    for (int32_t i = 0; i < n; i++) {
-        CHECK(g_have[ra][pa + i] && g_have[rb][pb + i], "%s: position %d/%d not recorded", what, pa + i, pb + i);
-        for (int32_t l = 0; l < LAYERS; l++)
-            for (int d = 0; d < D_MODEL; d++, k++) {
-                g_a[k] = g_rec[0][ra][pa + i][l][d];
-                g_b[k] = g_rec[0][rb][pb + i][l][d];
-            }
-    }
+    const int64_t k = lh_gather_positions(what, ra, pa, rb, pb, n);
     check_close(what, g_a, g_b, k, bar, GPU_BAR_OUT, kind);
-}
-
-/* n floats at base + offset of a stack's buffer (device memory on a GPU stack), as doubles. */
-static void read_floats(const stack *s, const void *base, int64_t offset, int64_t n, double *out) {
-    const float *src = (const float *)base + offset;
-    float *tmp = NULL;
-    if (s->gpu) {
-        tmp = malloc(sizeof(float) * (size_t)n);
-        dev_download(tmp, src, sizeof(float) * (size_t)n);
-        src = tmp;
-    }
-    for (int64_t i = 0; i < n; i++)
-        out[i] = src[i];
-    free(tmp);
 }
 
 /* This rank's ssm and conv state of a request in a stack, as doubles. */
 static int64_t local_state(const stack *s, int32_t slot, double *out) {
-    int64_t k = 0;
-    for (int32_t l = 0; l < LAYERS; l++) {
-        gdp_tensor ssm, conv;
-        gdp_cache_state_views(s->cache, l, &ssm, &conv);
-        const int64_t ns = ssm.shape[1] * ssm.shape[2] * ssm.shape[3], nc = conv.shape[1] * conv.shape[2];
-        read_floats(s, ssm.data, slot * ns, ns, out + k);
-        k += ns;
-        read_floats(s, conv.data, slot * nc, nc, out + k);
-        k += nc;
-    }
-    return k;
+    return lh_local_state(s->gpu, s->cache, slot, out);
 }
 
 /* The reference's state restricted to the TP stack's heads and conv channels, in the TP
@@ -350,10 +205,10 @@ static int64_t ref_state_as_local(const stack *ref, const stack *tp, int32_t slo
         gdp_tensor ssm, conv;
         gdp_cache_state_views(ref->cache, l, &ssm, &conv);
         const int64_t ns = ssm.shape[1] * NP, nc = conv.shape[1] * W;
-        read_floats(ref, ssm.data, slot * ns + tp->shard.head_begin * NP, tp->shard.num_heads * NP, out + k);
+        lh_read_floats(ref->gpu, ssm.data, slot * ns + tp->shard.head_begin * NP, tp->shard.num_heads * NP, out + k);
         k += tp->shard.num_heads * NP;
         double *c = malloc(sizeof(double) * (size_t)nc);
-        read_floats(ref, conv.data, slot * nc, nc, c);
+        lh_read_floats(ref->gpu, conv.data, slot * nc, nc, c);
         for (int32_t sec = 0; sec < tp->shard.num_conv_sections; sec++) {
             gdp_section se;
             gdp_tp_shard_conv_section(&tp->shard, sec, &se);
@@ -375,19 +230,7 @@ static stack *stack_at(int k) { return k == 0 ? &g_tp : (k == 1 ? &g_ref : &g_cr
 /* Compares the recorded deltas of every request row of this step in stacks sa and sb. */
 static void compare_step_outputs(const char *what, int sa, int sb, const int32_t *tag_req, const int32_t *tag_pos,
                                  int64_t T, int kind) {
-    int64_t n = 0;
-    for (int64_t row = 0; row < T; row++) {
-        if (tag_req[row] < 0)
-            continue;
-        CHECK(n + LAYERS * D_MODEL <= SCRATCH, "%s: %lld rows overflow the scratch", what, (long long)T);
-        if (n + LAYERS * D_MODEL > SCRATCH)
-            return;
-        for (int32_t l = 0; l < LAYERS; l++)
-            for (int c = 0; c < D_MODEL; c++, n++) {
-                g_a[n] = g_rec[sa][tag_req[row]][tag_pos[row]][l][c];
-                g_b[n] = g_rec[sb][tag_req[row]][tag_pos[row]][l][c];
-            }
-    }
+    const int64_t n = lh_gather_step_rows(what, sa, sb, tag_req, tag_pos, T);
     if (n > 0)
         check_close(what, g_a, g_b, n, BAR_TP, GPU_BAR_OUT, kind);
 }
@@ -395,51 +238,17 @@ static void compare_step_outputs(const char *what, int sa, int sb, const int32_t
 /* Runs one scheduled step on every stack and checks TP vs reference (and GPU vs CPU). */
 static void run_step(const tstep *t) {
     g_step_no++;
-    /* the desc, from the request table (accepts move positions back first) */
     int32_t dec_slots[4], rel_slots[8];
     gdp_prefill_request pre[4];
     gdp_draft_accept acc[4];
-    for (int32_t i = 0; i < t->n_acc; i++) {
-        request *r = &g_req[t->acc[i]];
-        acc[i] = (gdp_draft_accept){.slot = r->slot, .n_accepted = t->acc_n[i]};
-        r->pos = r->draft_base + t->acc_n[i];
-    }
-    for (int32_t i = 0; i < t->n_rel; i++)
-        rel_slots[i] = g_req[t->rel[i]].slot;
-    for (int32_t i = 0; i < t->n_dec; i++)
-        dec_slots[i] = g_req[t->dec[i]].slot;
-    for (int32_t i = 0; i < t->n_pre; i++) {
-        const request *r = &g_req[t->pre[i]];
-        const bool is_new = (t->flags[i] & GDP_PREFILL_NEW) != 0;
-        pre[i] = (gdp_prefill_request){.slot = is_new ? GDP_SLOT_AUTO : r->slot, .n_tokens = t->tokens[i],
-                                       .flags = t->flags[i], .restore_snapshot = t->restore[i],
-                                       .save_snapshot = t->save[i], .save_offset = t->save_off[i]};
-    }
-    const int32_t S = t->S ? t->S : 1;
-    gdp_step_desc d = {.decode_count = t->n_dec, .decode_tokens = S, .decode_slots = dec_slots,
-                       .prefill_count = t->n_pre, .prefill = pre, .release_count = t->n_rel,
-                       .release_slots = rel_slots, .accept_count = t->n_acc, .accept = acc,
-                       .bucket = t->bucket ? t->bucket - 1 : GDP_BUCKET_AUTO};
+    const gdp_step_desc d = lh_make_desc(t, g_req, dec_slots, rel_slots, pre, acc); /* accepts move positions back */
+    const int32_t S = d.decode_tokens;
     const gdp_step_metadata *ms[MAX_STACKS] = {NULL};
+    const char *names[MAX_STACKS] = {NULL};
     for (int k = 0; k < n_stacks(); k++)
-        ms[k] = stack_prepare(stack_at(k), &d);
+        ms[k] = stack_prepare(stack_at(k), &d), names[k] = stack_at(k)->name;
     const gdp_step_metadata *mt = ms[0];
-    for (int k = 1; k < n_stacks(); k++) {
-        /* Every stack built the same step against the same slot state: the same bytes. */
-        CHECK(ms[k]->bucket == mt->bucket, "step %d: buckets %d vs %d", g_step_no, ms[k]->bucket, mt->bucket);
-        CHECK(ms[k]->buffer_bytes == mt->buffer_bytes &&
-                  !memcmp(ms[k]->host_buffer, mt->host_buffer, mt->buffer_bytes),
-              "step %d: the metadata of stack %s differs from stack %s's", g_step_no, stack_at(k)->name, g_tp.name);
-        for (int32_t i = 0; i < t->n_pre; i++)
-            CHECK(mt->step->prefill[i].slot == ms[k]->step->prefill[i].slot, "step %d: request %d slots %d vs %d",
-                  g_step_no, t->pre[i], mt->step->prefill[i].slot, ms[k]->step->prefill[i].slot);
-    }
-    for (int32_t i = 0; i < t->n_pre; i++) {
-        g_req[t->pre[i]].slot = mt->step->prefill[i].slot;
-        g_req[t->pre[i]].live = 1;
-    }
-    for (int32_t i = 0; i < t->n_rel; i++)
-        g_req[t->rel[i]].live = 0;
+    lh_agree_on_step(t, ms, n_stacks(), names, g_step_no, g_req);
 
     /* x: decode rows, prefill rows, seeded padding */
     const int64_t T = mt->padded_token_count;
@@ -472,21 +281,8 @@ static void run_step(const tstep *t) {
     }
 
     /* record deltas; padding rows must come out exactly as they went in */
-    int64_t pad_changed = 0;
-    for (int64_t row = 0; row < T; row++) {
-        for (int k = 0; k < n_stacks(); k++)
-            for (int32_t l = 0; l < LAYERS; l++)
-                for (int c = 0; c < D_MODEL; c++) {
-                    const double in = l ? outs[k][l - 1][row * D_MODEL + c] : x[row * D_MODEL + c];
-                    const double delta = (double)outs[k][l][row * D_MODEL + c] - in;
-                    if (tag_req[row] < 0)
-                        pad_changed += delta != 0;
-                    else
-                        g_rec[k][tag_req[row]][tag_pos[row]][l][c] = delta;
-                }
-        if (tag_req[row] >= 0)
-            g_have[tag_req[row]][tag_pos[row]] = true;
-    }
+    float *xs[MAX_STACKS] = {x, x, x};
+    const int64_t pad_changed = lh_record_deltas(n_stacks(), T, xs, outs, tag_req, tag_pos);
     CHECK(pad_changed == 0, "step %d: %lld values of padding rows changed", g_step_no, (long long)pad_changed);
     char what[112];
     snprintf(what, sizeof what, "step %d: layer outputs, tp %d vs tp 1", g_step_no, g_size);
@@ -496,13 +292,7 @@ static void run_step(const tstep *t) {
         compare_step_outputs(what, 1, 2, tag_req, tag_pos, T, K_CPU_OUT);
     }
 
-    /* positions */
-    for (int32_t i = 0; i < t->n_dec; i++) {
-        g_req[t->dec[i]].draft_base = g_req[t->dec[i]].pos;
-        g_req[t->dec[i]].pos += S;
-    }
-    for (int32_t i = 0; i < t->n_pre; i++)
-        g_req[t->pre[i]].pos += t->tokens[i];
+    lh_advance_positions(t, S, g_req);
 
     /* states of every live request: this rank's share vs the reference's; GPU vs CPU */
     for (int32_t q = 0; q < NREQ; q++) {
@@ -684,18 +474,9 @@ static void scenario_bad_input(const char *path) {
 /* --backend cuda: 1 when this rank can run the test (a CUDA build, a visible GPU, NCCL when
  * asked for it, and with NCCL a GPU per rank of the node); else 0 and the reason in why. */
 static int gpu_usable(char *why, size_t n) {
-#ifdef GDP_HAVE_CUDA
-    if (!gdp_backend_available(GDP_BACKEND_CUDA)) {
-        snprintf(why, n, "this libgdp has no CUDA backend");
-        return 0;
-    }
     int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count < 1) {
-        (void)cudaGetLastError();
-        snprintf(why, n, "no GPU visible (%s)", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    if (!lh_gpu_usable(why, n, &count))
         return 0;
-    }
     if (g_nccl) {
         if (!gdp_comm_backend_available(GDP_COMM_NCCL)) {
             snprintf(why, n, "this libgdp has no NCCL backend");
@@ -712,10 +493,6 @@ static int gpu_usable(char *why, size_t n) {
         }
     }
     return 1;
-#else
-    snprintf(why, n, "this libgdp was built without CUDA");
-    return 0;
-#endif
 }
 
 static void usage_fatal(const char *arg) {
@@ -748,11 +525,8 @@ int main(int argc, char **argv) {
     if (g_cuda) {
         /* Every rank skips, or none: a rank alone would leave the others in a collective. */
         char why[160] = "";
-        int usable = gpu_usable(why, sizeof why), all = 0;
-        MPI_Allreduce(&usable, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-        if (!all) {
-            if (!usable)
-                printf("%s: skipped on rank %d: %s\n", name, g_rank, why);
+        const int usable = gpu_usable(why, sizeof why);
+        if (!lh_all_ranks_usable(usable, name, why)) {
             MPI_Finalize();
             return TEST_SKIP;
         }
@@ -760,20 +534,8 @@ int main(int argc, char **argv) {
     const gdp_comm_backend_t comm_backend = g_nccl ? GDP_COMM_NCCL : GDP_COMM_MPI;
     GDP_FATAL_IF_ERROR(NULL, gdp_comm_init(&g_comm, comm_backend, NULL,
                                            g_cuda ? GDP_COMM_DEVICE_BUFFERS : GDP_COMM_HOST_BUFFERS));
-    if (g_cuda) {
-#ifdef GDP_HAVE_CUDA
-        int32_t device = 0;
-        GDP_FATAL_IF_ERROR(g_comm, gdp_comm_device(g_comm, &device));
-        GDP_FATAL_IF_ERROR(g_comm, gdp_ctx_init(&g_ctx, GDP_BACKEND_CUDA, device));
-        cudaStream_t stream = NULL;
-        CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        g_stream = stream;
-        GDP_FATAL_IF_ERROR(g_comm, gdp_ctx_set_stream(g_ctx, g_stream));
-        GDP_FATAL_IF_ERROR(g_comm, gdp_ctx_init(&g_cpu_ctx, GDP_BACKEND_CPU, 0));
-#endif
-    } else {
-        GDP_FATAL_IF_ERROR(g_comm, gdp_ctx_init(&g_ctx, GDP_BACKEND_CPU, 0));
-    }
+    lh_fatal_comm = g_comm;
+    lh_ctx_init(g_comm);
 
     /* one global checkpoint, written by rank 0 */
     char path[256];
@@ -829,20 +591,7 @@ int main(int argc, char **argv) {
             printf("# worst relative RMS, GPU tp 1 vs CPU tp 1: outputs %.2e, states %.2e\n", worst[K_CPU_OUT],
                    worst[K_CPU_STATE]);
     }
-    CHECK_OK(gdp_ctx_free(g_ctx));
-    if (g_cuda) {
-        CHECK_OK(gdp_ctx_free(g_cpu_ctx));
-#ifdef GDP_HAVE_CUDA
-        CUDA_OK(cudaStreamDestroy((cudaStream_t)g_stream));
-#endif
-    }
+    lh_ctx_free();
     CHECK_OK(gdp_comm_free(g_comm));
-    int failures = 0;
-    MPI_Allreduce(&g_test_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (g_rank == 0)
-        printf("# failures over %d ranks : %d %s\n", g_size, failures, failures ? "FAILED" : "OK");
-    if (g_rank == 0 || g_test_failures)
-        test_finish(name);
-    MPI_Finalize();
-    return failures ? 1 : 0;
+    return lh_finish(name);
 }

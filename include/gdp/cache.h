@@ -84,6 +84,23 @@ GDP_API gdp_status_t gdp_cache_slot_in_use(gdp_cache_t cache, int32_t slot, int3
 /* *saved = 1 if snapshot id has been saved by some step. */
 GDP_API gdp_status_t gdp_cache_snapshot_saved(gdp_cache_t cache, int32_t snapshot, int32_t *saved);
 
+/* Swapping a slot's state to memory outside the cache and back (preemption). Between steps,
+ * identically on every rank (each rank moves its own share). The buffer is host memory
+ * (pinned memory makes the copies on CUDA run at full speed) of gdp_cache_swap_bytes:
+ * every layer's ssm then conv state, layer by layer.
+ *   swap_out: copies slot `slot`'s state into buf; with pending_S > 0 the slot has a
+ *             pending draft step of pending_S tokens of which `keep` (1..pending_S) are
+ *             kept, and the state after the kept tokens is what is saved (what the accept
+ *             would have made); with pending_S 0, the slot's own state. The slot stays
+ *             claimed: a step's release frees it.
+ *   swap_in:  claims free slot `slot` with the state in buf (no pending draft step).
+ * Both wait for their copies (CUDA: on the cache's stream, after the work queued on it).
+ * Errors (nothing modified): INVALID_ARGUMENT naming the slot and its state (a free slot to
+ * swap out, a claimed one to swap in, a pending draft step that does not match, NULL buf). */
+GDP_API gdp_status_t gdp_cache_swap_bytes(gdp_cache_t cache, size_t *bytes);
+GDP_API gdp_status_t gdp_cache_swap_out(gdp_cache_t cache, int32_t slot, int32_t pending_S, int32_t keep, void *buf);
+GDP_API gdp_status_t gdp_cache_swap_in(gdp_cache_t cache, int32_t slot, const void *buf);
+
 /* Views of layer `layer`'s buffers (device memory on CUDA), valid while the cache lives:
  *   ssm [n_slots, H_t, K, V] ssm_dtype;  conv [n_slots, conv_dim_t, W] conv_dtype. */
 GDP_API gdp_status_t gdp_cache_state_views(gdp_cache_t cache, int32_t layer, gdp_tensor *ssm, gdp_tensor *conv);

@@ -32,6 +32,11 @@
 extern "C" {
 #endif
 
+/* The rates a step's floor is computed with (gdp_engine_report.floor_s): the H200's measured
+ * copy bandwidth (bytes read + written) and dense bf16 matrix rate (docs/performance.md). */
+#define GDP_FLOOR_BANDWIDTH 4.17e12
+#define GDP_FLOOR_PEAK      7.9e14
+
 /* ==== the engine ======================================================================== */
 
 typedef struct gdp_engine *gdp_engine_t;
@@ -62,6 +67,10 @@ typedef struct gdp_engine_config {
     int32_t preempt;              /* 1: preempt running requests when others wait for a slot       */
     int32_t preempt_after;        /* decode steps a request runs after (re)admission before it
                                      may be preempted (>= 1; keeps preemption from thrashing)      */
+    int32_t preempt_wait_ms;      /* a waiting request's turn comes (a running one is swapped out
+                                     for it) once it has waited this long for a slot; 0: at once  */
+    int32_t max_candidates;       /* sampling candidates per rank and row (sampling.h): the largest
+                                     top_k a request may ask for, and top-p's reach (1 .. 1024)   */
     int32_t cuda_graphs;          /* 1: each step runs its layers as the CUDA graph of its bucket
                                      (decode requests, prefill tokens, S), captured on the
                                      bucket's first step and replayed after (CUDA with NCCL or
@@ -78,8 +87,9 @@ typedef struct gdp_engine_config {
 } gdp_engine_config;
 
 /* gdp-run's defaults: 16 slots, 512 tokens per step, prefill chunk 256, no drafts (ngram 3),
- * preemption after 16 decode steps, graphs on, arrivals honored, progress every second,
- * no check, no debug check. */
+ * preemption of requests that ran 16 decode steps for waiters that waited 500 ms, 256
+ * sampling candidates, graphs on, arrivals honored, progress every second, no check, no
+ * debug check. */
 GDP_API gdp_status_t gdp_engine_config_default(gdp_engine_config *cfg);
 
 /* Creates an engine over a model (gdp_model_init with the same ctx and comm): the state
@@ -108,10 +118,12 @@ typedef enum gdp_engine_phase {
     GDP_PHASE_GEMM = 0,   /* the layers' in_proj and out_proj GEMMs and the LM head         */
     GDP_PHASE_GDP_OPS,    /* conv, prepare, chunked / recurrent GDP, norms (the layers' rest) */
     GDP_PHASE_COLLECTIVE, /* the layers' all-reduces and status agreements, step broadcasts  */
-    GDP_PHASE_HOST,       /* scheduling, plan build, embedding, swaps, sampling              */
+    GDP_PHASE_HEAD,       /* the LM head and sampling (final norm, GEMM, candidates, merge)  */
+    GDP_PHASE_HOST,       /* scheduling, frame and plan, swaps, emission: the step's wall
+                             time the device was not busy with it                          */
     GDP_PHASE_NUM         /* must be last */
 } gdp_engine_phase_t;
-/* "GEMMs", "GDP ops", "collectives", "host" or "invalid". */
+/* "GEMMs", "GDP ops", "collectives", "head + sampling", "host" or "invalid". */
 GDP_API const char *gdp_engine_phase_name(gdp_engine_phase_t phase);
 
 /* What a run did, as seen by this rank (request statistics on the root only). */
@@ -130,11 +142,15 @@ typedef struct gdp_engine_report {
     int64_t preemptions, resumes;
     int64_t drafts_proposed, drafts_accepted;
     int64_t graph_captures, graph_replays;
-    double  phase_s[GDP_PHASE_NUM];   /* this rank, summed over the steps; GEMM and collective
-                                         shares of the layers are estimated from the rates
-                                         calibrated at init (the rest of the layers' time is
-                                         GDP ops); the LM head and broadcasts are measured   */
+    double  phase_s[GDP_PHASE_NUM];   /* this rank, summed over the steps: device phases from
+                                         CUDA events on the stream (clocks on the CPU), split
+                                         by the marks of every phase_sample-th step; host =
+                                         step wall time minus device time                     */
     double  step_s;                   /* sum of the phases                                    */
+    double  device_s;                 /* device time of the steps (events; CPU: layers+head)  */
+    double  floor_s;                  /* the steps' floor: per step max(bytes / bandwidth,
+                                         FLOPs / peak) at GDP_FLOOR_BANDWIDTH / GDP_FLOOR_PEAK */
+    double  floor_bytes, floor_flops; /* what the floor counts, summed over the steps         */
     size_t  weight_bytes, cache_bytes, swap_peak_bytes, peak_rss_bytes, device_bytes;
 } gdp_engine_report;
 

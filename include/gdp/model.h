@@ -12,8 +12,10 @@
  * rank that samples).
  *
  * Backends: everything above the ops and GEMMs is backend-neutral. The CPU backend runs
- * fp32 with the GEMMs in cblas_sgemm; the CUDA backend uses the layer's GEMM helper,
- * which returns UNSUPPORTED until the cuBLASLt GEMMs land (so does gdp_model_init).
+ * fp32 with the GEMMs in cblas_sgemm; the CUDA backend uses the layer's cuBLASLt GEMMs.
+ * gdp-run's steps take the device path at the end of this file (embedding gather from
+ * device token ids, vocab-parallel head, sampling on the device); gdp_model_embed and
+ * gdp_model_logits are the host-side forms (checks and tests).
  */
 #ifndef GDP_MODEL_H
 #define GDP_MODEL_H
@@ -24,6 +26,7 @@
 #include "gdp/gdp.h"
 #include "gdp/layer.h"
 #include "gdp/plan.h"
+#include "gdp/sampling.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -80,6 +83,37 @@ GDP_API gdp_status_t gdp_model_forward(gdp_model_t model, gdp_cache_t cache, con
  * for x's shape or dtype, a row outside [0, T), n_rows < 1, NULL pointers. */
 GDP_API gdp_status_t gdp_model_logits(gdp_model_t model, float *logits, const gdp_tensor *x, const int32_t *rows,
                                       int64_t n_rows);
+
+/* ---- the device path of a step (what gdp-run runs, CUDA-graph capturable) ---- */
+
+/* x [n, D] (backend memory, fp32) <- the embedding rows of tokens[0..n) in BACKEND memory
+ * (device memory on CUDA; host memory on the CPU backend, where it is gdp_model_embed). On
+ * CUDA the tokens are not checked (the device cannot report): a token outside [0, vocab),
+ * -1 included, gives a row of zeros. */
+GDP_API gdp_status_t gdp_model_embed_device(gdp_model_t model, gdp_tensor *x, const int32_t *tokens, int64_t n);
+
+/* Sizes the head's buffers for steps of up to max_rows sampled rows and candidate records of
+ * max_candidates (sampling.h: the top-k / top-p limit). Call before capturing a graph that
+ * samples (a later larger reserve moves the buffers). */
+GDP_API gdp_status_t gdp_model_reserve_head(gdp_model_t model, int64_t max_rows, int32_t max_candidates);
+
+/* The LM head and sampling of a step (docs/gdp-run.md, "The step pipeline"):
+ *   final RMSNorm of rows rows[i] of x -> logits of this rank's vocabulary slice (one GEMM
+ *   per block of rows; bf16 operands with fp32 accumulation on CUDA, fp32 on the CPU) ->
+ *   candidate records (gdp_sample_candidates) -> all-gather of the records over the TP comm
+ *   -> merge (gdp_sample_merge) -> out[i] on every rank.
+ * rows, params and out are backend memory of n_rows entries; a row of -1 (padding) gives
+ * an unspecified outcome. Vocab-parallel: rank r holds rows [r ceil(V/tp), ...) of the tied
+ * embedding, so only the records (a few KB per row) cross ranks. Collective over the
+ * model's TP comm. Nothing waits for the device. */
+typedef struct gdp_model_head_args {
+    const gdp_tensor     *x;      /* [T, D] fp32, backend memory (after the layers)   */
+    const int32_t        *rows;   /* [n_rows] rows of x                               */
+    int64_t               n_rows; /* 1 .. the reserved rows                           */
+    const gdp_sample_row *params; /* [n_rows]                                         */
+    gdp_sample_out       *out;    /* [n_rows]                                         */
+} gdp_model_head_args;
+GDP_API gdp_status_t gdp_model_sample(gdp_model_t model, const gdp_model_head_args *args);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,174 @@
+/*
+ * phase.c: the step phase recorder of phase.h: marks as CUDA events on the ctx's stream, or
+ * host clock readings on the CPU backend, summed per phase once the work has finished.
+ */
+#include <string.h>
+#include <time.h>
+
+#include "phase.h"
+
+#ifdef GDP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+/* The active recording of this thread (one at a time): its ctx and list. Thread-local and
+ * not in the ctx, so the collectives, which know only a stream, can mark too. */
+typedef struct phase_state {
+    gdp_ctx_t       ctx;
+    gdp_phase_list *list;
+    int32_t         locked;
+    gdp_status_t    status; /* the first failure of a mark, reported by gdp_phase_end */
+} phase_state;
+
+static _Thread_local phase_state *g_active;
+
+static double host_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static gdp_status_t grow(gdp_phase_list *l) {
+    const int32_t cap = l->cap ? 2 * l->cap : 64;
+    int8_t *p = realloc(l->phase, (size_t)cap);
+    if (p != NULL)
+        l->phase = p;
+    void **e = realloc(l->events, sizeof(void *) * (size_t)cap);
+    if (e != NULL)
+        l->events = e;
+    double *t = realloc(l->t, sizeof(double) * (size_t)cap);
+    if (t != NULL)
+        l->t = t;
+    if (p == NULL || e == NULL || t == NULL)
+        GDP_FAIL(GDP_STATUS_SYSTEM_ERROR, "phase timing: out of memory for %d marks", cap);
+    memset(l->events + l->cap, 0, sizeof(void *) * (size_t)(cap - l->cap));
+    l->cap = cap;
+    return GDP_STATUS_SUCCESS;
+}
+
+static gdp_status_t record(gdp_ctx_t ctx, gdp_phase_list *l, int phase) {
+    if (l->n == l->cap)
+        GDP_CHECK(grow(l));
+    const int32_t i = l->n++;
+    l->phase[i] = (int8_t)phase;
+#ifdef GDP_HAVE_CUDA
+    if (ctx->backend == GDP_BACKEND_CUDA) {
+        if (l->events[i] == NULL) {
+            cudaEvent_t ev = NULL;
+            if (cudaEventCreate(&ev) != cudaSuccess) {
+                (void)cudaGetLastError();
+                GDP_FAIL(GDP_STATUS_CUDA_ERROR, "phase timing: cudaEventCreate failed");
+            }
+            l->events[i] = ev;
+        }
+        if (cudaEventRecord((cudaEvent_t)l->events[i], (cudaStream_t)ctx->stream) != cudaSuccess) {
+            (void)cudaGetLastError();
+            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "phase timing: cudaEventRecord failed");
+        }
+        return GDP_STATUS_SUCCESS;
+    }
+#endif
+    l->t[i] = host_now();
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_phase_begin(gdp_ctx_t ctx, gdp_phase_list *list, int phase) {
+    if (g_active != NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "phase timing: a recording is already active on this ctx");
+    phase_state *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        GDP_FAIL(GDP_STATUS_SYSTEM_ERROR, "phase timing: out of memory");
+    s->ctx = ctx;
+    s->list = list;
+    list->n = 0;
+    g_active = s;
+    const gdp_status_t st = record(ctx, list, phase);
+    if (st != GDP_STATUS_SUCCESS) {
+        g_active = NULL;
+        free(s);
+    }
+    return st;
+}
+
+void gdp_phase_mark(gdp_ctx_t ctx, int phase) {
+    phase_state *s = g_active;
+    if (s == NULL || s->ctx != ctx || s->locked > 0 || s->status != GDP_STATUS_SUCCESS)
+        return;
+    /* two marks in a row: the first phase was empty; keep one */
+    if (s->list->n > 0 && s->list->phase[s->list->n - 1] == phase)
+        return;
+    s->status = record(ctx, s->list, phase);
+}
+
+void gdp_phase_mark_stream(void *stream, int phase) {
+    phase_state *s = g_active;
+    if (s != NULL && s->ctx->stream == stream)
+        gdp_phase_mark(s->ctx, phase);
+}
+
+void gdp_phase_lock(gdp_ctx_t ctx, int phase) {
+    phase_state *s = g_active;
+    if (s == NULL || s->ctx != ctx)
+        return;
+    gdp_phase_mark(ctx, phase);
+    s->locked++;
+}
+
+void gdp_phase_unlock(gdp_ctx_t ctx, int after) {
+    phase_state *s = g_active;
+    if (s == NULL || s->ctx != ctx)
+        return;
+    if (s->locked > 0)
+        s->locked--;
+    gdp_phase_mark(ctx, after);
+}
+
+gdp_status_t gdp_phase_end(gdp_ctx_t ctx) {
+    phase_state *s = g_active;
+    if (s == NULL || s->ctx != ctx)
+        return GDP_STATUS_SUCCESS;
+    gdp_status_t st = s->status;
+    if (st == GDP_STATUS_SUCCESS)
+        st = record(ctx, s->list, -1);
+    g_active = NULL;
+    free(s);
+    return st;
+}
+
+gdp_status_t gdp_phase_sum(gdp_ctx_t ctx, const gdp_phase_list *list, double *sums, double *total) {
+    for (int32_t i = 0; i + 1 < list->n; i++) {
+        double dt = 0;
+#ifdef GDP_HAVE_CUDA
+        if (ctx->backend == GDP_BACKEND_CUDA) {
+            float ms = 0;
+            if (cudaEventElapsedTime(&ms, (cudaEvent_t)list->events[i], (cudaEvent_t)list->events[i + 1]) !=
+                cudaSuccess) {
+                (void)cudaGetLastError();
+                GDP_FAIL(GDP_STATUS_CUDA_ERROR, "phase timing: cudaEventElapsedTime failed (work not finished?)");
+            }
+            dt = ms * 1e-3;
+        } else
+#endif
+            dt = list->t[i + 1] - list->t[i];
+        const int p = list->phase[i];
+        if (p >= 0 && p < GDP_MARK_NUM)
+            sums[p] += dt;
+        *total += dt;
+    }
+    (void)ctx;
+    return GDP_STATUS_SUCCESS;
+}
+
+void gdp_phase_list_free(gdp_phase_list *list) {
+    if (list == NULL)
+        return;
+#ifdef GDP_HAVE_CUDA
+    for (int32_t i = 0; i < list->cap; i++)
+        if (list->events[i] != NULL)
+            (void)cudaEventDestroy((cudaEvent_t)list->events[i]);
+#endif
+    free(list->phase);
+    free(list->events);
+    free(list->t);
+    memset(list, 0, sizeof *list);
+}

@@ -1,0 +1,58 @@
+/*
+ * phase.h: measured phases of a step. A recorder on the ctx collects marks on the ctx's
+ * stream: each mark starts a phase (GEMM, GDP ops, collective, head + sampling) that lasts
+ * until the next mark. On CUDA a mark is an event recorded on the stream (inside a CUDA
+ * graph capture it becomes an event node, re-recorded at every replay); on the CPU backend
+ * it is the host clock (the CPU backend runs synchronously). The GEMM helper and the
+ * collectives mark themselves, so the layers need no timing code of their own; the model
+ * locks the recorder to "head" while the LM head and sampling run.
+ *
+ * Marks are free when no recording is active (one thread-local pointer test). One
+ * recording per thread at a time.
+ */
+#ifndef GDP_PHASE_H
+#define GDP_PHASE_H
+
+#include <stdint.h>
+
+#include "internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Phase ids: the order of gdp_engine_phase_t (engine.h), which checks it. */
+enum { GDP_MARK_GEMM = 0, GDP_MARK_OPS, GDP_MARK_COLLECTIVE, GDP_MARK_HEAD, GDP_MARK_NUM };
+
+/* The marks of one recorded span: a step run eagerly, or a captured graph (whose events
+ * are re-recorded at every replay, so the list is read again after each). */
+typedef struct gdp_phase_list {
+    int32_t n, cap;
+    int8_t *phase;   /* [cap] the phase each mark starts (-1: the end mark) */
+    void  **events;  /* [cap] cudaEvent_t, created on first use (CUDA)      */
+    double *t;       /* [cap] host clock (CPU backend)                      */
+} gdp_phase_list;
+
+/* Starts recording into list (its marks are reused from the start) with a first mark of
+ * `phase`. One recording per ctx at a time. */
+gdp_status_t gdp_phase_begin(gdp_ctx_t ctx, gdp_phase_list *list, int phase);
+/* A mark of `phase` when the ctx records and is not locked; otherwise nothing. */
+void gdp_phase_mark(gdp_ctx_t ctx, int phase);
+/* The same from code that knows only the stream (the collectives): marks when the active
+ * recording's ctx runs on `stream`. */
+void gdp_phase_mark_stream(void *stream, int phase);
+/* Marks `phase` and ignores inner marks until the matching unlock, which marks `after`. */
+void gdp_phase_lock(gdp_ctx_t ctx, int phase);
+void gdp_phase_unlock(gdp_ctx_t ctx, int after);
+/* The end mark; recording stops. */
+gdp_status_t gdp_phase_end(gdp_ctx_t ctx);
+/* After the recorded work finished (the stream synchronized): seconds per phase added to
+ * sums[GDP_MARK_NUM], and the span's total added to *total. */
+gdp_status_t gdp_phase_sum(gdp_ctx_t ctx, const gdp_phase_list *list, double *sums, double *total);
+void gdp_phase_list_free(gdp_phase_list *list);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GDP_PHASE_H */
