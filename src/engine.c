@@ -437,8 +437,8 @@ static void engine_destroy(struct gdp_engine *e) {
     if (on_cuda(e)) {
         gdp_layer_buf_free(e->ctx, e->step_dev);
         gdp_layer_buf_free(e->ctx, e->out_dev);
-        host_free(e, e->out_host);
     }
+    host_free(e, e->out_host); /* the CPU's out_dev is this buffer too */
     host_free(e, e->step_host);
     free(e->logits);
     free(e->logit_rows);
