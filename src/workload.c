@@ -285,8 +285,9 @@ static gdp_status_t parse_request(const json_t *obj, gdp_request_spec *q, int64_
                      op, path, (long long)line);
         len = (int64_t)json_array_size(prompt);
     }
-    if (len < 1 || len > INT32_MAX)
-        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s:%lld: the prompt length %lld must be >= 1", op, path,
+    /* checked before the prompt is allocated (2^31 tokens would be 8 GB; found by fuzz_workload) */
+    if (len < 1 || len > (1 << 20))
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s:%lld: the prompt length %lld must be in [1, 2^20]", op, path,
                  (long long)line, (long long)len);
     int32_t *tokens = gdp_calloc((size_t)len, sizeof(int32_t), "a workload prompt");
     if (tokens == NULL)
