@@ -4,6 +4,12 @@
 # and fails on a crash, a leak, a sanitizer report, a 10 s input or 2 GB of memory; the input
 # is left as fuzz-artifacts/crash-* (or leak-*, oom-*, timeout-*) in the build tree.
 if(GDP_FUZZ)
+  # readable stacks in reports (clang's runtime wants an llvm-symbolizer; any version works)
+  find_program(GDP_LLVM_SYMBOLIZER NAMES llvm-symbolizer-16 llvm-symbolizer llvm-symbolizer-15 llvm-symbolizer-14)
+  set(_gdp_fuzz_env "UBSAN_OPTIONS=print_stacktrace=1")
+  if(GDP_LLVM_SYMBOLIZER)
+    list(APPEND _gdp_fuzz_env "ASAN_SYMBOLIZER_PATH=${GDP_LLVM_SYMBOLIZER}")
+  endif()
   foreach(target safetensors workload)
     add_executable(fuzz_${target} ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_${target}.c)
     target_include_directories(fuzz_${target} PRIVATE ${PROJECT_SOURCE_DIR}/src)
@@ -17,6 +23,6 @@ if(GDP_FUZZ)
                      -artifact_prefix=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts/${target}-
                      ${_corpus} ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/corpus/${target})
     math(EXPR _limit "${GDP_FUZZ_SECONDS} + 120")
-    set_tests_properties(fuzz_${target} PROPERTIES LABELS fuzz TIMEOUT ${_limit})
+    set_tests_properties(fuzz_${target} PROPERTIES LABELS fuzz TIMEOUT ${_limit} ENVIRONMENT "${_gdp_fuzz_env}")
   endforeach()
 endif()
