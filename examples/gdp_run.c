@@ -65,6 +65,9 @@ static void usage(FILE *f) {
             "  --draft K               n-gram draft tokens per decode step, 0 = off (0)\n"
             "  --ngram N               longest n-gram the drafter matches (3)\n"
             "  --no-preempt            never preempt; --preempt-after N: decode steps before a request may be (16)\n"
+            "  --preempt-wait-ms MS    a waiting request's turn comes (a running one is swapped out for it) after\n"
+            "                          waiting this long for a slot; 0 = at once (500)\n"
+            "  --max-candidates N      sampling candidates per rank and row: the largest top_k, top-p's reach (256)\n"
             "  --no-graphs             run every step eagerly (no CUDA graphs)\n"
             "  --progress S            seconds between progress lines on stderr, 0 = none (1)\n"
             "  --debug-check           hash-check every step's metadata across ranks\n"
@@ -156,6 +159,8 @@ static int parse_args(int argc, char **argv, options *o) {
         INT_OPT("--draft", 0, 15, o->engine.draft_tokens)
         INT_OPT("--ngram", 2, 64, o->engine.ngram)
         INT_OPT("--preempt-after", 1, 1 << 20, o->engine.preempt_after)
+        INT_OPT("--preempt-wait-ms", 0, 1 << 30, o->engine.preempt_wait_ms)
+        INT_OPT("--max-candidates", 1, GDP_SAMPLING_MAX_CANDIDATES, o->engine.max_candidates)
         INT_OPT("--progress", 0, 3600, o->engine.progress)
         INT_OPT("--cp", 1, 1 << 16, o->cp)
         if (!strcmp(a, "--model-seed") || !strcmp(a, "--prompt-seed")) {
