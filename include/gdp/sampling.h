@@ -43,14 +43,15 @@ extern "C" {
 typedef struct gdp_sampling_params {
     float    temperature; /* 0: greedy (default); > 0: sample from softmax(logits / temperature) */
     int32_t  top_k;       /* 0: off; else 1 .. GDP_SAMPLING_MAX_CANDIDATES                        */
-    float    top_p;       /* 1: off (default); else in (0, 1)                                     */
+    float    top_p;       /* 1: off (default); else in (0, 1). In request specs 0 also means off, so
+                             a zeroed struct is the default (the engine passes 1 to the kernels)  */
     uint64_t seed;        /* the request's seed                                                   */
 } gdp_sampling_params;
 
 /* Greedy, no top-k, no top-p, seed 0. */
 GDP_API gdp_sampling_params gdp_sampling_params_default(void);
 /* INVALID_ARGUMENT naming the field and value when p is not a valid option set (temperature
- * < 0 or not finite, top_k outside [0, GDP_SAMPLING_MAX_CANDIDATES], top_p outside (0, 1]). */
+ * < 0 or not finite, top_k outside [0, GDP_SAMPLING_MAX_CANDIDATES], top_p outside [0, 1]). */
 GDP_API gdp_status_t gdp_sampling_params_check(const gdp_sampling_params *p, const char *what);
 
 /* One row to sample, as the kernels read it (backend memory, 24 bytes). */
