@@ -276,7 +276,12 @@ static gdp_status_t stack_init(stack *s, gdp_backend_t backend, gdp_checkpoint_t
     const gdp_comm_backend_t cb =
         cuda && cp == 1 && gdp_comm_backend_available(GDP_COMM_NCCL) ? GDP_COMM_NCCL : GDP_COMM_MPI;
     const gdp_comm_buffers_t where = cuda ? GDP_COMM_DEVICE_BUFFERS : GDP_COMM_HOST_BUFFERS;
+    gdp_comm_backend_t used = cb;
     gdp_status_t st = gdp_comm_init(&s->comm, cb, NULL, where);
+    if (st != GDP_STATUS_SUCCESS && cb == GDP_COMM_NCCL) { /* more ranks than GPUs: host-staged MPI */
+        used = GDP_COMM_MPI;
+        st = gdp_comm_init(&s->comm, GDP_COMM_MPI, NULL, where);
+    }
     if (st != GDP_STATUS_SUCCESS)
         return st; /* agreed by gdp_comm_init */
     int32_t device = 0;
@@ -289,9 +294,9 @@ static gdp_status_t stack_init(stack *s, gdp_backend_t backend, gdp_checkpoint_t
             MPI_Comm_split(MPI_COMM_WORLD, cp_rank, tp_rank, &s->tp_mpi);
             MPI_Comm_split(MPI_COMM_WORLD, tp_rank, cp_rank, &s->cp_mpi);
             if (g_size / cp > 1)
-                st = gdp_comm_init(&s->tp_comm, cb, &s->tp_mpi, where);
+                st = gdp_comm_init(&s->tp_comm, used, &s->tp_mpi, where);
             if (st == GDP_STATUS_SUCCESS)
-                st = gdp_comm_init(&s->cp_comm, cb, &s->cp_mpi, where);
+                st = gdp_comm_init(&s->cp_comm, used, &s->cp_mpi, where);
         }
         st = gdp_comm_agree(s->comm, st); /* a failure in one group fails every rank */
         if (st != GDP_STATUS_SUCCESS) {
