@@ -64,7 +64,7 @@ static gdp_status_t record(gdp_ctx_t ctx, gdp_phase_list *l, int phase) {
         }
         /* Inside a stream capture a plain record only orders the capture's streams; an
          * external record becomes an event node that every replay records. */
-        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
         (void)cudaStreamIsCapturing((cudaStream_t)ctx->stream, &cs);
         const cudaError_t err = cs == cudaStreamCaptureStatusActive
                                     ? cudaEventRecordWithFlags((cudaEvent_t)l->events[i], (cudaStream_t)ctx->stream,
