@@ -438,41 +438,22 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const MergeParams 
     const double T = opt.temperature;
 
     if (threadIdx.x == 0) {
-        float max = -INFINITY, second = -INFINITY, absmax = 0.0f;
-        uint32_t argmax = UINT32_MAX, best_id = UINT32_MAX;
-        double best_key = -INFINITY;
-        int32_t flags = mode == GDP_SMODE_INVALID ? GDP_SAMPLE_INVALID_ROW : 0, total = 0;
+        gdp_sample_fold f = gdp_sample_fold_init(mode == GDP_SMODE_INVALID ? GDP_SAMPLE_INVALID_ROW : 0);
+        int32_t total = 0;
         for (int q = 0; q < p.n_parts; q++) {
             const int32_t *rec = rec0 + q * part_stride;
-            flags |= rec[GDP_SREC_FLAGS];
-            const float m = gdp_sample_f32_from_bits((uint32_t)rec[GDP_SREC_MAX]);
-            const float s = gdp_sample_f32_from_bits((uint32_t)rec[GDP_SREC_SECOND]);
-            const uint32_t id = (uint32_t)rec[GDP_SREC_ARGMAX];
-            if (m > max || (m == max && id < argmax)) {
-                second = fmaxf(s, max);
-                max = m;
-                argmax = id;
-            } else {
-                second = fmaxf(second, m);
-            }
-            absmax = fmaxf(absmax, gdp_sample_f32_from_bits((uint32_t)rec[GDP_SREC_ABSMAX]));
-            const double key = gdp_sample_get_f64(rec + GDP_SREC_GUMBEL_KEY);
-            const uint32_t kid = (uint32_t)rec[GDP_SREC_GUMBEL_ID];
-            if (key > best_key || (key == best_key && kid < best_id)) {
-                best_key = key;
-                best_id = kid;
-            }
+            gdp_sample_fold_part(&f, rec);
             total += cand_count(rec, p.max_candidates);
         }
         double z = 0.0;
-        if (flags == 0 && mode == GDP_SMODE_CANDIDATES && opt.top_k == 0)
+        if (f.flags == 0 && mode == GDP_SMODE_CANDIDATES && opt.top_k == 0)
             for (int q = 0; q < p.n_parts; q++) {
                 const int32_t *rec = rec0 + q * part_stride;
                 const double m = gdp_sample_f32_from_bits((uint32_t)rec[GDP_SREC_MAX]);
-                z += gdp_sample_get_f64(rec + GDP_SREC_Z) * exp((m - (double)max) / T);
+                z += gdp_sample_get_f64(rec + GDP_SREC_Z) * exp((m - (double)f.max) / T);
             }
-        h.max = max, h.second = second, h.absmax = absmax, h.argmax = argmax, h.best_id = best_id;
-        h.best_key = best_key, h.z = z, h.flags = flags, h.total = total;
+        h.max = f.max, h.second = f.second, h.absmax = f.absmax, h.argmax = f.argmax, h.best_id = f.best_id;
+        h.best_key = f.best_key, h.z = z, h.flags = f.flags, h.total = total;
     }
     __syncthreads();
 

@@ -238,47 +238,27 @@ static gdp_sample_out cpu_merge_row(const gdp_sample_merge_args *a, int64_t r, u
     const gdp_sample_row *row = &a->rows[r];
     const int mode = gdp_sample_row_mode(row, a->max_candidates);
 
-    float max = -INFINITY, second = -INFINITY, absmax = 0.0f;
-    uint32_t argmax = UINT32_MAX, best_id = UINT32_MAX;
-    double best_key = -INFINITY;
-    int32_t flags = mode == GDP_SMODE_INVALID ? GDP_SAMPLE_INVALID_ROW : 0;
+    gdp_sample_fold f = gdp_sample_fold_init(mode == GDP_SMODE_INVALID ? GDP_SAMPLE_INVALID_ROW : 0);
     int64_t n_keys = 0;
     for (int32_t p = 0; p < a->n_parts; p++) {
         const int32_t *rec = a->records + ((int64_t)p * a->n_rows + r) * words;
-        flags |= rec[GDP_SREC_FLAGS];
-        const float m = gdp_sample_f32_from_bits((uint32_t)rec[GDP_SREC_MAX]);
-        const float s = gdp_sample_f32_from_bits((uint32_t)rec[GDP_SREC_SECOND]);
-        const uint32_t id = (uint32_t)rec[GDP_SREC_ARGMAX];
-        if (m > max || (m == max && id < argmax)) {
-            second = fmaxf(s, max);
-            max = m;
-            argmax = id;
-        } else {
-            second = fmaxf(second, m);
-        }
-        absmax = fmaxf(absmax, gdp_sample_f32_from_bits((uint32_t)rec[GDP_SREC_ABSMAX]));
-        const double key = gdp_sample_get_f64(rec + GDP_SREC_GUMBEL_KEY);
-        const uint32_t kid = (uint32_t)rec[GDP_SREC_GUMBEL_ID];
-        if (key > best_key || (key == best_key && kid < best_id)) {
-            best_key = key;
-            best_id = kid;
-        }
+        gdp_sample_fold_part(&f, rec);
         int32_t n = rec[GDP_SREC_N_CAND];
         n = n < 0 ? 0 : (n > a->max_candidates ? a->max_candidates : n);
         for (int32_t j = 0; j < n; j++)
             keys[n_keys++] = gdp_sample_key(gdp_sample_f32_from_bits((uint32_t)rec[GDP_SREC_HEADER + 2 * j]),
                                             (uint32_t)rec[GDP_SREC_HEADER + 2 * j + 1]);
     }
-    if (flags & GDP_SAMPLE_INVALID_ROW)
-        return (gdp_sample_out){.token = 0, .margin = 0.0f, .scale = 0.0f, .flags = flags};
-    if (flags & GDP_SAMPLE_NONFINITE)
-        return (gdp_sample_out){.token = 0, .margin = 0.0f, .scale = INFINITY, .flags = flags};
+    if (f.flags & GDP_SAMPLE_INVALID_ROW)
+        return (gdp_sample_out){.token = 0, .margin = 0.0f, .scale = 0.0f, .flags = f.flags};
+    if (f.flags & GDP_SAMPLE_NONFINITE)
+        return (gdp_sample_out){.token = 0, .margin = 0.0f, .scale = INFINITY, .flags = f.flags};
 
-    gdp_sample_out out = {.token = (int32_t)argmax, .margin = max - second, .scale = absmax, .flags = 0};
+    gdp_sample_out out = {.token = (int32_t)f.argmax, .margin = f.max - f.second, .scale = f.absmax, .flags = 0};
     if (mode == GDP_SMODE_TEMPERATURE) {
-        out.token = (int32_t)best_id;
+        out.token = (int32_t)f.best_id;
     } else if (mode == GDP_SMODE_CANDIDATES && n_keys > 0) {
-        const double T = row->temperature, M = max;
+        const double T = row->temperature, M = f.max;
         qsort(keys, (size_t)n_keys, sizeof *keys, cmp_key_desc);
         const int64_t K_cap = row->top_k > 0 ? row->top_k : a->max_candidates;
         const int64_t K = n_keys < K_cap ? n_keys : K_cap;

@@ -178,4 +178,44 @@ GDP_SAMPLE_FN float gdp_sample_gumbel_f32(uint64_t bits) {
     return -logf(e);
 }
 
+/* The merge's fold of one part's record header into the row's running totals: the global
+ * greedy token (ties: the smaller id) and its top-2 margin, max |logit|, the best Gumbel
+ * key, the flags. The same code on both backends, so they agree bit for bit. */
+typedef struct gdp_sample_fold {
+    float    max, second, absmax;
+    uint32_t argmax, best_id;
+    double   best_key;
+    int32_t  flags;
+} gdp_sample_fold;
+
+GDP_SAMPLE_FN gdp_sample_fold gdp_sample_fold_init(int32_t flags) {
+    gdp_sample_fold f;
+    f.max = -INFINITY, f.second = -INFINITY, f.absmax = 0.0f;
+    f.argmax = UINT32_MAX, f.best_id = UINT32_MAX;
+    f.best_key = -INFINITY;
+    f.flags = flags;
+    return f;
+}
+
+GDP_SAMPLE_FN void gdp_sample_fold_part(gdp_sample_fold *f, const int32_t *rec) {
+    f->flags |= rec[GDP_SREC_FLAGS];
+    const float m = gdp_sample_f32_from_bits((uint32_t)rec[GDP_SREC_MAX]);
+    const float s = gdp_sample_f32_from_bits((uint32_t)rec[GDP_SREC_SECOND]);
+    const uint32_t id = (uint32_t)rec[GDP_SREC_ARGMAX];
+    if (m > f->max || (m == f->max && id < f->argmax)) {
+        f->second = fmaxf(s, f->max);
+        f->max = m;
+        f->argmax = id;
+    } else {
+        f->second = fmaxf(f->second, m);
+    }
+    f->absmax = fmaxf(f->absmax, gdp_sample_f32_from_bits((uint32_t)rec[GDP_SREC_ABSMAX]));
+    const double key = gdp_sample_get_f64(rec + GDP_SREC_GUMBEL_KEY);
+    const uint32_t kid = (uint32_t)rec[GDP_SREC_GUMBEL_ID];
+    if (key > f->best_key || (key == f->best_key && kid < f->best_id)) {
+        f->best_key = key;
+        f->best_id = kid;
+    }
+}
+
 #endif /* GDP_SAMPLING_INTERNAL_H */
