@@ -103,6 +103,41 @@ double *gdp_tensor_to_f64(const gdp_tensor *t);
 /* Rounds double to bf16 directly (no double rounding through float). */
 uint16_t gdp_double_to_bf16(double x);
 
+/* ---- checked arithmetic ------------------------------------------------------
+ * For every size that comes from a file or a user (shapes, lengths, counts): each returns
+ * false, leaving *out untouched, when an operand is negative or the result overflows. */
+static inline bool gdp_mul_i64(int64_t a, int64_t b, int64_t *out) {
+    int64_t r;
+    if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r))
+        return false;
+    *out = r;
+    return true;
+}
+static inline bool gdp_add_i64(int64_t a, int64_t b, int64_t *out) {
+    int64_t r;
+    if (a < 0 || b < 0 || __builtin_add_overflow(a, b, &r))
+        return false;
+    *out = r;
+    return true;
+}
+/* Elements of a shape (1 for ndim 0). */
+static inline bool gdp_shape_numel(int32_t ndim, const int64_t *shape, int64_t *out) {
+    int64_t n = 1;
+    for (int32_t d = 0; d < ndim; d++)
+        if (!gdp_mul_i64(n, shape[d], &n))
+            return false;
+    *out = n;
+    return true;
+}
+/* Bytes of `numel` elements of `elem_size` bytes, as a size_t that also fits int64. */
+static inline bool gdp_bytes_of(int64_t numel, size_t elem_size, size_t *out) {
+    int64_t b;
+    if (elem_size > (size_t)INT64_MAX || !gdp_mul_i64(numel, (int64_t)elem_size, &b) || (uint64_t)b > SIZE_MAX)
+        return false;
+    *out = (size_t)b;
+    return true;
+}
+
 /* calloc that records an out-of-memory error naming `what`. */
 void *gdp_calloc(size_t count, size_t size, const char *what);
 
