@@ -7,3 +7,5 @@ gdp_add_test(test_engine_units SOURCES test_engine.c LABEL cpu TIMEOUT 60 ARGS -
 gdp_add_test(test_engine_np4 SOURCES test_engine.c LABEL mpi NPROCS 4 TIMEOUT 120)
 gdp_add_test(test_engine_np2 SOURCES test_engine.c LABEL mpi NPROCS 2 TIMEOUT 120)
 gdp_add_test(test_engine_gpu_np2 SOURCES test_engine.c LABEL "gpu;mpi" NPROCS 2 TIMEOUT 300 ARGS --backend cuda)
+# The workload readers' limits, request defaults and sampling fields, NUL bytes, duplicate ids.
+gdp_add_test(test_workload LABEL cpu TIMEOUT 60)
