@@ -358,6 +358,7 @@ gdp_status_t gdp_ctx_init(gdp_ctx_t *out, gdp_backend_t backend, int32_t device)
     ctx->magic = ctx->magic_end = GDP_CTX_MAGIC;
     ctx->backend = backend;
     ctx->device = device;
+    ctx->debug_checks = gdp_debug_checks_from_env();
 #ifdef GDP_HAVE_CUDA
     if (backend == GDP_BACKEND_CUDA) {
         gdp_status_t st = gdp_cuda_ctx_init(ctx);

@@ -30,6 +30,8 @@ struct gdp_ctx {
     void         *layer_blas;      /* cuBLASLt handle + workspace of the layers on this ctx
                                       (src/layer_cuda.c; created by the first gdp_layer_init,
                                       freed by the last gdp_layer_free), NULL otherwise */
+    int32_t       debug_checks;    /* 1: ops refuse non-finite inputs and g > 0 before writing
+                                      (gdp_ctx_set_debug_checks, GDP_DEBUG_CHECKS; op_checks.c) */
 };
 
 /* ---- errors -------------------------------------------------------------- */
@@ -137,6 +139,24 @@ static inline bool gdp_bytes_of(int64_t numel, size_t elem_size, size_t *out) {
     *out = (size_t)b;
     return true;
 }
+
+/* ---- op checks (src/op_checks.c) ------------------------------------------------
+ * Aliasing: every output (and in-place cache) of an op must not overlap any other buffer of
+ * the call; inputs may overlap each other. Absent or empty tensors take no bytes. */
+typedef enum gdp_buffer_role { GDP_BUF_IN, GDP_BUF_OUT, GDP_BUF_INOUT } gdp_buffer_role;
+typedef struct gdp_op_buffer {
+    const char      *name;
+    const gdp_tensor *t;
+    gdp_buffer_role  role;
+} gdp_op_buffer;
+gdp_status_t gdp_check_aliasing(const char *op, const gdp_op_buffer *bufs, int32_t n);
+/* The debug-checked mode: with ctx->debug_checks, INVALID_ARGUMENT naming the element unless
+ * every value of float tensor t (absent: passes) is finite, and <= 0 when nonpositive. Copies
+ * device tensors to the host (synchronizing; refused under CUDA graph capture). */
+gdp_status_t gdp_debug_check_values(gdp_ctx_t ctx, const char *op, const char *name, const gdp_tensor *t,
+                                    bool nonpositive);
+/* GDP_DEBUG_CHECKS set to anything but "" or "0": new contexts start with the checks on. */
+bool gdp_debug_checks_from_env(void);
 
 /* calloc that records an out-of-memory error naming `what`. */
 void *gdp_calloc(size_t count, size_t size, const char *what);
