@@ -20,3 +20,12 @@ if(TARGET gdp-run)
   set_tests_properties(gdp_run_options PROPERTIES LABELS mpi TIMEOUT 300
                        ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OPENBLAS_NUM_THREADS=1")
 endif()
+# The launchers on a machine that can install nothing (package managers and the rebuild stubbed
+# to fail): launch/gdp-run still runs the existing build (tests/scripts/launch_offline.sh).
+if(TARGET gdp-run)
+  add_test(NAME launch_gdp_run_offline
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/launch_offline.sh ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}
+                   ${MPIEXEC_EXECUTABLE})
+  set_tests_properties(launch_gdp_run_offline PROPERTIES LABELS mpi TIMEOUT 180
+                       ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+endif()
