@@ -142,12 +142,15 @@ static inline bool gdp_bytes_of(int64_t numel, size_t elem_size, size_t *out) {
 
 /* ---- op checks (src/op_checks.c) ------------------------------------------------
  * Aliasing: every output (and in-place cache) of an op must not overlap any other buffer of
- * the call; inputs may overlap each other. Absent or empty tensors take no bytes. */
+ * the call; inputs may overlap each other. Absent or empty tensors take no bytes. An input
+ * marked in_place_ok may be exactly the output (same data, dtype and shape, contiguous: ops
+ * whose every element is read before it is written, e.g. the norms row by row). */
 typedef enum gdp_buffer_role { GDP_BUF_IN, GDP_BUF_OUT, GDP_BUF_INOUT } gdp_buffer_role;
 typedef struct gdp_op_buffer {
     const char      *name;
     const gdp_tensor *t;
     gdp_buffer_role  role;
+    bool             in_place_ok;
 } gdp_op_buffer;
 gdp_status_t gdp_check_aliasing(const char *op, const gdp_op_buffer *bufs, int32_t n);
 /* The debug-checked mode: with ctx->debug_checks, INVALID_ARGUMENT naming the element unless

@@ -4,6 +4,7 @@
  *   - aliasing: no output may overlap an input or another output (an op reads its inputs
  *     while it writes, so an aliased output returns success with clobbered data); the
  *     in-place caches (state, conv_state) count as outputs, read and written by the op itself;
+ *     the norms may run exactly in place (each row is read before it is written);
  *   - the debug-checked mode (gdp_ctx_set_debug_checks, or GDP_DEBUG_CHECKS=1 when the ctx is
  *     made): the float inputs must be finite and the log decays g <= 0, checked before the op
  *     writes anything, so a NaN never reaches a cache slot. On CUDA the values are copied to
@@ -49,6 +50,18 @@ static bool byte_span(const gdp_tensor *t, uintptr_t *first, uintptr_t *end) {
     return true;
 }
 
+/* `out` is exactly input `in` (same start, dtype and shape, both contiguous) and `in` allows it. */
+static bool exact_in_place(const gdp_op_buffer *out, const gdp_op_buffer *in) {
+    if (out->role != GDP_BUF_OUT || in->role != GDP_BUF_IN || !in->in_place_ok)
+        return false;
+    const gdp_tensor *a = out->t, *b = in->t;
+    bool same = a->data == b->data && a->dtype == b->dtype && a->ndim == b->ndim && gdp_tensor_is_contiguous(a) &&
+                gdp_tensor_is_contiguous(b);
+    for (int32_t d = 0; same && d < a->ndim; d++)
+        same = a->shape[d] == b->shape[d];
+    return same;
+}
+
 static const char *role_name(gdp_buffer_role role) {
     return role == GDP_BUF_IN ? "input" : role == GDP_BUF_OUT ? "output" : "in-place buffer";
 }
@@ -63,6 +76,8 @@ gdp_status_t gdp_check_aliasing(const char *op, const gdp_op_buffer *bufs, int32
                 continue; /* inputs may share memory: they are only read */
             uintptr_t b0, b1;
             if (!byte_span(bufs[j].t, &b0, &b1) || a1 <= b0 || b1 <= a0)
+                continue;
+            if (exact_in_place(&bufs[i], &bufs[j]) || exact_in_place(&bufs[j], &bufs[i]))
                 continue;
             /* Name the one written first in the message (the output, else the in-place one). */
             const gdp_op_buffer *w = bufs[i].role != GDP_BUF_IN ? &bufs[i] : &bufs[j];

@@ -116,10 +116,10 @@ gdp_status_t gdp_chunk_local_cumsum(gdp_ctx_t ctx, gdp_tensor *g_cumsum, gdp_ten
         GDP_CHECK(gdp_check_tensor(op, "g_cumsum_dp", g_cumsum_dp, 3, shape, GDP_DT(GDP_DTYPE_FP32)));
         GDP_CHECK(gdp_check_contiguous(op, "g_cumsum_dp", g_cumsum_dp));
     }
-    const gdp_op_buffer bufs[] = {{"g", g, GDP_BUF_IN},
-                                  {"cu_seqlens", cu_seqlens, GDP_BUF_IN},
-                                  {"g_cumsum", g_cumsum, GDP_BUF_OUT},
-                                  {"g_cumsum_dp", g_cumsum_dp, GDP_BUF_OUT}};
+    const gdp_op_buffer bufs[] = {{"g", g, GDP_BUF_IN, false},
+                                  {"cu_seqlens", cu_seqlens, GDP_BUF_IN, false},
+                                  {"g_cumsum", g_cumsum, GDP_BUF_OUT, false},
+                                  {"g_cumsum_dp", g_cumsum_dp, GDP_BUF_OUT, false}};
     GDP_CHECK(gdp_check_aliasing(op, bufs, 4));
     GDP_CHECK(gdp_debug_check_values(ctx, op, "g", g, true));
     if (cpu) {
@@ -360,21 +360,21 @@ static gdp_status_t validate_chunk_args(gdp_ctx_t ctx, const gdp_chunk_args *a, 
 
     /* No output may alias an input, another output or the cache. */
     const gdp_op_buffer bufs[] = {
-        {"q", &a->q, GDP_BUF_IN},
-        {"k", &a->k, GDP_BUF_IN},
-        {"v", &a->v, GDP_BUF_IN},
-        {"beta", &a->beta, GDP_BUF_IN},
-        {"initial_state", &a->initial_state, GDP_BUF_IN},
-        {"g", &a->g, GDP_BUF_IN},
-        {"cu_seqlens", &a->cu_seqlens, GDP_BUF_IN},
-        {"chunk_indices", &a->chunk_indices, GDP_BUF_IN},
-        {"chunk_indices_dp", &a->chunk_indices_dp, GDP_BUF_IN},
-        {"chunk_offsets", &a->chunk_offsets, GDP_BUF_IN},
-        {"state_indices", &a->state_indices, GDP_BUF_IN},
-        {"state", &a->state, GDP_BUF_INOUT},
-        {"o", &a->o, GDP_BUF_OUT},
-        {"final_state", !has_state && a->output_final_state ? &a->final_state : NULL, GDP_BUF_OUT},
-        {"chunk_states", a->return_chunk_states ? &a->chunk_states : NULL, GDP_BUF_OUT},
+        {"q", &a->q, GDP_BUF_IN, false},
+        {"k", &a->k, GDP_BUF_IN, false},
+        {"v", &a->v, GDP_BUF_IN, false},
+        {"beta", &a->beta, GDP_BUF_IN, false},
+        {"initial_state", &a->initial_state, GDP_BUF_IN, false},
+        {"g", &a->g, GDP_BUF_IN, false},
+        {"cu_seqlens", &a->cu_seqlens, GDP_BUF_IN, false},
+        {"chunk_indices", &a->chunk_indices, GDP_BUF_IN, false},
+        {"chunk_indices_dp", &a->chunk_indices_dp, GDP_BUF_IN, false},
+        {"chunk_offsets", &a->chunk_offsets, GDP_BUF_IN, false},
+        {"state_indices", &a->state_indices, GDP_BUF_IN, false},
+        {"state", &a->state, GDP_BUF_INOUT, false},
+        {"o", &a->o, GDP_BUF_OUT, false},
+        {"final_state", !has_state && a->output_final_state ? &a->final_state : NULL, GDP_BUF_OUT, false},
+        {"chunk_states", a->return_chunk_states ? &a->chunk_states : NULL, GDP_BUF_OUT, false},
     };
     GDP_CHECK(gdp_check_aliasing(op, bufs, (int32_t)(sizeof bufs / sizeof bufs[0])));
     for (int i = 0; i < 6; i++) /* q, k, v, beta, initial_state finite; g also <= 0 */

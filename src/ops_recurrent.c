@@ -115,17 +115,17 @@ gdp_status_t gdp_fused_recurrent_gated_delta_rule_update(gdp_ctx_t ctx, const gd
     const gdp_recurrent_args *a = args;
     const bool dense_final = !gdp_tensor_present(&a->state) && a->output_final_state;
     const gdp_op_buffer bufs[] = {
-        {"q", &a->q, GDP_BUF_IN},
-        {"k", &a->k, GDP_BUF_IN},
-        {"v", &a->v, GDP_BUF_IN},
-        {"beta", &a->beta, GDP_BUF_IN},
-        {"initial_state", &a->initial_state, GDP_BUF_IN},
-        {"g", &a->g, GDP_BUF_IN},
-        {"state_indices", &a->state_indices, GDP_BUF_IN},
-        {"state", &a->state, GDP_BUF_INOUT},
-        {"intermediate_states", &a->intermediate_states, GDP_BUF_OUT},
-        {"o", &a->o, GDP_BUF_OUT},
-        {"final_state", dense_final ? &a->final_state : NULL, GDP_BUF_OUT},
+        {"q", &a->q, GDP_BUF_IN, false},
+        {"k", &a->k, GDP_BUF_IN, false},
+        {"v", &a->v, GDP_BUF_IN, false},
+        {"beta", &a->beta, GDP_BUF_IN, false},
+        {"initial_state", &a->initial_state, GDP_BUF_IN, false},
+        {"g", &a->g, GDP_BUF_IN, false},
+        {"state_indices", &a->state_indices, GDP_BUF_IN, false},
+        {"state", &a->state, GDP_BUF_INOUT, false},
+        {"intermediate_states", &a->intermediate_states, GDP_BUF_OUT, false},
+        {"o", &a->o, GDP_BUF_OUT, false},
+        {"final_state", dense_final ? &a->final_state : NULL, GDP_BUF_OUT, false},
     };
     GDP_CHECK(gdp_check_aliasing(OP, bufs, (int32_t)(sizeof bufs / sizeof bufs[0])));
     for (int i = 0; i < 6; i++) /* q, k, v, beta, initial_state finite; g also <= 0 */

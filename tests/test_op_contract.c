@@ -2,8 +2,8 @@
  * test_op_contract.c: the op API's contract beyond shapes (include/gdp/ops.h, docs/api.md),
  * on the CPU backend (the checks live in the front-ends, so CUDA runs the same code):
  *   - aliasing: an output equal to or overlapping an input, another output or the in-place
- *     cache is refused, naming both, and nothing is written; inputs may share memory;
- *     gdp_l2norm in place is the one allowed alias and gives the out-of-place result;
+ *     cache is refused, naming both, and nothing is written; inputs may share memory; the
+ *     norms exactly in place are allowed and give the out-of-place bits;
  *   - the debug-checked mode (gdp_ctx_set_debug_checks, GDP_DEBUG_CHECKS): NaN or positive g,
  *     NaN beta, Inf in q/k/v/x, refused before a cache slot is written; off by default, where
  *     such a call writes NaN into the slot (the hazard the mode is for);
@@ -198,8 +198,28 @@ static void aliasing(gdp_ctx_t ctx) {
     gdp_tensor nxt = filled(GDP_DTYPE_FP32, 2, nx, -1, 1), nz = filled(GDP_DTYPE_FP32, 2, nx, -1, 1);
     gdp_tensor nwt = filled(GDP_DTYPE_FP32, 1, nw, 0.5, 1.5), nout = test_tensor_alloc(GDP_DTYPE_FP32, 2, nx);
     CHECK_OK(gdp_rmsnorm(ctx, &nout, &nxt, &nwt, 1e-5));
-    EXPECT_REFUSED(gdp_rmsnorm(ctx, &nxt, &nxt, &nwt, 1e-5), "output out", "input x", "rmsnorm in place");
-    EXPECT_REFUSED(gdp_gated_rmsnorm(ctx, &nz, &nxt, &nz, &nwt, 4, 1e-5), "output out", "input z", "gated out = z");
+    /* Exactly in place is allowed (each row is read before it is written) and gives the same
+     * bits; a partial overlap or out over the weight is refused. */
+    gdp_tensor inplace = test_copy_as(&nxt, GDP_DTYPE_FP32);
+    CHECK_OK(gdp_rmsnorm(ctx, &inplace, &inplace, &nwt, 1e-5));
+    CHECK(memcmp(inplace.data, nout.data, test_tensor_bytes(&nout)) == 0, "rmsnorm in place differs from out of place");
+    const int64_t one_row[2] = {1, 8};
+    gdp_tensor row0, row1;
+    gdp_tensor_init(&row0, nxt.data, GDP_DTYPE_FP32, 2, one_row);
+    gdp_tensor_init(&row1, (float *)nxt.data + 4, GDP_DTYPE_FP32, 2, one_row);
+    EXPECT_REFUSED(gdp_rmsnorm(ctx, &row1, &row0, &nwt, 1e-5), "output out", "input x", "rmsnorm half a row over");
+    gdp_tensor on_w;
+    gdp_tensor_init(&on_w, nwt.data, GDP_DTYPE_FP32, 2, one_row);
+    EXPECT_REFUSED(gdp_rmsnorm(ctx, &on_w, &row0, &nwt, 1e-5), "output out", "input weight", "rmsnorm out = weight");
+    gdp_tensor gsep = test_tensor_alloc(GDP_DTYPE_FP32, 2, nx), zc = test_copy_as(&nz, GDP_DTYPE_FP32);
+    CHECK_OK(gdp_gated_rmsnorm(ctx, &gsep, &nxt, &nz, &nwt, 4, 1e-5));
+    CHECK_OK(gdp_gated_rmsnorm(ctx, &zc, &nxt, &zc, &nwt, 4, 1e-5)); /* out == z */
+    CHECK(memcmp(gsep.data, zc.data, test_tensor_bytes(&gsep)) == 0, "gated rmsnorm out == z differs");
+    gdp_tensor nbf = test_copy_as(&nxt, GDP_DTYPE_BF16);
+    gdp_tensor nbf_as32 = nbf;
+    nbf_as32.dtype = GDP_DTYPE_FP32; /* same start, another dtype: not in place (refused before any write) */
+    EXPECT_REFUSED(gdp_rmsnorm(ctx, &nbf_as32, &nbf, &nwt, 1e-5), "output out", "input x", "rmsnorm dtype alias");
+    free(inplace.data), free(gsep.data), free(zc.data), free(nbf.data);
     /* l2norm in place: allowed, equal to out of place */
     gdp_tensor sep = test_tensor_alloc(GDP_DTYPE_FP32, 2, nx);
     CHECK_OK(gdp_l2norm(ctx, &sep, &nout));

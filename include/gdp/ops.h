@@ -16,9 +16,10 @@
  *
  * Aliasing: no output may overlap (share any byte with) an input, another output or the
  * in-place cache of the call (state, conv_state): such a call fails with INVALID_ARGUMENT
- * naming both buffers. Inputs may overlap each other. The one allowed alias is gdp_l2norm
- * in place (y.data == x.data, equal dtypes). The caches are read and written in place by
- * design; their rows are the op's own business.
+ * naming both buffers. Inputs may overlap each other. Allowed aliases: the norms exactly in
+ * place (gdp_l2norm y == x, gdp_rmsnorm out == x, gdp_gated_rmsnorm out == y or z: the same
+ * data, dtype and shape; each row is read before it is written). The caches are read and
+ * written in place by design.
  *
  * Debug checks (gdp_ctx_set_debug_checks, or GDP_DEBUG_CHECKS=1 in the environment when the
  * ctx is created): every op also refuses, before writing anything, float inputs holding NaN
