@@ -14,6 +14,7 @@
  * docs/gdp-run.md describes every option, the workload format and the report.
  */
 #include <errno.h>
+#include <float.h>
 #include <mpi.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -38,6 +39,8 @@ typedef struct options {
     gdp_engine_config engine;
     int32_t check;          /* requests to check, 0: no check */
     int32_t cp;             /* context-parallel size (docs/cp.md); tp = ranks / cp */
+    bool no_finite_check;   /* load weights even if they hold NaN / Inf */
+    gdp_workload_limits limits; /* --max-requests, --max-prompt-len, --max-new-tokens, --max-arrival */
 } options;
 
 static int g_rank = 0, g_size = 1;
@@ -51,12 +54,17 @@ static void usage(FILE *f) {
             "  --model-seed S          config and seed of the synthetic model (default L 2, D 256, H 8, G 2, P 32,\n"
             "                          N 64, M 2, vocab 512, seed 1234)\n"
             "  --write-model PATH      write that synthetic checkpoint (fp32) to PATH and exit\n"
+            "  --no-finite-check       load weights even if they hold NaN or Inf (the load refuses them by default)\n"
             "workload:\n"
             "  --workload FILE.jsonl   requests, one JSON object per line (docs/gdp-run.md)\n"
             "  --workload synthetic:n=32,rate=0,prompt=16-300,new=32,repeat=0.3,seed=1   (the default;\n"
             "                          rate = arrivals per second, 0 = all at the start)\n"
             "  --prompt-seed S         seed of prompts a JSONL file gives as a length (default 1)\n"
             "  --no-arrivals           every request arrives at the start (ignore arrival times)\n"
+            "  --max-requests N        refuse a workload of more than N requests (1000000)\n"
+            "  --max-prompt-len N      refuse a prompt longer than N tokens (1048576)\n"
+            "  --max-new-tokens N      refuse a request asking for more than N new tokens (1048576)\n"
+            "  --max-arrival S         refuse an arrival later than S seconds (86400; ignored with --no-arrivals)\n"
             "engine:\n"
             "  --backend auto|cpu|cuda auto: CUDA + NCCL when built with CUDA and a GPU is there, else CPU + MPI\n"
             "  --slots N               state slots, i.e. requests running at once (16)\n"
@@ -75,7 +83,7 @@ static void usage(FILE *f) {
             "                          core on H/(tp*C) heads of every row (docs/cp.md); CUDA then uses the MPI comm (1)\n"
             "output:\n"
             "  --output FILE           each request's generated tokens, JSONL\n"
-            "  --check [N]             decode vs recompute self check on the first N requests (4)\n"
+            "  --check [N]             decode vs recompute self check on the first N requests (4; 0 = off)\n"
             "  -h, --help\n");
 }
 
@@ -163,6 +171,23 @@ static int parse_args(int argc, char **argv, options *o) {
         INT_OPT("--max-candidates", 1, GDP_SAMPLING_MAX_CANDIDATES, o->engine.max_candidates)
         INT_OPT("--progress", 0, 3600, o->engine.progress)
         INT_OPT("--cp", 1, 1 << 16, o->cp)
+        INT_OPT("--max-requests", 1, INT32_MAX, o->limits.max_requests)
+        INT_OPT("--max-prompt-len", 1, INT32_MAX, o->limits.max_prompt_len)
+        INT_OPT("--max-new-tokens", 1, INT32_MAX, o->limits.max_new_tokens)
+        if (!strcmp(a, "--max-arrival")) {
+            NEED_VALUE();
+            char *end = NULL;
+            errno = 0;
+            const double d = strtod(v, &end);
+            if (errno || end == v || *end || !(d >= 0) || d > 1e300) {
+                if (g_rank == 0)
+                    fprintf(stderr, "gdp-run: --max-arrival %s: expected a finite number of seconds >= 0\n", v);
+                return 2;
+            }
+            o->limits.max_arrival_s = d;
+            continue;
+        }
+        if (!strcmp(a, "--no-finite-check")) { o->no_finite_check = true; continue; }
         if (!strcmp(a, "--model-seed") || !strcmp(a, "--prompt-seed")) {
             NEED_VALUE();
             char *end = NULL;
@@ -181,8 +206,19 @@ static int parse_args(int argc, char **argv, options *o) {
         if (!strcmp(a, "--no-graphs")) { o->engine.cuda_graphs = 0; continue; }
         if (!strcmp(a, "--debug-check")) { o->engine.debug_check = 1; continue; }
         if (!strcmp(a, "--check")) {
+            /* The count is optional: a next argument that is a number is the count (0 = off),
+             * anything else is the next option. */
             o->check = 4;
-            if (v != NULL && parse_int(v, 1, 1 << 20, &n)) {
+            char *end = NULL;
+            if (v != NULL)
+                (void)strtol(v, &end, 10);
+            if (v != NULL && end != v && *end == '\0') {
+                if (!parse_int(v, 0, 1 << 20, &n)) {
+                    if (g_rank == 0)
+                        fprintf(stderr, "gdp-run: --check %s: expected a request count in [0, %d] (0 = no check)\n",
+                                v, 1 << 20);
+                    return 2;
+                }
                 o->check = n;
                 i++;
             }
@@ -337,6 +373,7 @@ int main(int argc, char **argv) {
     o.model_seed = 1234, o.prompt_seed = 1;
     o.backend = "auto";
     gdp_engine_config_default(&o.engine);
+    o.limits = gdp_workload_limits_default();
     const int rc = parse_args(argc, argv, &o);
     if (rc != 0) {
         MPI_Finalize();
@@ -395,6 +432,8 @@ int main(int argc, char **argv) {
         write_default_model(&o, path, sizeof path, dir, sizeof dir);
     gdp_checkpoint_t ckpt = NULL;
     gdp_status_t st = gdp_checkpoint_open(&ckpt, path);
+    if (st == GDP_STATUS_SUCCESS)
+        st = gdp_checkpoint_set_finite_check(ckpt, !o.no_finite_check);
     int ok = st == GDP_STATUS_SUCCESS, all = 0;
     MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!ok)
@@ -427,6 +466,8 @@ int main(int argc, char **argv) {
     gdp_workload wl;
     memset(&wl, 0, sizeof wl);
     st = GDP_STATUS_SUCCESS;
+    if (!o.engine.honor_arrivals)
+        o.limits.max_arrival_s = DBL_MAX; /* arrival times are ignored: no horizon to keep */
     if (g_rank == 0) {
         if (o.workload == NULL || !strncmp(o.workload, "synthetic", 9)) {
             gdp_synthetic_workload sp;
@@ -434,9 +475,9 @@ int main(int argc, char **argv) {
             if (o.workload != NULL)
                 st = gdp_workload_parse_synthetic(o.workload, &sp);
             if (st == GDP_STATUS_SUCCESS)
-                st = gdp_workload_synthetic(&wl, &sp, cfg.vocab_size);
+                st = gdp_workload_synthetic_ex(&wl, &sp, cfg.vocab_size, &o.limits, NULL);
         } else {
-            st = gdp_workload_load_jsonl(&wl, o.workload, cfg.vocab_size, o.prompt_seed);
+            st = gdp_workload_load_jsonl_ex(&wl, o.workload, cfg.vocab_size, o.prompt_seed, &o.limits, NULL);
         }
     }
     exit_if_failed(gdp_comm_agree(s.comm, st), "loading the workload");

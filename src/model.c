@@ -125,7 +125,17 @@ static gdp_status_t model_build(struct gdp_model *m, gdp_checkpoint_t ckpt, int3
         st = GDP_STATUS_SYSTEM_ERROR;
         goto done;
     }
-    const size_t emb_bytes = (size_t)(m->vocab * m->D) * sizeof(float), norm_bytes = (size_t)m->D * sizeof(float);
+    /* The sizes come from the file: checked (a vocab of 2^59 once wrapped to a 4-byte buffer). */
+    int64_t emb_elems = 0;
+    size_t emb_bytes = 0;
+    if (m->vocab < 1 || m->vocab > INT32_MAX || !gdp_mul_i64(m->vocab, m->D, &emb_elems) ||
+        !gdp_bytes_of(emb_elems, sizeof(float), &emb_bytes)) {
+        st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT, "gdp_model_init: vocab_size %lld x hidden_size %lld is out of "
+                       "range (token ids are int32; the embedding must fit memory)", (long long)m->vocab,
+                       (long long)m->D);
+        goto done;
+    }
+    const size_t norm_bytes = (size_t)m->D * sizeof(float);
     if (on_cpu(m)) {
         m->embedding = m->embedding_host; /* one buffer serves the gather and the LM head */
     } else {

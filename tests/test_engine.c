@@ -144,8 +144,8 @@ static void units_workload(long job) {
                        "prompt[1] is not an integer", ":1:");
     expect_jsonl_error(path, "{\"id\": 4, \"prompt\": [5], \"max_new_tokens\": 1}\n{\"id\": 4, \"prompt\": [6], "
                        "\"max_new_tokens\": 1}\n", GDP_STATUS_INVALID_ARGUMENT, ":2:", "id 4 is used twice");
-    expect_jsonl_error(path, "{\"prompt\": [5], \"max_new_tokens\": 1, \"temperature\": 1}\n",
-                       GDP_STATUS_INVALID_ARGUMENT, "unknown field", "temperature");
+    expect_jsonl_error(path, "{\"prompt\": [5], \"max_new_tokens\": 1, \"colour\": 1}\n",
+                       GDP_STATUS_INVALID_ARGUMENT, "unknown field", "colour");
     expect_jsonl_error(path, "{\"prompt\": [5], \"max_new_tokens\": 0}\n", GDP_STATUS_INVALID_ARGUMENT,
                        "max_new_tokens", "out of range");
     expect_jsonl_error(path, "{\"prompt\": [5], \"max_new_tokens\": 1, \"arrival\": -1}\n",
