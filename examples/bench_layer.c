@@ -16,7 +16,9 @@
  * all-reduce, (n-1)/n for reduce-scatter and all-gather. A layer step's bytes are those of
  * its all-reduces: layers x padded tokens x D x 4 (with --cp C: a rank's, padded tokens / C;
  * busbw then uses the TP group's size). Times are medians over the iterations
- * (the host clock around a synchronized call). The entry points gdp_bench_layer_main and
+ * (the host clock around a synchronized call), eager and, where the comm allows, with the
+ * step captured as one CUDA graph and replayed (as gdp-run runs it); the phase columns split
+ * one eager step by the library's marks (include/gdp/profile.h). The entry points gdp_bench_layer_main and
  * gdp_bench_coll_main are meant for gdp-bench; compiled with GDP_BENCH_LAYER_NO_MAIN this
  * file has no main().
  */
@@ -35,6 +37,7 @@
 #include "gdp/comm.h"
 #include "gdp/layer.h"
 #include "gdp/plan.h"
+#include "gdp/profile.h"
 
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -52,6 +55,7 @@ typedef struct bench_env {
     gdp_comm_t    comm;     /* NULL with one rank */
     gdp_ctx_t     ctx;
     int32_t       device;
+    void         *stream;   /* the ctx's own stream (CUDA): graphs cannot capture the legacy one */
 } bench_env;
 
 static double now_s(void) {
@@ -97,10 +101,13 @@ static void buf_free(const bench_env *e, void *p) {
     free(p);
 }
 
+/* Copies run on the ctx's stream and wait for it: the ctx's non-blocking stream is not
+ * ordered with the legacy stream a plain cudaMemcpy uses. */
 static void buf_put(const bench_env *e, void *dst, const void *src, size_t bytes) {
 #ifdef GDP_HAVE_CUDA
     if (e->backend == GDP_BACKEND_CUDA) {
-        cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)e->stream);
+        cudaStreamSynchronize((cudaStream_t)e->stream);
         return;
     }
 #endif
@@ -111,7 +118,8 @@ static void buf_put(const bench_env *e, void *dst, const void *src, size_t bytes
 static void buf_get(const bench_env *e, void *dst, const void *src, size_t bytes) {
 #ifdef GDP_HAVE_CUDA
     if (e->backend == GDP_BACKEND_CUDA) {
-        cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)e->stream);
+        cudaStreamSynchronize((cudaStream_t)e->stream);
         return;
     }
 #endif
@@ -122,7 +130,7 @@ static void buf_get(const bench_env *e, void *dst, const void *src, size_t bytes
 static void sync_backend(const bench_env *e) {
 #ifdef GDP_HAVE_CUDA
     if (e->backend == GDP_BACKEND_CUDA)
-        cudaDeviceSynchronize();
+        cudaStreamSynchronize((cudaStream_t)e->stream);
 #else
     (void)e;
 #endif
@@ -167,11 +175,24 @@ static int env_init(bench_env *e, int *argc, char ***argv, const char *backend) 
             gdp_comm_device(e->comm, &e->device);
     }
     GDP_FATAL_IF_ERROR(e->comm, gdp_ctx_init(&e->ctx, e->backend, e->device));
+#ifdef GDP_HAVE_CUDA
+    if (cuda) {
+        cudaStream_t st = NULL;
+        if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess)
+            GDP_FATAL(e->comm, "cudaStreamCreateWithFlags failed");
+        e->stream = st;
+        GDP_FATAL_IF_ERROR(e->comm, gdp_ctx_set_stream(e->ctx, e->stream));
+    }
+#endif
     return 0;
 }
 
 static void env_free(bench_env *e) {
     gdp_ctx_free(e->ctx);
+#ifdef GDP_HAVE_CUDA
+    if (e->stream != NULL)
+        cudaStreamDestroy((cudaStream_t)e->stream);
+#endif
     gdp_comm_free(e->comm);
     if (e->own_mpi)
         MPI_Finalize();
@@ -314,6 +335,54 @@ static void stack_forward(stack *s, const bench_env *e, const gdp_step_metadata 
     gdp_tensor_init(&xt, (float *)x + first * D, GDP_DTYPE_FP32, 2, (const int64_t[]){count, D});
     for (int32_t l = 0; l < s->n_layers; l++)
         GDP_FATAL_IF_ERROR(e->comm, gdp_layer_forward(s->layers[l], s->cache, m, &xt));
+}
+
+/* The step's forward captured as one CUDA graph and replayed: the median seconds of iters
+ * replays, or -1 where a graph cannot hold the step (CPU, host-staged MPI collectives, CP). */
+static double graph_time(stack *s, const bench_env *e, const gdp_step_metadata *m, void *x, int64_t D, int iters,
+                         double *times) {
+#ifdef GDP_HAVE_CUDA
+    gdp_comm_backend_t cb = GDP_COMM_NCCL;
+    if (e->comm != NULL)
+        gdp_comm_get_backend(e->comm, &cb);
+    if (e->backend != GDP_BACKEND_CUDA || cb != GDP_COMM_NCCL || s->cp_size > 1)
+        return -1;
+    cudaStream_t st = (cudaStream_t)e->stream;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    if (cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed) != cudaSuccess)
+        GDP_FATAL(e->comm, "cudaStreamBeginCapture failed");
+    stack_forward(s, e, m, x, D);
+    if (cudaStreamEndCapture(st, &g) != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess)
+        GDP_FATAL(e->comm, "capturing the layer step as a CUDA graph failed: %s", cudaGetErrorString(cudaGetLastError()));
+    for (int it = 0; it < 3 + iters; it++) {
+        if (e->comm)
+            gdp_comm_barrier(e->comm, NULL);
+        const double t0 = now_s();
+        cudaGraphLaunch(ge, st);
+        cudaStreamSynchronize(st);
+        if (it >= 3)
+            times[it - 3] = now_s() - t0;
+    }
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    if (cudaGetLastError() != cudaSuccess)
+        GDP_FATAL(e->comm, "replaying the layer step's graph failed");
+    return median(times, iters);
+#else
+    (void)s, (void)e, (void)m, (void)x, (void)D, (void)iters, (void)times;
+    return -1;
+#endif
+}
+
+/* One eager forward of the step with the phase marks on (profile.h). */
+static gdp_phase_times step_phases(stack *s, const bench_env *e, const gdp_step_metadata *m, void *x, int64_t D) {
+    gdp_phase_times pt;
+    sync_backend(e);
+    GDP_FATAL_IF_ERROR(e->comm, gdp_profile_begin(e->ctx));
+    stack_forward(s, e, m, x, D);
+    GDP_FATAL_IF_ERROR(e->comm, gdp_profile_end(e->ctx, &pt));
+    return pt;
 }
 
 /* Seeded token rows ~ N(0, 0.05^2) (test_layer_tp's scale: the residual is then of the order
@@ -511,8 +580,11 @@ int gdp_bench_layer_main(int argc, char **argv) {
     }
     print_rank_map(&e);
     if (e.rank == 0)
-        printf("#\n# %8s %8s %6s %6s %11s %12s %12s %12s %7s\n", "step", "tokens", "batch", "dtype", "time(us)",
-               "tok/s", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+        printf("#\n# time: eager (host clock around a synchronized forward); graph: the step as one CUDA graph\n"
+               "# replayed (the way gdp-run runs it; - where a graph cannot hold it); gemm/ops/coll: the eager\n"
+               "# step's phases from the library's marks (profile.h), in %% of it\n"
+               "# %8s %8s %6s %6s %11s %11s %12s %12s %12s %5s %5s %5s %7s\n", "step", "tokens", "batch", "dtype",
+               "time(us)", "graph(us)", "tok/s", "algbw(GB/s)", "busbw(GB/s)", "gemm", "ops", "coll", "#wrong");
 
     float *host_in = malloc(sizeof(float) * (size_t)(max_rows * D));
     float *host_a = malloc(sizeof(float) * (size_t)(max_rows * D)), *host_b = malloc(sizeof(float) * (size_t)(max_rows * D));
@@ -547,6 +619,7 @@ int gdp_bench_layer_main(int argc, char **argv) {
                     stack_forward(&ref, &e, mr, xr, D);
                 }
             }
+            const gdp_step_metadata *last = NULL;
             for (int it = 0; it < o.warmup + o.iters; it++) {
                 gdp_prefill_request pre = {.slot = GDP_SLOT_AUTO, .n_tokens = v, .flags = GDP_PREFILL_NEW};
                 gdp_step_desc d = phase == 0
@@ -582,7 +655,13 @@ int gdp_bench_layer_main(int argc, char **argv) {
                 }
                 if (phase == 1)
                     rel[0] = m->step->prefill[0].slot;
+                last = m;
             }
+            const double t_eager = median(times, o.iters); /* before the graph reuses times */
+            /* the last step again: its phases, then as a replayed graph */
+            const gdp_phase_times pt = step_phases(&tp, &e, last, x, D);
+            double tg = graph_time(&tp, &e, last, x, D, o.iters, times), tg_max = tg;
+            MPI_Allreduce(&tg, &tg_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
             /* free the case's slots (a release-only step: no forward pass) */
             gdp_step_desc d = {.release_count = phase == 0 ? v : 1, .release_slots = phase == 0 ? slots : rel,
                                .decode_tokens = 1, .bucket = GDP_BUCKET_AUTO};
@@ -591,7 +670,7 @@ int gdp_bench_layer_main(int argc, char **argv) {
                 stack_step(&ref, &e, &d);
             rel[0] = -1;
             /* the slowest rank's median is the step's time */
-            double t = median(times, o.iters), t_max = t;
+            double t = t_eager, t_max = t;
             int64_t wrong_all = wrong;
             MPI_Allreduce(&t, &t_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
             MPI_Allreduce(&wrong, &wrong_all, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
@@ -600,10 +679,18 @@ int gdp_bench_layer_main(int argc, char **argv) {
             wrong_total += wrong_all;
             bus_sum += busbw;
             n_rows_printed++;
-            if (e.rank == 0)
-                printf("  %8s %8d %6d %6s %11.1f %12.0f %12.3f %12.3f %7lld\n", phase == 0 ? "decode" : "prefill", v,
-                       batch, e.backend == GDP_BACKEND_CUDA ? "bf16" : "fp32", t_max * 1e6, (double)v / t_max, algbw,
-                       busbw, (long long)wrong_all);
+            if (e.rank == 0) {
+                char graph[24];
+                if (tg_max > 0)
+                    snprintf(graph, sizeof graph, "%.1f", tg_max * 1e6);
+                else
+                    snprintf(graph, sizeof graph, "-");
+                const double pct = pt.total_s > 0 ? 100.0 / pt.total_s : 0;
+                printf("  %8s %8d %6d %6s %11.1f %11s %12.0f %12.3f %12.3f %5.1f %5.1f %5.1f %7lld\n",
+                       phase == 0 ? "decode" : "prefill", v, batch, e.backend == GDP_BACKEND_CUDA ? "bf16" : "fp32",
+                       t_max * 1e6, graph, (double)v / t_max, algbw, busbw, pt.gemm_s * pct, pt.ops_s * pct,
+                       pt.collective_s * pct, (long long)wrong_all);
+            }
             fflush(stdout);
         }
     }

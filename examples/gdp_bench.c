@@ -4,13 +4,14 @@
  * nccl-tests-style table: '#' header lines (version, device, method, bounds), fixed-width
  * rows, and a footer with the count of wrong values.
  *
- *   gdp-bench ops [--op all|prefill|decode|prepare] [--iters N] [--warmup N]
+ *   gdp-bench ops [--op all|prefill|decode|decode-key|prepare] [--iters N] [--warmup N]
  *
  * Per row: the median, min and max over N calls (CUDA events around each call; decode and
  * prepare replay a captured CUDA graph; L2 flushed by a 256 MB write before each call when
  * the working set is under twice the L2), tokens/s, achieved bytes/s and FLOP/s, the
  * shape's bound and the fraction of it reached, the peer's figure from performance.md and
- * peer/ours. Bounds: decode 8 K V bytes per (request, head) of fp32 state over 4.17e12 B/s;
+ * peer/ours. Bounds: decode 2 K V bytes per (request, head) of state element size (fp32 8 KV,
+ * bf16 4 KV; plus S K V for the snapshots of S > 1 draft tokens) over 4.17e12 B/s;
  * prefill F = M (6CK + 4CV + 2C^2/3 + 4KV) + 2KV FLOP per token and head over 7.9e14 FLOP/s;
  * prepare the bytes it must move over 4.17e12 B/s.
  * Checks (#wrong): decode compares request 0 of the last call with the CPU backend (atol =
@@ -35,10 +36,10 @@
 #define CHUNK 64.0
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: gdp-bench ops [--op all|prefill|decode|prepare] [--iters N] [--warmup N]\n"
+    fprintf(f, "usage: gdp-bench ops [--op all|prefill|decode|decode-key|prepare] [--iters N] [--warmup N]\n"
                "       mpirun -n N gdp-bench layer|coll [options]   (layer steps and collectives across ranks;\n"
                "                                                     --help for their options)\n"
-               "  --op      which rows to run (default all)\n"
+               "  --op      which rows to run (default all; decode-key: the four decode target rows)\n"
                "  --iters   timed calls per row, at least 10 (default 20)\n"
                "  --warmup  untimed calls before timing (default 3)\n");
 }
@@ -259,10 +260,13 @@ static void print_row(const char *op, const char *shape, double tokens, double b
 
 static gdp_status_t decode_fn(void *a) { return gdp_fused_recurrent_gated_delta_rule_update(g_env->gpu, a); }
 
-/* Request 0 of the last call against the CPU backend from the same starting slot. */
+/* Request 0 of the last call against the CPU backend from the same starting slot (o and the
+ * slot's state after the call, atol = rtol = 1e-3, plus one ulp of a 16-bit o or state). */
 static long long decode_check(const gdp_recurrent_args *d, const void *hq, const void *hk, const void *hv,
-                              const void *hg, const void *hb, const float *slot0_before, int64_t slot0) {
+                              const void *hg, const void *hb, const void *slot0_before, int64_t slot0) {
     const int64_t T = d->q.shape[1], H = d->q.shape[2], K = d->q.shape[3], V = d->v.shape[3];
+    const gdp_dtype_t sdt = d->state.dtype;
+    const size_t slot_bytes = gdp_dtype_size(sdt) * (size_t)(H * K * V);
     gdp_recurrent_args c = *d;
     const int64_t qs[4] = {1, T, H, K}, vs[4] = {1, T, H, V}, gs[3] = {1, T, H}, ss[4] = {1, H, K, V};
     gdp_tensor_init(&c.q, (void *)hq, d->q.dtype, 4, qs);
@@ -270,10 +274,11 @@ static long long decode_check(const gdp_recurrent_args *d, const void *hq, const
     gdp_tensor_init(&c.v, (void *)hv, d->v.dtype, 4, vs);
     gdp_tensor_init(&c.g, (void *)hg, GDP_DTYPE_FP32, 3, gs);
     gdp_tensor_init(&c.beta, (void *)hb, d->beta.dtype, 3, gs);
-    float *state = malloc(sizeof(float) * (size_t)(H * K * V));
-    memcpy(state, slot0_before, sizeof(float) * (size_t)(H * K * V));
-    gdp_tensor_init(&c.state, state, GDP_DTYPE_FP32, 4, ss);
+    void *state = malloc(slot_bytes);
+    memcpy(state, slot0_before, slot_bytes);
+    gdp_tensor_init(&c.state, state, sdt, 4, ss);
     memset(&c.state_indices, 0, sizeof c.state_indices);
+    memset(&c.intermediate_states, 0, sizeof c.intermediate_states);
     float *o = malloc(sizeof(float) * (size_t)(T * H * V));
     gdp_tensor_init(&c.o, o, GDP_DTYPE_FP32, 4, vs);
     long long wrong = 0;
@@ -282,15 +287,16 @@ static long long decode_check(const gdp_recurrent_args *d, const void *hq, const
         wrong = 1;
     } else {
         void *go = download(&d->o);
-        float *gs_dev = malloc(sizeof(float) * (size_t)(H * K * V));
-        const size_t slot_bytes = sizeof(float) * (size_t)(H * K * V);
+        void *gs_dev = malloc(slot_bytes);
         CUDA_TRY(cudaMemcpy(gs_dev, (char *)d->state.data + slot0 * slot_bytes, slot_bytes, cudaMemcpyDeviceToHost));
         for (int64_t i = 0; i < T * H * V; i++) {
             const double a = elem(go, d->o.dtype, i), b = o[i];
             wrong += !(fabs(a - b) <= 1e-3 + 1e-3 * fabs(b) + (d->o.dtype == GDP_DTYPE_BF16 ? fabs(b) / 128 : 0));
         }
-        for (int64_t i = 0; i < H * K * V; i++)
-            wrong += !(fabs((double)gs_dev[i] - state[i]) <= 1e-3 + 1e-3 * fabs(state[i]));
+        for (int64_t i = 0; i < H * K * V; i++) {
+            const double a = elem(gs_dev, sdt, i), b = elem(state, sdt, i);
+            wrong += !(fabs(a - b) <= 1e-3 + 1e-3 * fabs(b) + (sdt == GDP_DTYPE_BF16 ? fabs(b) / 128 : 0));
+        }
         free(go);
         free(gs_dev);
     }
@@ -299,14 +305,22 @@ static long long decode_check(const gdp_recurrent_args *d, const void *hq, const
     return wrong;
 }
 
-static void bench_decode(bench_env *e, int64_t B, int64_t H, int64_t K, int64_t V, int64_t M, double peer_us) {
-    const int64_t T = M, slots = B + 8; /* S = 1 token per request: M steps */
+/* One decode row: B requests of S tokens (M steps each) on H heads, the state in sdt (fp32 or
+ * bf16) on distinct slots; S > 1 also writes the S per-token snapshots (drafts). */
+static void bench_decode(bench_env *e, int64_t B, int64_t H, int64_t K, int64_t V, int64_t M, int64_t S,
+                         gdp_dtype_t sdt, double peer_us) {
+    const int64_t T = S * M, slots = B + 8;
     row_stats rs = {0};
     char shape[64];
-    snprintf(shape, sizeof shape, "B=%lld H=%lld K=%lld V=%lld M=%lld fp32 state", (long long)B, (long long)H,
-             (long long)K, (long long)V, (long long)M);
+    if (S > 1)
+        snprintf(shape, sizeof shape, "B=%lld H=%lld K=%lld V=%lld M=%lld S=%lld %s", (long long)B, (long long)H,
+                 (long long)K, (long long)V, (long long)M, (long long)S,
+                 sdt == GDP_DTYPE_FP32 ? "fp32 st" : "bf16 st");
+    else
+        snprintf(shape, sizeof shape, "B=%lld H=%lld K=%lld V=%lld M=%lld %s state", (long long)B, (long long)H,
+                 (long long)K, (long long)V, (long long)M, gdp_dtype_name(sdt));
     const int64_t qs[4] = {B, T, H, K}, vs[4] = {B, T, H, V}, gsh[3] = {B, T, H}, ss[4] = {slots, H, K, V};
-    const int64_t is[1] = {B};
+    const int64_t is[1] = {B}, inter_shape[5] = {slots, S, H, K, V};
     double one = 1.0;
     range_gen g_range = {-1.0, 0.0}, b_range = {0.0, 1.0}, s_range = {-1.0, 1.0};
     void *hq = host_fill(GDP_DTYPE_BF16, B * T * H * K, gen_normal, &one);
@@ -314,16 +328,16 @@ static void bench_decode(bench_env *e, int64_t B, int64_t H, int64_t K, int64_t 
     void *hv = host_fill(GDP_DTYPE_BF16, B * T * H * V, gen_normal, &one);
     float *hg = host_fill(GDP_DTYPE_FP32, B * T * H, gen_uniform, &g_range);
     void *hb = host_fill(GDP_DTYPE_BF16, B * T * H, gen_uniform, &b_range);
-    /* The GDP interleave: q on copy M-1, the decay on copy 0. */
+    /* The GDP interleave: per token, q on copy M-1, the decay on copy 0. */
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = 0; h < H; h++) {
-                if (t != M - 1)
+                if (t % M != M - 1)
                     memset((uint16_t *)hq + ((b * T + t) * H + h) * K, 0, sizeof(uint16_t) * (size_t)K);
-                if (t != 0)
+                if (t % M != 0)
                     hg[(b * T + t) * H + h] = 0.0f;
             }
-    float *hs = host_fill(GDP_DTYPE_FP32, slots * H * K * V, gen_uniform, &s_range);
+    void *hs = host_fill(sdt, slots * H * K * V, gen_uniform, &s_range);
     int32_t *hidx = malloc(sizeof(int32_t) * (size_t)B);
     for (int64_t b = 0; b < B; b++)
         hidx[b] = (int32_t)((b * 5 + 3) % slots); /* distinct when slots is not a multiple of 5 */
@@ -337,16 +351,20 @@ static void bench_decode(bench_env *e, int64_t B, int64_t H, int64_t K, int64_t 
     a.v = dev_tensor(GDP_DTYPE_BF16, 4, vs, hv);
     a.g = dev_tensor(GDP_DTYPE_FP32, 3, gsh, hg);
     a.beta = dev_tensor(GDP_DTYPE_BF16, 3, gsh, hb);
-    a.state = dev_tensor(GDP_DTYPE_FP32, 4, ss, hs);
+    a.state = dev_tensor(sdt, 4, ss, hs);
     a.state_indices = dev_tensor(GDP_DTYPE_INT32, 1, is, hidx);
+    if (S > 1)
+        a.intermediate_states = dev_tensor(sdt, 5, inter_shape, NULL);
     a.o = dev_tensor(GDP_DTYPE_BF16, 4, vs, NULL);
-    const double state_bytes = 8.0 * (double)(K * V) * (double)(B * H);
+    /* Bytes the op must move: the state read and written once, plus S snapshots. */
+    const double es = (double)gdp_dtype_size(sdt);
+    const double state_bytes = (2.0 + (S > 1 ? (double)S : 0.0)) * es * (double)(K * V) * (double)(B * H);
     const int flush = state_bytes < 2.0 * (double)e->l2_bytes;
     time_calls(e, decode_fn, &a, 1, flush, &rs);
     if (rs.ran) {
         /* Checked call: slot of request 0 before and after, o of request 0. */
-        const size_t slot_bytes = sizeof(float) * (size_t)(H * K * V);
-        float *before = malloc(slot_bytes);
+        const size_t slot_bytes = (size_t)es * (size_t)(H * K * V);
+        void *before = malloc(slot_bytes);
         CUDA_TRY(cudaMemcpy(before, (char *)a.state.data + (size_t)hidx[0] * slot_bytes, slot_bytes,
                             cudaMemcpyDeviceToHost));
         CUDA_TRY(cudaMemset(a.o.data, 0xFF, tensor_bytes(&a.o)));
@@ -357,10 +375,10 @@ static void bench_decode(bench_env *e, int64_t B, int64_t H, int64_t K, int64_t 
         rs.wrong += decode_check(&a, hq, hk, hv, hg, hb, before, hidx[0]);
         free(before);
     }
-    const double flops = (double)(4 * M + 3) * (double)(K * V) * (double)(B * H);
-    print_row("decode", shape, (double)B, state_bytes, flops, state_bytes / COPY_BW * 1e6, peer_us, &rs);
+    const double flops = (double)(4 * M + 3) * (double)S * (double)(K * V) * (double)(B * H);
+    print_row("decode", shape, (double)(B * S), state_bytes, flops, state_bytes / COPY_BW * 1e6, peer_us, &rs);
     dev_free(&a.q), dev_free(&a.k), dev_free(&a.v), dev_free(&a.g), dev_free(&a.beta), dev_free(&a.state);
-    dev_free(&a.state_indices), dev_free(&a.o);
+    dev_free(&a.state_indices), dev_free(&a.o), dev_free(&a.intermediate_states);
     free(hq), free(hk), free(hv), free(hg), free(hb), free(hs), free(hidx);
 }
 
@@ -585,10 +603,11 @@ static int run_ops(const char *which, int iters, int warmup) {
            "#   prepare replay a captured CUDA graph; L2 flushed (256 MB write) before each call when the working\n"
            "#   set is under 2x L2; prefill uses gdp_build_chunk_descriptors, bf16 q/k/v, L2 norm in kernel\n",
            iters, warmup);
-    printf("# bounds: decode 8KV B/(request, head) over %.3g B/s; prefill F = M(6CK + 4CV + 2C^2/3 + 4KV) + 2KV\n"
-           "#   FLOP/(token, head) over %.3g FLOP/s; prepare bytes moved over %.3g B/s. GB/s and TFLOP/s use the\n"
-           "#   same counts (prefill bytes: 2K + 2MK + 2MV + 2V + 4M + 4 per token and head); peer = performance.md\n"
-           "#   (decode: Megatron, graph replay; prefill: Megatron + descriptors); peer/ours > 1 is faster\n",
+    printf("# bounds: decode (2 + S snapshots) KV state elements/(request, head) over %.3g B/s; prefill\n"
+           "#   F = M(6CK + 4CV + 2C^2/3 + 4KV) + 2KV FLOP/(token, head) over %.3g FLOP/s; prepare bytes moved\n"
+           "#   over %.3g B/s. GB/s and TFLOP/s use the same counts (prefill bytes: 2K + 2MK + 2MV + 2V + 4M + 4\n"
+           "#   per token and head); peer = performance.md (decode: Megatron, graph replay; prefill: Megatron +\n"
+           "#   descriptors); peer/ours > 1 is faster\n",
            COPY_BW, BF16_FLOPS, COPY_BW);
     printf("#\n");
     printf("%-8s %-44s %7s %9s %9s %9s %10s %8s %7s %9s %6s %8s %7s %7s\n", "# op", "shape", "tokens", "time(us)",
@@ -605,12 +624,24 @@ static int run_ops(const char *which, int iters, int warmup) {
         bench_prefill(&e, 16, 128, 128, 2, mixed, 8, "mixed 16300", 1680.0);
         bench_prefill(&e, 32, 128, 64, 3, eight, 4, "4x2048", 1370.0);
     }
+    const gdp_dtype_t F32 = GDP_DTYPE_FP32, BF16 = GDP_DTYPE_BF16;
     if (all || strcmp(which, "decode") == 0) {
-        bench_decode(&e, 1, 16, 128, 128, 2, 16.4);
-        bench_decode(&e, 64, 16, 128, 128, 2, 71.6);
-        bench_decode(&e, 256, 16, 128, 128, 2, 234.0);
-        bench_decode(&e, 1024, 16, 128, 128, 2, 890.0);
-        bench_decode(&e, 256, 32, 128, 64, 3, 273.0);
+        bench_decode(&e, 1, 16, 128, 128, 2, 1, F32, 16.4);
+        bench_decode(&e, 64, 16, 128, 128, 2, 1, F32, 71.6);
+        bench_decode(&e, 256, 16, 128, 128, 2, 1, F32, 234.0);
+        bench_decode(&e, 1024, 16, 128, 128, 2, 1, F32, 890.0);
+        bench_decode(&e, 256, 32, 128, 64, 3, 1, F32, 273.0);
+        bench_decode(&e, 1, 16, 128, 128, 2, 1, BF16, 0);
+        bench_decode(&e, 64, 16, 128, 128, 2, 1, BF16, 0);
+        bench_decode(&e, 256, 16, 128, 128, 2, 1, BF16, 0);
+        bench_decode(&e, 1024, 16, 128, 128, 2, 1, BF16, 0);
+        bench_decode(&e, 64, 16, 128, 128, 2, 4, F32, 0); /* 3 drafts: 4 tokens, 4 snapshots */
+    }
+    if (strcmp(which, "decode-key") == 0) { /* the target rows only (tile sweeps) */
+        bench_decode(&e, 1, 16, 128, 128, 2, 1, F32, 16.4);
+        bench_decode(&e, 256, 16, 128, 128, 2, 1, F32, 234.0);
+        bench_decode(&e, 256, 32, 128, 64, 3, 1, F32, 273.0);
+        bench_decode(&e, 256, 16, 128, 128, 2, 1, BF16, 0);
     }
     if (all || strcmp(which, "prepare") == 0) {
         bench_prepare(&e, 0, 1, 16384, 2, 16, 4, 128, 128);
@@ -660,7 +691,7 @@ int main(int argc, char **argv) {
         }
     }
     if (strcmp(which, "all") != 0 && strcmp(which, "prefill") != 0 && strcmp(which, "decode") != 0 &&
-        strcmp(which, "prepare") != 0) {
+        strcmp(which, "decode-key") != 0 && strcmp(which, "prepare") != 0) {
         fprintf(stderr, "gdp-bench: unknown --op '%s'\n", which);
         usage(stderr);
         return 2;

@@ -12,6 +12,7 @@
  * Format and layout: docs/checkpoint.md.
  */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +129,31 @@ static int cmd_write(int argc, char **argv) {
     return 0;
 }
 
+/* The TP sizes a config loads at: the divisors of gcd(H, G) that fit a TP size (int32). G
+ * comes from the file, so divisors are found in pairs (t, g / t) up to the square root:
+ * G = 2^32 takes 2 x 2^16 steps, not 2^32. */
+static void print_tp_sizes(const gdp_layer_config *cfg) {
+    int64_t a = cfg->num_heads, b = cfg->num_groups;
+    while (b != 0) {
+        const int64_t r = a % b;
+        a = b, b = r;
+    }
+    const int64_t g = a; /* gcd(H, G) */
+    int64_t root = (int64_t)sqrt((double)g); /* then exact: root = floor(sqrt(g)) */
+    while (root > 1 && root > g / root)
+        root--;
+    while (root + 1 <= g / (root + 1))
+        root++;
+    printf("# TP sizes it loads at (H %% tp == 0 and G %% tp == 0):");
+    for (int64_t t = 1; t <= root; t++) /* the small divisors, ascending */
+        if (g % t == 0 && t <= INT32_MAX)
+            printf(" %lld", (long long)t);
+    for (int64_t t = root; t >= 1; t--) /* their partners g / t, ascending */
+        if (g % t == 0 && g / t != t && g / t <= INT32_MAX)
+            printf(" %lld", (long long)(g / t));
+    printf("\n");
+}
+
 static int cmd_info(int argc, char **argv) {
     static const struct option longopts[] = {{"tp", required_argument, 0, 'T'}, {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
@@ -168,11 +194,7 @@ static int cmd_info(int argc, char **argv) {
            (long long)cfg.state_dim, cfg.num_householder, cfg.conv_width, cfg.num_layers, (long long)cfg.vocab_size,
            cfg.norm_eps, cfg.out_norm_eps);
     printf("# weight dtype: %s (A_log fp32)\n", gdp_dtype_name(dtype));
-    printf("# TP sizes it loads at (H %% tp == 0 and G %% tp == 0):");
-    for (int64_t t = 1; t <= cfg.num_groups; t++)
-        if (cfg.num_heads % t == 0 && cfg.num_groups % t == 0)
-            printf(" %lld", (long long)t);
-    printf("\n");
+    print_tp_sizes(&cfg);
     gdp_st_file *f = NULL;
     if (gdp_st_open(path, &f) == GDP_STATUS_SUCCESS) {
         printf("#%39s %6s %s\n", "tensor", "dtype", "shape");

@@ -19,6 +19,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <jansson.h> /* defines: json_pack, json_dumps (the --output lines) */
 #include <mpi.h>
 #include <signal.h>
@@ -47,6 +48,8 @@ typedef struct options {
     int32_t check;          /* requests to check, 0: no check */
     int32_t cp;             /* context-parallel size (docs/cp.md); tp = ranks / cp */
     double  watchdog;       /* step timeout in seconds (< 0: GDP_WATCHDOG_TIMEOUT or the default) */
+    bool no_finite_check;   /* load weights even if they hold NaN / Inf */
+    gdp_workload_limits limits; /* --max-requests, --max-prompt-len, --max-new-tokens, --max-arrival */
 } options;
 
 static int g_rank = 0, g_size = 1;
@@ -278,12 +281,17 @@ static void usage(FILE *f) {
             "  --model-seed S          config and seed of the synthetic model (default L 2, D 256, H 8, G 2, P 32,\n"
             "                          N 64, M 2, vocab 512, seed 1234)\n"
             "  --write-model PATH      write that synthetic checkpoint (fp32) to PATH and exit\n"
+            "  --no-finite-check       load weights even if they hold NaN or Inf (the load refuses them by default)\n"
             "workload:\n"
             "  --workload FILE.jsonl   requests, one JSON object per line (docs/gdp-run.md)\n"
             "  --workload synthetic:n=32,rate=0,prompt=16-300,new=32,repeat=0.3,seed=1   (the default;\n"
             "                          rate = arrivals per second, 0 = all at the start)\n"
             "  --prompt-seed S         seed of prompts a JSONL file gives as a length (default 1)\n"
             "  --no-arrivals           every request arrives at the start (ignore arrival times)\n"
+            "  --max-requests N        refuse a workload of more than N requests (1000000)\n"
+            "  --max-prompt-len N      refuse a prompt longer than N tokens (1048576)\n"
+            "  --max-new-tokens N      refuse a request asking for more than N new tokens (1048576)\n"
+            "  --max-arrival S         refuse an arrival later than S seconds (86400; ignored with --no-arrivals)\n"
             "engine:\n"
             "  --backend auto|cpu|cuda auto: CUDA + NCCL when built with CUDA and a GPU is there, else CPU + MPI\n"
             "  --slots N               state slots, i.e. requests running at once (16)\n"
@@ -292,6 +300,9 @@ static void usage(FILE *f) {
             "  --draft K               n-gram draft tokens per decode step, 0 = off (0)\n"
             "  --ngram N               longest n-gram the drafter matches (3)\n"
             "  --no-preempt            never preempt; --preempt-after N: decode steps before a request may be (16)\n"
+            "  --preempt-wait-ms MS    a waiting request's turn comes (a running one is swapped out for it) after\n"
+            "                          waiting this long for a slot; 0 = at once (500)\n"
+            "  --max-candidates N      sampling candidates per rank and row: the largest top_k, top-p's reach (256)\n"
             "  --no-graphs             run every step eagerly (no CUDA graphs)\n"
             "  --progress S            seconds between progress lines on stderr, 0 = none (1)\n"
             "  --watchdog S            step timeout: a rank waiting longer for a peer ends the job naming it; 0 = off\n"
@@ -301,7 +312,7 @@ static void usage(FILE *f) {
             "                          core on H/(tp*C) heads of every row (docs/cp.md); CUDA then uses the MPI comm (1)\n"
             "output:\n"
             "  --output FILE           each request's generated tokens, JSONL, one line as each request finishes\n"
-            "  --check [N]             decode vs recompute self check on the first N requests (4)\n"
+            "  --check [N]             decode vs recompute self check on the first N requests (4; 0 = off)\n"
             "  -h, --help\n");
 }
 
@@ -396,6 +407,8 @@ static int parse_args(int argc, char **argv, options *o) {
         INT_OPT("--draft", 0, 15, o->engine.draft_tokens)
         INT_OPT("--ngram", 2, 64, o->engine.ngram)
         INT_OPT("--preempt-after", 1, 1 << 20, o->engine.preempt_after)
+        INT_OPT("--preempt-wait-ms", 0, 1 << 30, o->engine.preempt_wait_ms)
+        INT_OPT("--max-candidates", 1, GDP_SAMPLING_MAX_CANDIDATES, o->engine.max_candidates)
         INT_OPT("--progress", 0, 3600, o->engine.progress)
         INT_OPT("--cp", 1, 1 << 16, o->cp)
         if (!strcmp(a, "--watchdog")) {
@@ -411,6 +424,23 @@ static int parse_args(int argc, char **argv, options *o) {
             o->watchdog = t;
             continue;
         }
+        INT_OPT("--max-requests", 1, INT32_MAX, o->limits.max_requests)
+        INT_OPT("--max-prompt-len", 1, INT32_MAX, o->limits.max_prompt_len)
+        INT_OPT("--max-new-tokens", 1, INT32_MAX, o->limits.max_new_tokens)
+        if (!strcmp(a, "--max-arrival")) {
+            NEED_VALUE();
+            char *end = NULL;
+            errno = 0;
+            const double d = strtod(v, &end);
+            if (errno || end == v || *end || !(d >= 0) || d > 1e300) {
+                if (g_rank == 0)
+                    fprintf(stderr, "gdp-run: --max-arrival %s: expected a finite number of seconds >= 0\n", v);
+                return 2;
+            }
+            o->limits.max_arrival_s = d;
+            continue;
+        }
+        if (!strcmp(a, "--no-finite-check")) { o->no_finite_check = true; continue; }
         if (!strcmp(a, "--model-seed") || !strcmp(a, "--prompt-seed")) {
             NEED_VALUE();
             char *end = NULL;
@@ -429,8 +459,19 @@ static int parse_args(int argc, char **argv, options *o) {
         if (!strcmp(a, "--no-graphs")) { o->engine.cuda_graphs = 0; continue; }
         if (!strcmp(a, "--debug-check")) { o->engine.debug_check = 1; continue; }
         if (!strcmp(a, "--check")) {
+            /* The count is optional: a next argument that is a number is the count (0 = off),
+             * anything else is the next option. */
             o->check = 4;
-            if (v != NULL && parse_int(v, 1, 1 << 20, &n)) {
+            char *end = NULL;
+            if (v != NULL)
+                (void)strtol(v, &end, 10);
+            if (v != NULL && end != v && *end == '\0') {
+                if (!parse_int(v, 0, 1 << 20, &n)) {
+                    if (g_rank == 0)
+                        fprintf(stderr, "gdp-run: --check %s: expected a request count in [0, %d] (0 = no check)\n",
+                                v, 1 << 20);
+                    return 2;
+                }
                 o->check = n;
                 i++;
             }
@@ -524,7 +565,12 @@ static gdp_status_t stack_init(stack *s, gdp_backend_t backend, gdp_checkpoint_t
     const gdp_comm_backend_t cb =
         cuda && cp == 1 && gdp_comm_backend_available(GDP_COMM_NCCL) ? GDP_COMM_NCCL : GDP_COMM_MPI;
     const gdp_comm_buffers_t where = cuda ? GDP_COMM_DEVICE_BUFFERS : GDP_COMM_HOST_BUFFERS;
+    gdp_comm_backend_t used = cb;
     gdp_status_t st = gdp_comm_init(&s->comm, cb, NULL, where);
+    if (st != GDP_STATUS_SUCCESS && cb == GDP_COMM_NCCL) { /* more ranks than GPUs: host-staged MPI */
+        used = GDP_COMM_MPI;
+        st = gdp_comm_init(&s->comm, GDP_COMM_MPI, NULL, where);
+    }
     if (st != GDP_STATUS_SUCCESS)
         return st; /* agreed by gdp_comm_init */
     int32_t device = 0;
@@ -537,9 +583,9 @@ static gdp_status_t stack_init(stack *s, gdp_backend_t backend, gdp_checkpoint_t
             MPI_Comm_split(MPI_COMM_WORLD, cp_rank, tp_rank, &s->tp_mpi);
             MPI_Comm_split(MPI_COMM_WORLD, tp_rank, cp_rank, &s->cp_mpi);
             if (g_size / cp > 1)
-                st = gdp_comm_init(&s->tp_comm, cb, &s->tp_mpi, where);
+                st = gdp_comm_init(&s->tp_comm, used, &s->tp_mpi, where);
             if (st == GDP_STATUS_SUCCESS)
-                st = gdp_comm_init(&s->cp_comm, cb, &s->cp_mpi, where);
+                st = gdp_comm_init(&s->cp_comm, used, &s->cp_mpi, where);
         }
         st = gdp_comm_agree(s->comm, st); /* a failure in one group fails every rank */
         if (st != GDP_STATUS_SUCCESS) {
@@ -581,6 +627,7 @@ int main(int argc, char **argv) {
     o.backend = "auto";
     o.watchdog = -1;
     gdp_engine_config_default(&o.engine);
+    o.limits = gdp_workload_limits_default();
     const int rc = parse_args(argc, argv, &o);
     if (rc != 0) {
         MPI_Finalize();
@@ -667,6 +714,8 @@ int main(int argc, char **argv) {
         write_default_model(&o, path, sizeof path, dir, sizeof dir);
     gdp_checkpoint_t ckpt = NULL;
     gdp_status_t st = gdp_checkpoint_open(&ckpt, path);
+    if (st == GDP_STATUS_SUCCESS)
+        st = gdp_checkpoint_set_finite_check(ckpt, !o.no_finite_check);
     int ok = st == GDP_STATUS_SUCCESS, all = 0;
     MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!ok)
@@ -700,6 +749,8 @@ int main(int argc, char **argv) {
     gdp_workload wl;
     memset(&wl, 0, sizeof wl);
     st = GDP_STATUS_SUCCESS;
+    if (!o.engine.honor_arrivals)
+        o.limits.max_arrival_s = DBL_MAX; /* arrival times are ignored: no horizon to keep */
     if (g_rank == 0) {
         if (o.workload == NULL || !strncmp(o.workload, "synthetic", 9)) {
             gdp_synthetic_workload sp;
@@ -707,9 +758,9 @@ int main(int argc, char **argv) {
             if (o.workload != NULL)
                 st = gdp_workload_parse_synthetic(o.workload, &sp);
             if (st == GDP_STATUS_SUCCESS)
-                st = gdp_workload_synthetic(&wl, &sp, cfg.vocab_size);
+                st = gdp_workload_synthetic_ex(&wl, &sp, cfg.vocab_size, &o.limits, NULL);
         } else {
-            st = gdp_workload_load_jsonl(&wl, o.workload, cfg.vocab_size, o.prompt_seed);
+            st = gdp_workload_load_jsonl_ex(&wl, o.workload, cfg.vocab_size, o.prompt_seed, &o.limits, NULL);
         }
     }
     if (g_rank == 0 && st == GDP_STATUS_SUCCESS) {

@@ -7,6 +7,7 @@
 #define GDP_KERNELS_H
 
 #include "gdp/gdp.h"
+#include "gdp/sampling.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,6 +36,9 @@ gdp_status_t gdp_cuda_gated_rmsnorm(struct gdp_ctx *ctx, gdp_tensor *out, const 
                                     double eps);
 gdp_status_t gdp_cuda_rmsnorm(struct gdp_ctx *ctx, gdp_tensor *out, const gdp_tensor *x,
                               const gdp_tensor *weight, double eps);
+/* kernels/sampling.cu: stage 1 (candidate records) and stage 2 (merge) of token sampling. */
+gdp_status_t gdp_cuda_sample_candidates(struct gdp_ctx *ctx, const gdp_sample_candidates_args *args);
+gdp_status_t gdp_cuda_sample_merge(struct gdp_ctx *ctx, const gdp_sample_merge_args *args);
 
 #ifdef __cplusplus
 }

@@ -28,6 +28,7 @@ struct gdp_checkpoint {
     char            *path;
     gdp_layer_config config;
     gdp_dtype_t      dtype;
+    bool             finite_check; /* loads refuse NaN / Inf weights (on unless turned off) */
     uint32_t         magic_end;
 };
 
@@ -64,6 +65,12 @@ static gdp_status_t meta_double(gdp_st_file *f, const char *path, const char *ke
     double v = strtod(text, &end);
     if (errno != 0 || end == text || *end != '\0')
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_checkpoint_open: %s: metadata '%s' = \"%s\" is not a number",
+                 path, key, text);
+    /* strtod takes "inf" and "nan": an eps of either would make every norm output 0 or NaN. */
+    if (!isfinite(v))
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "gdp_checkpoint_open: %s: metadata '%s' = \"%s\" is not a finite number; give a finite value "
+                 "(the eps of the norms is > 0 and small, e.g. 1e-5)",
                  path, key, text);
     *out = v;
     return GDP_STATUS_SUCCESS;
@@ -103,6 +110,15 @@ static gdp_status_t read_config(gdp_st_file *f, const char *path, gdp_layer_conf
     c.conv_width = (int32_t)v[6];
     c.num_layers = (int32_t)v[7];
     GDP_CHECK(meta_int(f, path, "vocab_size", false, 0, &c.vocab_size));
+    /* Token ids are int32 everywhere (workloads, plans, sampling); the embedding must fit memory. */
+    int64_t emb_bytes = 0;
+    if (c.vocab_size < 0 || c.vocab_size > INT32_MAX || c.hidden_size < 0 ||
+        !gdp_mul_i64(c.vocab_size, c.hidden_size, &emb_bytes) || !gdp_mul_i64(emb_bytes, 4, &emb_bytes))
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "gdp_checkpoint_open: %s: metadata vocab_size = %lld (with hidden_size %lld) is out of range: token "
+                 "ids are int32, so 0 <= vocab_size < 2^31, and vocab_size x hidden_size fp32 values must fit in "
+                 "memory",
+                 path, (long long)c.vocab_size, (long long)c.hidden_size);
     GDP_CHECK(meta_double(f, path, "norm_eps", 1e-5, &c.norm_eps));
     GDP_CHECK(meta_double(f, path, "out_norm_eps", 1e-5, &c.out_norm_eps));
     if (gdp_layer_config_validate(&c) != GDP_STATUS_SUCCESS) {
@@ -159,6 +175,7 @@ gdp_status_t gdp_checkpoint_open(gdp_checkpoint_t *out, const char *path) {
     c->file = f;
     c->config = cfg;
     c->dtype = dtype;
+    c->finite_check = true;
     c->magic = c->magic_end = GDP_CKPT_MAGIC;
     *out = c;
     return GDP_STATUS_SUCCESS;
@@ -172,6 +189,12 @@ gdp_status_t gdp_checkpoint_free(gdp_checkpoint_t ckpt) {
     free(ckpt->path);
     ckpt->magic = ckpt->magic_end = 0;
     free(ckpt);
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_checkpoint_set_finite_check(gdp_checkpoint_t ckpt, int32_t enabled) {
+    GDP_CHECK(ckpt_check(ckpt, "gdp_checkpoint_set_finite_check"));
+    ckpt->finite_check = enabled != 0;
     return GDP_STATUS_SUCCESS;
 }
 
@@ -330,6 +353,51 @@ gdp_status_t gdp_checkpoint_check(gdp_checkpoint_t ckpt, int32_t tp_size) {
     return st;
 }
 
+/* ---- the finite-weight check --------------------------------------------------------- */
+/* Index of the first NaN or Inf among n elements of a float dtype, or -1. Bit tests: an
+ * all-ones exponent is Inf or NaN in every float format. */
+static int64_t first_nonfinite(const void *data, gdp_dtype_t dtype, int64_t n) {
+    if (dtype == GDP_DTYPE_FP32) {
+        const uint32_t *u = data;
+        for (int64_t i = 0; i < n; i++)
+            if ((u[i] & 0x7f800000u) == 0x7f800000u)
+                return i;
+    } else if (dtype == GDP_DTYPE_BF16 || dtype == GDP_DTYPE_FP16) {
+        const uint16_t *u = data, mask = dtype == GDP_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+        for (int64_t i = 0; i < n; i++)
+            if ((u[i] & mask) == mask)
+                return i;
+    }
+    return -1;
+}
+
+/* A poisoned weight (NaN or Inf, e.g. from a diverged run or a broken conversion) makes every
+ * logit NaN and greedy decoding emit token 0 without any error, so loads refuse it. `data`
+ * holds the slice [start, start + count) of dim `dim` of tensor t (global shape); the message
+ * names the tensor, the first bad element's index in the checkpoint tensor, and its value. */
+static gdp_status_t check_finite(const struct gdp_checkpoint *ck, const char *fn, const layer_tensor *t,
+                                 int32_t dim, int64_t start, int64_t count, const void *data) {
+    if (!ck->finite_check)
+        return GDP_STATUS_SUCCESS;
+    int64_t local[2] = {t->shape[0], t->ndim == 2 ? t->shape[1] : 1};
+    local[dim] = count;
+    const int64_t bad = first_nonfinite(data, t->dtype, local[0] * local[1]);
+    if (bad < 0)
+        return GDP_STATUS_SUCCESS;
+    int64_t index[2] = {bad / local[1], bad % local[1]};
+    index[dim] += start;
+    char where[64];
+    if (t->ndim == 2)
+        snprintf(where, sizeof where, "[%lld, %lld]", (long long)index[0], (long long)index[1]);
+    else
+        snprintf(where, sizeof where, "[%lld]", (long long)index[0]);
+    GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+             "%s: %s: tensor '%s' holds a non-finite weight: %g at index %s (the first one this rank read); the "
+             "checkpoint is corrupt (a diverged run or a broken conversion?) and would make every logit NaN. To load "
+             "it anyway, skip the check: gdp_checkpoint_set_finite_check(ckpt, 0), or gdp-run --no-finite-check",
+             fn, ck->path, t->name, gdp_load_elem(data, t->dtype, bad), where);
+}
+
 /* ---- the shard loader -------------------------------------------------------------- */
 static gdp_status_t view(gdp_tensor *t, void *data, gdp_dtype_t dtype, int32_t ndim, int64_t s0, int64_t s1) {
     int64_t shape[2] = {s0, s1};
@@ -397,8 +465,15 @@ gdp_status_t gdp_checkpoint_load_layer_shard(gdp_checkpoint_t ckpt, gdp_layer_we
         {&w.out_proj, wt, 2, D, dt, "out_proj"},
     };
     for (size_t i = 0; st == GDP_STATUS_SUCCESS && i < sizeof bufs / sizeof bufs[0]; i++) {
-        size_t n = (size_t)(bufs[i].s0 * bufs[i].s1);
-        void *p = gdp_calloc(n, gdp_dtype_size(bufs[i].dtype), bufs[i].what);
+        /* Bounded by the file (every tensor was found with this shape), checked all the same. */
+        int64_t n = 0;
+        size_t bytes = 0;
+        if (!gdp_mul_i64(bufs[i].s0, bufs[i].s1, &n) || !gdp_bytes_of(n, gdp_dtype_size(bufs[i].dtype), &bytes)) {
+            st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT, "%s: %s: the %s shard [%lld, %lld] overflows 64 bits", fn,
+                           ckpt->path, bufs[i].what, (long long)bufs[i].s0, (long long)bufs[i].s1);
+            break;
+        }
+        void *p = gdp_calloc((size_t)n, gdp_dtype_size(bufs[i].dtype), bufs[i].what);
         if (p == NULL) {
             st = GDP_STATUS_SYSTEM_ERROR;
             break;
@@ -415,30 +490,45 @@ gdp_status_t gdp_checkpoint_load_layer_shard(gdp_checkpoint_t ckpt, gdp_layer_we
         switch (t->role) {
         case ROLE_NORM:
             st = gdp_st_read(ckpt->file, t->name, w.norm_weight.data, (size_t)D * es);
+            if (st == GDP_STATUS_SUCCESS)
+                st = check_finite(ckpt, fn, t, 0, 0, D, w.norm_weight.data);
             break;
-        case ROLE_IN_PROJ:
-            st = gdp_st_read_slice(ckpt->file, t->name, 0, s->slice_begin, s->rows,
-                                   (char *)w.in_proj.data + (size_t)(s->local_offset * D) * es,
-                                   (size_t)(s->rows * D) * es);
+        case ROLE_IN_PROJ: {
+            char *dst = (char *)w.in_proj.data + (size_t)(s->local_offset * D) * es;
+            st = gdp_st_read_slice(ckpt->file, t->name, 0, s->slice_begin, s->rows, dst, (size_t)(s->rows * D) * es);
+            if (st == GDP_STATUS_SUCCESS)
+                st = check_finite(ckpt, fn, t, 0, s->slice_begin, s->rows, dst);
             break;
-        case ROLE_CONV:
-            st = gdp_st_read_slice(ckpt->file, t->name, 0, s->slice_begin, s->rows,
-                                   (char *)w.conv.data + (size_t)(s->local_offset * c->conv_width) * es,
+        }
+        case ROLE_CONV: {
+            char *dst = (char *)w.conv.data + (size_t)(s->local_offset * c->conv_width) * es;
+            st = gdp_st_read_slice(ckpt->file, t->name, 0, s->slice_begin, s->rows, dst,
                                    (size_t)(s->rows * c->conv_width) * es);
+            if (st == GDP_STATUS_SUCCESS)
+                st = check_finite(ckpt, fn, t, 0, s->slice_begin, s->rows, dst);
             break;
+        }
         case ROLE_A_LOG:
             st = gdp_st_read_slice(ckpt->file, t->name, 0, shard.head_begin, Ht, w.A_log.data, (size_t)Ht * 4);
+            if (st == GDP_STATUS_SUCCESS)
+                st = check_finite(ckpt, fn, t, 0, shard.head_begin, Ht, w.A_log.data);
             break;
         case ROLE_DT_BIAS:
             st = gdp_st_read_slice(ckpt->file, t->name, 0, shard.head_begin, Ht, w.dt_bias.data, (size_t)Ht * es);
+            if (st == GDP_STATUS_SUCCESS)
+                st = check_finite(ckpt, fn, t, 0, shard.head_begin, Ht, w.dt_bias.data);
             break;
         case ROLE_OUT_NORM:
             st = gdp_st_read_slice(ckpt->file, t->name, 0, shard.head_begin * c->head_dim, dt, w.out_norm_weight.data,
                                    (size_t)dt * es);
+            if (st == GDP_STATUS_SUCCESS)
+                st = check_finite(ckpt, fn, t, 0, shard.head_begin * c->head_dim, dt, w.out_norm_weight.data);
             break;
         case ROLE_OUT_PROJ: /* row-parallel: this rank's input columns, for every output row */
             st = gdp_st_read_slice(ckpt->file, t->name, 1, shard.head_begin * c->head_dim, dt, w.out_proj.data,
                                    (size_t)(D * dt) * es);
+            if (st == GDP_STATUS_SUCCESS)
+                st = check_finite(ckpt, fn, t, 1, shard.head_begin * c->head_dim, dt, w.out_proj.data);
             break;
         case ROLE_EMBEDDING:
         case ROLE_FINAL_NORM: /* model tensors: gdp_checkpoint_load_model_weights */
@@ -496,6 +586,10 @@ gdp_status_t gdp_checkpoint_load_model_weights(gdp_checkpoint_t ckpt, gdp_model_
         st = gdp_st_read(ckpt->file, t[0].name, emb, n_emb * es);
     if (st == GDP_STATUS_SUCCESS)
         st = gdp_st_read(ckpt->file, t[1].name, norm, n_norm * es);
+    if (st == GDP_STATUS_SUCCESS)
+        st = check_finite(ckpt, fn, &t[0], 0, 0, c->vocab_size, emb);
+    if (st == GDP_STATUS_SUCCESS)
+        st = check_finite(ckpt, fn, &t[1], 0, 0, c->hidden_size, norm);
     if (st != GDP_STATUS_SUCCESS) {
         free(emb);
         free(norm);
@@ -595,7 +689,14 @@ gdp_status_t gdp_checkpoint_write_synthetic(const char *path, const gdp_layer_co
             list_layer_tensors(&shard, l, dtype, &tensors[(size_t)l * (size_t)per_layer]);
         for (int32_t i = 0; i < count; i++, n++) {
             layer_tensor *t = &tensors[n];
-            int64_t numel = t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
+            int64_t numel = 0;
+            size_t bytes = 0;
+            if (!gdp_mul_i64(t->shape[0], t->ndim == 2 ? t->shape[1] : 1, &numel) ||
+                !gdp_bytes_of(numel, gdp_dtype_size(t->dtype), &bytes)) {
+                st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT, "%s: tensor '%s' of [%lld, %lld] overflows 64 bits; the "
+                               "config is too large", fn, t->name, (long long)t->shape[0], (long long)t->shape[1]);
+                break;
+            }
             void *data = gdp_calloc((size_t)numel, gdp_dtype_size(t->dtype), t->name);
             if (data == NULL) {
                 st = GDP_STATUS_SYSTEM_ERROR;

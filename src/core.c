@@ -160,6 +160,15 @@ gdp_status_t gdp_tensor_init(gdp_tensor *t, void *data, gdp_dtype_t dtype, int32
     for (int32_t d = 0; d < ndim; d++)
         if (shape == NULL || shape[d] < 0)
             GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_tensor_init: extent %d is negative or missing", d);
+    int64_t numel = 0;
+    size_t bytes = 0;
+    if (!gdp_shape_numel(ndim, shape, &numel) || !gdp_bytes_of(numel, gdp_dtype_size(dtype), &bytes)) {
+        char text[160];
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "gdp_tensor_init: shape %s of %s holds more than 2^63 bytes; a size from a file or a user "
+                 "overflowed (check the dimensions)",
+                 gdp_shape_str(text, sizeof text, ndim, shape), gdp_dtype_name(dtype));
+    }
     memset(t, 0, sizeof *t);
     t->data = data;
     t->dtype = dtype;
@@ -170,12 +179,12 @@ gdp_status_t gdp_tensor_init(gdp_tensor *t, void *data, gdp_dtype_t dtype, int32
 }
 
 int64_t gdp_tensor_numel(const gdp_tensor *t) {
-    if (t == NULL)
+    if (t == NULL || t->ndim < 0 || t->ndim > GDP_MAX_DIMS)
         return 0;
-    int64_t n = 1;
-    for (int32_t d = 0; d < t->ndim; d++)
-        n *= t->shape[d];
-    return n;
+    /* A view filled by hand may hold any extents: saturate instead of overflowing (the op
+     * front-ends refuse such views in gdp_check_tensor). */
+    int64_t n = 0;
+    return gdp_shape_numel(t->ndim, t->shape, &n) ? n : INT64_MAX;
 }
 
 static bool strides_unset(const gdp_tensor *t) {
@@ -297,6 +306,21 @@ gdp_status_t gdp_check_tensor(const char *op, const char *name, const gdp_tensor
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s has shape %s, expected %s", op, name,
                  gdp_shape_str(got, sizeof got, gn, t->shape), gdp_shape_str(want, sizeof want, ndim, shape));
     }
+    /* Wildcard extents come from the caller: the tensor's size (and every offset into it)
+     * must fit int64, and each stride must be addressable without overflow. */
+    int64_t numel = 0;
+    size_t bytes = 0;
+    bool fits = gdp_shape_numel(t->ndim, t->shape, &numel) && gdp_bytes_of(numel, gdp_dtype_size(t->dtype), &bytes);
+    for (int32_t d = 0; fits && numel > 0 && d < t->ndim; d++) {
+        int64_t span = 0;
+        const int64_t stride = t->stride[d] < 0 ? -t->stride[d] : t->stride[d];
+        fits = t->stride[d] != INT64_MIN && gdp_mul_i64(t->shape[d] - 1, stride, &span) &&
+               gdp_bytes_of(span, gdp_dtype_size(t->dtype), &bytes);
+    }
+    if (!fits)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: %s has shape %s (or strides) whose byte extent overflows 64 bits; the sizes are wrong", op, name,
+                 gdp_shape_str(got, sizeof got, t->ndim, t->shape));
     return GDP_STATUS_SUCCESS;
 }
 
@@ -334,6 +358,7 @@ gdp_status_t gdp_ctx_init(gdp_ctx_t *out, gdp_backend_t backend, int32_t device)
     ctx->magic = ctx->magic_end = GDP_CTX_MAGIC;
     ctx->backend = backend;
     ctx->device = device;
+    ctx->debug_checks = gdp_debug_checks_from_env();
 #ifdef GDP_HAVE_CUDA
     if (backend == GDP_BACKEND_CUDA) {
         gdp_status_t st = gdp_cuda_ctx_init(ctx);

@@ -197,6 +197,19 @@ static const int32_t *step_tokens_dev(const struct gdp_engine *e) {
     return (const int32_t *)(e->step_dev + e->lay.tokens);
 }
 
+#ifdef GDP_HAVE_CUDA
+/* A copy between pinned host memory and the device, queued on the ctx's stream. */
+static gdp_status_t async_copy(const struct gdp_engine *e, void *dst, const void *src, size_t bytes,
+                               const char *what) {
+    const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)e->ctx->stream);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: copying %s failed: %s", what, cudaGetErrorString(err));
+    }
+    return GDP_STATUS_SUCCESS;
+}
+#endif
+
 /* Every rank: the row tokens (padding rows -1) and the head's rows and parameters of the
  * step, from the frame, into the host step buffer; then its one copy to the device. */
 static gdp_status_t fill_step(struct gdp_engine *e, const gdp_step_metadata *m) {
@@ -225,15 +238,8 @@ static gdp_status_t fill_step(struct gdp_engine *e, const gdp_step_metadata *m) 
         }
     }
 #ifdef GDP_HAVE_CUDA
-    if (on_cuda(e)) {
-        const cudaError_t err = cudaMemcpyAsync(e->step_dev, e->step_host, e->lay.bytes, cudaMemcpyHostToDevice,
-                                                (cudaStream_t)e->ctx->stream);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: copying the step buffer to the device failed: %s",
-                     cudaGetErrorString(err));
-        }
-    }
+    if (on_cuda(e))
+        return async_copy(e, e->step_dev, e->step_host, e->lay.bytes, "the step buffer to the device");
 #endif
     return GDP_STATUS_SUCCESS;
 }
@@ -252,15 +258,9 @@ static gdp_status_t device_step(struct gdp_engine *e, const gdp_step_metadata *m
                                     .out = e->out_dev};
     GDP_CHECK(gdp_model_sample(e->model, &ha));
 #ifdef GDP_HAVE_CUDA
-    if (on_cuda(e) && e->rank == 0) {
-        const cudaError_t err = cudaMemcpyAsync(e->out_host, e->out_dev, sizeof(gdp_sample_out) * (size_t)nh,
-                                                cudaMemcpyDeviceToHost, (cudaStream_t)e->ctx->stream);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: copying the sampled tokens back failed: %s",
-                     cudaGetErrorString(err));
-        }
-    }
+    if (on_cuda(e) && e->rank == 0)
+        return async_copy(e, e->out_host, e->out_dev, sizeof(gdp_sample_out) * (size_t)nh,
+                          "the sampled tokens to the host");
 #endif
     return GDP_STATUS_SUCCESS;
 }

@@ -102,6 +102,11 @@ static bool take(struct gdp_engine *e, run *r, int32_t index, const gdp_sample_o
                          "state; load the checkpoint with its finite check on)", (long long)q->spec->id, q->n_gen);
         return false;
     }
+    if (o->flags & GDP_SAMPLE_INVALID_ROW) { /* validated on the host: a bug if it happens */
+        eng_fail_request(e, r, index, t, "request %lld: the device refused the sampling options of token %d",
+                         (long long)q->spec->id, q->n_gen);
+        return false;
+    }
     emit(r, index, o->token, o->margin, o->scale, t);
     if (is_stop(q, o->token)) {
         finish(e, r, index, t, GDP_FINISH_STOP);

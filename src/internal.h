@@ -30,6 +30,8 @@ struct gdp_ctx {
     void         *layer_blas;      /* cuBLASLt handle + workspace of the layers on this ctx
                                       (src/layer_cuda.c; created by the first gdp_layer_init,
                                       freed by the last gdp_layer_free), NULL otherwise */
+    int32_t       debug_checks;    /* 1: ops refuse non-finite inputs and g > 0 before writing
+                                      (gdp_ctx_set_debug_checks, GDP_DEBUG_CHECKS; op_checks.c) */
 };
 
 /* ---- errors -------------------------------------------------------------- */
@@ -102,6 +104,62 @@ double *gdp_tensor_to_f64(const gdp_tensor *t);
 
 /* Rounds double to bf16 directly (no double rounding through float). */
 uint16_t gdp_double_to_bf16(double x);
+
+/* ---- checked arithmetic ------------------------------------------------------
+ * For every size that comes from a file or a user (shapes, lengths, counts): each returns
+ * false, leaving *out untouched, when an operand is negative or the result overflows. */
+static inline bool gdp_mul_i64(int64_t a, int64_t b, int64_t *out) {
+    int64_t r;
+    if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r))
+        return false;
+    *out = r;
+    return true;
+}
+static inline bool gdp_add_i64(int64_t a, int64_t b, int64_t *out) {
+    int64_t r;
+    if (a < 0 || b < 0 || __builtin_add_overflow(a, b, &r))
+        return false;
+    *out = r;
+    return true;
+}
+/* Elements of a shape (1 for ndim 0). */
+static inline bool gdp_shape_numel(int32_t ndim, const int64_t *shape, int64_t *out) {
+    int64_t n = 1;
+    for (int32_t d = 0; d < ndim; d++)
+        if (!gdp_mul_i64(n, shape[d], &n))
+            return false;
+    *out = n;
+    return true;
+}
+/* Bytes of `numel` elements of `elem_size` bytes, as a size_t that also fits int64. */
+static inline bool gdp_bytes_of(int64_t numel, size_t elem_size, size_t *out) {
+    int64_t b;
+    if (elem_size > (size_t)INT64_MAX || !gdp_mul_i64(numel, (int64_t)elem_size, &b) || (uint64_t)b > SIZE_MAX)
+        return false;
+    *out = (size_t)b;
+    return true;
+}
+
+/* ---- op checks (src/op_checks.c) ------------------------------------------------
+ * Aliasing: every output (and in-place cache) of an op must not overlap any other buffer of
+ * the call; inputs may overlap each other. Absent or empty tensors take no bytes. An input
+ * marked in_place_ok may be exactly the output (same data, dtype and shape, contiguous: ops
+ * whose every element is read before it is written, e.g. the norms row by row). */
+typedef enum gdp_buffer_role { GDP_BUF_IN, GDP_BUF_OUT, GDP_BUF_INOUT } gdp_buffer_role;
+typedef struct gdp_op_buffer {
+    const char      *name;
+    const gdp_tensor *t;
+    gdp_buffer_role  role;
+    bool             in_place_ok;
+} gdp_op_buffer;
+gdp_status_t gdp_check_aliasing(const char *op, const gdp_op_buffer *bufs, int32_t n);
+/* The debug-checked mode: with ctx->debug_checks, INVALID_ARGUMENT naming the element unless
+ * every value of float tensor t (absent: passes) is finite, and <= 0 when nonpositive. Copies
+ * device tensors to the host (synchronizing; refused under CUDA graph capture). */
+gdp_status_t gdp_debug_check_values(gdp_ctx_t ctx, const char *op, const char *name, const gdp_tensor *t,
+                                    bool nonpositive);
+/* GDP_DEBUG_CHECKS set to anything but "" or "0": new contexts start with the checks on. */
+bool gdp_debug_checks_from_env(void);
 
 /* calloc that records an out-of-memory error naming `what`. */
 void *gdp_calloc(size_t count, size_t size, const char *what);

@@ -125,7 +125,17 @@ static gdp_status_t model_build(struct gdp_model *m, gdp_checkpoint_t ckpt, int3
         st = GDP_STATUS_SYSTEM_ERROR;
         goto done;
     }
-    const size_t emb_bytes = (size_t)(m->vocab * m->D) * sizeof(float), norm_bytes = (size_t)m->D * sizeof(float);
+    /* The sizes come from the file: checked (a vocab of 2^59 once wrapped to a 4-byte buffer). */
+    int64_t emb_elems = 0;
+    size_t emb_bytes = 0;
+    if (m->vocab < 1 || m->vocab > INT32_MAX || !gdp_mul_i64(m->vocab, m->D, &emb_elems) ||
+        !gdp_bytes_of(emb_elems, sizeof(float), &emb_bytes)) {
+        st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT, "gdp_model_init: vocab_size %lld x hidden_size %lld is out of "
+                       "range (token ids are int32; the embedding must fit memory)", (long long)m->vocab,
+                       (long long)m->D);
+        goto done;
+    }
+    const size_t norm_bytes = (size_t)m->D * sizeof(float);
     if (on_cpu(m)) {
         m->embedding = m->embedding_host; /* one buffer serves the gather and the LM head */
     } else {
@@ -265,13 +275,18 @@ static gdp_status_t check_x(const struct gdp_model *m, const gdp_tensor *x, int6
     return gdp_check_contiguous(op, "x", x);
 }
 
-gdp_status_t gdp_model_embed(gdp_model_t model, gdp_tensor *x, const int32_t *tokens, int64_t n) {
-    static const char *op = "gdp_model_embed";
-    GDP_CHECK(check_model(model, op));
+static gdp_status_t check_embed_args(const struct gdp_model *m, const gdp_tensor *x, const int32_t *tokens,
+                                     int64_t n, const char *op) {
     if (n < 0 || (n > 0 && tokens == NULL))
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %lld tokens with tokens %s", op, (long long)n,
                  tokens ? "given" : "NULL");
-    GDP_CHECK(check_x(model, x, n, op));
+    return check_x(m, x, n, op);
+}
+
+gdp_status_t gdp_model_embed(gdp_model_t model, gdp_tensor *x, const int32_t *tokens, int64_t n) {
+    static const char *op = "gdp_model_embed";
+    GDP_CHECK(check_model(model, op));
+    GDP_CHECK(check_embed_args(model, x, tokens, n, op));
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < -1 || tokens[i] >= model->vocab)
             GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
@@ -440,12 +455,9 @@ gdp_status_t gdp_model_reserve_head(gdp_model_t model, int64_t max_rows, int32_t
 gdp_status_t gdp_model_embed_device(gdp_model_t model, gdp_tensor *x, const int32_t *tokens, int64_t n) {
     static const char *op = "gdp_model_embed_device";
     GDP_CHECK(check_model(model, op));
-    if (n < 0 || (n > 0 && tokens == NULL))
-        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %lld tokens with tokens %s", op, (long long)n,
-                 tokens ? "given" : "NULL");
-    GDP_CHECK(check_x(model, x, n, op));
     if (on_cpu(model)) /* backend memory is host memory: the checked host gather */
         return gdp_model_embed(model, x, tokens, n);
+    GDP_CHECK(check_embed_args(model, x, tokens, n, op));
 #ifdef GDP_HAVE_CUDA
     const gdp_embed_gather_args a = {.x = x->data, .embedding = model->embedding, .tokens = tokens, .n = n,
                                      .D = model->D, .vocab = model->vocab};

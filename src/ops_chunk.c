@@ -72,6 +72,7 @@ gdp_status_t gdp_l2norm(gdp_ctx_t ctx, gdp_tensor *y, const gdp_tensor *x) {
                  "%s: y (%s) overlaps x (%s) without being the same buffer and dtype; in place needs y.data == "
                  "x.data and equal dtypes, otherwise pass separate buffers",
                  op, gdp_dtype_name(y->dtype), gdp_dtype_name(x->dtype));
+    GDP_CHECK(gdp_debug_check_values(ctx, op, "x", x, false));
     if (ctx->backend == GDP_BACKEND_CPU)
         return gdp_cpu_l2norm(y, x);
 #ifdef GDP_HAVE_CUDA
@@ -115,6 +116,12 @@ gdp_status_t gdp_chunk_local_cumsum(gdp_ctx_t ctx, gdp_tensor *g_cumsum, gdp_ten
         GDP_CHECK(gdp_check_tensor(op, "g_cumsum_dp", g_cumsum_dp, 3, shape, GDP_DT(GDP_DTYPE_FP32)));
         GDP_CHECK(gdp_check_contiguous(op, "g_cumsum_dp", g_cumsum_dp));
     }
+    const gdp_op_buffer bufs[] = {{"g", g, GDP_BUF_IN, false},
+                                  {"cu_seqlens", cu_seqlens, GDP_BUF_IN, false},
+                                  {"g_cumsum", g_cumsum, GDP_BUF_OUT, false},
+                                  {"g_cumsum_dp", g_cumsum_dp, GDP_BUF_OUT, false}};
+    GDP_CHECK(gdp_check_aliasing(op, bufs, 4));
+    GDP_CHECK(gdp_debug_check_values(ctx, op, "g", g, true));
     if (cpu) {
         const int32_t *cu = cu_seqlens->data;
         GDP_CHECK(check_cu_seqlens(op, cu, N, T));
@@ -315,6 +322,14 @@ static gdp_status_t validate_chunk_args(gdp_ctx_t ctx, const gdp_chunk_args *a, 
                      "them with gdp_build_chunk_descriptors",
                      op);
     }
+    /* Cache mode writes the final states to the slots; like the recurrent op, refuse a dense
+     * final_state beside it (it used to be silently left unwritten). */
+    if (has_state && a->output_final_state)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: cache mode (state + state_indices) with output_final_state set: the final states are written "
+                 "to the cache slots, final_state would stay unwritten; pass output_final_state = 0, or drop state "
+                 "for dense mode",
+                 op);
     if (!has_state && a->output_final_state)
         GDP_CHECK(gdp_check_tensor(op, "final_state (output_final_state is set)", &a->final_state, 4, state_shape,
                                    GDP_DT(GDP_DTYPE_FP32)));
@@ -342,6 +357,28 @@ static gdp_status_t validate_chunk_args(gdp_ctx_t ctx, const gdp_chunk_args *a, 
 
     if (cpu)
         GDP_CHECK(check_chunk_contents(op, a, N, T, M));
+
+    /* No output may alias an input, another output or the cache. */
+    const gdp_op_buffer bufs[] = {
+        {"q", &a->q, GDP_BUF_IN, false},
+        {"k", &a->k, GDP_BUF_IN, false},
+        {"v", &a->v, GDP_BUF_IN, false},
+        {"beta", &a->beta, GDP_BUF_IN, false},
+        {"initial_state", &a->initial_state, GDP_BUF_IN, false},
+        {"g", &a->g, GDP_BUF_IN, false},
+        {"cu_seqlens", &a->cu_seqlens, GDP_BUF_IN, false},
+        {"chunk_indices", &a->chunk_indices, GDP_BUF_IN, false},
+        {"chunk_indices_dp", &a->chunk_indices_dp, GDP_BUF_IN, false},
+        {"chunk_offsets", &a->chunk_offsets, GDP_BUF_IN, false},
+        {"state_indices", &a->state_indices, GDP_BUF_IN, false},
+        {"state", &a->state, GDP_BUF_INOUT, false},
+        {"o", &a->o, GDP_BUF_OUT, false},
+        {"final_state", !has_state && a->output_final_state ? &a->final_state : NULL, GDP_BUF_OUT, false},
+        {"chunk_states", a->return_chunk_states ? &a->chunk_states : NULL, GDP_BUF_OUT, false},
+    };
+    GDP_CHECK(gdp_check_aliasing(op, bufs, (int32_t)(sizeof bufs / sizeof bufs[0])));
+    for (int i = 0; i < 6; i++) /* q, k, v, beta, initial_state finite; g also <= 0 */
+        GDP_CHECK(gdp_debug_check_values(ctx, op, bufs[i].name, bufs[i].t, i == 5));
     return GDP_STATUS_SUCCESS;
 }
 

@@ -75,6 +75,18 @@ gdp_status_t gdp_causal_conv1d_update(gdp_ctx_t ctx, const gdp_conv1d_update_arg
     if (args == NULL)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: args is NULL; pass a filled gdp_conv1d_update_args", op);
     GDP_CHECK(check_update_args(op, args));
+    const gdp_op_buffer bufs[] = {
+        {"x", &args->x, GDP_BUF_IN, false},
+        {"weight", &args->weight, GDP_BUF_IN, false},
+        {"bias", &args->bias, GDP_BUF_IN, false},
+        {"conv_state_indices", &args->conv_state_indices, GDP_BUF_IN, false},
+        {"conv_state", &args->conv_state, GDP_BUF_INOUT, false},
+        {"intermediate_conv_states", &args->intermediate_conv_states, GDP_BUF_OUT, false},
+        {"y", &args->y, GDP_BUF_OUT, false},
+    };
+    GDP_CHECK(gdp_check_aliasing(op, bufs, (int32_t)(sizeof bufs / sizeof bufs[0])));
+    for (int i = 0; i < 3; i++)
+        GDP_CHECK(gdp_debug_check_values(ctx, op, bufs[i].name, bufs[i].t, false));
     if (ctx->backend == GDP_BACKEND_CUDA) {
 #ifdef GDP_HAVE_CUDA
         return gdp_cuda_conv1d_update(ctx, args);
@@ -92,6 +104,18 @@ gdp_status_t gdp_causal_conv1d_varlen(gdp_ctx_t ctx, const gdp_conv1d_varlen_arg
     if (args == NULL)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: args is NULL; pass a filled gdp_conv1d_varlen_args", op);
     GDP_CHECK(check_varlen_args(op, args));
+    const gdp_op_buffer bufs[] = {
+        {"x", &args->x, GDP_BUF_IN, false},
+        {"weight", &args->weight, GDP_BUF_IN, false},
+        {"bias", &args->bias, GDP_BUF_IN, false},
+        {"state_indices", &args->state_indices, GDP_BUF_IN, false},
+        {"cu_seqlens", &args->cu_seqlens, GDP_BUF_IN, false},
+        {"conv_state", &args->conv_state, GDP_BUF_INOUT, false},
+        {"y", &args->y, GDP_BUF_OUT, false},
+    };
+    GDP_CHECK(gdp_check_aliasing(op, bufs, (int32_t)(sizeof bufs / sizeof bufs[0])));
+    for (int i = 0; i < 3; i++)
+        GDP_CHECK(gdp_debug_check_values(ctx, op, bufs[i].name, bufs[i].t, false));
     if (ctx->backend == GDP_BACKEND_CUDA) {
 #ifdef GDP_HAVE_CUDA
         return gdp_cuda_conv1d_varlen(ctx, args);

@@ -52,6 +52,15 @@ gdp_status_t gdp_gated_rmsnorm(gdp_ctx_t ctx, gdp_tensor *out, const gdp_tensor 
                  "%s: group_size %lld must be >= 1 and divide the %lld channels of y (the layer uses "
                  "H*P/G = (H/G)*P)",
                  op, (long long)group_size, (long long)d);
+    /* Exactly in place (out == y or out == z) is allowed: both backends read a row's y and z
+     * elements before they write them. */
+    const gdp_op_buffer bufs[] = {{"y", y, GDP_BUF_IN, true},
+                                  {"z", z, GDP_BUF_IN, true},
+                                  {"weight", weight, GDP_BUF_IN, false},
+                                  {"out", out, GDP_BUF_OUT, false}};
+    GDP_CHECK(gdp_check_aliasing(op, bufs, 4));
+    for (int i = 0; i < 3; i++)
+        GDP_CHECK(gdp_debug_check_values(ctx, op, bufs[i].name, bufs[i].t, false));
     if (ctx->backend == GDP_BACKEND_CUDA) {
 #ifdef GDP_HAVE_CUDA
         return gdp_cuda_gated_rmsnorm(ctx, out, y, z, weight, group_size, eps);
@@ -69,6 +78,11 @@ gdp_status_t gdp_rmsnorm(gdp_ctx_t ctx, gdp_tensor *out, const gdp_tensor *x, co
     GDP_CHECK(gdp_ctx_check(ctx, op));
     GDP_CHECK(check_rows(op, "x", x, weight, eps));
     GDP_CHECK(check_like(op, "out", out, x));
+    const gdp_op_buffer bufs[] = {
+        {"x", x, GDP_BUF_IN, true}, {"weight", weight, GDP_BUF_IN, false}, {"out", out, GDP_BUF_OUT, false}};
+    GDP_CHECK(gdp_check_aliasing(op, bufs, 3));
+    for (int i = 0; i < 2; i++)
+        GDP_CHECK(gdp_debug_check_values(ctx, op, bufs[i].name, bufs[i].t, false));
     if (ctx->backend == GDP_BACKEND_CUDA) {
 #ifdef GDP_HAVE_CUDA
         return gdp_cuda_rmsnorm(ctx, out, x, weight, eps);

@@ -61,6 +61,17 @@ static gdp_status_t prepare_dispatch(const char *op, gdp_ctx_t ctx, const gdp_pr
     if (args == NULL)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: args is NULL; pass a filled gdp_prepare_args", op);
     GDP_CHECK(check_prepare_args(op, args, decode));
+    const gdp_prepare_args *a = args;
+    const gdp_op_buffer bufs[] = {
+        {"x", &a->x, GDP_BUF_IN, false},           {"ba", &a->ba, GDP_BUF_IN, false},
+        {"A_log", &a->A_log, GDP_BUF_IN, false},   {"dt_bias", &a->dt_bias, GDP_BUF_IN, false},
+        {"query", &a->query, GDP_BUF_OUT, false},  {"key", &a->key, GDP_BUF_OUT, false},
+        {"value", &a->value, GDP_BUF_OUT, false},  {"beta", &a->beta, GDP_BUF_OUT, false},
+        {"g", &a->g, GDP_BUF_OUT, false},
+    };
+    GDP_CHECK(gdp_check_aliasing(op, bufs, (int32_t)(sizeof bufs / sizeof bufs[0])));
+    for (int i = 0; i < 4; i++)
+        GDP_CHECK(gdp_debug_check_values(ctx, op, bufs[i].name, bufs[i].t, false));
     if (ctx->backend == GDP_BACKEND_CUDA) {
 #ifdef GDP_HAVE_CUDA
         return gdp_cuda_prepare(ctx, args, decode);

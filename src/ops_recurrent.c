@@ -74,6 +74,14 @@ static gdp_status_t check_recurrent_args(const gdp_recurrent_args *a) {
                      "%s: both state (cache mode) and initial_state (dense mode) were given; the cache is read "
                      "in place, so pass only one of them",
                      OP);
+        /* The final states go to the slots: a dense final state would be a second, silently
+         * unwritten copy (the chunk op refuses the same mix). */
+        if (a->output_final_state)
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                     "%s: cache mode (state given) with output_final_state set: the final states are written to "
+                     "the cache slots, final_state would stay unwritten; pass output_final_state = 0, or drop state "
+                     "for dense mode",
+                     OP);
         GDP_CHECK(check_state_cache(a, H, K, V));
         const int64_t slots = a->state.shape[0];
         GDP_CHECK(gdp_check_slot_array(OP, "state_indices", &a->state_indices, B, slots));
@@ -104,6 +112,24 @@ gdp_status_t gdp_fused_recurrent_gated_delta_rule_update(gdp_ctx_t ctx, const gd
     if (args == NULL)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: args is NULL; pass a filled gdp_recurrent_args", OP);
     GDP_CHECK(check_recurrent_args(args));
+    const gdp_recurrent_args *a = args;
+    const bool dense_final = !gdp_tensor_present(&a->state) && a->output_final_state;
+    const gdp_op_buffer bufs[] = {
+        {"q", &a->q, GDP_BUF_IN, false},
+        {"k", &a->k, GDP_BUF_IN, false},
+        {"v", &a->v, GDP_BUF_IN, false},
+        {"beta", &a->beta, GDP_BUF_IN, false},
+        {"initial_state", &a->initial_state, GDP_BUF_IN, false},
+        {"g", &a->g, GDP_BUF_IN, false},
+        {"state_indices", &a->state_indices, GDP_BUF_IN, false},
+        {"state", &a->state, GDP_BUF_INOUT, false},
+        {"intermediate_states", &a->intermediate_states, GDP_BUF_OUT, false},
+        {"o", &a->o, GDP_BUF_OUT, false},
+        {"final_state", dense_final ? &a->final_state : NULL, GDP_BUF_OUT, false},
+    };
+    GDP_CHECK(gdp_check_aliasing(OP, bufs, (int32_t)(sizeof bufs / sizeof bufs[0])));
+    for (int i = 0; i < 6; i++) /* q, k, v, beta, initial_state finite; g also <= 0 */
+        GDP_CHECK(gdp_debug_check_values(ctx, OP, bufs[i].name, bufs[i].t, i == 5));
     if (ctx->backend == GDP_BACKEND_CUDA) {
 #ifdef GDP_HAVE_CUDA
         return gdp_cuda_recurrent(ctx, args);

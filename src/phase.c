@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "gdp/profile.h"
 #include "phase.h"
 
 #ifdef GDP_HAVE_CUDA
@@ -61,7 +62,15 @@ static gdp_status_t record(gdp_ctx_t ctx, gdp_phase_list *l, int phase) {
             }
             l->events[i] = ev;
         }
-        if (cudaEventRecord((cudaEvent_t)l->events[i], (cudaStream_t)ctx->stream) != cudaSuccess) {
+        /* Inside a stream capture a plain record only orders the capture's streams; an
+         * external record becomes an event node that every replay records. */
+        enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        (void)cudaStreamIsCapturing((cudaStream_t)ctx->stream, &cs);
+        const cudaError_t err = cs == cudaStreamCaptureStatusActive
+                                    ? cudaEventRecordWithFlags((cudaEvent_t)l->events[i], (cudaStream_t)ctx->stream,
+                                                               cudaEventRecordExternal)
+                                    : cudaEventRecord((cudaEvent_t)l->events[i], (cudaStream_t)ctx->stream);
+        if (err != cudaSuccess) {
             (void)cudaGetLastError();
             GDP_FAIL(GDP_STATUS_CUDA_ERROR, "phase timing: cudaEventRecord failed");
         }
@@ -171,4 +180,32 @@ void gdp_phase_list_free(gdp_phase_list *list) {
     free(list->events);
     free(list->t);
     memset(list, 0, sizeof *list);
+}
+
+/* ---- the public profile (include/gdp/profile.h) over the same marks ---------------------- */
+
+static _Thread_local gdp_phase_list g_profile;
+
+gdp_status_t gdp_profile_begin(gdp_ctx_t ctx) {
+    GDP_CHECK(gdp_ctx_check(ctx, "gdp_profile_begin"));
+    return gdp_phase_begin(ctx, &g_profile, GDP_MARK_OPS);
+}
+
+gdp_status_t gdp_profile_end(gdp_ctx_t ctx, gdp_phase_times *times) {
+    GDP_CHECK(gdp_ctx_check(ctx, "gdp_profile_end"));
+    if (times == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_profile_end: times is NULL");
+    GDP_CHECK(gdp_phase_end(ctx));
+#ifdef GDP_HAVE_CUDA
+    if (ctx->backend == GDP_BACKEND_CUDA && cudaStreamSynchronize((cudaStream_t)ctx->stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "gdp_profile_end: the profiled work failed on the device");
+    }
+#endif
+    double sums[GDP_MARK_NUM] = {0}, total = 0;
+    GDP_CHECK(gdp_phase_sum(ctx, &g_profile, sums, &total));
+    *times = (gdp_phase_times){.gemm_s = sums[GDP_MARK_GEMM], .ops_s = sums[GDP_MARK_OPS],
+                               .collective_s = sums[GDP_MARK_COLLECTIVE], .head_s = sums[GDP_MARK_HEAD],
+                               .total_s = total};
+    return GDP_STATUS_SUCCESS;
 }

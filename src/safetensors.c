@@ -103,22 +103,31 @@ static gdp_status_t parse_entry(gdp_st_file *f, const char *name, json_t *v, gdp
         GDP_FAIL(GDP_STATUS_UNSUPPORTED, "safetensors: %s: tensor '%s' has %zu dims, gdp supports at most %d",
                  f->path, name, json_array_size(shape), GDP_MAX_DIMS);
     info->ndim = (int32_t)json_array_size(shape);
-    info->numel = 1;
     for (int32_t d = 0; d < info->ndim; d++) {
         json_t *e = json_array_get(shape, (size_t)d);
         if (!json_is_integer(e) || json_integer_value(e) < 0)
             GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "safetensors: %s: tensor '%s' has a bad extent in dim %d",
                      f->path, name, d);
         info->shape[d] = json_integer_value(e);
-        info->numel *= info->shape[d];
     }
+    /* The shape comes from the file: its element and byte counts must not overflow (a shape
+     * [2^32, 2^32] would otherwise wrap to 0 bytes and pass the size check below). */
+    char shape_text[160];
+    size_t bytes = 0;
+    if (!gdp_shape_numel(info->ndim, info->shape, &info->numel) ||
+        (info->elem_size != 0 && !gdp_bytes_of(info->numel, info->elem_size, &bytes)))
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "safetensors: %s: tensor '%s' has shape %s of %s, whose size overflows 64 bits; the file is "
+                 "corrupt or hostile",
+                 f->path, name, gdp_shape_str(shape_text, sizeof shape_text, info->ndim, info->shape), ds);
     json_t *o0 = json_array_get(offs, 0), *o1 = json_array_get(offs, 1);
     if (!json_is_integer(o0) || !json_is_integer(o1))
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "safetensors: %s: tensor '%s' has non-integer data_offsets",
                  f->path, name);
     long long b = json_integer_value(o0), e = json_integer_value(o1);
-    if (b < 0 || e < b || (info->elem_size != 0 && (uint64_t)(e - b) != (uint64_t)info->numel * info->elem_size) ||
-        f->data_start + (uint64_t)e > f->file_size)
+    const uint64_t data_bytes = f->file_size - f->data_start;
+    if (b < 0 || e < b || (info->elem_size != 0 && (uint64_t)(e - b) != (uint64_t)bytes) ||
+        (uint64_t)e > data_bytes)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
                  "safetensors: %s: tensor '%s' has data_offsets [%lld, %lld] that do not match its %lld "
                  "elements of %s or run past the end of the file (%llu bytes); the file is truncated or corrupt",
@@ -126,6 +135,74 @@ static gdp_status_t parse_entry(gdp_st_file *f, const char *name, json_t *v, gdp
     info->offset = f->data_start + (uint64_t)b;
     info->nbytes = (uint64_t)(e - b);
     return GDP_STATUS_SUCCESS;
+}
+
+/* Order of tensors by where their data starts (then ends): the layout check walks it. */
+static int by_offset(const void *pa, const void *pb) {
+    const gdp_st_info *a = *(const gdp_st_info *const *)pa, *b = *(const gdp_st_info *const *)pb;
+    if (a->offset != b->offset)
+        return a->offset < b->offset ? -1 : 1;
+    if (a->nbytes != b->nbytes)
+        return a->nbytes < b->nbytes ? -1 : 1;
+    return 0;
+}
+
+/* The format's layout rule: the tensors' byte ranges tile the data buffer exactly, with no
+ * overlap, no gap and nothing after the last one (the header order is free: the reference
+ * implementation sorts by offset too). Overlapping ranges would let two tensors alias, gaps
+ * and trailing bytes would hide data no tensor accounts for. */
+static gdp_status_t check_layout(gdp_st_file *f) {
+    const uint64_t data_bytes = f->file_size - f->data_start;
+    if (f->count == 0) {
+        if (data_bytes != 0)
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                     "safetensors: %s holds no tensor but %llu data bytes after its header; the format forbids "
+                     "bytes no tensor accounts for (corrupt or not a safetensors file)",
+                     f->path, (unsigned long long)data_bytes);
+        return GDP_STATUS_SUCCESS;
+    }
+    const gdp_st_info **order = gdp_calloc((size_t)f->count, sizeof *order, "the safetensors layout check");
+    if (order == NULL)
+        return GDP_STATUS_SYSTEM_ERROR;
+    for (int32_t i = 0; i < f->count; i++)
+        order[i] = &f->infos[i];
+    qsort(order, (size_t)f->count, sizeof *order, by_offset);
+    gdp_status_t st = GDP_STATUS_SUCCESS;
+    uint64_t at = 0; /* where the next tensor must start, relative to the data buffer */
+    const gdp_st_info *prev = NULL;
+    for (int32_t i = 0; i < f->count && st == GDP_STATUS_SUCCESS; i++) {
+        const gdp_st_info *t = order[i];
+        const uint64_t b = t->offset - f->data_start, e = b + t->nbytes;
+        if (b < at)
+            st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT,
+                           "safetensors: %s: tensor '%s' (data_offsets [%llu, %llu]) overlaps tensor '%s' "
+                           "([%llu, %llu]); the format forbids overlapping data (corrupt or hostile file)",
+                           f->path, t->name, (unsigned long long)b, (unsigned long long)e, prev->name,
+                           (unsigned long long)(prev->offset - f->data_start),
+                           (unsigned long long)(prev->offset - f->data_start + prev->nbytes));
+        else if (b > at && prev == NULL)
+            st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT,
+                           "safetensors: %s: tensor '%s' comes first in the data buffer but starts at data offset "
+                           "%llu, not 0: those %llu bytes belong to no tensor and the format forbids gaps (corrupt "
+                           "file)",
+                           f->path, t->name, (unsigned long long)b, (unsigned long long)b);
+        else if (b > at)
+            st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT,
+                           "safetensors: %s: tensor '%s' starts at data offset %llu, but tensor '%s' before it ends "
+                           "at %llu: the %llu bytes in between belong to no tensor and the format forbids gaps "
+                           "(corrupt file)",
+                           f->path, t->name, (unsigned long long)b, prev->name, (unsigned long long)at,
+                           (unsigned long long)(b - at));
+        at = e;
+        prev = t;
+    }
+    if (st == GDP_STATUS_SUCCESS && at != data_bytes)
+        st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT,
+                       "safetensors: %s: the last tensor '%s' ends at data offset %llu, but the file holds %llu "
+                       "data bytes; the format forbids trailing bytes no tensor accounts for (corrupt file)",
+                       f->path, prev->name, (unsigned long long)at, (unsigned long long)data_bytes);
+    free(order);
+    return st;
 }
 
 gdp_status_t gdp_st_open(const char *path, gdp_st_file **out) {
@@ -175,11 +252,32 @@ gdp_status_t gdp_st_open(const char *path, gdp_st_file **out) {
     }
     GDP_CHECK_GOTO(read_exact(f->fd, header, hlen, 8, path), st, fail);
     f->data_start = 8 + hlen;
+    /* The format: the header MUST begin with '{' (a JSON object, may be padded with spaces). */
+    if (hlen == 0 || header[0] != '{') {
+        st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT,
+                       "safetensors: %s: the header does not start with '{' (it starts with %s); a safetensors "
+                       "header is a JSON object mapping tensor names to {dtype, shape, data_offsets}",
+                       path, hlen == 0 ? "nothing: it is empty" : header[0] == '[' ? "'[', a JSON array" : "another byte");
+        goto fail;
+    }
     json_error_t jerr;
-    f->root = json_loadb(header, hlen, 0, &jerr);
-    if (!json_is_object(f->root)) {
-        st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT, "safetensors: %s: header is not a JSON object (%s, line %d)",
-                       path, jerr.text, jerr.line);
+    /* Duplicate names are forbidden by the format; jansson would keep the last one silently. */
+    f->root = json_loadb(header, hlen, JSON_REJECT_DUPLICATES, &jerr);
+    if (f->root == NULL) {
+        if (json_error_code(&jerr) == json_error_duplicate_key)
+            st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT,
+                           "safetensors: %s: the header names a tensor twice (%s, header line %d, column %d); the "
+                           "format forbids duplicate tensor names (which copy would be meant?)",
+                           path, jerr.text, jerr.line, jerr.column);
+        else
+            st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT,
+                           "safetensors: %s: the header is not valid JSON: %s (header line %d, column %d); the file "
+                           "is corrupt or not safetensors",
+                           path, jerr.text, jerr.line, jerr.column);
+        goto fail;
+    }
+    if (!json_is_object(f->root)) { /* unreachable after the '{' check, kept for safety */
+        st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT, "safetensors: %s: the header is not a JSON object", path);
         goto fail;
     }
     size_t n = json_object_size(f->root);
@@ -198,6 +296,7 @@ gdp_status_t gdp_st_open(const char *path, gdp_st_file **out) {
         GDP_CHECK_GOTO(parse_entry(f, key, val, &f->infos[f->count]), st, fail);
         f->count++;
     }
+    GDP_CHECK_GOTO(check_layout(f), st, fail);
     /* json_object_foreach is in insertion (file) order for jansson >= 2.8. */
     f->meta_dump = gdp_calloc((size_t)f->count + 64, sizeof(char *), "safetensors metadata");
     free(header);
@@ -266,7 +365,8 @@ gdp_status_t gdp_st_read_slice(gdp_st_file *f, const char *name, int32_t dim, in
                                void *dst, size_t dst_bytes) {
     const gdp_st_info *info;
     GDP_CHECK(find_or_fail(f, name, &info));
-    if (dim < 0 || dim >= info->ndim || start < 0 || count < 0 || start + count > info->shape[dim])
+    if (dim < 0 || dim >= info->ndim || start < 0 || count < 0 || start > info->shape[dim] ||
+        count > info->shape[dim] - start)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
                  "safetensors: %s: slice [%lld, %lld) of dim %d is outside tensor '%s' (%d dims, extent %lld)",
                  f->path, (long long)start, (long long)(start + count), dim, name, info->ndim,
@@ -479,13 +579,23 @@ gdp_status_t gdp_st_write(const char *path, const gdp_st_entry *entries, int32_t
             st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT, "gdp_st_write: entry %d has a bad name, dtype or ndim", i);
             goto done;
         }
-        json_t *shape = json_array();
-        uint64_t n = 1;
-        for (int32_t d = 0; d < e->ndim; d++) {
-            json_array_append_new(shape, json_integer(e->shape[d]));
-            n *= (uint64_t)e->shape[d];
+        int64_t n = 0;
+        size_t bytes = 0;
+        if (!gdp_shape_numel(e->ndim, e->shape, &n) || !gdp_bytes_of(n, gdp_dtype_size(e->dtype), &bytes)) {
+            st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT,
+                           "gdp_st_write: entry %d ('%s') has a negative extent or a size that overflows 64 bits", i,
+                           e->name);
+            goto done;
         }
-        uint64_t bytes = n * gdp_dtype_size(e->dtype);
+        /* The format forbids duplicate names (and a JSON object would keep only the last). */
+        if (strcmp(e->name, "__metadata__") == 0 || json_object_get(root, e->name) != NULL) {
+            st = GDP_ERROR(GDP_STATUS_INVALID_ARGUMENT, "gdp_st_write: entry %d: the name '%s' is %s", i, e->name,
+                           strcmp(e->name, "__metadata__") == 0 ? "reserved for the metadata" : "used twice");
+            goto done;
+        }
+        json_t *shape = json_array();
+        for (int32_t d = 0; d < e->ndim; d++)
+            json_array_append_new(shape, json_integer(e->shape[d]));
         json_t *obj = json_object();
         json_object_set_new(obj, "dtype", json_string(ds));
         json_object_set_new(obj, "shape", shape);

@@ -2,6 +2,14 @@
 # safetensors reader/writer, and the exported-symbol check of libgdp.so.
 gdp_add_test(test_descriptors LABEL cpu)
 gdp_add_test(test_api LABEL cpu)
+gdp_add_test(test_safetensors LABEL cpu)
 add_test(NAME test_exported_symbols
          COMMAND ${CMAKE_COMMAND} -DLIB=$<TARGET_FILE:gdp> -P ${CMAKE_CURRENT_SOURCE_DIR}/scripts/check_symbols.cmake)
 set_tests_properties(test_exported_symbols PROPERTIES LABELS cpu)
+# gdp-ckpt info on a metadata-only file with H = G = 2^32: answers at once (no loop over 1..G).
+if(TARGET gdp-ckpt)
+  add_test(NAME gdp_ckpt_info_huge_groups
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/ckpt_info_huge_groups.sh $<TARGET_FILE:gdp-ckpt>
+                   ${CMAKE_CURRENT_BINARY_DIR})
+  set_tests_properties(gdp_ckpt_info_huge_groups PROPERTIES LABELS cpu TIMEOUT 60)
+endif()

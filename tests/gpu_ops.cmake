@@ -9,3 +9,10 @@ foreach(family prepare decode conv norm)
   set_tests_properties(test_${family}_gpu PROPERTIES LABELS gpu TIMEOUT 600 SKIP_RETURN_CODE 77
                        ENVIRONMENT "NCCL_NVLS_ENABLE=0" RESOURCE_GROUPS "gpus:1")
 endforeach()
+# The bf16 ssm cache against the fp32 one over 1,000 decode steps of a two-layer stack
+# (relative RMS of outputs and states at steps 1, 10, 100, 1000; docs/performance.md).
+add_executable(test_decode_drift_gpu test_decode_drift_gpu.c)
+target_link_libraries(test_decode_drift_gpu PRIVATE gdp_test_common)
+add_test(NAME test_decode_drift_gpu COMMAND test_decode_drift_gpu)
+set_tests_properties(test_decode_drift_gpu PROPERTIES LABELS gpu TIMEOUT 600 SKIP_RETURN_CODE 77
+                     ENVIRONMENT "NCCL_NVLS_ENABLE=0" RESOURCE_GROUPS "gpus:1")

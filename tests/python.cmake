@@ -2,19 +2,23 @@
 # golden files and a float64 recurrence, the ctypes struct layouts, bad inputs, the layer
 # entry (gdp.layer) at TP = 1 and 2, and, when torch and a GPU are present, the torch CUDA
 # path (graph capture, CUDA vs CPU). The library under test is this build's libgdp.so.
-# numpy and pytest must be installed for this python3 (launch/setup.sh installs them): when
-# they are missing the test is still registered and fails, it never skips silently.
+# The modules of python/requirements-test.txt (numpy, pytest, ml_dtypes, setuptools >= 61, wheel:
+# the packaging test runs `pip install --no-build-isolation ./python`) must be installed for this
+# python (launch/setup.sh --tests, which launch/run-tests calls, installs them; -DGDP_PYTHON3=...
+# picks another python). When they are missing the test is still registered and fails, it never
+# skips silently. torch is optional: the torch tests skip without it and say so.
 find_program(GDP_PYTHON3 NAMES python3 DOC "python3 that runs the Python package tests")
 if(NOT GDP_PYTHON3)
   message(WARNING "test_python: python3 not found; the test is registered and will fail. Install python3 "
-                  "with numpy and pytest (launch/setup.sh).")
+                  "and the modules of python/requirements-test.txt (launch/setup.sh --tests).")
   set(GDP_PYTHON3 python3)
 else()
-  execute_process(COMMAND ${GDP_PYTHON3} -c "import numpy, pytest" RESULT_VARIABLE _gdp_py_missing
-                  OUTPUT_QUIET ERROR_QUIET)
+  execute_process(COMMAND ${GDP_PYTHON3} -c "import numpy, pytest, ml_dtypes, setuptools, wheel"
+                  RESULT_VARIABLE _gdp_py_missing OUTPUT_QUIET ERROR_QUIET)
   if(NOT _gdp_py_missing EQUAL 0)
-    message(WARNING "test_python: ${GDP_PYTHON3} lacks numpy or pytest, so test_python will fail until you run "
-                    "`python3 -m pip install numpy pytest` (launch/setup.sh does).")
+    message(WARNING "test_python: ${GDP_PYTHON3} lacks a module of python/requirements-test.txt, so test_python "
+                    "will fail until you run `launch/setup.sh --tests` (or `${GDP_PYTHON3} -m pip install -r "
+                    "python/requirements-test.txt`).")
   endif()
 endif()
 add_test(NAME test_python

@@ -104,6 +104,35 @@ static void tensors_and_ctx(void) {
     CHECK_STATUS(gdp_ctx_set_stream(NULL, NULL), GDP_STATUS_INVALID_ARGUMENT);
 }
 
+/* Sizes from a file or a user never overflow silently: gdp_tensor_init refuses a shape whose
+ * bytes exceed int64, gdp_tensor_numel saturates on a hand-made view, and the op checks refuse
+ * such a view (or strides that address past int64) naming the tensor. */
+static void size_overflow(void) {
+    gdp_tensor t;
+    float x[4] = {0};
+    const int64_t huge[2] = {(int64_t)1 << 32, (int64_t)1 << 32}, bytes_huge[1] = {(int64_t)1 << 62};
+    CHECK_STATUS(gdp_tensor_init(&t, x, GDP_DTYPE_FP32, 2, huge), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(gdp_last_error(), "[4294967296, 4294967296]") && strstr(gdp_last_error(), "2^63"),
+          "overflowing shape message: %s", gdp_last_error());
+    CHECK_STATUS(gdp_tensor_init(&t, x, GDP_DTYPE_FP32, 1, bytes_huge), GDP_STATUS_INVALID_ARGUMENT);
+    const int64_t ok_shape[1] = {(int64_t)1 << 60};
+    CHECK_OK(gdp_tensor_init(&t, x, GDP_DTYPE_FP32, 1, ok_shape)); /* 2^62 bytes fit int64: only a view */
+    gdp_tensor v;
+    memset(&v, 0, sizeof v);
+    v.data = x, v.dtype = GDP_DTYPE_FP32, v.ndim = 3;
+    v.shape[0] = (int64_t)1 << 32, v.shape[1] = (int64_t)1 << 32, v.shape[2] = 4;
+    CHECK(gdp_tensor_numel(&v) == INT64_MAX, "numel of an overflowing view: %lld", (long long)gdp_tensor_numel(&v));
+    const int64_t any3[3] = {GDP_ANY, GDP_ANY, GDP_ANY};
+    CHECK_STATUS(gdp_check_tensor("op", "q", &v, 3, any3, GDP_DT_FLOAT), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(gdp_last_error(), "op: q has shape [4294967296, 4294967296, 4]") &&
+              strstr(gdp_last_error(), "overflows"),
+          "overflowing view message: %s", gdp_last_error());
+    v.shape[0] = 2, v.shape[1] = 2, v.shape[2] = 1;
+    CHECK_OK(gdp_check_tensor("op", "q", &v, 3, any3, GDP_DT_FLOAT));
+    v.stride[0] = INT64_MAX / 2, v.stride[1] = 1, v.stride[2] = 1;
+    CHECK_STATUS(gdp_check_tensor("op", "q", &v, 3, any3, GDP_DT_FLOAT), GDP_STATUS_INVALID_ARGUMENT);
+}
+
 static void safetensors(void) {
     char path[256];
     snprintf(path, sizeof path, "/tmp/gdp_test_api_%d.safetensors", (int)getpid());
@@ -183,6 +212,7 @@ int main(void) {
     version_and_status();
     dtypes();
     tensors_and_ctx();
+    size_overflow();
     safetensors();
     return test_finish("test_api");
 }

@@ -9,7 +9,10 @@
  * bit for bit; out_proj by input columns. Then bad checkpoints: a missing tensor, a
  * wrong shape, a wrong dtype, a truncated file, missing metadata, H or G not divisible
  * by tp, out-of-range layer or rank: each gives INVALID_ARGUMENT naming the tensor or
- * the numbers, leaves the output struct untouched and the heap as it was.
+ * the numbers, leaves the output struct untouched and the heap as it was. Poisoned weights:
+ * a NaN or Inf in each kind of tensor (norms, every in_proj and conv section, A_log, dt_bias,
+ * out_proj, embedding, final norm) is refused naming the tensor, the index and the value, and
+ * loads with the finite check off; a non-finite eps or an out-of-range vocab_size fails open.
  *
  * With --mpi (label mpi, under mpirun): rank 0 writes the files, every rank loads its own
  * shard at tp = world size, the slices are all-gathered through the MPI comm and compared
@@ -35,7 +38,24 @@ static char g_dir[256];
 /* ---- helpers ---------------------------------------------------------------------- */
 static void path_of(char *buf, size_t n, const char *file) { snprintf(buf, n, "%s/%s", g_dir, file); }
 
+/* Bytes malloc holds for the program. glibc counts chunks freed into its per-thread cache
+ * (tcache) and fast bins as in use, so main turns both off (a failed load that allocated and
+ * freed would otherwise look like a leak). */
 static size_t heap_in_use(void) { return mallinfo2().uordblks; }
+
+/* The single-process run re-executes itself once with glibc's tcache off (a tunable read at
+ * start-up only); fast bins are turned off with mallopt. */
+static void exact_heap_accounting(char **argv) {
+    const char *tun = getenv("GLIBC_TUNABLES");
+    if (tun == NULL || strstr(tun, "glibc.malloc.tcache_count=0") == NULL) {
+        char value[512];
+        snprintf(value, sizeof value, "%s%sglibc.malloc.tcache_count=0", tun ? tun : "", tun ? ":" : "");
+        setenv("GLIBC_TUNABLES", value, 1);
+        execv("/proc/self/exe", argv);
+        fprintf(stderr, "warning: could not re-execute with the tcache off; the heap checks may fail spuriously\n");
+    }
+    mallopt(M_MXFAST, 0);
+}
 
 /* The global tensor `name` (malloc'd bytes) and its size. */
 static void *read_global(gdp_st_file *f, const char *name, size_t *bytes) {
@@ -439,6 +459,184 @@ static void test_bad_checkpoints(const char *good) {
     CHECK(ck == NULL, "a failed open left a handle");
 }
 
+/* ---- poisoned weights and hostile metadata -------------------------------------------- */
+static const char *const k_meta_keys[] = {"format",     "format_version", "hidden_size", "num_heads",
+                                          "num_groups", "head_dim",       "state_dim",   "num_householder",
+                                          "conv_width", "num_layers",     "vocab_size",  "dtype",
+                                          "norm_eps",   "out_norm_eps"};
+#define N_META_KEYS ((int)(sizeof k_meta_keys / sizeof k_meta_keys[0]))
+
+/* Copies `src` to `dst` with element `flat` of tensor `target` (NULL: none) set to `value`,
+ * and metadata `key` (NULL: none) set to `meta_value`. */
+static void write_copy(const char *src, const char *dst, const char *target, int64_t flat, double value,
+                       const char *key, const char *meta_value) {
+    gdp_st_file *f = NULL;
+    CHECK_OK(gdp_st_open(src, &f));
+    if (f == NULL)
+        return;
+    const int32_t n = gdp_st_count(f);
+    gdp_st_entry *e = calloc((size_t)n, sizeof *e);
+    void **bufs = calloc((size_t)n, sizeof *bufs);
+    bool found = target == NULL;
+    for (int32_t i = 0; i < n; i++) {
+        const gdp_st_info *info = gdp_st_at(f, i);
+        CHECK_OK(gdp_st_load(f, info->name, &bufs[i], NULL));
+        e[i] = (gdp_st_entry){.name = info->name, .dtype = info->dtype, .ndim = info->ndim, .data = bufs[i]};
+        memcpy(e[i].shape, info->shape, sizeof e[i].shape);
+        if (target != NULL && strcmp(info->name, target) == 0) {
+            gdp_store_elem(bufs[i], info->dtype, flat, value);
+            found = true;
+        }
+    }
+    CHECK(found, "write_copy: %s has no tensor %s", src, target);
+    const char *ks[N_META_KEYS], *vs[N_META_KEYS];
+    int32_t nk = 0;
+    for (int i = 0; i < N_META_KEYS; i++) {
+        const char *v = key != NULL && strcmp(k_meta_keys[i], key) == 0 ? meta_value : gdp_st_metadata(f, k_meta_keys[i]);
+        if (v != NULL)
+            ks[nk] = k_meta_keys[i], vs[nk++] = v;
+    }
+    CHECK_OK(gdp_st_write(dst, e, n, ks, vs, nk));
+    for (int32_t i = 0; i < n; i++)
+        free(bufs[i]);
+    free(bufs);
+    free(e);
+    gdp_st_close(f);
+}
+
+/* Opens `path` written by rank 0 (every rank, after a barrier). */
+static gdp_checkpoint_t open_shared(const char *path) {
+    if (g_mpi)
+        MPI_Barrier(MPI_COMM_WORLD);
+    gdp_checkpoint_t ck = NULL;
+    CHECK_OK(gdp_checkpoint_open(&ck, path));
+    return ck;
+}
+
+/* A NaN or Inf in any weight: the load is refused naming the tensor, the first bad element's
+ * index in the checkpoint tensor and its value; with the check off the same file loads. */
+static void test_poisoned_weights(const gdp_layer_config *base, gdp_dtype_t wt) {
+    gdp_layer_config c = *base;
+    c.vocab_size = 40;
+    char good[512], bad[512];
+    path_of(good, sizeof good, "vocab.safetensors");
+    if (g_rank == 0)
+        CHECK_OK(gdp_checkpoint_write_synthetic(good, &c, 99, wt));
+    const int64_t D = c.hidden_size; /* 24 */
+    /* (tensor, flat index, value, expected index text): each kind a layer or the model reads */
+    const struct {
+        const char *name;
+        int64_t     flat;
+        double      value;
+        const char *where;
+        int         layer; /* -1: a model tensor */
+    } cases[] = {
+        {"layers.0.norm.weight", 5, NAN, "[5]", 0},
+        {"layers.1.in_proj.z", 2 * D + 7, INFINITY, "[2, 7]", 1},
+        {"layers.0.in_proj.V1", 3 * D, NAN, "[3, 0]", 0},
+        {"layers.0.in_proj.K0", 15 * D + 23, -INFINITY, "[15, 23]", 0},
+        {"layers.1.in_proj.Q", 1, NAN, "[0, 1]", 1},
+        {"layers.0.in_proj.b1", 7 * D + 2, NAN, "[7, 2]", 0},
+        {"layers.0.in_proj.a", 0, INFINITY, "[0, 0]", 0},
+        {"layers.0.conv.V0", 4 * 4 + 3, NAN, "[4, 3]", 0},
+        {"layers.1.conv.K1", 2, NAN, "[0, 2]", 1},
+        {"layers.0.conv.Q", 9 * 4 + 1, -INFINITY, "[9, 1]", 0},
+        {"layers.0.A_log", 6, NAN, "[6]", 0},
+        {"layers.1.A_log", 0, INFINITY, "[0]", 1},
+        {"layers.0.dt_bias", 3, NAN, "[3]", 0},
+        {"layers.0.out_norm.weight", 20, INFINITY, "[20]", 0},
+        {"layers.1.out_proj", 5 * 24 + 11, NAN, "[5, 11]", 1},
+        {"embedding", 33 * D + 4, NAN, "[33, 4]", -1},
+        {"final_norm.weight", 23, -INFINITY, "[23]", -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        path_of(bad, sizeof bad, "poisoned.safetensors");
+        if (g_rank == 0)
+            write_copy(good, bad, cases[i].name, cases[i].flat, cases[i].value, NULL, NULL);
+        gdp_checkpoint_t ck = open_shared(bad);
+        if (ck == NULL)
+            continue;
+        char what[160];
+        snprintf(what, sizeof what, "%s poisoned at %s", cases[i].name, cases[i].where);
+        const char *value = isnan(cases[i].value) ? "nan" : cases[i].value > 0 ? "inf" : "-inf";
+        if (cases[i].layer >= 0) {
+            expect_load_error(ck, cases[i].layer, 0, 1, cases[i].name, cases[i].where, what);
+            CHECK(strstr(gdp_last_error(), value) != NULL && strstr(gdp_last_error(), "--no-finite-check") != NULL,
+                  "%s: the message lacks the value %s or the way out: %s", what, value, gdp_last_error());
+            gdp_layer_weights w;
+            memset(&w, 0, sizeof w);
+            /* the other layer is clean */
+            CHECK_OK(gdp_checkpoint_load_layer_shard(ck, &w, 1 - cases[i].layer, 0, 1));
+            gdp_layer_weights_free(&w);
+            CHECK_OK(gdp_checkpoint_set_finite_check(ck, 0));
+            CHECK_OK(gdp_checkpoint_load_layer_shard(ck, &w, cases[i].layer, 0, 1));
+            gdp_layer_weights_free(&w);
+        } else {
+            gdp_model_weights mw;
+            memset(&mw, 0x5a, sizeof mw);
+            gdp_model_weights before = mw;
+            gdp_status_t st = gdp_checkpoint_load_model_weights(ck, &mw);
+            expect_everywhere(st, GDP_STATUS_INVALID_ARGUMENT, cases[i].name, cases[i].where, what);
+            CHECK(strstr(gdp_last_error(), value) != NULL, "%s: the message lacks %s: %s", what, value,
+                  gdp_last_error());
+            CHECK(memcmp(&mw, &before, sizeof mw) == 0, "%s: the failing load modified *out", what);
+            CHECK_OK(gdp_checkpoint_set_finite_check(ck, 0));
+            CHECK_OK(gdp_checkpoint_load_model_weights(ck, &mw));
+            gdp_model_weights_free(&mw);
+        }
+        CHECK_OK(gdp_checkpoint_free(ck));
+        if (g_mpi)
+            MPI_Barrier(MPI_COMM_WORLD); /* the next case rewrites the file */
+    }
+    CHECK_STATUS(gdp_checkpoint_set_finite_check(NULL, 1), GDP_STATUS_INVALID_ARGUMENT);
+
+    /* A shard reads only its rows / columns: at tp = 2 the poisoned element of out_proj's
+     * column 20 (rank 1's input columns 12..23) and of K0's row 12 (group 3, rank 1's) fail
+     * rank 1 with the index in the checkpoint tensor; rank 0's shard is clean and loads. */
+    const struct {
+        const char *name;
+        int64_t     flat;
+        const char *where;
+    } sharded[] = {{"layers.0.out_proj", 7 * 24 + 20, "[7, 20]"}, {"layers.0.in_proj.K0", 12 * D + 1, "[12, 1]"}};
+    for (size_t i = 0; i < sizeof sharded / sizeof sharded[0]; i++) {
+        if (g_rank == 0)
+            write_copy(good, bad, sharded[i].name, sharded[i].flat, NAN, NULL, NULL);
+        gdp_checkpoint_t ck = open_shared(bad);
+        if (ck == NULL)
+            continue;
+        expect_load_error(ck, 0, 1, 2, sharded[i].name, sharded[i].where, "a poisoned shard");
+        gdp_layer_weights w;
+        memset(&w, 0, sizeof w);
+        CHECK_OK(gdp_checkpoint_load_layer_shard(ck, &w, 0, 0, 2));
+        gdp_layer_weights_free(&w);
+        CHECK_OK(gdp_checkpoint_free(ck));
+        if (g_mpi)
+            MPI_Barrier(MPI_COMM_WORLD);
+    }
+
+    /* Metadata: a non-finite eps and a vocabulary beyond int32 token ids are refused at open. */
+    const struct {
+        const char *key, *value, *n2;
+    } meta[] = {{"norm_eps", "inf", "not a finite number"},
+                {"out_norm_eps", "nan", "not a finite number"},
+                {"vocab_size", "576460752303423488", "out of range"},
+                {"vocab_size", "2147483648", "out of range"}};
+    for (size_t i = 0; i < sizeof meta / sizeof meta[0]; i++) {
+        path_of(bad, sizeof bad, "badmeta.safetensors");
+        if (g_rank == 0)
+            write_copy(good, bad, NULL, 0, 0, meta[i].key, meta[i].value);
+        if (g_mpi)
+            MPI_Barrier(MPI_COMM_WORLD);
+        gdp_checkpoint_t ck = NULL;
+        char what[160];
+        snprintf(what, sizeof what, "metadata %s = %s", meta[i].key, meta[i].value);
+        expect_everywhere(gdp_checkpoint_open(&ck, bad), GDP_STATUS_INVALID_ARGUMENT, meta[i].key, meta[i].n2, what);
+        CHECK(ck == NULL, "%s: a failed open left a handle", what);
+        if (g_mpi)
+            MPI_Barrier(MPI_COMM_WORLD);
+    }
+}
+
 static void test_divisibility(const char *good, const gdp_layer_config *c, gdp_dtype_t wt) {
     gdp_checkpoint_t ck = NULL;
     CHECK_OK(gdp_checkpoint_open(&ck, good));
@@ -474,6 +672,8 @@ static void test_divisibility(const char *good, const gdp_layer_config *c, gdp_d
 
 int main(int argc, char **argv) {
     g_mpi = argc > 1 && strcmp(argv[1], "--mpi") == 0;
+    if (!g_mpi)
+        exact_heap_accounting(argv);
     if (g_mpi) {
         MPI_Init(&argc, &argv);
         GDP_FATAL_IF_ERROR(NULL, gdp_comm_init(&g_comm, GDP_COMM_MPI, NULL, GDP_COMM_HOST_BUFFERS));
@@ -552,6 +752,8 @@ int main(int argc, char **argv) {
     }
     test_bad_checkpoints(path[0]);
     test_divisibility(path[0], &c, GDP_DTYPE_BF16);
+    test_poisoned_weights(&c, GDP_DTYPE_BF16);
+    test_poisoned_weights(&c, GDP_DTYPE_FP32);
 
     int failures = g_test_failures;
     if (g_mpi) {

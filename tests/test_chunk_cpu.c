@@ -484,14 +484,26 @@ static void test_cache_mode(gdp_ctx_t ctx) {
             a.state = state;
             a.state_indices = state_indices;
             a.o = o;
-            a.final_state = fs;
-            a.output_final_state = 1; /* irrelevant in cache mode: final_state stays untouched */
             a.chunk_states = cs;
             a.return_chunk_states = 1;
-            CHECK_OK(OPS[op].fn(ctx, &a));
-
             char what[200];
             snprintf(what, sizeof what, "cache mode, %s [%s]", variants[var].name, OPS[op].name);
+            /* output_final_state beside the cache is refused (final_state used to be left
+             * unwritten silently), as the recurrent op refuses it; nothing is written. */
+            for (int mix = 0; mix < 2; mix++) {
+                a.final_state = mix == 0 ? fs : (gdp_tensor){0};
+                a.output_final_state = 1;
+                CHECK_STATUS(OPS[op].fn(ctx, &a), GDP_STATUS_INVALID_ARGUMENT);
+                CHECK(strstr(gdp_last_error(), "cache mode") && strstr(gdp_last_error(), "output_final_state"),
+                      "%s: the mix message: %s", what, gdp_last_error());
+                CHECK(memcmp(cache, before, (size_t)n_elems * esize) == 0 &&
+                          bytes_equal_to(o.data, test_tensor_bytes(&o), 0xff),
+                      "%s: a refused call wrote the cache or o", what);
+            }
+            a.final_state = fs; /* given but not asked for: ignored, as in dense mode */
+            a.output_final_state = 0;
+            CHECK_OK(OPS[op].fn(ctx, &a));
+
             /* Named slots hold the final state of their request, rounded to the cache dtype. */
             bool *written = calloc((size_t)n_elems, sizeof(bool));
             for (int64_t i = 0; i < b.N; i++) {

@@ -144,8 +144,8 @@ static void units_workload(long job) {
                        "prompt[1] is not an integer", ":1:");
     expect_jsonl_error(path, "{\"id\": 4, \"prompt\": [5], \"max_new_tokens\": 1}\n{\"id\": 4, \"prompt\": [6], "
                        "\"max_new_tokens\": 1}\n", GDP_STATUS_INVALID_ARGUMENT, ":2:", "id 4 is used twice");
-    expect_jsonl_error(path, "{\"prompt\": [5], \"max_new_tokens\": 1, \"temperature\": 1}\n",
-                       GDP_STATUS_INVALID_ARGUMENT, "unknown field", "temperature");
+    expect_jsonl_error(path, "{\"prompt\": [5], \"max_new_tokens\": 1, \"colour\": 1}\n",
+                       GDP_STATUS_INVALID_ARGUMENT, "unknown field", "colour");
     expect_jsonl_error(path, "{\"prompt\": [5], \"max_new_tokens\": 0}\n", GDP_STATUS_INVALID_ARGUMENT,
                        "max_new_tokens", "out of range");
     expect_jsonl_error(path, "{\"prompt\": [5], \"max_new_tokens\": 1, \"arrival\": -1}\n",
@@ -374,18 +374,26 @@ typedef struct variant {
     const char *name;
     int32_t     slots, chunk, draft, preempt, graphs, timed;
     match       vs_base;
+    int32_t     sampled; /* the sampled workload (temperature, top-k, top-p, stop ids); compared
+                            with the first sampled variant instead of the base */
 } variant;
 
 static const variant k_variants[] = {
-    {"base", 16, 64, 0, 0, 1, 0, MATCH_BITWISE},
-    {"preempt", 3, 64, 0, 1, 1, 0, MATCH_TOKENS},
-    {"no-graphs", 16, 64, 0, 0, 0, 0, MATCH_BITWISE},
-    {"arrivals", 16, 64, 0, 0, 1, 1, MATCH_TOKENS},
-    {"drafts", 16, 64, 3, 0, 1, 0, MATCH_TOKENS},
-    {"drafts+preempt", 3, 64, 3, 1, 1, 0, MATCH_TOKENS},
-    {"whole", 16, 0, 0, 0, 1, 0, MATCH_MARGIN},
-    {"slices-128", 16, 128, 0, 0, 1, 0, MATCH_MARGIN},
+    {"base", 16, 64, 0, 0, 1, 0, MATCH_BITWISE, 0},
+    {"preempt", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 0},
+    {"no-graphs", 16, 64, 0, 0, 0, 0, MATCH_BITWISE, 0},
+    {"arrivals", 16, 64, 0, 0, 1, 1, MATCH_TOKENS, 0},
+    {"drafts", 16, 64, 3, 0, 1, 0, MATCH_TOKENS, 0},
+    {"drafts+preempt", 3, 64, 3, 1, 1, 0, MATCH_TOKENS, 0},
+    {"whole", 16, 0, 0, 0, 1, 0, MATCH_MARGIN, 0},
+    {"slices-128", 16, 128, 0, 0, 1, 0, MATCH_MARGIN, 0},
+    {"sampled", 16, 64, 0, 0, 1, 0, MATCH_TOKENS, 1},
+    {"sampled+preempt", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 1},
+    {"sampled+drafts", 16, 64, 3, 0, 0, 1, MATCH_TOKENS, 1},
 };
+#define FIRST_SAMPLED 8
+#define STOP_A 5
+#define STOP_B 17
 #define N_VARIANTS ((int)(sizeof k_variants / sizeof k_variants[0]))
 
 typedef struct result {
@@ -399,7 +407,18 @@ typedef struct result {
     int32_t check_checked, check_mismatches;
 } result;
 
-static gdp_workload g_wl, g_wl_timed;
+static gdp_workload g_wl, g_wl_timed, g_wl_sampled, g_wl_sampled_timed;
+
+/* The sampled workload: the same prompts, each request with its own seed and options. */
+static void make_sampled(gdp_workload *wl) {
+    for (int32_t i = 0; i < wl->n_requests; i++) {
+        gdp_request_spec *q = &wl->requests[i];
+        q->sampling = (gdp_sampling_params){.temperature = i % 3 == 0 ? 1.3f : 0.8f, .top_k = i % 2 ? 20 : 0,
+                                            .top_p = i % 4 == 1 ? 0.9f : 1.0f, .seed = 1000u + 7u * (uint64_t)i};
+        q->n_stop = i % 2 == 0 ? 2 : 0;
+        q->stop[0] = STOP_A, q->stop[1] = STOP_B;
+    }
+}
 
 static void make_workloads(void) {
     gdp_synthetic_workload p;
@@ -408,6 +427,10 @@ static void make_workloads(void) {
     GDP_FATAL_IF_ERROR(NULL, gdp_workload_synthetic(&g_wl, &p, VOCAB));
     p.rate = 300; /* ten requests over ~30 ms: they join running batches at different steps */
     GDP_FATAL_IF_ERROR(NULL, gdp_workload_synthetic(&g_wl_timed, &p, VOCAB));
+    GDP_FATAL_IF_ERROR(NULL, gdp_workload_synthetic(&g_wl_sampled_timed, &p, VOCAB));
+    p.rate = 0;
+    GDP_FATAL_IF_ERROR(NULL, gdp_workload_synthetic(&g_wl_sampled, &p, VOCAB));
+    make_sampled(&g_wl_sampled), make_sampled(&g_wl_sampled_timed);
 }
 
 static void engine_config(const variant *v, gdp_engine_config *c) {
@@ -453,7 +476,9 @@ static void run_variant(const char *ckpt_path, MPI_Comm group, const variant *v,
     engine_config(v, &ec);
     gdp_engine_t e;
     GDP_FATAL_IF_ERROR(comm, gdp_engine_init(&e, ctx, comm, model, &ec));
-    GDP_FATAL_IF_ERROR(comm, gdp_engine_run(e, grank == 0 ? (v->timed ? &g_wl_timed : &g_wl) : NULL));
+    const gdp_workload *wl = v->sampled ? (v->timed ? &g_wl_sampled_timed : &g_wl_sampled)
+                                        : (v->timed ? &g_wl_timed : &g_wl);
+    GDP_FATAL_IF_ERROR(comm, gdp_engine_run(e, grank == 0 ? wl : NULL));
     if (ec.check_requests > 0)
         GDP_FATAL_IF_ERROR(comm, gdp_engine_check(e, &out->check_worst, &out->check_checked, &out->check_mismatches));
     if (grank == 0) {
@@ -526,18 +551,35 @@ static void compare(const char *what, const result *a, const result *b, match ho
 static void check_result(const char *what, const variant *v, const result *r) {
     if (!r->valid)
         return;
-    bool all = r->requests == NREQ && r->generated == (int64_t)NREQ * NEW;
-    for (int i = 0; i < NREQ; i++)
-        all &= r->n_gen[i] == NEW;
-    CHECK(all, "%s: %d requests finished, %lld tokens generated (want %d, %d)", what, r->requests,
-          (long long)r->generated, NREQ, NREQ * NEW);
+    if (v->sampled) { /* a request with stop ids ends at its first stop token, else at NEW */
+        int64_t total = 0;
+        for (int i = 0; i < NREQ; i++) {
+            int first_stop = NEW;
+            for (int t = 0; t < r->n_gen[i] && first_stop == NEW; t++)
+                if (i % 2 == 0 && (r->tokens[i][t] == STOP_A || r->tokens[i][t] == STOP_B))
+                    first_stop = t + 1;
+            CHECK(r->n_gen[i] == first_stop, "%s: request %d generated %d tokens; its stop ids end it after %d", what,
+                  i, r->n_gen[i], first_stop);
+            total += r->n_gen[i];
+        }
+        CHECK(r->requests == NREQ && r->generated == total, "%s: %d requests finished, %lld tokens generated", what,
+              r->requests, (long long)r->generated);
+    } else {
+        bool all = r->requests == NREQ && r->generated == (int64_t)NREQ * NEW;
+        for (int i = 0; i < NREQ; i++)
+            all &= r->n_gen[i] == NEW;
+        CHECK(all, "%s: %d requests finished, %lld tokens generated (want %d, %d)", what, r->requests,
+              (long long)r->generated, NREQ, NREQ * NEW);
+    }
     if (v->preempt)
         CHECK(r->preemptions > 0 && r->resumes == r->preemptions, "%s: %lld preemptions, %lld resumes", what,
               (long long)r->preemptions, (long long)r->resumes);
     else
         CHECK(r->preemptions == 0, "%s: %lld preemptions with preemption off", what, (long long)r->preemptions);
     if (v->draft)
-        CHECK(r->drafts_proposed > 0 && r->drafts_accepted > 0 && r->drafts_accepted <= r->drafts_proposed,
+        /* sampled drafts are seldom the draw (the drafter copies earlier text): none may be kept */
+        CHECK(r->drafts_proposed > 0 && (v->sampled || r->drafts_accepted > 0) &&
+                  r->drafts_accepted <= r->drafts_proposed,
               "%s: drafts proposed %lld, accepted %lld", what, (long long)r->drafts_proposed,
               (long long)r->drafts_accepted);
     if (v->graphs)
@@ -597,8 +639,18 @@ static void mpi_variants(const char *path) {
             continue;
         char what[96];
         for (int k = 1; k < N_VARIANTS; k++) {
-            snprintf(what, sizeof what, "tp %d: base vs %s", k_tps[ti], k_variants[k].name);
-            compare(what, &r[0], &r[k], k_variants[k].vs_base);
+            if (k == FIRST_SAMPLED)
+                continue;
+            const int base = k_variants[k].sampled ? FIRST_SAMPLED : 0;
+            snprintf(what, sizeof what, "tp %d: %s vs %s", k_tps[ti], k_variants[base].name, k_variants[k].name);
+            compare(what, &r[base], &r[k], k_variants[k].vs_base);
+        }
+        if (r[FIRST_SAMPLED].valid) { /* sampling must change tokens, or the comparisons prove nothing */
+            int differ = 0;
+            for (int i = 0; i < NREQ; i++)
+                for (int t = 0; t < r[FIRST_SAMPLED].n_gen[i]; t++)
+                    differ += r[FIRST_SAMPLED].tokens[i][t] != r[0].tokens[i][t];
+            CHECK(differ >= NREQ, "tp %d: the sampled run differs from greedy in only %d tokens", k_tps[ti], differ);
         }
         if (ti > 0) {
             snprintf(what, sizeof what, "tp 1 vs tp %d (base)", k_tps[ti]);
@@ -684,10 +736,11 @@ static void mpi_bad_input(const char *path) {
 /* --backend cuda: CUDA variants at TP = ranks, CUDA and CPU TP = 1 on rank 0. */
 static void gpu_variants(const char *path) {
     g_bar = BAR_GPU;
-    static const int k_gpu[] = {0, 1, 2, 4, 6}; /* base, preempt, no-graphs, drafts, whole */
-    result cuda[5], cuda1, cpu1;
+    static const int k_gpu[] = {0, 1, 2, 4, 6, 8, 9}; /* base, preempt, no-graphs, drafts, whole, sampled x2 */
+    enum { N_GPU = sizeof k_gpu / sizeof k_gpu[0] };
+    result cuda[N_GPU], cuda1, cpu1;
     memset(&cuda1, 0, sizeof cuda1), memset(&cpu1, 0, sizeof cpu1);
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < N_GPU; k++)
         run_variant(path, g_size > 1 ? MPI_COMM_WORLD : MPI_COMM_NULL, &k_variants[k_gpu[k]], GDP_BACKEND_CUDA,
                     &cuda[k]);
     if (g_rank == 0 && g_size > 1) {
@@ -698,7 +751,7 @@ static void gpu_variants(const char *path) {
     if (g_rank != 0)
         return;
     printf("# CUDA, tp %d, logit bar %.0e x max|logit|:\n", g_size, g_bar);
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < N_GPU; k++)
         check_result(k_variants[k_gpu[k]].name, &k_variants[k_gpu[k]], &cuda[k]);
     for (int k = 1; k < 5; k++) {
         char what[96];
@@ -763,6 +816,7 @@ int main(int argc, char **argv) {
     if (g_rank == 0)
         remove(path);
     gdp_workload_free(&g_wl), gdp_workload_free(&g_wl_timed);
+    gdp_workload_free(&g_wl_sampled), gdp_workload_free(&g_wl_sampled_timed);
     int failures = 0;
     MPI_Allreduce(&g_test_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (g_rank == 0)

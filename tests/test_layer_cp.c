@@ -716,6 +716,7 @@ static void scenario_engine(void) {
     gdp_engine_config ec;
     gdp_engine_config_default(&ec);
     ec.n_slots = 4, ec.max_step_tokens = 192, ec.prefill_chunk = 128, ec.draft_tokens = 2, ec.preempt_after = 4;
+    ec.preempt_wait_ms = 0; /* preempt as soon as a request waits: the test needs preemptions */
     ec.progress = 0, ec.honor_arrivals = 0;
     gdp_engine_t cpe = NULL, refe = NULL;
     GDP_FATAL_IF_ERROR(g_world, gdp_engine_init(&cpe, g_ctx, g_world, cpm, &ec));

@@ -15,7 +15,8 @@
  *            states, dense and cache modes, g and beta absent, L2 norm on/off) vs the
  *            CPU at 1e-3 (1e-4 with fp32 inputs and state) plus one ulp of a 16-bit
  *            output; graph replay with new data and a new padding pattern == eager;
- *            determinism;
+ *            determinism; S tokens in one call == S one-token calls bitwise (o, every
+ *            snapshot, the final fp32 cache);
  *   conv:    conv_varlen.safetensors (y within one bf16 ulp, state exact); random varlen
  *            (zero, short and long sequences, -1 requests, padding rows, strided x,
  *            widths 2..8) and update (S tokens, snapshots, -1 rows) vs the CPU: states
@@ -797,6 +798,88 @@ static void decode_graph(test_rng *r, const dec_cfg *c) {
     dec_free(&h, false);
 }
 
+/* Steps [t0, t0 + n) of a contiguous host tensor [B, T, ...] as a new tensor [B, n, ...]. */
+static gdp_tensor slice_steps(const gdp_tensor *src, int64_t t0, int64_t n) {
+    if (!gdp_tensor_present(src))
+        return *src;
+    int64_t shape[GDP_MAX_DIMS];
+    for (int32_t d = 0; d < src->ndim; d++)
+        shape[d] = src->shape[d];
+    shape[1] = n;
+    gdp_tensor out = test_tensor_alloc(src->dtype, src->ndim, shape);
+    const size_t row = gdp_dtype_size(src->dtype) * (size_t)(gdp_tensor_numel(src) / (src->shape[0] * src->shape[1]));
+    for (int64_t b = 0; b < src->shape[0]; b++)
+        memcpy((char *)out.data + (size_t)(b * n) * row, (const char *)src->data + (size_t)(b * src->shape[1] + t0) * row,
+               (size_t)n * row);
+    return out;
+}
+
+/* One call of S tokens (with snapshots) against S calls of one token from the same cache, on
+ * the GPU with an fp32 cache (the state stays fp32 between tokens either way): o, the final
+ * state and every snapshot bitwise equal to the token-by-token run (gdp-math.md 5.3). */
+static void decode_tokens_vs_single(test_rng *r, const dec_cfg *c) {
+    gdp_recurrent_args h = dec_random(r, c);
+    const int64_t B = c->B, S = c->S, M = c->M, slots = c->slots;
+    gdp_recurrent_args d = dec_to_device(&h);
+    CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_gpu, &d));
+    gdp_recurrent_args all = dec_host_clone(&h);
+    dec_fetch(&all, &d);
+    dec_free(&d, true);
+
+    /* Token by token from the same starting cache. */
+    gdp_tensor state_dev = dev_clone(&h.state);
+    gdp_tensor idx_dev = dev_clone(&h.state_indices);
+    const size_t slot_bytes = span_bytes(&h.state) / (size_t)slots;
+    const size_t inter_row = slot_bytes; /* one [H, K, V] block of the snapshots */
+    int64_t o_diff = 0, snap_diff = 0;
+    gdp_tensor state_now = host_clone(&h.state);
+    for (int64_t s = 0; s < S; s++) {
+        gdp_recurrent_args one = {.scale = h.scale, .use_qk_l2norm_in_kernel = h.use_qk_l2norm_in_kernel,
+                                  .steps_per_token = h.steps_per_token};
+        gdp_tensor q = slice_steps(&h.q, s * M, M), k = slice_steps(&h.k, s * M, M), v = slice_steps(&h.v, s * M, M);
+        gdp_tensor g = slice_steps(&h.g, s * M, M), beta = slice_steps(&h.beta, s * M, M);
+        gdp_tensor o = slice_steps(&h.o, s * M, M);
+        one.q = dev_clone(&q), one.k = dev_clone(&k), one.v = dev_clone(&v);
+        one.g = dev_clone(&g), one.beta = dev_clone(&beta);
+        one.o = dev_poisoned(&o);
+        one.state = state_dev;
+        one.state_indices = idx_dev;
+        CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_gpu, &one));
+        dev_fetch(&o, &one.o);
+        dev_fetch(&state_now, &state_dev);
+        /* o of token s in the S-token call. */
+        gdp_tensor o_all_s = slice_steps(&all.o, s * M, M);
+        o_diff += memcmp(o.data, o_all_s.data, span_bytes(&o)) != 0;
+        /* Snapshot [slot, s] of every named slot == the slot after the s-th single call. */
+        for (int64_t b = 0; b < B; b++) {
+            const int32_t slot = slot_of(&h, b);
+            if (slot < 0)
+                continue;
+            snap_diff += memcmp((char *)all.intermediate_states.data + (size_t)(slot * S + s) * inter_row,
+                                (char *)state_now.data + (size_t)slot * slot_bytes, slot_bytes) != 0;
+        }
+        host_free(&o_all_s);
+        dev_free(&one.q), dev_free(&one.k), dev_free(&one.v), dev_free(&one.g), dev_free(&one.beta);
+        dev_free(&one.o);
+        host_free(&q), host_free(&k), host_free(&v), host_free(&o);
+        host_free(&g), host_free(&beta); /* absent ones hold NULL */
+    }
+    CHECK(o_diff == 0, "decode %lld tokens in one call vs one at a time: o of %lld tokens not bitwise equal",
+          (long long)S, (long long)o_diff);
+    CHECK(snap_diff == 0, "decode %lld tokens in one call vs one at a time: %lld snapshots not bitwise equal",
+          (long long)S, (long long)snap_diff);
+    same_bytes("decode S tokens in one call vs one at a time: final cache", &all.state, &state_now);
+    printf("decode B=%lld S=%lld M=%lld H=%lld K=%lld V=%lld (%s cache): one call of %lld tokens == %lld one-token "
+           "calls bitwise (o, every snapshot, the final cache)\n",
+           (long long)B, (long long)S, (long long)M, (long long)c->H, (long long)c->K, (long long)c->V,
+           gdp_dtype_name(c->state_dt), (long long)S, (long long)S);
+    dev_free(&state_dev);
+    dev_free(&idx_dev);
+    host_free(&state_now);
+    dec_free(&all, false);
+    dec_free(&h, false);
+}
+
 static void decode_tests(test_rng *r) {
     const char *files[3] = {"decode_m1_k128.safetensors", "decode_m2_slots_pad.safetensors",
                             "decode_m3_draft3.safetensors"};
@@ -821,11 +904,21 @@ static void decode_tests(test_rng *r) {
         /* Grids larger than two generations of resident blocks: the L2 prefetch path. */
         {40, 1, 2, 16, 128, 128, 0, BF, F32, F32, true, true, true, false, false, false, true, true, true, 0, 0},
         {48, 1, 2, 16, 128, 128, 56, BF, BF, BF, true, true, true, true, false, false, false, false, true, 0, 7},
+        /* The benchmark shapes: H=32, V=64, M=3; many requests of a bf16 cache with drafts. */
+        {24, 1, 3, 32, 128, 64, 30, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 5},
+        {20, 2, 2, 16, 128, 128, 24, BF, BF, BF, true, true, true, true, false, true, false, false, true, 0, 6},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         decode_vs_cpu(r, &cases[i]);
     decode_graph(r, &cases[0]);
     decode_graph(r, &cases[12]);
+    /* S tokens in one call == S one-token calls (fp32 cache, snapshots, -1 rows). */
+    const dec_cfg multi[] = {
+        {6, 4, 2, 4, 128, 128, 10, BF, F32, BF, true, true, true, true, false, true, false, false, true, 0, 3},
+        {5, 3, 3, 2, 128, 64, 8, BF, F32, F32, true, true, true, true, false, true, false, false, true, 0, 4},
+    };
+    for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++)
+        decode_tokens_vs_single(r, &multi[i]);
 }
 
 /* ==================================================================================== */

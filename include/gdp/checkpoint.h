@@ -69,11 +69,21 @@ typedef struct gdp_model_weights {
 
 /* Opens a checkpoint: parses the safetensors header and the config metadata (no tensor
  * data is read). Errors (*out = NULL): SYSTEM_ERROR (cannot open), INVALID_ARGUMENT
- * naming the file and the problem (not safetensors, truncated, metadata key missing or
- * not a number, invalid config). */
+ * naming the file and the problem (not safetensors, truncated, overlapping or duplicate
+ * tensors, metadata key missing or not a finite number, vocab_size outside [0, 2^31),
+ * invalid config). */
 GDP_API gdp_status_t gdp_checkpoint_open(gdp_checkpoint_t *out, const char *path);
 /* Closes it. NULL is a no-op. Weights loaded from it stay valid. */
 GDP_API gdp_status_t gdp_checkpoint_free(gdp_checkpoint_t ckpt);
+/* Whether the loaders (gdp_checkpoint_load_layer_shard, gdp_checkpoint_load_model_weights,
+ * and so gdp_model_init) refuse weights holding NaN or Inf: on (1) for every opened
+ * checkpoint; 0 turns it off (gdp-run --no-finite-check), e.g. to load a model known to be
+ * poisoned for debugging. The check reads every element a rank loads once (no extra I/O); a
+ * refused load fails with INVALID_ARGUMENT naming the tensor, the index of its first bad
+ * element in the checkpoint tensor and the value. Each rank checks the slices it reads, so
+ * in a TP job the rank holding the bad element reports it (the others see it through
+ * gdp_model_init's agreement). docs/limits.md. */
+GDP_API gdp_status_t gdp_checkpoint_set_finite_check(gdp_checkpoint_t ckpt, int32_t enabled);
 /* The config stored in the checkpoint's metadata. */
 GDP_API gdp_status_t gdp_checkpoint_get_config(gdp_checkpoint_t ckpt, gdp_layer_config *cfg);
 /* The weight dtype (metadata "dtype"; every weight but A_log has it). */

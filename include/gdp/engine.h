@@ -4,17 +4,23 @@
  *   - continuous batching under a token budget per step: decode tokens of the running
  *     requests and chunked-prefill slices of new prompts share one step;
  *   - state slots from the distributed cache (cache.h), one per live request;
- *   - preemption when requests wait and every slot is taken: a running request's slot
- *     state (this rank's share, every layer) is copied to host memory, the slot is
- *     released, and the request resumes later from exactly that state;
- *   - optional draft tokens from an n-gram drafter (prompt lookup), verified greedily in
- *     one decode step of S = 1 + drafts tokens and rolled back to the kept ones;
- *   - CUDA graphs captured per bucket (decode requests, prefill tokens, S) and replayed;
- *   - per-step timing by phase, a progress line and an end-of-run report.
- * Decoding is greedy. Rank 0 of the comm (the root) schedules: each step it broadcasts
- * the step's token ids, swap operations and step plan (plan.h); every rank then applies
- * the same step to its cache and runs the model; the root samples. docs/gdp-run.md
- * describes the workload format, the scheduler and the report.
+ *   - preemption when a request has waited preempt_wait_ms for a slot and every slot is
+ *     taken: a running request's slot state (this rank's share, every layer) is swapped to
+ *     pinned host memory (gdp_cache_swap_out), the slot is released, and the request resumes
+ *     later from exactly that state;
+ *   - optional draft tokens from an n-gram drafter (prompt lookup), verified against the
+ *     sampled tokens in one decode step of S = 1 + drafts tokens and rolled back to the kept;
+ *   - sampling on the device (greedy, temperature, top-k, top-p with per-request seeds,
+ *     sampling.h) behind a vocab-parallel LM head; per-request stop token ids;
+ *   - the whole device step (embedding gather, layers, head, sampling) as one CUDA graph
+ *     per bucket (decode requests, prefill tokens, S), captured once and replayed;
+ *   - measured phases (events on the stream), the steps' floor, a progress line and an
+ *     end-of-run report.
+ * Rank 0 of the comm (the root) schedules: each step it broadcasts the frame (swap
+ * operations, row tokens, the head's rows and sampling parameters) and the step plan
+ * (plan.h); every rank then applies the same step to its cache and runs the device step;
+ * only sampled token ids, margins and flags come back to the root. docs/gdp-run.md
+ * describes the step pipeline, the workload format, the scheduler and the report.
  *
  * The workloads it serves are in workload.h.
  */
@@ -94,8 +100,8 @@ GDP_API gdp_status_t gdp_engine_config_default(gdp_engine_config *cfg);
 
 /* Creates an engine over a model (gdp_model_init with the same ctx and comm): the state
  * cache (n_slots slots, draft states when draft_tokens > 0), the step plan with its
- * buckets, the token buffer, and calibrates the phase timing (a few GEMMs and
- * all-reduces). Collective over comm (NULL: one process). Errors (nothing allocated, the
+ * buckets, the step buffers and the head's buffers, then runs one warm-up step of the
+ * largest bucket (so no buffer moves under a captured graph). Collective over comm (NULL: one process). Errors (nothing allocated, the
  * same on every rank): INVALID_ARGUMENT naming the config field and values (e.g. a
  * budget smaller than n_slots * (1 + draft_tokens) + prefill_chunk), or a comm whose size
  * is not the model's TP size; errors of the cache and plan. */

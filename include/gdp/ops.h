@@ -13,6 +13,20 @@
  * K (= N) key dim, V (= P) value dim, N_seq sequences, S tokens per decode request.
  *
  * Failure modifies nothing: every argument is checked before the first write.
+ *
+ * Aliasing: no output may overlap (share any byte with) an input, another output or the
+ * in-place cache of the call (state, conv_state): such a call fails with INVALID_ARGUMENT
+ * naming both buffers. Inputs may overlap each other. Allowed aliases: the norms exactly in
+ * place (gdp_l2norm y == x, gdp_rmsnorm out == x, gdp_gated_rmsnorm out == y or z: the same
+ * data, dtype and shape; each row is read before it is written). The caches are read and
+ * written in place by design.
+ *
+ * Debug checks (gdp_ctx_set_debug_checks, or GDP_DEBUG_CHECKS=1 in the environment when the
+ * ctx is created): every op also refuses, before writing anything, float inputs holding NaN
+ * or Inf and log decays g > 0 (a NaN or positive g, or a NaN beta, would otherwise land in a
+ * cache slot), naming the tensor, the element and the value. On CUDA each checked input is
+ * copied to the host (synchronizing the ctx stream; refused during CUDA graph capture), so
+ * the mode is for debugging. docs/api.md states the contract.
  */
 #ifndef GDP_OPS_H
 #define GDP_OPS_H
@@ -22,6 +36,11 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Turns the debug-checked mode of ctx on (1) or off (0); see above. A new ctx starts with it
+ * on when GDP_DEBUG_CHECKS is set to anything but "" or "0". */
+GDP_API gdp_status_t gdp_ctx_set_debug_checks(gdp_ctx_t ctx, int32_t enabled);
+GDP_API gdp_status_t gdp_ctx_get_debug_checks(gdp_ctx_t ctx, int32_t *enabled);
 
 /* The chunk size of every chunked kernel and of prefix-cache alignment. */
 #define GDP_CHUNK_SIZE 64
@@ -119,7 +138,8 @@ GDP_API gdp_status_t gdp_chunk_local_cumsum(gdp_ctx_t ctx, gdp_tensor *g_cumsum,
  *                   cache dtype; -1 writes nothing. Slots nobody names are untouched.
  *                   A -1 request of nonzero length computes its outputs from its
  *                   initial state like any other.
- *   output_final_state : dense mode (no state): write fp32 final states to final_state
+ *   output_final_state : dense mode (no state): write fp32 final states to final_state; with
+ *                   state (cache mode) it is refused (the final states go to the slots)
  *   return_chunk_states: write chunk_states [num_chunks_or_NT, H, K, V]; row
  *                   chunk_offsets[i] + c = state of sequence i after its first 64c tokens
  *                   (rows past chunk_offsets[N] untouched).
@@ -154,7 +174,7 @@ GDP_API gdp_status_t gdp_gated_delta_product_recurrent_ref(gdp_ctx_t ctx, const 
  *   g    : [B, T, H] fp32 natural-log decays, or absent (no decay)
  *   beta : [B, T, H] like q, or absent (1)
  *   scale: 0 selects K^-0.5; applied after the optional L2 norm
- *   initial_state [B, H, K, V] / output_final_state: dense mode
+ *   initial_state [B, H, K, V] / output_final_state: dense mode (with state both are refused)
  *   cu_seqlens : must be absent (variable lengths are not supported in decode)
  *   state [slots, H, K, V] fp32 | bf16, state_indices [B] int32 (absent: slot b = row b):
  *     read at the start, written at the end, in place. -1 rows: output 0, no slot

@@ -16,10 +16,12 @@
  * never on the batch it shares, the row it sits in, or how the vocabulary is split.
  *
  * Candidates: a rank keeps for each row its local top min(max_candidates, vocab_local)
- * (top_k when set) logits. top-p without top-k therefore considers at most
- * max_candidates (<= GDP_SAMPLING_MAX_CANDIDATES) tokens per rank: when the nucleus is larger,
- * it is cut to those candidates (docs/gdp-run.md states this limit). Greedy and pure
- * temperature sampling (no top-k, no top-p) need no candidates and are exact for any vocab.
+ * (top_k when set) logits, and the merge keeps the global top max_candidates (top_k) of their
+ * union. top-p without top-k therefore considers the max_candidates (<= GDP_SAMPLING_MAX_CANDIDATES)
+ * most likely tokens of the whole vocabulary, however it is split: when the nucleus is larger,
+ * it is cut to those candidates (docs/gdp-run.md and docs/sampling.md state this limit). Greedy
+ * and pure temperature sampling (no top-k, no top-p) need no candidates and are exact for any
+ * vocab.
  *
  * Everything here is graph-capturable on CUDA (no host synchronization, no allocation) and
  * deterministic: the same inputs give the same bits.
@@ -41,14 +43,15 @@ extern "C" {
 typedef struct gdp_sampling_params {
     float    temperature; /* 0: greedy (default); > 0: sample from softmax(logits / temperature) */
     int32_t  top_k;       /* 0: off; else 1 .. GDP_SAMPLING_MAX_CANDIDATES                        */
-    float    top_p;       /* 1: off (default); else in (0, 1)                                     */
+    float    top_p;       /* 1: off (default); else in (0, 1). In request specs 0 also means off, so
+                             a zeroed struct is the default (the engine passes 1 to the kernels)  */
     uint64_t seed;        /* the request's seed                                                   */
 } gdp_sampling_params;
 
 /* Greedy, no top-k, no top-p, seed 0. */
 GDP_API gdp_sampling_params gdp_sampling_params_default(void);
 /* INVALID_ARGUMENT naming the field and value when p is not a valid option set (temperature
- * < 0 or not finite, top_k outside [0, GDP_SAMPLING_MAX_CANDIDATES], top_p outside (0, 1]). */
+ * < 0 or not finite, top_k outside [0, GDP_SAMPLING_MAX_CANDIDATES], top_p outside [0, 1]). */
 GDP_API gdp_status_t gdp_sampling_params_check(const gdp_sampling_params *p, const char *what);
 
 /* One row to sample, as the kernels read it (backend memory, 24 bytes). */
@@ -65,11 +68,17 @@ typedef struct gdp_sample_out {
     int32_t token;  /* global token id                                                     */
     float   margin; /* top-1 minus top-2 logit over the whole vocabulary (+inf: vocab of 1) */
     float   scale;  /* max |logit| over the whole vocabulary                                */
-    int32_t flags;  /* GDP_SAMPLE_NONFINITE: the row's logits hold NaN or Inf (token 0)      */
+    int32_t flags;  /* GDP_SAMPLE_NONFINITE: the row's logits hold NaN or Inf (token 0,
+                       margin 0, scale +inf); GDP_SAMPLE_INVALID_ROW: see below           */
 } gdp_sample_out;
 #define GDP_SAMPLE_NONFINITE 1
+/* The row's options are outside the ranges of gdp_sampling_params_check (or top_k >
+ * max_candidates): token 0, margin 0, scale 0. Only the CUDA backend returns it, since it
+ * cannot read device rows without a sync; the CPU backend refuses such a call instead. */
+#define GDP_SAMPLE_INVALID_ROW 2
 
-/* int32 words of one row's candidate record for a capacity of max_candidates. */
+/* int32 words of one row's candidate record for a capacity of max_candidates (-1 when
+ * max_candidates is outside 1 .. GDP_SAMPLING_MAX_CANDIDATES). */
 GDP_API int64_t gdp_sample_record_words(int32_t max_candidates);
 
 /* Stage 1, on every rank: records[r] <- the candidate record of logits row r of this rank's
