@@ -368,8 +368,8 @@ gdp_status_t gdp_st_read_slice(gdp_st_file *f, const char *name, int32_t dim, in
     if (dim < 0 || dim >= info->ndim || start < 0 || count < 0 || start > info->shape[dim] ||
         count > info->shape[dim] - start)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
-                 "safetensors: %s: slice [%lld, %lld) of dim %d is outside tensor '%s' (%d dims, extent %lld)",
-                 f->path, (long long)start, (long long)(start + count), dim, name, info->ndim,
+                 "safetensors: %s: slice of %lld from %lld of dim %d is outside tensor '%s' (%d dims, extent %lld)",
+                 f->path, (long long)count, (long long)start, dim, name, info->ndim, /* start + count may overflow */
                  dim >= 0 && dim < info->ndim ? (long long)info->shape[dim] : -1LL);
     int64_t outer = 1, inner = (int64_t)info->elem_size;
     for (int32_t d = 0; d < dim; d++)
