@@ -136,19 +136,21 @@ static const char *finish_reason_name(int32_t reason) {
     }
 }
 
-/* One request's line: {"id", "prompt_len", "tokens", "ttft_s", "latency_s", "preemptions",
- * "finish_reason", "error"}, written with one write(2) so a signal never leaves half a line. */
+/* One request's line, as gdp_engine_write_results writes it: {"id", "prompt_len", "tokens",
+ * "ttft_s", "latency_s", "preemptions", "finish"} plus "error" for a failed request;
+ * written with one write(2), so a signal never leaves half a line. */
 static void results_write(const gdp_request_result *r) {
     if (g_out.fd < 0 || g_out.err != 0 || r->index < 0 || r->index >= g_out.n || g_out.written[r->index])
         return;
     json_t *toks = json_array();
     for (int32_t k = 0; toks != NULL && k < r->n_generated; k++)
         json_array_append_new(toks, json_integer(r->tokens[k]));
-    json_t *o = json_pack("{s:I, s:i, s:o, s:f, s:f, s:i, s:s, s:s?}", "id", (json_int_t)r->id, "prompt_len",
+    json_t *o = json_pack("{s:I, s:i, s:o, s:f, s:f, s:i, s:s}", "id", (json_int_t)r->id, "prompt_len",
                           r->prompt_len, "tokens", toks, "ttft_s", r->first_token_s - r->arrival_s, "latency_s",
-                          r->finish_s - r->arrival_s, "preemptions", r->preemptions, "finish_reason",
-                          finish_reason_name(r->finish_reason), "error",
-                          r->finish_reason == GDP_FINISH_ERROR ? r->error : NULL);
+                          r->finish_s - r->arrival_s, "preemptions", r->preemptions, "finish",
+                          finish_reason_name(r->finish_reason));
+    if (o != NULL && r->finish_reason == GDP_FINISH_ERROR)
+        json_object_set_new(o, "error", json_string(r->error ? r->error : ""));
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     if (text == NULL) {

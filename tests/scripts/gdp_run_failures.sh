@@ -39,7 +39,7 @@ check_lines() {
     while IFS= read -r line; do
         n=$((n + 1))
         case "$line" in
-        '{"id":'*'"finish_reason":'*'}') ;;
+        '{"id":'*'"finish":'*'}') ;;
         *)
             echo "line $n of $f is not a whole result line: ${line:0:120}" >&2
             return 1
