@@ -2,9 +2,9 @@
 # tests/scripts/gdp_run_failures.sh under mpirun with 2 CPU ranks: unwritable --output
 # refused before the run; --write-model through symlinks, never over devices, ENOSPC
 # reported; SIGTERM/SIGINT/kill -9 end the job in seconds and keep the streamed results;
-# a SIGSTOPped rank ends the job through the watchdog, named.
+# a SIGSTOPped rank ends the job through the watchdog, named; an idle root is no stall.
 if(TARGET gdp-run)
-  foreach(mode output write-model sigterm sigint kill9 stall)
+  foreach(mode output write-model sigterm sigint kill9 stall arrival-gap)
     add_test(NAME gdp_run_failure_${mode}
              COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/gdp_run_failures.sh ${mode} $<TARGET_FILE:gdp-run>
                      ${MPIEXEC_EXECUTABLE})

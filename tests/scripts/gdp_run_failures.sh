@@ -13,7 +13,8 @@
 #   kill9        kill -9 of rank 1 mid-run: the job ends within seconds, exit != 0, the
 #                streamed lines stay
 #   stall        SIGSTOP of rank 1 mid-run with --watchdog 3: the job ends within the
-#                timeout + a few seconds, naming rank 1 (its pid) and where rank 0 waited
+#                timeout + a few seconds, naming rank 1 (its pid), the step and where rank 0 waited
+#   arrival-gap  a 5 s gap between arrivals with --watchdog 2: the idle root is not a stall
 # usage: gdp_run_failures.sh MODE GDP_RUN MPIEXEC
 # Exit 0: pass, 1: fail, 77: skip (write-model's device part needs root).
 set -uo pipefail
@@ -181,11 +182,22 @@ stall)
     limit=$((timeout + 6))
     [ "$(awk -v t="$took" -v l="$limit" 'BEGIN { print (t <= l) }')" = 1 ] ||
         fail "the stalled rank ended the job after $took s (limit timeout $timeout + 6 s)"
-    grep -E "watchdog: rank 0 \(world rank 0, host [^,]+, pid [0-9]+\) of 2 waited [0-9.]+ s (at step [0-9]+ )?in gdp_comm_[a-z_]+[^;]* for rank 1 \(world rank 1, host [^,]+, pid $victim\), which does not answer" \
-        "$work/log" || fail "no watchdog message naming rank 1 (pid $victim) and where rank 0 waited"
+    grep -E "watchdog: rank 0 \(world rank 0, host [^,]+, pid [0-9]+\) of 2 waited [0-9.]+ s at step [0-9]+ in gdp_comm_[a-z_]+[^;]* for rank 1 \(world rank 1, host [^,]+, pid $victim\), which does not answer" \
+        "$work/log" || fail "no watchdog message naming rank 1 (pid $victim), the step and where rank 0 waited"
     lines=$(check_lines "$work/out.jsonl") || fail "--output holds a partial line"
     grep -q "gdp-run: $lines finished requests' results are in $work/out.jsonl" "$work/log" ||
         fail "rank 0 did not say what --output holds ($lines lines)"
+    ;;
+arrival-gap)
+    # the root sleeps 2.5 timeouts for an arrival while rank 1 waits for its frame: an idle
+    # root answers the watchdog's probes, so the run finishes
+    printf '{"prompt": [1, 2, 3], "max_new_tokens": 2}\n{"arrival": 5, "prompt": [4, 5], "max_new_tokens": 2}\n' \
+        >"$work/gap.jsonl"
+    run --workload "$work/gap.jsonl" --watchdog 2 --output "$work/out.jsonl" >"$work/log" 2>&1 ||
+        fail "a 5 s arrival gap with --watchdog 2 failed the run"
+    grep -q "idle waiting for arrivals [4-9]\." "$work/log" || fail "the run did not wait for the arrival"
+    [ "$(check_lines "$work/out.jsonl")" = 2 ] || fail "--output lacks the 2 results"
+    echo "a 5 s arrival gap under --watchdog 2: the run finished"
     ;;
 *)
     echo "unknown mode $mode" >&2
