@@ -124,6 +124,8 @@ static bool results_open(const char *path, char *why, size_t n) {
     g_out.path = path;
     g_out.fd = fd;
     g_out.regular = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
+    if (!g_out.regular)
+        signal(SIGPIPE, SIG_IGN); /* a FIFO whose reader left: EPIPE, reported, not a silent death */
     return true;
 }
 
