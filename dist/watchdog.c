@@ -395,7 +395,7 @@ static gdp_status_t bounded_wait(struct gdp_comm *c, poll_fn poll, void *arg, in
     const double t0 = now_s();
     g.kind = kind, g.what = what, g.op = c->ops, g.since = t0;
     const double timeout = g.timeout_s;
-    double deadline = timeout > 0 ? t0 + timeout : 0, next_service = t0 + service_s, pause = 0;
+    double deadline = timeout > 0 ? t0 + timeout : 0, next_service = t0 + service_s, nap_s = 0;
     int extended = 0;
     gdp_status_t st = GDP_STATUS_SUCCESS;
     for (;;) {
@@ -410,8 +410,8 @@ static gdp_status_t bounded_wait(struct gdp_comm *c, poll_fn poll, void *arg, in
         } else if (t - t0 < spin_s) {
             sched_yield();
         } else {
-            pause = pause == 0 ? first_nap_s : pause * 2 > max_nap_s ? max_nap_s : pause * 2;
-            nap(pause);
+            nap_s = nap_s == 0 ? first_nap_s : nap_s * 2 > max_nap_s ? max_nap_s : nap_s * 2;
+            nap(nap_s);
         }
         if (t >= next_service) {
             watch_service();

@@ -146,12 +146,13 @@ static int run_idle(void) {
         CHECK(cpu < 0.25 * wall, "rank 0 used %.2f s CPU in a %.2f s wait: it spins", cpu, wall);
     }
     CHECK_STATUS(gdp_comm_sleep(comm, -1), GDP_STATUS_INVALID_ARGUMENT);
-#ifdef GDP_HAVE_CUDA
-    if (gdp_backend_available(GDP_BACKEND_CUDA)) /* a CUDA build on a machine without a GPU: no stream */
+    /* the default stream: nothing to wait for without CUDA, an idle stream with a GPU; a CUDA
+     * build on a machine without a GPU has no stream to ask (cudaStreamQuery fails) */
+    gdp_ctx_t gpu = NULL;
+    const bool no_cuda = !gdp_backend_available(GDP_BACKEND_CUDA);
+    if (no_cuda || gdp_ctx_init(&gpu, GDP_BACKEND_CUDA, 0) == GDP_STATUS_SUCCESS)
         CHECK_OK(gdp_comm_stream_wait(comm, NULL));
-#else
-    CHECK_OK(gdp_comm_stream_wait(comm, NULL)); /* no CUDA in the build: nothing to wait for */
-#endif
+    gdp_ctx_free(gpu);
     int64_t s = 0;
     CHECK_OK(gdp_watchdog_get_step(&s));
     CHECK(s == 7, "step %lld", (long long)s);
