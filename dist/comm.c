@@ -2,7 +2,8 @@
  * comm.c: the comm front-end of comm.h: initialization (MPI duplicate, node-local rank,
  * GPU binding, backend choice), argument checks before each vtable call, the host-side
  * agreement helpers (status agreement, consistency hashes, host broadcast), the
- * tensor-parallel input/output collectives, and gdp_fatal.
+ * tensor-parallel input/output collectives, and gdp_fatal. Every wait for the peers goes
+ * through the watchdog (watchdog.c): nonblocking MPI plus gdp_watch_wait.
  */
 #define _GNU_SOURCE
 #include <limits.h>
@@ -59,9 +60,11 @@ static gdp_status_t comm_check(gdp_comm_t comm, const char *fn) {
     return GDP_STATUS_SUCCESS;
 }
 
-/* Like comm_check, and also refuses a comm that was aborted. */
+/* Like comm_check, and also refuses a comm that was aborted, or any comm once the
+ * watchdog fired. */
 static gdp_status_t comm_check_live(gdp_comm_t comm, const char *fn) {
     GDP_CHECK(comm_check(comm, fn));
+    GDP_CHECK(gdp_watch_check(fn));
     if (comm->aborted)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: comm was aborted (gdp_comm_abort); only gdp_comm_free is valid now",
                  fn);
@@ -69,32 +72,66 @@ static gdp_status_t comm_check_live(gdp_comm_t comm, const char *fn) {
 }
 
 /* ---- agreement --------------------------------------------------------------------- */
-gdp_status_t gdp_comm_agree_mpi(MPI_Comm mpi, int32_t rank, gdp_status_t local_status) {
-    /* MINLOC over (ok, rank): the minimum is 0 iff some rank failed, and its location is
-     * the lowest failing rank, whose status and message everyone then receives. */
-    int in[2] = {local_status == GDP_STATUS_SUCCESS ? 1 : 0, rank}, verdict[2] = {1, 0};
-    GDP_MPI_CHECK(MPI_Allreduce(in, verdict, 1, MPI_2INT, MPI_MINLOC, mpi));
-    if (verdict[0] == 1)
-        return GDP_STATUS_SUCCESS;
+/* The buffers of the agreement's collectives, on the heap: when the watchdog gives up on
+ * one, MPI may still write into them later, so they are then left to it, never freed. */
+typedef struct agree_buffers {
+    int in[2], verdict[2];
     struct {
         int  status;
         char message[1536];
     } report;
-    memset(&report, 0, sizeof report);
-    if (rank == verdict[1]) {
-        report.status = (int)local_status;
-        snprintf(report.message, sizeof report.message, "%s", gdp_last_error());
+} agree_buffers;
+
+gdp_status_t gdp_comm_agree_mpi(struct gdp_comm *c, gdp_status_t local_status) {
+    GDP_CHECK(gdp_watch_check("gdp_comm_agree"));
+    agree_buffers *b = malloc(sizeof *b);
+    if (b == NULL)
+        GDP_FAIL(GDP_STATUS_SYSTEM_ERROR, "gdp_comm_agree: out of memory (%zu bytes)", sizeof *b);
+    /* MINLOC over (ok, rank): the minimum is 0 iff some rank failed, and its location is
+     * the lowest failing rank, whose status and message everyone then receives. */
+    b->in[0] = local_status == GDP_STATUS_SUCCESS ? 1 : 0;
+    b->in[1] = c->rank;
+    b->verdict[0] = 1, b->verdict[1] = 0;
+    MPI_Request req = MPI_REQUEST_NULL;
+    int err = MPI_Iallreduce(b->in, b->verdict, 1, MPI_2INT, MPI_MINLOC, c->mpi, &req);
+    if (err != MPI_SUCCESS) {
+        free(b);
+        return gdp_mpi_fail(err, "MPI_Iallreduce(agree)", __FILE__, __LINE__);
     }
-    GDP_MPI_CHECK(MPI_Bcast(&report, (int)sizeof report, MPI_BYTE, verdict[1], mpi));
-    if (local_status != GDP_STATUS_SUCCESS)
+    gdp_status_t st = gdp_watch_wait(c, &req, "gdp_comm_agree");
+    if (st != GDP_STATUS_SUCCESS)
+        return st; /* b stays MPI's */
+    if (b->verdict[0] == 1) {
+        free(b);
+        return GDP_STATUS_SUCCESS;
+    }
+    const int failed = b->verdict[1];
+    memset(&b->report, 0, sizeof b->report);
+    if (c->rank == failed) {
+        b->report.status = (int)local_status;
+        snprintf(b->report.message, sizeof b->report.message, "%s", gdp_last_error());
+    }
+    err = MPI_Ibcast(&b->report, (int)sizeof b->report, MPI_BYTE, failed, c->mpi, &req);
+    if (err != MPI_SUCCESS) {
+        free(b);
+        return gdp_mpi_fail(err, "MPI_Ibcast(agree report)", __FILE__, __LINE__);
+    }
+    st = gdp_watch_wait(c, &req, "gdp_comm_agree (the failure report)");
+    if (st != GDP_STATUS_SUCCESS)
+        return st;
+    if (local_status != GDP_STATUS_SUCCESS) {
+        free(b);
         return local_status; /* keep this rank's own message */
-    GDP_FAIL(GDP_STATUS_REMOTE_ERROR, "rank %d failed with \"%s\": %s", verdict[1],
-             gdp_status_string((gdp_status_t)report.status), report.message);
+    }
+    st = GDP_ERROR(GDP_STATUS_REMOTE_ERROR, "rank %d failed with \"%s\": %s", failed,
+                   gdp_status_string((gdp_status_t)b->report.status), b->report.message);
+    free(b);
+    return st;
 }
 
 gdp_status_t gdp_comm_agree(gdp_comm_t comm, gdp_status_t local_status) {
     GDP_CHECK(comm_check(comm, "gdp_comm_agree"));
-    return gdp_comm_agree_mpi(comm->mpi, comm->rank, local_status);
+    return gdp_comm_agree_mpi(comm, local_status);
 }
 
 /* ---- init / free ------------------------------------------------------------------- */
@@ -158,7 +195,8 @@ static gdp_status_t comm_setup_mpi(struct gdp_comm *c, MPI_Comm parent) {
     c->local_rank = local_rank;
     c->local_size = local_size;
     job_node_rank(local_rank, local_size, &c->node_rank, &c->node_size);
-    return GDP_STATUS_SUCCESS;
+    /* the watchdog's probe channel and peer table, before the first bounded wait */
+    return gdp_watch_join(c);
 }
 
 gdp_status_t gdp_comm_init(gdp_comm_t *out, gdp_comm_backend_t backend, const void *mpi_comm,
@@ -199,6 +237,7 @@ gdp_status_t gdp_comm_init(gdp_comm_t *out, gdp_comm_backend_t backend, const vo
     struct gdp_comm *w = c ? c : &stack_copy;
     memset(w, 0, sizeof *w);
     w->mpi = MPI_COMM_NULL;
+    w->watch = MPI_COMM_NULL;
     w->device = -1;
     w->backend = backend;
     w->buffers = buffers;
@@ -206,6 +245,9 @@ gdp_status_t gdp_comm_init(gdp_comm_t *out, gdp_comm_backend_t backend, const vo
     gdp_status_t setup = comm_setup_mpi(w, parent);
     if (st == GDP_STATUS_SUCCESS)
         st = setup;
+    gdp_status_t config = gdp_watch_config(); /* a bad GDP_WATCHDOG_TIMEOUT fails init, agreed */
+    if (st == GDP_STATUS_SUCCESS)
+        st = config;
     if (w->mpi == MPI_COMM_NULL) {
         /* MPI_Comm_dup itself failed: without our communicator we cannot agree with the
          * peers; MPI_ERRORS_ARE_FATAL on the parent normally ended the job already. */
@@ -217,13 +259,15 @@ gdp_status_t gdp_comm_init(gdp_comm_t *out, gdp_comm_backend_t backend, const vo
     if (st == GDP_STATUS_SUCCESS && buffers == GDP_COMM_DEVICE_BUFFERS)
         st = bind_device(w, backend == GDP_COMM_NCCL);
 #endif
-    st = gdp_comm_agree_mpi(w->mpi, w->rank, st);
+    st = gdp_comm_agree_mpi(w, st);
     if (st == GDP_STATUS_SUCCESS) {
         /* Backends agree internally, so every rank leaves with the same status. */
         st = backend == GDP_COMM_NCCL ? gdp_comm_nccl_open(w) : gdp_comm_mpi_open(w);
     }
     if (st != GDP_STATUS_SUCCESS) {
-        MPI_Comm_free(&w->mpi);
+        gdp_watch_leave(w);
+        if (!gdp_watchdog_fired()) /* else MPI may still own operations on it */
+            MPI_Comm_free(&w->mpi);
         free(c);
         return st;
     }
@@ -238,6 +282,7 @@ gdp_status_t gdp_comm_free(gdp_comm_t comm) {
     GDP_CHECK(comm_check(comm, "gdp_comm_free"));
     if (comm->iface.free)
         comm->iface.free(comm);
+    gdp_watch_leave(comm);
     int err = MPI_SUCCESS;
     if (comm->mpi != MPI_COMM_NULL)
         err = MPI_Comm_free(&comm->mpi);
@@ -364,8 +409,9 @@ gdp_status_t gdp_comm_host_bcast(gdp_comm_t comm, void *buf, size_t bytes, int32
     if (bytes > (size_t)INT_MAX)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %zu bytes exceed MPI's int count (%d); split the broadcast", fn,
                  bytes, INT_MAX);
-    GDP_MPI_CHECK(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, comm->mpi));
-    return GDP_STATUS_SUCCESS;
+    MPI_Request req = MPI_REQUEST_NULL;
+    GDP_MPI_CHECK(MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, comm->mpi, &req));
+    return gdp_watch_wait(comm, &req, fn);
 }
 
 /* 64-bit FNV-1a over the bytes, then the length, so equal prefixes of different lengths differ. */
@@ -386,16 +432,38 @@ gdp_status_t gdp_comm_check_consistent(gdp_comm_t comm, const void *host_buf, si
      * is reported after the agreement. */
     int bad_local = bytes > 0 && host_buf == NULL;
     uint64_t hash = fnv1a64(bad_local ? "" : host_buf, bad_local ? 0 : bytes);
-    uint64_t lo = 0, hi = 0;
-    GDP_MPI_CHECK(MPI_Allreduce(&hash, &lo, 1, MPI_UINT64_T, MPI_MIN, comm->mpi));
-    GDP_MPI_CHECK(MPI_Allreduce(&hash, &hi, 1, MPI_UINT64_T, MPI_MAX, comm->mpi));
+    /* min of (hash, ~hash) in one all-reduce: the min and (complemented) the max; on the
+     * heap, as the watchdog may leave them to MPI (gdp_comm_agree_mpi says why) */
+    uint64_t *mm = malloc(4 * sizeof *mm);
+    if (mm == NULL)
+        GDP_FAIL(GDP_STATUS_SYSTEM_ERROR, "%s: out of memory", fn);
+    mm[0] = hash, mm[1] = ~hash;
+    MPI_Request req = MPI_REQUEST_NULL;
+    int ierr = MPI_Iallreduce(mm, mm + 2, 2, MPI_UINT64_T, MPI_MIN, comm->mpi, &req);
+    if (ierr != MPI_SUCCESS) {
+        free(mm);
+        return gdp_mpi_fail(ierr, "MPI_Iallreduce(hashes)", __FILE__, __LINE__);
+    }
+    GDP_CHECK(gdp_watch_wait(comm, &req, fn));
+    const uint64_t lo = mm[2], hi = ~mm[3];
+    free(mm);
     if (bad_local)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: host_buf is NULL with bytes = %zu (checking %s)", fn, bytes,
                  what ? what : "?");
     if (lo == hi)
         return GDP_STATUS_SUCCESS;
-    uint64_t *all = gdp_calloc((size_t)comm->size, sizeof *all, "consistency hashes");
-    int err = MPI_Allgather(&hash, 1, MPI_UINT64_T, all ? all : &hash, all ? 1 : 0, MPI_UINT64_T, comm->mpi);
+    uint64_t *all = gdp_calloc((size_t)comm->size + 1, sizeof *all, "consistency hashes");
+    /* without memory this rank still joins the gather (receiving nothing) so no peer hangs */
+    static uint64_t lone[2];
+    uint64_t *gather = all ? all : lone;
+    gather[all ? comm->size : 0] = hash;
+    int err = MPI_Iallgather(&gather[all ? comm->size : 0], 1, MPI_UINT64_T, all ? (void *)all : (void *)&lone[1],
+                             all ? 1 : 0, MPI_UINT64_T, comm->mpi, &req);
+    if (err == MPI_SUCCESS) {
+        gdp_status_t wst = gdp_watch_wait(comm, &req, fn);
+        if (wst != GDP_STATUS_SUCCESS)
+            return wst; /* its message; `all` stays MPI's */
+    }
     char list[900] = "";
     size_t used = 0;
     for (int32_t r = 0; all && err == MPI_SUCCESS && r < comm->size && r < 8 && used < sizeof list; r++)

@@ -1,8 +1,8 @@
 /*
  * comm_internal.h: what the comm front-end (comm.c) and its implementations
- * (comm_mpi.c, comm_nccl.c) share and users never see: the backend vtable
- * (struct gdp_comm_i), the comm struct, the MPI/CUDA check macros and the helpers
- * every backend uses (status agreement over MPI, GPU binding).
+ * (comm_mpi.c, comm_nccl.c) and the watchdog (watchdog.c) share and users never see:
+ * the backend vtable (struct gdp_comm_i), the comm struct, the MPI/CUDA check macros and
+ * the helpers every backend uses (status agreement over MPI, GPU binding, bounded waits).
  */
 #ifndef GDP_COMM_INTERNAL_H
 #define GDP_COMM_INTERNAL_H
@@ -54,7 +54,19 @@ struct gdp_comm {
     int32_t            device;        /* bound CUDA device, -1 with host buffers         */
     int32_t            aborted;       /* set by gdp_comm_abort: only free is valid after */
     char               name[64];      /* gdp_comm_name                                   */
+    /* the watchdog (watchdog.c) */
+    MPI_Comm           watch;         /* a second duplicate: the watchdog's probes only  */
+    int64_t            ops;           /* waits begun on this comm: names the operation   */
+    struct gdp_peer   *peers;         /* [size]: who each rank is, for the messages      */
+    struct gdp_comm   *next_watched;  /* the process's live comms, whose probes a wait answers */
     uint32_t           magic_end;
+};
+
+/* Who a rank of a comm is (gathered at init): named when the watchdog finds it stalled. */
+struct gdp_peer {
+    int32_t world_rank;
+    int32_t pid;
+    char    host[56];
 };
 
 /* Records an MPI failure (MPI_Error_string of `err`) for `call` and returns GDP_STATUS_MPI_ERROR. */
@@ -78,8 +90,29 @@ gdp_status_t gdp_comm_cuda_fail(cudaError_t err, const char *call, const char *f
     } while (0)
 #endif
 
-/* gdp_comm_agree over a raw MPI communicator (used during init, before the comm exists). */
-gdp_status_t gdp_comm_agree_mpi(MPI_Comm mpi, int32_t rank, gdp_status_t local_status);
+/* gdp_comm_agree over comm->mpi of a comm being set up or live (its watch may be MPI_COMM_NULL). */
+gdp_status_t gdp_comm_agree_mpi(struct gdp_comm *comm, gdp_status_t local_status);
+
+/* ---- the watchdog (watchdog.c; comm.h documents the behaviour) ---- */
+/* Waits for a nonblocking MPI operation `req` on `comm` (its MPI communicator) under the
+ * step timeout: polls, sleeps instead of spinning once the wait is long, answers other
+ * ranks' probes, and past the timeout finds the stalled rank, records the message, marks
+ * the watchdog fired and returns GDP_STATUS_REMOTE_ERROR. `what` names the call. */
+gdp_status_t gdp_watch_wait(struct gdp_comm *comm, MPI_Request *req, const char *what);
+/* Fails (REMOTE_ERROR, the first firing's message) once the watchdog has fired: no comm
+ * call starts new communication after that. */
+gdp_status_t gdp_watch_check(const char *fn);
+/* Init: the probe communicator and the peers (collective over comm->mpi), then joins the
+ * live comms; leave: the reverse (local). */
+gdp_status_t gdp_watch_join(struct gdp_comm *comm);
+void         gdp_watch_leave(struct gdp_comm *comm);
+#ifdef GDP_HAVE_CUDA
+/* The same for the work queued on a CUDA stream (cudaStreamQuery polls); past the timeout it
+ * also aborts the comm (ncclCommAbort), whose kernels would wait for the stalled peer forever. */
+gdp_status_t gdp_watch_stream(struct gdp_comm *comm, void *stream, const char *what);
+#endif
+/* Reads GDP_WATCHDOG_TIMEOUT once (INVALID_ARGUMENT naming it when it is not a number >= 0). */
+gdp_status_t gdp_watch_config(void);
 
 /* Backend constructors: fill comm->iface, comm->context and comm->name. Called by
  * gdp_comm_init once comm->mpi, ranks and (for device buffers) the device are set.

@@ -7,6 +7,8 @@
  *     (to nearest even), so every rank gets the same bits and no precision is lost
  *     to per-step 16-bit rounding.
  *   - Data movement is in bytes (MPI_BYTE), so each rank's share must fit in an int.
+ *   - Every collective is nonblocking MPI waited for by the watchdog (gdp_watch_wait), and
+ *     every device copy by a bounded stream wait: a stalled peer fails the wait, named.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -79,6 +81,14 @@ static void from_f32(void *dst, const float *src, size_t n, gdp_dtype_t dtype) {
             h[i] = gdp_float_to_fp16(src[i]);
 }
 
+/* Starts a nonblocking collective (the expression, which sets `req`) and waits for it. */
+#define MPI_WAIT(comm, call, what)                                                          \
+    do {                                                                                    \
+        MPI_Request req = MPI_REQUEST_NULL;                                                 \
+        GDP_MPI_CHECK(call);                                                                \
+        GDP_CHECK(gdp_watch_wait((comm), &req, (what)));                                    \
+    } while (0)
+
 static bool is_half(gdp_dtype_t dtype) { return dtype == GDP_DTYPE_BF16 || dtype == GDP_DTYPE_FP16; }
 static MPI_Datatype sum_type(gdp_dtype_t dtype) { return dtype == GDP_DTYPE_INT32 ? MPI_INT32_T : MPI_FLOAT; }
 
@@ -89,20 +99,21 @@ static gdp_status_t host_allreduce(gdp_comm_t comm, const void *send, void *recv
         float *acc;
         GDP_CHECK(sum_buffer(ctx, count, &acc));
         to_f32(acc, send, count, dtype);
-        GDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, acc, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi));
+        MPI_WAIT(comm, MPI_Iallreduce(MPI_IN_PLACE, acc, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi, &req),
+                 "gdp_comm_allreduce");
         from_f32(recv, acc, count, dtype);
         return GDP_STATUS_SUCCESS;
     }
-    GDP_MPI_CHECK(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, sum_type(dtype), MPI_SUM,
-                                comm->mpi));
+    MPI_WAIT(comm, MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, sum_type(dtype), MPI_SUM,
+                                  comm->mpi, &req), "gdp_comm_allreduce");
     return GDP_STATUS_SUCCESS;
 }
 
 static gdp_status_t host_allgather(gdp_comm_t comm, const void *send, void *recv, size_t count, gdp_dtype_t dtype) {
     size_t bytes = count * gdp_dtype_size(dtype);
     bool in_place = send == (const char *)recv + (size_t)comm->rank * bytes;
-    GDP_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, in_place ? 0 : (int)bytes, MPI_BYTE, recv,
-                                (int)bytes, MPI_BYTE, comm->mpi));
+    MPI_WAIT(comm, MPI_Iallgather(in_place ? MPI_IN_PLACE : send, in_place ? 0 : (int)bytes, MPI_BYTE, recv,
+                                  (int)bytes, MPI_BYTE, comm->mpi, &req), "gdp_comm_allgather");
     return GDP_STATUS_SUCCESS;
 }
 
@@ -115,7 +126,8 @@ static gdp_status_t host_reduce_scatter(gdp_comm_t comm, const void *send, void 
         float *acc;
         GDP_CHECK(sum_buffer(ctx, total, &acc));
         to_f32(acc, send, total, dtype);
-        GDP_MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, acc, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi));
+        MPI_WAIT(comm, MPI_Ireduce_scatter_block(MPI_IN_PLACE, acc, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi, &req),
+                 "gdp_comm_reduce_scatter");
         from_f32(recv, acc, count, dtype);
         return GDP_STATUS_SUCCESS;
     }
@@ -126,33 +138,37 @@ static gdp_status_t host_reduce_scatter(gdp_comm_t comm, const void *send, void 
         /* recv aliases send (e.g. in place at block `rank`): reduce into staging first. */
         void *tmp;
         GDP_CHECK(stage(ctx, 1, bytes, &tmp));
-        GDP_MPI_CHECK(MPI_Reduce_scatter_block(send, tmp, (int)count, sum_type(dtype), MPI_SUM, comm->mpi));
+        MPI_WAIT(comm, MPI_Ireduce_scatter_block(send, tmp, (int)count, sum_type(dtype), MPI_SUM, comm->mpi, &req),
+                 "gdp_comm_reduce_scatter");
         memcpy(recv, tmp, bytes);
         return GDP_STATUS_SUCCESS;
     }
-    GDP_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, (int)count, sum_type(dtype), MPI_SUM, comm->mpi));
+    MPI_WAIT(comm, MPI_Ireduce_scatter_block(send, recv, (int)count, sum_type(dtype), MPI_SUM, comm->mpi, &req),
+             "gdp_comm_reduce_scatter");
     return GDP_STATUS_SUCCESS;
 }
 
 static gdp_status_t host_alltoall(gdp_comm_t comm, const void *send, void *recv, size_t count, gdp_dtype_t dtype) {
     int bytes = (int)(count * gdp_dtype_size(dtype));
-    GDP_MPI_CHECK(MPI_Alltoall(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, comm->mpi));
+    MPI_WAIT(comm, MPI_Ialltoall(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, comm->mpi, &req), "gdp_comm_alltoall");
     return GDP_STATUS_SUCCESS;
 }
 
 static gdp_status_t host_bcast(gdp_comm_t comm, void *buf, size_t count, gdp_dtype_t dtype, int32_t root) {
-    GDP_MPI_CHECK(MPI_Bcast(buf, (int)(count * gdp_dtype_size(dtype)), MPI_BYTE, root, comm->mpi));
+    MPI_WAIT(comm, MPI_Ibcast(buf, (int)(count * gdp_dtype_size(dtype)), MPI_BYTE, root, comm->mpi, &req),
+             "gdp_comm_bcast");
     return GDP_STATUS_SUCCESS;
 }
 
 /* ---- device staging ---------------------------------------------------------------- */
 #ifdef GDP_HAVE_CUDA
-static gdp_status_t copy_sync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, void *stream) {
+/* The copy waits for the stream's earlier work too (e.g. a GEMM): bounded by the watchdog. */
+static gdp_status_t copy_sync(gdp_comm_t comm, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
+                              void *stream) {
     if (bytes == 0)
         return GDP_STATUS_SUCCESS;
     GDP_COMM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, (cudaStream_t)stream));
-    GDP_COMM_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream));
-    return GDP_STATUS_SUCCESS;
+    return gdp_watch_stream(comm, stream, "a host-staging copy (cudaMemcpyAsync)");
 }
 #define D2H cudaMemcpyDeviceToHost
 #define H2D cudaMemcpyHostToDevice
@@ -171,9 +187,9 @@ static gdp_status_t mpi_allreduce(gdp_comm_t comm, const void *send, void *recv,
         size_t bytes = count * gdp_dtype_size(dtype);
         void *h;
         GDP_CHECK(stage(comm->context, 0, bytes, &h));
-        GDP_CHECK(copy_sync(h, send, bytes, D2H, stream));
+        GDP_CHECK(copy_sync(comm, h, send, bytes, D2H, stream));
         GDP_CHECK(host_allreduce(comm, h, h, count, dtype));
-        return copy_sync(recv, h, bytes, H2D, stream);
+        return copy_sync(comm, recv, h, bytes, H2D, stream);
     }
 #endif
     return host_allreduce(comm, send, recv, count, dtype);
@@ -187,9 +203,9 @@ static gdp_status_t mpi_allgather(gdp_comm_t comm, const void *send, void *recv,
         size_t bytes = count * gdp_dtype_size(dtype);
         char *h;
         GDP_CHECK(stage(comm->context, 0, bytes * (size_t)comm->size, (void **)&h));
-        GDP_CHECK(copy_sync(h + (size_t)comm->rank * bytes, send, bytes, D2H, stream));
+        GDP_CHECK(copy_sync(comm, h + (size_t)comm->rank * bytes, send, bytes, D2H, stream));
         GDP_CHECK(host_allgather(comm, h + (size_t)comm->rank * bytes, h, count, dtype));
-        return copy_sync(recv, h, bytes * (size_t)comm->size, H2D, stream);
+        return copy_sync(comm, recv, h, bytes * (size_t)comm->size, H2D, stream);
     }
 #endif
     return host_allgather(comm, send, recv, count, dtype);
@@ -203,10 +219,10 @@ static gdp_status_t mpi_reduce_scatter(gdp_comm_t comm, const void *send, void *
         size_t bytes = count * gdp_dtype_size(dtype);
         void *hs, *hr;
         GDP_CHECK(stage(comm->context, 0, bytes * (size_t)comm->size, &hs));
-        GDP_CHECK(copy_sync(hs, send, bytes * (size_t)comm->size, D2H, stream));
+        GDP_CHECK(copy_sync(comm, hs, send, bytes * (size_t)comm->size, D2H, stream));
         GDP_CHECK(stage(comm->context, 1, bytes, &hr));
         GDP_CHECK(host_reduce_scatter(comm, hs, hr, count, dtype));
-        return copy_sync(recv, hr, bytes, H2D, stream);
+        return copy_sync(comm, recv, hr, bytes, H2D, stream);
     }
 #endif
     return host_reduce_scatter(comm, send, recv, count, dtype);
@@ -221,9 +237,9 @@ static gdp_status_t mpi_alltoall(gdp_comm_t comm, const void *send, void *recv, 
         void *hs, *hr;
         GDP_CHECK(stage(comm->context, 0, bytes, &hs));
         GDP_CHECK(stage(comm->context, 1, bytes, &hr));
-        GDP_CHECK(copy_sync(hs, send, bytes, D2H, stream));
+        GDP_CHECK(copy_sync(comm, hs, send, bytes, D2H, stream));
         GDP_CHECK(host_alltoall(comm, hs, hr, count, dtype));
-        return copy_sync(recv, hr, bytes, H2D, stream);
+        return copy_sync(comm, recv, hr, bytes, H2D, stream);
     }
 #endif
     return host_alltoall(comm, send, recv, count, dtype);
@@ -238,11 +254,11 @@ static gdp_status_t mpi_bcast(gdp_comm_t comm, void *buf, size_t count, gdp_dtyp
         void *h;
         GDP_CHECK(stage(comm->context, 0, bytes, &h));
         if (comm->rank == root)
-            GDP_CHECK(copy_sync(h, buf, bytes, D2H, stream));
+            GDP_CHECK(copy_sync(comm, h, buf, bytes, D2H, stream));
         GDP_CHECK(host_bcast(comm, h, count, dtype, root));
         if (comm->rank == root)
             return GDP_STATUS_SUCCESS;
-        return copy_sync(buf, h, bytes, H2D, stream);
+        return copy_sync(comm, buf, h, bytes, H2D, stream);
     }
 #endif
     return host_bcast(comm, buf, count, dtype, root);
@@ -251,9 +267,9 @@ static gdp_status_t mpi_bcast(gdp_comm_t comm, void *buf, size_t count, gdp_dtyp
 static gdp_status_t mpi_barrier(gdp_comm_t comm, void *stream) {
 #ifdef GDP_HAVE_CUDA
     if (on_device(comm))
-        GDP_COMM_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream));
+        GDP_CHECK(gdp_watch_stream(comm, stream, "gdp_comm_barrier (the stream's work)"));
 #endif
-    GDP_MPI_CHECK(MPI_Barrier(comm->mpi));
+    MPI_WAIT(comm, MPI_Ibarrier(comm->mpi, &req), "gdp_comm_barrier");
     return GDP_STATUS_SUCCESS;
 }
 
@@ -276,7 +292,7 @@ static void mpi_free(gdp_comm_t comm) {
 
 gdp_status_t gdp_comm_mpi_open(struct gdp_comm *comm) {
     mpi_context *ctx = gdp_calloc(1, sizeof *ctx, "the MPI comm context");
-    gdp_status_t st = gdp_comm_agree_mpi(comm->mpi, comm->rank, ctx ? GDP_STATUS_SUCCESS : GDP_STATUS_SYSTEM_ERROR);
+    gdp_status_t st = gdp_comm_agree_mpi(comm, ctx ? GDP_STATUS_SUCCESS : GDP_STATUS_SYSTEM_ERROR);
     if (st != GDP_STATUS_SUCCESS) {
         free(ctx);
         return st;

@@ -95,9 +95,10 @@ static gdp_status_t nccl_bcast(gdp_comm_t comm, void *buf, size_t count, gdp_dty
 
 static gdp_status_t nccl_barrier(gdp_comm_t comm, void *stream) {
     /* Drain this rank's NCCL work first, so the barrier also orders device-side collectives. */
-    GDP_COMM_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream));
-    GDP_MPI_CHECK(MPI_Barrier(comm->mpi));
-    return GDP_STATUS_SUCCESS;
+    GDP_CHECK(gdp_watch_stream(comm, stream, "gdp_comm_barrier (the stream's NCCL work)"));
+    MPI_Request req = MPI_REQUEST_NULL;
+    GDP_MPI_CHECK(MPI_Ibarrier(comm->mpi, &req));
+    return gdp_watch_wait(comm, &req, "gdp_comm_barrier");
 }
 
 static gdp_status_t nccl_abort(gdp_comm_t comm) {
@@ -132,7 +133,7 @@ gdp_status_t gdp_comm_nccl_open(struct gdp_comm *comm) {
     }
     /* Every rank learns whether rank 0 has an id (and this rank its context) before the
      * broadcast and the collective ncclCommInitRank, so no rank waits on a failed one. */
-    st = gdp_comm_agree_mpi(comm->mpi, comm->rank, st);
+    st = gdp_comm_agree_mpi(comm, st);
     if (st == GDP_STATUS_SUCCESS) {
         int err = MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, comm->mpi);
         if (err != MPI_SUCCESS)
@@ -144,7 +145,7 @@ gdp_status_t gdp_comm_nccl_open(struct gdp_comm *comm) {
             ctx->nccl = NULL;
             st = nccl_fail(r, NULL, "ncclCommInitRank", __FILE__, __LINE__);
         }
-        st = gdp_comm_agree_mpi(comm->mpi, comm->rank, st);
+        st = gdp_comm_agree_mpi(comm, st);
     }
     if (st != GDP_STATUS_SUCCESS) {
         if (ctx && ctx->nccl)

@@ -11,15 +11,23 @@
  * NCCL where the build and the machine have a GPU, else the CPU backend with MPI.
  * --check repeats the walk-through's self check: the logits of each checked request's last
  * decode step against recomputing its whole sequence with one prefill.
- * docs/gdp-run.md describes every option, the workload format and the report.
+ * docs/gdp-run.md describes every option, the workload format and the report;
+ * docs/failures.md what it guarantees when things go wrong: output paths checked before
+ * the run, results streamed to --output as each request finishes, the watchdog
+ * (--watchdog) and what SIGTERM/SIGINT report.
  */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <float.h>
+#include <jansson.h> /* defines: json_pack, json_dumps (the --output lines) */
 #include <mpi.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "gdp/checkpoint.h"
@@ -39,12 +47,235 @@ typedef struct options {
     gdp_engine_config engine;
     int32_t check;          /* requests to check, 0: no check */
     int32_t cp;             /* context-parallel size (docs/cp.md); tp = ranks / cp */
+    double  watchdog;       /* step timeout in seconds (< 0: GDP_WATCHDOG_TIMEOUT or the default) */
     bool no_finite_check;   /* load weights even if they hold NaN / Inf */
     gdp_workload_limits limits; /* --max-requests, --max-prompt-len, --max-new-tokens, --max-arrival */
     gdp_request_defaults defaults; /* --temperature, --top-k, --top-p, --sampling-seed, --stop */
 } options;
 
 static int g_rank = 0, g_size = 1;
+static gdp_comm_t g_job_comm; /* for gdp_fatal's ncclCommAbort once the watchdog fired */
+
+/* ---- outputs (docs/failures.md) ---------------------------------------------------------
+ * --output is opened before the model is loaded (an unwritable path fails at once, with
+ * the errno text), truncated, and grows by one JSON line per finished request, written
+ * with one write(2) as the request finishes (the engine's on_result): a killed run keeps
+ * every line of the requests that finished. What the signal handler reads is plain
+ * volatile data. */
+typedef struct results_out {
+    const char    *path;
+    int            fd;        /* -1: no --output */
+    bool           regular;   /* a regular file: fsync'ed at the end */
+    int            err;       /* errno of the first failed write (the rest is then skipped) */
+    int32_t        n;         /* requests of the workload */
+    unsigned char *written;   /* [n]: the line of request i is in the file */
+} results_out;
+static results_out g_out = {.fd = -1};
+static volatile sig_atomic_t g_finished, g_lines; /* requests finished / lines in --output */
+static volatile sig_atomic_t g_total = -1;         /* requests of the workload, -1: not loaded */
+static const char *volatile g_phase = "starting";  /* what the program is doing */
+
+/* Refuses what cannot hold a file we write; "cannot write PATH: REASON" in why. */
+static bool check_output_path(const char *path, char *why, size_t n) {
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        if (S_ISDIR(sb.st_mode) || S_ISBLK(sb.st_mode) || S_ISSOCK(sb.st_mode)) {
+            snprintf(why, n, "cannot write %s: it is a %s", path,
+                     S_ISDIR(sb.st_mode) ? "directory" : S_ISBLK(sb.st_mode) ? "block device" : "socket");
+            return false;
+        }
+        if (access(path, W_OK) != 0) {
+            snprintf(why, n, "cannot write %s: %s", path, strerror(errno));
+            return false;
+        }
+        return true;
+    }
+    if (errno != ENOENT) {
+        snprintf(why, n, "cannot write %s: %s", path, strerror(errno));
+        return false;
+    }
+    /* a new file: its directory must exist and be writable */
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (slash == path ? 1 : (int)(slash - path)) : 1, slash ? path : ".");
+    if (access(dir, W_OK | X_OK) != 0) {
+        const int e = errno;
+        snprintf(why, n, "cannot write %s: %s (%s %.900s)", path, strerror(e),
+                 e == ENOENT ? "there is no directory" : "in the directory", dir);
+        return false;
+    }
+    return true;
+}
+
+/* Opens --output for streaming (truncates a file; a FIFO must have a reader). */
+static bool results_open(const char *path, char *why, size_t n) {
+    if (!check_output_path(path, why, n))
+        return false;
+    struct stat sb;
+    const bool exists = stat(path, &sb) == 0;
+    const bool fifo = exists && S_ISFIFO(sb.st_mode);
+    int fd = open(path, O_WRONLY | O_CLOEXEC | (fifo ? O_NONBLOCK : O_CREAT | O_TRUNC), 0666);
+    if (fd < 0) {
+        snprintf(why, n, "cannot write %s: %s%s", path, strerror(errno),
+                 fifo && errno == ENXIO ? " (a FIFO that no process reads)" : "");
+        return false;
+    }
+    if (fifo)
+        (void)fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK); /* writes wait for the reader */
+    g_out.path = path;
+    g_out.fd = fd;
+    g_out.regular = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
+    if (!g_out.regular)
+        signal(SIGPIPE, SIG_IGN); /* a FIFO whose reader left: EPIPE, reported, not a silent death */
+    return true;
+}
+
+static const char *finish_reason_name(int32_t reason) {
+    switch (reason) {
+    case GDP_FINISH_LENGTH: return "length";
+    case GDP_FINISH_STOP: return "stop";
+    case GDP_FINISH_ERROR: return "error";
+    default: return "unknown";
+    }
+}
+
+/* One request's line, as gdp_engine_write_results writes it: {"id", "prompt_len", "tokens",
+ * "ttft_s", "latency_s", "preemptions", "finish"} plus "error" for a failed request;
+ * written with one write(2), so a signal never leaves half a line. */
+static void results_write(const gdp_request_result *r) {
+    if (g_out.fd < 0 || g_out.err != 0 || r->index < 0 || r->index >= g_out.n || g_out.written[r->index])
+        return;
+    json_t *toks = json_array();
+    for (int32_t k = 0; toks != NULL && k < r->n_generated; k++)
+        json_array_append_new(toks, json_integer(r->tokens[k]));
+    json_t *o = json_pack("{s:I, s:i, s:o, s:f, s:f, s:i, s:s}", "id", (json_int_t)r->id, "prompt_len",
+                          r->prompt_len, "tokens", toks, "ttft_s", r->first_token_s - r->arrival_s, "latency_s",
+                          r->finish_s - r->arrival_s, "preemptions", r->preemptions, "finish",
+                          finish_reason_name(r->finish_reason));
+    if (o != NULL && r->finish_reason == GDP_FINISH_ERROR)
+        json_object_set_new(o, "error", json_string(r->error ? r->error : ""));
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (text == NULL) {
+        g_out.err = ENOMEM;
+    } else {
+        const size_t len = strlen(text);
+        text[len] = '\n'; /* json_dumps leaves the NUL there: one buffer, one write */
+        for (size_t done = 0; done <= len && g_out.err == 0;) {
+            ssize_t k = write(g_out.fd, text + done, len + 1 - done);
+            if (k < 0 && errno != EINTR)
+                g_out.err = errno;
+            else if (k > 0)
+                done += (size_t)k;
+        }
+        free(text);
+    }
+    if (g_out.err != 0) {
+        fprintf(stderr, "gdp-run: writing %s failed after %d results: %s; the run goes on, the rest of its results "
+                "are not written\n", g_out.path, (int)g_lines, strerror(g_out.err));
+        return;
+    }
+    g_out.written[r->index] = 1;
+    g_lines = g_lines + 1;
+}
+
+/* The engine's on_result (root): each request as it finishes. */
+static void on_result(const gdp_request_result *result, void *user) {
+    (void)user;
+    g_finished = g_finished + 1;
+    results_write(result);
+}
+
+/* Syncs and closes --output; false (message printed) when something was not written. */
+static bool results_close(void) {
+    if (g_out.fd < 0)
+        return true;
+    int err = g_out.err;
+    if (err == 0 && g_out.regular && fsync(g_out.fd) != 0)
+        err = errno; /* delayed allocation: a full disk may show only here */
+    if (close(g_out.fd) != 0 && err == 0)
+        err = errno;
+    g_out.fd = -1;
+    if (err != 0 && err != g_out.err)
+        fprintf(stderr, "gdp-run: writing %s failed: %s\n", g_out.path, strerror(err));
+    if (err != 0)
+        fprintf(stderr, "gdp-run: %s holds %d of %d results (the run's other results are lost)\n", g_out.path,
+                (int)g_lines, g_out.n);
+    return err == 0;
+}
+
+/* ---- signals: SIGTERM / SIGINT say what was interrupted and what was written --------------
+ * Only async-signal-safe calls: the message is assembled by hand and written with write(2);
+ * then the default action ends the process (mpirun turns Ctrl-C into SIGTERM for the ranks). */
+static size_t put_text(char *b, size_t at, size_t cap, const char *s) {
+    while (s != NULL && *s && at + 1 < cap)
+        b[at++] = *s++;
+    return at;
+}
+
+static size_t put_num(char *b, size_t at, size_t cap, long long v) {
+    char d[24];
+    int k = 0;
+    const bool neg = v < 0;
+    unsigned long long u = neg ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do {
+        d[k++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u && k < 23);
+    if (neg && at + 1 < cap)
+        b[at++] = '-';
+    while (k > 0 && at + 1 < cap)
+        b[at++] = d[--k];
+    return at;
+}
+
+static void on_signal(int sig) {
+    if (g_rank == 0) {
+        char m[1024];
+        const size_t c = sizeof m;
+        size_t at = put_text(m, 0, c, "gdp-run: ended by ");
+        at = put_text(m, at, c, sig == SIGINT ? "SIGINT" : "SIGTERM");
+        at = put_text(m, at, c, " (Ctrl-C or kill; mpirun also sends it when a rank aborts) while ");
+        at = put_text(m, at, c, g_phase);
+        int64_t step = -1;
+        gdp_watchdog_get_step(&step);
+        if (step >= 0) {
+            at = put_text(m, at, c, ", at step ");
+            at = put_num(m, at, c, step);
+        }
+        if (g_total >= 0) {
+            at = put_text(m, at, c, ": ");
+            at = put_num(m, at, c, g_finished);
+            at = put_text(m, at, c, " of ");
+            at = put_num(m, at, c, g_total);
+            at = put_text(m, at, c, " requests finished");
+        }
+        if (g_out.path != NULL) {
+            at = put_text(m, at, c, "; ");
+            at = put_num(m, at, c, g_lines);
+            at = put_text(m, at, c, " of their results are in ");
+            at = put_text(m, at, c, g_out.path);
+            at = put_text(m, at, c, " (one complete JSON line each)");
+        } else {
+            at = put_text(m, at, c, "; nothing was written (no --output)");
+        }
+        at = put_text(m, at, c, "\n");
+        ssize_t ignored = write(2, m, at);
+        (void)ignored;
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* gdp_fatal's callback: the abort's own SIGTERM from mpirun must not be reported as an
+ * interruption by this rank, and --output's state is said once. */
+static void on_abort(void *user) {
+    (void)user;
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    if (g_rank == 0 && g_out.path != NULL)
+        fprintf(stderr, "gdp-run: %d finished requests' results are in %s\n", (int)g_lines, g_out.path);
+}
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -83,11 +314,13 @@ static void usage(FILE *f) {
             "  --max-candidates N      sampling candidates per rank and row: the largest top_k, top-p's reach (256)\n"
             "  --no-graphs             run every step eagerly (no CUDA graphs)\n"
             "  --progress S            seconds between progress lines on stderr, 0 = none (1)\n"
+            "  --watchdog S            step timeout: a rank waiting longer for a peer ends the job naming it; 0 = off\n"
+            "                          (GDP_WATCHDOG_TIMEOUT, else 300; docs/failures.md)\n"
             "  --debug-check           hash-check every step's metadata across ranks\n"
             "  --cp C                  context parallelism: the ranks form tp = ranks / C TP groups x C, each layer\n"
             "                          core on H/(tp*C) heads of every row (docs/cp.md); CUDA then uses the MPI comm (1)\n"
             "output:\n"
-            "  --output FILE           each request's generated tokens, JSONL\n"
+            "  --output FILE           each request's generated tokens, JSONL, one line as each request finishes\n"
             "  --check [N]             decode vs recompute self check on the first N requests (4; 0 = off)\n"
             "  -h, --help\n");
 }
@@ -97,6 +330,17 @@ static void usage(FILE *f) {
 static void exit_if_failed(gdp_status_t st, const char *what) {
     if (st == GDP_STATUS_SUCCESS)
         return;
+    if (gdp_watchdog_fired()) {
+        /* A peer is stalled: no collective can complete, so this rank ends the job. The other
+         * ranks give rank 0 a moment to report first (one message when rank 0 is alive). */
+        if (g_rank != 0)
+            sleep(1);
+        GDP_FATAL(g_job_comm, "gdp-run: rank %d: %s failed: %s", g_rank, what, gdp_last_error());
+    }
+    if (g_rank == 0 && g_out.path != NULL) {
+        results_close();
+        fprintf(stderr, "gdp-run: %d finished requests' results are in %s\n", (int)g_lines, g_out.path);
+    }
     /* Every rank failed together. A rank whose own error differs in kind from rank 0's
      * (rank 0 only heard of it remotely) prints it too; identical errors print once. */
     int root_st = st;
@@ -176,6 +420,19 @@ static int parse_args(int argc, char **argv, options *o) {
         INT_OPT("--max-candidates", 1, GDP_SAMPLING_MAX_CANDIDATES, o->engine.max_candidates)
         INT_OPT("--progress", 0, 3600, o->engine.progress)
         INT_OPT("--cp", 1, 1 << 16, o->cp)
+        if (!strcmp(a, "--watchdog")) {
+            NEED_VALUE();
+            char *end = NULL;
+            errno = 0;
+            const double t = strtod(v, &end);
+            if (errno || end == v || *end || !(t >= 0) || t > 1e9) {
+                if (g_rank == 0)
+                    fprintf(stderr, "gdp-run: --watchdog %s: expected seconds in [0, 1e9] (0 turns it off)\n", v);
+                return 2;
+            }
+            o->watchdog = t;
+            continue;
+        }
         INT_OPT("--max-requests", 1, INT32_MAX, o->limits.max_requests)
         INT_OPT("--max-prompt-len", 1, INT32_MAX, o->limits.max_prompt_len)
         INT_OPT("--max-new-tokens", 1, INT32_MAX, o->limits.max_new_tokens)
@@ -412,6 +669,7 @@ int main(int argc, char **argv) {
     o.cfg.head_dim = 32, o.cfg.state_dim = 64, o.cfg.num_householder = 2, o.cfg.vocab_size = 512;
     o.model_seed = 1234, o.prompt_seed = 1;
     o.backend = "auto";
+    o.watchdog = -1;
     gdp_engine_config_default(&o.engine);
     o.limits = gdp_workload_limits_default();
     o.defaults = gdp_request_defaults_default();
@@ -420,8 +678,35 @@ int main(int argc, char **argv) {
         MPI_Finalize();
         return rc == 1 ? 0 : rc;
     }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    gdp_set_abort_callback(on_abort, NULL);
+    if (o.watchdog >= 0)
+        gdp_watchdog_set_timeout(o.watchdog);
+
+    /* Every output path is checked before any work (rank 0 writes them all). */
+    {
+        char why[1200] = "";
+        int ok = 1;
+        if (g_rank == 0 && o.write_model != NULL)
+            ok = check_output_path(o.write_model, why, sizeof why);
+        if (g_rank == 0 && ok && o.write_model == NULL && o.output != NULL)
+            ok = results_open(o.output, why, sizeof why);
+        MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+        if (!ok) {
+            if (g_rank == 0)
+                fprintf(stderr, "gdp-run: %s\n", why);
+            MPI_Finalize();
+            return 1;
+        }
+    }
     if (o.write_model != NULL) {
         int ok = 1;
+        g_phase = "writing the model";
         if (g_rank == 0 && gdp_checkpoint_write_synthetic(o.write_model, &o.cfg, o.model_seed, GDP_DTYPE_FP32)) {
             fprintf(stderr, "gdp-run: %s\n", gdp_last_error());
             ok = 0;
@@ -466,6 +751,7 @@ int main(int argc, char **argv) {
     }
 
     /* The model: --model, or the embedded default. */
+    g_phase = "loading the model";
     char path[1024] = "", dir[1024] = "";
     if (o.model != NULL)
         snprintf(path, sizeof path, "%s", o.model);
@@ -502,6 +788,7 @@ int main(int argc, char **argv) {
     if (st != GDP_STATUS_SUCCESS)
         exit_if_failed(stack_init(&s, GDP_BACKEND_CPU, ckpt, o.cp), "setting up the CPU backend");
     gdp_checkpoint_free(ckpt);
+    g_job_comm = s.comm;
 
     /* The workload, on the root. */
     gdp_workload wl;
@@ -521,8 +808,17 @@ int main(int argc, char **argv) {
             st = gdp_workload_load_jsonl_ex(&wl, o.workload, cfg.vocab_size, o.prompt_seed, &o.limits, &o.defaults);
         }
     }
+    if (g_rank == 0 && st == GDP_STATUS_SUCCESS) {
+        g_total = wl.n_requests;
+        g_out.n = wl.n_requests;
+        g_out.written = calloc((size_t)wl.n_requests + 1, 1); /* which lines --output holds */
+        if (g_out.written == NULL)
+            st = GDP_STATUS_SYSTEM_ERROR;
+    }
     exit_if_failed(gdp_comm_agree(s.comm, st), "loading the workload");
 
+    g_phase = "setting up the engine";
+    o.engine.on_result = g_rank == 0 ? on_result : NULL;
     gdp_engine_t engine = NULL;
     exit_if_failed(gdp_engine_init(&engine, s.ctx, s.comm, s.model, &o.engine), "gdp_engine_init");
     const char *comm_name = "";
@@ -544,18 +840,27 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
 
+    g_phase = "serving the workload";
     exit_if_failed(gdp_engine_run(engine, g_rank == 0 ? &wl : NULL), "gdp_engine_run");
-    exit_if_failed(gdp_engine_print_report(engine, stdout, title), "gdp_engine_print_report");
+    g_phase = "reporting";
     int status = 0;
-    if (o.output != NULL && g_rank == 0) {
-        if (gdp_engine_write_results(engine, o.output) != GDP_STATUS_SUCCESS) {
-            fprintf(stderr, "gdp-run: %s\n", gdp_last_error());
-            status = 1;
-        } else {
-            printf("generated tokens written to %s\n", o.output);
+    if (g_out.fd >= 0) {
+        /* Requests the engine did not hand to on_result (none, once it calls it for every
+         * request) are written now, in workload order. */
+        for (int32_t i = 0; i < g_out.n; i++) {
+            gdp_request_result r;
+            if (!g_out.written[i] && gdp_engine_get_result(engine, i, &r) == GDP_STATUS_SUCCESS) {
+                r.index = i;
+                results_write(&r);
+            }
         }
+        status = results_close() ? 0 : 1;
     }
+    exit_if_failed(gdp_engine_print_report(engine, stdout, title), "gdp_engine_print_report");
+    if (o.output != NULL && g_rank == 0 && status == 0)
+        printf("generated tokens written to %s (%d requests)\n", o.output, (int)g_lines);
     if (o.check > 0) {
+        g_phase = "checking";
         double worst = 0;
         int32_t checked = 0, mismatches = 0;
         exit_if_failed(gdp_engine_check(engine, &worst, &checked, &mismatches), "gdp_engine_check");
@@ -570,8 +875,11 @@ int main(int argc, char **argv) {
         status = status || bad;
     }
 
+    g_phase = "shutting down";
     gdp_engine_free(engine);
     gdp_workload_free(&wl);
+    free(g_out.written);
+    g_job_comm = NULL;
     stack_free(&s);
     if (dir[0] != '\0') {
         MPI_Barrier(MPI_COMM_WORLD);

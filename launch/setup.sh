@@ -121,3 +121,41 @@ elif [ ${#python_args[@]} -gt 0 ] && ! grep -qxF "GDP_PYTHON3:FILEPATH=${python_
     cmake "${python_args[@]}" "$build" >&2
 fi
 cmake --build "$build" -j"$jobs" >&2
+
+# The fuzz stage's compiler (GDP_SETUP_FUZZ=1, set by launch/run-tests): a clang that links
+# libFuzzer and knows _Float16 (clang >= 15), installed from Debian (clang-16) where none is
+# there; its name goes to $build/fuzz-cc for run-tests. Not fatal: without one the fuzz stage
+# says so and fails.
+if [ "${GDP_SETUP_FUZZ:-0}" = 1 ]; then
+    fuzz_probe() {
+        local dir
+        dir=$(mktemp -d)
+        printf '#include <stddef.h>\n#include <stdint.h>\n_Float16 h;\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { h = (_Float16)n; return d == 0; }\n' >"$dir/probe.c"
+        "$1" -fsanitize=fuzzer,address,undefined "$dir/probe.c" -o "$dir/probe" >/dev/null 2>&1
+        local ok=$?
+        rm -rf "$dir"
+        return $ok
+    }
+    fuzz_find() {
+        local cc
+        for cc in ${GDP_FUZZ_CC:-} clang-16 clang-17 clang-18 clang-19 clang-15 clang; do
+            if command -v "$cc" >/dev/null && fuzz_probe "$cc"; then
+                echo "$cc"
+                return 0
+            fi
+        done
+        return 1
+    }
+    fuzz_cc=$(fuzz_find || true)
+    if [ -z "$fuzz_cc" ]; then
+        echo "setup: installing clang-16 and libFuzzer (apt-get) for the fuzz stage" >&2
+        fuzz_sudo=""
+        [ "$(id -u)" -eq 0 ] || fuzz_sudo="sudo"
+        $fuzz_sudo apt-get update -qq &&
+            DEBIAN_FRONTEND=noninteractive $fuzz_sudo apt-get install -y -qq --no-install-recommends clang-16 \
+                libclang-rt-16-dev llvm-16 >/dev/null ||
+            echo "setup: warning: could not install clang-16 for the fuzz stage" >&2
+        fuzz_cc=$(fuzz_find || true)
+    fi
+    echo "$fuzz_cc" >"$build/fuzz-cc"
+fi

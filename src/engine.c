@@ -29,9 +29,21 @@ _Static_assert((int)GDP_PHASE_GEMM == GDP_MARK_GEMM && (int)GDP_PHASE_GDP_OPS ==
  * every mark costs host time each step); every step's device total is always measured. */
 #define PHASE_SAMPLE 8
 
-/* Waits for the backend's queued work (CUDA). */
-static gdp_status_t backend_sync(gdp_ctx_t ctx) {
+/* Waits for the backend's queued work (CUDA). With a comm the wait is bounded by the comm's
+ * watchdog (gdp_comm_stream_wait): a hung GPU, or NCCL kernels waiting for a stalled peer,
+ * fail the step naming the stalled rank instead of blocking forever. */
+static gdp_status_t backend_sync(const struct gdp_engine *e) {
+    gdp_ctx_t ctx = e->ctx;
 #ifdef GDP_HAVE_CUDA
+    if (ctx->backend == GDP_BACKEND_CUDA && e->comm != NULL) {
+        const gdp_status_t st = gdp_comm_stream_wait(e->comm, ctx->stream);
+        if (st == GDP_STATUS_CUDA_ERROR) {
+            char why[1024];
+            snprintf(why, sizeof why, "%s", gdp_last_error());
+            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: the step failed on the device: %s", why);
+        }
+        return st;
+    }
     if (ctx->backend == GDP_BACKEND_CUDA) {
         const cudaError_t err = cudaStreamSynchronize((cudaStream_t)ctx->stream);
         if (err != cudaSuccess) {
@@ -400,14 +412,14 @@ static gdp_status_t warm_up(struct gdp_engine *e) {
     if (st == GDP_STATUS_SUCCESS)
         st = recorded_step(e, m, &x, &e->eager_marks);
     if (st == GDP_STATUS_SUCCESS)
-        st = backend_sync(e->ctx);
+        st = backend_sync(e);
     if (st != GDP_STATUS_SUCCESS)
         return st;
     gdp_step_desc rel = {.decode_tokens = 1, .release_count = 1, .release_slots = &slot, .bucket = GDP_BUCKET_AUTO};
     GDP_CHECK(gdp_plan_bcast(e->plan, e->comm, 0, &rel));
     GDP_CHECK(gdp_plan_build(e->plan, e->cache, e->comm, &m));
     GDP_CHECK(gdp_cache_apply_step(e->cache, m));
-    return backend_sync(e->ctx);
+    return backend_sync(e);
 }
 
 /* ---- init / free ----------------------------------------------------------------------- */
@@ -437,8 +449,8 @@ static void engine_destroy(struct gdp_engine *e) {
     if (on_cuda(e)) {
         gdp_layer_buf_free(e->ctx, e->step_dev);
         gdp_layer_buf_free(e->ctx, e->out_dev);
-        host_free(e, e->out_host);
     }
+    host_free(e, e->out_host); /* the CPU's out_dev is this buffer too */
     host_free(e, e->step_host);
     free(e->logits);
     free(e->logit_rows);
@@ -628,6 +640,7 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
     int64_t step_no = 0;
     for (;;) {
         const double ts = eng_now();
+        gdp_watchdog_set_step(step_no + 1); /* named by the watchdog and gdp-run's signal line */
         /* 1. the root composes; a failure travels in the frame */
         gdp_status_t local = GDP_STATUS_SUCCESS;
         if (root) {
@@ -677,7 +690,7 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
         if (local == GDP_STATUS_SUCCESS)
             local = run_device_step(e, m, &x, &marks);
         if (local == GDP_STATUS_SUCCESS)
-            local = backend_sync(e->ctx);
+            local = backend_sync(e);
         /* a rank whose device step failed must not leave the others in the next collective */
         st = e->comm != NULL ? gdp_comm_agree(e->comm, local) : local;
         if (st != GDP_STATUS_SUCCESS)
@@ -717,6 +730,8 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
             eng_progress_line(e, r, eng_elapsed(t0), step_no, true);
         eng_finish_report(e, r, eng_elapsed(t0));
     }
+    if (st == GDP_STATUS_SUCCESS)
+        gdp_watchdog_set_step(-1); /* between runs: no step (a failure keeps the step it failed in) */
     eng_step_plan_free(sp);
     return st;
 }

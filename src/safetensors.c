@@ -368,8 +368,8 @@ gdp_status_t gdp_st_read_slice(gdp_st_file *f, const char *name, int32_t dim, in
     if (dim < 0 || dim >= info->ndim || start < 0 || count < 0 || start > info->shape[dim] ||
         count > info->shape[dim] - start)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
-                 "safetensors: %s: slice [%lld, %lld) of dim %d is outside tensor '%s' (%d dims, extent %lld)",
-                 f->path, (long long)start, (long long)(start + count), dim, name, info->ndim,
+                 "safetensors: %s: slice of %lld from %lld of dim %d is outside tensor '%s' (%d dims, extent %lld)",
+                 f->path, (long long)count, (long long)start, dim, name, info->ndim, /* start + count may overflow */
                  dim >= 0 && dim < info->ndim ? (long long)info->shape[dim] : -1LL);
     int64_t outer = 1, inner = (int64_t)info->elem_size;
     for (int32_t d = 0; d < dim; d++)
@@ -404,14 +404,167 @@ gdp_status_t gdp_st_load(gdp_st_file *f, const char *name, void **data, const gd
     return GDP_STATUS_SUCCESS;
 }
 
+/* ---- the writer -------------------------------------------------------------------
+ * Where the bytes go depends on what `path` is (lstat, then stat through a symlink):
+ *   - nothing yet, or a regular file: a temporary file beside it (same directory, so the
+ *     rename cannot cross filesystems), flushed and fsync'ed, then renamed over `path`:
+ *     a reader sees the old file or the whole new one, never a part; an existing file
+ *     keeps its mode. A file we may write in a directory we may not is written in place.
+ *   - a symlink: the same for the file it points to; the link stays a link.
+ *   - a character device (/dev/null, /dev/full): written through; no rename ever
+ *     replaces a device node.
+ *   - a directory, FIFO, socket or block device: refused before anything is written.
+ * Every failing write, flush, fsync, close or rename is reported with its errno text
+ * (e.g. ENOSPC), and a temporary file is removed. */
+typedef struct st_out {
+    FILE *fp;
+    char *tmp;      /* the temporary file, renamed over `target` at the end; NULL: in place */
+    char *target;   /* the file the rename replaces (the symlink's target for a link)       */
+    bool  device;   /* a character device: no fsync (devices refuse it), no rename          */
+    int   err;      /* errno of the first failed write                                      */
+} st_out;
+
+static const char *st_file_kind(mode_t m) {
+    return S_ISDIR(m) ? "directory" : S_ISFIFO(m) ? "FIFO" : S_ISSOCK(m) ? "socket" : S_ISBLK(m) ? "block device"
+                                                                                                 : "special file";
+}
+
+static gdp_status_t st_out_open(const char *path, st_out *o) {
+    memset(o, 0, sizeof *o);
+    struct stat sb;
+    bool exists = lstat(path, &sb) == 0;
+    if (!exists && errno != ENOENT)
+        GDP_FAIL(GDP_STATUS_SYSTEM_ERROR, "gdp_st_write: cannot write %s: %s", path, strerror(errno));
+    char *target = NULL;
+    if (exists && S_ISLNK(sb.st_mode)) {
+        target = realpath(path, NULL);
+        if (target == NULL && errno != ENOENT)
+            GDP_FAIL(GDP_STATUS_SYSTEM_ERROR, "gdp_st_write: cannot write %s: resolving the symlink: %s", path,
+                     strerror(errno));
+        exists = target != NULL && stat(target, &sb) == 0;
+    }
+    const char *where = target ? target : path;
+    int fd = -1;
+    bool in_place = false;
+    if (exists && S_ISCHR(sb.st_mode)) {
+        o->device = true;
+        in_place = true;
+    } else if (exists && !S_ISREG(sb.st_mode)) {
+        free(target);
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "gdp_st_write: cannot write %s: it is a %s; give a regular file (or a character device such as "
+                 "/dev/null)", path, st_file_kind(sb.st_mode));
+    } else if (exists && access(where, W_OK) != 0) {
+        /* a read-only file is not ours to replace, although the directory would allow it */
+        const int e = errno;
+        free(target);
+        GDP_FAIL(GDP_STATUS_SYSTEM_ERROR, "gdp_st_write: cannot write %s: %s", path, strerror(e));
+    } else if (!exists && target == NULL && lstat(path, &sb) == 0) {
+        in_place = true; /* a dangling symlink: create the file it names, through it */
+    }
+    if (!in_place) {
+        const char *slash = strrchr(where, '/');
+        const size_t dir_len = slash ? (size_t)(slash - where) + 1 : 0;
+        o->tmp = malloc(strlen(where) + 48);
+        if (o->tmp == NULL) {
+            free(target);
+            GDP_FAIL(GDP_STATUS_SYSTEM_ERROR, "gdp_st_write: out of memory");
+        }
+        for (unsigned k = 0; fd < 0 && k < 100; k++) {
+            snprintf(o->tmp, strlen(where) + 48, "%.*s.%s.tmp-%d-%u", (int)dir_len, where, where + dir_len,
+                     (int)getpid(), k);
+            fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+            if (fd < 0 && errno != EEXIST)
+                break;
+        }
+        if (fd < 0 && exists && errno == EACCES) {
+            free(o->tmp); /* a writable file in a directory we cannot write: in place */
+            o->tmp = NULL;
+            in_place = true;
+        } else if (fd < 0) {
+            const int e = errno;
+            char *tmp = o->tmp;
+            o->tmp = NULL;
+            free(target);
+            gdp_status_t st = GDP_ERROR(GDP_STATUS_SYSTEM_ERROR, "gdp_st_write: cannot write %s: creating %s: %s",
+                                        path, tmp, strerror(e));
+            free(tmp);
+            return st;
+        } else if (exists) {
+            (void)fchmod(fd, sb.st_mode & 07777); /* the new file keeps the old one's mode */
+        }
+    }
+    if (in_place) {
+        fd = open(where, O_WRONLY | O_CLOEXEC | (o->device ? 0 : O_CREAT | O_TRUNC), 0666);
+        if (fd < 0) {
+            const int e = errno;
+            free(target);
+            GDP_FAIL(GDP_STATUS_SYSTEM_ERROR, "gdp_st_write: cannot write %s: %s", path, strerror(e));
+        }
+    }
+    o->fp = fdopen(fd, "wb");
+    if (o->fp == NULL) {
+        const int e = errno;
+        close(fd);
+        if (o->tmp)
+            unlink(o->tmp);
+        free(o->tmp);
+        free(target);
+        o->tmp = NULL;
+        GDP_FAIL(GDP_STATUS_SYSTEM_ERROR, "gdp_st_write: cannot write %s: %s", path, strerror(e));
+    }
+    o->target = target ? target : strdup(path);
+    return GDP_STATUS_SUCCESS;
+}
+
+static bool st_out_put(st_out *o, const void *data, size_t bytes) {
+    if (o->err == 0 && bytes > 0 && fwrite(data, 1, bytes, o->fp) != bytes)
+        o->err = errno ? errno : EIO;
+    return o->err == 0;
+}
+
+/* Flushes, syncs, closes and renames; on any failure removes the temporary file. */
+static gdp_status_t st_out_close(st_out *o, const char *path) {
+    int err = o->err;
+    if (err == 0 && fflush(o->fp) != 0)
+        err = errno ? errno : EIO;
+    if (err == 0 && !o->device && fsync(fileno(o->fp)) != 0)
+        err = errno;
+    if (fclose(o->fp) != 0 && err == 0)
+        err = errno ? errno : EIO;
+    o->fp = NULL;
+    if (err == 0 && o->tmp != NULL && rename(o->tmp, o->target) != 0)
+        err = errno;
+    if (err != 0 && o->tmp != NULL)
+        unlink(o->tmp);
+    if (err == 0 && o->tmp != NULL) {
+        /* the rename itself survives a crash only once the directory is synced (best effort) */
+        const char *slash = strrchr(o->target, '/');
+        char dir[4096] = ".";
+        if (slash != NULL)
+            snprintf(dir, sizeof dir, "%.*s", slash == o->target ? 1 : (int)(slash - o->target), o->target);
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+            (void)fsync(dfd);
+            close(dfd);
+        }
+    }
+    free(o->tmp);
+    free(o->target);
+    o->tmp = o->target = NULL;
+    if (err != 0)
+        GDP_FAIL(GDP_STATUS_SYSTEM_ERROR, "gdp_st_write: writing %s failed: %s%s", path, strerror(err),
+                 err == ENOSPC ? " (the disk or device is full)" : "");
+    return GDP_STATUS_SUCCESS;
+}
+
 gdp_status_t gdp_st_write(const char *path, const gdp_st_entry *entries, int32_t count,
                           const char *const *meta_keys, const char *const *meta_values, int32_t meta_count) {
     if (path == NULL || (count > 0 && entries == NULL) || count < 0 || meta_count < 0)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_st_write: bad arguments (path, entries or counts)");
     json_t *root = json_object();
     gdp_status_t st = GDP_STATUS_SUCCESS;
-    char *text = NULL, *tmp = NULL;
-    FILE *fp = NULL;
+    char *text = NULL;
     if (meta_count > 0) {
         json_t *meta = json_object();
         for (int32_t i = 0; i < meta_count; i++)
@@ -454,36 +607,28 @@ gdp_status_t gdp_st_write(const char *path, const gdp_st_entry *entries, int32_t
         off += bytes;
     }
     text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    size_t hlen = strlen(text), padded = (hlen + 7) & ~(size_t)7; /* 8-byte aligned data */
-    tmp = malloc(strlen(path) + 16);
-    sprintf(tmp, "%s.tmp%d", path, (int)getpid());
-    fp = fopen(tmp, "wb");
-    if (fp == NULL) {
-        st = GDP_ERROR(GDP_STATUS_SYSTEM_ERROR, "gdp_st_write: cannot create %s: %s", tmp, strerror(errno));
+    if (text == NULL) {
+        st = GDP_ERROR(GDP_STATUS_SYSTEM_ERROR, "gdp_st_write: out of memory encoding the header of %s", path);
         goto done;
     }
+    size_t hlen = strlen(text), padded = (hlen + 7) & ~(size_t)7; /* 8-byte aligned data */
+    st_out out;
+    st = st_out_open(path, &out);
+    if (st != GDP_STATUS_SUCCESS)
+        goto done;
     unsigned char lenbuf[8];
     for (int i = 0; i < 8; i++)
         lenbuf[i] = (unsigned char)(((uint64_t)padded >> (8 * i)) & 0xff);
-    bool ok = fwrite(lenbuf, 1, 8, fp) == 8 && fwrite(text, 1, hlen, fp) == hlen;
-    for (size_t i = hlen; ok && i < padded; i++)
-        ok = fputc(' ', fp) != EOF;
+    static const char spaces[8] = "        ";
+    bool ok = st_out_put(&out, lenbuf, 8) && st_out_put(&out, text, hlen) && st_out_put(&out, spaces, padded - hlen);
     for (int32_t i = 0; ok && i < count; i++) {
         size_t bytes = (size_t)gdp_dtype_size(entries[i].dtype);
         for (int32_t d = 0; d < entries[i].ndim; d++)
             bytes *= (size_t)entries[i].shape[d];
-        ok = bytes == 0 || fwrite(entries[i].data, 1, bytes, fp) == bytes;
+        ok = st_out_put(&out, entries[i].data, bytes);
     }
-    ok = (fclose(fp) == 0) && ok;
-    fp = NULL;
-    if (!ok || rename(tmp, path) != 0) {
-        st = GDP_ERROR(GDP_STATUS_SYSTEM_ERROR, "gdp_st_write: writing %s failed: %s", path, strerror(errno));
-        unlink(tmp);
-    }
+    st = st_out_close(&out, path);
 done:
-    if (fp)
-        fclose(fp);
-    free(tmp);
     free(text);
     json_decref(root);
     return st;

@@ -28,3 +28,18 @@ foreach(np 2 4)
   set_tests_properties(test_rank_failure_abort_np${np} test_rank_failure_agree_np${np} PROPERTIES
                        LABELS mpi PROCESSORS ${np} TIMEOUT 90 ENVIRONMENT "${_gdp_failure_env}")
 endforeach()
+
+# The watchdog (dist/watchdog.c): an idle peer does not trip it and a waiting rank sleeps
+# (test_watchdog idle); a rank that stops itself (SIGSTOP) at step 5 makes the others fail
+# within the timeout (2 s) + grace (0.5 s), naming that rank and the step, and the job end
+# (stall0: the root stops; stall2: the last of 3 ranks).
+gdp_add_test(test_watchdog_idle_np2 SOURCES test_watchdog.c LABEL mpi NPROCS 2 TIMEOUT 60 ARGS idle)
+foreach(stopper 0 2)
+  add_test(NAME test_watchdog_stall${stopper}_np3
+           COMMAND ${CMAKE_COMMAND} -DMPIEXEC=${MPIEXEC_EXECUTABLE} -DNP=3 -DFLAGS=--oversubscribe
+                   -DEXE=$<TARGET_FILE:test_watchdog_idle_np2> -DMODE=stall${stopper} -DMAX_SECONDS=20
+                   "-DEXPECT=rank ${stopper}: stopping itself \\(SIGSTOP\\) at step 5;watchdog: rank [0-9] \\(world rank [0-9], host [^,]+, pid [0-9]+\\) of 3 waited [0-9.]+ s at step 5 in gdp_comm_[a-z_]+ [^\n]* for rank ${stopper} \\(world rank ${stopper}, host [^,]+, pid [0-9]+\\), which does not answer;fail-fast ok"
+                   -P ${CMAKE_CURRENT_SOURCE_DIR}/scripts/expect_job_failure.cmake)
+  set_tests_properties(test_watchdog_stall${stopper}_np3 PROPERTIES LABELS mpi PROCESSORS 3 TIMEOUT 90
+                       ENVIRONMENT "${_gdp_failure_env};GDP_WATCHDOG_TIMEOUT=2")
+endforeach()

@@ -19,6 +19,9 @@
  * same count and dtype; a rank that fails before a collective must not leave its peers
  * waiting: agree on the outcome first (gdp_comm_agree) or end the job (gdp_fatal).
  *
+ * Every wait for the peers is bounded by the watchdog's step timeout (below): a stalled
+ * rank makes its peers fail with a message naming it, instead of hanging them.
+ *
  * Also here: the tensor-parallel output mode of a run (all-reduce after out_proj, or
  * sequence parallel: all-gather before in_proj and reduce-scatter after out_proj) and
  * gdp_fatal(), the one sanctioned way for a multi-rank program to die.
@@ -130,6 +133,48 @@ GDP_API gdp_status_t gdp_comm_agree(gdp_comm_t comm, gdp_status_t local_status);
  * Collective; `bytes` may differ across ranks (that is also a mismatch). */
 GDP_API gdp_status_t gdp_comm_check_consistent(gdp_comm_t comm, const void *host_buf, size_t bytes,
                                                const char *what);
+
+/* ---- the watchdog (docs/failures.md) -------------------------------------------------
+ * Every wait of a comm for its peers is bounded by a step timeout: the MPI backend's
+ * collectives (and their host staging of device buffers), gdp_comm_agree,
+ * gdp_comm_host_bcast, gdp_comm_check_consistent, gdp_comm_barrier and
+ * gdp_comm_stream_wait. A wait polls (MPI_Test / cudaStreamQuery): 50 us at full speed,
+ * then yielding the CPU between polls up to 2 ms, then sleeping in steps growing to 1 ms,
+ * so a short wait costs well under a microsecond more than a blocking call and a rank
+ * waiting for a stalled peer uses almost no CPU. When one wait passes the timeout, the rank probes every rank
+ * of the comm (a small message on a private duplicate of its communicator, answered by
+ * any rank that is inside a gdp wait or gdp_comm_sleep) and then:
+ *   - a rank that does not answer within the grace time (timeout / 4, in [0.5, 5] s) is
+ *     stalled: the wait fails with GDP_STATUS_REMOTE_ERROR, the message naming that rank
+ *     (comm rank, world rank, host, pid), this rank's step (gdp_watchdog_set_step) and
+ *     the operation it waited in, and what the answering ranks wait for;
+ *   - every rank answers and one is idle (gdp_comm_sleep): the wait goes on;
+ *   - every rank answers but the operation does not complete within a second timeout
+ *     (mismatched collectives, a hung GPU under NCCL): it fails listing each rank's wait.
+ * With device buffers a failing stream wait also aborts the comm (ncclCommAbort).
+ * After a failure the watchdog has fired: every later comm call of this process fails at
+ * once with that message, and the program must end the job (gdp_fatal / MPI_Abort):
+ * MPI still owns the buffers of the operation that timed out, and MPI_Finalize would
+ * wait for the stalled rank.
+ * The timeout is GDP_WATCHDOG_TIMEOUT (seconds; 0 turns the watchdog off; read by the first
+ * gdp_comm_init, which fails naming a value that is not a number >= 0) unless
+ * gdp_watchdog_set_timeout sets it. Process-wide, for every comm. */
+#define GDP_WATCHDOG_DEFAULT_TIMEOUT_S 300.0
+GDP_API gdp_status_t gdp_watchdog_set_timeout(double seconds); /* [0, 1e9]; 0: off */
+GDP_API gdp_status_t gdp_watchdog_get_timeout(double *seconds);
+/* The step this process is at (e.g. the engine's step number), named in the watchdog's
+ * messages; -1 (the start): none. Local, no communication. */
+GDP_API gdp_status_t gdp_watchdog_set_step(int64_t step);
+GDP_API gdp_status_t gdp_watchdog_get_step(int64_t *step);
+/* 1 once a wait of this process failed by the timeout, else 0. */
+GDP_API int gdp_watchdog_fired(void);
+/* Sleeps `seconds` while answering the watchdog's probes as idle, so peers waiting for this
+ * rank meanwhile (e.g. for a scheduler waiting for an arrival) keep waiting. Local. */
+GDP_API gdp_status_t gdp_comm_sleep(gdp_comm_t comm, double seconds);
+/* Waits for the work queued on `stream` (cudaStream_t, NULL: the default stream), bounded by
+ * the step timeout like the comm's own waits: where a host would call cudaStreamSynchronize
+ * on a stream that runs NCCL collectives. A build without CUDA returns SUCCESS at once. */
+GDP_API gdp_status_t gdp_comm_stream_wait(gdp_comm_t comm, void *stream);
 
 /* ---- tensor-parallel output mode of a layer (chosen per run) ------------------------ */
 typedef enum gdp_tp_mode {
