@@ -47,6 +47,19 @@ fi
 if [ "$stage" = all ] || [ "$stage" = run ]; then
     ./launch/gdp-run 2>&1 | tee "$out/gdp_run.log" | tail -40 || rc=1
 fi
+if [ "$stage" = loop ]; then
+    # every gpu test, GDP_LOOP_RUNS times in a row under ctest -j4 (issue 12: a flaky test shows a bug)
+    runs=${GDP_LOOP_RUNS:-20} pass=0
+    for i in $(seq 1 "$runs"); do
+        if (cd build && ctest -L gpu -j4 --timeout 300 >"$out/loop_$i.log" 2>&1); then
+            pass=$((pass + 1))
+        else
+            grep -E "\*\*\*Failed|Timeout" "$out/loop_$i.log" | sed "s/^/run $i: /"
+            rc=1
+        fi
+    done
+    echo "gpu tests under ctest -L gpu -j4: $pass of $runs runs passed"
+fi
 if [ "$stage" = serve ]; then
     # gdp-run at the serving shape of docs/performance.md (8 layers, D 2048, H 16, G 4, P = N = 128,
     # M 2, vocab 32000; one rank, CUDA + NCCL, graphs on): the decode-heavy and the mixed workload
