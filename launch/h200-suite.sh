@@ -76,6 +76,7 @@ if [ "$stage" = serve ]; then
     { echo "## mixed, preemption policy (default)"; run1 "${mixed[@]}"; } 2>&1 | tee "$out/serve_mixed.log" || rc=1
     { echo "## mixed, old policy (swap at once)"; run1 "${mixed[@]}" --preempt-wait-ms 0; } 2>&1 |
         tee "$out/serve_mixed_old.log" || rc=1
+    { echo "## mixed, no preemption"; run1 "${mixed[@]}" --no-preempt; } 2>&1 | tee "$out/serve_mixed_none.log" || rc=1
     mpirun -n 1 ./build/examples/gdp-bench layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 \
         -D 1,64,256 -P 2048,16384 2>&1 | tee "$out/bench_layer.log" || rc=1
     { echo "## decode-heavy, 2 ranks on one GPU (MPI comm), 32 requests"; NP=2 run1 --slots 32 --budget 1056 \
