@@ -50,6 +50,7 @@ typedef struct options {
     double  watchdog;       /* step timeout in seconds (< 0: GDP_WATCHDOG_TIMEOUT or the default) */
     bool no_finite_check;   /* load weights even if they hold NaN / Inf */
     gdp_workload_limits limits; /* --max-requests, --max-prompt-len, --max-new-tokens, --max-arrival */
+    gdp_request_defaults defaults; /* --temperature, --top-k, --top-p, --sampling-seed, --stop */
 } options;
 
 static int g_rank = 0, g_size = 1;
@@ -296,6 +297,10 @@ static void usage(FILE *f) {
             "  --max-prompt-len N      refuse a prompt longer than N tokens (1048576)\n"
             "  --max-new-tokens N      refuse a request asking for more than N new tokens (1048576)\n"
             "  --max-arrival S         refuse an arrival later than S seconds (86400; ignored with --no-arrivals)\n"
+            "sampling (every request that does not set its own; docs/gdp-run.md):\n"
+            "  --temperature T         0 = greedy (0); --top-k K (0 = off); --top-p P (1 = off)\n"
+            "  --sampling-seed S       base seed: a request without its own seed draws with a mix of S and its id (0)\n"
+            "  --stop ID,ID,..         stop token ids: generation ends after one of them (none)\n"
             "engine:\n"
             "  --backend auto|cpu|cuda auto: CUDA + NCCL when built with CUDA and a GPU is there, else CPU + MPI\n"
             "  --slots N               state slots, i.e. requests running at once (16)\n"
@@ -445,7 +450,42 @@ static int parse_args(int argc, char **argv, options *o) {
             continue;
         }
         if (!strcmp(a, "--no-finite-check")) { o->no_finite_check = true; continue; }
-        if (!strcmp(a, "--model-seed") || !strcmp(a, "--prompt-seed")) {
+        INT_OPT("--top-k", 0, GDP_SAMPLING_MAX_CANDIDATES, o->defaults.sampling.top_k)
+        if (!strcmp(a, "--temperature") || !strcmp(a, "--top-p")) {
+            NEED_VALUE();
+            char *end = NULL;
+            errno = 0;
+            const double d = strtod(v, &end);
+            const bool temp = a[2] == 't' && a[3] == 'e';
+            if (errno || end == v || *end || !(d >= 0) || (temp ? !(d < 1e30) : d > 1)) {
+                if (g_rank == 0)
+                    fprintf(stderr, "gdp-run: %s %s: expected %s\n", a, v,
+                            temp ? "a finite number >= 0 (0 = greedy)" : "a number in (0, 1] (1 = off)");
+                return 2;
+            }
+            *(temp ? &o->defaults.sampling.temperature : &o->defaults.sampling.top_p) = (float)d;
+            continue;
+        }
+        if (!strcmp(a, "--stop")) {
+            NEED_VALUE();
+            o->defaults.n_stop = 0;
+            for (const char *c = v; *c;) {
+                char *end = NULL;
+                errno = 0;
+                const long id = strtol(c, &end, 10);
+                if (errno || end == c || id < 0 || id > INT32_MAX || o->defaults.n_stop >= GDP_MAX_STOP_TOKENS ||
+                    (*end != ',' && *end != '\0')) {
+                    if (g_rank == 0)
+                        fprintf(stderr, "gdp-run: --stop %s: expected up to %d token ids separated by commas\n", v,
+                                GDP_MAX_STOP_TOKENS);
+                    return 2;
+                }
+                o->defaults.stop[o->defaults.n_stop++] = (int32_t)id;
+                c = *end == ',' ? end + 1 : end;
+            }
+            continue;
+        }
+        if (!strcmp(a, "--model-seed") || !strcmp(a, "--prompt-seed") || !strcmp(a, "--sampling-seed")) {
             NEED_VALUE();
             char *end = NULL;
             errno = 0;
@@ -455,7 +495,7 @@ static int parse_args(int argc, char **argv, options *o) {
                     fprintf(stderr, "gdp-run: %s %s: expected an unsigned integer\n", a, v);
                 return 2;
             }
-            *(a[2] == 'm' ? &o->model_seed : &o->prompt_seed) = s;
+            *(a[2] == 'm' ? &o->model_seed : a[2] == 'p' ? &o->prompt_seed : &o->defaults.sampling.seed) = s;
             continue;
         }
         if (!strcmp(a, "--no-arrivals")) { o->engine.honor_arrivals = 0; continue; }
@@ -632,6 +672,7 @@ int main(int argc, char **argv) {
     o.watchdog = -1;
     gdp_engine_config_default(&o.engine);
     o.limits = gdp_workload_limits_default();
+    o.defaults = gdp_request_defaults_default();
     const int rc = parse_args(argc, argv, &o);
     if (rc != 0) {
         MPI_Finalize();
@@ -762,9 +803,9 @@ int main(int argc, char **argv) {
             if (o.workload != NULL)
                 st = gdp_workload_parse_synthetic(o.workload, &sp);
             if (st == GDP_STATUS_SUCCESS)
-                st = gdp_workload_synthetic_ex(&wl, &sp, cfg.vocab_size, &o.limits, NULL);
+                st = gdp_workload_synthetic_ex(&wl, &sp, cfg.vocab_size, &o.limits, &o.defaults);
         } else {
-            st = gdp_workload_load_jsonl_ex(&wl, o.workload, cfg.vocab_size, o.prompt_seed, &o.limits, NULL);
+            st = gdp_workload_load_jsonl_ex(&wl, o.workload, cfg.vocab_size, o.prompt_seed, &o.limits, &o.defaults);
         }
     }
     if (g_rank == 0 && st == GDP_STATUS_SUCCESS) {

@@ -47,6 +47,19 @@ fi
 if [ "$stage" = all ] || [ "$stage" = run ]; then
     ./launch/gdp-run 2>&1 | tee "$out/gdp_run.log" | tail -40 || rc=1
 fi
+if [ "$stage" = loop ]; then
+    # every gpu test, GDP_LOOP_RUNS times in a row under ctest -j4 (issue 12: a flaky test shows a bug)
+    runs=${GDP_LOOP_RUNS:-20} pass=0
+    for i in $(seq 1 "$runs"); do
+        if (cd build && ctest -L gpu -j4 --timeout 300 >"$out/loop_$i.log" 2>&1); then
+            pass=$((pass + 1))
+        else
+            grep -E "\*\*\*Failed|Timeout" "$out/loop_$i.log" | sed "s/^/run $i: /"
+            rc=1
+        fi
+    done
+    echo "gpu tests under ctest -L gpu -j4: $pass of $runs runs passed"
+fi
 if [ "$stage" = serve ]; then
     # gdp-run at the serving shape of docs/performance.md (8 layers, D 2048, H 16, G 4, P = N = 128,
     # M 2, vocab 32000; one rank, CUDA + NCCL, graphs on): the decode-heavy and the mixed workload
@@ -63,6 +76,7 @@ if [ "$stage" = serve ]; then
     { echo "## mixed, preemption policy (default)"; run1 "${mixed[@]}"; } 2>&1 | tee "$out/serve_mixed.log" || rc=1
     { echo "## mixed, old policy (swap at once)"; run1 "${mixed[@]}" --preempt-wait-ms 0; } 2>&1 |
         tee "$out/serve_mixed_old.log" || rc=1
+    { echo "## mixed, no preemption"; run1 "${mixed[@]}" --no-preempt; } 2>&1 | tee "$out/serve_mixed_none.log" || rc=1
     mpirun -n 1 ./build/examples/gdp-bench layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 \
         -D 1,64,256 -P 2048,16384 2>&1 | tee "$out/bench_layer.log" || rc=1
     { echo "## decode-heavy, 2 ranks on one GPU (MPI comm), 32 requests"; NP=2 run1 --slots 32 --budget 1056 \

@@ -11,6 +11,10 @@
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
+#if defined(GDP_ENABLE_NVTX) && defined(GDP_HAVE_CUDA)
+#include <nvtx3/nvToolsExt.h> /* header-only NVTX 3 of the CUDA toolkit */
+#define GDP_NVTX 1
+#endif
 
 /* The active recording of this thread (one at a time): its ctx and list. Thread-local and
  * not in the ctx, so the collectives, which know only a stream, can mark too. */
@@ -47,11 +51,27 @@ static gdp_status_t grow(gdp_phase_list *l) {
     return GDP_STATUS_SUCCESS;
 }
 
+/* With GDP_ENABLE_NVTX, each phase is also an NVTX range, so an nsys profile shows the same
+ * phases (host-side ranges: for a captured graph they appear at its capture). */
+static void nvtx_phase(int32_t index, int phase) {
+#ifdef GDP_NVTX
+    static const char *const names[GDP_MARK_NUM] = {"gdp: GEMM", "gdp: GDP ops", "gdp: collective",
+                                                     "gdp: head + sampling"};
+    if (index > 0)
+        nvtxRangePop();
+    if (phase >= 0 && phase < GDP_MARK_NUM)
+        nvtxRangePushA(names[phase]);
+#else
+    (void)index, (void)phase;
+#endif
+}
+
 static gdp_status_t record(gdp_ctx_t ctx, gdp_phase_list *l, int phase) {
     if (l->n == l->cap)
         GDP_CHECK(grow(l));
     const int32_t i = l->n++;
     l->phase[i] = (int8_t)phase;
+    nvtx_phase(i, phase);
 #ifdef GDP_HAVE_CUDA
     if (ctx->backend == GDP_BACKEND_CUDA) {
         if (l->events[i] == NULL) {
