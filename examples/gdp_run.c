@@ -310,7 +310,7 @@ static void usage(FILE *f) {
             "  --ngram N               longest n-gram the drafter matches (3)\n"
             "  --no-preempt            never preempt; --preempt-after N: decode steps before a request may be (16)\n"
             "  --preempt-wait-ms MS    a waiting request's turn comes (a running one is swapped out for it) after\n"
-            "                          waiting this long for a slot; 0 = at once (500)\n"
+            "                          waiting this long for a slot; 0 = at once (2000)\n"
             "  --max-candidates N      sampling candidates per rank and row: the largest top_k, top-p's reach (256)\n"
             "  --no-graphs             run every step eagerly (no CUDA graphs)\n"
             "  --progress S            seconds between progress lines on stderr, 0 = none (1)\n"

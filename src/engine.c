@@ -84,7 +84,7 @@ gdp_status_t gdp_engine_config_default(gdp_engine_config *cfg) {
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_engine_config_default: cfg is NULL");
     *cfg = (gdp_engine_config){.n_slots = 16, .max_step_tokens = 512, .prefill_chunk = 256,
                                .max_prefill_requests = 0, .draft_tokens = 0, .ngram = 3, .preempt = 1,
-                               .preempt_after = 16, .preempt_wait_ms = 500, .max_candidates = 256,
+                               .preempt_after = 16, .preempt_wait_ms = 2000, .max_candidates = 256,
                                .cuda_graphs = 1, .honor_arrivals = 1, .progress = 1, .check_requests = 0,
                                .debug_check = 0};
     return GDP_STATUS_SUCCESS;

@@ -93,7 +93,7 @@ typedef struct gdp_engine_config {
 } gdp_engine_config;
 
 /* gdp-run's defaults: 16 slots, 512 tokens per step, prefill chunk 256, no drafts (ngram 3),
- * preemption of requests that ran 16 decode steps for waiters that waited 500 ms, 256
+ * preemption of requests that ran 16 decode steps for waiters that waited 2 s, 256
  * sampling candidates, graphs on, arrivals honored, progress every second, no check, no
  * debug check. */
 GDP_API gdp_status_t gdp_engine_config_default(gdp_engine_config *cfg);
