@@ -6,6 +6,7 @@
  * layout of a tp x cp job. Pure arithmetic, no communication; the checkpoint loader and the
  * layer both build on it.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -54,8 +55,8 @@ gdp_status_t gdp_layer_config_validate(const gdp_layer_config *cfg) {
     if (cfg->state_dim > GDP_MAX_HEAD_DIM || cfg->head_dim > GDP_MAX_HEAD_DIM)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: state_dim N = %lld and head_dim P = %lld must be <= %d", fn,
                  (long long)cfg->state_dim, (long long)cfg->head_dim, GDP_MAX_HEAD_DIM);
-    if (!(cfg->norm_eps > 0) || !(cfg->out_norm_eps > 0))
-        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: norm_eps = %g and out_norm_eps = %g must be > 0", fn,
+    if (!(cfg->norm_eps > 0) || !(cfg->out_norm_eps > 0) || isinf(cfg->norm_eps) || isinf(cfg->out_norm_eps))
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: norm_eps = %g and out_norm_eps = %g must be finite and > 0", fn,
                  cfg->norm_eps, cfg->out_norm_eps);
     /* Sizes whose products must stay well inside int64 (and the tensors inside memory). */
     const int64_t limit = (int64_t)1 << 40;

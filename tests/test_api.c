@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gdp/config.h"
 #include "internal.h"
 #include "test_common.h"
 
@@ -208,7 +209,27 @@ static void safetensors(void) {
     unlink(path);
 }
 
+/* A layer config's norm epsilons must be finite and > 0 (an infinite eps zeroes every norm). */
+static void valid_config(gdp_layer_config *c) {
+    CHECK_OK(gdp_layer_config_default(c));
+    c->hidden_size = 64, c->num_heads = 2, c->num_groups = 1, c->head_dim = 16, c->state_dim = 16;
+    c->num_householder = 2, c->num_layers = 1;
+}
+
+static void config_eps(void) {
+    gdp_layer_config c;
+    valid_config(&c);
+    CHECK_OK(gdp_layer_config_validate(&c));
+    c.norm_eps = INFINITY;
+    CHECK_STATUS(gdp_layer_config_validate(&c), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(gdp_last_error(), "finite") != NULL, "the message says why: %s", gdp_last_error());
+    valid_config(&c);
+    c.out_norm_eps = NAN;
+    CHECK_STATUS(gdp_layer_config_validate(&c), GDP_STATUS_INVALID_ARGUMENT);
+}
+
 int main(void) {
+    config_eps();
     version_and_status();
     dtypes();
     tensors_and_ctx();
