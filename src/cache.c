@@ -433,6 +433,21 @@ static gdp_status_t swap_wait(const struct gdp_cache *c) {
     return GDP_STATUS_SUCCESS;
 }
 
+/* Row `row` of every layer's ssm and conv buffers (ssm_set, conv_set) to the host buffer
+ * (to_host) or back, layer by layer, ssm then conv; then the one wait. */
+static gdp_status_t swap_state(const struct gdp_cache *c, void *const *ssm_set, void *const *conv_set, size_t row,
+                               void *buf, bool to_host) {
+    char *host = buf;
+    for (int32_t l = 0; l < c->cfg.num_layers; l++) {
+        char *ssm = (char *)ssm_set[l] + row * c->ssm_bytes, *conv = (char *)conv_set[l] + row * c->conv_bytes;
+        GDP_CHECK(swap_copy(c, to_host ? host : ssm, to_host ? ssm : host, c->ssm_bytes));
+        host += c->ssm_bytes;
+        GDP_CHECK(swap_copy(c, to_host ? host : conv, to_host ? conv : host, c->conv_bytes));
+        host += c->conv_bytes;
+    }
+    return swap_wait(c);
+}
+
 gdp_status_t gdp_cache_swap_out(gdp_cache_t cache, int32_t slot, int32_t pending_S, int32_t keep, void *buf) {
     static const char *op = "gdp_cache_swap_out";
     GDP_CHECK(gdp_cache_check_handle(cache, op));
@@ -448,17 +463,9 @@ gdp_status_t gdp_cache_swap_out(gdp_cache_t cache, int32_t slot, int32_t pending
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
                  "%s: slot %d has a pending draft step of S = %d (0: none) but the call says S = %d with %d kept "
                  "(keep must be in 1..S)", op, slot, c->draft_tokens[slot], pending_S, keep);
-    char *host = buf;
     const size_t row = pending_S > 0 ? (size_t)slot * (size_t)pending_S + (size_t)(keep - 1) : (size_t)slot;
-    for (int32_t l = 0; l < c->cfg.num_layers; l++) {
-        const char *ssm = (const char *)(pending_S > 0 ? c->draft_ssm[l] : c->ssm[l]) + row * c->ssm_bytes;
-        const char *conv = (const char *)(pending_S > 0 ? c->draft_conv[l] : c->conv[l]) + row * c->conv_bytes;
-        GDP_CHECK(swap_copy(c, host, ssm, c->ssm_bytes));
-        host += c->ssm_bytes;
-        GDP_CHECK(swap_copy(c, host, conv, c->conv_bytes));
-        host += c->conv_bytes;
-    }
-    return swap_wait(c);
+    return swap_state(c, pending_S > 0 ? c->draft_ssm : c->ssm, pending_S > 0 ? c->draft_conv : c->conv, row, buf,
+                      true);
 }
 
 gdp_status_t gdp_cache_swap_in(gdp_cache_t cache, int32_t slot, const void *buf) {
@@ -470,14 +477,7 @@ gdp_status_t gdp_cache_swap_in(gdp_cache_t cache, int32_t slot, const void *buf)
     if (slot < 0 || slot >= c->cfg.n_slots || c->slot_used[slot])
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: slot %d is %s; swap into a free slot of [0, %d)", op, slot,
                  slot < 0 || slot >= c->cfg.n_slots ? "out of range" : "in use", c->cfg.n_slots);
-    const char *host = buf;
-    for (int32_t l = 0; l < c->cfg.num_layers; l++) {
-        GDP_CHECK(swap_copy(c, (char *)c->ssm[l] + (size_t)slot * c->ssm_bytes, host, c->ssm_bytes));
-        host += c->ssm_bytes;
-        GDP_CHECK(swap_copy(c, (char *)c->conv[l] + (size_t)slot * c->conv_bytes, host, c->conv_bytes));
-        host += c->conv_bytes;
-    }
-    GDP_CHECK(swap_wait(c));
+    GDP_CHECK(swap_state(c, c->ssm, c->conv, (size_t)slot, (void *)buf, false));
     c->slot_used[slot] = 1;
     c->draft_tokens[slot] = 0;
     return GDP_STATUS_SUCCESS;

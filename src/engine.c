@@ -287,11 +287,12 @@ static gdp_status_t recorded_step(struct gdp_engine *e, const gdp_step_metadata 
 }
 
 /* The device step, eagerly or as the bucket's graph (captured on the bucket's first step,
- * replayed after). *marks_out: the marks to read once the step finished. */
+ * replayed after). *graph_out: the graph that ran (its marks are read once the step
+ * finished), NULL for an eager step (e->eager_marks). */
 static gdp_status_t run_device_step(struct gdp_engine *e, const gdp_step_metadata *m, gdp_tensor *x,
-                                    gdp_phase_list **marks_out) {
+                                    const graph_entry **graph_out) {
     graph_entry *g = &e->graphs[m->bucket];
-    *marks_out = &e->eager_marks;
+    *graph_out = NULL;
     const bool graph = e->cfg.cuda_graphs && m->save_count == 0; /* a snapshot save adds launches */
 #ifdef GDP_HAVE_CUDA
     if (graph && e->graphs_live) {
@@ -323,7 +324,7 @@ static gdp_status_t run_device_step(struct gdp_engine *e, const gdp_step_metadat
         if (cudaGraphLaunch(g->exec, s) != cudaSuccess)
             GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: cudaGraphLaunch of bucket %d failed: %s", m->bucket,
                      cudaGetErrorString(cudaGetLastError()));
-        *marks_out = &g->marks;
+        *graph_out = g;
         return GDP_STATUS_SUCCESS;
     }
 #endif
@@ -341,15 +342,12 @@ static gdp_status_t run_device_step(struct gdp_engine *e, const gdp_step_metadat
     return recorded_step(e, m, x, &e->eager_marks);
 }
 
-/* After the step finished: its device time, split by phase every PHASE_SAMPLE-th graph
- * replay (always for eager steps). Returns the step's device seconds. */
-static double read_phases(struct gdp_engine *e, const gdp_phase_list *marks, bool record) {
+/* After the step finished: its device time, split by phase every PHASE_SAMPLE-th replay of
+ * graph g (always for an eager step, g NULL). Returns the step's device seconds. */
+static double read_phases(struct gdp_engine *e, const graph_entry *g, bool record) {
+    const gdp_phase_list *marks = g != NULL ? &g->marks : &e->eager_marks;
     if (marks->n < 2)
         return 0;
-    const graph_entry *g = NULL;
-    for (int32_t b = 0; b < e->n_buckets && g == NULL; b++)
-        if (marks == &e->graphs[b].marks)
-            g = &e->graphs[b];
     double sums[GDP_MARK_NUM] = {0}, total = 0;
     if (g == NULL || g->replays % PHASE_SAMPLE == 0) {
         if (gdp_phase_sum(e->ctx, marks, sums, &total) != GDP_STATUS_SUCCESS)
@@ -443,7 +441,6 @@ static void engine_destroy(struct gdp_engine *e) {
     free(e->bucket_seen);
     free(e->graphs);
     free(e->frame);
-    free(e->row_tokens);
     if (e->x != NULL)
         gdp_layer_buf_free(e->ctx, e->x);
     if (on_cuda(e)) {
@@ -511,8 +508,7 @@ static gdp_status_t engine_build(struct gdp_engine *e) {
     e->frame_words = F_HEADER + (size_t)c->n_slots * (SWAP_OUT_WORDS + SWAP_IN_WORDS) + (size_t)e->max_rows +
                      (size_t)e->max_head * HEAD_WORDS;
     e->frame = gdp_calloc(e->frame_words, sizeof(int32_t), "the engine's step frame");
-    e->row_tokens = gdp_calloc((size_t)e->max_rows, sizeof(int32_t), "the engine's row tokens");
-    if (e->bucket_seen == NULL || e->graphs == NULL || e->frame == NULL || e->row_tokens == NULL)
+    if (e->bucket_seen == NULL || e->graphs == NULL || e->frame == NULL)
         return GDP_STATUS_SYSTEM_ERROR;
     if (e->rank == 0 && c->check_requests > 0) {
         e->logits = gdp_calloc((size_t)e->max_head * (size_t)e->vocab, sizeof(float), "the kept logits of a step");
@@ -686,16 +682,16 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
         if (local == GDP_STATUS_SUCCESS)
             local = fill_step(e, m);
         /* 3. the device step, then the one wait of the step */
-        gdp_phase_list *marks = NULL;
+        const graph_entry *graph = NULL;
         if (local == GDP_STATUS_SUCCESS)
-            local = run_device_step(e, m, &x, &marks);
+            local = run_device_step(e, m, &x, &graph);
         if (local == GDP_STATUS_SUCCESS)
             local = backend_sync(e);
         /* a rank whose device step failed must not leave the others in the next collective */
         st = e->comm != NULL ? gdp_comm_agree(e->comm, local) : local;
         if (st != GDP_STATUS_SUCCESS)
             break;
-        const double device = read_phases(e, marks, record);
+        const double device = read_phases(e, graph, record);
         if (record && !e->bucket_seen[m->bucket]) {
             e->bucket_seen[m->bucket] = 1;
             rep->buckets_used++;

@@ -146,7 +146,6 @@ struct gdp_engine {
     size_t            frame_words;
     int64_t           max_rows;     /* rows of the largest bucket                         */
     int32_t           max_head;     /* sampled rows of the largest bucket                 */
-    int32_t          *row_tokens;   /* [max_rows] host scratch (warm-up, checks)          */
     void             *x;            /* [max_rows, D] backend                              */
     step_layout       lay;
     char             *step_host;    /* pinned on CUDA                                     */

@@ -496,8 +496,9 @@ static gdp_status_t model_sample(struct gdp_model *m, const gdp_model_head_args 
     const int64_t B = head_block(m), n = a->n_rows, n_pad = (n + B - 1) / B * B;
     const gdp_dtype_t ab = on_cpu(m) ? GDP_DTYPE_FP32 : GDP_DTYPE_BF16;
     const size_t in_row = (size_t)m->D * (on_cpu(m) ? sizeof(float) : sizeof(uint16_t));
-    /* padding rows of the last block: the kernel's rows array has only n entries, so the
-     * head-rows pass runs on n rows and the padded tail stays as the reserve zeroed it */
+    /* The rows array has n entries: the padded tail of the last block keeps whatever an
+     * earlier step left there. Its logits are computed and never read (the candidates take
+     * n rows), and a row's logits do not depend on its neighbours in the GEMM. */
     GDP_CHECK(head_rows(m, a->x, a->rows, n));
     for (int64_t first = 0; first < n_pad; first += B)
         GDP_CHECK(gdp_layer_gemm_nt_ex(m->ctx, B, m->v_local, m->D, (const char *)m->head_in + (size_t)first * in_row,
