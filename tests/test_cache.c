@@ -4,7 +4,9 @@
  * applies: new slots claimed (GDP_SLOT_AUTO = the lowest free) and zeroed on every layer,
  * releases, draft-token rollback (the state after the n_accepted-th token copied back),
  * prefix snapshots restored into a new slot, the bookkeeping queries, and misuse (a step
- * applied twice, metadata of another cache) refused with nothing modified. The layer's
+ * applied twice, metadata of another cache) refused with nothing modified; the swap API
+ * (a slot out to host memory and back into another slot bit for bit, bad calls refused with
+ * nothing modified). The layer's
  * use of these buffers is tested in test_layer_tp.
  */
 #include <string.h>
@@ -336,6 +338,57 @@ static void test_slot_operations(gdp_cache_t cache, const gdp_cache_config *c) {
            "save/restore, refused misuse with nothing modified\n");
 }
 
+/* The swap API: a claimed slot's state out to host memory and back into a free slot, bit
+ * for bit; bad calls refused with nothing modified. */
+static void test_swap(gdp_cache_t cache, const gdp_cache_config *c) {
+    gdp_plan_t plan = make_plan(2);
+    gdp_prefill_request p1 = {.slot = GDP_SLOT_AUTO, .n_tokens = 4, .flags = GDP_PREFILL_NEW};
+    gdp_step_desc d1 = {.prefill_count = 1, .prefill = &p1, .bucket = GDP_BUCKET_AUTO};
+    const gdp_step_metadata *m = test_step_local(plan, cache, &d1);
+    const int32_t slot = m ? m->step->prefill[0].slot : -1;
+    size_t bytes = 0;
+    CHECK_OK(gdp_cache_swap_bytes(cache, &bytes));
+    CHECK(bytes == (size_t)c->num_layers * (ssm_slot_bytes(c) + conv_slot_bytes(c)), "swap bytes %zu", bytes);
+    scribble(cache, c, 21);
+    snapshot_copy before = copy_states(cache, c);
+    unsigned char *buf = malloc(bytes);
+    memset(buf, 0xAB, bytes);
+    CHECK_OK(gdp_cache_swap_out(cache, slot, 0, 0, buf));
+    /* bad calls: a free slot out, a claimed slot in, a draft step the slot does not have, NULL */
+    const int32_t free_slot = lowest_free(cache, c->n_slots);
+    CHECK_STATUS(gdp_cache_swap_out(cache, free_slot, 0, 0, buf), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(gdp_cache_swap_out(cache, slot, 2, 1, buf), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(gdp_cache_swap_out(cache, slot, 0, 0, NULL), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(gdp_cache_swap_in(cache, slot, buf), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(gdp_cache_swap_in(cache, c->n_slots, buf), GDP_STATUS_INVALID_ARGUMENT);
+    for (int32_t s = 0; s < c->n_slots; s++)
+        CHECK(slot_is(cache, c, s, &before, false), "slot %d changed by a swap-out or a refused call", s);
+    int32_t used = 0;
+    CHECK_OK(gdp_cache_slot_in_use(cache, free_slot, &used));
+    CHECK(used == 0, "a refused swap-in claimed slot %d", free_slot);
+    /* back into another (free) slot: the same bytes there, the slot claimed */
+    CHECK_OK(gdp_cache_swap_in(cache, free_slot, buf));
+    CHECK_OK(gdp_cache_slot_in_use(cache, free_slot, &used));
+    CHECK(used == 1, "swap-in did not claim slot %d", free_slot);
+    const size_t sb = ssm_slot_bytes(c), cb = conv_slot_bytes(c);
+    bool same = true;
+    for (int32_t l = 0; l < c->num_layers; l++) {
+        gdp_tensor ssm, conv;
+        gdp_cache_state_views(cache, l, &ssm, &conv);
+        same &= !memcmp((const unsigned char *)ssm.data + free_slot * sb, before.bytes[0][l] + slot * sb, sb);
+        same &= !memcmp((const unsigned char *)conv.data + free_slot * cb, before.bytes[1][l] + slot * cb, cb);
+    }
+    CHECK(same, "slot %d after the swap-in is not slot %d's state before the swap-out", free_slot, slot);
+    printf("swap: slot %d out (%zu bytes) and into slot %d bit for bit; 5 bad calls refused, nothing changed\n", slot,
+           bytes, free_slot);
+    int32_t rel[2] = {slot, free_slot};
+    gdp_step_desc d2 = {.release_count = 2, .release_slots = rel, .bucket = GDP_BUCKET_AUTO};
+    test_step_local(plan, cache, &d2);
+    free(buf);
+    free_copy(&before, c->num_layers);
+    gdp_plan_free(plan);
+}
+
 int main(void) {
     CHECK_OK(gdp_ctx_init(&g_ctx, GDP_BACKEND_CPU, 0));
     test_config();
@@ -358,6 +411,7 @@ int main(void) {
             break;
         test_views(cache, &c);
         test_slot_operations(cache, &c);
+        test_swap(cache, &c);
         CHECK_OK(gdp_cache_free(cache));
     }
     CHECK_OK(gdp_ctx_free(g_ctx));
