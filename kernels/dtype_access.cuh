@@ -2,6 +2,9 @@
  * dtype_access.cuh: element access through a runtime gdp dtype, for kernels whose tensors
  * may be fp32, bf16 or fp16: loads widen to float, stores round to nearest even. Shared by
  * the prepare, recurrent, conv1d and norm kernels (device-side twin of gdp_load_elem).
+ * The vector forms move N = 4 or 8 consecutive elements in one access per 16 bytes (the
+ * caller guarantees the address is aligned to the N elements' size): a warp then reads or
+ * writes each line once, and all of a thread's loads can be in flight together.
  */
 #ifndef GDP_DTYPE_ACCESS_CUH
 #define GDP_DTYPE_ACCESS_CUH
@@ -26,6 +29,62 @@ __device__ __forceinline__ void store_from_float(void *base, gdp_dtype_t dtype, 
     case GDP_DTYPE_FP16: static_cast<__half *>(base)[i] = __float2half_rn(v); break;
     default: static_cast<float *>(base)[i] = v; break;
     }
+}
+
+/* N (4 or 8) elements from element i of base, aligned to their N * size bytes. */
+template <int N> __device__ __forceinline__ void load_vec_as_float(const void *base, gdp_dtype_t dtype, int64_t i, float (&v)[N]) {
+    static_assert(N == 4 || N == 8, "4 or 8 elements");
+    if (dtype == GDP_DTYPE_FP32) {
+        const float4 *q = reinterpret_cast<const float4 *>(static_cast<const float *>(base) + i);
+#pragma unroll
+        for (int k = 0; k < N / 4; k++) {
+            const float4 a = q[k];
+            v[4 * k] = a.x, v[4 * k + 1] = a.y, v[4 * k + 2] = a.z, v[4 * k + 3] = a.w;
+        }
+        return;
+    }
+    uint32_t w[N / 2];
+    if constexpr (N == 8) {
+        const uint4 u = *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + i);
+        w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+    } else {
+        const uint2 u = *reinterpret_cast<const uint2 *>(static_cast<const uint16_t *>(base) + i);
+        w[0] = u.x, w[1] = u.y;
+    }
+#pragma unroll
+    for (int j = 0; j < N / 2; j++) {
+        const uint16_t lo = (uint16_t)(w[j] & 0xffffu), hi = (uint16_t)(w[j] >> 16);
+        if (dtype == GDP_DTYPE_BF16) {
+            v[2 * j] = __bfloat162float(__ushort_as_bfloat16(lo));
+            v[2 * j + 1] = __bfloat162float(__ushort_as_bfloat16(hi));
+        } else {
+            v[2 * j] = __half2float(__ushort_as_half(lo));
+            v[2 * j + 1] = __half2float(__ushort_as_half(hi));
+        }
+    }
+}
+
+__device__ __forceinline__ uint16_t round_to_half_bits(gdp_dtype_t dtype, float v) {
+    return dtype == GDP_DTYPE_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v)) : __half_as_ushort(__float2half_rn(v));
+}
+
+template <int N> __device__ __forceinline__ void store_vec_from_float(void *base, gdp_dtype_t dtype, int64_t i, const float (&v)[N]) {
+    static_assert(N == 4 || N == 8, "4 or 8 elements");
+    if (dtype == GDP_DTYPE_FP32) {
+        float4 *q = reinterpret_cast<float4 *>(static_cast<float *>(base) + i);
+#pragma unroll
+        for (int k = 0; k < N / 4; k++)
+            q[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+        return;
+    }
+    uint32_t w[N / 2];
+#pragma unroll
+    for (int j = 0; j < N / 2; j++)
+        w[j] = (uint32_t)round_to_half_bits(dtype, v[2 * j]) | ((uint32_t)round_to_half_bits(dtype, v[2 * j + 1]) << 16);
+    if constexpr (N == 8)
+        *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + i) = make_uint4(w[0], w[1], w[2], w[3]);
+    else
+        *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(base) + i) = make_uint2(w[0], w[1]);
 }
 
 #endif /* GDP_DTYPE_ACCESS_CUH */

@@ -2,10 +2,17 @@
  * norms.cu: the CUDA kernels of the row norms: gdp_l2norm (y = x / sqrt(sum x^2 + 1e-6)),
  * gdp_gated_rmsnorm (grouped, x = y * silu(z), gdp-layer.md 1.5) and gdp_rmsnorm.
  *
- * Work split: one warp per normalized vector (a row for the L2 norm and the RMSNorm, a
- * (row, group) pair for the gated norm): lanes stride over its elements, a butterfly of
- * shuffles sums the squares (fixed order: the same bits every run), and a second pass
- * re-reads the inputs (cached) and writes the outputs, so in-place calls are safe.
+ * Work split. The fast path (every vector a multiple of 8 elements, at most 16384, all
+ * pointers 16-byte aligned: what the layer and the model pass) moves 8 elements per 16-byte
+ * load (two for fp32) and keeps the vector in registers between the sum and the output:
+ * one warp per vector up to 1024 elements (4 vectors per block), one 256-thread block per
+ * vector above (the 8 warps' sums added in warp order through shared memory). All loads
+ * of a thread are issued before the first use, so a step of few rows costs about one
+ * memory round trip instead of one per 32 elements. Any other shape takes the general
+ * path: one warp per vector, lanes striding over its elements, a second pass re-reading
+ * the inputs. Both sum in a fixed order that depends only on the vector length, so a row's
+ * bits never depend on its batch or the run; every thread writes only the elements it
+ * read, so in-place calls are safe.
  * Math in fp32, following PyTorch eager's operation order (mamba_ssm's rms_norm_ref):
  * silu(z) = z / (1 + exp(-z)); rstd = 1 / sqrt(sum * (1/n) + eps); out = (x * rstd) * w.
  */
@@ -83,11 +90,119 @@ template <bool L2, bool GATED> __global__ void __launch_bounds__(NORM_THREADS) n
     }
 }
 
+constexpr int FAST_WARP_CHUNKS = 4;     /* most 8-element chunks per lane: vectors <= 1024 */
+constexpr int FAST_BLOCK_THREADS = 256; /* one block per vector above 1024 elements        */
+constexpr int FAST_BLOCK_CHUNKS = 8;    /* most chunks per thread: vectors <= 16384        */
+constexpr int64_t FAST_WARP_MAX = 32 * FAST_WARP_CHUNKS * 8;
+constexpr int64_t FAST_BLOCK_MAX = FAST_BLOCK_THREADS * FAST_BLOCK_CHUNKS * 8;
+
+/* Fast path. BLOCK: one FAST_BLOCK_THREADS block per vector; otherwise one warp per vector,
+ * NORM_WARPS vectors per block. Thread t holds chunks t, t + lanes, ... (at most CHUNKS,
+ * the launch's smallest count that covers the vector: registers decide occupancy). */
+template <bool L2, bool GATED, bool BLOCK, int CHUNKS>
+__global__ void __launch_bounds__(BLOCK ? FAST_BLOCK_THREADS : NORM_THREADS) norm_fast_kernel(const NormParams p) {
+    constexpr int LANES = BLOCK ? FAST_BLOCK_THREADS : 32;
+    const int t = BLOCK ? (int)threadIdx.x : (int)(threadIdx.x & 31);
+    const int64_t vec = BLOCK ? (int64_t)blockIdx.x : (int64_t)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5);
+    if (vec >= p.vectors) /* uniform over the block (BLOCK) or the warp */
+        return;
+    const int64_t base = vec * p.n;
+    const int chunks = (int)(p.n / 8);
+    float v[CHUNKS][8];
+    float zv[GATED ? CHUNKS : 1][8];
+#pragma unroll
+    for (int c = 0; c < CHUNKS; c++) {
+        const int ch = t + c * LANES;
+        if (ch < chunks) {
+            load_vec_as_float<8>(p.x, p.x_dtype, base + (int64_t)ch * 8, v[c]);
+            if constexpr (GATED)
+                load_vec_as_float<8>(p.z, p.z_dtype, base + (int64_t)ch * 8, zv[c]);
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; c++) {
+        if (t + c * LANES < chunks) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if constexpr (GATED) {
+                    const float z = zv[c][j];
+                    v[c][j] = __fmul_rn(v[c][j], __fdiv_rn(z, __fadd_rn(1.0f, expf(-z))));
+                }
+                ss = fmaf(v[c][j], v[c][j], ss);
+            }
+        }
+    }
+    ss = warp_sum(ss);
+    if constexpr (BLOCK) {
+        __shared__ float part[FAST_BLOCK_THREADS / 32];
+        if ((threadIdx.x & 31) == 0)
+            part[threadIdx.x >> 5] = ss;
+        __syncthreads();
+        ss = 0.0f;
+#pragma unroll
+        for (int w = 0; w < FAST_BLOCK_THREADS / 32; w++)
+            ss += part[w];
+    }
+    const float rstd = L2 ? __fdiv_rn(1.0f, sqrtf(__fadd_rn(ss, p.eps)))
+                          : __fdiv_rn(1.0f, sqrtf(__fadd_rn(__fmul_rn(ss, p.inv_n), p.eps)));
+    const int64_t w_base = (vec % p.groups) * p.n;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; c++) {
+        const int ch = t + c * LANES;
+        if (ch < chunks) {
+            float w[8], out[8];
+            if constexpr (!L2)
+                load_vec_as_float<8>(p.weight, p.w_dtype, w_base + (int64_t)ch * 8, w);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                out[j] = __fmul_rn(v[c][j], rstd);
+                if constexpr (!L2)
+                    out[j] = __fmul_rn(out[j], w[j]);
+            }
+            store_vec_from_float<8>(p.out, p.out_dtype, base + (int64_t)ch * 8, out);
+        }
+    }
+}
+
+/* The fast kernel with the fewest chunks per thread (1, 2, 4 or 8) that cover n. */
+template <bool L2, bool GATED, bool BLOCK>
+void launch_fast(const NormParams &p, unsigned blocks, cudaStream_t stream) {
+    const int64_t per_thread = (p.n / 8 + (BLOCK ? FAST_BLOCK_THREADS : 32) - 1) / (BLOCK ? FAST_BLOCK_THREADS : 32);
+    const unsigned threads = BLOCK ? FAST_BLOCK_THREADS : NORM_THREADS;
+    if (per_thread <= 1)
+        norm_fast_kernel<L2, GATED, BLOCK, 1><<<blocks, threads, 0, stream>>>(p);
+    else if (per_thread <= 2)
+        norm_fast_kernel<L2, GATED, BLOCK, 2><<<blocks, threads, 0, stream>>>(p);
+    else if (per_thread <= 4 || !BLOCK)
+        norm_fast_kernel<L2, GATED, BLOCK, 4><<<blocks, threads, 0, stream>>>(p);
+    else
+        norm_fast_kernel<L2, GATED, BLOCK, BLOCK ? FAST_BLOCK_CHUNKS : 4><<<blocks, threads, 0, stream>>>(p);
+}
+
+bool aligned16(const void *ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+/* The fast path's shapes: 8-element chunks, registers enough, 16-byte aligned rows. */
+bool fast_path_fits(const NormParams &p) {
+    return p.n % 8 == 0 && p.n <= FAST_BLOCK_MAX && aligned16(p.x) && aligned16(p.out) &&
+           (p.z == nullptr || aligned16(p.z)) && (p.weight == nullptr || aligned16(p.weight));
+}
+
 template <bool L2, bool GATED> cudaError_t launch_norm(const NormParams &p, cudaStream_t stream) {
+    if (p.vectors <= 0)
+        return cudaGetLastError();
+    if (fast_path_fits(p) && p.n > FAST_WARP_MAX) {
+        if (p.vectors > INT32_MAX)
+            return cudaErrorInvalidConfiguration;
+        launch_fast<L2, GATED, true>(p, (unsigned)p.vectors, stream);
+        return cudaGetLastError();
+    }
     const int64_t blocks = (p.vectors + NORM_WARPS - 1) / NORM_WARPS;
     if (blocks > INT32_MAX)
         return cudaErrorInvalidConfiguration;
-    if (blocks > 0)
+    if (fast_path_fits(p))
+        launch_fast<L2, GATED, false>(p, (unsigned)blocks, stream);
+    else
         norm_kernel<L2, GATED><<<(unsigned)blocks, NORM_THREADS, 0, stream>>>(p);
     return cudaGetLastError();
 }
