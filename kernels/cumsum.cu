@@ -2,7 +2,7 @@
  * cumsum.cu: chunk-local cumulative decays in base 2 (gdp-math.md 3.1) on the CUDA backend:
  * the token-stream sum Gq and the expanded-stream sum Gk (g placed on copy 0 of each token),
  * restarted every 64 positions of each sequence, summed in fp32 in index order, then
- * multiplied by GDP_RCP_LN2. The chunk op (chunk.cu) uses the same launcher.
+ * multiplied by GDP_RCP_LN2. The chunk op (chunk/launch.cu) uses the same launcher.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>

@@ -1,7 +1,7 @@
 /*
  * workspace.h: the layout of the device scratch the CUDA chunk op carves out of the ctx
  * workspace (gdp_ctx_reserve_workspace). One function computes it, so the public size
- * query (gdp_chunk_get_workspace_size) and the launcher (kernels/chunk.cu) always agree.
+ * query (gdp_chunk_get_workspace_size) and the launcher (kernels/chunk/launch.cu) always agree.
  */
 #ifndef GDP_WORKSPACE_H
 #define GDP_WORKSPACE_H

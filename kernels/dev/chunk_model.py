@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""chunk_model.py: numpy model of the CUDA chunk op's stages (kernels/chunk.cu), with the same
+"""chunk_model.py: numpy model of the CUDA chunk op's stages (kernels/chunk/), with the same
 bf16 rounding points, used offline to check the device's intermediates stage by stage.
 
   chunk_model.py golden FILE...   model vs a golden file's o_ref / final_state_ref / chunk_states_ref

@@ -1,7 +1,7 @@
 /*
  * chunk_stages.cu: developer lab for the chunk op: per-stage times (cumsum, WY, state sweep,
  * outputs, tail) of gdp_chunk_gated_delta_product_varlen on the prefill rows of
- * docs/performance.md. It compiles kernels/chunk.cu into itself with GDP_CHUNK_STAGE_MARK
+ * docs/performance.md. It compiles kernels/chunk/launch.cu into itself with GDP_CHUNK_STAGE_MARK
  * recording a CUDA event after each stage, and links the rest of libgdp statically.
  * With --dump DIR it instead writes inputs, outputs and the workspace intermediates of two small
  * shapes (DIR/dump_k128.safetensors, DIR/dump_k100.safetensors) for offline stage-by-stage checks.
@@ -18,7 +18,7 @@
 
 static cudaEvent_t g_stage_events[6];
 #define GDP_CHUNK_STAGE_MARK(stage, stream) cudaEventRecord(g_stage_events[(stage)], (stream))
-#include "../chunk.cu"
+#include "../chunk/launch.cu"
 #include "src/workspace.h"
 
 #define DEV_CHECK(call)                                                                              \

@@ -1,0 +1,58 @@
+/*
+ * common.cuh: what every stage of the CUDA chunk op (kernels/chunk/) shares: the tile constants,
+ * ChunkParams (everything a stage kernel reads, passed by value) and element access in any
+ * storage dtype. Included only into kernels/chunk/launch.cu, the folder's one translation unit,
+ * so the anonymous namespace and the template instances are the same as in one file.
+ */
+#ifndef GDP_CHUNK_COMMON_CUH
+#define GDP_CHUNK_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "gdp/gdp.h"
+
+namespace {
+
+constexpr int CHUNK = GDP_CHUNK_SIZE; /* 64 rows per chunk on both streams */
+constexpr int PAD = 8;                /* 16-bit elements of row padding: ldmatrix rows hit distinct banks */
+constexpr int VB = 64;                /* value columns per block in the state and output stages */
+
+/* Everything the stage kernels read, passed by value. */
+struct ChunkParams {
+    const void *q, *k, *v, *beta, *h0;
+    const int32_t *cu, *cidx, *cidx_dp, *coff, *slots;
+    const float *gq, *gk;
+    void *kn, *w, *u, *hs; /* workspace: keys, w, u (then v_new), states entering chunks */
+    void *o, *state, *final_state, *chunk_states;
+    int64_t T, n_slots, state_stride_slot, state_stride_head, cs_rows, h_rows;
+    int N, H, K, V, M, KP, VP;
+    int beta_dtype, h0_dtype, state_dtype, final_dtype, cs_dtype;
+    float scale;
+    int l2norm;
+    int q_vec, k_vec, v_vec; /* 16-byte loads allowed for the input tiles */
+};
+
+/* ---- element access in any storage dtype ---- */
+__device__ __forceinline__ float load_any(const void *p, int dtype, int64_t i) {
+    switch (dtype) {
+    case GDP_DTYPE_FP32: return static_cast<const float *>(p)[i];
+    case GDP_DTYPE_BF16: return __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i]);
+    case GDP_DTYPE_FP16: return __half2float(static_cast<const __half *>(p)[i]);
+    default: return 0.0f;
+    }
+}
+__device__ __forceinline__ void store_any(void *p, int dtype, int64_t i, float x) {
+    switch (dtype) {
+    case GDP_DTYPE_FP32: static_cast<float *>(p)[i] = x; break;
+    case GDP_DTYPE_BF16: static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(x); break;
+    case GDP_DTYPE_FP16: static_cast<__half *>(p)[i] = __float2half_rn(x); break;
+    default: break;
+    }
+}
+
+} // namespace
+
+#endif /* GDP_CHUNK_COMMON_CUH */

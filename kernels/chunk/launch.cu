@@ -1,0 +1,264 @@
+/*
+ * launch.cu: the CUDA chunked prefill op chunk_gated_delta_product_varlen (gdp-math.md 3, 4).
+ *
+ * Stages, each one kernel, all on tensor cores (mma.sync m16n8k16, 16-bit inputs, fp32
+ * accumulation) except the small triangular solve:
+ *   cumsum (../cumsum.cu) Gq, Gk: chunk-local base-2 cumulative decays of both streams
+ *   chunk_wy_kernel     per expanded chunk: keys (L2-normalized if asked, rounded to the
+ *                       input dtype), A = beta K K^T with decay, Ai = (I + A)^-1 in fp32,
+ *                       w = Ai (beta 2^Gk K), u = Ai (beta V)
+ *   chunk_state_kernel  per (sequence, head, 64 value columns): the sequential sweep over the
+ *                       sequence's expanded chunks, state in registers; v_new = u - w S,
+ *                       S = 2^gl S + K^T (2^(gl - Gk) v_new); stores the state entering each
+ *                       token chunk, chunk states, the final state or the cache slot
+ *   chunk_out_kernel    per (token chunk, head, 128 value columns): o = scale (2^Gq (Q h) +
+ *                       sum_m ((Q K_m^T) . D) V_new,m) with the token-causal mask D
+ *   zero_tail_kernel    output rows past cu_seqlens[N] = 0
+ * Intermediates live in the ctx workspace (src/workspace.h), padded to the tile sizes. With
+ * descriptors given nothing is allocated and nothing waits for the host, and the grids
+ * depend only on (num_chunks, num_chunks_dp, T, N, H), so the call can be graph-captured.
+ * Rounding points follow upstream (gdp-math.md 3.3-3.6): keys, Ai, w, u, v_new, the decayed
+ * v_new, the states fed to w S and to the output stage, and the masked scores are 16-bit.
+ *
+ * This file is the folder's one translation unit: it holds the extern "C" launcher
+ * gdp_cuda_chunk (checks, descriptors, ChunkParams, the enqueue of every stage) and includes
+ * the stage headers, so all kernels and template instances live in one anonymous namespace as
+ * before. The files of kernels/chunk/:
+ *   common.cuh  tile constants, ChunkParams, element access in any dtype
+ *   mma.cuh     Elem<T> and mma.sync, ldmatrix, cp.async, fragment loaders
+ *   tile.cuh    64-row tile loads and the row L2 norm
+ *   wy.cuh      chunk_wy_kernel (stage 1)
+ *   state.cuh   chunk_state_kernel (stage 2)
+ *   out.cuh     chunk_out_kernel (stage 3), zero_tail_kernel
+ *   stages.cuh  Stages<T, KP>, launch_stages<T>: the templated dispatch
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/gdp_kernels.h"
+#include "src/internal.h"
+#include "src/workspace.h"
+
+#include "stages.cuh"
+
+namespace {
+
+bool aligned16(const void *ptr) { return ((uintptr_t)ptr & 15u) == 0; }
+
+gdp_status_t cuda_fail(const char *op, const char *what, cudaError_t err) {
+    (void)cudaGetLastError(); /* clear the error so the next call starts clean */
+    GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: %s failed: %s", op, what, cudaGetErrorString(err));
+}
+
+} // namespace
+
+// kernel launchers
+
+extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args *a) {
+    static const char *op = "gdp_chunk_gated_delta_product_varlen";
+    /* ---- CUDA-only rules (the front-end checked shapes and dtypes common to all backends) ---- */
+    if (a->q.dtype != GDP_DTYPE_BF16 && a->q.dtype != GDP_DTYPE_FP16)
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED,
+                 "%s: q has dtype %s; the CUDA chunk op takes bf16 or fp16 q, k, v (as upstream); cast the inputs "
+                 "or use GDP_BACKEND_CPU",
+                 op, gdp_dtype_name(a->q.dtype));
+    if (a->k.dtype != a->q.dtype || a->v.dtype != a->q.dtype || a->o.dtype != a->q.dtype)
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: k (%s), v (%s) and o (%s) must have q's dtype %s on the CUDA backend",
+                 op, gdp_dtype_name(a->k.dtype), gdp_dtype_name(a->v.dtype), gdp_dtype_name(a->o.dtype),
+                 gdp_dtype_name(a->q.dtype));
+    if (a->q.ndim != 4 || a->v.ndim != 4 || a->cu_seqlens.ndim != 1 || a->cu_seqlens.shape[0] < 1)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: q, v must be 4-d and cu_seqlens [N+1]", op);
+    const int64_t T = a->q.shape[1], H = a->q.shape[2], K = a->q.shape[3], V = a->v.shape[3];
+    const int64_t N = a->cu_seqlens.shape[0] - 1;
+    const int32_t M = a->num_householder;
+    if (K < 1 || V < 1 || K > GDP_MAX_HEAD_DIM || V > GDP_MAX_HEAD_DIM || H < 1 || M < 1)
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: K = %lld, V = %lld, H = %lld, M = %d; the CUDA op takes 1 <= K, V <= %d",
+                 op, (long long)K, (long long)V, (long long)H, M, GDP_MAX_HEAD_DIM);
+    if (H > 65535 || N > 65535)
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: %lld heads and %lld sequences; the CUDA grids take at most 65535 each",
+                 op, (long long)H, (long long)N);
+    const gdp_tensor *dense[] = {&a->q, &a->k, &a->v, &a->g, &a->beta, &a->o, &a->cu_seqlens, &a->initial_state,
+                                 &a->final_state, &a->chunk_states, &a->chunk_indices, &a->chunk_indices_dp,
+                                 &a->chunk_offsets, &a->state_indices};
+    const char *dense_names[] = {"q", "k", "v", "g", "beta", "o", "cu_seqlens", "initial_state", "final_state",
+                                 "chunk_states", "chunk_indices", "chunk_indices_dp", "chunk_offsets",
+                                 "state_indices"};
+    for (size_t d = 0; d < sizeof dense / sizeof dense[0]; d++)
+        if (gdp_tensor_present(dense[d]) && !gdp_tensor_is_contiguous(dense[d]))
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s must be contiguous on the CUDA backend; pass a contiguous copy",
+                     op, dense_names[d]);
+    const bool have_state = gdp_tensor_present(&a->state);
+    if (have_state) {
+        if (a->state.ndim != 4 || gdp_tensor_stride(&a->state, 3) != 1 || gdp_tensor_stride(&a->state, 2) != V)
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                     "%s: state must be [slots, H, K, V] with its last two dims contiguous (strides %lld, 1 expected "
+                     "%lld, 1)",
+                     op, (long long)gdp_tensor_stride(&a->state, 2), (long long)V);
+        if (a->state.dtype == GDP_DTYPE_INT32)
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: state must be fp32 or bf16", op);
+    }
+    const gdp_tensor *fl[] = {&a->initial_state, &a->final_state, &a->chunk_states, &a->beta};
+    const char *fl_names[] = {"initial_state", "final_state", "chunk_states", "beta"};
+    for (int d = 0; d < 4; d++)
+        if (gdp_tensor_present(fl[d]) && fl[d]->dtype == GDP_DTYPE_INT32)
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s must be a float tensor", op, fl_names[d]);
+    if (gdp_tensor_present(&a->g) && a->g.dtype != GDP_DTYPE_FP32)
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: g has dtype %s; the CUDA op takes fp32 g", op, gdp_dtype_name(a->g.dtype));
+    const bool have_desc = gdp_tensor_present(&a->chunk_indices) && gdp_tensor_present(&a->chunk_indices_dp) &&
+                           gdp_tensor_present(&a->chunk_offsets);
+    const bool any_desc = gdp_tensor_present(&a->chunk_indices) || gdp_tensor_present(&a->chunk_indices_dp) ||
+                          gdp_tensor_present(&a->chunk_offsets);
+    if (any_desc && !have_desc)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: pass all three descriptors (chunk_indices, chunk_indices_dp, "
+                 "chunk_offsets) or none", op);
+    if (gdp_tensor_present(&a->state_indices) && !have_desc)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: state_indices needs the three descriptors (as upstream); build them "
+                 "with gdp_build_chunk_descriptors", op);
+    const bool want_cs = a->return_chunk_states && gdp_tensor_present(&a->chunk_states);
+
+    gdp_chunk_workspace_layout lay;
+    GDP_CHECK(gdp_chunk_workspace_plan(T, N, M, (int32_t)H, (int32_t)K, (int32_t)V, &lay));
+    if (have_desc && ctx->workspace_bytes < lay.total)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "%s: the ctx workspace holds %zu bytes and this call needs %zu; with descriptors given the op never "
+                 "allocates: call gdp_chunk_get_workspace_size(%lld, %lld, %d, %lld, %lld, %lld, &bytes) and "
+                 "gdp_ctx_reserve_workspace(ctx, bytes) once before the first call (and before graph capture)",
+                 op, ctx->workspace_bytes, lay.total, (long long)T, (long long)N, M, (long long)H, (long long)K,
+                 (long long)V);
+
+    cudaStream_t stream = (cudaStream_t)ctx->stream;
+    cudaError_t err;
+    int64_t num_chunks, num_chunks_dp;
+    const int32_t *cidx, *cidx_dp, *coff;
+    if (have_desc) {
+        num_chunks = a->chunk_indices.shape[0];
+        num_chunks_dp = a->chunk_indices_dp.shape[0];
+        cidx = (const int32_t *)a->chunk_indices.data;
+        cidx_dp = (const int32_t *)a->chunk_indices_dp.data;
+        coff = (const int32_t *)a->chunk_offsets.data;
+    } else {
+        /* Derive the descriptors on the host (FLA's path): one sync, grids from the real lengths. */
+        GDP_CHECK(gdp_ctx_reserve_workspace(ctx, lay.total));
+        int32_t *host = (int32_t *)gdp_calloc((size_t)(N + 1 + 2 * lay.desc_rows + 2 * lay.desc_rows_dp + N + 1),
+                                              sizeof(int32_t), "the chunk descriptors");
+        if (host == NULL)
+            return GDP_STATUS_SYSTEM_ERROR;
+        int32_t *cu_h = host, *ci_h = cu_h + N + 1, *cidp_h = ci_h + 2 * lay.desc_rows,
+                *off_h = cidp_h + 2 * lay.desc_rows_dp;
+        err = cudaMemcpyAsync(cu_h, a->cu_seqlens.data, (size_t)(N + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                              stream);
+        if (err == cudaSuccess)
+            err = cudaStreamSynchronize(stream);
+        if (err != cudaSuccess) {
+            free(host);
+            return cuda_fail(op, "reading cu_seqlens", err);
+        }
+        gdp_status_t st = gdp_build_chunk_descriptors(cu_h, (int32_t)N, M, T, ci_h, cidp_h, off_h, &num_chunks,
+                                                      &num_chunks_dp);
+        if (st != GDP_STATUS_SUCCESS) {
+            free(host);
+            return st;
+        }
+        int32_t *dev = (int32_t *)((char *)ctx->workspace + lay.off_desc);
+        err = cudaMemcpyAsync(dev, ci_h, (size_t)(2 * num_chunks) * sizeof(int32_t), cudaMemcpyHostToDevice, stream);
+        if (err == cudaSuccess)
+            err = cudaMemcpyAsync(dev + 2 * num_chunks, cidp_h, (size_t)(2 * num_chunks_dp) * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream);
+        if (err == cudaSuccess)
+            err = cudaMemcpyAsync(dev + 2 * num_chunks + 2 * num_chunks_dp, off_h, (size_t)(N + 1) * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream);
+        if (err == cudaSuccess)
+            err = cudaStreamSynchronize(stream); /* the host arrays are freed next */
+        free(host);
+        if (err != cudaSuccess)
+            return cuda_fail(op, "uploading the derived descriptors", err);
+        cidx = dev;
+        cidx_dp = dev + 2 * num_chunks;
+        coff = dev + 2 * num_chunks + 2 * num_chunks_dp;
+    }
+
+    char *ws = (char *)ctx->workspace;
+    ChunkParams p;
+    memset(&p, 0, sizeof p);
+    p.q = a->q.data;
+    p.k = a->k.data;
+    p.v = a->v.data;
+    p.beta = a->beta.data;
+    p.beta_dtype = a->beta.dtype;
+    p.h0 = gdp_tensor_present(&a->initial_state) ? a->initial_state.data : nullptr;
+    p.h0_dtype = p.h0 ? a->initial_state.dtype : 0;
+    p.cu = (const int32_t *)a->cu_seqlens.data;
+    p.cidx = cidx;
+    p.cidx_dp = cidx_dp;
+    p.coff = coff;
+    p.gq = (const float *)(ws + lay.off_gq);
+    p.gk = (const float *)(ws + lay.off_gk);
+    p.kn = ws + lay.off_kn;
+    p.w = ws + lay.off_w;
+    p.u = ws + lay.off_u;
+    p.hs = ws + lay.off_h;
+    p.o = a->o.data;
+    if (have_state) {
+        p.state = a->state.data;
+        p.state_dtype = a->state.dtype;
+        p.n_slots = a->state.shape[0];
+        p.state_stride_slot = gdp_tensor_stride(&a->state, 0);
+        p.state_stride_head = gdp_tensor_stride(&a->state, 1);
+        p.slots = gdp_tensor_present(&a->state_indices) ? (const int32_t *)a->state_indices.data : nullptr;
+    } else if (a->output_final_state && gdp_tensor_present(&a->final_state)) {
+        p.final_state = a->final_state.data;
+        p.final_dtype = a->final_state.dtype;
+    }
+    if (want_cs) {
+        p.chunk_states = a->chunk_states.data;
+        p.cs_dtype = a->chunk_states.dtype;
+        p.cs_rows = a->chunk_states.shape[0];
+    }
+    p.T = T;
+    p.h_rows = lay.h_rows;
+    p.N = (int)N;
+    p.H = (int)H;
+    p.K = (int)K;
+    p.V = (int)V;
+    p.M = M;
+    p.KP = (int)lay.kp;
+    p.VP = (int)lay.vp;
+    p.scale = (float)(a->scale != 0.0 ? a->scale : 1.0 / sqrt((double)K));
+    p.l2norm = a->use_qk_l2norm_in_kernel ? 1 : 0;
+    p.q_vec = (K % 8 == 0) && aligned16(a->q.data);
+    p.k_vec = (K % 8 == 0) && aligned16(a->k.data);
+    p.v_vec = (V % 8 == 0) && aligned16(a->v.data);
+    /* exact_log2e is a CPU-reference knob: in fp32 1/ln 2 rounds to GDP_RCP_LN2 anyway. */
+
+    /* ---- enqueue: cumsums, WY, state sweep, outputs, zero tail ---- */
+    gdp_tensor gq_view, gk_view;
+    int64_t gq_shape[3] = {1, T, H}, gk_shape[3] = {1, T * M, H};
+    gdp_tensor_init(&gq_view, ws + lay.off_gq, GDP_DTYPE_FP32, 3, gq_shape);
+    gdp_tensor_init(&gk_view, ws + lay.off_gk, GDP_DTYPE_FP32, 3, gk_shape);
+    GDP_CHUNK_STAGE_MARK(0, stream);
+    GDP_CHECK(gdp_cuda_chunk_local_cumsum(ctx, &gq_view, &gk_view, gdp_tensor_present(&a->g) ? &a->g : NULL,
+                                          &a->cu_seqlens, M));
+    GDP_CHUNK_STAGE_MARK(1, stream);
+    int sms = 0;
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device);
+    if (err != cudaSuccess)
+        return cuda_fail(op, "reading the multiprocessor count", err);
+    err = a->q.dtype == GDP_DTYPE_BF16 ? launch_stages<__nv_bfloat16>(p, num_chunks, num_chunks_dp, sms, stream)
+                                       : launch_stages<__half>(p, num_chunks, num_chunks_dp, sms, stream);
+    if (err != cudaSuccess)
+        return cuda_fail(op, "launching the chunk stages", err);
+    if (T > 0) {
+        zero_tail_kernel<<<(unsigned)(T < 256 ? T : 256), 256, 0, stream>>>((uint16_t *)a->o.data, p.cu, p.N, T,
+                                                                            H * V);
+        err = cudaGetLastError();
+        if (err != cudaSuccess)
+            return cuda_fail(op, "launching the tail zero-fill", err);
+    }
+    GDP_CHUNK_STAGE_MARK(5, stream);
+    return GDP_STATUS_SUCCESS;
+}

@@ -1,0 +1,105 @@
+/*
+ * mma.cuh: the warp-level tensor-core and copy primitives the chunk op's stages share:
+ * Elem<T> (16-bit conversions and the matching mma.sync m16n8k16), ldmatrix loads, cp.async
+ * copies and the m16n8k16 fragment loaders. These are the sm_80 instructions the current
+ * stages also run on Hopper; kept apart so each stage header reads as its algorithm only.
+ */
+#ifndef GDP_CHUNK_MMA_CUH
+#define GDP_CHUNK_MMA_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+/* ---- 16-bit element traits: conversions and the matching mma instruction ---- */
+template <typename T> struct Elem;
+
+template <> struct Elem<__nv_bfloat16> {
+    static __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+    static __device__ __forceinline__ __nv_bfloat16 from_f(float x) { return __float2bfloat16_rn(x); }
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+template <> struct Elem<__half> {
+    static __device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+    static __device__ __forceinline__ __half from_f(float x) { return __float2half_rn(x); }
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+/* ---- shared-memory matrix loads and async copies ---- */
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* Four 8x8 16-bit matrices; lane l gives the row address of matrix l/8, row l%8. */
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p))
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p))
+                 : "memory");
+}
+/* 16-byte global -> shared copy; valid == false writes zeros and reads nothing. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, 4;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* ---- warp-level fragments (m16n8k16; g = lane / 4 is the row, t = lane % 4 the column pair) ----
+ * A fragment of rows [r0, r0+16) x cols [k0, k0+16) of a row-major smem matrix. */
+template <typename T>
+__device__ __forceinline__ void frag_a(uint32_t a[4], const T *s, int ld, int r0, int k0, int lane) {
+    ldsm_x4(a, s + (r0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8);
+}
+/* A fragment of A = S^T for S stored row-major [k][m]: rows m in [m0, m0+16), cols k in [k0, k0+16). */
+template <typename T>
+__device__ __forceinline__ void frag_a_trans(uint32_t a[4], const T *s, int ld, int m0, int k0, int lane) {
+    ldsm_x4_t(a, s + (k0 + (lane >> 4) * 8 + (lane & 7)) * ld + m0 + ((lane >> 3) & 1) * 8);
+}
+/* B fragments of two n8 tiles [n0, n0+16) x k [k0, k0+16) for B stored row-major [k][n]:
+ * b[0], b[1] for tile n0, b[2], b[3] for tile n0 + 8. */
+template <typename T>
+__device__ __forceinline__ void frag_b_kn(uint32_t b[4], const T *s, int ld, int k0, int n0, int lane) {
+    ldsm_x4_t(b, s + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * ld + n0 + (lane >> 4) * 8);
+}
+/* The same for B stored row-major [n][k] (B = S^T, as in Q K^T). */
+template <typename T>
+__device__ __forceinline__ void frag_b_nk(uint32_t b[4], const T *s, int ld, int k0, int n0, int lane) {
+    ldsm_x4(b, s + (n0 + (lane >> 4) * 8 + (lane & 7)) * ld + k0 + ((lane >> 3) & 1) * 8);
+}
+
+} // namespace
+
+#endif /* GDP_CHUNK_MMA_CUH */

@@ -1,0 +1,261 @@
+/*
+ * out.cuh: stage 3 of the chunk op, chunk_out_kernel: outputs per (token chunk, head, 128 value
+ * columns), o = scale (2^Gq (Q h) + sum_m ((Q K_m^T) . D) V_new,m) with the token-causal mask D
+ * (gdp-math.md 3.6); and zero_tail_kernel, which zeroes the output rows past cu_seqlens[N]
+ * that no chunk owns.
+ */
+#ifndef GDP_CHUNK_OUT_CUH
+#define GDP_CHUNK_OUT_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.cuh"
+#include "mma.cuh"
+#include "tile.cuh"
+
+namespace {
+
+// CUDA kernels
+
+constexpr int OB = 2 * VB; /* value columns per output block */
+template <typename T, int KP> struct OutLayout {
+    static constexpr size_t q_bytes = sizeof(T) * CHUNK * (KP + PAD);
+    static constexpr size_t h_bytes = sizeof(T) * KP * (OB + PAD);
+    static constexpr size_t k_bytes = sizeof(T) * CHUNK * (KP + PAD);
+    static constexpr size_t kv_bytes = k_bytes + sizeof(T) * CHUNK * (OB + PAD); /* K_m then V_new,m */
+    /* region A holds h, then (after Q h) the K / V buffer of the odd copies; region B the even ones */
+    static constexpr size_t a_bytes = h_bytes > kv_bytes ? h_bytes : kv_bytes;
+    static constexpr size_t off_a = q_bytes, off_b = off_a + a_bytes, off_g = off_b + kv_bytes;
+    static constexpr size_t total = off_g + sizeof(float) * CHUNK;
+};
+
+/* Work split: one 256-thread block per (token chunk descriptor, head, 128 value columns); warp w
+ * owns output rows [16 (w % 4), +16) and value columns [64 (w / 4), +64) of the block's slice,
+ * and (the mask being causal) only score columns < 16 (w % 4) + 16. The next copy's K_m and
+ * V_new,m tiles load while the current one is used (two buffers, the first reusing h's space). */
+template <typename T, int KP>
+__global__ void __launch_bounds__(256, KP <= 128 ? 2 : 1) chunk_out_kernel(const ChunkParams p) {
+    constexpr int NTH = 256;
+    using L = OutLayout<T, KP>;
+    constexpr int VPR = KP / 8;
+    constexpr int NLK = CHUNK * VPR / NTH;       /* K vectors per thread and copy     */
+    constexpr int NLV = CHUNK * (OB / 8) / NTH;  /* V_new vectors per thread and copy */
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *sq = reinterpret_cast<T *>(smem_raw);
+    T *sh = reinterpret_cast<T *>(smem_raw + L::off_a);
+    float *sg = reinterpret_cast<float *>(smem_raw + L::off_g);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int rg = warp & 3, vh = warp >> 2;
+    const int hd = blockIdx.y, H = p.H;
+    const int zc = blockIdx.z * OB;           /* first value column of this block */
+    const int cols_blk = min(OB, p.VP - zc);  /* 64 or 128 padded columns          */
+    const bool has_cols = vh * VB < cols_blk; /* this warp's 64 columns exist      */
+    const int i = p.cidx[2 * blockIdx.x], j = p.cidx[2 * blockIdx.x + 1];
+    if (i < 0 || i >= p.N || j < 0)
+        return;
+    const int64_t bos = p.cu[i];
+    const int64_t len = (int64_t)p.cu[i + 1] - bos;
+    const int64_t start = (int64_t)j * CHUNK;
+    if (start >= len)
+        return; /* padding descriptor: inert */
+    const int n = (int)min((int64_t)CHUNK, len - start);
+    const int64_t t0 = bos + start;
+    const int64_t hrow = (int64_t)p.coff[i] + j;
+    if (hrow >= p.h_rows)
+        return;
+
+    const T *qsrc = static_cast<const T *>(p.q) + (t0 * H + hd) * p.K;
+    if (p.q_vec)
+        tile_async<T, NTH>(sq, KP + PAD, qsrc, (int64_t)H * p.K, n, KP, p.K, tid);
+    else
+        tile_scalar<T, NTH>(sq, KP + PAD, qsrc, (int64_t)H * p.K, n, KP, p.K, tid);
+    {
+        const T *hs = static_cast<const T *>(p.hs) + ((hrow * H + hd) * KP) * p.VP + zc;
+        for (int e = tid; e < KP * (OB / 8); e += NTH) {
+            const int r = e / (OB / 8), c = (e % (OB / 8)) * 8;
+            const bool ok = c < cols_blk;
+            cp_async16(sh + r * (OB + PAD) + c, ok ? hs + (int64_t)r * p.VP + c : hs, ok);
+        }
+    }
+    if (tid < CHUNK)
+        sg[tid] = tid < n ? p.gq[(t0 + tid) * H + hd] : 0.0f;
+
+    /* this thread's copies of K_m / V_new,m rows (t0 + sigma) M + m: the same every copy but m */
+    int64_t lk_glob[NLK], lv_glob[NLV];
+    int lk_smem[NLK], lv_smem[NLV];
+    bool lk_ok[NLK], lv_ok[NLV];
+#pragma unroll
+    for (int q = 0; q < NLK; q++) {
+        const int e = tid + q * NTH, r = e / VPR, c = (e % VPR) * 8;
+        lk_ok[q] = r < n;
+        lk_smem[q] = r * (KP + PAD) + c;
+        lk_glob[q] = (((t0 + (r < n ? r : 0)) * p.M) * H + hd) * KP + c;
+    }
+#pragma unroll
+    for (int q = 0; q < NLV; q++) {
+        const int e = tid + q * NTH, r = e / (OB / 8), c = (e % (OB / 8)) * 8;
+        lv_ok[q] = r < n && c < cols_blk;
+        lv_smem[q] = r * (OB + PAD) + c;
+        lv_glob[q] = (((t0 + (r < n ? r : 0)) * p.M) * H + hd) * p.VP + zc + (c < cols_blk ? c : 0);
+    }
+    /* Starts the copies of copy m into the buffer at `buf` (K, then V_new) as one group. */
+    auto issue = [&](int m, unsigned char *buf) {
+        T *sk = reinterpret_cast<T *>(buf), *sv = reinterpret_cast<T *>(buf + L::k_bytes);
+        const T *ksrc = static_cast<const T *>(p.kn) + (int64_t)m * H * KP;
+        const T *vsrc = static_cast<const T *>(p.u) + (int64_t)m * H * p.VP;
+#pragma unroll
+        for (int q = 0; q < NLK; q++)
+            cp_async16(sk + lk_smem[q], ksrc + lk_glob[q], lk_ok[q]);
+#pragma unroll
+        for (int q = 0; q < NLV; q++)
+            cp_async16(sv + lv_smem[q], vsrc + lv_glob[q], lv_ok[q]);
+        cp_async_commit();
+    };
+    unsigned char *buf_a = smem_raw + L::off_a, *buf_b = smem_raw + L::off_b;
+    issue(0, buf_b); /* one group with q and h */
+    cp_async_wait<0>();
+    __syncthreads();
+    if (p.l2norm) {
+        l2norm_rows<T, KP, NTH / 32>(sq, KP + PAD, n, warp, lane);
+        __syncthreads();
+    }
+
+    const int r0 = rg * 16, c0 = vh * VB;
+    float acc[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[nt][e] = 0.0f;
+    if (has_cols) { /* Q h */
+#pragma unroll
+        for (int kk = 0; kk < KP; kk += 16) {
+            uint32_t a[4];
+            frag_a(a, sq, KP + PAD, r0, kk, lane);
+#pragma unroll
+            for (int pp = 0; pp < 4; pp++) {
+                uint32_t b[4];
+                frag_b_kn(b, sh, OB + PAD, kk, c0 + pp * 16, lane);
+                Elem<T>::mma(acc[2 * pp], a, b[0], b[1]);
+                Elem<T>::mma(acc[2 * pp + 1], a, b[2], b[3]);
+            }
+        }
+    }
+    const float gq_lo = sg[r0 + g], gq_hi = sg[r0 + g + 8];
+    {
+        const float f_lo = exp2f(gq_lo), f_hi = exp2f(gq_hi);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            acc[nt][0] *= f_lo;
+            acc[nt][1] *= f_lo;
+            acc[nt][2] *= f_hi;
+            acc[nt][3] *= f_hi;
+        }
+    }
+    __syncthreads(); /* h is no longer read: region A takes copy 1 */
+    if (p.M > 1)
+        issue(1, buf_a);
+    else
+        cp_async_commit();
+
+    for (int m = 0; m < p.M; m++) {
+        unsigned char *buf = (m & 1) ? buf_a : buf_b;
+        const T *sk = reinterpret_cast<const T *>(buf), *sv = reinterpret_cast<const T *>(buf + L::k_bytes);
+        if (m > 0) {
+            cp_async_wait<1>(); /* copy m landed (the group after it may still be in flight) */
+            __syncthreads();
+        }
+        if (has_cols) {
+            /* scores of this warp's rows against token columns < 16 (rg + 1) */
+            float sc[8][4];
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sc[nt][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KP; kk += 16) {
+                uint32_t a[4];
+                frag_a(a, sq, KP + PAD, r0, kk, lane);
+#pragma unroll
+                for (int pp = 0; pp < 4; pp++) {
+                    if (pp <= rg) {
+                        uint32_t bk[4];
+                        frag_b_nk(bk, sk, KP + PAD, kk, pp * 16, lane);
+                        Elem<T>::mma(sc[2 * pp], a, bk[0], bk[1]);
+                        Elem<T>::mma(sc[2 * pp + 1], a, bk[2], bk[3]);
+                    }
+                }
+            }
+            /* token-causal mask and decay ratio, rounded to T as the A operand of P V; tiles
+             * entirely right of the diagonal block stay zero */
+            uint32_t pa[4][4];
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    pa[ks][e] = 0u;
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                if ((nt >> 1) <= rg) {
+                    float pv[4];
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int tau = r0 + g + (e >> 1) * 8, sig = nt * 8 + 2 * t4 + (e & 1);
+                        const float gt = (e >> 1) ? gq_hi : gq_lo;
+                        pv[e] = (sig <= tau && tau < n) ? sc[nt][e] * exp2f(gt - sg[sig]) : 0.0f;
+                    }
+                    pa[nt >> 1][(nt & 1) * 2 + 0] = Elem<T>::pack(pv[0], pv[1]);
+                    pa[nt >> 1][(nt & 1) * 2 + 1] = Elem<T>::pack(pv[2], pv[3]);
+                }
+            }
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++) {
+                if (ks <= rg) {
+#pragma unroll
+                    for (int pp = 0; pp < 4; pp++) {
+                        uint32_t bv[4];
+                        frag_b_kn(bv, sv, OB + PAD, ks * 16, c0 + pp * 16, lane);
+                        Elem<T>::mma(acc[2 * pp], pa[ks], bv[0], bv[1]);
+                        Elem<T>::mma(acc[2 * pp + 1], pa[ks], bv[2], bv[3]);
+                    }
+                }
+            }
+        }
+        __syncthreads(); /* every warp is done with this buffer */
+        if (m + 2 < p.M)
+            issue(m + 2, buf);
+        else
+            cp_async_commit();
+    }
+    cp_async_wait<0>();
+
+    /* o = scale * acc, rows < n, columns < V */
+    if (has_cols) {
+        T *o = static_cast<T *>(p.o) + (t0 * H + hd) * p.V;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = r0 + g + (e >> 1) * 8, c = zc + c0 + nt * 8 + 2 * t4 + (e & 1);
+                if (r < n && c < p.V)
+                    o[(int64_t)r * H * p.V + c] = Elem<T>::from_f(acc[nt][e] * p.scale);
+            }
+    }
+}
+
+/* Work split: a fixed grid strides over the token rows from cu_seqlens[N] on (padding tokens,
+ * which no chunk owns) and zeroes their H * V elements; real rows are never touched. */
+__global__ void __launch_bounds__(256) zero_tail_kernel(uint16_t *__restrict__ o, const int32_t *__restrict__ cu,
+                                                        int n_seq, int64_t rows, int64_t row_elems) {
+    const int64_t end = n_seq > 0 ? cu[n_seq] : 0;
+    for (int64_t t = end + blockIdx.x; t < rows; t += gridDim.x)
+        for (int64_t e = threadIdx.x; e < row_elems; e += blockDim.x)
+            o[t * row_elems + e] = 0;
+}
+
+} // namespace
+
+#endif /* GDP_CHUNK_OUT_CUH */

@@ -1,0 +1,250 @@
+/*
+ * state.cuh: stage 2 of the chunk op, chunk_state_kernel: the sequential sweep over one
+ * sequence's expanded chunks per (sequence, head, 64 value columns), state in fp32 registers
+ * (gdp-math.md 3.5): v_new = u - w S, S = 2^gl S + K^T (2^(gl - Gk) v_new). It stores the
+ * 16-bit state entering each token chunk (for the output stage), the chunk states, and the
+ * final state or the cache slot.
+ */
+#ifndef GDP_CHUNK_STATE_CUH
+#define GDP_CHUNK_STATE_CUH
+
+#include <stdint.h>
+
+#include "common.cuh"
+#include "mma.cuh"
+
+namespace {
+
+// CUDA kernels
+
+template <typename T, int KP, int STAGES> struct StateSmem {
+    T w[STAGES][CHUNK][KP + PAD];
+    T k[STAGES][CHUNK][KP + PAD];
+    T u[STAGES][CHUNK][VB + PAD]; /* u of the chunk, overwritten by the decayed v_new */
+    T s[KP][VB + PAD];            /* 16-bit copy of the running state                */
+    float g[STAGES][CHUNK];
+};
+
+/* Work split: one block of KP / 16 warps per (sequence, head, 64 value columns), looping over the
+ * sequence's expanded chunks in order with STAGES - 1 chunks of w, K, u, Gk in flight; warp w
+ * keeps state rows [16w, 16w+16) in fp32 registers and computes a 16-row x (64 / CG)-column
+ * piece of the chunk's v_new (4 row tiles x CG column groups cover the 64 x 64 tile). */
+template <typename T, int KP, int STAGES>
+__global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p) {
+    constexpr int NW = KP / 16, NTH = NW * 32;
+    constexpr int CG = NW / 4;      /* v_new column groups: 1 (KP 64), 2 (128), 4 (256) */
+    constexpr int VNT = 8 / CG;     /* n8 tiles of v_new per warp                      */
+    constexpr int VPR = KP / 8;     /* 16-byte vectors per row of w and K              */
+    constexpr int NLK = CHUNK * VPR / NTH;       /* w / K vectors per thread and chunk */
+    constexpr int NLU = CHUNK * (VB / 8) / NTH;  /* u vectors per thread and chunk     */
+    static_assert(NLK * NTH == CHUNK * VPR && NLU * NTH == CHUNK * (VB / 8), "load split");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    StateSmem<T, KP, STAGES> &s = *reinterpret_cast<StateSmem<T, KP, STAGES> *>(smem_raw);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int vb = blockIdx.x, hd = blockIdx.y, i = blockIdx.z, H = p.H;
+    const int64_t bos = p.cu[i];
+    const int64_t len_dp = ((int64_t)p.cu[i + 1] - bos) * p.M;
+    const int nt_dp = (int)((len_dp + CHUNK - 1) / CHUNK);
+    const int64_t coff = p.coff[i];
+    const int vr0 = (warp & 3) * 16;          /* v_new tile rows of this warp    */
+    const int vc0 = (warp >> 2) * (64 / CG);  /* v_new tile columns of this warp */
+    const int sr0 = warp * 16;                /* state rows of this warp         */
+
+    /* state in registers: S[nt] covers rows sr0 + {g, g+8}, cols 8 nt + 2 t4 + {0, 1} */
+    float S[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = sr0 + g + (e >> 1) * 8, c = vb * VB + nt * 8 + 2 * t4 + (e & 1);
+            float x = 0.0f;
+            if (p.h0 != nullptr && r < p.K && c < p.V)
+                x = load_any(p.h0, p.h0_dtype, (((int64_t)i * H + hd) * p.K + r) * p.V + c);
+            S[nt][e] = x;
+        }
+
+    /* this thread's copies, the same every chunk: row, smem offset and global offset from the
+     * chunk's first row (the offsets fit int32: 64 rows x H x 256 < 2^31 for H < 2^17) */
+    int lk_row[NLK], lk_smem[NLK], lk_glob[NLK], lu_row[NLU], lu_smem[NLU], lu_glob[NLU];
+#pragma unroll
+    for (int q = 0; q < NLK; q++) {
+        const int e = tid + q * NTH, r = e / VPR, c = (e % VPR) * 8;
+        lk_row[q] = r;
+        lk_smem[q] = r * (KP + PAD) + c;
+        lk_glob[q] = (r * H + hd) * KP + c;
+    }
+#pragma unroll
+    for (int q = 0; q < NLU; q++) {
+        const int e = tid + q * NTH, r = e / (VB / 8), c = (e % (VB / 8)) * 8;
+        lu_row[q] = r;
+        lu_smem[q] = r * (VB + PAD) + c;
+        lu_glob[q] = (r * H + hd) * p.VP + vb * VB + c;
+    }
+
+    /* Starts the copies of chunk ct into stage b and commits them as one group. */
+    auto issue = [&](int ct, int b) {
+        const int64_t rowc = bos * p.M + (int64_t)ct * CHUNK;
+        const int nc = (int)min((int64_t)CHUNK, len_dp - (int64_t)ct * CHUNK);
+        const T *wsrc = static_cast<const T *>(p.w) + rowc * H * KP;
+        const T *ksrc = static_cast<const T *>(p.kn) + rowc * H * KP;
+        const T *usrc = static_cast<const T *>(p.u) + rowc * H * p.VP;
+#pragma unroll
+        for (int q = 0; q < NLK; q++) {
+            const bool ok = lk_row[q] < nc;
+            cp_async16(&s.w[b][0][0] + lk_smem[q], wsrc + (ok ? lk_glob[q] : 0), ok);
+            cp_async16(&s.k[b][0][0] + lk_smem[q], ksrc + (ok ? lk_glob[q] : 0), ok);
+        }
+#pragma unroll
+        for (int q = 0; q < NLU; q++) {
+            const bool ok = lu_row[q] < nc;
+            cp_async16(&s.u[b][0][0] + lu_smem[q], usrc + (ok ? lu_glob[q] : 0), ok);
+        }
+        for (int r = tid; r < CHUNK; r += NTH) {
+            if (r < nc)
+                cp_async4(&s.g[b][r], p.gk + (rowc + r) * H + hd);
+            else
+                s.g[b][r] = 0.0f;
+        }
+        cp_async_commit();
+    };
+
+    /* prologue: STAGES - 1 groups in flight (empty groups past the end keep the count uniform) */
+#pragma unroll
+    for (int c = 0; c < STAGES - 1; c++) {
+        if (c < nt_dp)
+            issue(c, c);
+        else
+            cp_async_commit();
+    }
+    for (int ct = 0; ct < nt_dp; ct++) {
+        const int b = ct % STAGES;
+        const int nc = (int)min((int64_t)CHUNK, len_dp - (int64_t)ct * CHUNK);
+        const bool store_h = (ct % p.M) == 0;
+        const int64_t hrow = coff + ct / p.M;
+        /* 16-bit state for w S (and the output stage); fp32 chunk states straight from registers */
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = sr0 + g + hh * 8, c = nt * 8 + 2 * t4;
+                *reinterpret_cast<uint32_t *>(&s.s[r][c]) = Elem<T>::pack(S[nt][2 * hh], S[nt][2 * hh + 1]);
+            }
+        if (store_h && p.chunk_states != nullptr && hrow < p.cs_rows) {
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = sr0 + g + (e >> 1) * 8, c = vb * VB + nt * 8 + 2 * t4 + (e & 1);
+                    if (r < p.K && c < p.V)
+                        store_any(p.chunk_states, p.cs_dtype, ((hrow * H + hd) * p.K + r) * p.V + c, S[nt][e]);
+                }
+        }
+        cp_async_wait<STAGES - 2>();
+        __syncthreads(); /* chunk ct landed, s.s complete, every warp done with chunk ct - 1 */
+        if (ct + STAGES - 1 < nt_dp)
+            issue(ct + STAGES - 1, (ct + STAGES - 1) % STAGES); /* the stage chunk ct - 1 used */
+        else
+            cp_async_commit();
+        if (store_h && hrow < p.h_rows) {
+            T *hs = static_cast<T *>(p.hs) + ((hrow * H + hd) * KP) * p.VP + vb * VB;
+            for (int e = tid; e < KP * (VB / 8); e += NTH) {
+                const int r = e / (VB / 8), c = (e % (VB / 8)) * 8;
+                *reinterpret_cast<uint4 *>(hs + (int64_t)r * p.VP + c) = *reinterpret_cast<const uint4 *>(&s.s[r][c]);
+            }
+        }
+
+        /* v_new = u - w S over this warp's 16 x (64 / CG) piece */
+        float P[VNT][4];
+#pragma unroll
+        for (int nt = 0; nt < VNT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                P[nt][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KP; kk += 16) {
+            uint32_t a[4];
+            frag_a(a, &s.w[b][0][0], KP + PAD, vr0, kk, lane);
+#pragma unroll
+            for (int pp = 0; pp < VNT / 2; pp++) {
+                uint32_t bb[4];
+                frag_b_kn(bb, &s.s[0][0], VB + PAD, kk, vc0 + pp * 16, lane);
+                Elem<T>::mma(P[2 * pp], a, bb[0], bb[1]);
+                Elem<T>::mma(P[2 * pp + 1], a, bb[2], bb[3]);
+            }
+        }
+        const float gl = s.g[b][nc - 1];
+        T *vnew = static_cast<T *>(p.u) + ((bos * p.M + (int64_t)ct * CHUNK) * H + hd) * p.VP + vb * VB;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = vr0 + g + hh * 8;
+            const bool ok = r < nc;
+            const float f = ok ? exp2f(gl - s.g[b][r]) : 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < VNT; nt++) {
+                const int c = vc0 + nt * 8 + 2 * t4;
+                T *up = &s.u[b][r][c];
+                const float v0 = Elem<T>::to_f(up[0]) - P[nt][2 * hh];
+                const float v1 = Elem<T>::to_f(up[1]) - P[nt][2 * hh + 1];
+                if (ok)
+                    *reinterpret_cast<uint32_t *>(vnew + (int64_t)r * H * p.VP + c) = Elem<T>::pack(v0, v1);
+                *reinterpret_cast<uint32_t *>(up) = Elem<T>::pack(v0 * f, v1 * f);
+            }
+        }
+        __syncthreads(); /* decayed v_new complete */
+
+        /* S = 2^gl S + K^T (decayed v_new) */
+        const float dec = exp2f(gl);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                S[nt][e] *= dec;
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) {
+            if (ks * 16 < nc) { /* rows past the chunk's end are zero */
+                uint32_t a[4];
+                frag_a_trans(a, &s.k[b][0][0], KP + PAD, sr0, ks * 16, lane);
+#pragma unroll
+                for (int pp = 0; pp < 4; pp++) {
+                    uint32_t bb[4];
+                    frag_b_kn(bb, &s.u[b][0][0], VB + PAD, ks * 16, pp * 16, lane);
+                    Elem<T>::mma(S[2 * pp], a, bb[0], bb[1]);
+                    Elem<T>::mma(S[2 * pp + 1], a, bb[2], bb[3]);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>(); /* no copy may land after the block exits */
+
+    /* final state: the cache slot (in place, cache dtype) or the dense final_state */
+    void *dst = nullptr;
+    int dtype = 0;
+    int64_t base = 0;
+    if (p.state != nullptr) {
+        const int slot = p.slots != nullptr ? p.slots[i] : i;
+        if (slot >= 0 && slot < p.n_slots) {
+            dst = p.state;
+            dtype = p.state_dtype;
+            base = (int64_t)slot * p.state_stride_slot + (int64_t)hd * p.state_stride_head;
+        }
+    } else if (p.final_state != nullptr) {
+        dst = p.final_state;
+        dtype = p.final_dtype;
+        base = ((int64_t)i * H + hd) * p.K * p.V;
+    }
+    if (dst != nullptr) {
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = sr0 + g + (e >> 1) * 8, c = vb * VB + nt * 8 + 2 * t4 + (e & 1);
+                if (r < p.K && c < p.V)
+                    store_any(dst, dtype, base + (int64_t)r * p.V + c, S[nt][e]);
+            }
+    }
+}
+
+} // namespace
+
+#endif /* GDP_CHUNK_STATE_CUH */

@@ -1,0 +1,79 @@
+/*
+ * tile.cuh: block-wide tile helpers of the chunk op shared by the WY and output stages: a
+ * 64-row input tile into shared memory (cp.async or plain loads, zero-filled past the valid
+ * rows and columns) and the deterministic in-place L2 norm of its rows.
+ */
+#ifndef GDP_CHUNK_TILE_CUH
+#define GDP_CHUNK_TILE_CUH
+
+#include <stdint.h>
+
+#include "common.cuh"
+#include "gdp/gdp.h"
+#include "mma.cuh"
+
+namespace {
+
+/* Starts copying rows [0, 64) x cols [0, COLS) of a row-major global matrix (row stride ld_g)
+ * into smem with 16-byte cp.async; rows >= nrows and cols >= ncols (a multiple of 8) become 0. */
+template <typename T, int NTH>
+__device__ __forceinline__ void tile_async(T *dst, int ld_s, const T *__restrict__ src, int64_t ld_g, int nrows,
+                                           int cols, int ncols, int tid) {
+    const int vpr = cols >> 3;
+    for (int e = tid; e < CHUNK * vpr; e += NTH) {
+        const int r = e / vpr, c = (e - r * vpr) * 8;
+        const bool ok = r < nrows && c < ncols;
+        cp_async16(dst + r * ld_s + c, ok ? src + r * ld_g + c : src, ok);
+    }
+}
+
+/* The same with plain element loads, for any ncols and alignment. */
+template <typename T, int NTH>
+__device__ __forceinline__ void tile_scalar(T *dst, int ld_s, const T *__restrict__ src, int64_t ld_g, int nrows,
+                                            int cols, int ncols, int tid) {
+    for (int e = tid; e < CHUNK * cols; e += NTH) {
+        const int r = e / cols, c = e - r * cols;
+        dst[r * ld_s + c] = (r < nrows && c < ncols) ? src[r * ld_g + c] : Elem<T>::from_f(0.0f);
+    }
+}
+
+/* In-place L2 norm of rows [0, nrows) of a 64 x KP smem tile: x / sqrt(sum x^2 + 1e-6) in fp32,
+ * rounded to T. 8 lanes per row (4 rows per warp at a time), 16-byte vectors; each row's partial
+ * sums meet in a fixed shuffle tree, so the result is deterministic. */
+template <typename T, int KP, int NW>
+__device__ __forceinline__ void l2norm_rows(T *s, int ld, int nrows, int warp, int lane) {
+    constexpr int VPL = KP / 64; /* 16-byte vectors per lane */
+    for (int r0 = warp * 4; r0 < nrows; r0 += NW * 4) {
+        const int r = r0 + (lane >> 3), l8 = lane & 7;
+        uint4 vals[VPL];
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < VPL; j++) {
+            vals[j] = *reinterpret_cast<const uint4 *>(s + r * ld + (j * 8 + l8) * 8);
+            const T *x = reinterpret_cast<const T *>(&vals[j]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const float f = Elem<T>::to_f(x[e]);
+                ss += f * f;
+            }
+        }
+        ss += __shfl_xor_sync(0xffffffffu, ss, 4);
+        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+        if (r < nrows) {
+            const float inv = 1.0f / sqrtf(ss + (float)GDP_L2NORM_EPS);
+#pragma unroll
+            for (int j = 0; j < VPL; j++) {
+                T *x = reinterpret_cast<T *>(&vals[j]);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    x[e] = Elem<T>::from_f(Elem<T>::to_f(x[e]) * inv);
+                *reinterpret_cast<uint4 *>(s + r * ld + (j * 8 + l8) * 8) = vals[j];
+            }
+        }
+    }
+}
+
+} // namespace
+
+#endif /* GDP_CHUNK_TILE_CUH */

@@ -1,0 +1,276 @@
+/*
+ * wy.cuh: stage 1 of the chunk op, chunk_wy_kernel: the WY factors per expanded chunk
+ * (gdp-math.md 3.2-3.4). Keys (L2-normalized if asked, rounded to the input dtype) go to the
+ * workspace for the later stages; A = beta K K^T with decay, Ai = (I + A)^-1 in fp32 on CUDA
+ * cores, then w = Ai (beta 2^Gk K) and u = Ai (beta V) on tensor cores.
+ */
+#ifndef GDP_CHUNK_WY_CUH
+#define GDP_CHUNK_WY_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "common.cuh"
+#include "mma.cuh"
+#include "tile.cuh"
+
+namespace {
+
+// CUDA kernels
+
+template <typename T, int KP> struct WySmem {
+    T k[CHUNK][KP + PAD];      /* keys, then beta 2^Gk K                                    */
+    float a[CHUNK][CHUNK + 4]; /* A; after the solve the same bytes hold Ai in T           */
+    float x[CHUNK][CHUNK + 4]; /* (I + A)^-1 in fp32                                       */
+    float tmp[16][3 * 16 + 4]; /* one block row of sum_q A_rq X_qc, all its column blocks */
+    float beta[CHUNK];
+    float fk[CHUNK]; /* beta 2^Gk: the row factor of w's right-hand side */
+    float gk[CHUNK];
+}; /* dynamic smem continues with V [CHUNK][VP + PAD] in T, later scaled by beta */
+static_assert(sizeof(WySmem<__nv_bfloat16, 64>) % 16 == 0 && sizeof(WySmem<__half, 128>) % 16 == 0 &&
+                  sizeof(WySmem<__nv_bfloat16, 256>) % 16 == 0,
+              "the V tile after WySmem needs 16-byte alignment");
+static_assert(sizeof(float) * CHUNK * (CHUNK + 4) >= sizeof(__nv_bfloat16) * CHUNK * (CHUNK + PAD),
+              "Ai in T must fit in A's storage");
+
+/* Work split: one 128-thread block per (expanded chunk descriptor, head); warp w owns rows
+ * [16w, 16w+16) of A, w and u; the 64x64 triangular inverse runs on CUDA cores in fp32.
+ * K and V arrive together (cp.async) at the start, so no load waits after the solve. */
+template <typename T, int KP>
+__global__ void __launch_bounds__(128) chunk_wy_kernel(const ChunkParams p) {
+    constexpr int NTH = 128;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    WySmem<T, KP> &s = *reinterpret_cast<WySmem<T, KP> *>(smem_raw);
+    T *sv = reinterpret_cast<T *>(smem_raw + sizeof(WySmem<T, KP>));
+    T(*ai)[CHUNK + PAD] = reinterpret_cast<T(*)[CHUNK + PAD]>(&s.a[0][0]);
+    const int ldv = p.VP + PAD;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int hd = blockIdx.y, H = p.H;
+
+    const int i = p.cidx_dp[2 * blockIdx.x], j = p.cidx_dp[2 * blockIdx.x + 1];
+    if (i < 0 || i >= p.N || j < 0)
+        return;
+    const int64_t bos = p.cu[i];
+    const int64_t len_dp = ((int64_t)p.cu[i + 1] - bos) * p.M;
+    const int64_t start = (int64_t)j * CHUNK;
+    if (start >= len_dp)
+        return; /* padding descriptor: inert */
+    const int n = (int)min((int64_t)CHUNK, len_dp - start);
+    const int64_t row0 = bos * p.M + start; /* global expanded row of local row 0 */
+
+    /* keys and values (both at once), beta, Gk */
+    const T *ksrc = static_cast<const T *>(p.k) + (row0 * H + hd) * p.K;
+    const T *vsrc = static_cast<const T *>(p.v) + (row0 * H + hd) * p.V;
+    if (p.k_vec)
+        tile_async<T, NTH>(&s.k[0][0], KP + PAD, ksrc, (int64_t)H * p.K, n, KP, p.K, tid);
+    else
+        tile_scalar<T, NTH>(&s.k[0][0], KP + PAD, ksrc, (int64_t)H * p.K, n, KP, p.K, tid);
+    if (p.v_vec)
+        tile_async<T, NTH>(sv, ldv, vsrc, (int64_t)H * p.V, n, p.VP, p.V, tid);
+    else
+        tile_scalar<T, NTH>(sv, ldv, vsrc, (int64_t)H * p.V, n, p.VP, p.V, tid);
+    cp_async_commit();
+    if (tid < CHUNK) {
+        float b = 0.0f, gk = 0.0f;
+        if (tid < n) {
+            b = load_any(p.beta, p.beta_dtype, (row0 + tid) * H + hd);
+            gk = p.gk[(row0 + tid) * H + hd];
+        }
+        s.beta[tid] = b;
+        s.gk[tid] = gk;
+        s.fk[tid] = b * exp2f(gk);
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    if (p.l2norm) {
+        l2norm_rows<T, KP, NTH / 32>(&s.k[0][0], KP + PAD, n, warp, lane);
+        __syncthreads();
+    }
+    /* The keys the later stages use (normalized and rounded like upstream's separate pass). */
+    {
+        T *kn = static_cast<T *>(p.kn) + (row0 * H + hd) * KP;
+        constexpr int VPR = KP / 8;
+        for (int e = tid; e < n * VPR; e += NTH) {
+            const int r = e / VPR, c = (e % VPR) * 8;
+            *reinterpret_cast<uint4 *>(kn + (int64_t)r * H * KP + c) = *reinterpret_cast<const uint4 *>(&s.k[r][c]);
+        }
+    }
+
+    /* A[r][s] = beta_r 2^(Gk_r - Gk_s) <k_r, k_s> for s < r < n, else 0. */
+    {
+        float acc[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[nt][e] = 0.0f;
+        const int r0 = warp * 16;
+#pragma unroll
+        for (int kk = 0; kk < KP; kk += 16) {
+            uint32_t a[4];
+            frag_a(a, &s.k[0][0], KP + PAD, r0, kk, lane);
+#pragma unroll
+            for (int pp = 0; pp < 4; pp++) {
+                if (pp <= warp) { /* columns past the diagonal block are masked anyway */
+                    uint32_t b[4];
+                    frag_b_nk(b, &s.k[0][0], KP + PAD, kk, pp * 16, lane);
+                    Elem<T>::mma(acc[2 * pp], a, b[0], b[1]);
+                    Elem<T>::mma(acc[2 * pp + 1], a, b[2], b[3]);
+                }
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = r0 + g + (e >> 1) * 8, c = nt * 8 + 2 * t4 + (e & 1);
+                float val = 0.0f;
+                if (c < r && r < n) /* exponent <= 0 here: no overflow */
+                    val = acc[nt][e] * exp2f(s.gk[r] - s.gk[c]) * s.beta[r];
+                s.a[r][c] = val;
+            }
+        /* the inverse's blocks above the diagonal are zero: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3) */
+        for (int e = tid; e < 6 * 256; e += NTH) {
+            const int blk = e >> 8, rb = (blk >= 3) + (blk >= 5), cb = blk + 1 - (blk >= 3) * 2 - (blk >= 5);
+            s.x[rb * 16 + ((e >> 4) & 15)][cb * 16 + (e & 15)] = 0.0f;
+        }
+    }
+    __syncthreads();
+
+    /* (I + A)^-1, 16x16 blocks: diagonal blocks by forward substitution, one thread per column. */
+    if (tid < 64) {
+        const int b = tid >> 4, c = tid & 15, base = b * 16;
+        float x[16];
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            float v = (r == c) ? 1.0f : 0.0f;
+#pragma unroll
+            for (int q = 0; q < 16; q++)
+                if (q < r)
+                    v -= s.a[base + r][base + q] * x[q];
+            x[r] = v;
+        }
+#pragma unroll
+        for (int r = 0; r < 16; r++)
+            s.x[base + r][base + c] = x[r];
+    }
+    __syncthreads();
+    /* Off-diagonal blocks, block row by block row: X_rc = -D_r sum_{c <= q < r} A_rq X_qc. Each
+     * thread owns a 2-row x 4-column micro-tile of the block row (rows 2 rp, 2 rp + 1; columns
+     * 4 cq .. 4 cq + 3), so one float4 of X serves 8 multiply-adds; sums run in index order. */
+#pragma unroll
+    for (int rb = 1; rb < 4; rb++) {
+        const int rp = tid & 7, cq = tid >> 3, cb = cq >> 2, col = cq * 4; /* col = 16 cb + 4 (cq % 4) */
+        const bool active = tid < 32 * rb;
+        if (active) {
+            float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+            for (int jb = cb; jb < rb; jb++) {
+#pragma unroll
+                for (int q = 0; q < 16; q++) {
+                    const float4 xv = *reinterpret_cast<const float4 *>(&s.x[jb * 16 + q][col]);
+                    const float a0 = s.a[rb * 16 + 2 * rp][jb * 16 + q], a1 = s.a[rb * 16 + 2 * rp + 1][jb * 16 + q];
+                    acc[0][0] += a0 * xv.x; acc[0][1] += a0 * xv.y; acc[0][2] += a0 * xv.z; acc[0][3] += a0 * xv.w;
+                    acc[1][0] += a1 * xv.x; acc[1][1] += a1 * xv.y; acc[1][2] += a1 * xv.z; acc[1][3] += a1 * xv.w;
+                }
+            }
+            *reinterpret_cast<float4 *>(&s.tmp[2 * rp][col]) = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
+            *reinterpret_cast<float4 *>(&s.tmp[2 * rp + 1][col]) = make_float4(acc[1][0], acc[1][1], acc[1][2], acc[1][3]);
+        }
+        __syncthreads();
+        if (active) {
+            float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+            for (int q = 0; q < 16; q++) {
+                const float4 tv = *reinterpret_cast<const float4 *>(&s.tmp[q][col]);
+                const float d0 = s.x[rb * 16 + 2 * rp][rb * 16 + q], d1 = s.x[rb * 16 + 2 * rp + 1][rb * 16 + q];
+                acc[0][0] += d0 * tv.x; acc[0][1] += d0 * tv.y; acc[0][2] += d0 * tv.z; acc[0][3] += d0 * tv.w;
+                acc[1][0] += d1 * tv.x; acc[1][1] += d1 * tv.y; acc[1][2] += d1 * tv.z; acc[1][3] += d1 * tv.w;
+            }
+            *reinterpret_cast<float4 *>(&s.x[rb * 16 + 2 * rp][col]) =
+                make_float4(-acc[0][0], -acc[0][1], -acc[0][2], -acc[0][3]);
+            *reinterpret_cast<float4 *>(&s.x[rb * 16 + 2 * rp + 1][col]) =
+                make_float4(-acc[1][0], -acc[1][1], -acc[1][2], -acc[1][3]);
+        }
+        __syncthreads();
+    }
+    /* Ai rounded to T (over A's dead storage); K becomes beta 2^Gk K and V beta V (rounded to T). */
+    for (int e = tid; e < CHUNK * CHUNK / 4; e += NTH) {
+        const int r = e >> 4, c = (e & 15) * 4;
+        const float4 xv = *reinterpret_cast<const float4 *>(&s.x[r][c]);
+        *reinterpret_cast<uint2 *>(&ai[r][c]) = make_uint2(Elem<T>::pack(xv.x, xv.y), Elem<T>::pack(xv.z, xv.w));
+    }
+    {
+        constexpr int VPR = KP / 8;
+        for (int e = tid; e < CHUNK * VPR; e += NTH) {
+            const int r = e / VPR, c = (e % VPR) * 8;
+            uint4 val = *reinterpret_cast<const uint4 *>(&s.k[r][c]);
+            T *x = reinterpret_cast<T *>(&val);
+            const float f = s.fk[r];
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                x[q] = Elem<T>::from_f(f * Elem<T>::to_f(x[q]));
+            *reinterpret_cast<uint4 *>(&s.k[r][c]) = val;
+        }
+        const int vpr = p.VP >> 3;
+        for (int e = tid; e < CHUNK * vpr; e += NTH) {
+            const int r = e / vpr, c = (e - r * vpr) * 8;
+            uint4 val = *reinterpret_cast<const uint4 *>(sv + r * ldv + c);
+            T *x = reinterpret_cast<T *>(&val);
+            const float f = s.beta[r];
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                x[q] = Elem<T>::from_f(f * Elem<T>::to_f(x[q]));
+            *reinterpret_cast<uint4 *>(sv + r * ldv + c) = val;
+        }
+    }
+    __syncthreads();
+
+    /* w = Ai (beta 2^Gk K), u = Ai (beta V), 64 columns at a time; Ai is lower triangular, so
+     * only k-steps up to the warp's rows. */
+    const int r0 = warp * 16;
+    const int nblk_w = KP / 64, nblk = nblk_w + p.VP / 64;
+    for (int cb = 0; cb < nblk; cb++) {
+        const bool is_w = cb < nblk_w;
+        const T *rhs = is_w ? &s.k[0][0] : sv;
+        const int ld = is_w ? KP + PAD : ldv;
+        const int col0 = is_w ? cb * 64 : (cb - nblk_w) * 64;
+        float acc[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[nt][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) {
+            if (ks <= warp) {
+                uint32_t a[4];
+                frag_a(a, &ai[0][0], CHUNK + PAD, r0, ks * 16, lane);
+#pragma unroll
+                for (int pp = 0; pp < 4; pp++) {
+                    uint32_t b[4];
+                    frag_b_kn(b, rhs, ld, ks * 16, col0 + pp * 16, lane);
+                    Elem<T>::mma(acc[2 * pp], a, b[0], b[1]);
+                    Elem<T>::mma(acc[2 * pp + 1], a, b[2], b[3]);
+                }
+            }
+        }
+        const int64_t ldg = is_w ? (int64_t)H * KP : (int64_t)H * p.VP;
+        T *dst = is_w ? static_cast<T *>(p.w) + (row0 * H + hd) * KP + col0
+                      : static_cast<T *>(p.u) + (row0 * H + hd) * p.VP + col0;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = r0 + g + hh * 8, c = nt * 8 + 2 * t4;
+                if (r < n)
+                    *reinterpret_cast<uint32_t *>(dst + (int64_t)r * ldg + c) =
+                        Elem<T>::pack(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
+            }
+    }
+}
+
+} // namespace
+
+#endif /* GDP_CHUNK_WY_CUH */
