@@ -108,8 +108,12 @@ __global__ void __launch_bounds__(BLOCK ? FAST_BLOCK_THREADS : NORM_THREADS) nor
         return;
     const int64_t base = vec * p.n;
     const int chunks = (int)(p.n / 8);
+    /* With few chunks the weights load with the inputs (one latency, not two in a row). */
+    constexpr bool EARLY_W = !L2 && CHUNKS <= 2;
+    const int64_t w_base = (vec % p.groups) * p.n;
     float v[CHUNKS][8];
     float zv[GATED ? CHUNKS : 1][8];
+    float wv[EARLY_W ? CHUNKS : 1][8];
 #pragma unroll
     for (int c = 0; c < CHUNKS; c++) {
         const int ch = t + c * LANES;
@@ -117,6 +121,8 @@ __global__ void __launch_bounds__(BLOCK ? FAST_BLOCK_THREADS : NORM_THREADS) nor
             load_vec_as_float<8>(p.x, p.x_dtype, base + (int64_t)ch * 8, v[c]);
             if constexpr (GATED)
                 load_vec_as_float<8>(p.z, p.z_dtype, base + (int64_t)ch * 8, zv[c]);
+            if constexpr (EARLY_W)
+                load_vec_as_float<8>(p.weight, p.w_dtype, w_base + (int64_t)ch * 8, wv[c]);
         }
     }
     float ss = 0.0f;
@@ -146,14 +152,18 @@ __global__ void __launch_bounds__(BLOCK ? FAST_BLOCK_THREADS : NORM_THREADS) nor
     }
     const float rstd = L2 ? __fdiv_rn(1.0f, sqrtf(__fadd_rn(ss, p.eps)))
                           : __fdiv_rn(1.0f, sqrtf(__fadd_rn(__fmul_rn(ss, p.inv_n), p.eps)));
-    const int64_t w_base = (vec % p.groups) * p.n;
 #pragma unroll
     for (int c = 0; c < CHUNKS; c++) {
         const int ch = t + c * LANES;
         if (ch < chunks) {
             float w[8], out[8];
-            if constexpr (!L2)
+            if constexpr (EARLY_W) {
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    w[j] = wv[c][j];
+            } else if constexpr (!L2) {
                 load_vec_as_float<8>(p.weight, p.w_dtype, w_base + (int64_t)ch * 8, w);
+            }
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 out[j] = __fmul_rn(v[c][j], rstd);
