@@ -4,8 +4,10 @@
 # its dev files), run every ctest labelled gpu (gpu;mpi included), the Python torch tests,
 # the ops benchmark and the main program. Logs go to $OUT (or ./h200-out) when set.
 # Golden vectors: $GDP_GOLDEN_DIR, else ./.golden (an ignored copy of ../shared/golden).
-# Usage: launch/h200-suite.sh [all|tests|bench|run|sanitize]   (default all; sanitize is not
-# part of all: it runs every gpu test under compute-sanitizer, which takes far longer).
+# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|loop|alone|sanitize]   (default all;
+# the others are not part of all: serve times gdp-run at the serving shape, loop and alone
+# repeat the gpu tests GDP_LOOP_RUNS times under ctest -j4 and one at a time, sanitize runs
+# every gpu test under compute-sanitizer, which takes far longer).
 #   GDP_BUILD_DIR            build folder (default build)
 #   GDP_SANITIZE_TOOLS       sanitizer tools, in order (default "memcheck racecheck")
 #   GDP_SANITIZE_TESTS       ctest -R regex of the gpu tests to sanitize (default: all of them)
@@ -64,6 +66,15 @@ if [ "$stage" = loop ]; then
         fi
     done
     echo "gpu tests under ctest -L gpu -j4: $pass of $runs runs passed"
+fi
+if [ "$stage" = alone ]; then
+    # every gpu test GDP_LOOP_RUNS times in a row, one at a time with nothing else on the GPU
+    # (issue 12's "alone" bar; GDP_LOOP_TESTS: a ctest -R regex to run a subset)
+    runs=${GDP_LOOP_RUNS:-20}
+    (cd "$build" && ctest -L gpu -R "${GDP_LOOP_TESTS:-.}" -j1 --timeout 300 --repeat until-fail:"$runs") \
+        >"$out/alone.log" 2>&1 || rc=1
+    grep -E "tests passed|Failed|Timeout|Total Test" "$out/alone.log" | tail -8
+    echo "gpu tests alone: $(grep -c ' Passed' "$out/alone.log") passed runs ($runs per test)"
 fi
 if [ "$stage" = serve ]; then
     # gdp-run at the serving shape of docs/performance.md (8 layers, D 2048, H 16, G 4, P = N = 128,
