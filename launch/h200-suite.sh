@@ -58,7 +58,7 @@ if [ "$stage" = loop ]; then
     # every gpu test, GDP_LOOP_RUNS times in a row under ctest -j4 (issue 12: a flaky test shows a bug)
     runs=${GDP_LOOP_RUNS:-20} pass=0
     for i in $(seq 1 "$runs"); do
-        if (cd build && ctest -L gpu -j4 --timeout 300 >"$out/loop_$i.log" 2>&1); then
+        if (cd "$build" && ctest -L gpu -j4 --timeout 300 >"$out/loop_$i.log" 2>&1); then
             pass=$((pass + 1))
         else
             grep -E "\*\*\*Failed|Timeout" "$out/loop_$i.log" | sed "s/^/run $i: /"
