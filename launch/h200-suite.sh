@@ -84,8 +84,8 @@ if [ "$stage" = serve ]; then
     model=(--layers 8 --hidden 2048 --heads 16 --groups 4 --head-dim 128 --state-dim 128 --householder 2
            --vocab 32000)
     ckpt=${TMPDIR:-/tmp}/gdp_serve_model.safetensors
-    run1() { mpirun -n "${NP:-1}" ./build/examples/gdp-run --model "$ckpt" --progress 0 "$@"; }
-    ./build/examples/gdp-run "${model[@]}" --write-model "$ckpt" >/dev/null || rc=1
+    run1() { mpirun -n "${NP:-1}" ./$build/examples/gdp-run --model "$ckpt" --progress 0 "$@"; }
+    ./$build/examples/gdp-run "${model[@]}" --write-model "$ckpt" >/dev/null || rc=1
     decode=(--slots 128 --budget 1152 --prefill-chunk 1024 --workload synthetic:n=128,rate=0,prompt=64-128,new=512,seed=3)
     mixed=(--slots 64 --budget 2048 --prefill-chunk 1024 --workload synthetic:n=256,rate=0,prompt=128-2048,new=128,seed=7)
     { echo "## decode-heavy"; run1 "${decode[@]}" --check 2; } 2>&1 | tee "$out/serve_decode.log" || rc=1
@@ -93,7 +93,7 @@ if [ "$stage" = serve ]; then
     { echo "## mixed, old policy (swap at once)"; run1 "${mixed[@]}" --preempt-wait-ms 0; } 2>&1 |
         tee "$out/serve_mixed_old.log" || rc=1
     { echo "## mixed, no preemption"; run1 "${mixed[@]}" --no-preempt; } 2>&1 | tee "$out/serve_mixed_none.log" || rc=1
-    mpirun -n 1 ./build/examples/gdp-bench layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 \
+    mpirun -n 1 ./$build/examples/gdp-bench layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 \
         -D 1,64,256 -P 2048,16384 2>&1 | tee "$out/bench_layer.log" || rc=1
     { echo "## decode-heavy, 2 ranks on one GPU (MPI comm), 32 requests"; NP=2 run1 --slots 32 --budget 1056 \
         --prefill-chunk 1024 --workload synthetic:n=32,rate=0,prompt=64-128,new=128,seed=3; } 2>&1 |
