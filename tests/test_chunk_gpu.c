@@ -552,9 +552,12 @@ static void test_padding(gdp_ctx_t gpu) {
 }
 
 /* ---- CUDA graph: capture with descriptors, replay with new data, equal to eager runs ------------------------ */
-static void upload_into(gdp_tensor *d, const gdp_tensor *h) {
+/* On the ctx's stream: the graph test's stream is non-blocking, so a legacy cudaMemcpy or
+ * cudaMemset is not ordered with the replay (a pageable cudaMemcpy returns before its DMA
+ * lands; docs/layer.md, "Streams and synchronization"). */
+static void upload_into(gdp_tensor *d, const gdp_tensor *h, cudaStream_t stream) {
     CHECK(test_tensor_bytes(d) == test_tensor_bytes(h), "graph test: buffer sizes differ");
-    CUDA_OK(cudaMemcpy(d->data, h->data, test_tensor_bytes(h), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpyAsync(d->data, h->data, test_tensor_bytes(h), cudaMemcpyHostToDevice, stream));
 }
 
 static void test_graph(gdp_ctx_t cpu) {
@@ -584,6 +587,8 @@ static void test_graph(gdp_ctx_t cpu) {
     gdp_tensor g_cs = dev_alloc(GDP_DTYPE_FP32, 4, cs_shape, 0x7f);
     gdp_tensor e_o = dev_alloc(GDP_DTYPE_BF16, 4, o_shape, 0xff), e_fs = dev_alloc(GDP_DTYPE_FP32, 4, s_shape, 0xff);
     gdp_tensor e_cs = dev_alloc(GDP_DTYPE_FP32, 4, cs_shape, 0x7f);
+    /* the legacy-stream uploads and fills above have landed before the non-blocking stream runs */
+    CUDA_OK(cudaDeviceSynchronize());
     gdp_chunk_args a;
     memset(&a, 0, sizeof a);
     a.q = d[0]; a.k = d[1]; a.v = d[2]; a.g = d[3]; a.beta = d[4]; a.initial_state = d[5]; a.cu_seqlens = d[6];
@@ -609,9 +614,9 @@ static void test_graph(gdp_ctx_t cpu) {
         const inputs *in = sets[round];
         const gdp_tensor *hs[10] = {&in->q, &in->k, &in->v, &in->g, &in->beta, &in->init, &in->cu, &in->ci, &in->cidp, &in->co};
         for (int i = 0; i < 10; i++)
-            upload_into(&d[i], hs[i]);
-        CUDA_OK(cudaMemset(g_o.data, 0xff, test_tensor_bytes(&g_o)));
-        CUDA_OK(cudaMemset(e_o.data, 0xff, test_tensor_bytes(&e_o)));
+            upload_into(&d[i], hs[i], stream);
+        CUDA_OK(cudaMemsetAsync(g_o.data, 0xff, test_tensor_bytes(&g_o), stream));
+        CUDA_OK(cudaMemsetAsync(e_o.data, 0xff, test_tensor_bytes(&e_o), stream));
         CUDA_OK(cudaGraphLaunch(exec, stream));
         CUDA_OK(cudaStreamSynchronize(stream));
         CHECK_OK(gdp_chunk_gated_delta_product_varlen(ctx, &ea));
