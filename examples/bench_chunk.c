@@ -126,6 +126,8 @@ static void time_row(const bench_row *row, int iters) {
     CUDA_RUN(cudaMalloc(&o, (size_t)(T * H * V) * 2));
     CUDA_RUN(cudaMalloc(&fs, (size_t)(N * H * K * V) * 4));
 
+    /* the legacy-stream uploads above have landed before the non-blocking stream reads them */
+    CUDA_RUN(cudaDeviceSynchronize());
     gdp_ctx_t ctx;
     GDP_RUN(gdp_ctx_init(&ctx, GDP_BACKEND_CUDA, 0));
     cudaStream_t stream;
