@@ -4,10 +4,11 @@
 # its dev files), run every ctest labelled gpu (gpu;mpi included), the Python torch tests,
 # the ops benchmark and the main program. Logs go to $OUT (or ./h200-out) when set.
 # Golden vectors: $GDP_GOLDEN_DIR, else ./.golden (an ignored copy of ../shared/golden).
-# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|loop|alone|sanitize]   (default all;
-# the others are not part of all: serve times gdp-run at the serving shape, loop and alone
-# repeat the gpu tests GDP_LOOP_RUNS times under ctest -j4 and one at a time, sanitize runs
-# every gpu test under compute-sanitizer, which takes far longer).
+# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|loop|alone|experiments|sanitize]
+# (default all; the others are not part of all: serve times gdp-run at the serving shape,
+# loop and alone repeat the gpu tests GDP_LOOP_RUNS times under ctest -j4 and one at a time,
+# experiments times each measured switch both ways, sanitize runs every gpu test under
+# compute-sanitizer, which takes far longer).
 #   GDP_BUILD_DIR            build folder (default build)
 #   GDP_SANITIZE_TOOLS       sanitizer tools, in order (default "memcheck racecheck")
 #   GDP_SANITIZE_TESTS       ctest -R regex of the gpu tests to sanitize (default: all of them)
@@ -75,6 +76,26 @@ if [ "$stage" = alone ]; then
         >"$out/alone.log" 2>&1 || rc=1
     grep -E "tests passed|Failed|Timeout|Total Test" "$out/alone.log" | tail -8
     echo "gpu tests alone: $(grep -c ' Passed' "$out/alone.log") passed runs ($runs per test)"
+fi
+if [ "$stage" = experiments ]; then
+    # A/B of the switches under measurement (each off by default until its figure says so):
+    # GDP_DECODE_STATE (regs | smem: where the decode kernel keeps its fp32 state tile),
+    # GDP_GEMM_TUNE (0 | 8: time cuBLASLt's first 8 candidates per shape), GDP_CHUNK_STATE_VB
+    # (64 | 32 | 16: value columns per block of the chunk op's state sweep). A switch a build
+    # does not know changes nothing, so both lines of its pair then agree.
+    for v in regs smem; do
+        echo "## GDP_DECODE_STATE=$v"
+        GDP_DECODE_STATE=$v "./$build/examples/gdp-bench" ops --op decode 2>&1 | grep -E "^decode|Out of"
+    done 2>&1 | tee "$out/exp_decode.log"
+    for v in 64 32 16; do
+        echo "## GDP_CHUNK_STATE_VB=$v"
+        GDP_CHUNK_STATE_VB=$v "./$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^chunk|^prefill|Out of"
+    done 2>&1 | tee "$out/exp_chunk.log"
+    for v in 0 8; do
+        echo "## GDP_GEMM_TUNE=$v"
+        GDP_GEMM_TUNE=$v mpirun -n 1 "./$build/examples/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 \
+            -n 128 -m 2 -D 1,64,256 -P 2048,16384 2>&1 | grep -E "^ +(decode|prefill)|Out of"
+    done 2>&1 | tee "$out/exp_layer.log"
 fi
 if [ "$stage" = serve ]; then
     # gdp-run at the serving shape of docs/performance.md (8 layers, D 2048, H 16, G 4, P = N = 128,
