@@ -916,8 +916,10 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
             if (local == GDP_STATUS_SUCCESS)
                 local = eng_keep_logits(e, pend.sp);
         }
-        if (root)
+        if (root) {
             eng_advance(e, r, sp, m);
+            rep->overlapped_steps += record && pend.live; /* composed ahead of the pending step */
+        }
         const int32_t k = (int32_t)(e->dev_steps & 1);
         const graph_entry *graph = NULL;
         if (local == GDP_STATUS_SUCCESS)

@@ -152,6 +152,7 @@ typedef struct gdp_engine_report {
     int64_t preemptions, resumes;
     int64_t drafts_proposed, drafts_accepted;
     int64_t graph_captures, graph_replays;
+    int64_t overlapped_steps;         /* device steps composed while the previous one ran     */
     double  phase_s[GDP_PHASE_NUM];   /* this rank, summed over the steps: device phases from
                                          CUDA events on the stream (clocks on the CPU), split
                                          by the marks of every phase_sample-th step; host =
