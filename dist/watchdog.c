@@ -472,12 +472,25 @@ static int poll_stream(void *arg) {
     return -1;
 }
 
-gdp_status_t gdp_watch_stream(struct gdp_comm *c, void *stream, const char *what) {
+static int poll_event(void *arg) {
+    cudaError_t e = cudaEventQuery((cudaEvent_t)arg);
+    if (e == cudaSuccess)
+        return 1;
+    if (e == cudaErrorNotReady)
+        return 0;
+    gdp_comm_cuda_fail(e, "cudaEventQuery", __FILE__, __LINE__);
+    return -1;
+}
+
+/* A bounded wait for a stream (event NULL) or for one event recorded on it. */
+static gdp_status_t watch_device(struct gdp_comm *c, void *stream, void *event, const char *what) {
     c->ops++;
-    const int done = poll_stream(stream);
+    poll_fn poll = event != NULL ? poll_event : poll_stream;
+    void *arg = event != NULL ? event : stream;
+    const int done = poll(arg);
     if (done != 0)
         return done > 0 ? GDP_STATUS_SUCCESS : GDP_STATUS_CUDA_ERROR;
-    gdp_status_t st = bounded_wait(c, poll_stream, stream, IN_STREAM, what);
+    gdp_status_t st = bounded_wait(c, poll, arg, IN_STREAM, what);
     if (st == GDP_STATUS_MPI_ERROR)
         st = GDP_STATUS_CUDA_ERROR; /* the poll that failed was cudaStreamQuery */
     if (st == GDP_STATUS_REMOTE_ERROR && !c->aborted) {
@@ -486,6 +499,10 @@ gdp_status_t gdp_watch_stream(struct gdp_comm *c, void *stream, const char *what
         (void)c->iface.abort(c);
     }
     return st;
+}
+
+gdp_status_t gdp_watch_stream(struct gdp_comm *c, void *stream, const char *what) {
+    return watch_device(c, stream, NULL, what);
 }
 #endif
 
@@ -514,6 +531,18 @@ gdp_status_t gdp_comm_sleep(gdp_comm_t comm, double seconds) {
     }
     g.kind = saved_kind, g.what = saved_what, g.since = saved_since;
     return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_comm_event_wait(gdp_comm_t comm, void *event) {
+    GDP_CHECK(check_comm(comm, "gdp_comm_event_wait"));
+    if (event == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_comm_event_wait: event is NULL; pass a cudaEvent_t recorded on a "
+                 "stream");
+#ifdef GDP_HAVE_CUDA
+    return watch_device(comm, NULL, event, "gdp_comm_event_wait");
+#else
+    return GDP_STATUS_SUCCESS; /* no CUDA in this build: no event can be pending */
+#endif
 }
 
 gdp_status_t gdp_comm_stream_wait(gdp_comm_t comm, void *stream) {

@@ -313,6 +313,8 @@ static void usage(FILE *f) {
             "                          waiting this long for a slot; 0 = at once (2000)\n"
             "  --max-candidates N      sampling candidates per rank and row: the largest top_k, top-p's reach (256)\n"
             "  --no-graphs             run every step eagerly (no CUDA graphs)\n"
+            "  --no-overlap            compose each step after the last one finished (default: the\n"
+            "                          host composes step n + 1 while the device runs step n)\n"
             "  --progress S            seconds between progress lines on stderr, 0 = none (1)\n"
             "  --watchdog S            step timeout: a rank waiting longer for a peer ends the job naming it; 0 = off\n"
             "                          (GDP_WATCHDOG_TIMEOUT, else 300; docs/failures.md)\n"
@@ -501,6 +503,7 @@ static int parse_args(int argc, char **argv, options *o) {
         if (!strcmp(a, "--no-arrivals")) { o->engine.honor_arrivals = 0; continue; }
         if (!strcmp(a, "--no-preempt")) { o->engine.preempt = 0; continue; }
         if (!strcmp(a, "--no-graphs")) { o->engine.cuda_graphs = 0; continue; }
+        if (!strcmp(a, "--no-overlap")) { o->engine.overlap = 0; continue; }
         if (!strcmp(a, "--debug-check")) { o->engine.debug_check = 1; continue; }
         if (!strcmp(a, "--check")) {
             /* The count is optional: a next argument that is a number is the count (0 = off),

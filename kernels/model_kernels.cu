@@ -1,7 +1,8 @@
 /*
  * model_kernels.cu: the embedding gather, the LM head's input rows and the fp32 -> bf16
  * conversion of the head's weight (semantics in model_kernels.h). Memory-bound row
- * kernels: one block per row, float4 accesses where D allows.
+ * kernels: one block per row, float4 accesses where D allows. The gather resolves a
+ * reference to the previous step's draw (a token <= -2) from the device's sample records.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -15,7 +16,11 @@ constexpr int MK_THREADS = 256;
 
 __global__ void embed_gather_kernel(gdp_embed_gather_args a) {
     const int64_t i = blockIdx.x;
-    const int32_t t = a.tokens[i];
+    int64_t t = a.tokens[i];
+    if (t <= -2) { /* a reference to the previous step's draw (stream order: it is written) */
+        const int64_t h = -2 - t;
+        t = a.prev != nullptr && h < a.n_prev ? (int64_t)a.prev[h].token : -1;
+    }
     float *dst = a.x + i * a.D;
     const bool ok = t >= 0 && t < a.vocab;
     const float *src = a.embedding + (ok ? (int64_t)t : 0) * a.D;

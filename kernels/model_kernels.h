@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "gdp/gdp.h"
+#include "gdp/sampling.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -21,12 +22,16 @@ extern "C" {
 
 struct gdp_ctx;
 
-/* x[i, :] = embedding[tokens[i], :] (fp32 [vocab, D]) for i < n; zeros for a bad token. */
+/* x[i, :] = embedding[t, :] (fp32 [vocab, D]) for i < n, t = tokens[i], or for a reference
+ * (tokens[i] <= -2) t = prev[-2 - tokens[i]].token, the previous step's draw read on the
+ * device; zeros for a bad token, a padding row (-1) and a reference outside [0, n_prev). */
 typedef struct gdp_embed_gather_args {
-    float         *x;          /* [n, D]                     */
-    const float   *embedding;  /* [vocab, D]                 */
-    const int32_t *tokens;     /* [n] device memory          */
-    int64_t        n, D, vocab;
+    float                *x;          /* [n, D]                                  */
+    const float          *embedding;  /* [vocab, D]                              */
+    const int32_t        *tokens;     /* [n] device memory                       */
+    int64_t               n, D, vocab;
+    const gdp_sample_out *prev;       /* [n_prev] device memory, NULL: none      */
+    int64_t               n_prev;
 } gdp_embed_gather_args;
 gdp_status_t gdp_cuda_embed_gather(struct gdp_ctx *ctx, const gdp_embed_gather_args *args);
 

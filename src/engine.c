@@ -11,10 +11,18 @@
  *         broadcast, build (its one H2D copy of the metadata), apply -> the step buffer
  *         (row tokens, head rows, sampling parameters) filled from the frame and copied to
  *         the device in one H2D copy -> the device step: embedding gather, every layer, the
- *         vocab-parallel head and sampling, the sampled records back to pinned host memory
- *         (captured as ONE CUDA graph per bucket and replayed) -> one wait
+ *         vocab-parallel head and sampling (captured as ONE CUDA graph per bucket and
+ *         replayed) -> the sampled records to pinned host memory (root) and an event
  *   root: emission (tokens, drafts, stop ids, failures), bookkeeping, progress line
  * Only token ids, margins and flags cross to the host.
+ *
+ * Pipelined (config.overlap): step n is launched, then the root composes step n + 1 while
+ * the device runs it (a row whose input is step n's draw carries a reference to it, which
+ * the embedding gather resolves on the device), every rank broadcasts, builds and launches
+ * n + 1, and only then waits for step n's event (one wait per step) and the root consumes
+ * it. Host buffers the copies read or write are double-buffered by step parity. Steps whose
+ * next step depends on their outcome (drafts, check mode) are finished at once (F_WAIT_NOW),
+ * and a compose that would depend on it asks every rank to finish it first (FRAME_SYNC).
  */
 #include <unistd.h>
 
@@ -86,7 +94,7 @@ gdp_status_t gdp_engine_config_default(gdp_engine_config *cfg) {
                                .max_prefill_requests = 0, .draft_tokens = 0, .ngram = 3, .preempt = 1,
                                .preempt_after = 16, .preempt_wait_ms = 2000, .max_candidates = 256,
                                .cuda_graphs = 1, .honor_arrivals = 1, .progress = 1, .check_requests = 0,
-                               .debug_check = 0};
+                               .debug_check = 0, .overlap = 1};
     return GDP_STATUS_SUCCESS;
 }
 
@@ -122,6 +130,9 @@ static gdp_status_t validate_config(const gdp_engine_config *c, const char *op) 
     if (c->max_candidates < 1 || c->max_candidates > GDP_SAMPLING_MAX_CANDIDATES)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: config.max_candidates is %d; use 1 .. %d", op, c->max_candidates,
                  GDP_SAMPLING_MAX_CANDIDATES);
+    if (c->overlap != 0 && c->overlap != 1)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: config.overlap is %d; use 1 (compose the next step while the "
+                 "device runs) or 0 (one step at a time)", op, c->overlap);
     if (c->progress < 0 || c->check_requests < 0)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: config.progress (%d) and config.check_requests (%d) must be >= 0",
                  op, c->progress, c->check_requests);
@@ -210,6 +221,16 @@ static const int32_t *step_tokens_dev(const struct gdp_engine *e) {
 }
 
 #ifdef GDP_HAVE_CUDA
+static gdp_status_t record_event(const struct gdp_engine *e, void *ev, const char *what) {
+    const cudaError_t err = cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)e->ctx->stream);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: recording the event after %s failed: %s", what,
+                 cudaGetErrorString(err));
+    }
+    return GDP_STATUS_SUCCESS;
+}
+
 /* A copy between pinned host memory and the device, queued on the ctx's stream. */
 static gdp_status_t async_copy(const struct gdp_engine *e, void *dst, const void *src, size_t bytes,
                                const char *what) {
@@ -222,10 +243,22 @@ static gdp_status_t async_copy(const struct gdp_engine *e, void *dst, const void
 }
 #endif
 
-/* Every rank: the row tokens (padding rows -1) and the head's rows and parameters of the
- * step, from the frame, into the host step buffer; then its one copy to the device. */
-static gdp_status_t fill_step(struct gdp_engine *e, const gdp_step_metadata *m) {
-    int32_t *tok = (int32_t *)(e->step_host + e->lay.tokens);
+/* Every rank: the row tokens (padding rows -1, references <= -2) and the head's rows and
+ * parameters of the step, from the frame, into host step buffer k; then its one copy to the
+ * device. Buffer k's previous copy (two device steps ago) must have read it first. */
+static gdp_status_t fill_step(struct gdp_engine *e, const gdp_step_metadata *m, int32_t k_buf) {
+    char *host = e->step_host[k_buf];
+#ifdef GDP_HAVE_CUDA
+    if (on_cuda(e)) {
+        const cudaError_t err = cudaEventSynchronize((cudaEvent_t)e->ev_copied[k_buf]);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: waiting for an earlier step buffer copy failed: %s",
+                     cudaGetErrorString(err));
+        }
+    }
+#endif
+    int32_t *tok = (int32_t *)(host + e->lay.tokens);
     const int32_t *src = frame_tokens(e);
     for (int32_t i = 0; i < m->padded_token_count; i++)
         tok[i] = -1;
@@ -235,8 +268,8 @@ static gdp_status_t fill_step(struct gdp_engine *e, const gdp_step_metadata *m) 
     for (int32_t p = 0; p < m->prefill_count; p++)
         for (int32_t t = m->host.cu_seqlens[p]; t < m->host.cu_seqlens[p + 1]; t++)
             tok[m->prefill_token_offset + t] = src[k++];
-    int32_t *rows = (int32_t *)(e->step_host + e->lay.head_rows);
-    gdp_sample_row *par = (gdp_sample_row *)(e->step_host + e->lay.params);
+    int32_t *rows = (int32_t *)(host + e->lay.head_rows);
+    gdp_sample_row *par = (gdp_sample_row *)(host + e->lay.params);
     const int32_t *head = frame_head(e), n = e->frame[F_HEAD], nh = e->bucket_head[m->bucket];
     if (n > nh)
         GDP_FAIL(GDP_STATUS_INTERNAL_ERROR, "engine: %d rows to sample in a bucket of %d", n, nh);
@@ -250,30 +283,47 @@ static gdp_status_t fill_step(struct gdp_engine *e, const gdp_step_metadata *m) 
         }
     }
 #ifdef GDP_HAVE_CUDA
-    if (on_cuda(e))
-        return async_copy(e, e->step_dev, e->step_host, e->lay.bytes, "the step buffer to the device");
+    if (on_cuda(e)) {
+        GDP_CHECK(async_copy(e, e->step_dev, host, e->lay.bytes, "the step buffer to the device"));
+        return record_event(e, e->ev_copied[k_buf], "the step buffer's copy");
+    }
 #endif
+    memcpy(e->step_dev, host, e->lay.bytes);
     return GDP_STATUS_SUCCESS;
 }
 
 /* ---- the device step ------------------------------------------------------------------------ */
 
-/* Embedding gather, the layers, the head and sampling, and (root) the sampled records back
- * to host memory: every launch depends only on the bucket, never on host values of the
- * step's indices (they are read from the device's copies), so a graph replays it. */
+/* Embedding gather, the layers, the head and sampling: every launch depends only on the
+ * bucket, never on host values of the step's indices (they are read from the device's
+ * copies), so a graph replays it. References to the previous step's draws are resolved
+ * from out_dev, which this step's sampling then overwrites (stream order). On CUDA the
+ * gather's bound is out_dev's capacity (a constant of the graph); on the CPU the previous
+ * step's real head rows, so a bad reference is refused. */
 static gdp_status_t device_step(struct gdp_engine *e, const gdp_step_metadata *m, gdp_tensor *x) {
     const int32_t nh = e->bucket_head[m->bucket];
-    GDP_CHECK(gdp_model_embed_device(e->model, x, step_tokens_dev(e), m->padded_token_count));
+    GDP_CHECK(gdp_model_embed_device(e->model, x, step_tokens_dev(e), m->padded_token_count, e->out_dev,
+                                     on_cuda(e) ? e->max_head : e->prev_head));
     GDP_CHECK(gdp_model_forward(e->model, e->cache, m, x));
     const gdp_model_head_args ha = {.x = x, .rows = (const int32_t *)(e->step_dev + e->lay.head_rows), .n_rows = nh,
                                     .params = (const gdp_sample_row *)(e->step_dev + e->lay.params),
                                     .out = e->out_dev};
-    GDP_CHECK(gdp_model_sample(e->model, &ha));
+    return gdp_model_sample(e->model, &ha);
+}
+
+/* After the device step k_buf was launched: (root) its records to out_host[k_buf], then the
+ * event its wait waits for. Outside the graph, so the host buffer may alternate. */
+static gdp_status_t step_tail(struct gdp_engine *e, const gdp_step_metadata *m, int32_t k_buf) {
+    const size_t bytes = sizeof(gdp_sample_out) * (size_t)e->bucket_head[m->bucket];
 #ifdef GDP_HAVE_CUDA
-    if (on_cuda(e) && e->rank == 0)
-        return async_copy(e, e->out_host, e->out_dev, sizeof(gdp_sample_out) * (size_t)nh,
-                          "the sampled tokens to the host");
+    if (on_cuda(e)) {
+        if (e->rank == 0)
+            GDP_CHECK(async_copy(e, e->out_host[k_buf], e->out_dev, bytes, "the sampled tokens to the host"));
+        return record_event(e, e->ev_done[k_buf], "the device step");
+    }
 #endif
+    if (e->rank == 0)
+        memcpy(e->out_host[k_buf], e->out_dev, bytes);
     return GDP_STATUS_SUCCESS;
 }
 
@@ -404,7 +454,7 @@ static gdp_status_t warm_up(struct gdp_engine *e) {
     e->frame[F_HEAD] = 0; /* every head row padding */
     gdp_tensor x;
     GDP_CHECK(gdp_tensor_init(&x, e->x, GDP_DTYPE_FP32, 2, (const int64_t[]){m->padded_token_count, e->D}));
-    gdp_status_t st = fill_step(e, m);
+    gdp_status_t st = fill_step(e, m, 0);
     if (e->comm != NULL)
         st = gdp_comm_agree(e->comm, st);
     if (st == GDP_STATUS_SUCCESS)
@@ -423,6 +473,18 @@ static gdp_status_t warm_up(struct gdp_engine *e) {
 /* ---- init / free ----------------------------------------------------------------------- */
 
 static void engine_destroy(struct gdp_engine *e) {
+#ifdef GDP_HAVE_CUDA
+    if (on_cuda(e)) { /* nothing queued may still read or write what is freed below */
+        (void)cudaStreamSynchronize((cudaStream_t)e->ctx->stream);
+        (void)cudaGetLastError();
+        for (int k = 0; k < 2; k++) {
+            void *evs[] = {e->ev_copied[k], e->ev_start[k], e->ev_done[k]};
+            for (int j = 0; j < 3; j++)
+                if (evs[j] != NULL)
+                    (void)cudaEventDestroy((cudaEvent_t)evs[j]);
+        }
+    }
+#endif
     eng_run_free(&e->main);
     gdp_cache_free(e->cache);
     gdp_plan_free(e->plan);
@@ -446,9 +508,14 @@ static void engine_destroy(struct gdp_engine *e) {
     if (on_cuda(e)) {
         gdp_layer_buf_free(e->ctx, e->step_dev);
         gdp_layer_buf_free(e->ctx, e->out_dev);
+    } else {
+        host_free(e, e->step_dev);
+        host_free(e, e->out_dev);
     }
-    host_free(e, e->out_host); /* the CPU's out_dev is this buffer too */
-    host_free(e, e->step_host);
+    for (int k = 0; k < 2; k++) {
+        host_free(e, e->out_host[k]);
+        host_free(e, e->step_host[k]);
+    }
     free(e->logits);
     free(e->logit_rows);
     for (int32_t i = 0; i < e->n_swap_bufs; i++)
@@ -524,21 +591,39 @@ static gdp_status_t engine_build(struct gdp_engine *e) {
     e->lay.params = (e->lay.head_rows + sizeof(int32_t) * (size_t)e->max_head + 7) / 8 * 8;
     e->lay.bytes = e->lay.params + sizeof(gdp_sample_row) * (size_t)e->max_head;
     void *p = NULL;
-    GDP_CHECK(host_alloc(e, e->lay.bytes, &p, "the engine's step buffer"));
-    e->step_host = p;
     const size_t out_bytes = sizeof(gdp_sample_out) * (size_t)e->max_head;
+    for (int k = 0; k < 2; k++) {
+        GDP_CHECK(host_alloc(e, e->lay.bytes, &p, "the engine's step buffer"));
+        e->step_host[k] = p;
+        GDP_CHECK(host_alloc(e, out_bytes, &p, "the sampled tokens (host)"));
+        e->out_host[k] = p;
+    }
+    /* The CPU keeps the device's layout too (its own step and record buffers, copied like
+     * the device's), so the pipelined loop runs the same bookkeeping on both backends. */
     if (on_cuda(e)) {
         GDP_CHECK(gdp_layer_buf_alloc(e->ctx, e->lay.bytes, &p, "the engine's device step buffer"));
         e->step_dev = p;
         GDP_CHECK(gdp_layer_buf_alloc(e->ctx, out_bytes, &p, "the sampled tokens"));
         e->out_dev = p;
-        GDP_CHECK(host_alloc(e, out_bytes, &p, "the sampled tokens (host)"));
-        e->out_host = p;
     } else {
-        e->step_dev = e->step_host;
-        GDP_CHECK(host_alloc(e, out_bytes, &p, "the sampled tokens"));
-        e->out_dev = e->out_host = p;
+        GDP_CHECK(host_alloc(e, e->lay.bytes, &p, "the engine's step buffer (backend)"));
+        e->step_dev = p;
+        GDP_CHECK(host_alloc(e, out_bytes, &p, "the sampled tokens (backend)"));
+        e->out_dev = p;
     }
+#ifdef GDP_HAVE_CUDA
+    if (on_cuda(e))
+        for (int k = 0; k < 2; k++) {
+            cudaEvent_t a = NULL, b = NULL, c2 = NULL;
+            const cudaError_t err = cudaEventCreateWithFlags(&a, cudaEventDisableTiming);
+            const cudaError_t err2 = cudaEventCreate(&b), err3 = cudaEventCreate(&c2);
+            e->ev_copied[k] = a, e->ev_start[k] = b, e->ev_done[k] = c2;
+            if (err != cudaSuccess || err2 != cudaSuccess || err3 != cudaSuccess) {
+                (void)cudaGetLastError();
+                GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: creating the step events failed");
+            }
+        }
+#endif
     GDP_CHECK(gdp_model_reserve_head(e->model, e->max_head, c->max_candidates));
 #ifdef GDP_HAVE_CUDA
     if (on_cuda(e)) {
@@ -619,42 +704,185 @@ static gdp_status_t send_failure(struct gdp_engine *e, gdp_status_t st) {
     return st;
 }
 
+/* A launched device step that was not waited for yet. */
+typedef struct pending {
+    int                live;
+    int32_t            k;           /* its buffer parity                                   */
+    const graph_entry *graph;       /* the graph that ran (NULL: eager)                    */
+    step_plan         *sp;          /* the root's plan of it                               */
+    int                phases_read; /* its device time is taken (CPU: at once)             */
+    double             device_s;
+    gdp_status_t       launch_st;   /* this rank's launch status, agreed at its wait      */
+} pending;
+
+/* Waits for device step k's event (CUDA; bounded by the comm's watchdog). Local. */
+static gdp_status_t wait_step(const struct gdp_engine *e, int32_t k) {
+#ifdef GDP_HAVE_CUDA
+    if (on_cuda(e)) {
+        if (e->comm != NULL) {
+            const gdp_status_t st = gdp_comm_event_wait(e->comm, e->ev_done[k]);
+            if (st == GDP_STATUS_CUDA_ERROR) {
+                char why[1024];
+                snprintf(why, sizeof why, "%s", gdp_last_error());
+                GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: the step failed on the device: %s", why);
+            }
+            return st;
+        }
+        const cudaError_t err = cudaEventSynchronize((cudaEvent_t)e->ev_done[k]);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: the step failed on the device: %s", cudaGetErrorString(err));
+        }
+    }
+#else
+    (void)e, (void)k;
+#endif
+    return GDP_STATUS_SUCCESS;
+}
+
+static bool phases_sampled(const graph_entry *g) { return g == NULL || g->replays % PHASE_SAMPLE == 0; }
+
+/* The pending step's device time, once it finished. Its marks are re-recorded by the next
+ * launch, so a step whose phases are split is read before that launch (the CPU always: its
+ * step ran at launch); otherwise (CUDA) its own events give the total. */
+static void take_phases(struct gdp_engine *e, pending *p, bool record) {
+    if (p->phases_read)
+        return;
+    p->phases_read = 1;
+    p->device_s = 0;
+#ifdef GDP_HAVE_CUDA
+    if (on_cuda(e) && !phases_sampled(p->graph)) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, (cudaEvent_t)e->ev_start[p->k], (cudaEvent_t)e->ev_done[p->k]) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return;
+        }
+        p->device_s = 1e-3 * ms;
+        if (record)
+            e->dev_all_s += p->device_s;
+        return;
+    }
+#endif
+    p->device_s = read_phases(e, p->graph, record);
+}
+
+/* Every rank: the pending step's wait (after `local`, this rank's status of what it did
+ * since), the ranks' agreement, then (root) its consumption and the step's counts. A
+ * failure is returned on every rank (the root's consume failure through an error frame). */
+static gdp_status_t finish_pending(struct gdp_engine *e, run *r, pending *p, gdp_status_t local, double t0,
+                                   bool record, int64_t step_no, double *last_progress, double *device_s) {
+    if (local == GDP_STATUS_SUCCESS)
+        local = p->launch_st;
+    if (local == GDP_STATUS_SUCCESS)
+        local = wait_step(e, p->k);
+    /* a rank whose device step failed must not leave the others in the next collective */
+    gdp_status_t st = e->comm != NULL ? gdp_comm_agree(e->comm, local) : local;
+    if (st != GDP_STATUS_SUCCESS)
+        return st;
+    p->live = 0;
+    take_phases(e, p, record);
+    *device_s += p->device_s;
+    if (e->rank != 0)
+        return GDP_STATUS_SUCCESS;
+    st = eng_consume(e, r, p->sp, e->out_host[p->k], t0);
+    if (st != GDP_STATUS_SUCCESS)
+        return send_failure(e, st);
+    if (record) {
+        gdp_engine_report *rep = &e->report;
+        rep->steps++;
+        const bool dec = p->sp->desc.decode_count > 0, pre = p->sp->desc.prefill_count > 0;
+        rep->decode_only_steps += dec && !pre;
+        rep->prefill_only_steps += pre && !dec;
+        rep->mixed_steps += dec && pre;
+    }
+    const double t = eng_elapsed(t0);
+    if (e->cfg.progress > 0 && record && t - *last_progress >= e->cfg.progress) {
+        eng_progress_line(e, r, t, step_no, false);
+        *last_progress = t;
+    }
+    return GDP_STATUS_SUCCESS;
+}
+
+/* After a failure: lets the queued work end (best effort; a fired watchdog returns at once,
+ * its comm aborted) before the caller frees what it reads. */
+static void drain(const struct gdp_engine *e) { (void)backend_sync(e); }
+
+/* Every rank: fill the step buffer, launch the device step, its tail (records, event). */
+static gdp_status_t launch_step(struct gdp_engine *e, const gdp_step_metadata *m, int32_t k,
+                                const graph_entry **graph) {
+    gdp_tensor x;
+    GDP_CHECK(gdp_tensor_init(&x, e->x, GDP_DTYPE_FP32, 2, (const int64_t[]){m->padded_token_count, e->D}));
+    GDP_CHECK(fill_step(e, m, k));
+#ifdef GDP_HAVE_CUDA
+    if (on_cuda(e))
+        GDP_CHECK(record_event(e, e->ev_start[k], "the step buffer"));
+#endif
+    GDP_CHECK(run_device_step(e, m, &x, graph));
+    return step_tail(e, m, k);
+}
+
 /* The step loop of a run (every rank; r is the root's run state, NULL elsewhere). */
 static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
     const bool root = e->rank == 0;
-    step_plan *sp = root ? eng_step_plan_alloc(e) : NULL;
-    gdp_status_t st = root && sp == NULL ? GDP_STATUS_SYSTEM_ERROR : GDP_STATUS_SUCCESS;
+    step_plan *sps[2] = {root ? eng_step_plan_alloc(e) : NULL, root ? eng_step_plan_alloc(e) : NULL};
+    gdp_status_t st = root && (sps[0] == NULL || sps[1] == NULL) ? GDP_STATUS_SYSTEM_ERROR : GDP_STATUS_SUCCESS;
     if (e->comm != NULL)
         st = gdp_comm_agree(e->comm, st);
     if (st != GDP_STATUS_SUCCESS) {
-        eng_step_plan_free(sp);
+        eng_step_plan_free(sps[0]), eng_step_plan_free(sps[1]);
         return st;
     }
+    /* The root decides; every rank follows the frame. With drafts every step finishes at
+     * once (the next step's drafts are this step's draws). */
+    const bool overlap = root && e->cfg.overlap && e->cfg.draft_tokens == 0;
     gdp_engine_report *rep = &e->report;
     const double t0 = eng_now();
     double last_progress = 0;
     int64_t step_no = 0;
+    pending pend = {0};
+    e->dev_steps = 0, e->prev_head = 0;
     for (;;) {
         const double ts = eng_now();
+        double device = 0;
         gdp_watchdog_set_step(step_no + 1); /* named by the watchdog and gdp-run's signal line */
-        /* 1. the root composes; a failure travels in the frame */
+        /* 1. the root composes (ahead of the pending step when there is one); a failure
+         *    travels in the frame */
         gdp_status_t local = GDP_STATUS_SUCCESS;
+        step_plan *sp = NULL;
         if (root) {
-            local = eng_compose(e, r, sp, t0, step_no + 1);
+            sp = pend.live && pend.sp == sps[0] ? sps[1] : sps[0];
+            local = eng_compose(e, r, sp, t0, step_no + 1, pend.live);
             if (local != GDP_STATUS_SUCCESS)
                 e->frame[F_KIND] = FRAME_ERROR;
+            else if (sp->need_sync)
+                e->frame[F_KIND] = FRAME_SYNC;
+            e->frame[F_WAIT_NOW] = !overlap;
         }
         const double idle = root ? sp->idle_s : 0;
         if (record)
             rep->idle_s += idle;
-        if (e->comm != NULL)
-            GDP_CHECK(gdp_comm_host_bcast(e->comm, e->frame, e->frame_words * sizeof(int32_t), 0));
-        if (e->frame[F_KIND] == FRAME_ERROR) {
+        if (e->comm != NULL) {
+            st = gdp_comm_host_bcast(e->comm, e->frame, e->frame_words * sizeof(int32_t), 0);
+            if (st != GDP_STATUS_SUCCESS)
+                break;
+        }
+        const int32_t kind = e->frame[F_KIND];
+        if (kind == FRAME_ERROR) {
             st = e->comm != NULL ? gdp_comm_agree(e->comm, local) : local;
             break;
         }
-        if (e->frame[F_KIND] == FRAME_STOP)
-            break;
+        if (kind == FRAME_SYNC || kind == FRAME_STOP) { /* finish the pending step first */
+            if (pend.live) {
+                st = finish_pending(e, r, &pend, GDP_STATUS_SUCCESS, t0, record, step_no, &last_progress, &device);
+                if (st != GDP_STATUS_SUCCESS)
+                    break;
+            }
+            if (record)
+                rep->phase_s[GDP_PHASE_HOST] += fmax(0.0, eng_now() - ts - idle - device);
+            if (kind == FRAME_STOP)
+                break;
+            continue;
+        }
         step_no++;
         /* 2. every rank: swaps, the plan, the step buffer; a failed swap must reach every
          *    rank before the plan's collectives */
@@ -674,53 +902,57 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
             if (root && record)
                 rep->steps++;
             if (record)
-                rep->phase_s[GDP_PHASE_HOST] += eng_now() - ts - idle;
+                rep->phase_s[GDP_PHASE_HOST] += fmax(0.0, eng_now() - ts - idle);
             continue;
         }
-        gdp_tensor x;
-        local = gdp_tensor_init(&x, e->x, GDP_DTYPE_FP32, 2, (const int64_t[]){m->padded_token_count, e->D});
-        if (local == GDP_STATUS_SUCCESS)
-            local = fill_step(e, m);
-        /* 3. the device step, then the one wait of the step */
+        /* 3. the device step: the pending step's marks are read before they are re-recorded,
+         *    and its kept logits (check mode) before its activations are */
+        local = GDP_STATUS_SUCCESS;
+        if (pend.live && !pend.phases_read && (!on_cuda(e) || phases_sampled(pend.graph)) &&
+            wait_step(e, pend.k) == GDP_STATUS_SUCCESS)
+            take_phases(e, &pend, record);
+        if (root && pend.live && pend.sp->n_logit > 0 && !pend.sp->logits_done) {
+            local = wait_step(e, pend.k);
+            if (local == GDP_STATUS_SUCCESS)
+                local = eng_keep_logits(e, pend.sp);
+        }
+        if (root) {
+            eng_advance(e, r, sp, m);
+            rep->overlapped_steps += record && pend.live; /* composed ahead of the pending step */
+        }
+        const int32_t k = (int32_t)(e->dev_steps & 1);
         const graph_entry *graph = NULL;
         if (local == GDP_STATUS_SUCCESS)
-            local = run_device_step(e, m, &x, &graph);
-        if (local == GDP_STATUS_SUCCESS)
-            local = backend_sync(e);
-        /* a rank whose device step failed must not leave the others in the next collective */
-        st = e->comm != NULL ? gdp_comm_agree(e->comm, local) : local;
-        if (st != GDP_STATUS_SUCCESS)
-            break;
-        const double device = read_phases(e, graph, record);
+            local = launch_step(e, m, k, &graph);
+        e->dev_steps++;
+        e->prev_head = e->frame[F_HEAD];
         if (record && !e->bucket_seen[m->bucket]) {
             e->bucket_seen[m->bucket] = 1;
             rep->buckets_used++;
         }
         if (record)
             add_floor(e, m);
-        /* 4. the root takes the sampled tokens */
-        if (root) {
-            st = eng_consume(e, r, sp, m, t0);
-            if (st != GDP_STATUS_SUCCESS) {
-                st = send_failure(e, st);
+        /* 4. the one wait of the step: for the step before this one (or, finishing at once,
+         *    this one), agreed by every rank */
+        if (pend.live) {
+            st = finish_pending(e, r, &pend, local, t0, record, step_no - 1, &last_progress, &device);
+            local = GDP_STATUS_SUCCESS;
+            if (st != GDP_STATUS_SUCCESS)
                 break;
-            }
-            if (record) {
-                rep->steps++;
-                const bool dec = m->decode_count > 0, pre = m->prefill_count > 0;
-                rep->decode_only_steps += dec && !pre;
-                rep->prefill_only_steps += pre && !dec;
-                rep->mixed_steps += dec && pre;
-            }
-            const double t = eng_elapsed(t0);
-            if (e->cfg.progress > 0 && record && t - last_progress >= e->cfg.progress) {
-                eng_progress_line(e, r, t, step_no, false);
-                last_progress = t;
-            }
+        }
+        pend = (pending){.live = 1, .k = k, .graph = graph, .sp = sp, .launch_st = local};
+        if (!on_cuda(e)) /* the CPU step ran at launch: its clocks now, before the next one */
+            take_phases(e, &pend, record);
+        if (e->frame[F_WAIT_NOW]) {
+            st = finish_pending(e, r, &pend, GDP_STATUS_SUCCESS, t0, record, step_no, &last_progress, &device);
+            if (st != GDP_STATUS_SUCCESS)
+                break;
         }
         if (record)
             rep->phase_s[GDP_PHASE_HOST] += fmax(0.0, eng_now() - ts - idle - device);
     }
+    if (st != GDP_STATUS_SUCCESS && pend.live)
+        drain(e);
     if (st == GDP_STATUS_SUCCESS && root && record) {
         if (e->cfg.progress > 0)
             eng_progress_line(e, r, eng_elapsed(t0), step_no, true);
@@ -728,7 +960,7 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
     }
     if (st == GDP_STATUS_SUCCESS)
         gdp_watchdog_set_step(-1); /* between runs: no step (a failure keeps the step it failed in) */
-    eng_step_plan_free(sp);
+    eng_step_plan_free(sps[0]), eng_step_plan_free(sps[1]);
     return st;
 }
 

@@ -2,10 +2,12 @@
  * engine_internal.h: what the serving engine's files share (include/gdp/engine.h is the
  * API): the root's request and run state, the step frame the root broadcasts, the engine
  * struct, and the functions each file gives the others:
- *   engine.c         init / free, the step loop, the device step (graphs), run, check
+ *   engine.c         init / free, the step loop (pipelined: docs/gdp-run.md, "The step
+ *                    pipeline"), the device step (graphs), run, check
  *   engine_sched.c   the root's run state, buckets, the n-gram drafter, compose (admission,
  *                    preemption policy, resumes, decode with drafts, prefill slices, head rows)
- *   engine_sample.c  what the root does with a step's sampled tokens: emission, draft
+ *   engine_sample.c  what the root does with a step: its bookkeeping as it launches
+ *                    (advance), then with its sampled tokens (consume): emission, draft
  *                    verification, stop conditions, failed requests, the result callback
  *   engine_report.c  progress lines, the report, results and their JSONL
  */
@@ -32,15 +34,22 @@
 /* The step frame the root broadcasts (host memory, int32 words): a header, then sections
  *   swap-outs [n_slots][4] {slot, buffer, draft S, kept}, swap-ins [n_slots][2] {buffer, slot},
  *   tokens [max_rows] (every real row: decode rows in order, then the prefill slices),
- *   head [max_head][HEAD_WORDS] {row of x, gdp_sample_row as 6 words}: the rows to sample. */
+ *   head [max_head][HEAD_WORDS] {row of x, gdp_sample_row as 6 words}: the rows to sample.
+ * A row token t <= -2 is a reference: the token the previous device step sampled in its head
+ * row -2 - t, which the root composes before it has read it (gdp_model_embed_device resolves
+ * it on the device). F_WAIT_NOW: every rank finishes this step (waits, agrees, the root
+ * consumes) before the next frame; 0: the step stays pending while the next one is composed
+ * and launched. FRAME_SYNC: no step; finish the pending one now. */
 enum { F_KIND = 0, F_STEP, F_SWAP_OUT, F_SWAP_IN, F_DECODE, F_S, F_PREFILL, F_TOKENS, F_RELEASE_ONLY, F_HEAD,
-       F_HEADER };
-enum { FRAME_STEP = 1, FRAME_STOP, FRAME_ERROR };
+       F_WAIT_NOW, F_HEADER };
+enum { FRAME_STEP = 1, FRAME_STOP, FRAME_ERROR, FRAME_SYNC };
 #define SWAP_OUT_WORDS 4
 #define SWAP_IN_WORDS 2
 #define HEAD_WORDS 7
 
-typedef enum rq_state { RQ_FUTURE = 0, RQ_QUEUED, RQ_PREFILL, RQ_DECODE, RQ_SWAPPED, RQ_DONE } rq_state;
+/* RQ_ENDING: the step in flight draws the request's last token (max_new_tokens): its slot is
+ * released already, and it is done once that token is consumed. */
+typedef enum rq_state { RQ_FUTURE = 0, RQ_QUEUED, RQ_PREFILL, RQ_DECODE, RQ_SWAPPED, RQ_ENDING, RQ_DONE } rq_state;
 
 /* One request on the root. */
 typedef struct rq {
@@ -50,6 +59,9 @@ typedef struct rq {
     int32_t  n_tokens;
     int32_t  n_fed;           /* tokens whose effect the slot (or swap buffer) holds    */
     int32_t  n_gen;
+    int32_t  n_ahead;         /* tokens launched for sampling and not consumed yet        */
+    int32_t  pend_head;       /* the head row of its last launched draw (a reference)    */
+    int64_t  pend_step;       /* ... in this device step (engine dev_steps)              */
     float   *margin, *scale;  /* [max_new] top-2 margin and max |logit| per token        */
     double   last_token_s;
     int32_t  slot, swap_buf;
@@ -96,6 +108,12 @@ typedef struct step_plan {
     int32_t             *freed_bufs; /* [n_slots] swap ids free again after this step      */
     int32_t              n_freed_bufs;
     int32_t             *pre_req;    /* [max_prefill] request of each prefill entry         */
+    int32_t             *pre_head;   /* [max_prefill] its head row (completes its prompt), -1 */
+    int32_t              padded_rows;/* the bucket's rows (advance sets it)                 */
+    int                  need_sync;  /* compose ahead refused: finish the pending step first */
+    int32_t             *logit_rows; /* [max_head] check mode: rows of x whose logits are kept */
+    int32_t              n_logit;
+    int                  logits_done;/* computed into e->logits                            */
     gdp_prefill_request *prefill;    /* [max_prefill]                                       */
     double               idle_s;     /* time the root slept waiting for arrivals            */
 } step_plan;
@@ -148,10 +166,17 @@ struct gdp_engine {
     int32_t           max_head;     /* sampled rows of the largest bucket                 */
     void             *x;            /* [max_rows, D] backend                              */
     step_layout       lay;
-    char             *step_host;    /* pinned on CUDA                                     */
-    char             *step_dev;     /* backend memory (== step_host on the CPU)           */
-    gdp_sample_out   *out_dev;      /* [max_head] backend                                 */
-    gdp_sample_out   *out_host;     /* [max_head] pinned on CUDA (== out_dev on the CPU)  */
+    /* Two of each host buffer, step parity k = dev_steps & 1, so step n + 1 is filled while
+     * step n's copies may be queued; the device buffers are one (stream order) and keep
+     * their addresses for the graphs. */
+    char             *step_host[2]; /* pinned on CUDA                                     */
+    char             *step_dev;     /* backend memory                                     */
+    gdp_sample_out   *out_dev;      /* [max_head] backend: the last device step's draws   */
+    gdp_sample_out   *out_host[2];  /* [max_head] pinned on CUDA: copies of out_dev (root) */
+    void             *ev_copied[2]; /* CUDA: step_host[k]'s H2D copy done                 */
+    void             *ev_start[2], *ev_done[2]; /* CUDA: around step k (done: after its D2H) */
+    int64_t           dev_steps;    /* device steps launched in this run                  */
+    int32_t           prev_head;    /* head rows of the last device step (records in out_dev) */
     float            *logits;       /* [max_head, vocab] root, check mode only             */
     int32_t          *logit_rows;
     /* swap pool (every rank) */
@@ -199,11 +224,12 @@ gdp_status_t eng_run_init(struct gdp_engine *e, run *r, const gdp_workload *wl, 
 void         eng_run_free(run *r);
 step_plan   *eng_step_plan_alloc(const struct gdp_engine *e);
 void         eng_step_plan_free(step_plan *sp);
-gdp_status_t eng_compose(struct gdp_engine *e, run *r, step_plan *sp, double t0, int64_t step_no);
+gdp_status_t eng_compose(struct gdp_engine *e, run *r, step_plan *sp, double t0, int64_t step_no, bool ahead);
 
 /* engine_sample.c */
-gdp_status_t eng_consume(struct gdp_engine *e, run *r, const step_plan *sp, const gdp_step_metadata *m,
-                         double t0);
+void         eng_advance(struct gdp_engine *e, run *r, step_plan *sp, const gdp_step_metadata *m);
+gdp_status_t eng_consume(struct gdp_engine *e, run *r, step_plan *sp, const gdp_sample_out *out, double t0);
+gdp_status_t eng_keep_logits(struct gdp_engine *e, step_plan *sp);
 int32_t      eng_argmax(const float *l, int64_t V, float *margin, float *scale);
 void         eng_fail_request(struct gdp_engine *e, run *r, int32_t index, double t, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));

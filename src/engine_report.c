@@ -15,7 +15,7 @@ void eng_progress_line(const struct gdp_engine *e, const run *r, double t, int64
     const double eta = rate > 0 ? (double)(r->work_total - r->work_done) / rate : 0;
     int32_t running = 0, waiting = 0;
     for (int32_t i = 0; i < r->n; i++) {
-        running += r->r[i].state == RQ_DECODE || r->r[i].state == RQ_PREFILL;
+        running += r->r[i].state == RQ_DECODE || r->r[i].state == RQ_PREFILL || r->r[i].state == RQ_ENDING;
         waiting += r->r[i].state == RQ_QUEUED || r->r[i].state == RQ_SWAPPED;
     }
     const bool tty = isatty(fileno(stderr));

@@ -223,7 +223,8 @@ void eng_step_plan_free(step_plan *sp) {
     if (sp == NULL)
         return;
     free(sp->dec_req), free(sp->n_drafts), free(sp->drafts), free(sp->dec_slots), free(sp->releases);
-    free(sp->accepts), free(sp->freed_bufs), free(sp->pre_req), free(sp->prefill);
+    free(sp->accepts), free(sp->freed_bufs), free(sp->pre_req), free(sp->pre_head), free(sp->prefill);
+    free(sp->logit_rows);
     free(sp);
 }
 
@@ -236,9 +237,10 @@ step_plan *eng_step_plan_alloc(const struct gdp_engine *e) {
     sp->drafts = calloc(n * MAX_DRAFTS, sizeof(int32_t)), sp->dec_slots = calloc(n, sizeof(int32_t));
     sp->releases = calloc(n, sizeof(int32_t)), sp->accepts = calloc(n, sizeof(gdp_draft_accept));
     sp->freed_bufs = calloc(n, sizeof(int32_t)), sp->pre_req = calloc(np, sizeof(int32_t));
-    sp->prefill = calloc(np, sizeof(gdp_prefill_request));
+    sp->pre_head = calloc(np, sizeof(int32_t)), sp->prefill = calloc(np, sizeof(gdp_prefill_request));
+    sp->logit_rows = calloc((size_t)e->max_head, sizeof(int32_t));
     if (!sp->dec_req || !sp->n_drafts || !sp->drafts || !sp->dec_slots || !sp->releases || !sp->accepts ||
-        !sp->freed_bufs || !sp->pre_req || !sp->prefill) {
+        !sp->freed_bufs || !sp->pre_req || !sp->pre_head || !sp->prefill || !sp->logit_rows) {
         eng_step_plan_free(sp);
         gdp_set_error(GDP_STATUS_SYSTEM_ERROR, __FILE__, __LINE__, "engine: out of memory for the step plan");
         return NULL;
@@ -255,34 +257,43 @@ static void head_entry(int32_t *w, int32_t row, const gdp_sampling_params *p, in
 }
 
 /* The rows the head samples, in the order eng_consume reads them: each decode request's S
- * rows (row d * S + s, the draw of its token n_gen + s), then the last row of each prefill
- * slice that completes its prompt (the first generated token). Prefill rows follow the
- * plan's layout (plan.h): the block starts at the bucket's decode_count * S and the slices
- * are contiguous in order. Returns the count. */
-static int32_t compose_head(struct gdp_engine *e, run *r, const step_plan *sp, int32_t S, int32_t n_dec,
-                            int32_t n_pre) {
+ * rows (row d * S + s, the draw of its token n_gen + n_ahead + s: tokens launched and not
+ * consumed yet count), then the last row of each prefill slice that completes its prompt
+ * (the first generated token; sp->pre_head[p] its head index, -1 for the other slices).
+ * Prefill rows follow the plan's layout (plan.h): the block starts at the bucket's
+ * decode_count * S and the slices are contiguous in order. Returns the count. */
+static int32_t compose_head(struct gdp_engine *e, run *r, step_plan *sp, int32_t S, int32_t n_dec, int32_t n_pre) {
     int32_t *head = frame_head(e), n = 0;
     for (int32_t d = 0; d < n_dec; d++) {
         const rq *q = &r->r[sp->dec_req[d]];
         for (int32_t s = 0; s < S; s++)
-            head_entry(head + HEAD_WORDS * n++, d * S + s, &q->spec->sampling, q->n_gen + s);
+            head_entry(head + HEAD_WORDS * n++, d * S + s, &q->spec->sampling, q->n_gen + q->n_ahead + s);
     }
     int32_t row = e->buckets[sp->desc.bucket].decode_count * S;
     for (int32_t p = 0; p < n_pre; p++) {
         const rq *q = &r->r[sp->pre_req[p]];
         row += sp->prefill[p].n_tokens;
-        if (q->n_fed + sp->prefill[p].n_tokens == q->spec->prompt_len)
-            head_entry(head + HEAD_WORDS * n++, row - 1, &q->spec->sampling, q->n_gen);
+        sp->pre_head[p] = -1;
+        if (q->n_fed + sp->prefill[p].n_tokens == q->spec->prompt_len) {
+            sp->pre_head[p] = n;
+            head_entry(head + HEAD_WORDS * n++, row - 1, &q->spec->sampling, q->n_gen + q->n_ahead);
+        }
     }
     return n;
 }
 
 /* Composes the next step on the root: fills e->frame (kind STEP, or STOP when every request
- * is done and every slot released) and sp. Sleeps while only future arrivals remain. */
-gdp_status_t eng_compose(struct gdp_engine *e, run *r, step_plan *sp, double t0, int64_t step_no) {
+ * is done and every slot released) and sp. Sleeps while only future arrivals remain.
+ * ahead: the last device step is still in flight (its tokens not consumed). A decode row
+ * whose input is that step's draw then carries a reference to its head row; what would
+ * depend on the step's outcome sets sp->need_sync and returns before anything changes:
+ * a preemption (the victim's pending token and state), nothing to run (the run may be
+ * over, or only arrivals remain). */
+gdp_status_t eng_compose(struct gdp_engine *e, run *r, step_plan *sp, double t0, int64_t step_no, bool ahead) {
     const gdp_engine_config *c = &e->cfg;
     int32_t *f = e->frame;
     sp->idle_s = 0;
+    sp->need_sync = 0;
     for (;;) {
         memset(f, 0, sizeof(int32_t) * F_HEADER);
         memset(&sp->desc, 0, sizeof sp->desc);
@@ -300,12 +311,6 @@ gdp_status_t eng_compose(struct gdp_engine *e, run *r, step_plan *sp, double t0,
                 r->r[i].order = r->seq++;
                 r->r[i].wait_since = now;
             }
-        /* 2. releases of the requests that finished last step */
-        for (int32_t k = 0; k < r->n_release; k++) {
-            sp->releases[n_rel++] = r->release[k];
-            r->released_now[r->release[k]] = 1;
-        }
-        r->n_release = 0;
         int32_t free_total = 0, due = 0; /* slots free after this step's releases */
         for (int32_t s = 0; s < c->n_slots; s++)
             free_total += r->slot_owner[s] < 0;
@@ -313,6 +318,18 @@ gdp_status_t eng_compose(struct gdp_engine *e, run *r, step_plan *sp, double t0,
         for (int32_t i = 0; i < r->n; i++)
             due += (r->r[i].state == RQ_QUEUED || r->r[i].state == RQ_SWAPPED) &&
                    now - r->r[i].wait_since >= 1e-3 * c->preempt_wait_ms;
+        if (ahead && c->preempt && due > 0 && free_total == 0)
+            for (int32_t i = 0; i < r->n; i++)
+                if (r->r[i].state == RQ_DECODE && r->r[i].run_steps >= c->preempt_after) {
+                    sp->need_sync = 1; /* a victim may be chosen: decide on consumed tokens */
+                    return GDP_STATUS_SUCCESS;
+                }
+        /* 2. releases of the requests that finished last step */
+        for (int32_t k = 0; k < r->n_release; k++) {
+            sp->releases[n_rel++] = r->release[k];
+            r->released_now[r->release[k]] = 1;
+        }
+        r->n_release = 0;
 
         /* 3. preemption, only when it helps: a waiter whose turn has come, and not even this
          *    step's releases leave it a slot */
@@ -370,7 +387,7 @@ gdp_status_t eng_compose(struct gdp_engine *e, run *r, step_plan *sp, double t0,
             sp->dec_req[n_dec] = i;
             sp->dec_slots[n_dec] = q->slot;
             int32_t k = 0;
-            const int32_t room = q->spec->max_new_tokens - q->n_gen - 1; /* the last token needs no draft */
+            const int32_t room = q->spec->max_new_tokens - q->n_gen - q->n_ahead - 1; /* the last needs no draft */
             if (c->draft_tokens > 0 && room > 0)
                 k = ngram_draft(q->tokens, q->n_tokens, c->ngram, c->draft_tokens < room ? c->draft_tokens : room,
                                 sp->drafts + (size_t)n_dec * MAX_DRAFTS);
@@ -386,7 +403,16 @@ gdp_status_t eng_compose(struct gdp_engine *e, run *r, step_plan *sp, double t0,
             S = e->S_max; /* one padded shape per S keeps the buckets (and graphs) few */
         for (int32_t d = 0; d < n_dec; d++) {
             const rq *q = &r->r[sp->dec_req[d]];
-            tok[n_tok++] = q->tokens[q->n_fed];
+            if (q->n_fed < q->n_tokens) {
+                tok[n_tok++] = q->tokens[q->n_fed];
+            } else { /* the input is the draw of the step in flight: a reference to its record */
+                if (!ahead || q->pend_step != e->dev_steps || q->pend_head < 0 || q->pend_head >= e->prev_head)
+                    GDP_FAIL(GDP_STATUS_INTERNAL_ERROR, "engine: request %lld's next input is a draw of device step "
+                             "%lld (head row %d) but the last device step is %lld with %d rows%s",
+                             (long long)q->spec->id, (long long)q->pend_step, q->pend_head, (long long)e->dev_steps,
+                             e->prev_head, ahead ? "" : ", and it was consumed");
+                tok[n_tok++] = -2 - q->pend_head;
+            }
             for (int32_t s = 1; s < S; s++) /* past the real drafts: filler, verified like any draft */
                 tok[n_tok] = s <= sp->n_drafts[d] ? sp->drafts[(size_t)d * MAX_DRAFTS + s - 1] : tok[n_tok - 1], n_tok++;
         }
@@ -451,6 +477,10 @@ gdp_status_t eng_compose(struct gdp_engine *e, run *r, step_plan *sp, double t0,
             f[F_KIND] = FRAME_STEP; /* slot work but no tokens: apply without a forward pass */
             f[F_RELEASE_ONLY] = 1;
             break;
+        }
+        if (ahead) { /* nothing to run before the step in flight is consumed */
+            sp->need_sync = 1;
+            return GDP_STATUS_SUCCESS;
         }
         if (r->n_done == r->n) {
             f[F_KIND] = FRAME_STOP;

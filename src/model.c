@@ -283,15 +283,46 @@ static gdp_status_t check_embed_args(const struct gdp_model *m, const gdp_tensor
     return check_x(m, x, n, op);
 }
 
-gdp_status_t gdp_model_embed(gdp_model_t model, gdp_tensor *x, const int32_t *tokens, int64_t n) {
-    static const char *op = "gdp_model_embed";
-    GDP_CHECK(check_model(model, op));
-    GDP_CHECK(check_embed_args(model, x, tokens, n, op));
-    for (int64_t i = 0; i < n; i++)
-        if (tokens[i] < -1 || tokens[i] >= model->vocab)
+/* The token of row i: tokens[i], or for a reference (<= -2) the token of its record. */
+static int64_t resolve_token(const int32_t *tokens, int64_t i, const gdp_sample_out *prev) {
+    const int64_t t = tokens[i];
+    return t <= -2 ? prev[-2 - t].token : t;
+}
+
+/* Checks every row's token (references resolved through prev, n_prev records) before
+ * anything is written. */
+static gdp_status_t check_tokens(const struct gdp_model *m, const int32_t *tokens, int64_t n,
+                                 const gdp_sample_out *prev, int64_t n_prev, const char *op) {
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t t = tokens[i];
+        if (t <= -2) {
+            const int64_t h = -2 - t;
+            if (prev == NULL || h >= n_prev)
+                GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                         "%s: tokens[%lld] = %lld refers to sampled record %lld of the previous step, but %s; a "
+                         "reference -2 - h needs 0 <= h < n_prev", op, (long long)i, (long long)t, (long long)h,
+                         prev == NULL ? "no records were passed (prev is NULL)" : "only n_prev records were passed");
+            if (prev[h].token < 0 || prev[h].token >= m->vocab)
+                GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                         "%s: tokens[%lld] refers to sampled record %lld, whose token %d is outside [0, %lld) (the "
+                         "vocabulary)", op, (long long)i, (long long)h, prev[h].token, (long long)m->vocab);
+        } else if (t >= m->vocab) {
             GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
-                     "%s: tokens[%lld] = %d is outside [0, %lld) (the vocabulary; -1 = padding row)", op, (long long)i,
-                     tokens[i], (long long)model->vocab);
+                     "%s: tokens[%lld] = %lld is outside [0, %lld) (the vocabulary; -1 = padding row, <= -2 a "
+                     "reference to a sampled record)", op, (long long)i, (long long)t, (long long)m->vocab);
+        }
+    }
+    return GDP_STATUS_SUCCESS;
+}
+
+/* The host gather (the CPU backend, and the upload path of gdp_model_embed on CUDA). */
+static gdp_status_t embed_host(gdp_model_t model, gdp_tensor *x, const int32_t *tokens, int64_t n,
+                               const gdp_sample_out *prev, int64_t n_prev, const char *op) {
+    GDP_CHECK(check_embed_args(model, x, tokens, n, op));
+    if (n_prev < 0)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: n_prev is %lld; pass the count of prev's records (>= 0)", op,
+                 (long long)n_prev);
+    GDP_CHECK(check_tokens(model, tokens, n, prev, n_prev, op));
     const int64_t D = model->D;
     float *dst = (float *)x->data;
     if (!on_cpu(model)) {
@@ -306,14 +337,26 @@ gdp_status_t gdp_model_embed(gdp_model_t model, gdp_tensor *x, const int32_t *to
         dst = model->staging;
     }
     for (int64_t i = 0; i < n; i++) {
-        if (tokens[i] < 0)
+        const int64_t t = resolve_token(tokens, i, prev);
+        if (t < 0)
             memset(dst + i * D, 0, sizeof(float) * (size_t)D);
         else
-            memcpy(dst + i * D, model->embedding_host + (int64_t)tokens[i] * D, sizeof(float) * (size_t)D);
+            memcpy(dst + i * D, model->embedding_host + t * D, sizeof(float) * (size_t)D);
     }
     if (!on_cpu(model))
         GDP_CHECK(gdp_layer_buf_upload(model->ctx, x->data, dst, sizeof(float) * (size_t)(n * D)));
     return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_model_embed(gdp_model_t model, gdp_tensor *x, const int32_t *tokens, int64_t n) {
+    static const char *op = "gdp_model_embed";
+    GDP_CHECK(check_model(model, op));
+    for (int64_t i = 0; tokens != NULL && i < n; i++) /* host tokens: no references */
+        if (tokens[i] < -1)
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                     "%s: tokens[%lld] = %d is outside [0, %lld) (the vocabulary; -1 = padding row)", op, (long long)i,
+                     tokens[i], (long long)model->vocab);
+    return embed_host(model, x, tokens, n, NULL, 0, op);
 }
 
 gdp_status_t gdp_model_forward(gdp_model_t model, gdp_cache_t cache, const gdp_step_metadata *meta, gdp_tensor *x) {
@@ -452,15 +495,19 @@ gdp_status_t gdp_model_reserve_head(gdp_model_t model, int64_t max_rows, int32_t
     return GDP_STATUS_SUCCESS;
 }
 
-gdp_status_t gdp_model_embed_device(gdp_model_t model, gdp_tensor *x, const int32_t *tokens, int64_t n) {
+gdp_status_t gdp_model_embed_device(gdp_model_t model, gdp_tensor *x, const int32_t *tokens, int64_t n,
+                                    const gdp_sample_out *prev, int64_t n_prev) {
     static const char *op = "gdp_model_embed_device";
     GDP_CHECK(check_model(model, op));
     if (on_cpu(model)) /* backend memory is host memory: the checked host gather */
-        return gdp_model_embed(model, x, tokens, n);
+        return embed_host(model, x, tokens, n, prev, n_prev, op);
     GDP_CHECK(check_embed_args(model, x, tokens, n, op));
+    if (n_prev < 0 || (n_prev > 0 && prev == NULL))
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: n_prev is %lld with prev %s; pass prev's record count (0 without "
+                 "prev)", op, (long long)n_prev, prev ? "given" : "NULL");
 #ifdef GDP_HAVE_CUDA
     const gdp_embed_gather_args a = {.x = x->data, .embedding = model->embedding, .tokens = tokens, .n = n,
-                                     .D = model->D, .vocab = model->vocab};
+                                     .D = model->D, .vocab = model->vocab, .prev = prev, .n_prev = n_prev};
     return gdp_cuda_embed_gather(model->ctx, &a);
 #else
     GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: this libgdp was built without the CUDA backend", op);

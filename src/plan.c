@@ -10,11 +10,21 @@
  * the layers' forward passes need no agreement of their own. The buffer also carries the
  * step's slot fills (zero, draft rollback, snapshot restore) for gdp_cache_apply_step,
  * which the device then carries out in one launch from the same upload.
+ *
+ * The host buffer is double-buffered (pinned on CUDA) and its upload is queued without a
+ * wait, so a caller may build step n + 1 while the device still runs step n (the engine's
+ * pipelined loop): a build writes the buffer whose previous upload (two builds ago) has
+ * finished, which an event recorded after each upload tells; the device copy is one buffer,
+ * rewritten in stream order after the step that read it.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "layer_internal.h"
+
+#ifdef GDP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #define GDP_PLAN_MAGIC 0x67647070u  /* "gdpp" */
 #define FRAME_MAGIC    0x53504447   /* "GDPS": a step frame        */
@@ -50,13 +60,15 @@ struct gdp_plan {
     gdp_step_desc    step;
     int32_t         *step_store;
     /* the metadata */
-    int32_t         *meta_buf;       /* host buffer                                       */
-    size_t           meta_words;     /* its capacity                                      */
+    int32_t         *meta_bufs[2];   /* host buffers, used in turn (pinned on CUDA)       */
+    void            *upload_done[2]; /* CUDA: an event after each buffer's last upload    */
+    int32_t          meta_next;      /* the buffer the next build writes                  */
+    size_t           meta_words;     /* the capacity of each                              */
     void            *meta_dev;       /* device copy (CUDA), NULL on CPU                   */
     uint8_t         *slot_scratch;   /* [n_slots] the slot table while validating a step  */
     int32_t          have_meta;
     gdp_step_metadata meta;
-    gdp_step_desc    resolved;       /* the built step; arrays inside meta_buf            */
+    gdp_step_desc    resolved;       /* the built step; arrays inside its meta buffer     */
     uint32_t         magic_end;
 };
 
@@ -150,12 +162,34 @@ gdp_status_t gdp_plan_init(gdp_plan_t *out, gdp_ctx_t ctx, const gdp_plan_config
     p->buckets = gdp_calloc((size_t)c->n_buckets, sizeof *p->buckets, "the plan's buckets");
     p->frame = gdp_calloc(frame_words, sizeof(int32_t), "the plan's step frame");
     p->step_store = gdp_calloc(frame_words, sizeof(int32_t), "the plan's step");
-    p->meta_buf = gdp_calloc(meta_words, sizeof(int32_t), "the plan's metadata buffer");
     p->slot_scratch = gdp_calloc((size_t)c->n_slots, 1, "the plan's slot table");
     gdp_status_t st = GDP_STATUS_SYSTEM_ERROR;
-    if (p->buckets == NULL || p->frame == NULL || p->step_store == NULL || p->meta_buf == NULL ||
-        p->slot_scratch == NULL)
+    if (p->buckets == NULL || p->frame == NULL || p->step_store == NULL || p->slot_scratch == NULL)
         goto fail;
+    for (int k = 0; k < 2; k++) {
+#ifdef GDP_HAVE_CUDA
+        if (ctx->backend != GDP_BACKEND_CPU) {
+            void *h = NULL;
+            cudaEvent_t ev = NULL;
+            if (cudaHostAlloc(&h, meta_words * sizeof(int32_t), cudaHostAllocDefault) != cudaSuccess ||
+                cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
+                const cudaError_t why = cudaGetLastError();
+                if (h != NULL)
+                    cudaFreeHost(h);
+                st = GDP_ERROR(GDP_STATUS_CUDA_ERROR, "%s: the pinned metadata buffer (%zu bytes) or its event: %s",
+                               op, meta_words * sizeof(int32_t), cudaGetErrorString(why));
+                goto fail;
+            }
+            memset(h, 0, meta_words * sizeof(int32_t));
+            p->meta_bufs[k] = h;
+            p->upload_done[k] = ev;
+            continue;
+        }
+#endif
+        p->meta_bufs[k] = gdp_calloc(meta_words, sizeof(int32_t), "the plan's metadata buffer");
+        if (p->meta_bufs[k] == NULL)
+            goto fail;
+    }
     memcpy(p->buckets, c->buckets, (size_t)c->n_buckets * sizeof *p->buckets);
     p->cfg.buckets = p->buckets;
     if (ctx->backend != GDP_BACKEND_CPU)
@@ -173,11 +207,22 @@ gdp_status_t gdp_plan_free(gdp_plan_t plan) {
     if (plan == NULL)
         return GDP_STATUS_SUCCESS;
     GDP_CHECK(check_plan(plan, "gdp_plan_free"));
+    for (int k = 0; k < 2; k++) {
+#ifdef GDP_HAVE_CUDA
+        if (plan->upload_done[k] != NULL) {
+            /* an upload still queued reads the buffer: let it finish first */
+            (void)cudaEventSynchronize((cudaEvent_t)plan->upload_done[k]);
+            (void)cudaEventDestroy((cudaEvent_t)plan->upload_done[k]);
+            (void)cudaFreeHost(plan->meta_bufs[k]);
+            continue;
+        }
+#endif
+        free(plan->meta_bufs[k]);
+    }
     gdp_layer_buf_free(plan->ctx, plan->meta_dev);
     free(plan->buckets);
     free(plan->frame);
     free(plan->step_store);
-    free(plan->meta_buf);
     free(plan->slot_scratch);
     plan->magic = plan->magic_end = 0;
     free(plan);
@@ -612,9 +657,23 @@ gdp_status_t gdp_plan_build(gdp_plan_t plan, struct gdp_cache *cache, gdp_comm_t
     }
 
     /* 3. Write. Layout: header, then the arrays in the order of gdp_step_arrays, then the
-     *    resolved step. Offsets are relative to the buffer start (host and device alike). */
+     *    resolved step. Offsets are relative to the buffer start (host and device alike).
+     *    The buffer's last upload (two builds ago) must have read it. */
+    const int32_t which = plan->meta_next;
+#ifdef GDP_HAVE_CUDA
+    if (plan->upload_done[which] != NULL) {
+        const cudaError_t err = cudaEventSynchronize((cudaEvent_t)plan->upload_done[which]);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            if (new_slots != new_slots_stack)
+                free(new_slots);
+            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: waiting for the metadata upload of an earlier step failed: %s", op,
+                     cudaGetErrorString(err));
+        }
+    }
+#endif
     plan->have_meta = 0;
-    int32_t *base = plan->meta_buf, *cur = base + M_HEADER_WORDS;
+    int32_t *base = plan->meta_bufs[which], *cur = base + M_HEADER_WORDS;
     int32_t *decode_slots = take(&cur, (size_t)pd), *prefill_slots = take(&cur, (size_t)pp);
     int32_t *cu = take(&cur, (size_t)pp + 1), *ci = take(&cur, 2 * (size_t)nc), *cidp = take(&cur, 2 * (size_t)ncdp);
     int32_t *offsets = take(&cur, (size_t)pp + 1), *seq_idx = take(&cur, (size_t)rows);
@@ -758,13 +817,26 @@ gdp_status_t gdp_plan_build(gdp_plan_t plan, struct gdp_cache *cache, gdp_comm_t
     m->cache_id = cache;
     m->cache_generation = cache->generation;
 
-    /* 4. One host-to-device copy of the arrays and fills (CUDA); the CPU reads the host buffer. */
+    /* 4. One host-to-device copy of the arrays and fills (CUDA), queued on the stream (the
+     *    device reads it after the steps queued before); the CPU reads the host buffer. */
     if (plan->meta_dev != NULL) {
-        GDP_CHECK(gdp_layer_buf_upload(plan->ctx, plan->meta_dev, base, arrays_end * sizeof(int32_t)));
+#ifdef GDP_HAVE_CUDA
+        cudaStream_t s = (cudaStream_t)plan->ctx->stream;
+        cudaError_t err = cudaMemcpyAsync(plan->meta_dev, base, arrays_end * sizeof(int32_t), cudaMemcpyHostToDevice, s);
+        if (err == cudaSuccess)
+            err = cudaEventRecord((cudaEvent_t)plan->upload_done[which], s);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: queueing the metadata upload (%zu bytes) failed: %s", op,
+                     arrays_end * sizeof(int32_t), cudaGetErrorString(err));
+        }
+#endif
         point_arrays(&m->device, (const int32_t *)plan->meta_dev, offs);
     } else {
         m->device = m->host;
+        (void)arrays_end; /* the CPU reads the host buffer */
     }
+    plan->meta_next = which ^ 1;
     plan->have_meta = 1;
 
     /* 5. Debug: every rank must have built the same bytes. */

@@ -245,6 +245,36 @@ static void units_model(long job) {
     CHECK(strstr(gdp_last_error(), "tokens[2] = 128") != NULL && !memcmp(x, x_copy, sizeof x),
           "a bad token: message '%s', x modified %d", gdp_last_error(), memcmp(x, x_copy, sizeof x) != 0);
 
+    /* references to sampled records (the pipelined engine's next step): -2 - h is the token of
+     * record h; a reference without records, past n_prev, or to a token outside the
+     * vocabulary is refused naming the row, and x is left alone */
+    const gdp_sample_out prev[3] = {{.token = 9}, {.token = 127}, {.token = 128}};
+    const int32_t ref_tokens[6] = {-3, -1, 4, -2, -3, 0}; /* records 1, pad, 4, record 0, record 1, 0 */
+    CHECK_OK(gdp_model_embed_device(m, &xt, ref_tokens, T, prev, 2));
+    const int32_t resolved[6] = {127, -1, 4, 9, 127, 0};
+    rows_ok = true;
+    for (int64_t i = 0; i < T; i++)
+        for (int64_t d = 0; d < D; d++)
+            rows_ok &= x[i * D + d] == (resolved[i] < 0 ? 0.0f : E[resolved[i] * D + d]);
+    CHECK(rows_ok, "references: embedded rows are not the referenced tokens' rows");
+    memcpy(x_copy, x, sizeof x);
+    const int32_t past[6] = {1, 2, 3, -4, 4, 5}; /* record 2 of 2 */
+    CHECK_STATUS(gdp_model_embed_device(m, &xt, past, T, prev, 2), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(gdp_last_error(), "tokens[3] = -4") && strstr(gdp_last_error(), "record 2") &&
+              !memcmp(x, x_copy, sizeof x),
+          "a reference past n_prev: message '%s', x modified %d", gdp_last_error(), memcmp(x, x_copy, sizeof x) != 0);
+    CHECK_STATUS(gdp_model_embed_device(m, &xt, past, T, NULL, 0), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(gdp_last_error(), "prev is NULL") && !memcmp(x, x_copy, sizeof x),
+          "a reference without records: message '%s'", gdp_last_error());
+    const int32_t to_bad[6] = {1, 2, 3, 4, -4, 5}; /* record 2 holds 128, outside the vocabulary */
+    CHECK_STATUS(gdp_model_embed_device(m, &xt, to_bad, T, prev, 3), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(gdp_last_error(), "tokens[4]") && strstr(gdp_last_error(), "token 128") &&
+              !memcmp(x, x_copy, sizeof x),
+          "a reference to a bad token: message '%s'", gdp_last_error());
+    CHECK_STATUS(gdp_model_embed(m, &xt, ref_tokens, T), GDP_STATUS_INVALID_ARGUMENT); /* host tokens: none */
+    CHECK(strstr(gdp_last_error(), "tokens[0] = -3") && !memcmp(x, x_copy, sizeof x),
+          "gdp_model_embed took a reference: message '%s'", gdp_last_error());
+
     /* LM head vs double: final RMSNorm (weight 1 here, eps 1e-5) then x . E^T */
     for (int64_t i = 0; i < T * D; i++)
         x[i] = (float)sin(0.37 * (double)i) * 0.3f;
@@ -277,7 +307,8 @@ static void units_model(long job) {
     CHECK_STATUS(gdp_model_logits(m, logits, &xt, bad_rows, 2), GDP_STATUS_INVALID_ARGUMENT);
     CHECK(strstr(gdp_last_error(), "rows[1] = 6") != NULL && !memcmp(one, logits, sizeof one),
           "bad row: message '%s'", gdp_last_error());
-    printf("model: embedding rows, LM head vs double (%.1e), one row == its batch bits, bad tokens/rows refused\n",
+    printf("model: embedding rows, references to sampled records (bad ones refused), LM head vs double (%.1e), one "
+           "row == its batch bits, bad tokens/rows refused\n",
            worst);
 
     /* engine config errors, one process */
@@ -376,20 +407,32 @@ typedef struct variant {
     match       vs_base;
     int32_t     sampled; /* the sampled workload (temperature, top-k, top-p, stop ids); compared
                             with the first sampled variant instead of the base */
+    int32_t     no_overlap; /* config.overlap 0: each step composed after the last finished */
+    int32_t     stops;      /* the greedy stop workload: stop ids, max_new_tokens 1 on some */
+    int32_t     vs;         /* > 0: compared with this variant instead */
 } variant;
 
+#define FIRST_STOPS 14 /* the first variant of the stop workload */
 static const variant k_variants[] = {
-    {"base", 16, 64, 0, 0, 1, 0, MATCH_BITWISE, 0},
-    {"preempt", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 0},
-    {"no-graphs", 16, 64, 0, 0, 0, 0, MATCH_BITWISE, 0},
-    {"arrivals", 16, 64, 0, 0, 1, 1, MATCH_TOKENS, 0},
-    {"drafts", 16, 64, 3, 0, 1, 0, MATCH_TOKENS, 0},
-    {"drafts+preempt", 3, 64, 3, 1, 1, 0, MATCH_TOKENS, 0},
-    {"whole", 16, 0, 0, 0, 1, 0, MATCH_MARGIN, 0},
-    {"slices-128", 16, 128, 0, 0, 1, 0, MATCH_MARGIN, 0},
-    {"sampled", 16, 64, 0, 0, 1, 0, MATCH_TOKENS, 1},
-    {"sampled+preempt", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 1},
-    {"sampled+drafts", 16, 64, 3, 0, 0, 1, MATCH_TOKENS, 1},
+    {"base", 16, 64, 0, 0, 1, 0, MATCH_BITWISE, 0, 0, 0, 0},
+    {"preempt", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 0, 0, 0, 0},
+    {"no-graphs", 16, 64, 0, 0, 0, 0, MATCH_BITWISE, 0, 0, 0, 0},
+    {"arrivals", 16, 64, 0, 0, 1, 1, MATCH_TOKENS, 0, 0, 0, 0},
+    {"drafts", 16, 64, 3, 0, 1, 0, MATCH_TOKENS, 0, 0, 0, 0},
+    {"drafts+preempt", 3, 64, 3, 1, 1, 0, MATCH_TOKENS, 0, 0, 0, 0},
+    {"whole", 16, 0, 0, 0, 1, 0, MATCH_MARGIN, 0, 0, 0, 0},
+    {"slices-128", 16, 128, 0, 0, 1, 0, MATCH_MARGIN, 0, 0, 0, 0},
+    {"sampled", 16, 64, 0, 0, 1, 0, MATCH_TOKENS, 1, 0, 0, 0},
+    {"sampled+preempt", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 1, 0, 0, 0},
+    {"sampled+drafts", 16, 64, 3, 0, 0, 1, MATCH_TOKENS, 1, 0, 0, 0},
+    /* overlap (the default above) vs one step at a time: the same schedule where no request
+     * stops early; a stop id frees its slot one step later when overlapping */
+    {"no-overlap", 16, 64, 0, 0, 1, 0, MATCH_BITWISE, 0, 1, 0, 0},
+    {"preempt no-overlap", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 0, 1, 0, 0},
+    {"sampled no-overlap", 16, 64, 0, 0, 1, 0, MATCH_TOKENS, 1, 1, 0, 0},
+    {"stops", 4, 64, 0, 0, 1, 0, MATCH_TOKENS, 0, 0, 1, 0},
+    {"stops no-overlap", 4, 64, 0, 0, 1, 0, MATCH_TOKENS, 0, 1, 1, FIRST_STOPS},
+    {"stops no-graphs", 4, 64, 0, 0, 0, 0, MATCH_TOKENS, 0, 0, 1, FIRST_STOPS},
 };
 #define FIRST_SAMPLED 8
 #define STOP_A 5
@@ -398,16 +441,29 @@ static const variant k_variants[] = {
 
 typedef struct result {
     int32_t valid, tp;
-    int32_t n_gen[NREQ];
+    int32_t n_gen[NREQ], finish[NREQ];
     int32_t tokens[NREQ][NEW];
     float   margin[NREQ][NEW], scale[NREQ][NEW];
     int32_t requests;
-    int64_t generated, preemptions, resumes, drafts_proposed, drafts_accepted, captures, replays;
+    int64_t generated, preemptions, resumes, drafts_proposed, drafts_accepted, captures, replays, overlapped;
     double  check_worst;
     int32_t check_checked, check_mismatches;
 } result;
 
-static gdp_workload g_wl, g_wl_timed, g_wl_sampled, g_wl_sampled_timed;
+static gdp_workload g_wl, g_wl_timed, g_wl_sampled, g_wl_sampled_timed, g_wl_stops;
+
+/* The stop workload: greedy; requests 0, 3, 6, 9 ask for one token, the even ones stop at
+ * STOP_A or STOP_B (4 slots: requests stop while their next row is already composed, and
+ * others wait for their slots). */
+static int32_t stops_max_new(int i) { return i % 3 == 0 ? 1 : NEW; }
+static void make_stops(gdp_workload *wl) {
+    for (int32_t i = 0; i < wl->n_requests; i++) {
+        gdp_request_spec *q = &wl->requests[i];
+        q->max_new_tokens = stops_max_new(i);
+        q->n_stop = i % 2 == 0 ? 2 : 0;
+        q->stop[0] = STOP_A, q->stop[1] = STOP_B;
+    }
+}
 
 /* The sampled workload: the same prompts, each request with its own seed and options. */
 static void make_sampled(gdp_workload *wl) {
@@ -430,7 +486,8 @@ static void make_workloads(void) {
     GDP_FATAL_IF_ERROR(NULL, gdp_workload_synthetic(&g_wl_sampled_timed, &p, VOCAB));
     p.rate = 0;
     GDP_FATAL_IF_ERROR(NULL, gdp_workload_synthetic(&g_wl_sampled, &p, VOCAB));
-    make_sampled(&g_wl_sampled), make_sampled(&g_wl_sampled_timed);
+    GDP_FATAL_IF_ERROR(NULL, gdp_workload_synthetic(&g_wl_stops, &p, VOCAB));
+    make_sampled(&g_wl_sampled), make_sampled(&g_wl_sampled_timed), make_stops(&g_wl_stops);
 }
 
 static void engine_config(const variant *v, gdp_engine_config *c) {
@@ -438,7 +495,8 @@ static void engine_config(const variant *v, gdp_engine_config *c) {
     c->n_slots = v->slots, c->max_step_tokens = BUDGET, c->prefill_chunk = v->chunk, c->draft_tokens = v->draft;
     c->preempt = v->preempt, c->preempt_after = 2, c->preempt_wait_ms = 0, c->cuda_graphs = v->graphs;
     c->honor_arrivals = v->timed;
-    c->progress = 0, c->check_requests = !strcmp(v->name, "base") ? 3 : 0;
+    c->progress = 0, c->check_requests = !strcmp(v->name, "base") || !strcmp(v->name, "no-overlap") ? 3 : 0;
+    c->overlap = !v->no_overlap;
 }
 
 /* Runs variant v on the ranks of `group` (MPI_COMM_NULL: this rank alone), into *out (root). */
@@ -476,8 +534,9 @@ static void run_variant(const char *ckpt_path, MPI_Comm group, const variant *v,
     engine_config(v, &ec);
     gdp_engine_t e;
     GDP_FATAL_IF_ERROR(comm, gdp_engine_init(&e, ctx, comm, model, &ec));
-    const gdp_workload *wl = v->sampled ? (v->timed ? &g_wl_sampled_timed : &g_wl_sampled)
-                                        : (v->timed ? &g_wl_timed : &g_wl);
+    const gdp_workload *wl = v->stops ? &g_wl_stops
+                             : v->sampled ? (v->timed ? &g_wl_sampled_timed : &g_wl_sampled)
+                                          : (v->timed ? &g_wl_timed : &g_wl);
     GDP_FATAL_IF_ERROR(comm, gdp_engine_run(e, grank == 0 ? wl : NULL));
     if (ec.check_requests > 0)
         GDP_FATAL_IF_ERROR(comm, gdp_engine_check(e, &out->check_worst, &out->check_checked, &out->check_mismatches));
@@ -488,12 +547,13 @@ static void run_variant(const char *ckpt_path, MPI_Comm group, const variant *v,
         out->requests = rep.requests, out->generated = rep.generated_tokens, out->preemptions = rep.preemptions;
         out->resumes = rep.resumes, out->drafts_proposed = rep.drafts_proposed;
         out->drafts_accepted = rep.drafts_accepted, out->captures = rep.graph_captures;
-        out->replays = rep.graph_replays, out->tp = rep.tp_size;
+        out->replays = rep.graph_replays, out->tp = rep.tp_size, out->overlapped = rep.overlapped_steps;
         for (int i = 0; i < NREQ; i++) {
             gdp_request_result r;
             GDP_FATAL_IF_ERROR(comm, gdp_engine_get_result(e, i, &r));
             /* results are in workload order; the timed workload has the same requests */
             out->n_gen[i] = r.n_generated;
+            out->finish[i] = r.finish_reason;
             for (int t = 0; t < r.n_generated && t < NEW; t++) {
                 out->tokens[i][t] = r.tokens[t];
                 out->margin[i][t] = r.margin[t];
@@ -521,6 +581,11 @@ static void compare(const char *what, const result *a, const result *b, match ho
     if (!a->valid || !b->valid)
         return;
     int64_t same = 0, cut = 0, diff = 0;
+    if (how != MATCH_MARGIN) /* the same tokens end each request the same way */
+        for (int i = 0; i < NREQ; i++)
+            CHECK(a->n_gen[i] == b->n_gen[i] && a->finish[i] == b->finish[i],
+                  "%s: request %d: %d tokens (finish %d) vs %d (finish %d)", what, i, a->n_gen[i], a->finish[i],
+                  b->n_gen[i], b->finish[i]);
     double margin_diff = 0; /* the largest |margin a - margin b| / max |logit| of identical tokens */
     for (int i = 0; i < NREQ; i++) {
         const int n = a->n_gen[i] < b->n_gen[i] ? a->n_gen[i] : b->n_gen[i];
@@ -551,7 +616,28 @@ static void compare(const char *what, const result *a, const result *b, match ho
 static void check_result(const char *what, const variant *v, const result *r) {
     if (!r->valid)
         return;
-    if (v->sampled) { /* a request with stop ids ends at its first stop token, else at NEW */
+    if (v->stops) { /* ends at its first stop token, else at its max_new_tokens */
+        int64_t total = 0;
+        int stopped = 0;
+        for (int i = 0; i < NREQ; i++) {
+            int end = stops_max_new(i);
+            for (int t = 0; t < r->n_gen[i] && t < end; t++)
+                if (i % 2 == 0 && (r->tokens[i][t] == STOP_A || r->tokens[i][t] == STOP_B))
+                    end = t + 1;
+            const int want_finish = end < stops_max_new(i) || (i % 2 == 0 && r->n_gen[i] > 0 &&
+                                    (r->tokens[i][r->n_gen[i] - 1] == STOP_A || r->tokens[i][r->n_gen[i] - 1] == STOP_B))
+                                        ? GDP_FINISH_STOP : GDP_FINISH_LENGTH;
+            stopped += want_finish == GDP_FINISH_STOP && end > 1;
+            CHECK(r->n_gen[i] == end && r->finish[i] == want_finish,
+                  "%s: request %d generated %d tokens (finish %d); want %d (finish %d)", what, i, r->n_gen[i],
+                  r->finish[i], end, want_finish);
+            total += r->n_gen[i];
+        }
+        CHECK(r->requests == NREQ && r->generated == total, "%s: %d requests finished, %lld tokens generated", what,
+              r->requests, (long long)r->generated);
+        CHECK(stopped >= 1, "%s: no request stopped early at a stop id after its first token: the test shows nothing",
+              what);
+    } else if (v->sampled) { /* a request with stop ids ends at its first stop token, else at NEW */
         int64_t total = 0;
         for (int i = 0; i < NREQ; i++) {
             int first_stop = NEW;
@@ -582,6 +668,12 @@ static void check_result(const char *what, const variant *v, const result *r) {
                   r->drafts_accepted <= r->drafts_proposed,
               "%s: drafts proposed %lld, accepted %lld", what, (long long)r->drafts_proposed,
               (long long)r->drafts_accepted);
+    /* drafts finish every step at once; otherwise most steps are composed ahead */
+    if (v->no_overlap || v->draft)
+        CHECK(r->overlapped == 0, "%s: %lld steps composed ahead with overlap off or drafts", what,
+              (long long)r->overlapped);
+    else
+        CHECK(r->overlapped > 0, "%s: no step was composed while the previous one ran", what);
     if (v->graphs)
         CHECK(r->captures > 0 && r->replays > 0, "%s: graph hooks: %lld captures, %lld replays", what,
               (long long)r->captures, (long long)r->replays);
@@ -641,7 +733,9 @@ static void mpi_variants(const char *path) {
         for (int k = 1; k < N_VARIANTS; k++) {
             if (k == FIRST_SAMPLED)
                 continue;
-            const int base = k_variants[k].sampled ? FIRST_SAMPLED : 0;
+            if (k == FIRST_STOPS)
+                continue;
+            const int base = k_variants[k].vs > 0 ? k_variants[k].vs : k_variants[k].sampled ? FIRST_SAMPLED : 0;
             snprintf(what, sizeof what, "tp %d: %s vs %s", k_tps[ti], k_variants[base].name, k_variants[k].name);
             compare(what, &r[base], &r[k], k_variants[k].vs_base);
         }
@@ -816,7 +910,7 @@ int main(int argc, char **argv) {
     if (g_rank == 0)
         remove(path);
     gdp_workload_free(&g_wl), gdp_workload_free(&g_wl_timed);
-    gdp_workload_free(&g_wl_sampled), gdp_workload_free(&g_wl_sampled_timed);
+    gdp_workload_free(&g_wl_sampled), gdp_workload_free(&g_wl_sampled_timed), gdp_workload_free(&g_wl_stops);
     int failures = 0;
     MPI_Allreduce(&g_test_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (g_rank == 0)

@@ -175,6 +175,10 @@ GDP_API gdp_status_t gdp_comm_sleep(gdp_comm_t comm, double seconds);
  * the step timeout like the comm's own waits: where a host would call cudaStreamSynchronize
  * on a stream that runs NCCL collectives. A build without CUDA returns SUCCESS at once. */
 GDP_API gdp_status_t gdp_comm_stream_wait(gdp_comm_t comm, void *stream);
+/* The same bounded wait for one event (cudaEvent_t) recorded on a stream: the work queued
+ * before it, not what was queued after (the engine waits for step n while step n + 1 is
+ * queued behind it). */
+GDP_API gdp_status_t gdp_comm_event_wait(gdp_comm_t comm, void *event);
 
 /* ---- tensor-parallel output mode of a layer (chosen per run) ------------------------ */
 typedef enum gdp_tp_mode {

@@ -88,6 +88,10 @@ typedef struct gdp_engine_config {
     int32_t progress;             /* seconds between progress lines on stderr (root); 0: none      */
     int32_t check_requests;       /* keep the last logits of this many requests for gdp_engine_check */
     int32_t debug_check;          /* 1: the plan hash-checks every step's metadata across ranks    */
+    int32_t overlap;              /* 1: the root composes step n + 1 while the device runs step n
+                                     (docs/gdp-run.md, "The step pipeline"); steps with drafts,
+                                     and composes that depend on step n (a preemption), wait
+                                     first. 0: one step at a time. Tokens are the same either way */
     gdp_engine_result_fn on_result; /* NULL: none                                                */
     void   *on_result_user;
 } gdp_engine_config;
@@ -95,7 +99,7 @@ typedef struct gdp_engine_config {
 /* gdp-run's defaults: 16 slots, 512 tokens per step, prefill chunk 256, no drafts (ngram 3),
  * preemption of requests that ran 16 decode steps for waiters that waited 2 s, 256
  * sampling candidates, graphs on, arrivals honored, progress every second, no check, no
- * debug check. */
+ * debug check, overlap on. */
 GDP_API gdp_status_t gdp_engine_config_default(gdp_engine_config *cfg);
 
 /* Creates an engine over a model (gdp_model_init with the same ctx and comm): the state
@@ -148,6 +152,7 @@ typedef struct gdp_engine_report {
     int64_t preemptions, resumes;
     int64_t drafts_proposed, drafts_accepted;
     int64_t graph_captures, graph_replays;
+    int64_t overlapped_steps;         /* device steps composed while the previous one ran     */
     double  phase_s[GDP_PHASE_NUM];   /* this rank, summed over the steps: device phases from
                                          CUDA events on the stream (clocks on the CPU), split
                                          by the marks of every phase_sample-th step; host =

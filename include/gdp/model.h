@@ -87,10 +87,19 @@ GDP_API gdp_status_t gdp_model_logits(gdp_model_t model, float *logits, const gd
 /* ---- the device path of a step (what gdp-run runs, CUDA-graph capturable) ---- */
 
 /* x [n, D] (backend memory, fp32) <- the embedding rows of tokens[0..n) in BACKEND memory
- * (device memory on CUDA; host memory on the CPU backend, where it is gdp_model_embed). On
- * CUDA the tokens are not checked (the device cannot report): a token outside [0, vocab),
- * -1 included, gives a row of zeros. */
-GDP_API gdp_status_t gdp_model_embed_device(gdp_model_t model, gdp_tensor *x, const int32_t *tokens, int64_t n);
+ * (device memory on CUDA; host memory on the CPU backend, where the tokens are checked as in
+ * gdp_model_embed). A token of -1 is a padding row (zeros). A token t <= -2 is a REFERENCE
+ * to a token sampled on the device: the token of prev[-2 - t], one of the n_prev
+ * gdp_sample_out records in backend memory that gdp_model_sample wrote (the engine's next
+ * step reads its previous step's draws without waiting for them; prev may be NULL when no
+ * token refers). On the CPU backend a reference without prev, outside [0, n_prev), or to a
+ * record whose token is outside [0, vocab) is refused (INVALID_ARGUMENT naming the row,
+ * nothing written). On CUDA nothing is checked (the device cannot report): a token or a
+ * referenced token outside [0, vocab), and a reference outside [0, n_prev), give a row of
+ * zeros; prev is read on the device when the gather runs (stream order), so a graph that
+ * captured this launch replays it with each step's new records. */
+GDP_API gdp_status_t gdp_model_embed_device(gdp_model_t model, gdp_tensor *x, const int32_t *tokens, int64_t n,
+                                            const gdp_sample_out *prev, int64_t n_prev);
 
 /* Sizes the head's buffers for steps of up to max_rows sampled rows and candidate records of
  * max_candidates (sampling.h: the top-k / top-p limit). Call before capturing a graph that
