@@ -550,9 +550,10 @@ template <int R> constexpr int recurrent_smem_min_blocks() { return R <= 8 ? 8 :
 
 __device__ __forceinline__ void cp_async_16(void *smem_dst, const void *gmem_src) {
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
 }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+/* "memory": no shared-memory access of the tile may move above the wait. */
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 template <int R>
 __device__ __forceinline__ void run_item_smem(const RecurrentParams &p, int64_t b, int h, int vb, int64_t row,
@@ -683,7 +684,7 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_smem_min_blocks<R>())
         else
             *reinterpret_cast<float4 *>(cell) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
     stage_tile<KP, BV>(p, b, h, vb, 0, min(p.tile_steps, p.T), area, area + p.tile_steps * KP,
                        area + 2 * p.tile_steps * KP, area + p.tile_steps * (2 * KP + BV),
                        area + p.tile_steps * (2 * KP + BV + 1));
