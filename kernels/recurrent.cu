@@ -761,13 +761,20 @@ template <int R> cudaError_t launch_recurrent_smem(const RecurrentParams &p, int
     const size_t bytes = ((size_t)G::KP * G::BV + (size_t)recurrent_smem_floats(p.tile_steps, G::KP, G::BV)) *
                          sizeof(float);
     static int cache[64];
-    static int opted_in[64];
-    if (bytes > 48 * 1024 && device >= 0 && device < 64 && !opted_in[device]) {
-        const cudaError_t err =
-            cudaFuncSetAttribute(recurrent_smem_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    static int configured[64];
+    if (device >= 0 && device < 64 && !configured[device]) {
+        /* The most shared memory per SM (the kernel reads little through L1), so the register
+         * bound (recurrent_smem_min_blocks) decides the blocks per SM; above 48 KB a block
+         * must opt in. */
+        cudaError_t err = cudaFuncSetAttribute(recurrent_smem_kernel<R>,
+                                               cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               (int)cudaSharedmemCarveoutMaxShared);
+        if (err == cudaSuccess && bytes > 48 * 1024)
+            err = cudaFuncSetAttribute(recurrent_smem_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)bytes);
         if (err != cudaSuccess)
             return err;
-        opted_in[device] = 1;
+        configured[device] = 1;
     }
     q.prefetch_distance = (int64_t)(prefetch_generations() *
                                     (double)resident_blocks(recurrent_smem_kernel<R>, cache, device, bytes));
