@@ -769,9 +769,11 @@ template <int R> cudaError_t launch_recurrent_smem(const RecurrentParams &p, int
         cudaError_t err = cudaFuncSetAttribute(recurrent_smem_kernel<R>,
                                                cudaFuncAttributePreferredSharedMemoryCarveout,
                                                (int)cudaSharedmemCarveoutMaxShared);
-        if (err == cudaSuccess && bytes > 48 * 1024)
+        const size_t most = ((size_t)G::KP * G::BV + (size_t)recurrent_smem_floats(REC_TILE_STEPS, G::KP, G::BV)) *
+                            sizeof(float); /* any tile_steps of a later call */
+        if (err == cudaSuccess && most > 48 * 1024)
             err = cudaFuncSetAttribute(recurrent_smem_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)bytes);
+                                       (int)most);
         if (err != cudaSuccess)
             return err;
         configured[device] = 1;
