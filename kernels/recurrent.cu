@@ -29,6 +29,7 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -293,6 +294,80 @@ __device__ __forceinline__ void prefetch_item(const RecurrentParams &p, int64_t 
     }
 }
 
+/* Per step (one warp each) of a staged tile: the L2 norms of q and k in fp32, then the
+ * scale, then k . q into kq. Shared by both kernels; the caller syncs after it. */
+template <int KP>
+__device__ __forceinline__ void normalize_steps(const RecurrentParams &p, int ns, float *qs, float *ks, float *kq) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int j = warp; j < ns; j += REC_WARPS) {
+        float *qj = qs + j * KP, *kj = ks + j * KP;
+        float fq = 1.0f, fk = 1.0f;
+        if (p.l2norm) {
+            float ssq = 0.0f, ssk = 0.0f;
+            for (int kk = lane; kk < KP; kk += 32) {
+                ssq += qj[kk] * qj[kk];
+                ssk += kj[kk] * kj[kk];
+            }
+            fq = 1.0f / sqrtf(warp_sum(ssq) + (float)GDP_L2NORM_EPS);
+            fk = 1.0f / sqrtf(warp_sum(ssk) + (float)GDP_L2NORM_EPS);
+        }
+        float dot = 0.0f;
+        for (int kk = lane; kk < KP; kk += 32) {
+            const float qn = (qj[kk] * fq) * p.scale, kn = kj[kk] * fk;
+            qj[kk] = qn;
+            kj[kk] = kn;
+            dot += kn * qn;
+        }
+        dot = warp_sum(dot);
+        if (lane == 0)
+            kq[j] = dot;
+    }
+}
+
+/* One step's reduction and read-out, shared by both kernels: this thread's partial S^T k and
+ * S^T q over its rows summed over the warp's 4 row groups (8 lanes apart), then a fixed-order
+ * sum of the 4 warps' partials through buf (one __syncthreads), delta = beta (v - S^T k) and
+ * o = S^T q + delta (k . q) (= (S + k delta^T)^T q), written by the first row group. */
+template <int CW, int BV>
+__device__ __forceinline__ void step_readout(const RecurrentParams &p, float (&sk)[CW], float (&sq)[CW], float *buf,
+                                             const float *vj, float beta, float kqj, int64_t b, int h, int t,
+                                             int col0, bool col_ok, float (&delta)[CW]) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, cg = tid % REC_COL_GROUPS;
+#pragma unroll
+    for (int c = 0; c < CW; c++) {
+        sk[c] += __shfl_xor_sync(0xffffffffu, sk[c], 8);
+        sk[c] += __shfl_xor_sync(0xffffffffu, sk[c], 16);
+        sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], 8);
+        sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], 16);
+    }
+    if (lane < REC_COL_GROUPS) {
+#pragma unroll
+        for (int c = 0; c < CW; c++) {
+            buf[warp * 2 * BV + cg * CW + c] = sk[c];
+            buf[warp * 2 * BV + BV + cg * CW + c] = sq[c];
+        }
+    }
+    __syncthreads();
+    float out[CW];
+#pragma unroll
+    for (int c = 0; c < CW; c++) {
+        float a = buf[cg * CW + c], q = buf[BV + cg * CW + c];
+#pragma unroll
+        for (int w = 1; w < REC_WARPS; w++) {
+            a += buf[w * 2 * BV + cg * CW + c];
+            q += buf[w * 2 * BV + BV + cg * CW + c];
+        }
+        delta[c] = beta * (vj[cg * CW + c] - a);
+        out[c] = q + delta[c] * kqj;
+    }
+    if (tid < REC_COL_GROUPS && col_ok) {
+        const int64_t o_off = ((b * p.T + t) * p.H + h) * p.V + col0;
+#pragma unroll
+        for (int c = 0; c < CW; c++)
+            store_from_float(p.o, p.o_dtype, o_off + c, out[c]);
+    }
+}
+
 /* The steps of one item whose first input tile is already staged and whose state tile is
  * in st: norms, the T steps (snapshots included), then the final state store. Every
  * thread of the block calls it (it holds __syncthreads). */
@@ -302,7 +377,7 @@ __device__ __forceinline__ void run_item(const RecurrentParams &p, int64_t b, in
     using G = RecGeom<SDT, R, VEC>;
     using Bits = typename G::Bits;
     constexpr int CW = G::CW, BV = G::BV, KP = G::KP;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x;
     const int cg = tid % REC_COL_GROUPS, rg = tid / REC_COL_GROUPS;
     const int col0 = vb * BV + cg * CW;
     const bool col_ok = col0 < p.V; /* VEC: V % CW == 0, so a group is all in or all out */
@@ -325,30 +400,7 @@ __device__ __forceinline__ void run_item(const RecurrentParams &p, int64_t b, in
         }
         __syncthreads();
 
-        /* Per step (one warp each): L2 norms in fp32, then scale, then k . q. */
-        for (int j = warp; j < ns; j += REC_WARPS) {
-            float *qj = qs + j * KP, *kj = ks + j * KP;
-            float fq = 1.0f, fk = 1.0f;
-            if (p.l2norm) {
-                float ssq = 0.0f, ssk = 0.0f;
-                for (int kk = lane; kk < KP; kk += 32) {
-                    ssq += qj[kk] * qj[kk];
-                    ssk += kj[kk] * kj[kk];
-                }
-                fq = 1.0f / sqrtf(warp_sum(ssq) + (float)GDP_L2NORM_EPS);
-                fk = 1.0f / sqrtf(warp_sum(ssk) + (float)GDP_L2NORM_EPS);
-            }
-            float dot = 0.0f;
-            for (int kk = lane; kk < KP; kk += 32) {
-                const float qn = (qj[kk] * fq) * p.scale, kn = kj[kk] * fk;
-                qj[kk] = qn;
-                kj[kk] = kn;
-                dot += kn * qn;
-            }
-            dot = warp_sum(dot);
-            if (lane == 0)
-                kq[j] = dot;
-        }
+        normalize_steps<KP>(p, ns, qs, ks, kq);
         __syncthreads();
 
         /* The steps. */
@@ -378,42 +430,8 @@ __device__ __forceinline__ void run_item(const RecurrentParams &p, int64_t b, in
                     sq[c] = fmaf(st[i][c], qv, sq[c]);
                 }
             }
-            /* The warp's 4 row groups sit 8 lanes apart. */
-#pragma unroll
-            for (int c = 0; c < CW; c++) {
-                sk[c] += __shfl_xor_sync(0xffffffffu, sk[c], 8);
-                sk[c] += __shfl_xor_sync(0xffffffffu, sk[c], 16);
-                sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], 8);
-                sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], 16);
-            }
-            if (lane < REC_COL_GROUPS) {
-#pragma unroll
-                for (int c = 0; c < CW; c++) {
-                    buf[warp * 2 * BV + cg * CW + c] = sk[c];
-                    buf[warp * 2 * BV + BV + cg * CW + c] = sq[c];
-                }
-            }
-            __syncthreads();
-            /* Fixed-order sum over the warps, then delta, the read-out and the update. */
-            const float beta = betas[j], kqj = kq[j];
-            float delta[CW], out[CW];
-#pragma unroll
-            for (int c = 0; c < CW; c++) {
-                float a = buf[cg * CW + c], q = buf[BV + cg * CW + c];
-#pragma unroll
-                for (int w = 1; w < REC_WARPS; w++) {
-                    a += buf[w * 2 * BV + cg * CW + c];
-                    q += buf[w * 2 * BV + BV + cg * CW + c];
-                }
-                delta[c] = beta * (vs[j * BV + cg * CW + c] - a);
-                out[c] = q + delta[c] * kqj; /* (S + k delta^T)^T q */
-            }
-            if (tid < REC_COL_GROUPS && col_ok) {
-                const int64_t o_off = ((b * p.T + t) * p.H + h) * p.V + col0;
-#pragma unroll
-                for (int c = 0; c < CW; c++)
-                    store_from_float(p.o, p.o_dtype, o_off + c, out[c]);
-            }
+            float delta[CW];
+            step_readout<CW, BV>(p, sk, sq, buf, vs + j * BV, betas[j], kq[j], b, h, t, col0, col_ok, delta);
 #pragma unroll
             for (int i = 0; i < R; i++) {
                 const float kv = kj[rg + REC_ROW_GROUPS * i];
@@ -517,6 +535,174 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, VEC>
     run_item<SDT, R, VEC>(p, b, h, vb, row, st, smem);
 }
 
+/* ---- the shared-memory state variant (GDP_DECODE_STATE=smem; fp32 state, 16-byte columns) ----
+ * The register kernel holds its 128 x 32 fp32 tile in 32 registers a thread across every
+ * barrier: 122 registers, 4 blocks (64 KB of state) per SM, and a block's state bytes are in
+ * flight only while it waits for them. Here the tile lives in shared memory (16 KB a block,
+ * 228 KB per SM), loaded by cp.async (no registers), and a step reads each thread's own
+ * elements twice (for the sums, then for the update: the decay is recomputed, the same
+ * rounded product) and writes them once; no state value is live across a barrier, so the
+ * kernel fits REC_SMEM_MIN_BLOCKS blocks (2x the state in flight). Every thread touches
+ * only the tile elements it loaded, so the tile itself needs no barrier. The arithmetic of
+ * each element is the register kernel's, in the same order: results are bit-identical. */
+
+template <int R> constexpr int recurrent_smem_min_blocks() { return R <= 8 ? 8 : 5; }
+
+__device__ __forceinline__ void cp_async_16(void *smem_dst, const void *gmem_src) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
+}
+/* "memory": no shared-memory access of the tile may move above the wait. */
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+template <int R>
+__device__ __forceinline__ void run_item_smem(const RecurrentParams &p, int64_t b, int h, int vb, int64_t row,
+                                              float *mine, float *area) {
+    using G = RecGeom<GDP_DTYPE_FP32, R, true>;
+    constexpr int CW = G::CW, BV = G::BV, KP = G::KP, PITCH = REC_ROW_GROUPS * BV; /* floats between rows i, i+1 */
+    static_assert(CW == 4, "one float4 per row and thread");
+    const int tid = threadIdx.x;
+    const int cg = tid % REC_COL_GROUPS, rg = tid / REC_COL_GROUPS;
+    const int col0 = vb * BV + cg * CW;
+    const bool col_ok = col0 < p.V;
+    const int64_t KV = (int64_t)p.K * p.V;
+    const int TS = p.tile_steps;
+    float *qs = area, *ks = qs + TS * KP, *vs = ks + TS * KP, *decay = vs + TS * BV;
+    float *betas = decay + TS, *kq = betas + TS, *red = kq + TS;
+    const bool has_g = p.g != nullptr;
+
+    for (int t0 = 0; t0 < p.T; t0 += TS) {
+        const int ns = min(TS, p.T - t0);
+        if (t0 > 0) {
+            __syncthreads();
+            stage_tile<KP, BV>(p, b, h, vb, t0, ns, qs, ks, vs, decay, betas);
+        }
+        __syncthreads();
+        normalize_steps<KP>(p, ns, qs, ks, kq);
+        __syncthreads();
+        for (int j = 0; j < ns; j++) {
+            const int t = t0 + j;
+            const float *qj = qs + j * KP, *kj = ks + j * KP;
+            float *buf = red + (t & 1) * (REC_WARPS * 2 * BV);
+            const float e = has_g ? decay[j] : 1.0f;
+            float sk[CW], sq[CW];
+#pragma unroll
+            for (int c = 0; c < CW; c++)
+                sk[c] = sq[c] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const float4 raw = *reinterpret_cast<const float4 *>(mine + i * PITCH);
+                float st[CW] = {raw.x, raw.y, raw.z, raw.w};
+                if (has_g)
+#pragma unroll
+                    for (int c = 0; c < CW; c++)
+                        st[c] *= e;
+                const float kv = kj[rg + REC_ROW_GROUPS * i], qv = qj[rg + REC_ROW_GROUPS * i];
+#pragma unroll
+                for (int c = 0; c < CW; c++) {
+                    sk[c] = fmaf(st[c], kv, sk[c]);
+                    sq[c] = fmaf(st[c], qv, sq[c]);
+                }
+            }
+            float delta[CW];
+            step_readout<CW, BV>(p, sk, sq, buf, vs + j * BV, betas[j], kq[j], b, h, t, col0, col_ok, delta);
+            const bool snapshot = p.inter != nullptr && (t + 1) % p.steps_per_token == 0 && col_ok;
+            float *snap = snapshot ? static_cast<float *>(p.inter) +
+                                         ((row * p.S + ((t + 1) / p.steps_per_token - 1)) * p.H + h) * KV
+                                   : nullptr;
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                float4 *cell = reinterpret_cast<float4 *>(mine + i * PITCH);
+                const float4 raw = *cell;
+                float st[CW] = {raw.x, raw.y, raw.z, raw.w};
+                const float kv = kj[rg + REC_ROW_GROUPS * i];
+#pragma unroll
+                for (int c = 0; c < CW; c++) {
+                    if (has_g)
+                        st[c] *= e;
+                    st[c] = fmaf(kv, delta[c], st[c]);
+                }
+                *cell = make_float4(st[0], st[1], st[2], st[3]);
+                const int kr = rg + REC_ROW_GROUPS * i;
+                if (snap != nullptr && kr < p.K)
+                    store_columns_f32<CW>(snap + (int64_t)kr * p.V + col0, st);
+            }
+        }
+    }
+    if (p.state_out != nullptr && col_ok) {
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const int kr = rg + REC_ROW_GROUPS * i;
+            if (kr >= p.K)
+                continue;
+            const float4 raw = *reinterpret_cast<const float4 *>(mine + i * PITCH);
+            const float st[CW] = {raw.x, raw.y, raw.z, raw.w};
+            store_columns_f32<CW>(static_cast<float *>(p.state_out) + row * p.out_stride_row +
+                                      h * p.out_stride_head + (int64_t)kr * p.V + col0,
+                                  st);
+        }
+    }
+}
+
+/* One block per item, as recurrent_kernel; dynamic shared memory: the state tile [KP][BV]
+ * fp32, then the step area. */
+template <int R>
+__global__ void __launch_bounds__(REC_THREADS, recurrent_smem_min_blocks<R>())
+    recurrent_smem_kernel(const RecurrentParams p) {
+    using G = RecGeom<GDP_DTYPE_FP32, R, true>;
+    constexpr int CW = G::CW, BV = G::BV, KP = G::KP;
+    extern __shared__ __align__(16) float smem_tile[];
+    float *area = smem_tile + KP * BV;
+    const int tid = threadIdx.x;
+    const int cg = tid % REC_COL_GROUPS, rg = tid / REC_COL_GROUPS;
+    int64_t b;
+    int h, vb;
+    item_coords(p, blockIdx.x, b, h, vb);
+    const int col0 = vb * BV + cg * CW;
+    const bool col_ok = col0 < p.V;
+    const int64_t row = state_row(p, b);
+    const bool padding = row_is_padding(p, row);
+    const int64_t future = p.prefetch_distance > 0 ? (int64_t)blockIdx.x + p.prefetch_distance : -1;
+    const bool has_future = future >= 0 && future < (int64_t)gridDim.x;
+    int64_t f_b = 0, f_row = 0;
+    int f_h = 0, f_vb = 0;
+    if (has_future) {
+        item_coords(p, future, f_b, f_h, f_vb);
+        f_row = state_row(p, f_b);
+    }
+    /* 1. The state tile into shared memory (cp.async: no registers held), then the inputs. */
+    float *mine = smem_tile + rg * BV + cg * CW;
+    const float *in = p.state_in == nullptr || padding
+                          ? nullptr
+                          : static_cast<const float *>(p.state_in) + row * p.in_stride_row + h * p.in_stride_head;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        const int kr = rg + REC_ROW_GROUPS * i;
+        float *cell = mine + i * REC_ROW_GROUPS * BV;
+        if (in != nullptr && kr < p.K && col_ok)
+            cp_async_16(cell, in + (int64_t)kr * p.V + col0);
+        else
+            *reinterpret_cast<float4 *>(cell) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    stage_tile<KP, BV>(p, b, h, vb, 0, min(p.tile_steps, p.T), area, area + p.tile_steps * KP,
+                       area + 2 * p.tile_steps * KP, area + p.tile_steps * (2 * KP + BV),
+                       area + p.tile_steps * (2 * KP + BV + 1));
+    if (padding) {
+        cp_async_wait_all();
+        write_zero_output<CW>(p, b, h, col0, col_ok);
+        return;
+    }
+    /* 2. The L2 prefetch of the block one generation ahead, as the register kernel. */
+    if (has_future && !row_is_padding(p, f_row))
+        prefetch_item<BV, uint32_t>(p, f_b, f_h, f_vb,
+                                    p.state_in == nullptr ? nullptr
+                                                          : static_cast<const uint32_t *>(p.state_in) +
+                                                                f_row * p.in_stride_row + f_h * p.in_stride_head);
+    cp_async_wait_all();
+    run_item_smem<R>(p, b, h, vb, row, mine, area);
+}
+
 /* Blocks of a kernel the whole device holds at once (0 if unknown), cached per device in
  * `cache` (one per kernel instance): occupancy is register-bound, so the first call's
  * shared-memory size serves. */
@@ -565,6 +751,57 @@ cudaError_t launch_recurrent(const RecurrentParams &p, int device, cudaStream_t 
     return cudaGetLastError();
 }
 
+template <int R> cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStream_t stream) {
+    using G = RecGeom<GDP_DTYPE_FP32, R, true>;
+    RecurrentParams q = p;
+    q.n_vblocks = (p.V + G::BV - 1) / G::BV;
+    const int64_t items = p.B * p.H * q.n_vblocks;
+    if (items > INT32_MAX)
+        return cudaErrorInvalidConfiguration;
+    const size_t bytes = ((size_t)G::KP * G::BV + (size_t)recurrent_smem_floats(p.tile_steps, G::KP, G::BV)) *
+                         sizeof(float);
+    static int cache[64];
+    static int configured[64];
+    if (device >= 0 && device < 64 && !configured[device]) {
+        /* The most shared memory per SM (the kernel reads little through L1), so the register
+         * bound (recurrent_smem_min_blocks) decides the blocks per SM; above 48 KB a block
+         * must opt in. */
+        cudaError_t err = cudaFuncSetAttribute(recurrent_smem_kernel<R>,
+                                               cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               (int)cudaSharedmemCarveoutMaxShared);
+        const size_t most = ((size_t)G::KP * G::BV + (size_t)recurrent_smem_floats(REC_TILE_STEPS, G::KP, G::BV)) *
+                            sizeof(float); /* any tile_steps of a later call */
+        if (err == cudaSuccess && most > 48 * 1024)
+            err = cudaFuncSetAttribute(recurrent_smem_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)most);
+        if (err != cudaSuccess)
+            return err;
+        configured[device] = 1;
+    }
+    q.prefetch_distance = (int64_t)(prefetch_generations() *
+                                    (double)resident_blocks(recurrent_smem_kernel<R>, cache, device, bytes));
+    recurrent_smem_kernel<R><<<(unsigned)items, REC_THREADS, bytes, stream>>>(q);
+    return cudaGetLastError();
+}
+
+/* Where the fp32 state tile lives: GDP_DECODE_STATE=smem picks the shared-memory kernel,
+ * anything else (default) the register kernel. Read at every launch (a getenv, far below a
+ * launch's cost), so a test can compare the two kernels in one process. */
+bool state_in_smem() {
+    const char *e = getenv("GDP_DECODE_STATE");
+    return e != nullptr && strcmp(e, "smem") == 0;
+}
+
+cudaError_t dispatch_rows_smem(const RecurrentParams &p, int device, cudaStream_t stream) {
+    if (p.K <= 2 * REC_ROW_GROUPS)
+        return launch_recurrent_smem<2>(p, device, stream);
+    if (p.K <= 4 * REC_ROW_GROUPS)
+        return launch_recurrent_smem<4>(p, device, stream);
+    if (p.K <= 8 * REC_ROW_GROUPS)
+        return launch_recurrent_smem<8>(p, device, stream);
+    return launch_recurrent_smem<16>(p, device, stream);
+}
+
 /* R = rows per thread, the smallest of 2, 4, 8, 16 with 16 R >= K. */
 template <int SDT, bool VEC> cudaError_t dispatch_rows(const RecurrentParams &p, int device, cudaStream_t stream) {
     if (p.K <= 2 * REC_ROW_GROUPS)
@@ -577,6 +814,9 @@ template <int SDT, bool VEC> cudaError_t dispatch_rows(const RecurrentParams &p,
 }
 
 template <int SDT> cudaError_t dispatch_vec(const RecurrentParams &p, bool vec, int device, cudaStream_t stream) {
+    if constexpr (SDT == GDP_DTYPE_FP32)
+        if (vec && state_in_smem())
+            return dispatch_rows_smem(p, device, stream);
     return vec ? dispatch_rows<SDT, true>(p, device, stream) : dispatch_rows<SDT, false>(p, device, stream);
 }
 

@@ -15,8 +15,9 @@
  *            states, dense and cache modes, g and beta absent, L2 norm on/off) vs the
  *            CPU at 1e-3 (1e-4 with fp32 inputs and state) plus one ulp of a 16-bit
  *            output; graph replay with new data and a new padding pattern == eager;
- *            determinism; S tokens in one call == S one-token calls bitwise (o, every
- *            snapshot, the final fp32 cache);
+ *            determinism; the register and the shared-memory decode kernels
+ *            (GDP_DECODE_STATE) bitwise equal on every random case; S tokens in one call
+ *            == S one-token calls bitwise (o, every snapshot, the final fp32 cache);
  *   conv:    conv_varlen.safetensors (y within one bf16 ulp, state exact); random varlen
  *            (zero, short and long sequences, -1 requests, padding rows, strided x,
  *            widths 2..8) and update (S tokens, snapshots, -1 rows) vs the CPU: states
@@ -29,6 +30,7 @@
  * Without a CUDA build or a visible GPU it prints why and exits 77 (skip).
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h" /* defines: gdp_tensor_get/set, gdp_tensor_stride */
@@ -742,7 +744,34 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
         same_bytes("decode determinism: state", &again.state, &got.state);
     if (c->final && !c->cache)
         same_bytes("decode determinism: final_state", &again.final_state, &got.final_state);
-    printf("  %s\n", g_test_failures == before_failures ? "ok (and a second run bitwise equal)" : "FAILED");
+
+    /* The other decode kernel (GDP_DECODE_STATE: the register kernel or the shared-memory
+     * one, for fp32 states with 16-byte columns; recurrent.cu) from the same inputs gives
+     * the same bits. */
+    const char *home = getenv("GDP_DECODE_STATE");
+    char *saved = home != NULL ? strdup(home) : NULL;
+    setenv("GDP_DECODE_STATE", saved != NULL && strcmp(saved, "smem") == 0 ? "regs" : "smem", 1);
+    if (c->cache)
+        dev_put(&d.state, &before.state);
+    CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_gpu, &d));
+    if (saved != NULL)
+        setenv("GDP_DECODE_STATE", saved, 1);
+    else
+        unsetenv("GDP_DECODE_STATE");
+    free(saved);
+    gdp_recurrent_args other = dec_host_clone(&before);
+    dec_fetch(&other, &d);
+    same_bytes("decode other kernel: o", &other.o, &got.o);
+    if (c->cache) {
+        same_bytes("decode other kernel: state", &other.state, &got.state);
+        if (c->inter)
+            same_bytes("decode other kernel: snapshots", &other.intermediate_states, &got.intermediate_states);
+    }
+    if (c->final && !c->cache)
+        same_bytes("decode other kernel: final_state", &other.final_state, &got.final_state);
+    dec_free(&other, false);
+    printf("  %s\n", g_test_failures == before_failures
+                          ? "ok (a second run and the other decode kernel bitwise equal)" : "FAILED");
     dec_free(&again, false);
     dec_free(&got, false);
     dec_free(&d, true);
