@@ -12,7 +12,12 @@
  * CPU, padded rows exactly 0; a padded run equal bit for bit to the unpadded one on real rows;
  * chunk-state rows past chunk_offsets[N] untouched; a CUDA graph captured with descriptors and
  * replayed on new data (new lengths, same padded shape) equal to eager runs; fp32 q ->
- * UNSUPPORTED and a missing workspace reservation -> INVALID_USAGE, both writing nothing.
+ * UNSUPPORTED, a missing workspace reservation and a bad GDP_CHUNK_STATE_VB -> INVALID_USAGE,
+ * all writing nothing. The state sweep's value-column block width (GDP_CHUNK_STATE_VB = 64,
+ * 32, 16, set between calls): o, final states, chunk states and cache slots bitwise equal across
+ * the three widths and the automatic choice, on the golden files, a single long sequence,
+ * varlen (lengths 1, 63, 64, 65), K or V = 64, K = 256, padded K and V, M = 1..3, fp16, and
+ * cache mode with -1 slots; each width's results also against the reference.
  * Exits 77 when the library has no CUDA backend or no GPU is present.
  */
 #include <string.h>
@@ -51,6 +56,12 @@ static gdp_tensor dev_upload(const gdp_tensor *h) {
     gdp_tensor d = dev_alloc(h->dtype, h->ndim, h->shape, 0);
     CUDA_OK(cudaMemcpy(d.data, h->data, test_tensor_bytes(h), cudaMemcpyHostToDevice));
     return d;
+}
+
+/* Copies a host tensor into an existing device tensor of the same size. */
+static void upload_into(gdp_tensor *d, const gdp_tensor *h) {
+    CHECK(test_tensor_bytes(d) == test_tensor_bytes(h), "upload: buffer sizes differ");
+    CUDA_OK(cudaMemcpy(d->data, h->data, test_tensor_bytes(h), cudaMemcpyHostToDevice));
 }
 
 /* A fresh host tensor holding the device tensor's bytes. */
@@ -304,6 +315,24 @@ static bool same_bytes(const gdp_tensor *a, const gdp_tensor *b) {
     return test_tensor_bytes(a) == test_tensor_bytes(b) && memcmp(a->data, b->data, test_tensor_bytes(a)) == 0;
 }
 
+/* The state sweep's value-column block widths (kernels/chunk/state.cuh); 0 = the op's choice. */
+static const int STATE_VBS[4] = {64, 32, 16, 0};
+
+/* GDP_CHUNK_STATE_VB for the next calls (the launcher reads it on every call); 0 unsets it. */
+static void set_state_vb(int vb) {
+    if (vb == 0) {
+        unsetenv("GDP_CHUNK_STATE_VB");
+        return;
+    }
+    char text[16];
+    snprintf(text, sizeof text, "%d", vb);
+    setenv("GDP_CHUNK_STATE_VB", text, 1);
+}
+
+static bool same_outputs(const outputs *a, const outputs *b, bool with_fs) {
+    return same_bytes(&a->o, &b->o) && (!with_fs || same_bytes(&a->fs, &b->fs)) && same_bytes(&a->cs, &b->cs);
+}
+
 /* ---- golden files ------------------------------------------------------------------------------- */
 static void test_golden(gdp_ctx_t gpu) {
     static const char *const files[5] = {
@@ -339,13 +368,25 @@ static void test_golden(gdp_ctx_t gpu) {
             in.num_chunks_dp = in.cidp.shape[0];
             CHECK(ref.cs.shape[0] == in.num_chunks, "%s: chunk_states_ref has %lld rows, descriptors %lld", files[fi],
                   (long long)ref.cs.shape[0], (long long)in.num_chunks);
-            outputs out;
-            gpu_run(gpu, &in, true, GDP_DTYPE_FP32, &out);
-            char w[128];
-            snprintf(w, sizeof w, "%s (M=%d K=%lld V=%lld)", files[fi], in.M, (long long)in.K, (long long)in.V);
-            /* the reference's chunk-state rows past chunk_offsets[N] are 0 (no meaning): compare real rows */
-            compare_runs(w, &in, &out, &ref, true);
-            free_outputs(&out);
+            outputs first;
+            for (int wi = 0; wi < 4; wi++) {
+                outputs out;
+                set_state_vb(STATE_VBS[wi]);
+                gpu_run(gpu, &in, true, GDP_DTYPE_FP32, &out);
+                char w[160];
+                snprintf(w, sizeof w, "%s (M=%d K=%lld V=%lld) state VB %d", files[fi], in.M, (long long)in.K,
+                         (long long)in.V, STATE_VBS[wi]);
+                /* the reference's chunk-state rows past chunk_offsets[N] are 0 (no meaning): compare real rows */
+                compare_runs(w, &in, &out, &ref, true);
+                if (wi == 0) {
+                    first = out;
+                    continue;
+                }
+                CHECK(same_outputs(&out, &first, true), "%s: o / final / chunk states differ from state VB 64", w);
+                free_outputs(&out);
+            }
+            set_state_vb(0);
+            free_outputs(&first);
         }
         free_outputs(&ref);
         free_inputs(&in);
@@ -393,6 +434,51 @@ static void test_random(gdp_ctx_t cpu, gdp_ctx_t gpu) {
         free_outputs(&out);
         free_outputs(&again);
         free_outputs(&derived);
+        free_inputs(&in);
+    }
+}
+
+/* ---- the state sweep's column-block widths: bitwise equal results ---------------------------------- */
+static void test_state_widths(gdp_ctx_t cpu, gdp_ctx_t gpu) {
+    const gdp_dtype_t BF = GDP_DTYPE_BF16, F16 = GDP_DTYPE_FP16, F32 = GDP_DTYPE_FP32, NONE = GDP_DTYPE_NUM;
+    const chunk_case cases[] = {
+        {"widths: m2 k128 v128 one long sequence", 2, 2, 128, 128, 1, {1500}, 1536, BF, BF, F32, 1, 0, 0.02},
+        {"widths: m3 k128 v128 varlen 1,63,64,65,300,0", 3, 2, 128, 128, 6, {1, 63, 64, 65, 300, 0}, 512, BF, BF,
+         F32, 1, 0, 0.1},
+        {"widths: m1 k64 v64 varlen", 1, 3, 64, 64, 3, {200, 65, 1}, 300, BF, BF, BF, 1, 0, 0.1},
+        {"widths: m2 k128 v64", 2, 2, 128, 64, 2, {130, 257}, 400, BF, BF, F32, 1, 0, 0.1},
+        {"widths: m3 k64 v128 no initial state", 3, 2, 64, 128, 2, {150, 64}, 256, BF, BF, NONE, 1, 0, 0.1},
+        {"widths: m2 k256 v64 (idle v_new warps at VB 16)", 2, 2, 256, 64, 2, {100, 170}, 300, BF, BF, F32, 1, 0,
+         0.1},
+        {"widths: m1 k100 v96 padded K and V", 1, 2, 100, 96, 2, {90, 200}, 320, BF, BF, F32, 1, 0.1, 0.3},
+        {"widths: m2 k128 v128 fp16", 2, 2, 128, 128, 2, {190, 77}, 300, F16, F16, F32, 1, 0, 0.1},
+    };
+    printf("state sweep column blocks %d, %d, %d and the op's choice: bitwise equal, each vs the CPU backend:\n",
+           STATE_VBS[0], STATE_VBS[1], STATE_VBS[2]);
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const chunk_case *c = &cases[ci];
+        inputs in;
+        make_inputs(c, 5000 + ci, &in);
+        outputs ref, first;
+        cpu_run(cpu, &in, GDP_DTYPE_FP32, &ref);
+        for (int wi = 0; wi < 4; wi++) {
+            outputs out;
+            set_state_vb(STATE_VBS[wi]);
+            gpu_run(gpu, &in, true, GDP_DTYPE_FP32, &out);
+            char w[160];
+            snprintf(w, sizeof w, "%s, VB %d", c->name, STATE_VBS[wi]);
+            compare_runs(w, &in, &out, &ref, true);
+            if (wi == 0) {
+                first = out;
+                continue;
+            }
+            CHECK(same_outputs(&out, &first, true), "%s: o / final / chunk states differ from state VB %d", w,
+                  STATE_VBS[0]);
+            free_outputs(&out);
+        }
+        set_state_vb(0);
+        free_outputs(&first);
+        free_outputs(&ref);
         free_inputs(&in);
     }
 }
@@ -453,14 +539,35 @@ static void test_cache(gdp_ctx_t cpu, gdp_ctx_t gpu, gdp_dtype_t cache_dtype) {
     b.o = d_o;
     b.chunk_states = d_cs;
     reserve_for(gpu, in.T, in.N, in.M, in.H, in.K, in.V);
-    CHECK_OK(gdp_chunk_gated_delta_product_varlen(gpu, &b));
-    CUDA_OK(cudaDeviceSynchronize());
-    out.o = dev_download(&d_o);
-    out.cs = dev_download(&d_cs);
-    gdp_tensor cache_gpu = dev_download(&d_cache);
-
     char what[96];
     snprintf(what, sizeof what, "cache mode, %s cache, slots [6,4,1,-1,-1]", gdp_dtype_name(cache_dtype));
+    /* every state column-block width from the same cache: outputs and the whole cache bitwise equal */
+    gdp_tensor cache_gpu;
+    memset(&cache_gpu, 0, sizeof cache_gpu);
+    for (int wi = 0; wi < 4; wi++) {
+        upload_into(&d_cache, &cache0);
+        CUDA_OK(cudaMemset(d_o.data, 0xff, test_tensor_bytes(&d_o)));
+        CUDA_OK(cudaMemset(d_cs.data, 0x7f, test_tensor_bytes(&d_cs)));
+        set_state_vb(STATE_VBS[wi]);
+        CHECK_OK(gdp_chunk_gated_delta_product_varlen(gpu, &b));
+        CUDA_OK(cudaDeviceSynchronize());
+        outputs run;
+        memset(&run, 0, sizeof run);
+        run.o = dev_download(&d_o);
+        run.cs = dev_download(&d_cs);
+        gdp_tensor cache_run = dev_download(&d_cache);
+        if (wi == 0) {
+            out = run;
+            cache_gpu = cache_run;
+            continue;
+        }
+        CHECK(same_outputs(&run, &out, false) && same_bytes(&cache_run, &cache_gpu),
+              "%s: state VB %d gives o / chunk states / cache bytes different from VB %d", what, STATE_VBS[wi],
+              STATE_VBS[0]);
+        free_outputs(&run);
+        host_free(&cache_run);
+    }
+    set_state_vb(0);
     compare_runs(what, &in, &out, &ref, false);
     const size_t es = gdp_dtype_size(cache_dtype), slot_bytes = (size_t)row_s * es;
     for (int64_t s = 0; s < n_slots; s++) {
@@ -555,7 +662,7 @@ static void test_padding(gdp_ctx_t gpu) {
 /* On the ctx's stream: the graph test's stream is non-blocking, so a legacy cudaMemcpy or
  * cudaMemset is not ordered with the replay (a pageable cudaMemcpy returns before its DMA
  * lands; docs/layer.md, "Streams and synchronization"). */
-static void upload_into(gdp_tensor *d, const gdp_tensor *h, cudaStream_t stream) {
+static void upload_on_stream(gdp_tensor *d, const gdp_tensor *h, cudaStream_t stream) {
     CHECK(test_tensor_bytes(d) == test_tensor_bytes(h), "graph test: buffer sizes differ");
     CUDA_OK(cudaMemcpyAsync(d->data, h->data, test_tensor_bytes(h), cudaMemcpyHostToDevice, stream));
 }
@@ -614,7 +721,7 @@ static void test_graph(gdp_ctx_t cpu) {
         const inputs *in = sets[round];
         const gdp_tensor *hs[10] = {&in->q, &in->k, &in->v, &in->g, &in->beta, &in->init, &in->cu, &in->ci, &in->cidp, &in->co};
         for (int i = 0; i < 10; i++)
-            upload_into(&d[i], hs[i], stream);
+            upload_on_stream(&d[i], hs[i], stream);
         CUDA_OK(cudaMemsetAsync(g_o.data, 0xff, test_tensor_bytes(&g_o), stream));
         CUDA_OK(cudaMemsetAsync(e_o.data, 0xff, test_tensor_bytes(&e_o), stream));
         CUDA_OK(cudaGraphLaunch(exec, stream));
@@ -685,6 +792,11 @@ static void test_rejections(void) {
     b.q = q32; b.k = k32; b.v = v32; b.o = o32;
     CHECK_STATUS(gdp_chunk_gated_delta_product_varlen(fresh, &b), GDP_STATUS_UNSUPPORTED);
     printf("  fp32 q: %s\n", gdp_last_error());
+    /* a state column-block width other than 64, 32, 16 (or 0 / unset) is refused before any launch */
+    setenv("GDP_CHUNK_STATE_VB", "48", 1);
+    CHECK_STATUS(gdp_chunk_gated_delta_product_varlen(fresh, &a), GDP_STATUS_INVALID_USAGE);
+    printf("  GDP_CHUNK_STATE_VB=48: %s\n", gdp_last_error());
+    set_state_vb(0);
     CUDA_OK(cudaDeviceSynchronize());
     gdp_tensor ho = dev_download(&d_o), ho32 = dev_download(&o32);
     CHECK(bytes_all(ho.data, test_tensor_bytes(&ho), 0x5a) && bytes_all(ho32.data, test_tensor_bytes(&ho32), 0x5a),
@@ -747,8 +859,10 @@ int main(void) {
     gdp_ctx_t cpu, gpu;
     CHECK_OK(gdp_ctx_init(&cpu, GDP_BACKEND_CPU, 0));
     CHECK_OK(gdp_ctx_init(&gpu, GDP_BACKEND_CUDA, 0));
+    set_state_vb(0); /* the op's own choice unless a test sets the width */
     test_golden(gpu);
     test_random(cpu, gpu);
+    test_state_widths(cpu, gpu);
     printf("cache mode, padding, graphs, rejections, cumsum:\n");
     test_cache(cpu, gpu, GDP_DTYPE_FP32);
     test_cache(cpu, gpu, GDP_DTYPE_BF16);

@@ -18,7 +18,10 @@ namespace {
 
 constexpr int CHUNK = GDP_CHUNK_SIZE; /* 64 rows per chunk on both streams */
 constexpr int PAD = 8;                /* 16-bit elements of row padding: ldmatrix rows hit distinct banks */
-constexpr int VB = 64;                /* value columns per block in the state and output stages */
+/* The state sweep's value-column block width VB (64, 32 or 16) is a template parameter of
+ * chunk_state_kernel (state.cuh), chosen per call in stages.cuh; the output stage has its own
+ * fixed widths (OW, OB in out.cuh). Neither the workspace layout nor the output stage depends on
+ * VB: the chunk-entry states are stored [row][head][KP][VP] whatever block wrote them. */
 
 /* Everything the stage kernels read, passed by value. */
 struct ChunkParams {

@@ -7,8 +7,10 @@
  *   chunk_wy_kernel     per expanded chunk: keys (L2-normalized if asked, rounded to the
  *                       input dtype), A = beta K K^T with decay, Ai = (I + A)^-1 in fp32,
  *                       w = Ai (beta 2^Gk K), u = Ai (beta V)
- *   chunk_state_kernel  per (sequence, head, 64 value columns): the sequential sweep over the
- *                       sequence's expanded chunks, state in registers; v_new = u - w S,
+ *   chunk_state_kernel  per (sequence, head, VB value columns; VB = 64, 32 or 16 so that few
+ *                       sequences still fill the device, GDP_CHUNK_STATE_VB forces one): the
+ *                       sequential sweep over the sequence's expanded chunks, state in
+ *                       registers, bitwise the same for every VB; v_new = u - w S,
  *                       S = 2^gl S + K^T (2^(gl - Gk) v_new); stores the state entering each
  *                       token chunk, chunk states, the final state or the cache slot
  *   chunk_out_kernel    per (token chunk, head, 128 value columns): o = scale (2^Gq (Q h) +
@@ -16,7 +18,8 @@
  *   zero_tail_kernel    output rows past cu_seqlens[N] = 0
  * Intermediates live in the ctx workspace (src/workspace.h), padded to the tile sizes. With
  * descriptors given nothing is allocated and nothing waits for the host, and the grids
- * depend only on (num_chunks, num_chunks_dp, T, N, H), so the call can be graph-captured.
+ * depend only on (num_chunks, num_chunks_dp, T, N, H) and, for the state sweep's column blocks,
+ * the device's SM count and GDP_CHUNK_STATE_VB, so the call can be graph-captured.
  * Rounding points follow upstream (gdp-math.md 3.3-3.6): keys, Ai, w, u, v_new, the decayed
  * v_new, the states fed to w S and to the output stage, and the masked scores are 16-bit.
  *
@@ -35,6 +38,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <atomic>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -53,6 +57,39 @@ bool aligned16(const void *ptr) { return ((uintptr_t)ptr & 15u) == 0; }
 gdp_status_t cuda_fail(const char *op, const char *what, cudaError_t err) {
     (void)cudaGetLastError(); /* clear the error so the next call starts clean */
     GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: %s failed: %s", op, what, cudaGetErrorString(err));
+}
+
+/* Multiprocessors of `device` into *sms, queried once per device and cached (the grid choice
+ * of the state sweep needs it on every call; the attribute never changes). */
+cudaError_t device_sm_count(int device, int *sms) {
+    constexpr int MAX_DEVICES = 64;
+    static std::atomic<int> cache[MAX_DEVICES]; /* 0: not queried yet */
+    const bool cacheable = device >= 0 && device < MAX_DEVICES;
+    if (cacheable && (*sms = cache[device].load(std::memory_order_relaxed)) > 0)
+        return cudaSuccess;
+    *sms = 0;
+    const cudaError_t err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+    if (err == cudaSuccess && cacheable && *sms > 0)
+        cache[device].store(*sms, std::memory_order_relaxed);
+    return err;
+}
+
+/* GDP_CHUNK_STATE_VB = 64, 32 or 16 forces the state sweep's value-column block width (for
+ * measurement and the bitwise test across widths); unset, empty or 0 lets stages.cuh choose.
+ * Read on every call so that a test can switch it between calls (one getenv is far cheaper than
+ * the launches that follow). Returns the width, 0 for "choose", or -1 for any other value. */
+int state_vb_from_env(const char **text) {
+    const char *e = getenv("GDP_CHUNK_STATE_VB");
+    *text = e;
+    if (e == nullptr || e[0] == '\0' || strcmp(e, "0") == 0)
+        return 0;
+    if (strcmp(e, "64") == 0)
+        return 64;
+    if (strcmp(e, "32") == 0)
+        return 32;
+    if (strcmp(e, "16") == 0)
+        return 16;
+    return -1;
 }
 
 } // namespace
@@ -120,6 +157,13 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: state_indices needs the three descriptors (as upstream); build them "
                  "with gdp_build_chunk_descriptors", op);
     const bool want_cs = a->return_chunk_states && gdp_tensor_present(&a->chunk_states);
+    const char *vb_text = nullptr;
+    const int state_vb = state_vb_from_env(&vb_text);
+    if (state_vb < 0)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "%s: GDP_CHUNK_STATE_VB is \"%s\"; it takes 64, 32 or 16 (the state sweep's value-column block), "
+                 "or 0 / unset to let the op choose",
+                 op, vb_text);
 
     gdp_chunk_workspace_layout lay;
     GDP_CHECK(gdp_chunk_workspace_plan(T, N, M, (int32_t)H, (int32_t)K, (int32_t)V, &lay));
@@ -132,7 +176,10 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
                  (long long)V);
 
     cudaStream_t stream = (cudaStream_t)ctx->stream;
-    cudaError_t err;
+    int sms = 0;
+    cudaError_t err = device_sm_count(ctx->device, &sms);
+    if (err != cudaSuccess)
+        return cuda_fail(op, "reading the multiprocessor count", err);
     int64_t num_chunks, num_chunks_dp;
     const int32_t *cidx, *cidx_dp, *coff;
     if (have_desc) {
@@ -244,12 +291,9 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     GDP_CHECK(gdp_cuda_chunk_local_cumsum(ctx, &gq_view, &gk_view, gdp_tensor_present(&a->g) ? &a->g : NULL,
                                           &a->cu_seqlens, M));
     GDP_CHUNK_STAGE_MARK(1, stream);
-    int sms = 0;
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device);
-    if (err != cudaSuccess)
-        return cuda_fail(op, "reading the multiprocessor count", err);
-    err = a->q.dtype == GDP_DTYPE_BF16 ? launch_stages<__nv_bfloat16>(p, num_chunks, num_chunks_dp, sms, stream)
-                                       : launch_stages<__half>(p, num_chunks, num_chunks_dp, sms, stream);
+    err = a->q.dtype == GDP_DTYPE_BF16
+              ? launch_stages<__nv_bfloat16>(p, num_chunks, num_chunks_dp, sms, state_vb, stream)
+              : launch_stages<__half>(p, num_chunks, num_chunks_dp, sms, state_vb, stream);
     if (err != cudaSuccess)
         return cuda_fail(op, "launching the chunk stages", err);
     if (T > 0) {

@@ -62,6 +62,13 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p) {
                  : "r"(smem_u32(p))
                  : "memory");
 }
+/* Two 8x8 16-bit matrices, transposed; lanes 0-15 give the row addresses (lanes 16-31 are ignored). */
+__device__ __forceinline__ void ldsm_x2_t(uint32_t r[2], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(smem_u32(p))
+                 : "memory");
+}
 /* 16-byte global -> shared copy; valid == false writes zeros and reads nothing. */
 __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
@@ -93,6 +100,13 @@ __device__ __forceinline__ void frag_a_trans(uint32_t a[4], const T *s, int ld, 
 template <typename T>
 __device__ __forceinline__ void frag_b_kn(uint32_t b[4], const T *s, int ld, int k0, int n0, int lane) {
     ldsm_x4_t(b, s + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * ld + n0 + (lane >> 4) * 8);
+}
+/* B fragment of the single n8 tile [n0, n0+8) x k [k0, k0+16), B row-major [k][n]: lanes 0-15
+ * address the same rows as frag_b_kn's matrices 0 and 1, so b[0], b[1] are bit for bit what
+ * frag_b_kn returns in b[0], b[1] for a tile starting at n0 (used where a warp owns one n8 tile). */
+template <typename T>
+__device__ __forceinline__ void frag_b_kn_x1(uint32_t b[2], const T *s, int ld, int k0, int n0, int lane) {
+    ldsm_x2_t(b, s + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * ld + n0);
 }
 /* The same for B stored row-major [n][k] (B = S^T, as in Q K^T). */
 template <typename T>

@@ -18,7 +18,8 @@ namespace {
 
 // CUDA kernels
 
-constexpr int OB = 2 * VB; /* value columns per output block */
+constexpr int OW = 64;     /* value columns per warp in the output stage */
+constexpr int OB = 2 * OW; /* value columns per output block */
 template <typename T, int KP> struct OutLayout {
     static constexpr size_t q_bytes = sizeof(T) * CHUNK * (KP + PAD);
     static constexpr size_t h_bytes = sizeof(T) * KP * (OB + PAD);
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(256, KP <= 128 ? 2 : 1) chunk_out_kernel(const
     const int hd = blockIdx.y, H = p.H;
     const int zc = blockIdx.z * OB;           /* first value column of this block */
     const int cols_blk = min(OB, p.VP - zc);  /* 64 or 128 padded columns          */
-    const bool has_cols = vh * VB < cols_blk; /* this warp's 64 columns exist      */
+    const bool has_cols = vh * OW < cols_blk; /* this warp's 64 columns exist      */
     const int i = p.cidx[2 * blockIdx.x], j = p.cidx[2 * blockIdx.x + 1];
     if (i < 0 || i >= p.N || j < 0)
         return;
@@ -122,7 +123,7 @@ __global__ void __launch_bounds__(256, KP <= 128 ? 2 : 1) chunk_out_kernel(const
         __syncthreads();
     }
 
-    const int r0 = rg * 16, c0 = vh * VB;
+    const int r0 = rg * 16, c0 = vh * OW;
     float acc[8][4];
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)

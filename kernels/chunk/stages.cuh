@@ -1,9 +1,9 @@
 /*
  * stages.cuh: the host-side dispatch of the chunk op's templated stages: Stages<T, KP> gives
  * each stage's shared memory and launches WY, state sweep and outputs in order for one
- * (dtype, padded K), choosing the state sweep's pipeline depth; launch_stages<T> switches the
- * runtime padded K into those instances. The cumsums and the zero tail are enqueued by the
- * launcher (launch.cu) around it.
+ * (dtype, padded K), choosing the state sweep's value-column block width and pipeline depth;
+ * launch_stages<T> switches the runtime padded K into those instances. The cumsums and the
+ * zero tail are enqueued by the launcher (launch.cu) around it.
  */
 #ifndef GDP_CHUNK_STAGES_CUH
 #define GDP_CHUNK_STAGES_CUH
@@ -24,26 +24,52 @@
 
 namespace {
 
-/* ---- dispatch of the templated stages over (dtype, padded K, pipeline depth) ---- */
+/* ---- the state sweep's value-column block width ----
+ * The sweep is sequential over a sequence's chunks, so its parallelism is its grid,
+ * (VP / VB) x H x N blocks; a few long sequences (1 x 16384 with H = 16, V = 128: 32 blocks of 64
+ * columns) leave most of the device idle. The columns of the state evolve independently
+ * (state.cuh), so narrower blocks give more, lighter blocks with bitwise the same results: each
+ * still walks the whole chain, but a step does 64 / VB times less tensor-core work. The widest
+ * block whose grid still reaches one block per SM is chosen (fewest re-reads of w and K, see
+ * kernels/NOTES-chunk.md); when even 16 columns do not reach it, 16. */
+inline int choose_state_vb(int vp, int heads, int seqs, int sms) {
+    const int64_t items = (int64_t)heads * seqs;
+    if ((int64_t)(vp / 64) * items >= sms)
+        return 64;
+    if ((int64_t)(vp / 32) * items >= sms)
+        return 32;
+    return 16;
+}
+
+/* ---- dispatch of the templated stages over (dtype, padded K, pipeline depth, column block) ---- */
 template <typename T, int KP> struct Stages {
     static size_t wy_smem(int vp) { return sizeof(WySmem<T, KP>) + (size_t)CHUNK * (vp + PAD) * sizeof(T); }
     static size_t out_smem() { return OutLayout<T, KP>::total; }
 
-    template <int STAGES> static cudaError_t launch_state(const ChunkParams &p, cudaStream_t st) {
-        const size_t smem = sizeof(StateSmem<T, KP, STAGES>);
-        cudaError_t err = cudaFuncSetAttribute(chunk_state_kernel<T, KP, STAGES>,
+    template <int STAGES, int VB> static cudaError_t launch_state(const ChunkParams &p, cudaStream_t st) {
+        const size_t smem = sizeof(StateSmem<T, KP, STAGES, VB>);
+        cudaError_t err = cudaFuncSetAttribute(chunk_state_kernel<T, KP, STAGES, VB>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (err != cudaSuccess)
             return err;
-        chunk_state_kernel<T, KP, STAGES><<<dim3((unsigned)(p.VP / VB), (unsigned)p.H, (unsigned)p.N), KP * 2, smem,
-                                            st>>>(p);
+        chunk_state_kernel<T, KP, STAGES, VB><<<dim3((unsigned)(p.VP / VB), (unsigned)p.H, (unsigned)p.N), KP * 2,
+                                                smem, st>>>(p);
         return cudaSuccess;
     }
+    template <int STAGES> static cudaError_t launch_state_vb(const ChunkParams &p, int vb, cudaStream_t st) {
+        switch (vb) {
+        case 64: return launch_state<STAGES, 64>(p, st);
+        case 32: return launch_state<STAGES, 32>(p, st);
+        case 16: return launch_state<STAGES, 16>(p, st);
+        default: return cudaErrorInvalidValue; /* the launcher passes only these three */
+        }
+    }
 
-    /* sms: multiprocessors of the device; with at most one state block per SM the deeper
-     * pipeline costs no occupancy (K <= 128; K = 256 has room for two stages only). */
+    /* sms: multiprocessors of the device; state_vb: the sweep's column block (64, 32, 16) or 0 to
+     * choose it here. With at most one state block per SM the deeper pipeline costs no occupancy
+     * (K <= 128; K = 256 has room for two stages only). */
     static cudaError_t launch(const ChunkParams &p, int64_t num_chunks, int64_t num_chunks_dp, int sms,
-                              cudaStream_t st) {
+                              int state_vb, cudaStream_t st) {
         cudaError_t err;
         if (num_chunks_dp > 0) {
             const size_t smem = wy_smem(p.VP);
@@ -54,11 +80,12 @@ template <typename T, int KP> struct Stages {
         }
         GDP_CHUNK_STAGE_MARK(2, st);
         if (p.N > 0) {
-            const int64_t blocks = (int64_t)(p.VP / VB) * p.H * p.N;
+            const int vb = state_vb != 0 ? state_vb : choose_state_vb(p.VP, p.H, p.N, sms);
+            const int64_t blocks = (int64_t)(p.VP / vb) * p.H * p.N;
             if (KP <= 128 && blocks <= sms)
-                err = launch_state<KP <= 128 ? 4 : 2>(p, st);
+                err = launch_state_vb<KP <= 128 ? 4 : 2>(p, vb, st);
             else
-                err = launch_state<2>(p, st);
+                err = launch_state_vb<2>(p, vb, st);
             if (err != cudaSuccess)
                 return err;
         }
@@ -77,11 +104,12 @@ template <typename T, int KP> struct Stages {
 };
 
 template <typename T>
-cudaError_t launch_stages(const ChunkParams &p, int64_t num_chunks, int64_t num_chunks_dp, int sms, cudaStream_t st) {
+cudaError_t launch_stages(const ChunkParams &p, int64_t num_chunks, int64_t num_chunks_dp, int sms, int state_vb,
+                          cudaStream_t st) {
     switch (p.KP) {
-    case 64: return Stages<T, 64>::launch(p, num_chunks, num_chunks_dp, sms, st);
-    case 128: return Stages<T, 128>::launch(p, num_chunks, num_chunks_dp, sms, st);
-    case 256: return Stages<T, 256>::launch(p, num_chunks, num_chunks_dp, sms, st);
+    case 64: return Stages<T, 64>::launch(p, num_chunks, num_chunks_dp, sms, state_vb, st);
+    case 128: return Stages<T, 128>::launch(p, num_chunks, num_chunks_dp, sms, state_vb, st);
+    case 256: return Stages<T, 256>::launch(p, num_chunks, num_chunks_dp, sms, state_vb, st);
     default: return cudaErrorInvalidValue; /* the workspace plan only produces the three above */
     }
 }

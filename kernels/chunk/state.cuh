@@ -1,9 +1,28 @@
 /*
  * state.cuh: stage 2 of the chunk op, chunk_state_kernel: the sequential sweep over one
- * sequence's expanded chunks per (sequence, head, 64 value columns), state in fp32 registers
+ * sequence's expanded chunks per (sequence, head, VB value columns), state in fp32 registers
  * (gdp-math.md 3.5): v_new = u - w S, S = 2^gl S + K^T (2^(gl - Gk) v_new). It stores the
  * 16-bit state entering each token chunk (for the output stage), the chunk states, and the
  * final state or the cache slot.
+ *
+ * The value-column block width VB (64, 32 or 16) only sets how many blocks share one
+ * (sequence, head): the columns of S evolve independently (w, K and Gk act on S's rows), so a
+ * narrower block computes exactly the same numbers per column, and the results are bitwise
+ * equal for every VB. Why, through the m16n8k16 fragments (mma.cuh; g = lane / 4, t = lane % 4):
+ *  - an m16n8k16 accumulates element (r, c) of its 16 x 8 tile from row r of A (16 k values),
+ *    column c of B (the same 16 k values) and its own accumulator only; which n8 tile of which
+ *    block a column sits in changes the registers it lives in, not what is added to it;
+ *  - the k dimension (over K for w S, over the chunk's 64 rows for K^T v) is never split: each
+ *    element still sees the same mma calls in the same k order (kk = 0, 16, ... KP - 16; ks = 0..3
+ *    with the same skip of rows past the chunk's end), on the same 16-bit operands;
+ *  - the A fragments (w rows, K^T rows) do not depend on the column block at all; the B
+ *    fragments are the 16-bit state columns and the decayed v_new columns of this block, loaded
+ *    by ldmatrix from rows of VB + PAD elements instead of 72 (frag_b_kn_x1 gives the same two
+ *    registers as frag_b_kn's first tile where a warp owns a single n8 tile);
+ *  - everything elementwise (the 16-bit rounding of S, u - w S, the decay factors exp2(gl - Gk),
+ *    S *= 2^gl, the stores) is the same expression per element.
+ * By induction over the chunks the fp32 state, v_new, the chunk-entry states and the final state
+ * of each column are the same bits whatever VB is (tests/test_chunk_gpu.c checks it on the GPU).
  */
 #ifndef GDP_CHUNK_STATE_CUH
 #define GDP_CHUNK_STATE_CUH
@@ -17,7 +36,7 @@ namespace {
 
 // CUDA kernels
 
-template <typename T, int KP, int STAGES> struct StateSmem {
+template <typename T, int KP, int STAGES, int VB> struct StateSmem {
     T w[STAGES][CHUNK][KP + PAD];
     T k[STAGES][CHUNK][KP + PAD];
     T u[STAGES][CHUNK][VB + PAD]; /* u of the chunk, overwritten by the decayed v_new */
@@ -25,21 +44,27 @@ template <typename T, int KP, int STAGES> struct StateSmem {
     float g[STAGES][CHUNK];
 };
 
-/* Work split: one block of KP / 16 warps per (sequence, head, 64 value columns), looping over the
+/* Work split: one block of KP / 16 warps per (sequence, head, VB value columns), looping over the
  * sequence's expanded chunks in order with STAGES - 1 chunks of w, K, u, Gk in flight; warp w
- * keeps state rows [16w, 16w+16) in fp32 registers and computes a 16-row x (64 / CG)-column
- * piece of the chunk's v_new (4 row tiles x CG column groups cover the 64 x 64 tile). */
-template <typename T, int KP, int STAGES>
+ * keeps state rows [16w, 16w+16) x the block's VB columns in fp32 registers and computes a
+ * 16-row x (VB / CGV)-column piece of the chunk's v_new (4 row tiles x CGV column groups cover
+ * the 64 x VB tile; warps past CGV column groups, KP = 256 with VB = 16 only, skip that product). */
+template <typename T, int KP, int STAGES, int VB>
 __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p) {
+    static_assert(VB == 64 || VB == 32 || VB == 16, "state column blocks of 64, 32 or 16");
     constexpr int NW = KP / 16, NTH = NW * 32;
-    constexpr int CG = NW / 4;      /* v_new column groups: 1 (KP 64), 2 (128), 4 (256) */
-    constexpr int VNT = 8 / CG;     /* n8 tiles of v_new per warp                      */
-    constexpr int VPR = KP / 8;     /* 16-byte vectors per row of w and K              */
-    constexpr int NLK = CHUNK * VPR / NTH;       /* w / K vectors per thread and chunk */
-    constexpr int NLU = CHUNK * (VB / 8) / NTH;  /* u vectors per thread and chunk     */
-    static_assert(NLK * NTH == CHUNK * VPR && NLU * NTH == CHUNK * (VB / 8), "load split");
+    constexpr int SNT = VB / 8;     /* n8 tiles of state per warp                            */
+    constexpr int CG = NW / 4;      /* warp column groups: 1 (KP 64), 2 (128), 4 (256)       */
+    constexpr int CGV = CG < SNT ? CG : SNT; /* column groups with v_new work               */
+    constexpr int VNT = SNT / CGV;  /* n8 tiles of v_new per working warp: 1, 2, 4 or 8      */
+    constexpr int VPR = KP / 8;     /* 16-byte vectors per row of w and K                    */
+    constexpr int NLK = CHUNK * VPR / NTH;          /* w / K vectors per thread and chunk */
+    constexpr int NUV = CHUNK * (VB / 8);           /* u vectors per chunk                */
+    constexpr int NLU = (NUV + NTH - 1) / NTH;      /* u vectors per thread and chunk     */
+    static_assert(NLK * NTH == CHUNK * VPR, "load split");
+    static_assert(CGV * VNT == SNT && (VNT == 1 || VNT % 2 == 0), "v_new split");
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    StateSmem<T, KP, STAGES> &s = *reinterpret_cast<StateSmem<T, KP, STAGES> *>(smem_raw);
+    StateSmem<T, KP, STAGES, VB> &s = *reinterpret_cast<StateSmem<T, KP, STAGES, VB> *>(smem_raw);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
     const int vb = blockIdx.x, hd = blockIdx.y, i = blockIdx.z, H = p.H;
@@ -48,13 +73,14 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
     const int nt_dp = (int)((len_dp + CHUNK - 1) / CHUNK);
     const int64_t coff = p.coff[i];
     const int vr0 = (warp & 3) * 16;          /* v_new tile rows of this warp    */
-    const int vc0 = (warp >> 2) * (64 / CG);  /* v_new tile columns of this warp */
+    const int vc0 = (warp >> 2) * (VB / CGV); /* v_new tile columns of this warp */
+    const bool vnew_warp = CGV == CG || (warp >> 2) < CGV; /* this warp has a v_new piece */
     const int sr0 = warp * 16;                /* state rows of this warp         */
 
     /* state in registers: S[nt] covers rows sr0 + {g, g+8}, cols 8 nt + 2 t4 + {0, 1} */
-    float S[8][4];
+    float S[SNT][4];
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
+    for (int nt = 0; nt < SNT; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int r = sr0 + g + (e >> 1) * 8, c = vb * VB + nt * 8 + 2 * t4 + (e & 1);
@@ -75,9 +101,9 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
         lk_glob[q] = (r * H + hd) * KP + c;
     }
 #pragma unroll
-    for (int q = 0; q < NLU; q++) {
+    for (int q = 0; q < NLU; q++) { /* NUV < NTH (VB 16 at KP 128; 16, 32 at KP 256): some copy none */
         const int e = tid + q * NTH, r = e / (VB / 8), c = (e % (VB / 8)) * 8;
-        lu_row[q] = r;
+        lu_row[q] = e < NUV ? r : -1;
         lu_smem[q] = r * (VB + PAD) + c;
         lu_glob[q] = (r * H + hd) * p.VP + vb * VB + c;
     }
@@ -97,6 +123,8 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
         }
 #pragma unroll
         for (int q = 0; q < NLU; q++) {
+            if (NUV % NTH != 0 && lu_row[q] < 0)
+                continue;
             const bool ok = lu_row[q] < nc;
             cp_async16(&s.u[b][0][0] + lu_smem[q], usrc + (ok ? lu_glob[q] : 0), ok);
         }
@@ -124,7 +152,7 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
         const int64_t hrow = coff + ct / p.M;
         /* 16-bit state for w S (and the output stage); fp32 chunk states straight from registers */
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+        for (int nt = 0; nt < SNT; nt++)
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const int r = sr0 + g + hh * 8, c = nt * 8 + 2 * t4;
@@ -132,7 +160,7 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
             }
         if (store_h && p.chunk_states != nullptr && hrow < p.cs_rows) {
 #pragma unroll
-            for (int nt = 0; nt < 8; nt++)
+            for (int nt = 0; nt < SNT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = sr0 + g + (e >> 1) * 8, c = vb * VB + nt * 8 + 2 * t4 + (e & 1);
@@ -154,41 +182,49 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
             }
         }
 
-        /* v_new = u - w S over this warp's 16 x (64 / CG) piece */
-        float P[VNT][4];
-#pragma unroll
-        for (int nt = 0; nt < VNT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                P[nt][e] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KP; kk += 16) {
-            uint32_t a[4];
-            frag_a(a, &s.w[b][0][0], KP + PAD, vr0, kk, lane);
-#pragma unroll
-            for (int pp = 0; pp < VNT / 2; pp++) {
-                uint32_t bb[4];
-                frag_b_kn(bb, &s.s[0][0], VB + PAD, kk, vc0 + pp * 16, lane);
-                Elem<T>::mma(P[2 * pp], a, bb[0], bb[1]);
-                Elem<T>::mma(P[2 * pp + 1], a, bb[2], bb[3]);
-            }
-        }
+        /* v_new = u - w S over this warp's 16 x (VB / CGV) piece */
         const float gl = s.g[b][nc - 1];
-        T *vnew = static_cast<T *>(p.u) + ((bos * p.M + (int64_t)ct * CHUNK) * H + hd) * p.VP + vb * VB;
+        if (vnew_warp) {
+            float P[VNT][4];
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int r = vr0 + g + hh * 8;
-            const bool ok = r < nc;
-            const float f = ok ? exp2f(gl - s.g[b][r]) : 0.0f;
+            for (int nt = 0; nt < VNT; nt++)
 #pragma unroll
-            for (int nt = 0; nt < VNT; nt++) {
-                const int c = vc0 + nt * 8 + 2 * t4;
-                T *up = &s.u[b][r][c];
-                const float v0 = Elem<T>::to_f(up[0]) - P[nt][2 * hh];
-                const float v1 = Elem<T>::to_f(up[1]) - P[nt][2 * hh + 1];
-                if (ok)
-                    *reinterpret_cast<uint32_t *>(vnew + (int64_t)r * H * p.VP + c) = Elem<T>::pack(v0, v1);
-                *reinterpret_cast<uint32_t *>(up) = Elem<T>::pack(v0 * f, v1 * f);
+                for (int e = 0; e < 4; e++)
+                    P[nt][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KP; kk += 16) {
+                uint32_t a[4];
+                frag_a(a, &s.w[b][0][0], KP + PAD, vr0, kk, lane);
+                if constexpr (VNT == 1) {
+                    uint32_t bb[2];
+                    frag_b_kn_x1(bb, &s.s[0][0], VB + PAD, kk, vc0, lane);
+                    Elem<T>::mma(P[0], a, bb[0], bb[1]);
+                } else {
+#pragma unroll
+                    for (int pp = 0; pp < VNT / 2; pp++) {
+                        uint32_t bb[4];
+                        frag_b_kn(bb, &s.s[0][0], VB + PAD, kk, vc0 + pp * 16, lane);
+                        Elem<T>::mma(P[2 * pp], a, bb[0], bb[1]);
+                        Elem<T>::mma(P[2 * pp + 1], a, bb[2], bb[3]);
+                    }
+                }
+            }
+            T *vnew = static_cast<T *>(p.u) + ((bos * p.M + (int64_t)ct * CHUNK) * H + hd) * p.VP + vb * VB;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = vr0 + g + hh * 8;
+                const bool ok = r < nc;
+                const float f = ok ? exp2f(gl - s.g[b][r]) : 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < VNT; nt++) {
+                    const int c = vc0 + nt * 8 + 2 * t4;
+                    T *up = &s.u[b][r][c];
+                    const float v0 = Elem<T>::to_f(up[0]) - P[nt][2 * hh];
+                    const float v1 = Elem<T>::to_f(up[1]) - P[nt][2 * hh + 1];
+                    if (ok)
+                        *reinterpret_cast<uint32_t *>(vnew + (int64_t)r * H * p.VP + c) = Elem<T>::pack(v0, v1);
+                    *reinterpret_cast<uint32_t *>(up) = Elem<T>::pack(v0 * f, v1 * f);
+                }
             }
         }
         __syncthreads(); /* decayed v_new complete */
@@ -196,7 +232,7 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
         /* S = 2^gl S + K^T (decayed v_new) */
         const float dec = exp2f(gl);
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+        for (int nt = 0; nt < SNT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 S[nt][e] *= dec;
@@ -206,7 +242,7 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
                 uint32_t a[4];
                 frag_a_trans(a, &s.k[b][0][0], KP + PAD, sr0, ks * 16, lane);
 #pragma unroll
-                for (int pp = 0; pp < 4; pp++) {
+                for (int pp = 0; pp < SNT / 2; pp++) {
                     uint32_t bb[4];
                     frag_b_kn(bb, &s.u[b][0][0], VB + PAD, ks * 16, pp * 16, lane);
                     Elem<T>::mma(S[2 * pp], a, bb[0], bb[1]);
@@ -235,7 +271,7 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
     }
     if (dst != nullptr) {
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+        for (int nt = 0; nt < SNT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int r = sr0 + g + (e >> 1) * 8, c = vb * VB + nt * 8 + 2 * t4 + (e & 1);
