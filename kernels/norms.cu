@@ -10,7 +10,8 @@
  * of a thread are issued before the first use, so a step of few rows costs about one
  * memory round trip instead of one per 32 elements. Any other shape takes the general
  * path: one warp per vector, lanes striding over its elements, a second pass re-reading
- * the inputs. Both sum in a fixed order that depends only on the vector length, so a row's
+ * the inputs. The gated norm's y and z may be row views (a row stride of their own); out
+ * is contiguous. Both sum in a fixed order that depends only on the vector length, so a row's
  * bits never depend on its batch or the run; every thread writes only the elements it
  * read, so in-place calls are safe.
  * Math in fp32, following PyTorch eager's operation order (mamba_ssm's rms_norm_ref):
@@ -50,14 +51,15 @@ struct NormParams {
     int64_t vectors;     /* rows * groups */
     int64_t n;           /* elements per vector */
     int64_t groups;      /* vectors per row (weight index = group * n + i) */
+    int64_t x_row, z_row; /* elements between rows of x and z (groups * n when contiguous); out is contiguous */
     float inv_n, eps;
 };
 
 /* The normalized input element: x, or y * silu(z) for the gated norm. */
-template <bool GATED> __device__ __forceinline__ float norm_input(const NormParams &p, int64_t i) {
+template <bool GATED> __device__ __forceinline__ float norm_input(const NormParams &p, int64_t i, int64_t iz) {
     const float x = load_as_float(p.x, p.x_dtype, i);
     if constexpr (GATED) {
-        const float z = load_as_float(p.z, p.z_dtype, i);
+        const float z = load_as_float(p.z, p.z_dtype, iz);
         return __fmul_rn(x, __fdiv_rn(z, __fadd_rn(1.0f, expf(-z))));
     } else {
         return x;
@@ -71,18 +73,19 @@ template <bool L2, bool GATED> __global__ void __launch_bounds__(NORM_THREADS) n
     const int64_t vec = (int64_t)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5);
     if (vec >= p.vectors)
         return;
-    const int64_t base = vec * p.n;
+    const int64_t row = vec / p.groups, group = vec - row * p.groups;
+    const int64_t xb = row * p.x_row + group * p.n, zb = row * p.z_row + group * p.n, base = vec * p.n;
     float ss = 0.0f;
     for (int64_t i = lane; i < p.n; i += 32) {
-        const float x = norm_input<GATED>(p, base + i);
+        const float x = norm_input<GATED>(p, xb + i, zb + i);
         ss = fmaf(x, x, ss);
     }
     ss = warp_sum(ss);
     const float rstd = L2 ? __fdiv_rn(1.0f, sqrtf(__fadd_rn(ss, p.eps)))
                           : __fdiv_rn(1.0f, sqrtf(__fadd_rn(__fmul_rn(ss, p.inv_n), p.eps)));
-    const int64_t w_base = (vec % p.groups) * p.n;
+    const int64_t w_base = group * p.n;
     for (int64_t i = lane; i < p.n; i += 32) {
-        const float x = norm_input<GATED>(p, base + i);
+        const float x = norm_input<GATED>(p, xb + i, zb + i);
         float out = __fmul_rn(x, rstd);
         if (!L2)
             out = __fmul_rn(out, load_as_float(p.weight, p.w_dtype, w_base + i));
@@ -106,11 +109,12 @@ __global__ void __launch_bounds__(BLOCK ? FAST_BLOCK_THREADS : NORM_THREADS) nor
     const int64_t vec = BLOCK ? (int64_t)blockIdx.x : (int64_t)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5);
     if (vec >= p.vectors) /* uniform over the block (BLOCK) or the warp */
         return;
-    const int64_t base = vec * p.n;
+    const int64_t row = vec / p.groups, group = vec - row * p.groups;
+    const int64_t xb = row * p.x_row + group * p.n, zb = row * p.z_row + group * p.n, base = vec * p.n;
     const int chunks = (int)(p.n / 8);
     /* With few chunks the weights load with the inputs (one latency, not two in a row). */
     constexpr bool EARLY_W = !L2 && CHUNKS <= 2;
-    const int64_t w_base = (vec % p.groups) * p.n;
+    const int64_t w_base = group * p.n;
     float v[CHUNKS][8];
     float zv[GATED ? CHUNKS : 1][8];
     float wv[EARLY_W ? CHUNKS : 1][8];
@@ -118,9 +122,9 @@ __global__ void __launch_bounds__(BLOCK ? FAST_BLOCK_THREADS : NORM_THREADS) nor
     for (int c = 0; c < CHUNKS; c++) {
         const int ch = t + c * LANES;
         if (ch < chunks) {
-            load_vec_as_float<8>(p.x, p.x_dtype, base + (int64_t)ch * 8, v[c]);
+            load_vec_as_float<8>(p.x, p.x_dtype, xb + (int64_t)ch * 8, v[c]);
             if constexpr (GATED)
-                load_vec_as_float<8>(p.z, p.z_dtype, base + (int64_t)ch * 8, zv[c]);
+                load_vec_as_float<8>(p.z, p.z_dtype, zb + (int64_t)ch * 8, zv[c]);
             if constexpr (EARLY_W)
                 load_vec_as_float<8>(p.weight, p.w_dtype, w_base + (int64_t)ch * 8, wv[c]);
         }
@@ -194,8 +198,10 @@ bool aligned16(const void *ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u
 
 /* The fast path's shapes: 8-element chunks, registers enough, 16-byte aligned rows. */
 bool fast_path_fits(const NormParams &p) {
+    const size_t xs = gdp_dtype_size(p.x_dtype), zs = p.z != nullptr ? gdp_dtype_size(p.z_dtype) : 0;
     return p.n % 8 == 0 && p.n <= FAST_BLOCK_MAX && aligned16(p.x) && aligned16(p.out) &&
-           (p.z == nullptr || aligned16(p.z)) && (p.weight == nullptr || aligned16(p.weight));
+           (p.z == nullptr || aligned16(p.z)) && (p.weight == nullptr || aligned16(p.weight)) &&
+           ((size_t)p.x_row * xs) % 16 == 0 && ((size_t)p.z_row * zs) % 16 == 0;
 }
 
 template <bool L2, bool GATED> cudaError_t launch_norm(const NormParams &p, cudaStream_t stream) {
@@ -248,6 +254,7 @@ extern "C" gdp_status_t gdp_cuda_l2norm(struct gdp_ctx *ctx, gdp_tensor *y, cons
     p.vectors = d > 0 ? rows : 0;
     p.n = d;
     p.groups = 1;
+    p.x_row = d;
     p.eps = (float)GDP_L2NORM_EPS;
     return finish_launch("gdp_l2norm", launch_norm<true, false>(p, static_cast<cudaStream_t>(ctx->stream)), p);
 }
@@ -273,6 +280,9 @@ extern "C" gdp_status_t gdp_cuda_gated_rmsnorm(struct gdp_ctx *ctx, gdp_tensor *
     p.groups = d / group_size;
     p.vectors = rows * p.groups;
     p.n = group_size;
+    /* a 2-D row view (the front-end allows it for y and z) or contiguous rows */
+    p.x_row = y->ndim == 2 ? gdp_tensor_stride(y, 0) : d;
+    p.z_row = z->ndim == 2 ? gdp_tensor_stride(z, 0) : d;
     /* torch's mean multiplies the sum by float(outputs) / numel, i.e. 1/n rounded once. */
     p.inv_n = 1.0f / (float)group_size;
     p.eps = (float)eps;
@@ -293,6 +303,7 @@ extern "C" gdp_status_t gdp_cuda_rmsnorm(struct gdp_ctx *ctx, gdp_tensor *out, c
     p.vectors = d > 0 ? rows : 0;
     p.n = d;
     p.groups = 1;
+    p.x_row = d;
     p.inv_n = d > 0 ? 1.0f / (float)d : 0.0f;
     p.eps = (float)eps;
     return finish_launch("gdp_rmsnorm", launch_norm<false, false>(p, static_cast<cudaStream_t>(ctx->stream)), p);

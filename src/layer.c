@@ -357,8 +357,8 @@ typedef struct step_ws {
     void *xn_local; /* [T_local, D]   SP: this rank's normed rows                           */
     void *xn;       /* [Tc, D]        normed input of in_proj                                */
     void *proj;     /* [Tc, proj_dim] in_proj output                                         */
-    void *y;        /* [Tc, d_inner]  mixer output of every TP-local head                     */
-    void *z;        /* [Tc, d_inner]  the gate, contiguous                                    */
+    void *y;        /* [Tc, d_inner]  mixer output of every TP-local head (the gate z is read
+                       from proj in place)                                                   */
     void *normed;   /* [Tc, d_inner]  gated-norm output                                       */
     void *out;      /* [Tc, D] res    out_proj partial (+ residual) before the collective     */
     /* cp > 1: the two all-to-alls and the core's whole-step input and output */
@@ -400,7 +400,7 @@ static size_t plan_ws(const struct gdp_layer *l, const gdp_step_metadata *m, gdp
     ws_layout w = {0};
     const size_t sizes[] = {
         l->mode == GDP_TP_MODE_SEQUENCE_PARALLEL && l->comm != NULL ? (size_t)T_local * D * es : 0, /* xn_local */
-        Tc * D * es, Tc * (size_t)l->proj_dim * es, Tc * di * es, Tc * di * es, Tc * di * es, Tc * D * rs,
+        Tc * D * es, Tc * (size_t)l->proj_dim * es, Tc * di * es, Tc * di * es, Tc * D * rs,
         cp ? T * (size_t)l->core_dim * es : 0, cp ? T * (size_t)l->core_dim * es : 0,
         cp ? T * (size_t)l->c_inner * es : 0, cp ? T * (size_t)l->c_inner * es : 0,
         dec_rows * C * es, E * H * N * es, E * H * N * es, E * H * P * es, E * H * es, E * H * 4, E * H * P * es,
@@ -408,7 +408,7 @@ static size_t plan_ws(const struct gdp_layer *l, const gdp_step_metadata *m, gdp
         pp * H * N * P * ss,
         m->chunk_state_saves > 0 ? (size_t)m->num_chunks * H * N * P * ss : 0,
     };
-    void **slots[] = {&ws->xn_local, &ws->xn,      &ws->proj,   &ws->y,      &ws->z,    &ws->normed,
+    void **slots[] = {&ws->xn_local, &ws->xn,      &ws->proj,   &ws->y,      &ws->normed,
                       &ws->out,      &ws->cp_send, &ws->core_proj, &ws->core_y, &ws->cp_y, &ws->d_conv,
                       &ws->d_q,      &ws->d_k,     &ws->d_v,    &ws->d_beta, &ws->d_g,  &ws->d_o,
                       &ws->p_conv,   &ws->p_q,     &ws->p_k,    &ws->p_v,    &ws->p_beta, &ws->p_g,
@@ -535,9 +535,10 @@ typedef struct core_io {
     void   *y;        /* [T, c_inner] the core's output                      */
 } core_io;
 
-/* The decode block: rows [0, pd * S). */
+/* The decode block: rows [0, pd * S). copy_y: gather token s of request r (o row
+ * (r*S + s)*M + M-1) into y; otherwise the gated norm reads those rows of d_o in place. */
 static gdp_status_t run_decode(struct gdp_layer *l, struct gdp_cache *cache, const gdp_step_metadata *m,
-                               const core_io *io, const step_ws *ws) {
+                               const core_io *io, const step_ws *ws, bool copy_y) {
     const int64_t n = m->padded_decode_count, S = m->decode_tokens, M = l->M, E = S * M;
     const int64_t H = l->cH, N = l->N, P = l->P, C = l->c_conv, WT = io->pitch, di = l->c_inner;
     const gdp_dtype_t a = l->act;
@@ -584,6 +585,8 @@ static gdp_status_t run_decode(struct gdp_layer *l, struct gdp_cache *cache, con
         .o = view(ws->d_o, a, 4, SHAPE(n, E, H, P), NULL),
     };
     GDP_CHECK(gdp_fused_recurrent_gated_delta_rule_update(l->ctx, &rc));
+    if (!copy_y)
+        return GDP_STATUS_SUCCESS;
 
     /* Token s of request r reads out after its last copy: o row (r*S + s)*M + M-1. */
     return gdp_layer_buf_copy2d(l->ctx, io->y, (size_t)di * es, (char *)ws->d_o + (size_t)(M - 1) * di * es,
@@ -751,20 +754,28 @@ static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, cons
         io = (core_io){.proj = ws->core_proj, .pitch = l->core_dim, .conv_col = 0, .ba_col = l->c_conv,
                        .y = ws->core_y};
     }
-    /* Rows no request owns keep y = 0 (the ops write 0 there too). */
-    GDP_CHECK(gdp_layer_buf_zero(l->ctx, io.y, (size_t)(T * l->c_inner) * es));
+    /* A step of decode rows only (no CP): every row is a decode row, the recurrent op writes
+     * 0 on padding rows, so the gated norm reads y straight from the op's output (no zero
+     * fill, no gather). Otherwise rows no request owns keep y = 0 (the ops write 0 there too). */
+    const bool y_in_place = l->cp_comm == NULL && m->padded_prefill_count == 0 &&
+                            m->padded_decode_count * m->decode_tokens == T && T > 0;
+    if (!y_in_place)
+        GDP_CHECK(gdp_layer_buf_zero(l->ctx, io.y, (size_t)(T * l->c_inner) * es));
     if (m->padded_decode_count > 0)
-        GDP_CHECK(run_decode(l, cache, m, &io, ws));
+        GDP_CHECK(run_decode(l, cache, m, &io, ws, !y_in_place));
     if (m->padded_prefill_count > 0 && m->prefill_rows > 0)
         GDP_CHECK(run_prefill(l, cache, m, &io, ws));
     if (l->cp_comm != NULL)
         GDP_CHECK(cp_gather_heads(l, Tc, ws));
 
     /* Grouped gated RMSNorm on this rank's rows and every TP-local head: the gate z is the
-     * first d_inner columns of in_proj's output (it never left the rank). */
-    GDP_CHECK(gdp_layer_buf_copy2d(l->ctx, ws->z, (size_t)di * es, ws->proj, (size_t)WT * es, (size_t)di * es,
-                                   (size_t)Tc));
-    gdp_tensor y = view(ws->y, a, 2, SHAPE(Tc, di), NULL), z = view(ws->z, a, 2, SHAPE(Tc, di), NULL);
+     * first d_inner columns of in_proj's output (it never left the rank), read in place as a
+     * row view of pitch WT; y likewise from the decode op's last copies when y_in_place. */
+    const int64_t M = l->M;
+    gdp_tensor y = y_in_place ? view((char *)ws->d_o + (size_t)(M - 1) * di * es, a, 2, SHAPE(Tc, di),
+                                     SHAPE(M * di, 1))
+                              : view(ws->y, a, 2, SHAPE(Tc, di), NULL);
+    gdp_tensor z = view(ws->proj, a, 2, SHAPE(Tc, di), SHAPE(WT, 1));
     gdp_tensor normed = view(ws->normed, a, 2, SHAPE(Tc, di), NULL);
     gdp_tensor out_norm_w = view(l->out_norm_w, a, 1, SHAPE(di), NULL);
     GDP_CHECK(gdp_gated_rmsnorm(l->ctx, &normed, &y, &z, &out_norm_w, di / l->G, l->out_norm_eps));

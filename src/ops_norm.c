@@ -39,12 +39,45 @@ static gdp_status_t check_rows(const char *op, const char *name, const gdp_tenso
     return GDP_STATUS_SUCCESS;
 }
 
+/* y or z of the gated norm: contiguous, or a 2-D row view [rows, d] whose rows do not
+ * overlap (row stride >= d, last dim contiguous). */
+static gdp_status_t check_gated_input(const char *op, const char *name, const gdp_tensor *t, const gdp_tensor *like) {
+    if (!gdp_tensor_present(t))
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s is missing (NULL data); pass a tensor", op, name);
+    if (gdp_tensor_is_contiguous(t))
+        return check_like(op, name, t, like);
+    if (t->ndim != 2)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: %s is a strided view with %d dims; only a 2-D [rows, d] row view may be strided, pass a "
+                 "contiguous tensor otherwise", op, name, t->ndim);
+    GDP_CHECK(gdp_check_tensor(op, name, t, like->ndim, like->shape, GDP_DT_FLOAT));
+    GDP_CHECK(gdp_check_row_view(op, name, t));
+    if (t->shape[0] > 1 && gdp_tensor_stride(t, 0) < t->shape[1])
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s has row stride %lld < its %lld columns (rows overlap); pass "
+                 "a row stride >= d", op, name, (long long)gdp_tensor_stride(t, 0), (long long)t->shape[1]);
+    return GDP_STATUS_SUCCESS;
+}
+
 gdp_status_t gdp_gated_rmsnorm(gdp_ctx_t ctx, gdp_tensor *out, const gdp_tensor *y, const gdp_tensor *z,
                                const gdp_tensor *weight, int64_t group_size, double eps) {
     static const char *op = "gdp_gated_rmsnorm";
     GDP_CHECK(gdp_ctx_check(ctx, op));
-    GDP_CHECK(check_rows(op, "y", y, weight, eps));
-    GDP_CHECK(check_like(op, "z", z, y));
+    if (!gdp_tensor_present(y))
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: y is missing (NULL data); pass a tensor", op);
+    if (gdp_tensor_is_contiguous(y)) {
+        GDP_CHECK(check_rows(op, "y", y, weight, eps));
+    } else { /* a row view: the same rules on its shape, weight and eps */
+        GDP_CHECK(check_gated_input(op, "y", y, y));
+        const int64_t w_shape[1] = {y->shape[1]};
+        if (y->shape[1] < 1)
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: y has last extent %lld; the normalized dim must be >= 1", op,
+                     (long long)y->shape[1]);
+        GDP_CHECK(gdp_check_dense(op, "weight", weight, 1, w_shape, GDP_DT_FLOAT));
+        if (!(eps >= 0) || !isfinite(eps))
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: eps is %g; pass a finite eps >= 0 (the layer uses 1e-5)", op,
+                     eps);
+    }
+    GDP_CHECK(check_gated_input(op, "z", z, y));
     GDP_CHECK(check_like(op, "out", out, y));
     const int64_t d = y->shape[y->ndim - 1];
     if (group_size < 1 || d % group_size != 0)

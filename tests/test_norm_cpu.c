@@ -5,6 +5,9 @@
  *     of out_ref;
  *   - gdp_rmsnorm and gdp_gated_rmsnorm on random [2, 3, d] input (leading dims
  *     flattened to rows) against a direct double computation written here;
+ *   - gdp_gated_rmsnorm on row views (y and z 2-D slices of wider rows, as the layer reads
+ *     the gate from its projection) bitwise equal to the same rows made contiguous; row
+ *     views with overlapping rows, a strided last dim or more than 2 dims are refused;
  *   - bad inputs (group_size 0, negative, not dividing d; a weight, z or out of the wrong
  *     shape; negative eps) give INVALID_ARGUMENT and leave out untouched.
  */
@@ -108,6 +111,72 @@ static void random_cases(gdp_ctx_t ctx, test_rng *rng) {
     free(x.data); free(z.data); free(w.data); free(out.data);
 }
 
+/* A [rows, d] row view of `pitch` elements per row over a fresh buffer, filled at random. */
+static gdp_tensor row_view(test_rng *rng, gdp_dtype_t dt, int64_t rows, int64_t d, int64_t pitch) {
+    const int64_t flat[1] = {rows * pitch};
+    gdp_tensor buf = test_tensor_alloc(dt, 1, flat);
+    test_fill_uniform(&buf, rng, -2.0, 2.0);
+    gdp_tensor v = {.data = buf.data, .dtype = dt, .ndim = 2, .shape = {rows, d}, .stride = {pitch, 1}};
+    return v;
+}
+
+static void row_views(gdp_ctx_t ctx, test_rng *rng) {
+    const int64_t rows = 5, d = 48, group = 16, shape[2] = {rows, d}, wshape[1] = {d};
+    const gdp_dtype_t dts[2] = {GDP_DTYPE_FP32, GDP_DTYPE_BF16};
+    for (int k = 0; k < 2; k++) {
+        gdp_tensor y = row_view(rng, dts[k], rows, d, 80), z = row_view(rng, dts[k], rows, d, 64);
+        gdp_tensor yc = test_tensor_alloc(dts[k], 2, shape), zc = test_tensor_alloc(dts[k], 2, shape);
+        for (int64_t i = 0; i < rows * d; i++) {
+            gdp_tensor_set(&yc, i, gdp_tensor_get(&y, i));
+            gdp_tensor_set(&zc, i, gdp_tensor_get(&z, i));
+        }
+        gdp_tensor w = test_tensor_alloc(dts[k], 1, wshape);
+        test_fill_uniform(&w, rng, 0.5, 1.5);
+        gdp_tensor out = test_tensor_alloc(dts[k], 2, shape), outc = test_tensor_alloc(dts[k], 2, shape);
+        CHECK_OK(gdp_gated_rmsnorm(ctx, &out, &y, &z, &w, group, 1e-5));
+        CHECK_OK(gdp_gated_rmsnorm(ctx, &outc, &yc, &zc, &w, group, 1e-5));
+        CHECK(memcmp(out.data, outc.data, test_tensor_bytes(&out)) == 0,
+              "gated rmsnorm on row views (pitches 80, 64) differs from the contiguous rows (%s)",
+              gdp_dtype_name(dts[k]));
+        printf("gated rmsnorm, y and z row views of pitch 80 and 64 (%s): bitwise equal to contiguous rows\n",
+               gdp_dtype_name(dts[k]));
+        if (k == 0) { /* refused views, nothing written */
+            test_fill_nan(&out);
+            void *before = malloc(test_tensor_bytes(&out));
+            memcpy(before, out.data, test_tensor_bytes(&out));
+            gdp_tensor overlap = y;
+            overlap.stride[0] = 40; /* rows of 48 elements 40 apart */
+            CHECK_STATUS(gdp_gated_rmsnorm(ctx, &out, &overlap, &z, &w, group, 1e-5), GDP_STATUS_INVALID_ARGUMENT);
+            CHECK(strstr(gdp_last_error(), "rows overlap") != NULL, "the refusal names another cause: %s",
+                  gdp_last_error());
+            printf("  rejected overlapping rows: %s\n", gdp_last_error());
+            const int64_t half[2] = {rows, d / 2}, whalf[1] = {d / 2};
+            gdp_tensor y_half = test_tensor_alloc(dts[k], 2, half), out_half = test_tensor_alloc(dts[k], 2, half);
+            gdp_tensor w_half = test_tensor_alloc(dts[k], 1, whalf);
+            test_fill_uniform(&y_half, rng, -1.0, 1.0);
+            test_fill_uniform(&w_half, rng, 0.5, 1.5);
+            gdp_tensor cols = {.data = z.data, .dtype = z.dtype, .ndim = 2, .shape = {rows, d / 2}, .stride = {64, 2}};
+            CHECK_STATUS(gdp_gated_rmsnorm(ctx, &out_half, &y_half, &cols, &w_half, 8, 1e-5),
+                         GDP_STATUS_INVALID_ARGUMENT);
+            CHECK(strstr(gdp_last_error(), "z has last-dim stride 2") != NULL, "the refusal names another cause: %s",
+                  gdp_last_error());
+            printf("  rejected a strided last dim: %s\n", gdp_last_error());
+            free(y_half.data); free(out_half.data); free(w_half.data);
+            gdp_tensor three = {.data = y.data, .dtype = y.dtype, .ndim = 3, .shape = {1, rows, d},
+                                .stride = {rows * 80, 80, 1}};
+            gdp_tensor z3, out3;
+            CHECK_OK(gdp_tensor_init(&z3, zc.data, zc.dtype, 3, (const int64_t[]){1, rows, d}));
+            CHECK_OK(gdp_tensor_init(&out3, out.data, out.dtype, 3, (const int64_t[]){1, rows, d}));
+            CHECK_STATUS(gdp_gated_rmsnorm(ctx, &out3, &three, &z3, &w, group, 1e-5), GDP_STATUS_INVALID_ARGUMENT);
+            CHECK(strstr(gdp_last_error(), "3 dims") != NULL, "the refusal names another cause: %s", gdp_last_error());
+            printf("  rejected a strided 3-D y: %s\n", gdp_last_error());
+            CHECK(memcmp(before, out.data, test_tensor_bytes(&out)) == 0, "a rejected row-view call modified out");
+            free(before);
+        }
+        free(y.data); free(z.data); free(yc.data); free(zc.data); free(w.data); free(out.data); free(outc.data);
+    }
+}
+
 static void bad_inputs(gdp_ctx_t ctx) {
     printf("bad inputs:\n");
     const int64_t shape[2] = {3, 32}, wshape[1] = {32};
@@ -150,6 +219,7 @@ int main(void) {
     test_rng_seed(&rng, 99);
     golden(ctx);
     random_cases(ctx, &rng);
+    row_views(ctx, &rng);
     bad_inputs(ctx);
     gdp_ctx_free(ctx);
     return test_finish("test_norm_cpu");

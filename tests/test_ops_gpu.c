@@ -26,7 +26,8 @@
  *   norm:    gated_norm.safetensors (bf16 within one ulp of out_bf16_ref, fp32 within
  *            1e-5 relative of out_ref); gated RMSNorm, RMSNorm and L2 norm on random
  *            shapes and dtypes vs the CPU (fp32 within 1e-5 relative, 16-bit within one
- *            ulp); the in-place L2 norm equals the out-of-place one bitwise.
+ *            ulp); the in-place L2 norm equals the out-of-place one bitwise; the gated norm
+ *            on row views (fast and general path) vs the CPU and bitwise vs contiguous rows.
  * Without a CUDA build or a visible GPU it prints why and exits 77 (skip).
  */
 #include <math.h>
@@ -1381,8 +1382,51 @@ static void norm_vs_cpu(test_rng *r, const norm_cfg *c) {
     host_free(&x), host_free(&z), host_free(&w), host_free(&out), host_free(&got);
 }
 
+/* The gated norm on row views (y and z 2-D slices of wider rows: the layer reads the gate
+ * from its projection and y from the decode op's last copies): the GPU vs the CPU on the
+ * same views, and bitwise equal to the GPU on the rows made contiguous. Pitches whose rows
+ * stay 16-byte aligned take the fast path, the others the general one. */
+static void norm_row_views(test_rng *r) {
+    const int64_t rows = 6, d = 2048, group = 512, shape[2] = {rows, d}, ws[1] = {d};
+    const int64_t pitches[2][2] = {{2048 + 64, 7680}, {2048 + 4, 2048 + 12}}; /* aligned; not aligned */
+    for (int k = 0; k < 2; k++) {
+        gdp_tensor view[2], packed[2];
+        for (int v = 0; v < 2; v++) {
+            const int64_t flat[1] = {rows * pitches[k][v]};
+            gdp_tensor buf = test_tensor_alloc(GDP_DTYPE_BF16, 1, flat);
+            fill_normal(&buf, r, 2.0);
+            view[v] = (gdp_tensor){.data = buf.data, .dtype = GDP_DTYPE_BF16, .ndim = 2, .shape = {rows, d},
+                                   .stride = {pitches[k][v], 1}};
+            packed[v] = test_tensor_alloc(GDP_DTYPE_BF16, 2, shape);
+            for (int64_t i = 0; i < rows * d; i++)
+                gdp_tensor_set(&packed[v], i, gdp_tensor_get(&view[v], i));
+        }
+        gdp_tensor w = test_tensor_alloc(GDP_DTYPE_BF16, 1, ws);
+        test_fill_uniform(&w, r, 0.5, 1.5);
+        gdp_tensor out = test_tensor_alloc(GDP_DTYPE_BF16, 2, shape), got = test_tensor_alloc(GDP_DTYPE_BF16, 2, shape);
+        gdp_tensor got_packed = test_tensor_alloc(GDP_DTYPE_BF16, 2, shape);
+        gdp_tensor dy = dev_clone(&view[0]), dz = dev_clone(&view[1]), dw = dev_clone(&w);
+        gdp_tensor dyp = dev_clone(&packed[0]), dzp = dev_clone(&packed[1]);
+        gdp_tensor dout = dev_poisoned(&out), doutp = dev_poisoned(&out);
+        CHECK_OK(gdp_gated_rmsnorm(g_cpu, &out, &view[0], &view[1], &w, group, 1e-5));
+        CHECK_OK(gdp_gated_rmsnorm(g_gpu, &dout, &dy, &dz, &dw, group, 1e-5));
+        CHECK_OK(gdp_gated_rmsnorm(g_gpu, &doutp, &dyp, &dzp, &dw, group, 1e-5));
+        dev_fetch(&got, &dout);
+        dev_fetch(&got_packed, &doutp);
+        printf("gated rmsnorm on row views (y pitch %lld, z pitch %lld, %s path):\n", (long long)pitches[k][0],
+               (long long)pitches[k][1], k == 0 ? "fast" : "general");
+        compare_norm_out("out vs CPU on the same views", &got, &out);
+        same_bytes("row views vs the same rows contiguous", &got, &got_packed);
+        dev_free(&dy), dev_free(&dz), dev_free(&dw), dev_free(&dyp), dev_free(&dzp), dev_free(&dout), dev_free(&doutp);
+        for (int v = 0; v < 2; v++)
+            free(view[v].data), host_free(&packed[v]);
+        host_free(&w), host_free(&out), host_free(&got), host_free(&got_packed);
+    }
+}
+
 static void norm_tests(test_rng *r) {
     norm_golden();
+    norm_row_views(r);
     const gdp_dtype_t F32 = GDP_DTYPE_FP32, BF = GDP_DTYPE_BF16, F16 = GDP_DTYPE_FP16;
     const norm_cfg cases[] = {
         {0, 33, 512, 128, BF, BF, BF}, {0, 7, 256, 256, F32, F32, F32}, {0, 50, 96, 32, F16, BF, F32},

@@ -247,7 +247,9 @@ GDP_API gdp_status_t gdp_causal_conv1d_varlen(gdp_ctx_t ctx, const gdp_conv1d_va
  * Grouped gated RMSNorm (gdp-layer.md 1.5): x = y * silu(z); for each group of
  * group_size consecutive channels, out = x / sqrt(mean(x^2) + eps) * weight.
  *   y, z, out : [rows, d] (rows may be any leading shape), weight : [d];
- *   d % group_size == 0. Math in fp32 (CPU: double), out in its own dtype. */
+ *   d % group_size == 0. Math in fp32 (CPU: double), out in its own dtype.
+ *   y and z may also be 2-D row views [rows, d] with a row stride >= d and a contiguous
+ *   last dim (e.g. the gate columns of a wider projection); out is contiguous. */
 GDP_API gdp_status_t gdp_gated_rmsnorm(gdp_ctx_t ctx, gdp_tensor *out, const gdp_tensor *y,
                                        const gdp_tensor *z, const gdp_tensor *weight,
                                        int64_t group_size, double eps);
