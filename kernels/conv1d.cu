@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "conv_math.cuh"
 #include "dtype_access.cuh"
 #include "gdp_kernels.h"
 #include "src/internal.h"
@@ -68,53 +69,9 @@ struct ConvVarlenParams {
 };
 
 
-/* W consecutive elements at element offset `off` (a multiple of W) as floats. With vec
- * (the host checked the base is aligned to W elements) a width-4 window is one 16-byte
- * (fp32) or 8-byte (16-bit) access instead of four, so a warp reads and writes each state
- * line once instead of four times (decode B=256 of the layer bench: 28 -> 20 us). */
-template <int W>
-__device__ __forceinline__ void load_window(const void *base, gdp_dtype_t dtype, int64_t off, bool vec, float (&v)[W]) {
-    if constexpr (W == 4) {
-        if (vec) {
-            load_vec_as_float<4>(base, dtype, off, v);
-            return;
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < W; j++)
-        v[j] = load_as_float(base, dtype, off + j);
-}
-
-template <int W>
-__device__ __forceinline__ void store_window(void *base, gdp_dtype_t dtype, int64_t off, bool vec, const float (&v)[W]) {
-    if constexpr (W == 4) {
-        if (vec) {
-            store_vec_from_float<4>(base, dtype, off, v);
-            return;
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < W; j++)
-        store_from_float(base, dtype, off + j, v[j]);
-}
-
 template <int W> __device__ __forceinline__ void load_params(const ConvCommon &p, int64_t ch, float (&w)[W], float &bias) {
     load_window<W>(p.weight.data, p.weight.dtype, ch * W, p.weight_vec, w);
     bias = p.bias.data != nullptr ? load_as_float(p.bias.data, p.bias.dtype, ch) : 0.0f;
-}
-
-/* Shift the window left by one, append x_in, return act(bias + sum_j w_j win_j). */
-template <int W>
-__device__ __forceinline__ float conv_step(float (&win)[W], const float (&w)[W], float bias, int silu, float x_in) {
-#pragma unroll
-    for (int j = 0; j < W - 1; j++)
-        win[j] = win[j + 1];
-    win[W - 1] = x_in;
-    float acc = bias;
-#pragma unroll
-    for (int j = 0; j < W; j++)
-        acc = fmaf(w[j], win[j], acc);
-    return silu ? __fdiv_rn(acc, __fadd_rn(1.0f, expf(-acc))) : acc;
 }
 
 /* One thread per (request b, channel c): the slot's window walks the S tokens. */

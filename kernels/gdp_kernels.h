@@ -6,6 +6,8 @@
 #ifndef GDP_KERNELS_H
 #define GDP_KERNELS_H
 
+#include <stdbool.h>
+
 #include "gdp/gdp.h"
 #include "gdp/sampling.h"
 
@@ -31,6 +33,11 @@ gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args *args);
 gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurrent_args *args);
 gdp_status_t gdp_cuda_conv1d_update(struct gdp_ctx *ctx, const gdp_conv1d_update_args *args);
 gdp_status_t gdp_cuda_conv1d_varlen(struct gdp_ctx *ctx, const gdp_conv1d_varlen_args *args);
+/* kernels/decode_core.cu: the conv update and the decode prepare in one launch, for the
+ * steps that fit it (one token per request, width 4, 16-byte runs; src/decode_core.c). */
+bool gdp_cuda_decode_core_fits(const gdp_conv1d_update_args *conv, const gdp_prepare_args *prep);
+gdp_status_t gdp_cuda_decode_core(struct gdp_ctx *ctx, const gdp_conv1d_update_args *conv,
+                                  const gdp_prepare_args *prep);
 gdp_status_t gdp_cuda_gated_rmsnorm(struct gdp_ctx *ctx, gdp_tensor *out, const gdp_tensor *y,
                                     const gdp_tensor *z, const gdp_tensor *weight, int64_t group_size,
                                     double eps);

@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "dtype_access.cuh"
+#include "prepare_math.cuh"
 #include "gdp_kernels.h"
 #include "src/internal.h"
 
@@ -52,18 +53,6 @@ template <> struct CopyUnit<2, 1> { using type = uint16_t; };
 template <> struct CopyUnit<4, 1> { using type = uint32_t; };
 template <> struct CopyUnit<2, 8> { using type = uint4; };
 template <> struct CopyUnit<4, 4> { using type = uint4; };
-
-/* sigmoid exactly as torch: 1 / (1 + exp(-b)) in fp32, IEEE division. */
-__device__ __forceinline__ float eager_sigmoid(float b) {
-    return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-b)));
-}
-
-/* g exactly as torch: (-exp(A_log)) * softplus(a + dt_bias), threshold a strict > 20. */
-__device__ __forceinline__ float eager_decay(float a, float dt_bias, float A_log) {
-    const float x = __fadd_rn(a, dt_bias);
-    const float sp = x > 20.0f ? x : log1pf(expf(x));
-    return __fmul_rn(-expf(A_log), sp);
-}
 
 /* PREPARE_UNITS output units per thread of one (request, token) row; blockIdx.x is the
  * row, blockIdx.y the slice of the row's units. Units run value | key | query (VEC

@@ -1,8 +1,9 @@
 /*
  * layer.c: one GDP mixer layer's tensor- (and context-) parallel shard (include/gdp/layer.h):
  * weights copied from a checkpoint shard, a workspace sized for the largest step seen, and
- * the forward pass of one step: pre-RMSNorm + in_proj GEMM, the decode block (conv update,
- * decode prepare, recurrent update on the slots), the prefill block (varlen conv, prefill
+ * the forward pass of one step: pre-RMSNorm + in_proj GEMM, the decode block (conv update
+ * and decode prepare, one launch where they fit: decode_core.h; recurrent update on the
+ * slots), the prefill block (varlen conv, prefill
  * prepare, chunked GDP from the slots' states, prefix-snapshot saves), grouped gated
  * RMSNorm, out_proj, the TP collective and the residual add.
  *
@@ -31,6 +32,7 @@
 #include <string.h>
 
 #include "gdp/layer.h"
+#include "decode_core.h"
 #include "layer_internal.h"
 
 #define GDP_LAYER_MAGIC 0x6764706cu /* "gdpl" */
@@ -559,8 +561,6 @@ static gdp_status_t run_decode(struct gdp_layer *l, struct gdp_cache *cache, con
         .silu = 1,
         .y = view(ws->d_conv, a, 3, SHAPE(n, S, C), NULL),
     };
-    GDP_CHECK(gdp_causal_conv1d_update(l->ctx, &cu));
-
     gdp_prepare_args pr = {
         .x = cu.y,
         .ba = view(proj + (size_t)io->ba_col * es, a, 3, SHAPE(n, S, l->c_ba), SHAPE(S * WT, WT, 1)),
@@ -574,7 +574,7 @@ static gdp_status_t run_decode(struct gdp_layer *l, struct gdp_cache *cache, con
         .beta = view(ws->d_beta, a, 3, SHAPE(n, E, H), NULL),
         .g = view(ws->d_g, GDP_DTYPE_FP32, 3, SHAPE(n, E, H), NULL),
     };
-    GDP_CHECK(gdp_decode_prepare(l->ctx, &pr));
+    GDP_CHECK(gdp_decode_conv_prepare(l->ctx, &cu, &pr)); /* one launch where it fits (decode_core.h) */
 
     gdp_recurrent_args rc = {
         .q = pr.query, .k = pr.key, .v = pr.value, .g = pr.g, .beta = pr.beta,

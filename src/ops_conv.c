@@ -69,8 +69,7 @@ static gdp_status_t check_varlen_args(const char *op, const gdp_conv1d_varlen_ar
     return GDP_STATUS_SUCCESS;
 }
 
-gdp_status_t gdp_causal_conv1d_update(gdp_ctx_t ctx, const gdp_conv1d_update_args *args) {
-    static const char *op = "gdp_causal_conv1d_update";
+gdp_status_t gdp_conv1d_update_check(gdp_ctx_t ctx, const gdp_conv1d_update_args *args, const char *op) {
     GDP_CHECK(gdp_ctx_check(ctx, op));
     if (args == NULL)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: args is NULL; pass a filled gdp_conv1d_update_args", op);
@@ -87,6 +86,12 @@ gdp_status_t gdp_causal_conv1d_update(gdp_ctx_t ctx, const gdp_conv1d_update_arg
     GDP_CHECK(gdp_check_aliasing(op, bufs, (int32_t)(sizeof bufs / sizeof bufs[0])));
     for (int i = 0; i < 3; i++)
         GDP_CHECK(gdp_debug_check_values(ctx, op, bufs[i].name, bufs[i].t, false));
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_causal_conv1d_update(gdp_ctx_t ctx, const gdp_conv1d_update_args *args) {
+    static const char *op = "gdp_causal_conv1d_update";
+    GDP_CHECK(gdp_conv1d_update_check(ctx, args, op));
     if (ctx->backend == GDP_BACKEND_CUDA) {
 #ifdef GDP_HAVE_CUDA
         return gdp_cuda_conv1d_update(ctx, args);

@@ -56,7 +56,7 @@ static gdp_status_t check_prepare_args(const char *op, const gdp_prepare_args *a
     return GDP_STATUS_SUCCESS;
 }
 
-static gdp_status_t prepare_dispatch(const char *op, gdp_ctx_t ctx, const gdp_prepare_args *args, int decode) {
+gdp_status_t gdp_prepare_check(gdp_ctx_t ctx, const gdp_prepare_args *args, int decode, const char *op) {
     GDP_CHECK(gdp_ctx_check(ctx, op));
     if (args == NULL)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: args is NULL; pass a filled gdp_prepare_args", op);
@@ -72,6 +72,11 @@ static gdp_status_t prepare_dispatch(const char *op, gdp_ctx_t ctx, const gdp_pr
     GDP_CHECK(gdp_check_aliasing(op, bufs, (int32_t)(sizeof bufs / sizeof bufs[0])));
     for (int i = 0; i < 4; i++)
         GDP_CHECK(gdp_debug_check_values(ctx, op, bufs[i].name, bufs[i].t, false));
+    return GDP_STATUS_SUCCESS;
+}
+
+static gdp_status_t prepare_dispatch(const char *op, gdp_ctx_t ctx, const gdp_prepare_args *args, int decode) {
+    GDP_CHECK(gdp_prepare_check(ctx, args, decode, op));
     if (ctx->backend == GDP_BACKEND_CUDA) {
 #ifdef GDP_HAVE_CUDA
         return gdp_cuda_prepare(ctx, args, decode);

@@ -22,7 +22,8 @@
  *            (zero, short and long sequences, -1 requests, padding rows, strided x,
  *            widths 2..8) and update (S tokens, snapshots, -1 rows) vs the CPU: states
  *            bitwise, fp32 y within 1e-5, 16-bit y within one ulp; graph replay;
- *            determinism;
+ *            determinism; the fused decode front (conv update + decode prepare in one
+ *            launch, src/decode_core.h) bitwise equal to the two ops in order;
  *   norm:    gated_norm.safetensors (bf16 within one ulp of out_bf16_ref, fp32 within
  *            1e-5 relative of out_ref); gated RMSNorm, RMSNorm and L2 norm on random
  *            shapes and dtypes vs the CPU (fp32 within 1e-5 relative, 16-bit within one
@@ -34,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "decode_core.h"
 #include "internal.h" /* defines: gdp_tensor_get/set, gdp_tensor_stride */
 #include "test_common.h"
 
@@ -1256,8 +1258,109 @@ static void conv_graphs(test_rng *r, const update_cfg *uc, const varlen_cfg *vc)
            ok_update, ok_varlen);
 }
 
+/* The fused decode front (gdp_decode_conv_prepare, src/decode_core.h) against the chain it
+ * replaces, conv update then decode prepare, on the GPU from the same inputs: query, key,
+ * value, beta, g and the conv state bit for bit. x and ba are row views of one wider
+ * projection row, as in the layer; every third request is a -1 slot. */
+typedef struct fuse_cfg {
+    int64_t n, S, M, H, G, P, N, slots;
+    gdp_dtype_t act, state;
+    bool bias;
+} fuse_cfg;
+
+static void decode_core_vs_chain(test_rng *r, const fuse_cfg *c) {
+    const int64_t C = c->M * c->H * c->P + (c->M + 1) * c->G * c->N, BA = c->M * c->H + c->H, pitch = C + BA + 24;
+    const int64_t rows = c->n * c->S, E = c->S * c->M;
+    const int64_t proj_shape[1] = {rows * pitch};
+    gdp_tensor proj = test_tensor_alloc(c->act, 1, proj_shape);
+    fill_normal(&proj, r, 1.0);
+    const int64_t w_shape[2] = {C, 4}, c_shape[1] = {C}, st_shape[3] = {c->slots, C, 4}, h_shape[1] = {c->H};
+    gdp_tensor w = test_tensor_alloc(c->act, 2, w_shape), b = test_tensor_alloc(c->act, 1, c_shape);
+    gdp_tensor st = test_tensor_alloc(c->state, 3, st_shape);
+    gdp_tensor A_log = test_tensor_alloc(GDP_DTYPE_FP32, 1, h_shape), dtb = test_tensor_alloc(c->act, 1, h_shape);
+    fill_normal(&w, r, 0.5), fill_normal(&b, r, 0.1), fill_normal(&st, r, 1.0);
+    test_fill_uniform(&A_log, r, -1.0, 1.0), test_fill_uniform(&dtb, r, -0.5, 0.5);
+    int32_t idx[64];
+    for (int64_t i = 0; i < c->n; i++)
+        idx[i] = i % 3 == 2 ? -1 : (int32_t)((i * 5 + 1) % c->slots);
+    gdp_tensor dproj = dev_clone(&proj), dw = dev_clone(&w), db = dev_clone(&b), dA = dev_clone(&A_log);
+    gdp_tensor ddt = dev_clone(&dtb), dst_chain = dev_clone(&st), dst_fused = dev_clone(&st);
+    gdp_tensor hidx = int_tensor(idx, c->n), didx = dev_clone(&hidx);
+    const int64_t y_shape[3] = {c->n, c->S, C}, q_shape[4] = {c->n, E, c->H, c->N}, v_shape[4] = {c->n, E, c->H, c->P};
+    const int64_t g_shape[3] = {c->n, E, c->H};
+    gdp_tensor hy = test_tensor_alloc(c->act, 3, y_shape), hq = test_tensor_alloc(c->act, 4, q_shape);
+    gdp_tensor hv = test_tensor_alloc(c->act, 4, v_shape), hbeta = test_tensor_alloc(c->act, 3, g_shape);
+    gdp_tensor hg = test_tensor_alloc(GDP_DTYPE_FP32, 3, g_shape);
+    gdp_tensor out[2][6]; /* chain, fused: q, k, v, beta, g, y */
+    for (int f = 0; f < 2; f++) {
+        out[f][0] = dev_poisoned(&hq), out[f][1] = dev_poisoned(&hq), out[f][2] = dev_poisoned(&hv);
+        out[f][3] = dev_poisoned(&hbeta), out[f][4] = dev_poisoned(&hg), out[f][5] = dev_poisoned(&hy);
+    }
+    for (int f = 0; f < 2; f++) {
+        gdp_conv1d_update_args cu = {
+            .x = {.data = (char *)dproj.data, .dtype = c->act, .ndim = 3, .shape = {c->n, c->S, C},
+                  .stride = {c->S * pitch, pitch, 1}},
+            .weight = dw, .conv_state = f == 0 ? dst_chain : dst_fused, .conv_state_indices = didx, .silu = 1,
+            .y = out[f][5]};
+        if (c->bias)
+            cu.bias = db;
+        gdp_prepare_args pr = {
+            .x = cu.y,
+            .ba = {.data = (char *)dproj.data + (size_t)C * gdp_dtype_size(c->act), .dtype = c->act, .ndim = 3,
+                   .shape = {c->n, c->S, BA}, .stride = {c->S * pitch, pitch, 1}},
+            .A_log = dA, .dt_bias = ddt, .num_householder = (int32_t)c->M, .num_heads = (int32_t)c->H,
+            .num_groups = (int32_t)c->G, .head_dim = (int32_t)c->P, .state_dim = (int32_t)c->N,
+            .query = out[f][0], .key = out[f][1], .value = out[f][2], .beta = out[f][3], .g = out[f][4]};
+        if (f == 0) {
+            CHECK_OK(gdp_causal_conv1d_update(g_gpu, &cu));
+            CHECK_OK(gdp_decode_prepare(g_gpu, &pr));
+        } else {
+            CHECK_OK(gdp_decode_conv_prepare(g_gpu, &cu, &pr));
+        }
+    }
+    printf("decode conv + prepare fused vs the chain (n %lld, S %lld, M %lld, H %lld, G %lld, P %lld, N %lld, act %s, "
+           "state %s%s):\n", (long long)c->n, (long long)c->S, (long long)c->M, (long long)c->H, (long long)c->G,
+           (long long)c->P, (long long)c->N, gdp_dtype_name(c->act), gdp_dtype_name(c->state), c->bias ? ", bias" : "");
+    const char *names[5] = {"query", "key", "value", "beta", "g"};
+    const gdp_tensor *likes[5] = {&hq, &hq, &hv, &hbeta, &hg};
+    int same = 0;
+    for (int i = 0; i < 5; i++) {
+        gdp_tensor a = host_clone(likes[i]), bb = host_clone(likes[i]);
+        dev_fetch(&a, &out[0][i]);
+        dev_fetch(&bb, &out[1][i]);
+        char what[64];
+        snprintf(what, sizeof what, "fused vs chain: %s", names[i]);
+        same += same_bytes(what, &bb, &a);
+        host_free(&a), host_free(&bb);
+    }
+    gdp_tensor sa = host_clone(&st), sb = host_clone(&st);
+    dev_fetch(&sa, &dst_chain);
+    dev_fetch(&sb, &dst_fused);
+    same += same_bytes("fused vs chain: conv state", &sb, &sa);
+    printf("  %d of 6 outputs bitwise equal\n", same);
+    host_free(&sa), host_free(&sb);
+    for (int f = 0; f < 2; f++)
+        for (int i = 0; i < 6; i++)
+            dev_free(&out[f][i]);
+    dev_free(&dproj), dev_free(&dw), dev_free(&db), dev_free(&dA), dev_free(&ddt), dev_free(&dst_chain);
+    dev_free(&dst_fused), dev_free(&didx);
+    host_free(&proj), host_free(&w), host_free(&b), host_free(&st), host_free(&A_log), host_free(&dtb);
+    host_free(&hidx), host_free(&hy), host_free(&hq), host_free(&hv), host_free(&hbeta), host_free(&hg);
+}
+
 static void conv_tests(test_rng *r) {
     conv_golden();
+    const gdp_dtype_t FB = GDP_DTYPE_BF16, FF = GDP_DTYPE_FP32, FH = GDP_DTYPE_FP16;
+    const fuse_cfg fcases[] = {
+        /* n, S, M, H, G, P, N, slots, act, state, bias */
+        {1, 1, 2, 16, 4, 128, 128, 4, FB, FB, false},   /* the layer's decode shape at B = 1 */
+        {37, 1, 3, 8, 2, 64, 32, 40, FB, FF, true},     /* GQA 4, M 3, fp32 conv state, -1 slots */
+        {9, 1, 1, 4, 4, 16, 16, 12, FF, FF, true},      /* fp32 activations (4-element runs) */
+        {6, 1, 2, 6, 3, 24, 40, 8, FH, FH, false},      /* fp16 */
+        {5, 2, 2, 8, 2, 32, 32, 8, FB, FB, true},       /* two tokens: the chain itself (fallback) */
+    };
+    for (size_t i = 0; i < sizeof fcases / sizeof fcases[0]; i++)
+        decode_core_vs_chain(r, &fcases[i]);
     const gdp_dtype_t F32 = GDP_DTYPE_FP32, BF = GDP_DTYPE_BF16, F16 = GDP_DTYPE_FP16;
     const varlen_cfg vcases[] = {
         /* C, W, slots, pad tokens, x pad, nseq, lens, slots, x, w, state, y, bias, silu */

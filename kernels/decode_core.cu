@@ -1,0 +1,211 @@
+/*
+ * decode_core.cu: the fused decode front of a layer, the conv update and the decode prepare
+ * of one token per request in one launch (gdp_decode_conv_prepare, src/decode_core.c). The
+ * chain it replaces writes the conv output y (the act dtype) and prepare then copies y's
+ * bits into value, key (GQA-expanded, every Householder copy) and query (copy M-1, zeros
+ * elsewhere) and computes beta and g from ba; here y never reaches memory.
+ *
+ * Work split: one thread per (request, VEC consecutive conv channels); VEC = 8 for 16-bit
+ * activations (16 bytes), 4 for fp32. A thread computes its channels' conv exactly as
+ * conv_update_kernel does (conv_math.cuh), writes their new windows back to the slot (the
+ * only thread that touches those channels, so no ordering between threads is needed),
+ * rounds the outputs to the act dtype, and stores them to every place prepare would copy
+ * them to: value once, a key channel to each of its group's H/G heads, a query channel to
+ * each of its group's heads on copy M-1 and zeros on the other copies. The last 2 M H units
+ * of a request are its beta and g, as prepare computes them (prepare_math.cuh). Every
+ * output element is written by one thread, in the chain's bits.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "conv_math.cuh"
+#include "dtype_access.cuh"
+#include "gdp_kernels.h"
+#include "prepare_math.cuh"
+#include "src/internal.h"
+
+// CUDA kernels
+
+namespace {
+
+constexpr int CORE_THREADS = 128;
+constexpr int CORE_W = 4; /* the fused path's conv width (Megatron's); others take the chain */
+
+struct CoreParams {
+    /* conv */
+    const void *x;             /* [n, 1, C] rows strided by x_row */
+    int64_t x_row;
+    const void *conv_w, *conv_b; /* [C, W], [C] or NULL */
+    void *state;               /* [slots, C, W] */
+    const int32_t *slots_idx;  /* [n] or NULL (identity) */
+    int64_t slots, C;
+    gdp_dtype_t x_dtype, w_dtype, b_dtype, state_dtype, act_dtype;
+    bool w_vec, state_vec;
+    int silu;
+    /* prepare */
+    const void *ba;            /* [n, 1, M H + H] rows strided by ba_row */
+    int64_t ba_row;
+    gdp_dtype_t ba_dtype, dt_bias_dtype;
+    const float *A_log;
+    const void *dt_bias;
+    void *query, *key, *value, *beta;
+    float *g;
+    int32_t M, H, G, P, N, hpg;
+    int64_t k_base, q_base;    /* first key and query channel */
+    int32_t conv_units, gate_units; /* per request: C / VEC, 2 M H */
+};
+
+template <int VEC> __device__ __forceinline__ void store_run(void *base, gdp_dtype_t dtype, int64_t i, const float (&v)[VEC]) {
+    store_vec_from_float<VEC>(base, dtype, i, v);
+}
+
+template <int VEC> __global__ void __launch_bounds__(CORE_THREADS) decode_core_kernel(const CoreParams p) {
+    constexpr int W = CORE_W;
+    const int64_t b = blockIdx.y;
+    const int32_t u = (int32_t)(blockIdx.x * CORE_THREADS + threadIdx.x);
+    if (u >= p.conv_units + p.gate_units)
+        return;
+    const int32_t M = p.M, H = p.H, N = p.N;
+    if (u >= p.conv_units) { /* beta, then g: prepare's scalar units */
+        const int32_t j = u - p.conv_units;
+        const int64_t ba_row = b * p.ba_row;
+        if (j < M * H) { /* beta[(m), h] = sigmoid(b[m*H + h]) in ba's dtype */
+            const float bv = load_as_float(p.ba, p.ba_dtype, ba_row + j);
+            store_from_float(p.beta, p.ba_dtype, b * (int64_t)(M * H) + j, eager_sigmoid(bv));
+        } else { /* g[(m), h]: copy 0 only */
+            const int32_t gi = j - M * H, h = gi % H, m = gi / H;
+            float gv = 0.0f;
+            if (m == 0) {
+                const float a = load_as_float(p.ba, p.ba_dtype, ba_row + (int64_t)M * H + h);
+                gv = eager_decay(a, load_as_float(p.dt_bias, p.dt_bias_dtype, h), p.A_log[h]);
+            }
+            p.g[b * (int64_t)(M * H) + gi] = gv;
+        }
+        return;
+    }
+
+    /* the conv of channels [ch0, ch0 + VEC), as conv_update_kernel computes them */
+    const int64_t ch0 = (int64_t)u * VEC;
+    const int64_t slot = p.slots_idx != nullptr ? (int64_t)p.slots_idx[b] : b;
+    const bool has_slot = slot >= 0 && slot < p.slots;
+    float y[VEC];
+#pragma unroll
+    for (int c = 0; c < VEC; c++) {
+        const int64_t ch = ch0 + c;
+        if (!has_slot) {
+            y[c] = 0.0f; /* the chain's padding row: y = 0 */
+            continue;
+        }
+        float w[W], win[W];
+        load_window<W>(p.conv_w, p.w_dtype, ch * W, p.w_vec, w);
+        const float bias = p.conv_b != nullptr ? load_as_float(p.conv_b, p.b_dtype, ch) : 0.0f;
+        const int64_t st_off = (slot * p.C + ch) * W;
+        load_window<W>(p.state, p.state_dtype, st_off, p.state_vec, win);
+        const float x_in = load_as_float(p.x, p.x_dtype, b * p.x_row + ch);
+        y[c] = conv_step<W>(win, w, bias, p.silu, x_in);
+        store_window<W>(p.state, p.state_dtype, st_off, p.state_vec, win);
+    }
+
+    /* prepare's copies of those channels (y in the act dtype: store_vec rounds as the chain's store did) */
+    const int64_t value_elems = (int64_t)M * H * p.P, kq_elems = (int64_t)M * H * N;
+    if (ch0 < p.k_base) { /* value[(m), h, :] = x[(m*H + h)*P + :] */
+        store_run<VEC>(p.value, p.act_dtype, b * value_elems + ch0, y);
+    } else if (ch0 < p.q_base) { /* key[(m), h, c] = x[K_BASE + (m*G + h/hpg)*N + c] for each h of the group */
+        const int64_t kk = ch0 - p.k_base;
+        const int32_t c = (int32_t)(kk % N), mg = (int32_t)(kk / N), grp = mg % p.G, m = mg / p.G;
+        for (int32_t i = 0; i < p.hpg; i++) {
+            const int32_t h = grp * p.hpg + i;
+            store_run<VEC>(p.key, p.act_dtype, b * kq_elems + ((int64_t)m * H + h) * N + c, y);
+        }
+    } else { /* query[(M-1), h, c] = x[Q_BASE + (h/hpg)*N + c]; zeros on the other copies */
+        const int64_t qq = ch0 - p.q_base;
+        const int32_t c = (int32_t)(qq % N), grp = (int32_t)(qq / N);
+        float zero[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; k++)
+            zero[k] = 0.0f;
+        for (int32_t i = 0; i < p.hpg; i++) {
+            const int32_t h = grp * p.hpg + i;
+            for (int32_t m = 0; m < M; m++)
+                store_run<VEC>(p.query, p.act_dtype, b * kq_elems + ((int64_t)m * H + h) * N + c,
+                               m == M - 1 ? y : zero);
+        }
+    }
+}
+
+bool aligned_to(const void *ptr, size_t bytes) { return ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
+/* A [..., W] tensor whose rows can be moved in one access (conv1d.cu's rule). */
+bool window_rows_aligned(const gdp_tensor &t) {
+    const size_t row = (size_t)t.shape[t.ndim - 1] * gdp_dtype_size(t.dtype);
+    return (row == 8 || row == 16) && aligned_to(t.data, row);
+}
+
+} // namespace
+
+// kernel launchers
+
+extern "C" bool gdp_cuda_decode_core_fits(const gdp_conv1d_update_args *conv, const gdp_prepare_args *prep) {
+    const int64_t es = (int64_t)gdp_dtype_size(prep->query.dtype), vec = 16 / es;
+    return conv->x.shape[1] == 1 && !gdp_tensor_present(&conv->intermediate_conv_states) &&
+           conv->weight.shape[1] == CORE_W && conv->y.dtype == prep->query.dtype && prep->head_dim % vec == 0 &&
+           prep->state_dim % vec == 0 && aligned_to(prep->query.data, 16) && aligned_to(prep->key.data, 16) &&
+           aligned_to(prep->value.data, 16) && conv->x.shape[0] <= 65535;
+}
+
+extern "C" gdp_status_t gdp_cuda_decode_core(struct gdp_ctx *ctx, const gdp_conv1d_update_args *conv,
+                                             const gdp_prepare_args *prep) {
+    static const char *op = "gdp_decode_conv_prepare";
+    const int64_t n = conv->x.shape[0];
+    if (n == 0)
+        return GDP_STATUS_SUCCESS;
+    CoreParams p = {};
+    p.x = conv->x.data;
+    p.x_row = gdp_tensor_stride(&conv->x, 0);
+    p.conv_w = conv->weight.data;
+    p.conv_b = gdp_tensor_present(&conv->bias) ? conv->bias.data : nullptr;
+    p.state = conv->conv_state.data;
+    p.slots_idx = gdp_tensor_present(&conv->conv_state_indices) ? static_cast<const int32_t *>(conv->conv_state_indices.data)
+                                                                 : nullptr;
+    p.slots = conv->conv_state.shape[0];
+    p.C = conv->x.shape[2];
+    p.x_dtype = conv->x.dtype;
+    p.w_dtype = conv->weight.dtype;
+    p.b_dtype = conv->bias.dtype;
+    p.state_dtype = conv->conv_state.dtype;
+    p.act_dtype = prep->query.dtype;
+    p.w_vec = window_rows_aligned(conv->weight);
+    p.state_vec = window_rows_aligned(conv->conv_state);
+    p.silu = conv->silu;
+    p.ba = prep->ba.data;
+    p.ba_row = gdp_tensor_stride(&prep->ba, 0);
+    p.ba_dtype = prep->ba.dtype;
+    p.dt_bias_dtype = prep->dt_bias.dtype;
+    p.A_log = static_cast<const float *>(prep->A_log.data);
+    p.dt_bias = prep->dt_bias.data;
+    p.query = prep->query.data;
+    p.key = prep->key.data;
+    p.value = prep->value.data;
+    p.beta = prep->beta.data;
+    p.g = static_cast<float *>(prep->g.data);
+    p.M = prep->num_householder, p.H = prep->num_heads, p.G = prep->num_groups, p.P = prep->head_dim;
+    p.N = prep->state_dim, p.hpg = p.H / p.G;
+    p.k_base = (int64_t)p.M * p.H * p.P;
+    p.q_base = p.k_base + (int64_t)p.M * p.G * p.N;
+    const int vec = 16 / (int)gdp_dtype_size(p.act_dtype);
+    p.conv_units = (int32_t)(p.C / vec);
+    p.gate_units = 2 * p.M * p.H;
+    const int64_t units = (int64_t)p.conv_units + p.gate_units;
+    const dim3 grid((unsigned)((units + CORE_THREADS - 1) / CORE_THREADS), (unsigned)n);
+    cudaStream_t stream = static_cast<cudaStream_t>(ctx->stream);
+    if (vec == 8)
+        decode_core_kernel<8><<<grid, CORE_THREADS, 0, stream>>>(p);
+    else
+        decode_core_kernel<4><<<grid, CORE_THREADS, 0, stream>>>(p);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: kernel launch failed: %s (%lld requests, %lld channels)", op,
+                 cudaGetErrorString(err), (long long)n, (long long)p.C);
+    return GDP_STATUS_SUCCESS;
+}
