@@ -18,9 +18,9 @@ Rows of x follow plan.h's token layout: decode request r's token s at row r*S + 
 the prefill block from meta.prefill_token_offset (request i's tokens at
 prefill_token_offset + meta.cu_seqlens[i] + t), then padding rows, which come out unchanged.
 
-The CPU backend takes float32 numpy arrays (or torch CPU tensors). The CUDA layer is not
-written in libgdp yet (gdp_layer_init returns UNSUPPORTED: the cuBLASLt GEMM is missing),
-so device="cuda" raises RuntimeError naming that; the plan and cache already support it.
+The CPU backend takes float32 numpy arrays (or torch CPU tensors); the CUDA backend
+(device="cuda" or "cuda:N") takes torch CUDA tensors on the layer's device, and runs on the
+current torch stream of that device.
 """
 
 import atexit
