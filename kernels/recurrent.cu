@@ -262,6 +262,26 @@ __device__ __forceinline__ bool row_is_padding(const RecurrentParams &p, int64_t
     return p.cache && (row < 0 || row >= p.slots);
 }
 
+/* A block's item and the item it prefetches into L2 (one residency generation ahead): their
+ * coordinates and slots, loaded first so their latency hides behind the staging. */
+struct BlockItems {
+    int64_t b, row, f_b, f_row;
+    int h, vb, f_h, f_vb;
+    bool has_future;
+};
+__device__ __forceinline__ BlockItems block_items(const RecurrentParams &p) {
+    BlockItems it = {};
+    item_coords(p, blockIdx.x, it.b, it.h, it.vb);
+    it.row = state_row(p, it.b);
+    const int64_t future = p.prefetch_distance > 0 ? (int64_t)blockIdx.x + p.prefetch_distance : -1;
+    it.has_future = future >= 0 && future < (int64_t)gridDim.x;
+    if (it.has_future) {
+        item_coords(p, future, it.f_b, it.f_h, it.f_vb);
+        it.f_row = state_row(p, it.f_b);
+    }
+    return it;
+}
+
 /* Padding request: output 0 for this block's columns, no slot read or written. */
 template <int CW>
 __device__ __forceinline__ void write_zero_output(const RecurrentParams &p, int64_t b, int h, int col0, bool col_ok) {
@@ -479,23 +499,11 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, VEC>
     extern __shared__ float smem[];
     const int tid = threadIdx.x;
     const int cg = tid % REC_COL_GROUPS, rg = tid / REC_COL_GROUPS;
-    int64_t b;
-    int h, vb;
-    item_coords(p, blockIdx.x, b, h, vb);
+    const BlockItems it = block_items(p);
+    const int64_t b = it.b, row = it.row;
+    const int h = it.h, vb = it.vb;
     const int col0 = vb * BV + cg * CW;
     const bool col_ok = col0 < p.V;
-
-    /* The slots of this block's request and of the block it prefetches for (loaded now,
-     * used after the staging, so their latency hides behind it). */
-    const int64_t row = state_row(p, b);
-    const int64_t future = p.prefetch_distance > 0 ? (int64_t)blockIdx.x + p.prefetch_distance : -1;
-    const bool has_future = future >= 0 && future < (int64_t)gridDim.x;
-    int64_t f_b = 0, f_row = 0;
-    int f_h = 0, f_vb = 0;
-    if (has_future) {
-        item_coords(p, future, f_b, f_h, f_vb);
-        f_row = state_row(p, f_b);
-    }
 
     /* 1. The first tile of inputs (one memory latency, overlapping the slot loads). */
     stage_tile<KP, BV>(p, b, h, vb, 0, min(p.tile_steps, p.T), smem, smem + p.tile_steps * KP,
@@ -525,11 +533,11 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, VEC>
 
     /* 3. Prefetch the block one residency generation ahead (by default) into L2: its state
      * tile and its q, k, v rows, so its loads hit L2 and DRAM always has requests queued. */
-    if (has_future && !row_is_padding(p, f_row))
-        prefetch_item<BV, Bits>(p, f_b, f_h, f_vb,
+    if (it.has_future && !row_is_padding(p, it.f_row))
+        prefetch_item<BV, Bits>(p, it.f_b, it.f_h, it.f_vb,
                                 p.state_in == nullptr ? nullptr
                                                       : static_cast<const Bits *>(p.state_in) +
-                                                            f_row * p.in_stride_row + f_h * p.in_stride_head);
+                                                            it.f_row * p.in_stride_row + it.f_h * p.in_stride_head);
 
     /* 4. Norms, steps, final state. */
     run_item<SDT, R, VEC>(p, b, h, vb, row, st, smem);
@@ -655,21 +663,12 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_smem_min_blocks<R>())
     float *area = smem_tile + KP * BV;
     const int tid = threadIdx.x;
     const int cg = tid % REC_COL_GROUPS, rg = tid / REC_COL_GROUPS;
-    int64_t b;
-    int h, vb;
-    item_coords(p, blockIdx.x, b, h, vb);
+    const BlockItems it = block_items(p);
+    const int64_t b = it.b, row = it.row;
+    const int h = it.h, vb = it.vb;
     const int col0 = vb * BV + cg * CW;
     const bool col_ok = col0 < p.V;
-    const int64_t row = state_row(p, b);
     const bool padding = row_is_padding(p, row);
-    const int64_t future = p.prefetch_distance > 0 ? (int64_t)blockIdx.x + p.prefetch_distance : -1;
-    const bool has_future = future >= 0 && future < (int64_t)gridDim.x;
-    int64_t f_b = 0, f_row = 0;
-    int f_h = 0, f_vb = 0;
-    if (has_future) {
-        item_coords(p, future, f_b, f_h, f_vb);
-        f_row = state_row(p, f_b);
-    }
     /* 1. The state tile into shared memory (cp.async: no registers held), then the inputs. */
     float *mine = smem_tile + rg * BV + cg * CW;
     const float *in = p.state_in == nullptr || padding
@@ -694,11 +693,11 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_smem_min_blocks<R>())
         return;
     }
     /* 2. The L2 prefetch of the block one generation ahead, as the register kernel. */
-    if (has_future && !row_is_padding(p, f_row))
-        prefetch_item<BV, uint32_t>(p, f_b, f_h, f_vb,
+    if (it.has_future && !row_is_padding(p, it.f_row))
+        prefetch_item<BV, uint32_t>(p, it.f_b, it.f_h, it.f_vb,
                                     p.state_in == nullptr ? nullptr
                                                           : static_cast<const uint32_t *>(p.state_in) +
-                                                                f_row * p.in_stride_row + f_h * p.in_stride_head);
+                                                                it.f_row * p.in_stride_row + it.f_h * p.in_stride_head);
     cp_async_wait_all();
     run_item_smem<R>(p, b, h, vb, row, mine, area);
 }
