@@ -22,6 +22,7 @@
 #include <float.h>
 #include <jansson.h> /* defines: json_pack, json_dumps (the --output lines) */
 #include <mpi.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -72,6 +73,18 @@ typedef struct results_out {
 } results_out;
 static results_out g_out = {.fd = -1};
 static volatile sig_atomic_t g_finished, g_lines; /* requests finished / lines in --output */
+static pthread_t g_main_thread; /* the thread that writes --output; on_signal reports from it */
+
+/* SIGTERM and SIGINT held off the calling thread (block) or let through again: around a
+ * result's write and its counts, so the signal message never sees a line on disk that
+ * g_lines does not count yet (or the reverse). */
+static void hold_signals(bool block) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(block ? SIG_BLOCK : SIG_UNBLOCK, &set, NULL);
+}
 static volatile sig_atomic_t g_total = -1;         /* requests of the workload, -1: not loaded */
 static const char *volatile g_phase = "starting";  /* what the program is doing */
 
@@ -156,6 +169,7 @@ static void results_write(const gdp_request_result *r) {
         json_object_set_new(o, "error", json_string(r->error ? r->error : ""));
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
+    hold_signals(true); /* the line and g_lines change together (on_signal) */
     if (text == NULL) {
         g_out.err = ENOMEM;
     } else {
@@ -170,13 +184,14 @@ static void results_write(const gdp_request_result *r) {
         }
         free(text);
     }
-    if (g_out.err != 0) {
+    if (g_out.err == 0) {
+        g_out.written[r->index] = 1;
+        g_lines = g_lines + 1;
+    }
+    hold_signals(false);
+    if (g_out.err != 0)
         fprintf(stderr, "gdp-run: writing %s failed after %d results: %s; the run goes on, the rest of its results "
                 "are not written\n", g_out.path, (int)g_lines, strerror(g_out.err));
-        return;
-    }
-    g_out.written[r->index] = 1;
-    g_lines = g_lines + 1;
 }
 
 /* The engine's on_result (root): each request as it finishes. */
@@ -230,6 +245,12 @@ static size_t put_num(char *b, size_t at, size_t cap, long long v) {
 }
 
 static void on_signal(int sig) {
+    /* A process-directed signal may land on any thread without it blocked (MPI's, CUDA's):
+     * hand it to the main thread, which holds it off while a result is half counted. */
+    if (!pthread_equal(pthread_self(), g_main_thread)) {
+        pthread_kill(g_main_thread, sig);
+        return;
+    }
     if (g_rank == 0) {
         char m[1024];
         const size_t c = sizeof m;
@@ -662,6 +683,7 @@ static gdp_status_t stack_init(stack *s, gdp_backend_t backend, gdp_checkpoint_t
 }
 
 int main(int argc, char **argv) {
+    g_main_thread = pthread_self();
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
