@@ -31,6 +31,10 @@ __device__ __forceinline__ void store_from_float(void *base, gdp_dtype_t dtype, 
     }
 }
 
+/* Host side: a pointer the 16-byte accesses may use (NULL counts as aligned: an absent
+ * tensor does not constrain the access width). */
+static inline bool aligned16(const void *ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
 /* N (4 or 8) elements from element i of base, aligned to their N * size bytes. */
 template <int N> __device__ __forceinline__ void load_vec_as_float(const void *base, gdp_dtype_t dtype, int64_t i, float (&v)[N]) {
     static_assert(N == 4 || N == 8, "4 or 8 elements");

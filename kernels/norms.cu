@@ -55,15 +55,22 @@ struct NormParams {
     float inv_n, eps;
 };
 
+/* y * silu(z), silu(z) = z / (1 + exp(-z)), each operation rounded on its own. */
+__device__ __forceinline__ float gated(float y, float z) { return __fmul_rn(y, __fdiv_rn(z, __fadd_rn(1.0f, expf(-z)))); }
+
+/* 1 / the vector's norm from its sum of squares: L2 sqrt(sum + eps), else the RMS
+ * sqrt(sum * (1/n) + eps). */
+template <bool L2> __device__ __forceinline__ float norm_rstd(const NormParams &p, float ss) {
+    return L2 ? __fdiv_rn(1.0f, sqrtf(__fadd_rn(ss, p.eps))) : __fdiv_rn(1.0f, sqrtf(__fadd_rn(__fmul_rn(ss, p.inv_n), p.eps)));
+}
+
 /* The normalized input element: x, or y * silu(z) for the gated norm. */
 template <bool GATED> __device__ __forceinline__ float norm_input(const NormParams &p, int64_t i, int64_t iz) {
     const float x = load_as_float(p.x, p.x_dtype, i);
-    if constexpr (GATED) {
-        const float z = load_as_float(p.z, p.z_dtype, iz);
-        return __fmul_rn(x, __fdiv_rn(z, __fadd_rn(1.0f, expf(-z))));
-    } else {
+    if constexpr (GATED)
+        return gated(x, load_as_float(p.z, p.z_dtype, iz));
+    else
         return x;
-    }
 }
 
 /* One warp per vector. L2 (the L2 norm): out = x * (1 / sqrt(sum x^2 + eps)); otherwise
@@ -80,9 +87,7 @@ template <bool L2, bool GATED> __global__ void __launch_bounds__(NORM_THREADS) n
         const float x = norm_input<GATED>(p, xb + i, zb + i);
         ss = fmaf(x, x, ss);
     }
-    ss = warp_sum(ss);
-    const float rstd = L2 ? __fdiv_rn(1.0f, sqrtf(__fadd_rn(ss, p.eps)))
-                          : __fdiv_rn(1.0f, sqrtf(__fadd_rn(__fmul_rn(ss, p.inv_n), p.eps)));
+    const float rstd = norm_rstd<L2>(p, warp_sum(ss));
     const int64_t w_base = group * p.n;
     for (int64_t i = lane; i < p.n; i += 32) {
         const float x = norm_input<GATED>(p, xb + i, zb + i);
@@ -135,10 +140,8 @@ __global__ void __launch_bounds__(BLOCK ? FAST_BLOCK_THREADS : NORM_THREADS) nor
         if (t + c * LANES < chunks) {
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                if constexpr (GATED) {
-                    const float z = zv[c][j];
-                    v[c][j] = __fmul_rn(v[c][j], __fdiv_rn(z, __fadd_rn(1.0f, expf(-z))));
-                }
+                if constexpr (GATED)
+                    v[c][j] = gated(v[c][j], zv[c][j]);
                 ss = fmaf(v[c][j], v[c][j], ss);
             }
         }
@@ -154,8 +157,7 @@ __global__ void __launch_bounds__(BLOCK ? FAST_BLOCK_THREADS : NORM_THREADS) nor
         for (int w = 0; w < FAST_BLOCK_THREADS / 32; w++)
             ss += part[w];
     }
-    const float rstd = L2 ? __fdiv_rn(1.0f, sqrtf(__fadd_rn(ss, p.eps)))
-                          : __fdiv_rn(1.0f, sqrtf(__fadd_rn(__fmul_rn(ss, p.inv_n), p.eps)));
+    const float rstd = norm_rstd<L2>(p, ss);
 #pragma unroll
     for (int c = 0; c < CHUNKS; c++) {
         const int ch = t + c * LANES;
@@ -179,29 +181,27 @@ __global__ void __launch_bounds__(BLOCK ? FAST_BLOCK_THREADS : NORM_THREADS) nor
     }
 }
 
-/* The fast kernel with the fewest chunks per thread (1, 2, 4 or 8) that cover n. */
+/* The fast kernel with the fewest chunks per thread (1, 2, 4, or 8 for a block) that cover n. */
 template <bool L2, bool GATED, bool BLOCK>
 void launch_fast(const NormParams &p, unsigned blocks, cudaStream_t stream) {
-    const int64_t per_thread = (p.n / 8 + (BLOCK ? FAST_BLOCK_THREADS : 32) - 1) / (BLOCK ? FAST_BLOCK_THREADS : 32);
+    constexpr int64_t LANES = BLOCK ? FAST_BLOCK_THREADS : 32;
+    const int64_t per_thread = (p.n / 8 + LANES - 1) / LANES; /* <= 4 (warp) or 8 (block): fast_path_fits */
     const unsigned threads = BLOCK ? FAST_BLOCK_THREADS : NORM_THREADS;
     if (per_thread <= 1)
         norm_fast_kernel<L2, GATED, BLOCK, 1><<<blocks, threads, 0, stream>>>(p);
     else if (per_thread <= 2)
         norm_fast_kernel<L2, GATED, BLOCK, 2><<<blocks, threads, 0, stream>>>(p);
-    else if (per_thread <= 4 || !BLOCK)
+    else if (!BLOCK || per_thread <= 4)
         norm_fast_kernel<L2, GATED, BLOCK, 4><<<blocks, threads, 0, stream>>>(p);
-    else
-        norm_fast_kernel<L2, GATED, BLOCK, BLOCK ? FAST_BLOCK_CHUNKS : 4><<<blocks, threads, 0, stream>>>(p);
+    else if constexpr (BLOCK)
+        norm_fast_kernel<L2, GATED, BLOCK, FAST_BLOCK_CHUNKS><<<blocks, threads, 0, stream>>>(p);
 }
-
-bool aligned16(const void *ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
 /* The fast path's shapes: 8-element chunks, registers enough, 16-byte aligned rows. */
 bool fast_path_fits(const NormParams &p) {
     const size_t xs = gdp_dtype_size(p.x_dtype), zs = p.z != nullptr ? gdp_dtype_size(p.z_dtype) : 0;
-    return p.n % 8 == 0 && p.n <= FAST_BLOCK_MAX && aligned16(p.x) && aligned16(p.out) &&
-           (p.z == nullptr || aligned16(p.z)) && (p.weight == nullptr || aligned16(p.weight)) &&
-           ((size_t)p.x_row * xs) % 16 == 0 && ((size_t)p.z_row * zs) % 16 == 0;
+    return p.n % 8 == 0 && p.n <= FAST_BLOCK_MAX && aligned16(p.x) && aligned16(p.out) && aligned16(p.z) &&
+           aligned16(p.weight) && ((size_t)p.x_row * xs) % 16 == 0 && ((size_t)p.z_row * zs) % 16 == 0;
 }
 
 template <bool L2, bool GATED> cudaError_t launch_norm(const NormParams &p, cudaStream_t stream) {

@@ -132,7 +132,6 @@ cudaError_t launch_prepare(const PrepareParams &p, int decode, dim3 grid, cudaSt
     return cudaGetLastError();
 }
 
-bool aligned16(const void *ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
 } // namespace
 

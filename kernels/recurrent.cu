@@ -819,8 +819,6 @@ template <int SDT> cudaError_t dispatch_vec(const RecurrentParams &p, bool vec, 
     return vec ? dispatch_rows<SDT, true>(p, device, stream) : dispatch_rows<SDT, false>(p, device, stream);
 }
 
-/* NULL counts as aligned: an absent tensor does not constrain the access width. */
-bool aligned16(const void *ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
 } // namespace
 
