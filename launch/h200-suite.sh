@@ -110,6 +110,8 @@ if [ "$stage" = serve ]; then
     decode=(--slots 128 --budget 1152 --prefill-chunk 1024 --workload synthetic:n=128,rate=0,prompt=64-128,new=512,seed=3)
     mixed=(--slots 64 --budget 2048 --prefill-chunk 1024 --workload synthetic:n=256,rate=0,prompt=128-2048,new=128,seed=7)
     { echo "## decode-heavy"; run1 "${decode[@]}" --check 2; } 2>&1 | tee "$out/serve_decode.log" || rc=1
+    { echo "## decode-heavy, no overlap (the step loop waits for each step)"; run1 "${decode[@]}" --no-overlap; } 2>&1 |
+        tee "$out/serve_decode_nooverlap.log" || rc=1
     { echo "## mixed, preemption policy (default)"; run1 "${mixed[@]}"; } 2>&1 | tee "$out/serve_mixed.log" || rc=1
     { echo "## mixed, old policy (swap at once)"; run1 "${mixed[@]}" --preempt-wait-ms 0; } 2>&1 |
         tee "$out/serve_mixed_old.log" || rc=1

@@ -1261,7 +1261,8 @@ static void conv_graphs(test_rng *r, const update_cfg *uc, const varlen_cfg *vc)
 /* The fused decode front (gdp_decode_conv_prepare, src/decode_core.h) against the chain it
  * replaces, conv update then decode prepare, on the GPU from the same inputs: query, key,
  * value, beta, g and the conv state bit for bit. x and ba are row views of one wider
- * projection row, as in the layer; every third request is a -1 slot. */
+ * projection row, as in the layer; every third request is a -1 slot and the others name
+ * distinct slots (two rows naming one slot race on it; the CPU backend refuses them). */
 typedef struct fuse_cfg {
     int64_t n, S, M, H, G, P, N, slots;
     gdp_dtype_t act, state;
@@ -1282,7 +1283,7 @@ static void decode_core_vs_chain(test_rng *r, const fuse_cfg *c) {
     test_fill_uniform(&A_log, r, -1.0, 1.0), test_fill_uniform(&dtb, r, -0.5, 0.5);
     int32_t idx[64];
     for (int64_t i = 0; i < c->n; i++)
-        idx[i] = i % 3 == 2 ? -1 : (int32_t)((i * 5 + 1) % c->slots);
+        idx[i] = i % 3 == 2 ? -1 : (int32_t)((i * 7 + 1) % c->slots); /* 7 is prime to every case's slots: distinct */
     gdp_tensor dproj = dev_clone(&proj), dw = dev_clone(&w), db = dev_clone(&b), dA = dev_clone(&A_log);
     gdp_tensor ddt = dev_clone(&dtb), dst_chain = dev_clone(&st), dst_fused = dev_clone(&st);
     gdp_tensor hidx = int_tensor(idx, c->n), didx = dev_clone(&hidx);
