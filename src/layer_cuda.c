@@ -7,17 +7,13 @@
  * counted by gdp_layer_gemm_acquire/release), together with a small cache of matmul plans
  * (descriptors + the heuristic's algorithm) keyed by shape, pitches, dtypes and pointer
  * alignment, so a step's GEMMs do no host-side planning after the first step of each
- * bucket and nothing in here synchronizes the host. The experiment GDP_GEMM_TUNE=N times
- * the heuristic's first N candidates at a shape's first (uncaptured) call instead: that one
- * call synchronizes, and the choice may differ from run to run (hence off by default).
+ * bucket and nothing in here synchronizes the host.
  *
  * Row-major to cuBLASLt's column-major: row-major C [rows, n] is column-major C^T [n, rows];
  * C^T = B . A^T, where the weight B [n, k] row-major is column-major [k, n] (ld k) used
  * transposed, and A [rows, k] (pitch lda) is column-major [k, rows] (ld lda) used as is:
  * the "TN" GEMM, the layout cuBLASLt serves best for 16-bit inputs.
  */
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "layer_internal.h"
@@ -145,85 +141,8 @@ void gdp_layer_cuda_gemm_release(gdp_ctx_t ctx) {
     ctx->layer_blas = NULL;
 }
 
-/* The operands of the call that creates a plan: what a tuning run times on. */
-typedef struct gemm_operands {
-    const void  *A, *B;
-    float        beta;
-    cudaStream_t stream;
-} gemm_operands;
-
-/* GDP_GEMM_TUNE=N (2..16): time the heuristic's first N algorithms on the first call of each
- * shape and keep the fastest; unset, 0 or 1: the heuristic's first (the default). */
-static int tune_candidates(void) {
-    const char *e = getenv("GDP_GEMM_TUNE");
-    const int n = e != NULL ? atoi(e) : 0;
-    return n < 1 ? 1 : (n > 16 ? 16 : n);
-}
-
-/* Median of `reps` timed calls of each candidate into a scratch output (C's contents are
- * not touched); *best the index of the fastest. Skipped (index 0) while the stream is
- * being captured, where nothing may synchronize. */
-static void tune_algo(layer_blas *b, const gemm_key *key, gemm_plan *p, const cublasLtMatmulHeuristicResult_t *res,
-                      int found, const gemm_operands *ops, int *best) {
-    enum { REPS = 5 };
-    *best = 0;
-    enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    if (found < 2 || cudaStreamIsCapturing(ops->stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) {
-        (void)cudaGetLastError();
-        return;
-    }
-    const size_t es = key->c_dtype == GDP_DTYPE_FP32 ? 4 : 2;
-    void *scratch = NULL;
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    if (cudaMalloc(&scratch, (size_t)key->ldc * (size_t)key->rows * es) != cudaSuccess ||
-        cudaMemsetAsync(scratch, 0, (size_t)key->ldc * (size_t)key->rows * es, ops->stream) != cudaSuccess ||
-        cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
-        goto done;
-    float best_ms = 0.0f;
-    const float alpha = 1.0f;
-    for (int i = 0; i < found; i++) {
-        float t[REPS];
-        int ok = 1;
-        for (int r = -1; r < REPS && ok; r++) { /* r = -1: an untimed first call */
-            ok = cudaEventRecord(e0, ops->stream) == cudaSuccess &&
-                 cublasLtMatmul(b->handle, p->op, &alpha, ops->B, p->w_layout, ops->A, p->x_layout, &ops->beta,
-                                scratch, p->c_layout, scratch, p->c_layout, &res[i].algo, b->workspace,
-                                b->workspace_bytes, ops->stream) == CUBLAS_STATUS_SUCCESS &&
-                 cudaEventRecord(e1, ops->stream) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess;
-            if (ok && r >= 0)
-                ok = cudaEventElapsedTime(&t[r], e0, e1) == cudaSuccess;
-        }
-        if (!ok)
-            continue;
-        for (int x = 1; x < REPS; x++) /* insertion sort: the median */
-            for (int y = x; y > 0 && t[y] < t[y - 1]; y--) {
-                const float tmp = t[y];
-                t[y] = t[y - 1];
-                t[y - 1] = tmp;
-            }
-        if (i == 0 || t[REPS / 2] < best_ms) {
-            best_ms = t[REPS / 2];
-            *best = i;
-        }
-    }
-    if (getenv("GDP_GEMM_TUNE_VERBOSE") != NULL)
-        fprintf(stderr, "gdp gemm tune: rows %lld n %lld k %lld: algorithm %d of %d, %.2f us\n", (long long)key->rows,
-                (long long)key->n, (long long)key->k, *best, found, best_ms * 1e3);
-done:
-    (void)cudaGetLastError();
-    if (e0 != NULL)
-        (void)cudaEventDestroy(e0);
-    if (e1 != NULL)
-        (void)cudaEventDestroy(e1);
-    if (scratch != NULL) {
-        (void)cudaStreamSynchronize(ops->stream);
-        (void)cudaFree(scratch);
-    }
-}
-
-/* Builds the descriptors of one shape and asks the heuristic for its best algorithm (or,
- * with GDP_GEMM_TUNE, times its first candidates). */
-static gdp_status_t plan_create(layer_blas *b, const gemm_key *key, gemm_plan *p, const gemm_operands *ops) {
+/* Builds the descriptors of one shape and asks the heuristic for its best algorithm. */
+static gdp_status_t plan_create(layer_blas *b, const gemm_key *key, gemm_plan *p) {
     static const char *what = "gdp_layer_gemm_nt (cuBLASLt)";
     memset(p, 0, sizeof *p);
     p->key = *key;
@@ -263,12 +182,11 @@ static gdp_status_t plan_create(layer_blas *b, const gemm_key *key, gemm_plan *p
                                                   sizeof key->align_c));
     PLAN_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->align_c,
                                                   sizeof key->align_c));
-    cublasLtMatmulHeuristicResult_t results[16];
+    cublasLtMatmulHeuristicResult_t result;
     int found = 0;
-    const int want = tune_candidates();
-    memset(results, 0, sizeof results);
+    memset(&result, 0, sizeof result);
     PLAN_TRY(cublasLtMatmulAlgoGetHeuristic(b->handle, p->op, p->w_layout, p->x_layout, p->c_layout, p->c_layout,
-                                            pref, want, results, &found));
+                                            pref, 1, &result, &found));
     if (found < 1) {
         st = GDP_ERROR(GDP_STATUS_UNSUPPORTED,
                        "%s: cuBLASLt has no algorithm for rows %lld, n %lld, k %lld (%s x %s -> %s, pitches %lld, "
@@ -278,10 +196,7 @@ static gdp_status_t plan_create(layer_blas *b, const gemm_key *key, gemm_plan *p
                        (long long)key->lda, (long long)key->ldc);
         goto fail;
     }
-    int pick = 0;
-    if (want > 1)
-        tune_algo(b, key, p, results, found, ops, &pick);
-    p->algo = results[pick].algo;
+    p->algo = result.algo;
     (void)cublasLtMatmulPreferenceDestroy(pref);
     return GDP_STATUS_SUCCESS;
 fail:
@@ -305,7 +220,7 @@ fail:
 }
 
 /* The plan of a shape: remembered, or built into a free (or the next victim's) slot. */
-static gdp_status_t plan_get(layer_blas *b, const gemm_key *key, const gemm_operands *ops, const gemm_plan **out) {
+static gdp_status_t plan_get(layer_blas *b, const gemm_key *key, const gemm_plan **out) {
     int free_slot = -1;
     for (int i = 0; i < GEMM_PLAN_SLOTS; i++) {
         if (b->plans[i].valid && memcmp(&b->plans[i].key, key, sizeof *key) == 0) {
@@ -320,7 +235,7 @@ static gdp_status_t plan_get(layer_blas *b, const gemm_key *key, const gemm_oper
         b->next_victim = (b->next_victim + 1) % GEMM_PLAN_SLOTS;
         plan_destroy(&b->plans[free_slot]);
     }
-    GDP_CHECK(plan_create(b, key, &b->plans[free_slot], ops));
+    GDP_CHECK(plan_create(b, key, &b->plans[free_slot]));
     *out = &b->plans[free_slot];
     return GDP_STATUS_SUCCESS;
 }
@@ -344,8 +259,7 @@ gdp_status_t gdp_layer_cuda_gemm_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int6
     key.ab_dtype = ab_dtype, key.c_dtype = c_dtype;
     key.align_a = ptr_align(A), key.align_b = ptr_align(B), key.align_c = ptr_align(C);
     const gemm_plan *p = NULL;
-    const gemm_operands ops = {.A = A, .B = B, .beta = beta, .stream = (cudaStream_t)ctx->stream};
-    GDP_CHECK(plan_get(b, &key, &ops, &p));
+    GDP_CHECK(plan_get(b, &key, &p));
     const float alpha = 1.0f;
     BLAS_CHECK(cublasLtMatmul(b->handle, p->op, &alpha, B, p->w_layout, A, p->x_layout, &beta, C, p->c_layout, C,
                               p->c_layout, &p->algo, b->workspace, b->workspace_bytes, (cudaStream_t)ctx->stream),
