@@ -91,7 +91,8 @@ template <> struct StateStorage<GDP_DTYPE_FP16> {
     static __device__ __forceinline__ Bits from_float(float f) { return __half_as_ushort(__float2half_rn(f)); }
 };
 
-/* CW consecutive elements: one 16-byte access when CW * sizeof(Bits) == 16. */
+/* CW consecutive elements: one 16-byte access when CW * sizeof(Bits) == 16, one 8-byte access
+ * when it is 8 (four 16-bit elements: the shared-memory kernel's columns). */
 template <int SDT, int CW>
 __device__ __forceinline__ void load_columns(const typename StateStorage<SDT>::Bits *src, float (&dst)[CW]) {
     using Store = StateStorage<SDT>;
@@ -102,6 +103,15 @@ __device__ __forceinline__ void load_columns(const typename StateStorage<SDT>::B
             Bits e[CW];
         } u;
         u.raw = *reinterpret_cast<const uint4 *>(src);
+#pragma unroll
+        for (int c = 0; c < CW; c++)
+            dst[c] = Store::to_float(u.e[c]);
+    } else if constexpr (CW * sizeof(Bits) == 8) {
+        union {
+            uint2 raw;
+            Bits e[CW];
+        } u;
+        u.raw = *reinterpret_cast<const uint2 *>(src);
 #pragma unroll
         for (int c = 0; c < CW; c++)
             dst[c] = Store::to_float(u.e[c]);
@@ -125,6 +135,15 @@ __device__ __forceinline__ void store_columns(typename StateStorage<SDT>::Bits *
         for (int c = 0; c < CW; c++)
             u.e[c] = Store::from_float(src[c]);
         *reinterpret_cast<uint4 *>(dst) = u.raw;
+    } else if constexpr (CW * sizeof(Bits) == 8) {
+        union {
+            uint2 raw;
+            Bits e[CW];
+        } u;
+#pragma unroll
+        for (int c = 0; c < CW; c++)
+            u.e[c] = Store::from_float(src[c]);
+        *reinterpret_cast<uint2 *>(dst) = u.raw;
     } else {
 #pragma unroll
         for (int c = 0; c < CW; c++)
@@ -543,16 +562,21 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, VEC>
     run_item<SDT, R, VEC>(p, b, h, vb, row, st, smem);
 }
 
-/* ---- the shared-memory state variant (GDP_DECODE_STATE=smem; fp32 state, 16-byte columns) ----
+/* ---- the shared-memory state variant (GDP_DECODE_STATE=smem; 4 columns a thread) ----
  * The register kernel holds its 128 x 32 fp32 tile in 32 registers a thread across every
  * barrier: 122 registers, 4 blocks (64 KB of state) per SM, and a block's state bytes are in
- * flight only while it waits for them. Here the tile lives in shared memory (16 KB a block,
- * 228 KB per SM), loaded by cp.async (no registers), and a step reads each thread's own
- * elements twice (for the sums, then for the update: the decay is recomputed, the same
- * rounded product) and writes them once; no state value is live across a barrier, so the
- * kernel fits REC_SMEM_MIN_BLOCKS blocks (2x the state in flight). Every thread touches
- * only the tile elements it loaded, so the tile itself needs no barrier. The arithmetic of
- * each element is the register kernel's, in the same order: results are bit-identical. */
+ * flight only while it waits for them (a 16-bit state: 128 x 64 in 64 registers, 168-183
+ * registers, 2-3 blocks). Here the tile lives in shared memory as fp32 (128 x 32, 16 KB a
+ * block, 228 KB per SM), loaded by cp.async (no registers): 16 bytes a row and thread for
+ * fp32, 8 bytes (4 elements) for bf16/fp16, widened to fp32 in place by the thread that
+ * loaded them. A step reads each thread's own elements twice (for the sums, then for the
+ * update: the decay is recomputed, the same rounded product) and writes them once; no state
+ * value is live across a barrier, so the kernel fits recurrent_smem_min_blocks blocks. Every
+ * thread touches only the tile elements it loaded, so the tile itself needs no barrier. The
+ * arithmetic of each element is the register kernel's, in the same order (a column's sums
+ * run over the same rows, lanes and warps whatever the column width): the results are
+ * bit-identical, and the state is rounded to its dtype only where the register kernel
+ * rounds it (snapshots, the final store). */
 
 template <int R> constexpr int recurrent_smem_min_blocks() { return R <= 8 ? 8 : 5; }
 
@@ -560,13 +584,23 @@ __device__ __forceinline__ void cp_async_16(void *smem_dst, const void *gmem_src
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
 }
+/* 8 bytes (.cg takes only 16; .ca also caches the line in L1, which a read-once tile does not need
+ * but does not hurt). */
+__device__ __forceinline__ void cp_async_8(void *smem_dst, const void *gmem_src) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(gmem_src) : "memory");
+}
 /* "memory": no shared-memory access of the tile may move above the wait. */
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-template <int R>
+/* The smem kernel's geometry: 4 fp32 columns a thread whatever the state's dtype. */
+template <int R> using SmemGeom = RecGeom<GDP_DTYPE_FP32, R, true>;
+
+template <int SDT, int R>
 __device__ __forceinline__ void run_item_smem(const RecurrentParams &p, int64_t b, int h, int vb, int64_t row,
                                               float *mine, float *area) {
-    using G = RecGeom<GDP_DTYPE_FP32, R, true>;
+    using G = SmemGeom<R>;
+    using Bits = typename StateStorage<SDT>::Bits;
     constexpr int CW = G::CW, BV = G::BV, KP = G::KP, PITCH = REC_ROW_GROUPS * BV; /* floats between rows i, i+1 */
     static_assert(CW == 4, "one float4 per row and thread");
     const int tid = threadIdx.x;
@@ -615,9 +649,9 @@ __device__ __forceinline__ void run_item_smem(const RecurrentParams &p, int64_t 
             float delta[CW];
             step_readout<CW, BV>(p, sk, sq, buf, vs + j * BV, betas[j], kq[j], b, h, t, col0, col_ok, delta);
             const bool snapshot = p.inter != nullptr && (t + 1) % p.steps_per_token == 0 && col_ok;
-            float *snap = snapshot ? static_cast<float *>(p.inter) +
-                                         ((row * p.S + ((t + 1) / p.steps_per_token - 1)) * p.H + h) * KV
-                                   : nullptr;
+            Bits *snap = snapshot ? static_cast<Bits *>(p.inter) +
+                                        ((row * p.S + ((t + 1) / p.steps_per_token - 1)) * p.H + h) * KV
+                                  : nullptr;
 #pragma unroll
             for (int i = 0; i < R; i++) {
                 float4 *cell = reinterpret_cast<float4 *>(mine + i * PITCH);
@@ -633,7 +667,7 @@ __device__ __forceinline__ void run_item_smem(const RecurrentParams &p, int64_t 
                 *cell = make_float4(st[0], st[1], st[2], st[3]);
                 const int kr = rg + REC_ROW_GROUPS * i;
                 if (snap != nullptr && kr < p.K)
-                    store_columns_f32<CW>(snap + (int64_t)kr * p.V + col0, st);
+                    store_columns<SDT, CW>(snap + (int64_t)kr * p.V + col0, st);
             }
         }
     }
@@ -645,19 +679,22 @@ __device__ __forceinline__ void run_item_smem(const RecurrentParams &p, int64_t 
                 continue;
             const float4 raw = *reinterpret_cast<const float4 *>(mine + i * PITCH);
             const float st[CW] = {raw.x, raw.y, raw.z, raw.w};
-            store_columns_f32<CW>(static_cast<float *>(p.state_out) + row * p.out_stride_row +
-                                      h * p.out_stride_head + (int64_t)kr * p.V + col0,
-                                  st);
+            const int64_t off = row * p.out_stride_row + h * p.out_stride_head + (int64_t)kr * p.V + col0;
+            if (SDT == GDP_DTYPE_FP32 || p.out_fp32)
+                store_columns_f32<CW>(static_cast<float *>(p.state_out) + off, st);
+            else
+                store_columns<SDT, CW>(static_cast<Bits *>(p.state_out) + off, st);
         }
     }
 }
 
 /* One block per item, as recurrent_kernel; dynamic shared memory: the state tile [KP][BV]
  * fp32, then the step area. */
-template <int R>
+template <int SDT, int R>
 __global__ void __launch_bounds__(REC_THREADS, recurrent_smem_min_blocks<R>())
     recurrent_smem_kernel(const RecurrentParams p) {
-    using G = RecGeom<GDP_DTYPE_FP32, R, true>;
+    using G = SmemGeom<R>;
+    using Bits = typename StateStorage<SDT>::Bits;
     constexpr int CW = G::CW, BV = G::BV, KP = G::KP;
     extern __shared__ __align__(16) float smem_tile[];
     float *area = smem_tile + KP * BV;
@@ -669,19 +706,22 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_smem_min_blocks<R>())
     const int col0 = vb * BV + cg * CW;
     const bool col_ok = col0 < p.V;
     const bool padding = row_is_padding(p, row);
-    /* 1. The state tile into shared memory (cp.async: no registers held), then the inputs. */
+    /* 1. The state tile into shared memory (cp.async: no registers held), then the inputs.
+     *    A 16-bit row lands in the first 8 bytes of its 16-byte fp32 cell. */
     float *mine = smem_tile + rg * BV + cg * CW;
-    const float *in = p.state_in == nullptr || padding
-                          ? nullptr
-                          : static_cast<const float *>(p.state_in) + row * p.in_stride_row + h * p.in_stride_head;
+    const Bits *in = p.state_in == nullptr || padding
+                         ? nullptr
+                         : static_cast<const Bits *>(p.state_in) + row * p.in_stride_row + h * p.in_stride_head;
 #pragma unroll
     for (int i = 0; i < R; i++) {
         const int kr = rg + REC_ROW_GROUPS * i;
         float *cell = mine + i * REC_ROW_GROUPS * BV;
-        if (in != nullptr && kr < p.K && col_ok)
+        if (!(in != nullptr && kr < p.K && col_ok))
+            *reinterpret_cast<float4 *>(cell) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        else if constexpr (sizeof(Bits) == 4)
             cp_async_16(cell, in + (int64_t)kr * p.V + col0);
         else
-            *reinterpret_cast<float4 *>(cell) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            cp_async_8(cell, in + (int64_t)kr * p.V + col0);
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     stage_tile<KP, BV>(p, b, h, vb, 0, min(p.tile_steps, p.T), area, area + p.tile_steps * KP,
@@ -694,12 +734,23 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_smem_min_blocks<R>())
     }
     /* 2. The L2 prefetch of the block one generation ahead, as the register kernel. */
     if (it.has_future && !row_is_padding(p, it.f_row))
-        prefetch_item<BV, uint32_t>(p, it.f_b, it.f_h, it.f_vb,
-                                    p.state_in == nullptr ? nullptr
-                                                          : static_cast<const uint32_t *>(p.state_in) +
-                                                                it.f_row * p.in_stride_row + it.f_h * p.in_stride_head);
+        prefetch_item<BV, Bits>(p, it.f_b, it.f_h, it.f_vb,
+                                p.state_in == nullptr ? nullptr
+                                                      : static_cast<const Bits *>(p.state_in) +
+                                                            it.f_row * p.in_stride_row + it.f_h * p.in_stride_head);
     cp_async_wait_all();
-    run_item_smem<R>(p, b, h, vb, row, mine, area);
+    if constexpr (sizeof(Bits) != 4) { /* widen this thread's own rows in place */
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            float *cell = mine + i * REC_ROW_GROUPS * BV;
+            if (in != nullptr && rg + REC_ROW_GROUPS * i < p.K && col_ok) { /* the rows loaded above */
+                float v[CW];
+                load_columns<SDT, CW>(reinterpret_cast<const Bits *>(cell), v);
+                *reinterpret_cast<float4 *>(cell) = make_float4(v[0], v[1], v[2], v[3]);
+            }
+        }
+    }
+    run_item_smem<SDT, R>(p, b, h, vb, row, mine, area);
 }
 
 /* Blocks of a kernel the whole device holds at once (0 if unknown), cached per device in
@@ -750,8 +801,8 @@ cudaError_t launch_recurrent(const RecurrentParams &p, int device, cudaStream_t 
     return cudaGetLastError();
 }
 
-template <int R> cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStream_t stream) {
-    using G = RecGeom<GDP_DTYPE_FP32, R, true>;
+template <int SDT, int R> cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStream_t stream) {
+    using G = SmemGeom<R>;
     RecurrentParams q = p;
     q.n_vblocks = (p.V + G::BV - 1) / G::BV;
     const int64_t items = p.B * p.H * q.n_vblocks;
@@ -765,40 +816,53 @@ template <int R> cudaError_t launch_recurrent_smem(const RecurrentParams &p, int
         /* The most shared memory per SM (the kernel reads little through L1), so the register
          * bound (recurrent_smem_min_blocks) decides the blocks per SM; above 48 KB a block
          * must opt in. */
-        cudaError_t err = cudaFuncSetAttribute(recurrent_smem_kernel<R>,
+        cudaError_t err = cudaFuncSetAttribute(recurrent_smem_kernel<SDT, R>,
                                                cudaFuncAttributePreferredSharedMemoryCarveout,
                                                (int)cudaSharedmemCarveoutMaxShared);
         const size_t most = ((size_t)G::KP * G::BV + (size_t)recurrent_smem_floats(REC_TILE_STEPS, G::KP, G::BV)) *
                             sizeof(float); /* any tile_steps of a later call */
         if (err == cudaSuccess && most > 48 * 1024)
-            err = cudaFuncSetAttribute(recurrent_smem_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            err = cudaFuncSetAttribute(recurrent_smem_kernel<SDT, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)most);
         if (err != cudaSuccess)
             return err;
         configured[device] = 1;
     }
     q.prefetch_distance = (int64_t)(prefetch_generations() *
-                                    (double)resident_blocks(recurrent_smem_kernel<R>, cache, device, bytes));
-    recurrent_smem_kernel<R><<<(unsigned)items, REC_THREADS, bytes, stream>>>(q);
+                                    (double)resident_blocks(recurrent_smem_kernel<SDT, R>, cache, device, bytes));
+    recurrent_smem_kernel<SDT, R><<<(unsigned)items, REC_THREADS, bytes, stream>>>(q);
     return cudaGetLastError();
 }
 
-/* Where the fp32 state tile lives: GDP_DECODE_STATE=smem picks the shared-memory kernel,
- * anything else (default) the register kernel. Read at every launch (a getenv, far below a
- * launch's cost), so a test can compare the two kernels in one process. */
-bool state_in_smem() {
+/* Where the state tile lives. GDP_DECODE_STATE=smem | regs forces the shared-memory or the
+ * register kernel. By default an fp32 state takes the shared-memory kernel once the batch has
+ * at least REC_SMEM_MIN_PAIRS (request, head) pairs. Measured on the H200 (gdp-bench ops --op
+ * decode, H 16, K = V = 128, M 2; NOTES-ops.md v5): smem B=64 57.5 us vs 61.6, B=256 191.4 vs
+ * 217.5, B=1024 726.1 vs 840.2, H 32 V 64 M 3 B=256 233.2 vs 253.7; at B=1 (16 pairs, 16 of
+ * 132 SMs busy whichever kernel) the register kernel's 8.9 us beats 9.6. A 16-bit state
+ * always takes the shared-memory kernel: the register kernel holds 64 state values a thread
+ * there (168-183 registers, 2-3 blocks per SM) and ran slower than fp32 (B=256 285 us).
+ * Read at every launch (a getenv, far below a launch's cost), so a test can compare the two
+ * kernels in one process; both give the same bits. */
+constexpr int64_t REC_SMEM_MIN_PAIRS = 128;
+
+bool state_in_smem(const RecurrentParams &p, int state_dtype) {
     const char *e = getenv("GDP_DECODE_STATE");
-    return e != nullptr && strcmp(e, "smem") == 0;
+    if (e != nullptr && strcmp(e, "smem") == 0)
+        return true;
+    if (e != nullptr && strcmp(e, "regs") == 0)
+        return false;
+    return state_dtype != GDP_DTYPE_FP32 || p.B * p.H >= REC_SMEM_MIN_PAIRS;
 }
 
-cudaError_t dispatch_rows_smem(const RecurrentParams &p, int device, cudaStream_t stream) {
+template <int SDT> cudaError_t dispatch_rows_smem(const RecurrentParams &p, int device, cudaStream_t stream) {
     if (p.K <= 2 * REC_ROW_GROUPS)
-        return launch_recurrent_smem<2>(p, device, stream);
+        return launch_recurrent_smem<SDT, 2>(p, device, stream);
     if (p.K <= 4 * REC_ROW_GROUPS)
-        return launch_recurrent_smem<4>(p, device, stream);
+        return launch_recurrent_smem<SDT, 4>(p, device, stream);
     if (p.K <= 8 * REC_ROW_GROUPS)
-        return launch_recurrent_smem<8>(p, device, stream);
-    return launch_recurrent_smem<16>(p, device, stream);
+        return launch_recurrent_smem<SDT, 8>(p, device, stream);
+    return launch_recurrent_smem<SDT, 16>(p, device, stream);
 }
 
 /* R = rows per thread, the smallest of 2, 4, 8, 16 with 16 R >= K. */
@@ -812,10 +876,10 @@ template <int SDT, bool VEC> cudaError_t dispatch_rows(const RecurrentParams &p,
     return launch_recurrent<SDT, 16, VEC>(p, device, stream);
 }
 
+/* vec (16-byte columns) implies the shared-memory kernel's 16- or 8-byte accesses. */
 template <int SDT> cudaError_t dispatch_vec(const RecurrentParams &p, bool vec, int device, cudaStream_t stream) {
-    if constexpr (SDT == GDP_DTYPE_FP32)
-        if (vec && state_in_smem())
-            return dispatch_rows_smem(p, device, stream);
+    if (vec && state_in_smem(p, SDT))
+        return dispatch_rows_smem<SDT>(p, device, stream);
     return vec ? dispatch_rows<SDT, true>(p, device, stream) : dispatch_rows<SDT, false>(p, device, stream);
 }
 

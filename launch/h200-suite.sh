@@ -7,7 +7,7 @@
 # Usage: launch/h200-suite.sh [all|tests|bench|run|serve|loop|alone|experiments|sanitize]
 # (default all; the others are not part of all: serve times gdp-run at the serving shape,
 # loop and alone repeat the gpu tests GDP_LOOP_RUNS times under ctest -j4 and one at a time,
-# experiments times each measured switch both ways, sanitize runs every gpu test under
+# experiments times each measured switch every way, sanitize runs every gpu test under
 # compute-sanitizer, which takes far longer).
 #   GDP_BUILD_DIR            build folder (default build)
 #   GDP_SANITIZE_TOOLS       sanitizer tools, in order (default "memcheck racecheck")
@@ -78,11 +78,11 @@ if [ "$stage" = alone ]; then
     echo "gpu tests alone: $(grep -c ' Passed' "$out/alone.log") passed runs ($runs per test)"
 fi
 if [ "$stage" = experiments ]; then
-    # A/B of the switches under measurement (each off by default until its figure says so):
-    # GDP_DECODE_STATE (regs | smem: where the decode kernel keeps its fp32 state tile),
-    # GDP_GEMM_TUNE (0 | 8: time cuBLASLt's first 8 candidates per shape), GDP_CHUNK_STATE_VB
-    # (64 | 32 | 16: value columns per block of the chunk op's state sweep). A switch a build
-    # does not know changes nothing, so both lines of its pair then agree.
+    # A/B of the switches under measurement:
+    # GDP_DECODE_STATE (regs | smem: where the decode kernel keeps its state tile; each forces
+    # one kernel, the default picks by batch and dtype), GDP_CHUNK_STATE_VB (64 | 32 | 16: value
+    # columns per block of the chunk op's state sweep; unset, the launcher picks by SM fill).
+    # A switch a build does not know changes nothing, so the lines of its set then agree.
     for v in regs smem; do
         echo "## GDP_DECODE_STATE=$v"
         GDP_DECODE_STATE=$v "./$build/examples/gdp-bench" ops --op decode 2>&1 | grep -E "^decode|Out of"
@@ -91,11 +91,6 @@ if [ "$stage" = experiments ]; then
         echo "## GDP_CHUNK_STATE_VB=$v"
         GDP_CHUNK_STATE_VB=$v "./$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^chunk|^prefill|Out of"
     done 2>&1 | tee "$out/exp_chunk.log"
-    for v in 0 8; do
-        echo "## GDP_GEMM_TUNE=$v"
-        GDP_GEMM_TUNE=$v mpirun -n 1 "./$build/examples/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 \
-            -n 128 -m 2 -D 1,64,256 -P 2048,16384 2>&1 | grep -E "^ +(decode|prefill)|Out of"
-    done 2>&1 | tee "$out/exp_layer.log"
 fi
 if [ "$stage" = serve ]; then
     # gdp-run at the serving shape of docs/performance.md (8 layers, D 2048, H 16, G 4, P = N = 128,

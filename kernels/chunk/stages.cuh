@@ -30,13 +30,16 @@ namespace {
  * columns) leave most of the device idle. The columns of the state evolve independently
  * (state.cuh), so narrower blocks give more, lighter blocks with bitwise the same results: each
  * still walks the whole chain, but a step does 64 / VB times less tensor-core work. The widest
- * block whose grid still reaches one block per SM is chosen (fewest re-reads of w and K, see
- * kernels/NOTES-chunk.md); when even 16 columns do not reach it, 16. */
+ * block whose grid still fills three quarters of the SMs is chosen (fewest re-reads of w and
+ * K); when even 16 columns do not, 16. Measured on the H200 (kernels/NOTES-chunk.md): 8 x 2048
+ * (256 blocks at 64) 64 best, 1.00 ms vs 1.12 (32) and 1.36 (16); 1 x 16384 (32 blocks at 64)
+ * 16 best, 1.49 ms vs 1.72 and 1.98; H 32 V 64 4 x 2048 (128 blocks at 64, 97 % of the SMs)
+ * 64 best, 1.07 ms vs 1.12 (32): a nearly full grid of wide blocks beats a fuller one. */
 inline int choose_state_vb(int vp, int heads, int seqs, int sms) {
-    const int64_t items = (int64_t)heads * seqs;
-    if ((int64_t)(vp / 64) * items >= sms)
+    const int64_t items = (int64_t)heads * seqs, enough = (3 * (int64_t)sms + 3) / 4;
+    if ((int64_t)(vp / 64) * items >= enough)
         return 64;
-    if ((int64_t)(vp / 32) * items >= sms)
+    if ((int64_t)(vp / 32) * items >= enough)
         return 32;
     return 16;
 }
