@@ -42,6 +42,7 @@ struct CoreParams {
     int64_t slots, C;
     gdp_dtype_t x_dtype, w_dtype, b_dtype, state_dtype, act_dtype;
     bool w_vec, state_vec;
+    bool runs_vec; /* x, bias, weight and state bases allow VEC-channel vector accesses */
     int silu;
     /* prepare */
     const void *ba;            /* [n, 1, M H + H] rows strided by ba_row */
@@ -96,20 +97,44 @@ template <int VEC> __global__ void __launch_bounds__(CORE_THREADS) decode_core_k
     float y[VEC];
     if (has_slot) {
         float w[VEC][W], win[VEC][W], x_in[VEC], bias[VEC];
+        const int64_t st0 = (slot * p.C + ch0) * W;
+        if (p.runs_vec) { /* the VEC channels' weights and windows are VEC * W consecutive elements */
+            float *wf = &w[0][0], *sf = &win[0][0];
 #pragma unroll
-        for (int c = 0; c < VEC; c++) {
-            const int64_t ch = ch0 + c;
-            load_window<W>(p.conv_w, p.w_dtype, ch * W, p.w_vec, w[c]);
-            bias[c] = p.conv_b != nullptr ? load_as_float(p.conv_b, p.b_dtype, ch) : 0.0f;
-            load_window<W>(p.state, p.state_dtype, (slot * p.C + ch) * W, p.state_vec, win[c]);
-            x_in[c] = load_as_float(p.x, p.x_dtype, b * p.x_row + ch);
+            for (int k = 0; k < VEC * W; k += 8) {
+                load_vec_as_float<8>(p.conv_w, p.w_dtype, ch0 * W + k, *reinterpret_cast<float(*)[8]>(wf + k));
+                load_vec_as_float<8>(p.state, p.state_dtype, st0 + k, *reinterpret_cast<float(*)[8]>(sf + k));
+            }
+            load_vec_as_float<VEC>(p.x, p.x_dtype, b * p.x_row + ch0, x_in);
+            if (p.conv_b != nullptr)
+                load_vec_as_float<VEC>(p.conv_b, p.b_dtype, ch0, bias);
+            else
+#pragma unroll
+                for (int c = 0; c < VEC; c++)
+                    bias[c] = 0.0f;
+        } else {
+#pragma unroll
+            for (int c = 0; c < VEC; c++) {
+                const int64_t ch = ch0 + c;
+                load_window<W>(p.conv_w, p.w_dtype, ch * W, p.w_vec, w[c]);
+                bias[c] = p.conv_b != nullptr ? load_as_float(p.conv_b, p.b_dtype, ch) : 0.0f;
+                load_window<W>(p.state, p.state_dtype, st0 + c * W, p.state_vec, win[c]);
+                x_in[c] = load_as_float(p.x, p.x_dtype, b * p.x_row + ch);
+            }
         }
 #pragma unroll
         for (int c = 0; c < VEC; c++)
             y[c] = conv_step<W>(win[c], w[c], bias[c], p.silu, x_in[c]);
+        if (p.runs_vec) {
+            const float *sf = &win[0][0];
 #pragma unroll
-        for (int c = 0; c < VEC; c++)
-            store_window<W>(p.state, p.state_dtype, (slot * p.C + ch0 + c) * W, p.state_vec, win[c]);
+            for (int k = 0; k < VEC * W; k += 8)
+                store_vec_from_float<8>(p.state, p.state_dtype, st0 + k, *reinterpret_cast<const float(*)[8]>(sf + k));
+        } else {
+#pragma unroll
+            for (int c = 0; c < VEC; c++)
+                store_window<W>(p.state, p.state_dtype, st0 + c * W, p.state_vec, win[c]);
+        }
     } else {
 #pragma unroll
         for (int c = 0; c < VEC; c++)
@@ -190,6 +215,14 @@ extern "C" gdp_status_t gdp_cuda_decode_core(struct gdp_ctx *ctx, const gdp_conv
     p.act_dtype = prep->query.dtype;
     p.w_vec = window_rows_aligned(conv->weight);
     p.state_vec = window_rows_aligned(conv->conv_state);
+    /* A thread's VEC channels start at a multiple of VEC (C is one, by _fits), so with 16-byte
+     * aligned bases, a row stride of x that keeps rows aligned, and contiguous [C, W] rows of
+     * weight and state (checked by the op's front end), every run is one or more aligned
+     * 16-byte accesses. */
+    const int64_t xs = (int64_t)gdp_dtype_size(conv->x.dtype);
+    p.runs_vec = aligned_to(conv->x.data, 16) && (p.x_row * xs) % 16 == 0 && gdp_tensor_stride(&conv->x, 2) == 1 &&
+                 aligned_to(conv->weight.data, 16) && aligned_to(conv->conv_state.data, 16) &&
+                 (p.conv_b == nullptr || aligned_to(p.conv_b, 16));
     p.silu = conv->silu;
     p.ba = prep->ba.data;
     p.ba_row = gdp_tensor_stride(&prep->ba, 0);

@@ -193,14 +193,15 @@ template <int KP, int BV>
 __device__ __forceinline__ void stage_tile(const RecurrentParams &p, int64_t b, int h, int vb, int t0, int ns,
                                            float *qs, float *ks, float *vs, float *decay, float *betas) {
     const int tid = threadIdx.x;
+    /* one 64-bit base per tile, 32-bit offsets within it (j < 8 steps of H rows) */
+    const int64_t bth0 = (b * p.T + t0) * p.H + h;
+    const int64_t v_base = bth0 * p.V;
     float rv[REC_STAGE_UNROLL];
 #pragma unroll
     for (int u = 0; u < REC_STAGE_UNROLL; u++) {
         const int idx = tid + u * REC_THREADS;
         const int j = idx / BV, col = vb * BV + (idx - j * BV);
-        rv[u] = idx < ns * BV && col < p.V
-                    ? load_as_float(p.v, p.qkv_dtype, ((b * p.T + t0 + j) * p.H + h) * p.V + col)
-                    : 0.0f;
+        rv[u] = idx < ns * BV && col < p.V ? load_as_float(p.v, p.qkv_dtype, v_base + (j * p.H * p.V + col)) : 0.0f;
     }
     float g_raw = 0.0f, beta = 1.0f;
     if (tid < ns) {
@@ -217,7 +218,7 @@ __device__ __forceinline__ void stage_tile(const RecurrentParams &p, int64_t b, 
         for (int u = 0; u < REC_STAGE_UNROLL; u++) {
             const int idx = base + tid + u * REC_THREADS;
             const int j = idx / KP, kk = idx - j * KP;
-            const int64_t off = ((b * p.T + t0 + j) * p.H + h) * p.K + kk;
+            const int64_t off = bth0 * p.K + (j * p.H * p.K + kk);
             const bool ok = idx < total && kk < p.K;
             rq[u] = ok ? load_as_float(p.q, p.qkv_dtype, off) : 0.0f;
             rk[u] = ok ? load_as_float(p.k, p.qkv_dtype, off) : 0.0f;
@@ -244,9 +245,13 @@ __device__ __forceinline__ void stage_tile(const RecurrentParams &p, int64_t b, 
 }
 
 /* Shared-memory floats of one block's step area: q, k tiles [TS][16 R], v tile [TS][BV],
- * exp(g), beta and k.q per step, and two reduction buffers [warps][2 BV]. */
+ * exp(g), beta and k.q per step, and two reduction buffers [warps][2 BV], which start on a
+ * 16-byte boundary (step_readout reads them as float4). */
+__host__ __device__ constexpr int64_t recurrent_red_offset(int tile_steps, int kp, int bv) {
+    return (int64_t)tile_steps * (2 * kp + bv) + ((3 * (int64_t)tile_steps + 3) & ~(int64_t)3);
+}
 __host__ __device__ constexpr int64_t recurrent_smem_floats(int tile_steps, int kp, int bv) {
-    return (int64_t)tile_steps * (2 * kp + bv + 3) + 2 * REC_WARPS * 2 * bv;
+    return recurrent_red_offset(tile_steps, kp, bv) + 2 * REC_WARPS * 2 * bv;
 }
 
 /* Compile-time geometry of one kernel instance. */
@@ -265,11 +270,16 @@ template <int SDT, int R, bool VEC> constexpr int recurrent_min_blocks() {
 }
 
 /* The (request, head, value block) of work item `item` (value blocks fastest). */
+/* 32-bit: the launchers refuse grids past INT32_MAX items, and a 64-bit division by a
+ * runtime value is a long IMAD sequence (ncu: the decode kernels issue-bound, integer work
+ * a large share of it); two per block, for its item and its prefetch target. */
 __device__ __forceinline__ void item_coords(const RecurrentParams &p, int64_t item, int64_t &b, int &h, int &vb) {
-    vb = (int)(item % p.n_vblocks);
-    const int64_t bh = item / p.n_vblocks;
-    h = (int)(bh % p.H);
-    b = bh / p.H;
+    const uint32_t i = (uint32_t)item, nv = (uint32_t)p.n_vblocks, nh = (uint32_t)p.H;
+    const uint32_t bh = i / nv;
+    vb = (int)(i - bh * nv);
+    const uint32_t bq = bh / nh;
+    h = (int)(bh - bq * nh);
+    b = (int64_t)bq;
 }
 
 /* The state row of request b: its slot (cache mode; -1 and out-of-range slots count as
@@ -387,17 +397,39 @@ __device__ __forceinline__ void step_readout(const RecurrentParams &p, float (&s
         }
     }
     __syncthreads();
+    /* the same sums in the same order (warp 0 first), 4 columns per shared-memory access */
+    float a[CW], q[CW];
+    if constexpr (CW % 4 == 0) {
+#pragma unroll
+        for (int c = 0; c < CW; c += 4) {
+            const float4 a0 = *reinterpret_cast<const float4 *>(buf + cg * CW + c);
+            const float4 q0 = *reinterpret_cast<const float4 *>(buf + BV + cg * CW + c);
+            a[c] = a0.x, a[c + 1] = a0.y, a[c + 2] = a0.z, a[c + 3] = a0.w;
+            q[c] = q0.x, q[c + 1] = q0.y, q[c + 2] = q0.z, q[c + 3] = q0.w;
+#pragma unroll
+            for (int w = 1; w < REC_WARPS; w++) {
+                const float4 aw = *reinterpret_cast<const float4 *>(buf + w * 2 * BV + cg * CW + c);
+                const float4 qw = *reinterpret_cast<const float4 *>(buf + w * 2 * BV + BV + cg * CW + c);
+                a[c] += aw.x, a[c + 1] += aw.y, a[c + 2] += aw.z, a[c + 3] += aw.w;
+                q[c] += qw.x, q[c + 1] += qw.y, q[c + 2] += qw.z, q[c + 3] += qw.w;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int c = 0; c < CW; c++) {
+            a[c] = buf[cg * CW + c], q[c] = buf[BV + cg * CW + c];
+#pragma unroll
+            for (int w = 1; w < REC_WARPS; w++) {
+                a[c] += buf[w * 2 * BV + cg * CW + c];
+                q[c] += buf[w * 2 * BV + BV + cg * CW + c];
+            }
+        }
+    }
     float out[CW];
 #pragma unroll
     for (int c = 0; c < CW; c++) {
-        float a = buf[cg * CW + c], q = buf[BV + cg * CW + c];
-#pragma unroll
-        for (int w = 1; w < REC_WARPS; w++) {
-            a += buf[w * 2 * BV + cg * CW + c];
-            q += buf[w * 2 * BV + BV + cg * CW + c];
-        }
-        delta[c] = beta * (vj[cg * CW + c] - a);
-        out[c] = q + delta[c] * kqj;
+        delta[c] = beta * (vj[cg * CW + c] - a[c]);
+        out[c] = q[c] + delta[c] * kqj;
     }
     if (tid < REC_COL_GROUPS && col_ok) {
         const int64_t o_off = ((b * p.T + t) * p.H + h) * p.V + col0;
@@ -428,7 +460,7 @@ __device__ __forceinline__ void run_item(const RecurrentParams &p, int64_t b, in
     float *decay = vs + TS * BV; /* [TS] exp(g)                   */
     float *betas = decay + TS;   /* [TS]                          */
     float *kq = betas + TS;      /* [TS] k . q                    */
-    float *red = kq + TS;        /* [2][warps][2 BV]              */
+    float *red = area + recurrent_red_offset(TS, KP, BV); /* [2][warps][2 BV], 16-byte aligned */
     const bool has_g = p.g != nullptr;
 
     for (int t0 = 0; t0 < p.T; t0 += TS) {
@@ -515,7 +547,7 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, VEC>
     using G = RecGeom<SDT, R, VEC>;
     using Bits = typename G::Bits;
     constexpr int CW = G::CW, BV = G::BV, KP = G::KP;
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     const int tid = threadIdx.x;
     const int cg = tid % REC_COL_GROUPS, rg = tid / REC_COL_GROUPS;
     const BlockItems it = block_items(p);
@@ -610,7 +642,7 @@ __device__ __forceinline__ void run_item_smem(const RecurrentParams &p, int64_t 
     const int64_t KV = (int64_t)p.K * p.V;
     const int TS = p.tile_steps;
     float *qs = area, *ks = qs + TS * KP, *vs = ks + TS * KP, *decay = vs + TS * BV;
-    float *betas = decay + TS, *kq = betas + TS, *red = kq + TS;
+    float *betas = decay + TS, *kq = betas + TS, *red = area + recurrent_red_offset(TS, KP, BV);
     const bool has_g = p.g != nullptr;
 
     for (int t0 = 0; t0 < p.T; t0 += TS) {
