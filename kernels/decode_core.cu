@@ -184,12 +184,20 @@ bool window_rows_aligned(const gdp_tensor &t) {
 
 // kernel launchers
 
+/* Rows up to which the fused launch runs; above, the two ops. Measured on the H200 (ncu over
+ * gdp-bench layer, H 16, G 4, P = N = 128, M 2, bf16): B=1 fused 5.9 us vs the chain's 7.6
+ * (conv 4.0 + prepare 3.6), B=64 11.4 us (the chain not measured there; about 12 by the
+ * conv's line between B=1 and 256), B=256 33 us vs 25.6 (conv 20.2 + prepare 5.4): one thread
+ * per 8 channels with 94 registers keeps too little in flight once the batch fills the GPU;
+ * kernels/NOTES-ops.md. */
+constexpr int64_t CORE_MAX_ROWS = 64;
+
 extern "C" bool gdp_cuda_decode_core_fits(const gdp_conv1d_update_args *conv, const gdp_prepare_args *prep) {
     const int64_t es = (int64_t)gdp_dtype_size(prep->query.dtype), vec = 16 / es;
     return conv->x.shape[1] == 1 && !gdp_tensor_present(&conv->intermediate_conv_states) &&
            conv->weight.shape[1] == CORE_W && conv->y.dtype == prep->query.dtype && prep->head_dim % vec == 0 &&
            prep->state_dim % vec == 0 && aligned_to(prep->query.data, 16) && aligned_to(prep->key.data, 16) &&
-           aligned_to(prep->value.data, 16) && conv->x.shape[0] <= 65535;
+           aligned_to(prep->value.data, 16) && conv->x.shape[0] <= CORE_MAX_ROWS;
 }
 
 extern "C" gdp_status_t gdp_cuda_decode_core(struct gdp_ctx *ctx, const gdp_conv1d_update_args *conv,

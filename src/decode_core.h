@@ -18,7 +18,8 @@ gdp_status_t gdp_prepare_check(gdp_ctx_t ctx, const gdp_prepare_args *args, int 
 
 /* gdp_causal_conv1d_update(conv) then gdp_decode_prepare(prep), where prep->x is conv->y:
  * the same outputs (query, key, value, beta, g and the conv state) bit for bit. On CUDA,
- * with one token per request, no conv snapshots, width 4 and 16-byte runs, one launch
+ * with one token per request, no conv snapshots, width 4, 16-byte runs and at most 64
+ * requests (measured: faster there, slower at 256; kernels/decode_core.cu), one launch
  * that never writes conv->y (its contents are then unspecified); otherwise the two ops. */
 gdp_status_t gdp_decode_conv_prepare(gdp_ctx_t ctx, const gdp_conv1d_update_args *conv, const gdp_prepare_args *prep);
 
