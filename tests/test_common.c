@@ -305,3 +305,16 @@ bool test_same_bytes(const char *what, const gdp_tensor *a, const gdp_tensor *b)
     CHECK(ok, "%s: not bitwise equal (%zu vs %zu bytes)", what, na, nb);
     return ok;
 }
+
+void test_compare_fp32_or_1ulp(const char *what, const gdp_tensor *got, const gdp_tensor *ref, double atol,
+                               double rtol) {
+    if (got->dtype == GDP_DTYPE_FP32) {
+        test_compare_bar(what, got, ref, atol, rtol, GDP_DTYPE_FP32);
+        return;
+    }
+    int64_t where;
+    const int64_t ulp = test_max_ulp(got, ref, &where);
+    CHECK(ulp <= 1, "%s: %lld ulp at [%lld] (got %.9g, want %.9g); bar 1 ulp", what, (long long)ulp, (long long)where,
+          gdp_tensor_get(got, where), gdp_tensor_get(ref, where));
+    printf("  %-58s max %lld ulp over %lld elements\n", what, (long long)ulp, (long long)gdp_tensor_numel(got));
+}

@@ -110,6 +110,10 @@ double test_ulp_at(gdp_dtype_t dt, double x);
  * prints the largest |diff|. */
 bool test_compare_bar(const char *what, const gdp_tensor *got, const gdp_tensor *ref, double atol, double rtol,
                       gdp_dtype_t ulp_dtype);
+/* got vs a reference of the same dtype: fp32 within test_compare_bar(atol, rtol), a 16-bit
+ * dtype within one ulp (the largest distance printed). */
+void test_compare_fp32_or_1ulp(const char *what, const gdp_tensor *got, const gdp_tensor *ref, double atol,
+                               double rtol);
 /* The two views' spans bitwise equal (a failed check otherwise). */
 bool test_same_bytes(const char *what, const gdp_tensor *a, const gdp_tensor *b);
 

@@ -29,15 +29,7 @@ static int64_t bf16_ulp_distance_values(double a, double b) {
 
 /* y vs a reference y of the same dtype: fp32 within 1e-5, 16-bit within one ulp. */
 static void compare_y(const char *what, const gdp_tensor *got, const gdp_tensor *ref) {
-    if (got->dtype == GDP_DTYPE_FP32) {
-        test_compare_bar(what, got, ref, 1e-5, 1e-5, GDP_DTYPE_FP32);
-        return;
-    }
-    int64_t where;
-    const int64_t ulp = test_max_ulp(got, ref, &where);
-    CHECK(ulp <= 1, "%s: %lld ulp at [%lld] (got %.9g, want %.9g); bar 1 ulp", what, (long long)ulp, (long long)where,
-          gdp_tensor_get(got, where), gdp_tensor_get(ref, where));
-    printf("  %-58s max %lld ulp over %lld elements\n", what, (long long)ulp, (long long)gdp_tensor_numel(got));
+    test_compare_fp32_or_1ulp(what, got, ref, 1e-5, 1e-5);
 }
 
 static void conv_golden(void) {
@@ -449,26 +441,6 @@ static void conv_tests(test_rng *r) {
     conv_graphs(r, &ucases[1], &vcases[0]);
 }
 
-/* ==================================================================================== */
+#endif /* GDP_HAVE_CUDA */
 
-int main(void) {
-    const char *name = "test_conv_gpu";
-    if (!test_gpu_present(name))
-        return TEST_SKIP;
-    if (!test_gpu_job_init())
-        return test_finish(name);
-    test_rng rng;
-    test_rng_seed(&rng, 20261129);
-    conv_tests(&rng);
-    test_gpu_job_free();
-    return test_finish(name);
-}
-
-#else /* !GDP_HAVE_CUDA */
-
-int main(void) {
-    printf("test_conv_gpu: skipped: this libgdp was built without the CUDA backend\n");
-    return TEST_SKIP;
-}
-
-#endif
+TEST_GPU_MAIN("test_conv_gpu", conv_tests, 20261129)

@@ -501,26 +501,6 @@ static void decode_tests(test_rng *r) {
         decode_tokens_vs_single(r, &multi[i]);
 }
 
-/* ==================================================================================== */
+#endif /* GDP_HAVE_CUDA */
 
-int main(void) {
-    const char *name = "test_decode_gpu";
-    if (!test_gpu_present(name))
-        return TEST_SKIP;
-    if (!test_gpu_job_init())
-        return test_finish(name);
-    test_rng rng;
-    test_rng_seed(&rng, 20261129);
-    decode_tests(&rng);
-    test_gpu_job_free();
-    return test_finish(name);
-}
-
-#else /* !GDP_HAVE_CUDA */
-
-int main(void) {
-    printf("test_decode_gpu: skipped: this libgdp was built without the CUDA backend\n");
-    return TEST_SKIP;
-}
-
-#endif
+TEST_GPU_MAIN("test_decode_gpu", decode_tests, 20261129)

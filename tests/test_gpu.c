@@ -1,7 +1,7 @@
 /*
  * test_gpu.c: the GPU tests' shared helpers (see test_gpu.h): GPU usability and the skip on
- * every rank, the one-process job's contexts and stream, device copies of tensor views, and
- * graph capture and replay.
+ * every rank, a one-process GPU test's main and its job's contexts and stream, device copies of
+ * tensor views, and graph capture and replay.
  */
 #include "test_gpu.h"
 
@@ -41,6 +41,24 @@ bool test_gpu_all_ranks_usable(int usable, const char *name, const char *why) {
     if (!all && !usable)
         printf("%s: skipped on rank %d: %s\n", name, rank, why);
     return all != 0;
+}
+
+int test_gpu_main(const char *name, void (*tests)(test_rng *rng), uint64_t seed) {
+#ifdef GDP_HAVE_CUDA
+    if (!test_gpu_present(name))
+        return TEST_SKIP;
+    if (!test_gpu_job_init())
+        return test_finish(name);
+    test_rng rng;
+    test_rng_seed(&rng, seed);
+    tests(&rng);
+    test_gpu_job_free();
+    return test_finish(name);
+#else
+    (void)tests, (void)seed;
+    printf("%s: skipped: this libgdp was built without the CUDA backend\n", name);
+    return TEST_SKIP;
+#endif
 }
 
 #ifdef GDP_HAVE_CUDA

@@ -1,10 +1,10 @@
 /*
  * test_gpu.h: what the GPU test programs share beside test_common.h: whether this process
- * (or every rank of the job) can run on a GPU, and the skip that follows; and, in a CUDA
- * build, the CUDA_OK check that counts a failed runtime call as a failed check, the process's
- * GPU and CPU contexts on a blocking stream, device copies of host tensor views (same
- * strides, absent stays absent), sentinel-filled device outputs, and CUDA-graph capture and
- * replay of one op call. The multi-rank layer tests use only the usability checks (their
+ * (or every rank of the job) can run on a GPU, and the skip that follows; the main of a
+ * one-process GPU test; and, in a CUDA build, the CUDA_OK check that counts a failed runtime
+ * call as a failed check, the process's GPU and CPU contexts on a blocking stream, device
+ * copies of host tensor views (same strides, absent stays absent), sentinel-filled device
+ * outputs, and CUDA-graph capture and replay of one op call. The multi-rank layer tests use only the usability checks (their
  * device memory is layer_harness.h's).
  */
 #ifndef GDP_TEST_GPU_H
@@ -22,6 +22,19 @@ int test_gpu_usable(char *why, size_t n, int *gpus);
  * whether every rank of MPI_COMM_WORLD is usable; prints "<name>: skipped on rank r: <why>"
  * on the ranks that are not. */
 bool test_gpu_all_ranks_usable(int usable, const char *name, const char *why);
+
+/* The whole of a one-process GPU test program: without a CUDA build or a visible GPU prints
+ * why and returns TEST_SKIP; else makes the job (test_gpu_job_init), runs tests on a test_rng
+ * seeded with seed, frees the job and returns test_finish(name). */
+int test_gpu_main(const char *name, void (*tests)(test_rng *rng), uint64_t seed);
+/* A program's main: test_gpu_main(name, tests, seed); tests need not exist without CUDA. */
+#ifdef GDP_HAVE_CUDA
+#define TEST_GPU_MAIN(name, tests, seed) \
+    int main(void) { return test_gpu_main((name), (tests), (seed)); }
+#else
+#define TEST_GPU_MAIN(name, tests, seed) \
+    int main(void) { return test_gpu_main((name), NULL, (seed)); }
+#endif
 
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime_api.h>

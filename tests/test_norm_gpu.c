@@ -55,15 +55,7 @@ static void norm_golden(void) {
 
 /* out vs a CPU out of the same dtype: fp32 within 1e-5 relative, 16-bit within one ulp. */
 static void compare_norm_out(const char *what, const gdp_tensor *got, const gdp_tensor *ref) {
-    if (got->dtype == GDP_DTYPE_FP32) {
-        test_compare_bar(what, got, ref, 0, 1e-5, GDP_DTYPE_FP32);
-        return;
-    }
-    int64_t where;
-    const int64_t ulp = test_max_ulp(got, ref, &where);
-    CHECK(ulp <= 1, "%s: %lld ulp at [%lld] (got %.9g, want %.9g); bar 1 ulp", what, (long long)ulp, (long long)where,
-          gdp_tensor_get(got, where), gdp_tensor_get(ref, where));
-    printf("  %-58s max %lld ulp over %lld elements\n", what, (long long)ulp, (long long)gdp_tensor_numel(got));
+    test_compare_fp32_or_1ulp(what, got, ref, 0, 1e-5);
 }
 
 typedef struct norm_cfg {
@@ -176,26 +168,6 @@ static void norm_tests(test_rng *r) {
         norm_vs_cpu(r, &cases[i]);
 }
 
-/* ==================================================================================== */
+#endif /* GDP_HAVE_CUDA */
 
-int main(void) {
-    const char *name = "test_norm_gpu";
-    if (!test_gpu_present(name))
-        return TEST_SKIP;
-    if (!test_gpu_job_init())
-        return test_finish(name);
-    test_rng rng;
-    test_rng_seed(&rng, 20261129);
-    norm_tests(&rng);
-    test_gpu_job_free();
-    return test_finish(name);
-}
-
-#else /* !GDP_HAVE_CUDA */
-
-int main(void) {
-    printf("test_norm_gpu: skipped: this libgdp was built without the CUDA backend\n");
-    return TEST_SKIP;
-}
-
-#endif
+TEST_GPU_MAIN("test_norm_gpu", norm_tests, 20261129)

@@ -253,26 +253,6 @@ static void prepare_tests(test_rng *r) {
     prepare_graph(r, &cases[6]);
 }
 
-/* ==================================================================================== */
+#endif /* GDP_HAVE_CUDA */
 
-int main(void) {
-    const char *name = "test_prepare_gpu";
-    if (!test_gpu_present(name))
-        return TEST_SKIP;
-    if (!test_gpu_job_init())
-        return test_finish(name);
-    test_rng rng;
-    test_rng_seed(&rng, 20261129);
-    prepare_tests(&rng);
-    test_gpu_job_free();
-    return test_finish(name);
-}
-
-#else /* !GDP_HAVE_CUDA */
-
-int main(void) {
-    printf("test_prepare_gpu: skipped: this libgdp was built without the CUDA backend\n");
-    return TEST_SKIP;
-}
-
-#endif
+TEST_GPU_MAIN("test_prepare_gpu", prepare_tests, 20261129)
