@@ -44,6 +44,9 @@ typedef struct bench_opt {
     const char    *choices; /* BENCH_OPT_CHOICE: "auto|cpu|cuda"                  */
 } bench_opt;
 
+/* The most options a benchmark's table holds (its table functions assert it). */
+#define BENCH_MAX_OPTS 16
+
 enum { BENCH_PARSE_OK = 0, BENCH_PARSE_HELP = 1, BENCH_PARSE_ERROR = 2 };
 
 /* Sets every option to its default, then parses argv[first..argc) ("--name V", "-f V"; -h or

@@ -418,6 +418,7 @@ static int layer_table(layer_opts *o, bench_opt *t) {
          "T/C rows around it (docs/cp.md; CP groups over MPI)",
          &o->cp, 1, 1 << 20, NULL},
     };
+    _Static_assert(sizeof opts / sizeof opts[0] <= BENCH_MAX_OPTS, "the table outgrows BENCH_MAX_OPTS");
     memcpy(t, opts, sizeof opts);
     return (int)(sizeof opts / sizeof opts[0]);
 }
@@ -434,7 +435,7 @@ static int rank_if_inited(void) {
 int gdp_bench_layer_main(int argc, char **argv) {
     layer_opts o;
     memset(&o, 0, sizeof o);
-    bench_opt table[16];
+    bench_opt table[BENCH_MAX_OPTS];
     const int n_opts = layer_table(&o, table);
     const int parsed = bench_parse("gdp-bench layer", LAYER_SYNOPSIS, table, n_opts, argc, argv, 1, rank_if_inited() == 0);
     if (parsed != BENCH_PARSE_OK)
@@ -717,6 +718,7 @@ static int coll_table(coll_opts *o, bench_opt *t) {
         {"warmup", 'w', BENCH_OPT_INT, "5", "untimed calls before timing", &o->warmup, 0, 1000000, NULL},
         {"iters", 'i', BENCH_OPT_INT, "20", "timed calls (median)", &o->iters, 1, 1000000, NULL},
     };
+    _Static_assert(sizeof opts / sizeof opts[0] <= BENCH_MAX_OPTS, "the table outgrows BENCH_MAX_OPTS");
     memcpy(t, opts, sizeof opts);
     return (int)(sizeof opts / sizeof opts[0]);
 }
@@ -745,7 +747,7 @@ static int run_collective(void *p) {
 int gdp_bench_coll_main(int argc, char **argv) {
     coll_opts o;
     memset(&o, 0, sizeof o);
-    bench_opt table[8];
+    bench_opt table[BENCH_MAX_OPTS];
     const int n_opts = coll_table(&o, table);
     const int parsed = bench_parse("gdp-bench coll", "[options]   (under mpirun)", table, n_opts, argc, argv, 1,
                                    rank_if_inited() == 0);

@@ -51,6 +51,7 @@ static int ops_table(ops_opts *o, bench_opt *t) {
         {"iters", 'i', BENCH_OPT_INT, "20", "timed calls per row", &o->iters, 10, 1000000, NULL},
         {"warmup", 'w', BENCH_OPT_INT, "3", "untimed calls before timing", &o->warmup, 0, 1000000, NULL},
     };
+    _Static_assert(sizeof opts / sizeof opts[0] <= BENCH_MAX_OPTS, "the table outgrows BENCH_MAX_OPTS");
     memcpy(t, opts, sizeof opts);
     return (int)(sizeof opts / sizeof opts[0]);
 }
@@ -680,7 +681,7 @@ int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "coll") == 0)
         return gdp_bench_coll_main(argc - 1, argv + 1);
     ops_opts o;
-    bench_opt table[8];
+    bench_opt table[BENCH_MAX_OPTS];
     const int n_opts = ops_table(&o, table);
     if (argc < 2 || strcmp(argv[1], "ops") != 0) {
         bench_usage(argc < 2 ? stderr : stdout, "gdp-bench", OPS_SYNOPSIS, table, n_opts);
