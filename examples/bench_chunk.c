@@ -6,17 +6,19 @@
  * tokens/s, the FLOP and byte floors of the shape and the fraction of the FLOP floor reached,
  * and Megatron's time with descriptors beside ours. "#wrong" counts non-finite outputs plus
  * elements that differ between the first and the last call (the op is deterministic).
- *   usage: bench_chunk [-n ITERS] [-r ROW]   (ITERS >= 10, default 20; ROW 1..5, default all)
+ *   usage: bench_chunk [-n|--iters ITERS] [-r|--row ROW]   (ITERS: at least 10 are run, default 20;
+ *                                                           ROW 1..5, 0 = all, the default)
+ * Options, the event-timed loops and the column line: bench_common.h.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_common.h"
 #include "gdp/gdp.h"
 
 #ifdef GDP_HAVE_CUDA
-#include <cuda_runtime_api.h>
 
 #define CHUNK_C 64.0
 #define PEAK_FLOPS 7.9e14 /* bf16 dense, measured 8192^3 GEMM on this H200 model (performance.md) */
@@ -56,13 +58,9 @@ static const bench_row ROWS[5] = {
 };
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint64_t rng_next(void) {
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 2685821657736338717ull;
+static float rng_uniform(float lo, float hi) {
+    return lo + (hi - lo) * (float)((bench_xorshift64s(&rng_state) >> 40) * 0x1.0p-24);
 }
-static float rng_uniform(float lo, float hi) { return lo + (hi - lo) * (float)((rng_next() >> 40) * 0x1.0p-24); }
 
 static void *upload_bf16(int64_t n, float lo, float hi) {
     uint16_t *h = malloc((size_t)n * 2);
@@ -93,11 +91,6 @@ static void *upload_i32(const int32_t *h, int64_t n) {
     return d;
 }
 
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
 static gdp_tensor view(void *data, gdp_dtype_t dt, int32_t ndim, int64_t a, int64_t b, int64_t c, int64_t d) {
     int64_t shape[4] = {a, b, c, d};
     gdp_tensor t;
@@ -105,7 +98,28 @@ static gdp_tensor view(void *data, gdp_dtype_t dt, int32_t ndim, int64_t a, int6
     return t;
 }
 
-/* Times `iters` eager calls and `iters` graph replays; fills med/min/max in ms. */
+/* One timed call (bench_time_events'): the op eagerly, or its graph replayed. */
+typedef struct chunk_call {
+    gdp_ctx_t ctx;
+    gdp_chunk_args *a;
+    cudaGraphExec_t exec;
+    cudaStream_t stream;
+} chunk_call;
+
+static int eager_call(void *p) {
+    const chunk_call *c = p;
+    GDP_RUN(gdp_chunk_gated_delta_product_varlen(c->ctx, c->a));
+    return 0;
+}
+
+static int graph_call(void *p) {
+    const chunk_call *c = p;
+    CUDA_RUN(cudaGraphLaunch(c->exec, c->stream));
+    return 0;
+}
+
+/* Times `iters` eager calls and `iters` graph replays (us, sorted: the printed median is the
+ * upper middle value). */
 static void time_row(const bench_row *row, int iters) {
     const int64_t H = row->H, K = row->K, V = row->V, M = row->M, N = row->n_seq;
     int32_t cu[9] = {0};
@@ -162,17 +176,10 @@ static void time_row(const bench_row *row, int iters) {
     CUDA_RUN(cudaStreamSynchronize(stream));
     CUDA_RUN(cudaMemcpy(first, o, o_bytes, cudaMemcpyDeviceToHost));
 
-    cudaEvent_t e0, e1;
-    CUDA_RUN(cudaEventCreate(&e0));
-    CUDA_RUN(cudaEventCreate(&e1));
-    float *eager = malloc(sizeof(float) * (size_t)iters), *graph = malloc(sizeof(float) * (size_t)iters);
-    for (int it = 0; it < iters; it++) {
-        CUDA_RUN(cudaEventRecord(e0, stream));
-        GDP_RUN(gdp_chunk_gated_delta_product_varlen(ctx, &a));
-        CUDA_RUN(cudaEventRecord(e1, stream));
-        CUDA_RUN(cudaEventSynchronize(e1));
-        CUDA_RUN(cudaEventElapsedTime(&eager[it], e0, e1));
-    }
+    double *eager = malloc(sizeof(double) * (size_t)iters), *graph = malloc(sizeof(double) * (size_t)iters);
+    chunk_call call = {.ctx = ctx, .a = &a, .exec = NULL, .stream = stream};
+    if (bench_time_events("bench_chunk", stream, 0, iters, eager_call, NULL, &call, eager) != 0)
+        exit(1);
     cudaGraph_t gr;
     cudaGraphExec_t ex;
     CUDA_RUN(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
@@ -180,37 +187,31 @@ static void time_row(const bench_row *row, int iters) {
     CUDA_RUN(cudaStreamEndCapture(stream, &gr));
     CUDA_RUN(cudaGraphInstantiate(&ex, gr, 0));
     CUDA_RUN(cudaGraphLaunch(ex, stream));
-    for (int it = 0; it < iters; it++) {
-        CUDA_RUN(cudaEventRecord(e0, stream));
-        CUDA_RUN(cudaGraphLaunch(ex, stream));
-        CUDA_RUN(cudaEventRecord(e1, stream));
-        CUDA_RUN(cudaEventSynchronize(e1));
-        CUDA_RUN(cudaEventElapsedTime(&graph[it], e0, e1));
-    }
+    call.exec = ex;
+    if (bench_time_events("bench_chunk", stream, 0, iters, graph_call, NULL, &call, graph) != 0)
+        exit(1);
     CUDA_RUN(cudaMemcpy(last, o, o_bytes, cudaMemcpyDeviceToHost));
     int64_t wrong = 0;
     for (int64_t i = 0; i < (int64_t)(o_bytes / 2); i++) {
         float x = gdp_bf16_to_float(last[i]);
         wrong += !isfinite(x) || first[i] != last[i];
     }
-    qsort(eager, (size_t)iters, sizeof(float), cmp_float);
-    qsort(graph, (size_t)iters, sizeof(float), cmp_float);
+    bench_sort(eager, iters);
+    bench_sort(graph, iters);
 
     const double C = CHUNK_C;
     const double flop_tok = M * (6 * C * K + 4 * C * V + 2 * C * C / 3 + 4.0 * K * V) + 2.0 * K * V;
     const double bytes_tok = 2.0 * K + 2.0 * M * K + 2.0 * M * V + 2.0 * V + 4.0 * M + 4;
     const double t_flop = (double)T * H * flop_tok / PEAK_FLOPS * 1e3, t_byte = (double)T * H * bytes_tok / PEAK_BYTES * 1e3;
-    const double med = graph[iters / 2];
+    const double med = graph[iters / 2] * 1e-3; /* ms */
     printf("%-28s %6lld %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %8.2f %8.1f %7.1f%% %8.1f %6.2fx %6lld\n", row->label,
-           (long long)T, eager[iters / 2] * 1e3, eager[0] * 1e3, eager[iters - 1] * 1e3, med * 1e3, graph[0] * 1e3,
-           graph[iters - 1] * 1e3, T / (med * 1e-3) / 1e6, t_flop * 1e3, 100.0 * t_flop / med, t_byte * 1e3,
-           row->megatron_ms / med, (long long)wrong);
+           (long long)T, eager[iters / 2], eager[0], eager[iters - 1], med * 1e3, graph[0], graph[iters - 1],
+           T / (med * 1e-3) / 1e6, t_flop * 1e3, 100.0 * t_flop / med, t_byte * 1e3, row->megatron_ms / med,
+           (long long)wrong);
     fflush(stdout);
 
     cudaGraphExecDestroy(ex);
     cudaGraphDestroy(gr);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
     gdp_ctx_free(ctx);
     cudaStreamDestroy(stream);
     void *bufs[] = {q, k, v, beta, g, h0, d_cu, d_ci, d_cidp, d_co, o, fs};
@@ -221,16 +222,14 @@ static void time_row(const bench_row *row, int iters) {
 
 int main(int argc, char **argv) {
     int iters = 20, only = 0;
-    for (int i = 1; i < argc; i++) {
-        if ((!strcmp(argv[i], "-n") || !strcmp(argv[i], "--iters")) && i + 1 < argc)
-            iters = atoi(argv[++i]);
-        else if ((!strcmp(argv[i], "-r") || !strcmp(argv[i], "--row")) && i + 1 < argc)
-            only = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: %s [-n ITERS >= 10] [-r ROW 1..5]\n", argv[0]);
-            return 2;
-        }
-    }
+    const bench_opt opts[] = {
+        {"iters", 'n', BENCH_OPT_INT, "20", "calls per row, eager and replayed (at least 10 are run)", &iters, 1,
+         1000000, NULL},
+        {"row", 'r', BENCH_OPT_INT, "0", "the one row to run, 1..5 (0: all)", &only, 0, 5, NULL},
+    };
+    const int parsed = bench_parse("bench_chunk", "[options]", opts, 2, argc, argv, 1, true);
+    if (parsed != BENCH_PARSE_OK)
+        return parsed == BENCH_PARSE_HELP ? 0 : 2;
     if (iters < 10)
         iters = 10;
     int dev = 0;
@@ -245,8 +244,10 @@ int main(int argc, char **argv) {
            iters);
     printf("# floors: FLOP = T H (M (6CK + 4CV + 2C^2/3 + 4KV) + 2KV) at 790 TFLOP/s; bytes = T H (2K + 2MK + 2MV + "
            "2V + 4M + 4) at 4.17 TB/s\n");
-    printf("%-28s %6s %9s %9s %9s %9s %9s %9s %8s %8s %8s %8s %7s %6s\n", "# shape", "tokens", "eager_us", "min",
-           "max", "graph_us", "min", "max", "Mtok/s", "flop_us", "%flop", "byte_us", "vsMeg", "#wrong");
+    static const bench_col cols[] = {{"# shape", -28}, {"tokens", 6},  {"eager_us", 9}, {"min", 9},     {"max", 9},
+                                     {"graph_us", 9},  {"min", 9},     {"max", 9},      {"Mtok/s", 8},  {"flop_us", 8},
+                                     {"%flop", 8},     {"byte_us", 8}, {"vsMeg", 7},    {"#wrong", 6}};
+    bench_print_columns("", cols, (int)(sizeof cols / sizeof cols[0]));
     for (int r = 0; r < 5; r++)
         if (only == 0 || only == r + 1)
             time_row(&ROWS[r], iters);

@@ -3,12 +3,12 @@
  * group, printed in the nccl-tests format (# header with the version, config and rank map;
  * fixed-width columns; "# Out of bounds values" and "# Avg bus bandwidth" footers).
  *
- *   gdp-bench-layer layer [options]  decode and prefill steps of a GDP layer stack (the
+ *   gdp-bench layer [options]  decode and prefill steps of a GDP layer stack (the
  *       layers' forward pass: GEMMs, GDP ops, the all-reduce per layer), TP over the ranks
  *       (with --cp C: tp = ranks / C TP groups x C CP ranks, docs/cp.md);
  *       #wrong counts output elements off the TP = 1 stack's by more than the bar of
  *       gdp-math.md 8.1 (layer deltas: 1e-5 max|ref| on the CPU, 2e-2 on CUDA)
- *   gdp-bench-layer coll [options]   the TP collectives at layer message sizes (tokens x D):
+ *   gdp-bench coll [options]   the TP collectives at layer message sizes (tokens x D):
  *       all-reduce (after out_proj), reduce-scatter and all-gather (sequence parallel), on
  *       integer-valued data whose sums are exact, so #wrong must be 0
  *
@@ -18,20 +18,19 @@
  * busbw then uses the TP group's size). Times are medians over the iterations
  * (the host clock around a synchronized call), eager and, where the comm allows, with the
  * step captured as one CUDA graph and replayed (as gdp-run runs it); the phase columns split
- * one eager step by the library's marks (include/gdp/profile.h). The entry points gdp_bench_layer_main and
- * gdp_bench_coll_main are meant for gdp-bench; compiled with GDP_BENCH_LAYER_NO_MAIN this
- * file has no main().
+ * one eager step by the library's marks (include/gdp/profile.h). gdp-bench (gdp_bench.c) calls
+ * the entry points gdp_bench_layer_main and gdp_bench_coll_main; options, timing loops and
+ * footers are bench_common.h's.
  */
-#include <errno.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "bench_common.h"
 #include "gdp/cache.h"
 #include "gdp/checkpoint.h"
 #include "gdp/comm.h"
@@ -42,9 +41,6 @@
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
-
-int gdp_bench_layer_main(int argc, char **argv);
-int gdp_bench_coll_main(int argc, char **argv);
 
 /* ---- shared ----------------------------------------------------------------------------- */
 
@@ -57,22 +53,6 @@ typedef struct bench_env {
     int32_t       device;
     void         *stream;   /* the ctx's own stream (CUDA): graphs cannot capture the legacy one */
 } bench_env;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* Buffers of the backend: host memory on the CPU, device memory on CUDA. */
 static void *buf_alloc(const bench_env *e, size_t bytes) {
@@ -160,7 +140,7 @@ static int env_init(bench_env *e, int *argc, char ***argv, const char *backend) 
         cuda = all != 0;
     } else if (!cuda && strcmp(backend, "cpu")) {
         if (e->rank == 0)
-            fprintf(stderr, "gdp-bench-layer: backend '%s': use auto, cpu or cuda\n", backend);
+            fprintf(stderr, "gdp-bench: backend '%s': use auto, cpu or cuda\n", backend);
         return 2;
     }
     e->backend = cuda ? GDP_BACKEND_CUDA : GDP_BACKEND_CPU;
@@ -213,24 +193,6 @@ static void print_rank_map(const bench_env *e) {
     free(all);
 }
 
-/* Parses "1,8,64" into v (at most cap values, each >= 1). Returns the count, -1 if bad. */
-static int parse_list(const char *s, int32_t *v, int cap) {
-    int n = 0;
-    const char *p = s;
-    while (*p && n < cap) {
-        char *end = NULL;
-        errno = 0;
-        long x = strtol(p, &end, 10);
-        if (errno || end == p || x < 1 || x > (1 << 24))
-            return -1;
-        v[n++] = (int32_t)x;
-        p = *end == ',' ? end + 1 : end;
-        if (*end != ',' && *end != '\0')
-            return -1;
-    }
-    return n;
-}
-
 static const char *comm_name(const bench_env *e) {
     const char *name = "none (1 rank)";
     if (e->comm != NULL)
@@ -242,12 +204,15 @@ static const char *comm_name(const bench_env *e) {
 
 #define MAX_CASES 32
 
+_Static_assert(MAX_CASES <= BENCH_MAX_LIST, "a case list holds MAX_CASES entries");
+
 typedef struct layer_opts {
     const char      *backend;
     gdp_layer_config cfg;
-    int32_t          decode[MAX_CASES], prefill[MAX_CASES];
-    int              n_decode, n_prefill, warmup, iters, check;
-    int32_t          cp; /* context-parallel size; tp = ranks / cp */
+    bench_list       decode, prefill;
+    int              warmup, iters, check;
+    int              cp; /* context-parallel size; tp = ranks / cp */
+    int              hidden, layers, heads, groups, head_dim, state_dim, householder; /* into cfg */
 } layer_opts;
 
 /* A layer stack on this rank with its cache and plan (tp = size of comm, or 1; with cp_comm a
@@ -337,6 +302,28 @@ static void stack_forward(stack *s, const bench_env *e, const gdp_step_metadata 
         GDP_FATAL_IF_ERROR(e->comm, gdp_layer_forward(s->layers[l], s->cache, m, &xt));
 }
 
+/* Every rank at the same point before a timed call (bench_time_host's before). */
+static int barrier(void *p) {
+    const bench_env *e = *(const bench_env *const *)p;
+    if (e->comm)
+        gdp_comm_barrier(e->comm, NULL);
+    return 0;
+}
+
+#ifdef GDP_HAVE_CUDA
+typedef struct graph_replay {
+    const bench_env *e; /* first: barrier() reads it */
+    cudaGraphExec_t exec;
+} graph_replay;
+
+static int replay_graph(void *p) {
+    const graph_replay *r = p;
+    cudaGraphLaunch(r->exec, (cudaStream_t)r->e->stream);
+    cudaStreamSynchronize((cudaStream_t)r->e->stream);
+    return 0;
+}
+#endif
+
 /* The step's forward captured as one CUDA graph and replayed: the median seconds of iters
  * replays, or -1 where a graph cannot hold the step (CPU, host-staged MPI collectives, CP). */
 static double graph_time(stack *s, const bench_env *e, const gdp_step_metadata *m, void *x, int64_t D, int iters,
@@ -355,20 +342,13 @@ static double graph_time(stack *s, const bench_env *e, const gdp_step_metadata *
     stack_forward(s, e, m, x, D);
     if (cudaStreamEndCapture(st, &g) != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess)
         GDP_FATAL(e->comm, "capturing the layer step as a CUDA graph failed: %s", cudaGetErrorString(cudaGetLastError()));
-    for (int it = 0; it < 3 + iters; it++) {
-        if (e->comm)
-            gdp_comm_barrier(e->comm, NULL);
-        const double t0 = now_s();
-        cudaGraphLaunch(ge, st);
-        cudaStreamSynchronize(st);
-        if (it >= 3)
-            times[it - 3] = now_s() - t0;
-    }
+    graph_replay r = {.e = e, .exec = ge};
+    bench_time_host(3, iters, replay_graph, barrier, &r, times);
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
     if (cudaGetLastError() != cudaSuccess)
         GDP_FATAL(e->comm, "replaying the layer step's graph failed");
-    return median(times, iters);
+    return bench_median(times, iters);
 #else
     (void)s, (void)e, (void)m, (void)x, (void)D, (void)iters, (void)times;
     return -1;
@@ -390,10 +370,8 @@ static gdp_phase_times step_phases(stack *s, const bench_env *e, const gdp_step_
 static void fill_rows(float *x, int64_t rows, int64_t D, uint64_t seed) {
     uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
     for (int64_t i = 0; i < rows * D; i += 2) {
-        s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
-        const double u1 = ((double)((s * 2685821657736338717ull) >> 11) + 0.5) * 0x1.0p-53;
-        s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
-        const double u2 = ((double)((s * 2685821657736338717ull) >> 11) + 0.5) * 0x1.0p-53;
+        const double u1 = ((double)(bench_xorshift64s(&s) >> 11) + 0.5) * 0x1.0p-53;
+        const double u2 = ((double)(bench_xorshift64s(&s) >> 11) + 0.5) * 0x1.0p-53;
         const double r = 0.05 * sqrt(-2 * log(u1));
         x[i] = (float)(r * cos(6.283185307179586 * u2));
         if (i + 1 < rows * D)
@@ -414,78 +392,60 @@ static int64_t count_wrong(const float *in, const float *a, const float *b, int6
     return wrong;
 }
 
-static int layer_usage(int rank) {
-    if (rank == 0)
-        printf("usage: gdp-bench-layer layer [options]\n"
-               "  -b, --backend auto|cpu|cuda   (auto)\n"
-               "  -d, --hidden D -l, --layers L -H, --heads H -g, --groups G -p, --head-dim P\n"
-               "  -n, --state-dim N -m, --householder M   (256 2 16 4 64 64 2)\n"
-               "  -D, --decode LIST   decode batches, e.g. 1,8,64   (1,4,16,64)\n"
-               "  -P, --prefill LIST  prefill tokens, e.g. 64,1024  (64,256,1024)\n"
-               "  -w, --warmup N -i, --iters N   (2 10)\n"
-               "  -c, --check 0|1     compare with a TP = 1 stack (#wrong)   (1)\n"
-               "  -C, --cp C          context parallelism: tp = ranks / C, each rank's layer core on H/(tp*C) heads\n"
-               "                      of every row, its block of T/C rows around it (docs/cp.md; CP groups over MPI) (1)\n");
-    return 0;
+static const char *const LAYER_SYNOPSIS = "[options]   (under mpirun)";
+
+/* The layer benchmark's options (defaults: a small stack that runs anywhere). */
+static int layer_table(layer_opts *o, bench_opt *t) {
+    const long big = 1 << 24;
+    const bench_opt opts[] = {
+        {"backend", 'b', BENCH_OPT_CHOICE, "auto", "the backend (auto: CUDA when every rank has a GPU)", &o->backend,
+         0, 0, "auto|cpu|cuda"},
+        {"hidden", 'd', BENCH_OPT_INT, "256", "hidden size D", &o->hidden, 1, big, NULL},
+        {"layers", 'l', BENCH_OPT_INT, "2", "layers L", &o->layers, 1, 1024, NULL},
+        {"heads", 'H', BENCH_OPT_INT, "16", "heads H", &o->heads, 1, big, NULL},
+        {"groups", 'g', BENCH_OPT_INT, "4", "key groups G", &o->groups, 1, big, NULL},
+        {"head-dim", 'p', BENCH_OPT_INT, "64", "head dimension P", &o->head_dim, 1, big, NULL},
+        {"state-dim", 'n', BENCH_OPT_INT, "64", "state dimension N", &o->state_dim, 1, big, NULL},
+        {"householder", 'm', BENCH_OPT_INT, "2", "Householder steps M", &o->householder, 1, 64, NULL},
+        {"decode", 'D', BENCH_OPT_LIST, "1,4,16,64", "decode batches, e.g. 1,8,64", &o->decode, 1, MAX_CASES * 64,
+         NULL},
+        {"prefill", 'P', BENCH_OPT_LIST, "64,256,1024", "prefill tokens, e.g. 64,1024", &o->prefill, 1, big, NULL},
+        {"warmup", 'w', BENCH_OPT_INT, "2", "untimed steps before timing", &o->warmup, 0, 1000000, NULL},
+        {"iters", 'i', BENCH_OPT_INT, "10", "timed steps (median)", &o->iters, 1, 1000000, NULL},
+        {"check", 'c', BENCH_OPT_INT, "1", "compare with a TP = 1 stack (#wrong)", &o->check, 0, 1, NULL},
+        {"cp", 'C', BENCH_OPT_INT, "1",
+         "context parallelism: tp = ranks / C, each rank's layer core on H/(tp*C) heads of every row, its block of "
+         "T/C rows around it (docs/cp.md; CP groups over MPI)",
+         &o->cp, 1, 1 << 20, NULL},
+    };
+    _Static_assert(sizeof opts / sizeof opts[0] <= BENCH_MAX_OPTS, "the table outgrows BENCH_MAX_OPTS");
+    memcpy(t, opts, sizeof opts);
+    return (int)(sizeof opts / sizeof opts[0]);
+}
+
+/* This process's rank when MPI is up already (gdp-bench's caller may have started it), else 0. */
+static int rank_if_inited(void) {
+    int rank = 0, inited = 0;
+    MPI_Initialized(&inited);
+    if (inited)
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    return rank;
 }
 
 int gdp_bench_layer_main(int argc, char **argv) {
     layer_opts o;
     memset(&o, 0, sizeof o);
-    o.backend = "auto";
+    bench_opt table[BENCH_MAX_OPTS];
+    const int n_opts = layer_table(&o, table);
+    const int parsed = bench_parse("gdp-bench layer", LAYER_SYNOPSIS, table, n_opts, argc, argv, 1, rank_if_inited() == 0);
+    if (parsed != BENCH_PARSE_OK)
+        return parsed == BENCH_PARSE_HELP ? 0 : 2;
     gdp_layer_config_default(&o.cfg);
-    o.cfg.hidden_size = 256, o.cfg.num_layers = 2, o.cfg.num_heads = 16, o.cfg.num_groups = 4;
-    o.cfg.head_dim = 64, o.cfg.state_dim = 64, o.cfg.num_householder = 2;
-    o.n_decode = parse_list("1,4,16,64", o.decode, MAX_CASES);
-    o.n_prefill = parse_list("64,256,1024", o.prefill, MAX_CASES);
-    o.warmup = 2, o.iters = 10, o.check = 1, o.cp = 1;
-    int rank = 0;
-    int inited = 0;
-    MPI_Initialized(&inited);
-    if (inited)
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help"))
-            return layer_usage(rank);
-        if (v == NULL) {
-            fprintf(stderr, "gdp-bench-layer layer: %s needs a value (or unknown option; try --help)\n", a);
-            return 2;
-        }
-        i++;
-        long x = strtol(v, NULL, 10);
-        if (!strcmp(a, "-b") || !strcmp(a, "--backend")) o.backend = v;
-        else if (!strcmp(a, "-d") || !strcmp(a, "--hidden")) o.cfg.hidden_size = x;
-        else if (!strcmp(a, "-l") || !strcmp(a, "--layers")) o.cfg.num_layers = (int32_t)x;
-        else if (!strcmp(a, "-H") || !strcmp(a, "--heads")) o.cfg.num_heads = x;
-        else if (!strcmp(a, "-g") || !strcmp(a, "--groups")) o.cfg.num_groups = x;
-        else if (!strcmp(a, "-p") || !strcmp(a, "--head-dim")) o.cfg.head_dim = x;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--state-dim")) o.cfg.state_dim = x;
-        else if (!strcmp(a, "-m") || !strcmp(a, "--householder")) o.cfg.num_householder = (int32_t)x;
-        else if (!strcmp(a, "-w") || !strcmp(a, "--warmup")) o.warmup = (int)x;
-        else if (!strcmp(a, "-i") || !strcmp(a, "--iters")) o.iters = (int)x;
-        else if (!strcmp(a, "-c") || !strcmp(a, "--check")) o.check = (int)x;
-        else if (!strcmp(a, "-C") || !strcmp(a, "--cp")) o.cp = (int32_t)x;
-        else if (!strcmp(a, "-D") || !strcmp(a, "--decode")) o.n_decode = parse_list(v, o.decode, MAX_CASES);
-        else if (!strcmp(a, "-P") || !strcmp(a, "--prefill")) o.n_prefill = parse_list(v, o.prefill, MAX_CASES);
-        else {
-            fprintf(stderr, "gdp-bench-layer layer: unknown option %s (try --help)\n", a);
-            return 2;
-        }
-    }
-    bool big = false;
-    for (int i = 0; i < o.n_decode; i++)
-        big |= o.decode[i] > MAX_CASES * 64;
-    if (big) {
-        fprintf(stderr, "gdp-bench-layer layer: decode batches are limited to %d requests\n", MAX_CASES * 64);
-        return 2;
-    }
-    if (o.n_decode < 0 || o.n_prefill < 0 || o.iters < 1 || o.warmup < 0 || o.cp < 1 ||
-        gdp_layer_config_validate(&o.cfg) != GDP_STATUS_SUCCESS) {
-        fprintf(stderr, "gdp-bench-layer layer: bad options (%s)\n",
-                o.n_decode < 0 || o.n_prefill < 0 ? "a list is not positive integers separated by commas"
-                : o.iters < 1 || o.warmup < 0 || o.cp < 1 ? "iters >= 1, warmup >= 0, cp >= 1"
-                                                : gdp_last_error());
+    o.cfg.hidden_size = o.hidden, o.cfg.num_layers = o.layers, o.cfg.num_heads = o.heads;
+    o.cfg.num_groups = o.groups, o.cfg.head_dim = o.head_dim, o.cfg.state_dim = o.state_dim;
+    o.cfg.num_householder = o.householder;
+    if (gdp_layer_config_validate(&o.cfg) != GDP_STATUS_SUCCESS) {
+        fprintf(stderr, "gdp-bench layer: bad options (%s)\n", gdp_last_error());
         return 2;
     }
     bench_env e;
@@ -502,7 +462,7 @@ int gdp_bench_layer_main(int argc, char **argv) {
      * a sub-communicator's own node-local rank, which NCCL would need to be this rank's GPU. */
     const int32_t cp = o.cp, tp_size = e.size % cp == 0 ? e.size / cp : 0;
     if (tp_size == 0)
-        GDP_FATAL(e.comm, "gdp-bench-layer layer: --cp %d does not divide the %d ranks", cp, e.size);
+        GDP_FATAL(e.comm, "gdp-bench layer: --cp %d does not divide the %d ranks", cp, e.size);
     gdp_comm_t tp_comm = e.comm, cp_comm = NULL;
     MPI_Comm tp_mpi = MPI_COMM_NULL, cp_mpi = MPI_COMM_NULL;
     if (cp > 1) {
@@ -542,15 +502,15 @@ int gdp_bench_layer_main(int argc, char **argv) {
     int nb = 0, pre_bucket[MAX_CASES];
     int32_t max_batch = 1, max_rows = 2;
 #define ROWS(n) (((n) < 2 * cp ? 2 * cp : (n)) + cp - 1) / cp * cp
-    for (int i = 0; i < o.n_decode; i++) {
-        const int32_t b = o.decode[i], rows = ROWS(b);
+    for (int i = 0; i < o.decode.n; i++) {
+        const int32_t b = o.decode.v[i], rows = ROWS(b);
         buckets[nb++] = (gdp_step_bucket){.decode_count = 0, .prefill_count = b, .token_count = rows};
         buckets[nb++] = (gdp_step_bucket){.decode_count = b, .prefill_count = 0, .token_count = rows};
         max_batch = b > max_batch ? b : max_batch;
         max_rows = rows > max_rows ? rows : max_rows;
     }
-    for (int i = 0; i < o.n_prefill; i++) {
-        const int32_t rows = ROWS(o.prefill[i]);
+    for (int i = 0; i < o.prefill.n; i++) {
+        const int32_t rows = ROWS(o.prefill.v[i]);
         pre_bucket[i] = nb; /* named in the step: a claim bucket of as many rows would fit too */
         buckets[nb++] = (gdp_step_bucket){.decode_count = 0, .prefill_count = 1, .token_count = rows};
         max_rows = rows > max_rows ? rows : max_rows;
@@ -564,12 +524,11 @@ int gdp_bench_layer_main(int argc, char **argv) {
     if (local == 0)
         remove(path);
 
-    int version = 0;
-    gdp_get_version(&version);
+    char version[32];
+    bench_version(version, sizeof version);
     if (e.rank == 0) {
-        printf("# gdp-bench-layer layer: gdp %d.%d.%d, %d ranks, backend %s, comm %s\n", version / 10000,
-               version / 100 % 100, version % 100, e.size, e.backend == GDP_BACKEND_CUDA ? "cuda" : "cpu",
-               comm_name(&e));
+        printf("# gdp-bench layer: gdp %s, %d ranks, backend %s, comm %s\n", version, e.size,
+               e.backend == GDP_BACKEND_CUDA ? "cuda" : "cpu", comm_name(&e));
         printf("# config: D=%lld L=%d H=%lld G=%lld P=%lld N=%lld M=%d, tp %d x cp %d (heads per rank %lld), "
                "activations %s, "
                "warmup %d, iters %d (median), check %s\n",
@@ -579,12 +538,16 @@ int gdp_bench_layer_main(int argc, char **argv) {
                o.check ? "vs TP = 1" : "off");
     }
     print_rank_map(&e);
-    if (e.rank == 0)
+    if (e.rank == 0) {
         printf("#\n# time: eager (host clock around a synchronized forward); graph: the step as one CUDA graph\n"
                "# replayed (the way gdp-run runs it; - where a graph cannot hold it); gemm/ops/coll: the eager\n"
-               "# step's phases from the library's marks (profile.h), in %% of it\n"
-               "# %8s %8s %6s %6s %11s %11s %12s %12s %12s %5s %5s %5s %7s\n", "step", "tokens", "batch", "dtype",
-               "time(us)", "graph(us)", "tok/s", "algbw(GB/s)", "busbw(GB/s)", "gemm", "ops", "coll", "#wrong");
+               "# step's phases from the library's marks (profile.h), in %% of it\n");
+        static const bench_col cols[] = {{"step", 8},       {"tokens", 8},       {"batch", 6},        {"dtype", 6},
+                                         {"time(us)", 11},  {"graph(us)", 11},   {"tok/s", 12},       {"algbw(GB/s)", 12},
+                                         {"busbw(GB/s)", 12}, {"gemm", 5},       {"ops", 5},          {"coll", 5},
+                                         {"#wrong", 7}};
+        bench_print_columns("# ", cols, (int)(sizeof cols / sizeof cols[0]));
+    }
 
     float *host_in = malloc(sizeof(float) * (size_t)(max_rows * D));
     float *host_a = malloc(sizeof(float) * (size_t)(max_rows * D)), *host_b = malloc(sizeof(float) * (size_t)(max_rows * D));
@@ -597,9 +560,9 @@ int gdp_bench_layer_main(int argc, char **argv) {
     const double bus_factor = tp_size > 1 ? 2.0 * (tp_size - 1) / tp_size : 0.0; /* the TP all-reduce's */
     int32_t slots[MAX_CASES * 64], rel[1] = {-1};
     for (int phase = 0; phase < 2; phase++) {
-        const int n_cases = phase == 0 ? o.n_decode : o.n_prefill;
+        const int n_cases = phase == 0 ? o.decode.n : o.prefill.n;
         for (int c = 0; c < n_cases; c++) {
-            const int32_t v = phase == 0 ? o.decode[c] : o.prefill[c];
+            const int32_t v = phase == 0 ? o.decode.v[c] : o.prefill.v[c];
             const int32_t batch = phase == 0 ? v : 1;
             int64_t wrong = 0, T = 0;
             if (phase == 0) { /* claim v slots with one token each, then decode them */
@@ -634,10 +597,10 @@ int gdp_bench_layer_main(int argc, char **argv) {
                 if (e.comm)
                     gdp_comm_barrier(e.comm, NULL);
                 sync_backend(&e);
-                const double t0 = now_s();
+                const double t0 = bench_now_s();
                 stack_forward(&tp, &e, m, x, D);
                 sync_backend(&e);
-                const double t = now_s() - t0;
+                const double t = bench_now_s() - t0;
                 if (it >= o.warmup)
                     times[it - o.warmup] = t;
                 if (o.check) {
@@ -657,7 +620,7 @@ int gdp_bench_layer_main(int argc, char **argv) {
                     rel[0] = m->step->prefill[0].slot;
                 last = m;
             }
-            const double t_eager = median(times, o.iters); /* before the graph reuses times */
+            const double t_eager = bench_median(times, o.iters); /* before the graph reuses times */
             /* the last step again: its phases, then as a replayed graph */
             const gdp_phase_times pt = step_phases(&tp, &e, last, x, D);
             double tg = graph_time(&tp, &e, last, x, D, o.iters, times), tg_max = tg;
@@ -695,8 +658,8 @@ int gdp_bench_layer_main(int argc, char **argv) {
         }
     }
     if (e.rank == 0) {
-        printf("# Out of bounds values : %lld %s\n", (long long)wrong_total, wrong_total ? "FAILED" : "OK");
-        printf("# Avg bus bandwidth    : %g\n#\n", n_rows_printed ? bus_sum / n_rows_printed : 0.0);
+        bench_print_wrong_footer((long long)wrong_total);
+        bench_print_busbw_footer(n_rows_printed ? bus_sum / n_rows_printed : 0.0);
     }
     free(host_in), free(host_a), free(host_b), free(times);
     buf_free(&e, x), buf_free(&e, xr);
@@ -737,55 +700,69 @@ static float coll_get(const void *host, size_t i, gdp_dtype_t dt) {
     return dt == GDP_DTYPE_FP32 ? ((const float *)host)[i] : gdp_bf16_to_float(((const uint16_t *)host)[i]);
 }
 
-static int coll_usage(int rank) {
-    if (rank == 0)
-        printf("usage: gdp-bench-layer coll [options]\n"
-               "  -b, --backend auto|cpu|cuda        (auto)\n"
-               "  -d, --hidden D                     row width of a token (256)\n"
-               "  -T, --tokens LIST                  message sizes in tokens (1,4,16,64,256,1024,4096)\n"
-               "  -o, --op allreduce|reduce_scatter|allgather|all   (all)\n"
-               "  -t, --dtype fp32|bf16              (fp32)\n"
-               "  -w, --warmup N -i, --iters N       (5 20)\n");
+typedef struct coll_opts {
+    const char *backend, *op, *dtype;
+    int hidden, warmup, iters;
+    bench_list tokens;
+} coll_opts;
+
+static int coll_table(coll_opts *o, bench_opt *t) {
+    const bench_opt opts[] = {
+        {"backend", 'b', BENCH_OPT_CHOICE, "auto", "the backend (auto: CUDA when every rank has a GPU)", &o->backend,
+         0, 0, "auto|cpu|cuda"},
+        {"hidden", 'd', BENCH_OPT_INT, "256", "row width D of a token", &o->hidden, 1, 1 << 24, NULL},
+        {"tokens", 'T', BENCH_OPT_LIST, "1,4,16,64,256,1024,4096", "message sizes in tokens", &o->tokens, 1, 1 << 24,
+         NULL},
+        {"op", 'o', BENCH_OPT_CHOICE, "all", "the collective", &o->op, 0, 0, "allreduce|reduce_scatter|allgather|all"},
+        {"dtype", 't', BENCH_OPT_CHOICE, "fp32", "element type", &o->dtype, 0, 0, "fp32|bf16"},
+        {"warmup", 'w', BENCH_OPT_INT, "5", "untimed calls before timing", &o->warmup, 0, 1000000, NULL},
+        {"iters", 'i', BENCH_OPT_INT, "20", "timed calls (median)", &o->iters, 1, 1000000, NULL},
+    };
+    _Static_assert(sizeof opts / sizeof opts[0] <= BENCH_MAX_OPTS, "the table outgrows BENCH_MAX_OPTS");
+    memcpy(t, opts, sizeof opts);
+    return (int)(sizeof opts / sizeof opts[0]);
+}
+
+/* One timed collective of the benchmark (bench_time_host's call), waited for. */
+typedef struct coll_call {
+    const bench_env *e; /* first: barrier() reads it */
+    coll_op k;
+    void *send, *recv;
+    size_t count, piece;
+    gdp_dtype_t dt;
+} coll_call;
+
+static int run_collective(void *p) {
+    const coll_call *c = p;
+    gdp_status_t st = c->k == COLL_ALLREDUCE      ? gdp_comm_allreduce(c->e->comm, c->send, c->recv, c->count, c->dt, NULL)
+                      : c->k == COLL_REDUCE_SCATTER ? gdp_comm_reduce_scatter(c->e->comm, c->send, c->recv, c->piece,
+                                                                               c->dt, NULL)
+                                                     : gdp_comm_allgather(c->e->comm, c->send, c->recv, c->piece, c->dt,
+                                                                          NULL);
+    sync_backend(c->e);
+    GDP_FATAL_IF_ERROR(c->e->comm, st);
     return 0;
 }
 
 int gdp_bench_coll_main(int argc, char **argv) {
-    const char *backend = "auto", *op_name = "all", *dtype_name = "fp32";
-    int64_t D = 256;
-    int32_t tokens[MAX_CASES];
-    int n_tokens = parse_list("1,4,16,64,256,1024,4096", tokens, MAX_CASES), warmup = 5, iters = 20;
-    int rank = 0, inited = 0;
-    MPI_Initialized(&inited);
-    if (inited)
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help"))
-            return coll_usage(rank);
-        if (v == NULL) {
-            fprintf(stderr, "gdp-bench-layer coll: %s needs a value (or unknown option; try --help)\n", a);
-            return 2;
-        }
-        i++;
-        if (!strcmp(a, "-b") || !strcmp(a, "--backend")) backend = v;
-        else if (!strcmp(a, "-d") || !strcmp(a, "--hidden")) D = strtol(v, NULL, 10);
-        else if (!strcmp(a, "-T") || !strcmp(a, "--tokens")) n_tokens = parse_list(v, tokens, MAX_CASES);
-        else if (!strcmp(a, "-o") || !strcmp(a, "--op")) op_name = v;
-        else if (!strcmp(a, "-t") || !strcmp(a, "--dtype")) dtype_name = v;
-        else if (!strcmp(a, "-w") || !strcmp(a, "--warmup")) warmup = (int)strtol(v, NULL, 10);
-        else if (!strcmp(a, "-i") || !strcmp(a, "--iters")) iters = (int)strtol(v, NULL, 10);
-        else {
-            fprintf(stderr, "gdp-bench-layer coll: unknown option %s (try --help)\n", a);
-            return 2;
-        }
-    }
+    coll_opts o;
+    memset(&o, 0, sizeof o);
+    bench_opt table[BENCH_MAX_OPTS];
+    const int n_opts = coll_table(&o, table);
+    const int parsed = bench_parse("gdp-bench coll", "[options]   (under mpirun)", table, n_opts, argc, argv, 1,
+                                   rank_if_inited() == 0);
+    if (parsed != BENCH_PARSE_OK)
+        return parsed == BENCH_PARSE_HELP ? 0 : 2;
+    const char *backend = o.backend, *op_name = o.op, *dtype_name = o.dtype;
+    const int64_t D = o.hidden;
+    const int32_t *tokens = o.tokens.v;
+    const int n_tokens = o.tokens.n, warmup = o.warmup, iters = o.iters;
     const gdp_dtype_t dt = !strcmp(dtype_name, "bf16") ? GDP_DTYPE_BF16 : GDP_DTYPE_FP32;
     int op_first = -1;
     for (int k = 0; k < COLL_NUM; k++)
         op_first = !strcmp(op_name, k_coll_names[k]) ? k : op_first;
-    if (n_tokens < 1 || D < 1 || iters < 1 || warmup < 0 || (strcmp(dtype_name, "fp32") && dt != GDP_DTYPE_BF16) ||
-        (op_first < 0 && strcmp(op_name, "all"))) {
-        fprintf(stderr, "gdp-bench-layer coll: bad options (try --help)\n");
+    if (n_tokens < 1) {
+        fprintf(stderr, "gdp-bench coll: --tokens names no message size (try --help)\n");
         return 2;
     }
     bench_env e;
@@ -797,13 +774,13 @@ int gdp_bench_coll_main(int argc, char **argv) {
     }
     const int n = e.size;
     const size_t es = gdp_dtype_size(dt);
-    int version = 0;
-    gdp_get_version(&version);
+    char version[32];
+    bench_version(version, sizeof version);
     if (e.rank == 0)
-        printf("# gdp-bench-layer coll: gdp %d.%d.%d, %d ranks, backend %s, comm %s\n# messages: tokens x D = %lld, "
+        printf("# gdp-bench coll: gdp %s, %d ranks, backend %s, comm %s\n# messages: tokens x D = %lld, "
                "%s, warmup %d, iters %d (median)\n",
-               version / 10000, version / 100 % 100, version % 100, n, e.backend == GDP_BACKEND_CUDA ? "cuda" : "cpu",
-               comm_name(&e), (long long)D, gdp_dtype_name(dt), warmup, iters);
+               version, n, e.backend == GDP_BACKEND_CUDA ? "cuda" : "cpu", comm_name(&e), (long long)D,
+               gdp_dtype_name(dt), warmup, iters);
     print_rank_map(&e);
     if (e.comm == NULL) {
         if (e.rank == 0)
@@ -811,9 +788,12 @@ int gdp_bench_coll_main(int argc, char **argv) {
         env_free(&e);
         return 0;
     }
-    if (e.rank == 0)
-        printf("#\n# %14s %8s %12s %12s %6s %6s %11s %12s %12s %7s\n", "op", "tokens", "size(B)", "count", "type",
-               "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    if (e.rank == 0) {
+        static const bench_col cols[] = {{"op", 14},       {"tokens", 8},       {"size(B)", 12}, {"count", 12},
+                                         {"type", 6},      {"redop", 6},        {"time(us)", 11}, {"algbw(GB/s)", 12},
+                                         {"busbw(GB/s)", 12}, {"#wrong", 7}};
+        bench_print_columns("#\n# ", cols, (int)(sizeof cols / sizeof cols[0]));
+    }
     int64_t wrong_total = 0;
     double bus_sum = 0;
     int rows = 0;
@@ -833,19 +813,9 @@ int gdp_bench_coll_main(int argc, char **argv) {
                 coll_fill(host_send, count, dt, e.rank, 0);
             buf_put(&e, send, host_send, (k == COLL_ALLGATHER ? piece : count) * es);
             int64_t wrong = 0;
-            for (int it = 0; it < warmup + iters; it++) {
-                gdp_comm_barrier(e.comm, NULL);
-                const double t0 = now_s();
-                gdp_status_t st = k == COLL_ALLREDUCE      ? gdp_comm_allreduce(e.comm, send, recv, count, dt, NULL)
-                                  : k == COLL_REDUCE_SCATTER ? gdp_comm_reduce_scatter(e.comm, send, recv, piece, dt,
-                                                                                       NULL)
-                                                             : gdp_comm_allgather(e.comm, send, recv, piece, dt, NULL);
-                sync_backend(&e);
-                const double t = now_s() - t0;
-                GDP_FATAL_IF_ERROR(e.comm, st);
-                if (it >= warmup)
-                    times[it - warmup] = t;
-            }
+            coll_call call = {.e = &e, .k = (coll_op)k, .send = send, .recv = recv, .count = count, .piece = piece,
+                              .dt = dt};
+            bench_time_host(warmup, iters, run_collective, barrier, &call, times);
             const size_t out = k == COLL_REDUCE_SCATTER ? piece : count;
             buf_get(&e, host_recv, recv, out * es);
             const float tri = (float)n * (float)(n + 1) / 2.0f;
@@ -860,7 +830,7 @@ int gdp_bench_coll_main(int argc, char **argv) {
                 }
                 wrong += coll_get(host_recv, i, dt) != want;
             }
-            double t = median(times, iters), t_max = t;
+            double t = bench_median(times, iters), t_max = t;
             int64_t wrong_all = 0;
             MPI_Allreduce(&t, &t_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
             MPI_Allreduce(&wrong, &wrong_all, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
@@ -879,22 +849,10 @@ int gdp_bench_coll_main(int argc, char **argv) {
         }
     }
     if (e.rank == 0) {
-        printf("# Out of bounds values : %lld %s\n", (long long)wrong_total, wrong_total ? "FAILED" : "OK");
-        printf("# Avg bus bandwidth    : %g\n#\n", rows ? bus_sum / rows : 0.0);
+        bench_print_wrong_footer((long long)wrong_total);
+        bench_print_busbw_footer(rows ? bus_sum / rows : 0.0);
     }
     free(times);
     env_free(&e);
     return wrong_total ? 1 : 0;
 }
-
-#ifndef GDP_BENCH_LAYER_NO_MAIN
-int main(int argc, char **argv) {
-    if (argc >= 2 && !strcmp(argv[1], "layer"))
-        return gdp_bench_layer_main(argc - 1, argv + 1);
-    if (argc >= 2 && !strcmp(argv[1], "coll"))
-        return gdp_bench_coll_main(argc - 1, argv + 1);
-    fprintf(stderr, "usage: gdp-bench-layer layer|coll [options]   (under mpirun; --help after the mode for its "
-                    "options)\n");
-    return 2;
-}
-#endif

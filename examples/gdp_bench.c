@@ -4,7 +4,8 @@
  * nccl-tests-style table: '#' header lines (version, device, method, bounds), fixed-width
  * rows, and a footer with the count of wrong values.
  *
- *   gdp-bench ops [--op all|prefill|decode|decode-key|prepare] [--iters N] [--warmup N]
+ *   gdp-bench ops [-o|--op all|prefill|decode|decode-key|prepare] [-i|--iters N] [-w|--warmup N]
+ *   mpirun -n N gdp-bench layer|coll [options]   (examples/bench_layer.c)
  *
  * Per row: the median, min and max over N calls (CUDA events around each call; decode and
  * prepare replay a captured CUDA graph; L2 flushed by a 256 MB write before each call when
@@ -18,30 +19,41 @@
  * rtol = 1e-3) and counts non-finite outputs; prepare compares every output with the CPU
  * backend (q, k, v bitwise, beta and g within 4 ulp); prefill counts non-finite or unwritten
  * outputs. Exit status 0 when every row ran and #wrong is 0, 1 otherwise; without a GPU it
- * prints why and exits 0.
+ * prints why and exits 0. Options, timing loop, columns and footers: bench_common.h.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_common.h"
 #include "gdp/gdp.h"
-
-#ifdef GDP_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 #define COPY_BW 4.17e12   /* measured device-to-device copy, bytes read + written per second */
 #define BF16_FLOPS 7.9e14 /* measured dense bf16 GEMM rate, FLOP/s */
 #define CHUNK 64.0
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: gdp-bench ops [--op all|prefill|decode|decode-key|prepare] [--iters N] [--warmup N]\n"
-               "       mpirun -n N gdp-bench layer|coll [options]   (layer steps and collectives across ranks;\n"
-               "                                                     --help for their options)\n"
-               "  --op      which rows to run (default all; decode-key: the four decode target rows)\n"
-               "  --iters   timed calls per row, at least 10 (default 20)\n"
-               "  --warmup  untimed calls before timing (default 3)\n");
+/* gdp-bench ops's options. */
+typedef struct ops_opts {
+    const char *op;
+    int iters, warmup;
+} ops_opts;
+
+static const char *const OPS_SYNOPSIS = "ops [options]\n"
+                                        "       mpirun -n N gdp-bench layer|coll [options]   (layer steps and "
+                                        "collectives across ranks;\n"
+                                        "                                                     --help for their options)";
+
+static int ops_table(ops_opts *o, bench_opt *t) {
+    const bench_opt opts[] = {
+        {"op", 'o', BENCH_OPT_CHOICE, "all", "which rows to run (decode-key: the four decode target rows)", &o->op, 0, 0,
+         "all|prefill|decode|decode-key|prepare"},
+        {"iters", 'i', BENCH_OPT_INT, "20", "timed calls per row", &o->iters, 10, 1000000, NULL},
+        {"warmup", 'w', BENCH_OPT_INT, "3", "untimed calls before timing", &o->warmup, 0, 1000000, NULL},
+    };
+    _Static_assert(sizeof opts / sizeof opts[0] <= BENCH_MAX_OPTS, "the table outgrows BENCH_MAX_OPTS");
+    memcpy(t, opts, sizeof opts);
+    return (int)(sizeof opts / sizeof opts[0]);
 }
 
 #ifdef GDP_HAVE_CUDA
@@ -63,7 +75,6 @@ static int g_errors = 0; /* failed API or CUDA calls: a row that cannot run */
 typedef struct bench_env {
     gdp_ctx_t gpu, cpu;
     cudaStream_t stream;
-    cudaEvent_t ev0, ev1;
     void *flush;         /* written before each call to evict the L2 */
     size_t flush_bytes;
     size_t l2_bytes;
@@ -80,12 +91,7 @@ typedef struct row_stats {
 } row_stats;
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-static double urand(void) { /* xorshift64*, [0, 1) */
-    g_rng ^= g_rng >> 12;
-    g_rng ^= g_rng << 25;
-    g_rng ^= g_rng >> 27;
-    return (double)((g_rng * 2685821657736338717ull) >> 11) * 0x1.0p-53;
-}
+static double urand(void) { return (double)(bench_xorshift64s(&g_rng) >> 11) * 0x1.0p-53; } /* [0, 1) */
 static double nrand(void) {
     double u1 = urand(), u2 = urand();
     if (u1 < 1e-300)
@@ -162,12 +168,36 @@ static long long count_nonfinite(const gdp_tensor *t) {
     return bad;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+typedef gdp_status_t (*op_fn)(void *args);
+
+/* One timed call of time_calls: the op or its graph (bench_time_events' call), after an L2
+ * flush when asked (its before); the i-th flush writes byte i & 0xff. */
+typedef struct timed_call {
+    bench_env *e;
+    op_fn fn;
+    void *args;
+    cudaGraphExec_t exec;
+    int flush, i;
+    gdp_status_t st; /* the op's failure, when timed_launch returns 1 */
+} timed_call;
+
+static int flush_l2(void *p) {
+    timed_call *c = p;
+    if (c->flush)
+        CUDA_TRY(cudaMemsetAsync(c->e->flush, c->i & 0xff, c->e->flush_bytes, c->e->stream));
+    c->i++;
+    return 0;
 }
 
-typedef gdp_status_t (*op_fn)(void *args);
+static int timed_launch(void *p) {
+    timed_call *c = p;
+    if (c->exec != NULL) {
+        CUDA_TRY(cudaGraphLaunch(c->exec, c->e->stream));
+        return 0;
+    }
+    c->st = c->fn(c->args);
+    return c->st != GDP_STATUS_SUCCESS;
+}
 
 /* Times iters calls of fn(args) (or of its captured graph): L2 flushed before each call
  * when asked, events around the call only. */
@@ -196,35 +226,22 @@ static void time_calls(bench_env *e, op_fn fn, void *args, int use_graph, int fl
         CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
         cudaGraphDestroy(graph);
     }
-    double *t = malloc(sizeof(double) * (size_t)e->iters);
-    for (int i = 0; i < e->warmup + e->iters; i++) {
-        if (flush)
-            CUDA_TRY(cudaMemsetAsync(e->flush, i & 0xff, e->flush_bytes, e->stream));
-        CUDA_TRY(cudaEventRecord(e->ev0, e->stream));
-        gdp_status_t st = GDP_STATUS_SUCCESS;
+    double *t = calloc((size_t)e->iters, sizeof(double)); /* zeros where a failed loop stopped */
+    timed_call tc = {.e = e, .fn = fn, .args = args, .exec = exec, .flush = flush, .st = GDP_STATUS_SUCCESS};
+    const int rc = bench_time_events("gdp-bench", e->stream, e->warmup, e->iters, timed_launch, flush_l2, &tc, t);
+    if (rc == -1)
+        g_errors++;
+    if (rc == 1) {
+        snprintf(rs->note, sizeof rs->note, "%s", gdp_status_string(tc.st));
+        fprintf(stderr, "gdp-bench: %s\n", gdp_last_error());
+        free(t);
         if (exec != NULL)
-            CUDA_TRY(cudaGraphLaunch(exec, e->stream));
-        else
-            st = fn(args);
-        CUDA_TRY(cudaEventRecord(e->ev1, e->stream));
-        CUDA_TRY(cudaEventSynchronize(e->ev1));
-        if (st != GDP_STATUS_SUCCESS) {
-            snprintf(rs->note, sizeof rs->note, "%s", gdp_status_string(st));
-            fprintf(stderr, "gdp-bench: %s\n", gdp_last_error());
-            free(t);
-            if (exec != NULL)
-                cudaGraphExecDestroy(exec);
-            return;
-        }
-        float ms = 0;
-        CUDA_TRY(cudaEventElapsedTime(&ms, e->ev0, e->ev1));
-        if (i >= e->warmup)
-            t[i - e->warmup] = 1e3 * ms;
+            cudaGraphExecDestroy(exec);
+        return;
     }
-    qsort(t, (size_t)e->iters, sizeof(double), cmp_double);
+    rs->med_us = bench_median(t, e->iters);
     rs->min_us = t[0];
     rs->max_us = t[e->iters - 1];
-    rs->med_us = e->iters % 2 ? t[e->iters / 2] : 0.5 * (t[e->iters / 2 - 1] + t[e->iters / 2]);
     rs->ran = g_errors == errors_before;
     if (!rs->ran)
         snprintf(rs->note, sizeof rs->note, "a CUDA call failed while timing (see stderr)");
@@ -585,17 +602,15 @@ static int run_ops(const char *which, int iters, int warmup) {
     CUDA_TRY(cudaGetDeviceProperties(&prop, 0));
     CUDA_TRY(cudaStreamCreate(&e.stream));
     gdp_ctx_set_stream(e.gpu, e.stream);
-    CUDA_TRY(cudaEventCreate(&e.ev0));
-    CUDA_TRY(cudaEventCreate(&e.ev1));
     e.l2_bytes = (size_t)prop.l2CacheSize;
     e.flush_bytes = (size_t)256 << 20;
     CUDA_TRY(cudaMalloc(&e.flush, e.flush_bytes));
-    int version = 0, driver = 0, runtime = 0;
-    gdp_get_version(&version);
+    int driver = 0, runtime = 0;
+    char version[32];
+    bench_version(version, sizeof version);
     cudaDriverGetVersion(&driver);
     cudaRuntimeGetVersion(&runtime);
-    printf("# gdp-bench ops: gdp %d.%d.%d, CUDA runtime %d, driver %d\n", version / 10000, version / 100 % 100,
-           version % 100, runtime, driver);
+    printf("# gdp-bench ops: gdp %s, CUDA runtime %d, driver %d\n", version, runtime, driver);
     printf("# device 0: %s, sm_%d%d, %d SMs, L2 %.0f MB, %.1f GiB\n", prop.name, prop.major, prop.minor,
            prop.multiProcessorCount, prop.l2CacheSize / 1e6, prop.totalGlobalMem / 1073741824.0);
     printf("# rank 0 -> device 0 (one process)\n");
@@ -610,9 +625,11 @@ static int run_ops(const char *which, int iters, int warmup) {
            "#   descriptors); peer/ours > 1 is faster\n",
            COPY_BW, BF16_FLOPS, COPY_BW);
     printf("#\n");
-    printf("%-8s %-44s %7s %9s %9s %9s %10s %8s %7s %9s %6s %8s %7s %7s\n", "# op", "shape", "tokens", "time(us)",
-           "min(us)", "max(us)", "tok/s", "GB/s", "TFLOP/s", "bound(us)", "%bound", "peer(us)", "peer/us",
-           "#wrong");
+    static const bench_col cols[] = {{"# op", -8},    {"shape", -44},    {"tokens", 7},    {"time(us)", 9},
+                                     {"min(us)", 9},  {"max(us)", 9},    {"tok/s", 10},    {"GB/s", 8},
+                                     {"TFLOP/s", 7},  {"bound(us)", 9},  {"%bound", 6},    {"peer(us)", 8},
+                                     {"peer/us", 7},  {"#wrong", 7}};
+    bench_print_columns("", cols, (int)(sizeof cols / sizeof cols[0]));
     const int all = strcmp(which, "all") == 0;
     if (all || strcmp(which, "prefill") == 0) {
         static const int32_t eight[8] = {2048, 2048, 2048, 2048, 2048, 2048, 2048, 2048};
@@ -647,11 +664,9 @@ static int run_ops(const char *which, int iters, int warmup) {
         bench_prepare(&e, 0, 1, 16384, 2, 16, 4, 128, 128);
         bench_prepare(&e, 1, 256, 1, 2, 16, 4, 128, 128);
     }
-    printf("# Out of bounds values : %lld %s\n", g_total_wrong, g_total_wrong == 0 ? "OK" : "FAILED");
+    bench_print_wrong_footer(g_total_wrong);
     printf("# Rows not run : %d\n", g_rows_failed);
     cudaFree(e.flush);
-    cudaEventDestroy(e.ev0);
-    cudaEventDestroy(e.ev1);
     gdp_ctx_free(e.gpu);
     gdp_ctx_free(e.cpu);
     cudaStreamDestroy(e.stream);
@@ -660,48 +675,26 @@ static int run_ops(const char *which, int iters, int warmup) {
 
 #endif /* GDP_HAVE_CUDA */
 
-/* Layer and collective benchmarks across ranks (examples/bench_layer.c, run under mpirun). */
-int gdp_bench_layer_main(int argc, char **argv);
-int gdp_bench_coll_main(int argc, char **argv);
-
 int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "layer") == 0)
         return gdp_bench_layer_main(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "coll") == 0)
         return gdp_bench_coll_main(argc - 1, argv + 1);
+    ops_opts o;
+    bench_opt table[BENCH_MAX_OPTS];
+    const int n_opts = ops_table(&o, table);
     if (argc < 2 || strcmp(argv[1], "ops") != 0) {
-        usage(argc < 2 ? stderr : stdout);
+        bench_usage(argc < 2 ? stderr : stdout, "gdp-bench", OPS_SYNOPSIS, table, n_opts);
         if (argc >= 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0))
             return 0;
         fprintf(stderr, "gdp-bench: unknown benchmark '%s' (ops, layer or coll)\n", argc >= 2 ? argv[1] : "");
         return 2;
     }
-    const char *which = "all";
-    int iters = 20, warmup = 3;
-    for (int i = 2; i < argc; i++) {
-        if (strcmp(argv[i], "--op") == 0 && i + 1 < argc) {
-            which = argv[++i];
-        } else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
-            iters = atoi(argv[++i]);
-        } else if (strcmp(argv[i], "--warmup") == 0 && i + 1 < argc) {
-            warmup = atoi(argv[++i]);
-        } else {
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (strcmp(which, "all") != 0 && strcmp(which, "prefill") != 0 && strcmp(which, "decode") != 0 &&
-        strcmp(which, "decode-key") != 0 && strcmp(which, "prepare") != 0) {
-        fprintf(stderr, "gdp-bench: unknown --op '%s'\n", which);
-        usage(stderr);
-        return 2;
-    }
-    if (iters < 10 || warmup < 0) {
-        fprintf(stderr, "gdp-bench: --iters must be >= 10 (got %d) and --warmup >= 0 (got %d)\n", iters, warmup);
-        return 2;
-    }
+    const int parsed = bench_parse("gdp-bench ops", OPS_SYNOPSIS, table, n_opts, argc, argv, 2, true);
+    if (parsed != BENCH_PARSE_OK)
+        return parsed == BENCH_PARSE_HELP ? 0 : 2;
 #ifdef GDP_HAVE_CUDA
-    return run_ops(which, iters, warmup);
+    return run_ops(o.op, o.iters, o.warmup);
 #else
     printf("# gdp-bench ops: this libgdp was built without the CUDA backend; nothing to time\n");
     return 0;

@@ -15,6 +15,7 @@
 
 #include "gdp/checkpoint.h"
 #include "internal.h"
+#include "rng.h"
 #include "safetensors.h"
 
 #define GDP_CKPT_MAGIC 0x67646b70u /* "gdkp" */
@@ -600,20 +601,15 @@ gdp_status_t gdp_checkpoint_load_model_weights(gdp_checkpoint_t ckpt, gdp_model_
 }
 
 /* ---- the synthetic writer ---------------------------------------------------------- */
-/* splitmix64: small, seedable, and good enough for initial weights. */
+/* splitmix64 (rng.h): small, seedable, and good enough for initial weights. */
 typedef struct ckpt_rng {
     uint64_t state;
 } ckpt_rng;
 
-static uint64_t rng_next(ckpt_rng *r) {
-    uint64_t z = (r->state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static uint64_t rng_next(ckpt_rng *r) { return gdp_splitmix64_next(&r->state); }
 
 /* Uniform on the open interval (0, 1): never 0, so log() of it is finite. */
-static double rng_open01(ckpt_rng *r) { return ((double)(rng_next(r) >> 11) + 0.5) * 0x1.0p-53; }
+static double rng_open01(ckpt_rng *r) { return gdp_splitmix64_open01(&r->state); }
 
 static double rng_normal(ckpt_rng *r) {
     const double two_pi = 6.283185307179586476925286766559;
@@ -626,7 +622,7 @@ static void rng_for_tensor(ckpt_rng *r, uint64_t seed, const char *name) {
     uint64_t h = 0xcbf29ce484222325ull;
     for (const unsigned char *p = (const unsigned char *)name; *p; p++)
         h = (h ^ *p) * 0x100000001b3ull;
-    r->state = seed ^ (h * 0x9e3779b97f4a7c15ull);
+    r->state = seed ^ (h * GDP_SPLITMIX64_GAMMA);
     (void)rng_next(r);
 }
 

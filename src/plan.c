@@ -605,31 +605,35 @@ static bool env_debug(void) {
     return v != NULL && v[0] != 0 && strcmp(v, "0") != 0;
 }
 
-gdp_status_t gdp_plan_build(gdp_plan_t plan, struct gdp_cache *cache, gdp_comm_t comm,
-                            const gdp_step_metadata **meta_out) {
-    static const char *op = "gdp_plan_build";
-    GDP_CHECK(check_plan(plan, op));
-    GDP_CHECK(gdp_cache_check_handle(cache, op));
-    if (meta_out == NULL)
-        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: meta out-pointer is NULL", op);
-    if (!plan->have_step)
-        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: the plan holds no step; call gdp_plan_bcast first", op);
-    if (cache->ctx->backend != plan->ctx->backend)
-        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: the cache's backend (%d) differs from the plan's (%d)", op,
-                 (int)cache->ctx->backend, (int)plan->ctx->backend);
-    const bool debug = plan->cfg.debug_check || env_debug();
-    const gdp_step_desc *d = &plan->step;
-    const int32_t M = plan->cfg.num_householder;
+/* The sizes of one validated step in its bucket (step 2 of gdp_plan_build). */
+typedef struct step_shape {
+    int32_t bucket;         /* resolved bucket index */
+    int32_t S;              /* tokens per decode request */
+    int32_t pd, pp;         /* the bucket's padded decode and prefill request counts */
+    int32_t offset;         /* first prefill token row: pd * S */
+    int32_t rows;           /* prefill token rows of the bucket */
+    int64_t tokens;         /* real prefill tokens of the step */
+    int64_t nc, ncdp;       /* chunk descriptor capacities for rows and pp */
+} step_shape;
 
-    /* 1. Validate (the cache and this plan's metadata are only read). */
-    int32_t new_slots_stack[64];
-    int32_t *new_slots = d->prefill_count <= 64 ? new_slots_stack
-                                                : gdp_calloc((size_t)d->prefill_count, sizeof(int32_t), "slot list");
-    if (new_slots == NULL)
-        return GDP_STATUS_SYSTEM_ERROR;
-    int32_t bucket = -1;
-    int64_t tokens = 0;
-    gdp_status_t st = validate_step(plan, cache, d, new_slots, &bucket, &tokens, op);
+/* Where each array of one step's metadata lies in its host buffer (step 3's layout): the
+ * header, the arrays in the order of gdp_step_arrays, the fills, then the resolved step. */
+typedef struct meta_layout {
+    int32_t *base;
+    int32_t *decode_slots, *prefill_slots, *cu, *ci, *cidp, *offsets, *seq_idx, *conv_idx, *conv_start;
+    int32_t *save_snap, *save_off, *save_row, *save_cu, *fills;
+    int32_t *r_decode, *r_release;
+    gdp_prefill_request *r_prefill;
+    gdp_draft_accept *r_accept;
+    size_t arrays_end; /* words the device reads: arrays and fills */
+    size_t used_words; /* words of the whole layout */
+} meta_layout;
+
+/* Step 1: validates the step against the cache and the buckets (both only read), resolving
+ * the new requests' slots into new_slots, and makes every rank agree on the outcome. */
+static gdp_status_t validate_and_agree(gdp_plan_t plan, struct gdp_cache *cache, gdp_comm_t comm, int32_t *new_slots,
+                                       int32_t *bucket, int64_t *tokens, const char *op) {
+    gdp_status_t st = validate_step(plan, cache, &plan->step, new_slots, bucket, tokens, op);
     if (comm != NULL) {
         /* The step's one agreement: a rank whose cache diverged (or whose validation failed
          * for any reason) fails every rank here, before any rank writes anything or waits in
@@ -638,101 +642,117 @@ gdp_status_t gdp_plan_build(gdp_plan_t plan, struct gdp_cache *cache, gdp_comm_t
         if (st == GDP_STATUS_SUCCESS)
             st = agreed;
     }
-    if (st != GDP_STATUS_SUCCESS) {
-        if (new_slots != new_slots_stack)
-            free(new_slots);
-        return st;
-    }
+    return st;
+}
 
-    /* 2. Sizes. */
+/* Step 2: the padded sizes of the step in its bucket and the chunk descriptor capacities. */
+static gdp_status_t shape_step(const struct gdp_plan *plan, int32_t bucket, int64_t tokens, step_shape *sh) {
     const gdp_step_bucket *b = &plan->buckets[bucket];
-    const int32_t S = d->decode_tokens, pd = b->decode_count, pp = b->prefill_count;
-    const int32_t offset = pd * S, rows = b->token_count - offset;
-    int64_t nc = 0, ncdp = 0;
-    st = gdp_max_chunk_counts(rows, pp, M, &nc, &ncdp);
-    if (st != GDP_STATUS_SUCCESS) {
-        if (new_slots != new_slots_stack)
-            free(new_slots);
-        return st;
-    }
+    sh->bucket = bucket;
+    sh->tokens = tokens;
+    sh->S = plan->step.decode_tokens;
+    sh->pd = b->decode_count;
+    sh->pp = b->prefill_count;
+    sh->offset = sh->pd * sh->S;
+    sh->rows = b->token_count - sh->offset;
+    sh->nc = 0, sh->ncdp = 0;
+    return gdp_max_chunk_counts(sh->rows, sh->pp, plan->cfg.num_householder, &sh->nc, &sh->ncdp);
+}
 
-    /* 3. Write. Layout: header, then the arrays in the order of gdp_step_arrays, then the
-     *    resolved step. Offsets are relative to the buffer start (host and device alike).
-     *    The buffer's last upload (two builds ago) must have read it. */
-    const int32_t which = plan->meta_next;
+/* Step 3a: waits until the upload that last read host buffer `which` (two builds ago) has
+ * finished, so this build may rewrite it. */
+static gdp_status_t wait_for_buffer(gdp_plan_t plan, int32_t which, const char *op) {
 #ifdef GDP_HAVE_CUDA
     if (plan->upload_done[which] != NULL) {
         const cudaError_t err = cudaEventSynchronize((cudaEvent_t)plan->upload_done[which]);
         if (err != cudaSuccess) {
             (void)cudaGetLastError();
-            if (new_slots != new_slots_stack)
-                free(new_slots);
             GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: waiting for the metadata upload of an earlier step failed: %s", op,
                      cudaGetErrorString(err));
         }
     }
+#else
+    (void)plan, (void)which, (void)op;
 #endif
-    plan->have_meta = 0;
-    int32_t *base = plan->meta_bufs[which], *cur = base + M_HEADER_WORDS;
-    int32_t *decode_slots = take(&cur, (size_t)pd), *prefill_slots = take(&cur, (size_t)pp);
-    int32_t *cu = take(&cur, (size_t)pp + 1), *ci = take(&cur, 2 * (size_t)nc), *cidp = take(&cur, 2 * (size_t)ncdp);
-    int32_t *offsets = take(&cur, (size_t)pp + 1), *seq_idx = take(&cur, (size_t)rows);
-    int32_t *conv_idx = take(&cur, (size_t)rows), *conv_start = take(&cur, (size_t)rows);
-    int32_t *save_snap = take(&cur, (size_t)pp), *save_off = take(&cur, (size_t)pp);
-    int32_t *save_row = take(&cur, (size_t)pp), *save_cu = take(&cur, 2 * (size_t)pp);
-    int32_t *fills = take(&cur, ((size_t)d->accept_count + (size_t)d->prefill_count) * FILL_WORDS);
-    const size_t arrays_end = (size_t)(cur - base); /* what the device reads: arrays and fills */
-    int32_t *r_decode = take(&cur, (size_t)d->decode_count);
-    gdp_prefill_request *r_prefill = (gdp_prefill_request *)take(&cur, (size_t)d->prefill_count * PREFILL_WORDS);
-    int32_t *r_release = take(&cur, (size_t)d->release_count);
-    gdp_draft_accept *r_accept = (gdp_draft_accept *)take(&cur, (size_t)d->accept_count * ACCEPT_WORDS);
-    const size_t used_words = (size_t)(cur - base);
-    if (used_words > plan->meta_words) { /* sized at init for the largest bucket: a bug if hit */
-        if (new_slots != new_slots_stack)
-            free(new_slots);
-        GDP_FAIL(GDP_STATUS_INTERNAL_ERROR, "%s: metadata needs %zu words, the buffer holds %zu", op, used_words,
-                 plan->meta_words);
-    }
+    return GDP_STATUS_SUCCESS;
+}
 
+/* Step 3b: carves the step's arrays out of the buffer at `base`. Offsets are relative to the
+ * buffer start (host and device alike). */
+static gdp_status_t lay_out_buffer(const struct gdp_plan *plan, int32_t *base, const step_shape *sh, meta_layout *L,
+                                   const char *op) {
+    const gdp_step_desc *d = &plan->step;
+    const size_t pd = (size_t)sh->pd, pp = (size_t)sh->pp, rows = (size_t)sh->rows;
+    int32_t *cur = base + M_HEADER_WORDS;
+    L->base = base;
+    L->decode_slots = take(&cur, pd), L->prefill_slots = take(&cur, pp);
+    L->cu = take(&cur, pp + 1), L->ci = take(&cur, 2 * (size_t)sh->nc), L->cidp = take(&cur, 2 * (size_t)sh->ncdp);
+    L->offsets = take(&cur, pp + 1), L->seq_idx = take(&cur, rows);
+    L->conv_idx = take(&cur, rows), L->conv_start = take(&cur, rows);
+    L->save_snap = take(&cur, pp), L->save_off = take(&cur, pp);
+    L->save_row = take(&cur, pp), L->save_cu = take(&cur, 2 * pp);
+    L->fills = take(&cur, ((size_t)d->accept_count + (size_t)d->prefill_count) * FILL_WORDS);
+    L->arrays_end = (size_t)(cur - base);
+    L->r_decode = take(&cur, (size_t)d->decode_count);
+    L->r_prefill = (gdp_prefill_request *)take(&cur, (size_t)d->prefill_count * PREFILL_WORDS);
+    L->r_release = take(&cur, (size_t)d->release_count);
+    L->r_accept = (gdp_draft_accept *)take(&cur, (size_t)d->accept_count * ACCEPT_WORDS);
+    L->used_words = (size_t)(cur - base);
+    if (L->used_words > plan->meta_words) /* sized at init for the largest bucket: a bug if hit */
+        GDP_FAIL(GDP_STATUS_INTERNAL_ERROR, "%s: metadata needs %zu words, the buffer holds %zu", op, L->used_words,
+                 plan->meta_words);
+    return GDP_STATUS_SUCCESS;
+}
+
+/* Step 3c: the slot arrays, cu_seqlens, chunk descriptors, per-token sequence and conv
+ * metadata, and the snapshot saves (counted into *saves and *chunk_saves). Padding requests
+ * get slot -1 and empty slices. */
+static gdp_status_t write_token_arrays(const struct gdp_plan *plan, const int32_t *new_slots, const step_shape *sh,
+                                       const meta_layout *L, int32_t *saves_out, int32_t *chunk_saves_out) {
+    const gdp_step_desc *d = &plan->step;
+    const int32_t pd = sh->pd, pp = sh->pp, rows = sh->rows;
+    int32_t *cu = L->cu;
     for (int32_t i = 0; i < pd; i++)
-        decode_slots[i] = i < d->decode_count ? d->decode_slots[i] : -1;
+        L->decode_slots[i] = i < d->decode_count ? d->decode_slots[i] : -1;
     cu[0] = 0;
     for (int32_t i = 0; i < pp; i++) {
-        prefill_slots[i] = i < d->prefill_count ? new_slots[i] : -1;
+        L->prefill_slots[i] = i < d->prefill_count ? new_slots[i] : -1;
         cu[i + 1] = cu[i] + (i < d->prefill_count ? d->prefill[i].n_tokens : 0); /* padding repeats the last */
     }
     int64_t nc_out = 0, ncdp_out = 0;
-    st = gdp_build_chunk_descriptors(cu, pp, M, rows, ci, cidp, offsets, &nc_out, &ncdp_out);
-    if (st != GDP_STATUS_SUCCESS) {
-        if (new_slots != new_slots_stack)
-            free(new_slots);
-        return st;
-    }
+    GDP_CHECK(gdp_build_chunk_descriptors(cu, pp, plan->cfg.num_householder, rows, L->ci, L->cidp, L->offsets,
+                                          &nc_out, &ncdp_out));
     for (int32_t t = 0; t < rows; t++)
-        seq_idx[t] = -1, conv_idx[t] = 0, conv_start[t] = 0;
+        L->seq_idx[t] = -1, L->conv_idx[t] = 0, L->conv_start[t] = 0;
     int32_t saves = 0, chunk_saves = 0;
     for (int32_t i = 0; i < pp; i++) {
-        save_snap[i] = -1, save_off[i] = 0, save_row[i] = -1, save_cu[2 * i] = 0, save_cu[2 * i + 1] = 0;
+        L->save_snap[i] = -1, L->save_off[i] = 0, L->save_row[i] = -1, L->save_cu[2 * i] = 0, L->save_cu[2 * i + 1] = 0;
         if (i >= d->prefill_count)
             continue;
         for (int32_t t = cu[i]; t < cu[i + 1]; t++)
-            seq_idx[t] = i, conv_idx[t] = i, conv_start[t] = cu[i];
+            L->seq_idx[t] = i, L->conv_idx[t] = i, L->conv_start[t] = cu[i];
         const gdp_prefill_request *r = &d->prefill[i];
         if (r->flags & GDP_PREFILL_SAVE) {
             saves++;
-            save_snap[i] = r->save_snapshot;
-            save_off[i] = r->save_offset;
-            save_cu[2 * i + 1] = r->save_offset;
+            L->save_snap[i] = r->save_snapshot;
+            L->save_off[i] = r->save_offset;
+            L->save_cu[2 * i + 1] = r->save_offset;
             if (r->save_offset < r->n_tokens) {
-                save_row[i] = offsets[i] + r->save_offset / GDP_CHUNK_SIZE;
+                L->save_row[i] = L->offsets[i] + r->save_offset / GDP_CHUNK_SIZE;
                 chunk_saves++;
             }
         }
     }
-    /* The slot fills, in the order gdp_cache_apply_step applies them (accepts, then new
-     * requests); a later operation on the same slot replaces an earlier one (an accepted slot
-     * released and claimed again in this step ends up zeroed or restored), so the fills name
-     * distinct slots and the device may run them in parallel. */
+    *saves_out = saves, *chunk_saves_out = chunk_saves;
+    return GDP_STATUS_SUCCESS;
+}
+
+/* Step 3d: the slot fills, in the order gdp_cache_apply_step applies them (accepts, then new
+ * requests); a later operation on the same slot replaces an earlier one (an accepted slot
+ * released and claimed again in this step ends up zeroed or restored), so the fills name
+ * distinct slots and the device may run them in parallel. Returns the number of fills. */
+static int32_t write_slot_fills(const gdp_step_desc *d, const struct gdp_cache *cache, const int32_t *new_slots,
+                                int32_t *fills) {
     int32_t n_fill = 0;
     for (int32_t k = 0; k < d->accept_count + d->prefill_count; k++) {
         int32_t slot, source, row;
@@ -757,92 +777,170 @@ gdp_status_t gdp_plan_build(gdp_plan_t plan, struct gdp_cache *cache, gdp_comm_t
         if (at == n_fill)
             n_fill++;
     }
-    /* The resolved step. */
+    return n_fill;
+}
+
+/* Step 3e: the resolved step (GDP_SLOT_AUTO replaced by the slots validation chose), kept in
+ * the buffer after the device's part so that it lives as long as the metadata. */
+static void write_resolved_step(gdp_plan_t plan, const int32_t *new_slots, int32_t bucket, const meta_layout *L) {
+    const gdp_step_desc *d = &plan->step;
     for (int32_t i = 0; i < d->decode_count; i++)
-        r_decode[i] = d->decode_slots[i];
+        L->r_decode[i] = d->decode_slots[i];
     for (int32_t i = 0; i < d->prefill_count; i++) {
-        r_prefill[i] = d->prefill[i];
-        r_prefill[i].slot = new_slots[i];
+        L->r_prefill[i] = d->prefill[i];
+        L->r_prefill[i].slot = new_slots[i];
     }
     for (int32_t i = 0; i < d->release_count; i++)
-        r_release[i] = d->release_slots[i];
+        L->r_release[i] = d->release_slots[i];
     for (int32_t i = 0; i < d->accept_count; i++)
-        r_accept[i] = d->accept[i];
-    if (new_slots != new_slots_stack)
-        free(new_slots);
+        L->r_accept[i] = d->accept[i];
+    plan->resolved = *d;
+    plan->resolved.decode_slots = L->r_decode;
+    plan->resolved.prefill = L->r_prefill;
+    plan->resolved.release_slots = L->r_release;
+    plan->resolved.accept = L->r_accept;
+    plan->resolved.bucket = bucket;
+}
 
+/* The buffer offsets of the arrays, in the order of gdp_step_arrays (point_arrays). */
+static void layout_offsets(const meta_layout *L, size_t offs[13]) {
+    const int32_t *arrays[13] = {L->decode_slots, L->prefill_slots, L->cu,         L->ci,        L->cidp,
+                                 L->offsets,      L->seq_idx,       L->conv_idx,   L->conv_start, L->save_snap,
+                                 L->save_off,     L->save_row,      L->save_cu};
+    for (int i = 0; i < 13; i++)
+        offs[i] = (size_t)(arrays[i] - L->base);
+}
+
+/* Step 3f: the buffer's header words and the caller's gdp_step_metadata (host arrays). */
+static void write_header_and_metadata(gdp_plan_t plan, const struct gdp_cache *cache, const step_shape *sh,
+                                      const meta_layout *L, int32_t saves, int32_t chunk_saves, int32_t n_fill) {
+    const gdp_step_desc *d = &plan->step;
+    const gdp_step_bucket *b = &plan->buckets[sh->bucket];
+    const int32_t M = plan->cfg.num_householder;
     const int32_t header[M_HEADER_WORDS] = {
-        [M_MAGIC] = META_MAGIC,        [M_BUCKET] = bucket,          [M_DECODE_COUNT] = d->decode_count,
-        [M_DECODE_TOKENS] = S,         [M_PREFILL_COUNT] = d->prefill_count, [M_PD] = pd,
-        [M_PP] = pp,                   [M_TOKENS] = b->token_count,  [M_OFFSET] = offset,
-        [M_ROWS] = rows,               [M_PREFILL_TOKENS] = (int32_t)tokens, [M_SAVES] = saves,
-        [M_CHUNK_SAVES] = chunk_saves, [M_NC] = (int32_t)nc,         [M_NCDP] = (int32_t)ncdp,
+        [M_MAGIC] = META_MAGIC,        [M_BUCKET] = sh->bucket,      [M_DECODE_COUNT] = d->decode_count,
+        [M_DECODE_TOKENS] = sh->S,     [M_PREFILL_COUNT] = d->prefill_count, [M_PD] = sh->pd,
+        [M_PP] = sh->pp,               [M_TOKENS] = b->token_count,  [M_OFFSET] = sh->offset,
+        [M_ROWS] = sh->rows,           [M_PREFILL_TOKENS] = (int32_t)sh->tokens, [M_SAVES] = saves,
+        [M_CHUNK_SAVES] = chunk_saves, [M_NC] = (int32_t)sh->nc,     [M_NCDP] = (int32_t)sh->ncdp,
         [M_M] = M,                     [M_RELEASE_COUNT] = d->release_count, [M_ACCEPT_COUNT] = d->accept_count,
-        [M_FILL_COUNT] = n_fill,       [M_FILL_OFFSET] = (int32_t)(fills - base),
+        [M_FILL_COUNT] = n_fill,       [M_FILL_OFFSET] = (int32_t)(L->fills - L->base),
     };
-    memcpy(base, header, sizeof header);
+    memcpy(L->base, header, sizeof header);
 
     gdp_step_metadata *m = &plan->meta;
     memset(m, 0, sizeof *m);
-    m->bucket = bucket;
+    m->bucket = sh->bucket;
     m->decode_count = d->decode_count;
-    m->decode_tokens = S;
+    m->decode_tokens = sh->S;
     m->prefill_count = d->prefill_count;
-    m->padded_decode_count = pd;
-    m->padded_prefill_count = pp;
+    m->padded_decode_count = sh->pd;
+    m->padded_prefill_count = sh->pp;
     m->padded_token_count = b->token_count;
-    m->prefill_token_offset = offset;
-    m->prefill_rows = rows;
-    m->prefill_tokens = (int32_t)tokens;
+    m->prefill_token_offset = sh->offset;
+    m->prefill_rows = sh->rows;
+    m->prefill_tokens = (int32_t)sh->tokens;
     m->save_count = saves;
     m->chunk_state_saves = chunk_saves;
-    m->num_chunks = nc;
-    m->num_chunks_dp = ncdp;
+    m->num_chunks = sh->nc;
+    m->num_chunks_dp = sh->ncdp;
     m->num_householder = M;
-    const size_t offs[] = {(size_t)(decode_slots - base), (size_t)(prefill_slots - base), (size_t)(cu - base),
-                           (size_t)(ci - base),           (size_t)(cidp - base),          (size_t)(offsets - base),
-                           (size_t)(seq_idx - base),      (size_t)(conv_idx - base),      (size_t)(conv_start - base),
-                           (size_t)(save_snap - base),    (size_t)(save_off - base),      (size_t)(save_row - base),
-                           (size_t)(save_cu - base)};
-    point_arrays(&m->host, base, offs);
-    m->host_buffer = base;
-    m->buffer_bytes = used_words * sizeof(int32_t);
-    plan->resolved = *d;
-    plan->resolved.decode_slots = r_decode;
-    plan->resolved.prefill = r_prefill;
-    plan->resolved.release_slots = r_release;
-    plan->resolved.accept = r_accept;
-    plan->resolved.bucket = bucket;
+    size_t offs[13];
+    layout_offsets(L, offs);
+    point_arrays(&m->host, L->base, offs);
+    m->host_buffer = L->base;
+    m->buffer_bytes = L->used_words * sizeof(int32_t);
     m->step = &plan->resolved;
     m->cache_id = cache;
     m->cache_generation = cache->generation;
+}
 
-    /* 4. One host-to-device copy of the arrays and fills (CUDA), queued on the stream (the
-     *    device reads it after the steps queued before); the CPU reads the host buffer. */
+/* Step 3: writes the validated step into host buffer `which`. */
+static gdp_status_t write_metadata(gdp_plan_t plan, const struct gdp_cache *cache, const int32_t *new_slots,
+                                   const step_shape *sh, int32_t which, meta_layout *L, const char *op) {
+    GDP_CHECK(wait_for_buffer(plan, which, op));
+    plan->have_meta = 0;
+    GDP_CHECK(lay_out_buffer(plan, plan->meta_bufs[which], sh, L, op));
+    int32_t saves = 0, chunk_saves = 0;
+    GDP_CHECK(write_token_arrays(plan, new_slots, sh, L, &saves, &chunk_saves));
+    const int32_t n_fill = write_slot_fills(&plan->step, cache, new_slots, L->fills);
+    write_resolved_step(plan, new_slots, sh->bucket, L);
+    write_header_and_metadata(plan, cache, sh, L, saves, chunk_saves, n_fill);
+    return GDP_STATUS_SUCCESS;
+}
+
+/* Step 4: one host-to-device copy of the arrays and fills (CUDA), queued on the stream (the
+ * device reads it after the steps queued before), and the device pointers of the metadata;
+ * the CPU reads the host buffer. */
+static gdp_status_t upload_metadata(gdp_plan_t plan, int32_t which, const meta_layout *L, const char *op) {
+    gdp_step_metadata *m = &plan->meta;
     if (plan->meta_dev != NULL) {
 #ifdef GDP_HAVE_CUDA
         cudaStream_t s = (cudaStream_t)plan->ctx->stream;
-        cudaError_t err = cudaMemcpyAsync(plan->meta_dev, base, arrays_end * sizeof(int32_t), cudaMemcpyHostToDevice, s);
+        cudaError_t err =
+            cudaMemcpyAsync(plan->meta_dev, L->base, L->arrays_end * sizeof(int32_t), cudaMemcpyHostToDevice, s);
         if (err == cudaSuccess)
             err = cudaEventRecord((cudaEvent_t)plan->upload_done[which], s);
         if (err != cudaSuccess) {
             (void)cudaGetLastError();
             GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: queueing the metadata upload (%zu bytes) failed: %s", op,
-                     arrays_end * sizeof(int32_t), cudaGetErrorString(err));
+                     L->arrays_end * sizeof(int32_t), cudaGetErrorString(err));
         }
+#else
+        (void)which, (void)op;
 #endif
+        size_t offs[13];
+        layout_offsets(L, offs);
         point_arrays(&m->device, (const int32_t *)plan->meta_dev, offs);
     } else {
         m->device = m->host;
-        (void)arrays_end; /* the CPU reads the host buffer */
     }
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_plan_build(gdp_plan_t plan, struct gdp_cache *cache, gdp_comm_t comm,
+                            const gdp_step_metadata **meta_out) {
+    static const char *op = "gdp_plan_build";
+    GDP_CHECK(check_plan(plan, op));
+    GDP_CHECK(gdp_cache_check_handle(cache, op));
+    if (meta_out == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: meta out-pointer is NULL", op);
+    if (!plan->have_step)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: the plan holds no step; call gdp_plan_bcast first", op);
+    if (cache->ctx->backend != plan->ctx->backend)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: the cache's backend (%d) differs from the plan's (%d)", op,
+                 (int)cache->ctx->backend, (int)plan->ctx->backend);
+    const bool debug = plan->cfg.debug_check || env_debug();
+    const gdp_step_desc *d = &plan->step;
+
+    int32_t new_slots_stack[64];
+    int32_t *new_slots = d->prefill_count <= 64 ? new_slots_stack
+                                                : gdp_calloc((size_t)d->prefill_count, sizeof(int32_t), "slot list");
+    if (new_slots == NULL)
+        return GDP_STATUS_SYSTEM_ERROR;
+    int32_t bucket = -1;
+    int64_t tokens = 0;
+    step_shape sh;
+    meta_layout L;
+    const int32_t which = plan->meta_next;
+    /* 1. Validate (the cache and this plan's metadata are only read); 2. sizes; 3. write. */
+    gdp_status_t st = validate_and_agree(plan, cache, comm, new_slots, &bucket, &tokens, op);
+    if (st == GDP_STATUS_SUCCESS)
+        st = shape_step(plan, bucket, tokens, &sh);
+    if (st == GDP_STATUS_SUCCESS)
+        st = write_metadata(plan, cache, new_slots, &sh, which, &L, op);
+    if (new_slots != new_slots_stack)
+        free(new_slots);
+    GDP_CHECK(st);
+    /* 4. Upload. */
+    GDP_CHECK(upload_metadata(plan, which, &L, op));
     plan->meta_next = which ^ 1;
     plan->have_meta = 1;
 
     /* 5. Debug: every rank must have built the same bytes. */
     if (debug && comm != NULL)
-        GDP_CHECK(gdp_plan_check_consistent(m, comm));
-    *meta_out = m;
+        GDP_CHECK(gdp_plan_check_consistent(&plan->meta, comm));
+    *meta_out = &plan->meta;
     return GDP_STATUS_SUCCESS;
 }
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "gdp/sampling.h"
+#include "rng.h"
 
 #ifdef __CUDACC__
 #define GDP_SAMPLE_FN static inline __host__ __device__
@@ -133,22 +134,15 @@ GDP_SAMPLE_FN uint32_t gdp_sample_key_id(uint64_t key) { return 0xffffffffu - (u
 GDP_SAMPLE_FN float gdp_sample_key_value(uint64_t key) { return gdp_sample_ord_value((uint32_t)(key >> 32)); }
 
 /* ---- the counter-based hash ----
- * SplitMix64's finalizer (Steele, Lea, Flood 2014). A row's stream is the SplitMix64 output
+ * SplitMix64's finalizer (rng.h). A row's stream is the SplitMix64 output
  * of its seed's state at step `position`; a token's 64 bits are the SplitMix64 output of that
  * stream at step token + 1 (another odd increment, so position and token steps never alias).
  * Nothing else enters: the draw of (seed, position, token) is the same on every rank, in
  * every batch, on both backends. */
-GDP_SAMPLE_FN uint64_t gdp_sample_mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
+GDP_SAMPLE_FN uint64_t gdp_sample_mix64(uint64_t x) { return gdp_splitmix64_mix(x); }
 GDP_SAMPLE_FN uint64_t gdp_sample_stream(uint64_t seed, int32_t position) {
     return gdp_sample_mix64(gdp_sample_mix64(seed ^ 0x6a09e667f3bcc909ull) +
-                            (uint64_t)(uint32_t)position * 0x9e3779b97f4a7c15ull);
+                            (uint64_t)(uint32_t)position * GDP_SPLITMIX64_GAMMA);
 }
 GDP_SAMPLE_FN uint64_t gdp_sample_bits(uint64_t stream, uint32_t token) {
     return gdp_sample_mix64(stream + ((uint64_t)token + 1) * 0xd1b54a32d192ed03ull);

@@ -19,21 +19,17 @@
 
 #include "gdp/engine.h"
 #include "internal.h"
+#include "rng.h"
 
-/* splitmix64: the request's own stream from (seed, id). */
+/* splitmix64 (rng.h): the request's own stream from (seed, id). */
 typedef struct wl_rng {
     uint64_t state;
 } wl_rng;
 
-static uint64_t wl_next(wl_rng *r) {
-    uint64_t z = (r->state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static uint64_t wl_next(wl_rng *r) { return gdp_splitmix64_next(&r->state); }
 
 /* Uniform on (0, 1). */
-static double wl_uniform(wl_rng *r) { return ((double)(wl_next(r) >> 11) + 0.5) * 0x1.0p-53; }
+static double wl_uniform(wl_rng *r) { return gdp_splitmix64_open01(&r->state); }
 
 /* Uniform integer in [lo, hi]. */
 static int32_t wl_range(wl_rng *r, int32_t lo, int32_t hi) {
@@ -134,10 +130,7 @@ gdp_request_defaults gdp_request_defaults_default(void) {
 }
 
 uint64_t gdp_request_seed(uint64_t base_seed, int64_t id) {
-    uint64_t z = base_seed + 0x9e3779b97f4a7c15ull * ((uint64_t)id + 1);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return gdp_splitmix64_mix(base_seed + GDP_SPLITMIX64_GAMMA * ((uint64_t)id + 1));
 }
 
 /* Stop token ids: at most GDP_MAX_STOP_TOKENS, each in the vocabulary. */

@@ -18,17 +18,17 @@ gdp_add_test(test_layer_cp_gpu_np2 SOURCES test_layer_cp.c layer_harness.c LABEL
              ARGS --backend cuda)
 gdp_add_test(test_layer_cp_gpu_tp2_g2_np4 SOURCES test_layer_cp.c layer_harness.c LABEL "gpu;mpi" NPROCS 4 TIMEOUT 300
              ARGS --backend cuda --tp 2 --groups 2)
-# gdp-run and gdp-bench-layer with --cp on the CPU backend (mpi): the engine over a tp x cp job
+# gdp-run and gdp-bench layer with --cp on the CPU backend (mpi): the engine over a tp x cp job
 # must pass its decode vs recompute self check, and the layer benchmark must count no output
 # element off its TP = 1 stack's (both exit non-zero otherwise; a header saying cp 1 fails too).
-if(TARGET gdp-run AND TARGET gdp-bench-layer)
+if(TARGET gdp-run AND TARGET gdp-bench)
   set(_gdp_cp_env "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1")
   add_test(NAME gdp_run_cp2_np2
            COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe $<TARGET_FILE:gdp-run>
                    --backend cpu --cp 2 --check 4 --draft 2 --progress 0
                    --workload synthetic:n=6,rate=0,prompt=16-200,new=8,seed=2)
   add_test(NAME gdp_bench_layer_tp2_cp2_np4
-           COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe $<TARGET_FILE:gdp-bench-layer>
+           COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe $<TARGET_FILE:gdp-bench>
                    layer -b cpu --cp 2 -D 1,4 -P 64,128 -w 1 -i 2)
   set_tests_properties(gdp_run_cp2_np2 PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 120 ENVIRONMENT "${_gdp_cp_env}"
                        FAIL_REGULAR_EXPRESSION "MISMATCH;tp [0-9]+ x cp 1")

@@ -25,22 +25,22 @@ double *g_a, *g_b;
 void *g_stream;
 void *dev_alloc(size_t bytes) {
     void *p = NULL;
-    CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1));
+    LH_CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1));
     return p;
 }
-void dev_free(void *p) { CUDA_OK(cudaFree(p)); }
+void dev_free(void *p) { LH_CUDA_OK(cudaFree(p)); }
 /* Both copies run on the ctx's stream, in order with the layers' work, and then wait for it.
  * A plain cudaMemcpy would run on the legacy default stream, which the ctx's non-blocking
  * stream never waits for; and from pageable memory it returns once the bytes are staged,
  * before the DMA has landed, so the next forward could read x while it is still arriving
  * (issue 12: the GPU stack disagreed with the CPU one from some step on, in some runs). */
 void dev_upload(void *dst, const void *src, size_t bytes) {
-    CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)g_stream));
-    CUDA_OK(cudaStreamSynchronize((cudaStream_t)g_stream)); /* src is pageable and rewritten next */
+    LH_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)g_stream));
+    LH_CUDA_OK(cudaStreamSynchronize((cudaStream_t)g_stream)); /* src is pageable and rewritten next */
 }
 void dev_download(void *dst, const void *src, size_t bytes) {
-    CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)g_stream));
-    CUDA_OK(cudaStreamSynchronize((cudaStream_t)g_stream)); /* the host reads dst next */
+    LH_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)g_stream));
+    LH_CUDA_OK(cudaStreamSynchronize((cudaStream_t)g_stream)); /* the host reads dst next */
 }
 #else
 /* Never reached: without CUDA the --backend cuda run is skipped before any stack exists. */
@@ -85,36 +85,6 @@ void lh_free_stack(gdp_layer_t layers[LAYERS], gdp_cache_t cache, gdp_plan_t pla
 }
 
 /* ---- the job ------------------------------------------------------------------------------ */
-int lh_gpu_usable(char *why, size_t n, int *gpus) {
-    *gpus = 0;
-#ifdef GDP_HAVE_CUDA
-    if (!gdp_backend_available(GDP_BACKEND_CUDA)) {
-        snprintf(why, n, "this libgdp has no CUDA backend");
-        return 0;
-    }
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count < 1) {
-        (void)cudaGetLastError();
-        snprintf(why, n, "no GPU visible (%s)", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
-        return 0;
-    }
-    *gpus = count;
-    return 1;
-#else
-    snprintf(why, n, "this libgdp was built without CUDA");
-    return 0;
-#endif
-}
-
-bool lh_all_ranks_usable(int usable, const char *name, const char *why) {
-    int all = 0;
-    MPI_Allreduce(&usable, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (!all && !usable)
-        printf("%s: skipped on rank %d: %s\n", name, g_rank, why);
-    return all != 0;
-}
-
 void lh_ctx_init(gdp_comm_t device_comm) {
     if (g_cuda) {
 #ifdef GDP_HAVE_CUDA
@@ -122,7 +92,7 @@ void lh_ctx_init(gdp_comm_t device_comm) {
         GDP_FATAL_IF_ERROR(lh_fatal_comm, gdp_comm_device(device_comm, &device));
         GDP_FATAL_IF_ERROR(lh_fatal_comm, gdp_ctx_init(&g_ctx, GDP_BACKEND_CUDA, device));
         cudaStream_t stream = NULL;
-        CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        LH_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
         g_stream = stream;
         GDP_FATAL_IF_ERROR(lh_fatal_comm, gdp_ctx_set_stream(g_ctx, g_stream));
         GDP_FATAL_IF_ERROR(lh_fatal_comm, gdp_ctx_init(&g_cpu_ctx, GDP_BACKEND_CPU, 0));
@@ -139,7 +109,7 @@ void lh_ctx_free(void) {
     if (g_cuda) {
         CHECK_OK(gdp_ctx_free(g_cpu_ctx));
 #ifdef GDP_HAVE_CUDA
-        CUDA_OK(cudaStreamDestroy((cudaStream_t)g_stream));
+        LH_CUDA_OK(cudaStreamDestroy((cudaStream_t)g_stream));
 #endif
     }
 }

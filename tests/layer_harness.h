@@ -19,6 +19,7 @@
 #include "gdp/layer.h"
 #include "gdp/plan.h"
 #include "test_common.h"
+#include "test_gpu.h"
 
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -47,12 +48,8 @@ extern gdp_ctx_t g_ctx;      /* the backend under test                       */
 extern gdp_ctx_t g_cpu_ctx;  /* --backend cuda: the CPU reference's backend  */
 extern gdp_comm_t lh_fatal_comm; /* the job-wide comm GDP_FATAL ends (NULL before it exists) */
 
-/* --backend cuda: 1 when this rank has a CUDA build, backend and visible GPU (*gpus of them);
- * else 0 and the reason in why. */
-int lh_gpu_usable(char *why, size_t n, int *gpus);
-/* Every rank skips, or none: a rank alone would leave the others in a collective. Returns
- * whether every rank is usable; prints why on the ranks that are not. */
-bool lh_all_ranks_usable(int usable, const char *name, const char *why);
+/* --backend cuda: whether this rank can run on a GPU, and the skip every rank agrees on:
+ * test_gpu_usable and test_gpu_all_ranks_usable (test_gpu.h). */
 /* g_ctx on the backend under test (CUDA: device_comm's GPU, a non-blocking stream, and the
  * CPU g_cpu_ctx); lh_ctx_free frees them. */
 void lh_ctx_init(gdp_comm_t device_comm);
@@ -63,7 +60,7 @@ int lh_finish(const char *name);
 /* ---- device memory of the test (CUDA runtime calls end the job when they fail) ---------- */
 #ifdef GDP_HAVE_CUDA
 extern void *g_stream; /* --backend cuda: the ctx's stream (a non-blocking cudaStream_t) */
-#define CUDA_OK(call)                                                                                \
+#define LH_CUDA_OK(call)                                                                             \
     do {                                                                                             \
         cudaError_t cuda_err_ = (call);                                                              \
         if (cuda_err_ != cudaSuccess)                                                                \

@@ -23,63 +23,18 @@
 #include <string.h>
 
 #include "internal.h"
-#include "test_common.h"
+#include "test_gpu.h"
 
 #ifdef GDP_HAVE_CUDA
-#include <cuda_runtime_api.h>
 
 static const double REL_BAR = 8e-3;  /* bf16 GPU chunk vs fp64 reference (gdp-math.md 8.3) */
 static const double ELEM_TOL = 2e-2; /* Megatron's atol = rtol */
 
-#define CUDA_OK(call)                                                                                    \
-    do {                                                                                                 \
-        cudaError_t e_ = (call);                                                                         \
-        CHECK(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                               \
-    } while (0)
-
-/* ---- device tensors ------------------------------------------------------------------------ */
-static gdp_tensor dev_alloc(gdp_dtype_t dtype, int32_t ndim, const int64_t *shape, int byte) {
-    gdp_tensor t;
-    gdp_tensor_init(&t, NULL, dtype, ndim, shape);
-    size_t bytes = test_tensor_bytes(&t);
-    CUDA_OK(cudaMalloc(&t.data, bytes ? bytes : 16));
-    CUDA_OK(cudaMemset(t.data, byte, bytes ? bytes : 16));
-    return t;
-}
-
-static gdp_tensor dev_upload(const gdp_tensor *h) {
-    if (!gdp_tensor_present(h)) {
-        gdp_tensor none;
-        memset(&none, 0, sizeof none);
-        return none;
-    }
-    gdp_tensor d = dev_alloc(h->dtype, h->ndim, h->shape, 0);
-    CUDA_OK(cudaMemcpy(d.data, h->data, test_tensor_bytes(h), cudaMemcpyHostToDevice));
-    return d;
-}
-
+/* ---- device tensors (test_gpu.h) -------------------------------------------------------- */
 /* Copies a host tensor into an existing device tensor of the same size. */
 static void upload_into(gdp_tensor *d, const gdp_tensor *h) {
     CHECK(test_tensor_bytes(d) == test_tensor_bytes(h), "upload: buffer sizes differ");
     CUDA_OK(cudaMemcpy(d->data, h->data, test_tensor_bytes(h), cudaMemcpyHostToDevice));
-}
-
-/* A fresh host tensor holding the device tensor's bytes. */
-static gdp_tensor dev_download(const gdp_tensor *d) {
-    gdp_tensor h = test_tensor_alloc(d->dtype, d->ndim, d->shape);
-    CUDA_OK(cudaMemcpy(h.data, d->data, test_tensor_bytes(d), cudaMemcpyDeviceToHost));
-    return h;
-}
-
-static void dev_free(gdp_tensor *d) {
-    if (d->data != NULL)
-        cudaFree(d->data);
-    d->data = NULL;
-}
-
-static void host_free(gdp_tensor *h) {
-    free(h->data);
-    h->data = NULL;
 }
 
 static bool bytes_all(const void *p, size_t n, unsigned char value) {
@@ -185,7 +140,7 @@ static void make_inputs(const chunk_case *c, uint64_t seed, inputs *in) {
 static void free_inputs(inputs *in) {
     gdp_tensor *all[] = {&in->q, &in->k, &in->v, &in->g, &in->beta, &in->init, &in->cu, &in->ci, &in->cidp, &in->co};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        host_free(all[i]);
+        test_host_free(all[i]);
 }
 
 /* ---- one run of the op ---------------------------------------------------------------------- */
@@ -194,9 +149,9 @@ typedef struct outputs {
 } outputs;
 
 static void free_outputs(outputs *out) {
-    host_free(&out->o);
-    host_free(&out->fs);
-    host_free(&out->cs);
+    test_host_free(&out->o);
+    test_host_free(&out->fs);
+    test_host_free(&out->cs);
 }
 
 static gdp_chunk_args base_args(const inputs *in) {
@@ -240,7 +195,7 @@ static void gpu_run(gdp_ctx_t gpu, const inputs *in, bool with_desc, gdp_dtype_t
     gdp_tensor d[10];
     const gdp_tensor *h[10] = {&in->q, &in->k, &in->v, &in->g, &in->beta, &in->init, &in->cu, &in->ci, &in->cidp, &in->co};
     for (int i = 0; i < 10; i++)
-        d[i] = dev_upload(h[i]);
+        d[i] = test_dev_upload(h[i]);
     a.q = d[0]; a.k = d[1]; a.v = d[2]; a.g = d[3]; a.beta = d[4]; a.initial_state = d[5]; a.cu_seqlens = d[6];
     if (with_desc) {
         a.chunk_indices = d[7]; a.chunk_indices_dp = d[8]; a.chunk_offsets = d[9];
@@ -251,9 +206,9 @@ static void gpu_run(gdp_ctx_t gpu, const inputs *in, bool with_desc, gdp_dtype_t
     }
     int64_t o_shape[4] = {1, in->T, in->H, in->V}, s_shape[4] = {in->N, in->H, in->K, in->V};
     int64_t cs_shape[4] = {in->num_chunks, in->H, in->K, in->V};
-    gdp_tensor d_o = dev_alloc(in->q.dtype, 4, o_shape, 0xff);
-    gdp_tensor d_fs = dev_alloc(GDP_DTYPE_FP32, 4, s_shape, 0xff);
-    gdp_tensor d_cs = dev_alloc(cs_dtype, 4, cs_shape, 0x7f);
+    gdp_tensor d_o = test_dev_alloc(in->q.dtype, 4, o_shape, 0xff);
+    gdp_tensor d_fs = test_dev_alloc(GDP_DTYPE_FP32, 4, s_shape, 0xff);
+    gdp_tensor d_cs = test_dev_alloc(cs_dtype, 4, cs_shape, 0x7f);
     a.o = d_o;
     a.output_final_state = 1;
     a.final_state = d_fs;
@@ -262,14 +217,14 @@ static void gpu_run(gdp_ctx_t gpu, const inputs *in, bool with_desc, gdp_dtype_t
     reserve_for(gpu, in->T, in->N, in->M, in->H, in->K, in->V);
     CHECK_OK(gdp_chunk_gated_delta_product_varlen(gpu, &a));
     CUDA_OK(cudaDeviceSynchronize());
-    out->o = dev_download(&d_o);
-    out->fs = dev_download(&d_fs);
-    out->cs = dev_download(&d_cs);
-    dev_free(&d_o);
-    dev_free(&d_fs);
-    dev_free(&d_cs);
+    out->o = test_dev_download(&d_o);
+    out->fs = test_dev_download(&d_fs);
+    out->cs = test_dev_download(&d_cs);
+    test_dev_free(&d_o);
+    test_dev_free(&d_fs);
+    test_dev_free(&d_cs);
     for (int i = 0; i < 10; i++)
-        dev_free(&d[i]);
+        test_dev_free(&d[i]);
 }
 
 /* GPU vs reference outputs (rows of real tokens and chunks), and the GPU's inert regions. */
@@ -528,9 +483,9 @@ static void test_cache(gdp_ctx_t cpu, gdp_ctx_t gpu, gdp_dtype_t cache_dtype) {
     gdp_tensor d[10];
     const gdp_tensor *h[10] = {&in.q, &in.k, &in.v, &in.g, &in.beta, &in.init, &in.cu, &in.ci, &in.cidp, &in.co};
     for (int i = 0; i < 10; i++)
-        d[i] = dev_upload(h[i]);
-    gdp_tensor d_cache = dev_upload(&cache0), d_slots = dev_upload(&slots);
-    gdp_tensor d_o = dev_alloc(in.q.dtype, 4, o_shape, 0xff), d_cs = dev_alloc(cache_dtype, 4, cs_shape, 0x7f);
+        d[i] = test_dev_upload(h[i]);
+    gdp_tensor d_cache = test_dev_upload(&cache0), d_slots = test_dev_upload(&slots);
+    gdp_tensor d_o = test_dev_alloc(in.q.dtype, 4, o_shape, 0xff), d_cs = test_dev_alloc(cache_dtype, 4, cs_shape, 0x7f);
     gdp_chunk_args b = a;
     b.q = d[0]; b.k = d[1]; b.v = d[2]; b.g = d[3]; b.beta = d[4]; b.initial_state = d[5]; b.cu_seqlens = d[6];
     b.chunk_indices = d[7]; b.chunk_indices_dp = d[8]; b.chunk_offsets = d[9];
@@ -553,9 +508,9 @@ static void test_cache(gdp_ctx_t cpu, gdp_ctx_t gpu, gdp_dtype_t cache_dtype) {
         CUDA_OK(cudaDeviceSynchronize());
         outputs run;
         memset(&run, 0, sizeof run);
-        run.o = dev_download(&d_o);
-        run.cs = dev_download(&d_cs);
-        gdp_tensor cache_run = dev_download(&d_cache);
+        run.o = test_dev_download(&d_o);
+        run.cs = test_dev_download(&d_cs);
+        gdp_tensor cache_run = test_dev_download(&d_cache);
         if (wi == 0) {
             out = run;
             cache_gpu = cache_run;
@@ -565,7 +520,7 @@ static void test_cache(gdp_ctx_t cpu, gdp_ctx_t gpu, gdp_dtype_t cache_dtype) {
               "%s: state VB %d gives o / chunk states / cache bytes different from VB %d", what, STATE_VBS[wi],
               STATE_VBS[0]);
         free_outputs(&run);
-        host_free(&cache_run);
+        test_host_free(&cache_run);
     }
     set_state_vb(0);
     compare_runs(what, &in, &out, &ref, false);
@@ -593,18 +548,18 @@ static void test_cache(gdp_ctx_t cpu, gdp_ctx_t gpu, gdp_dtype_t cache_dtype) {
     CHECK(memcmp((char *)cache_gpu.data + 4 * slot_bytes, (char *)cache0.data + 4 * slot_bytes, slot_bytes) == 0,
           "%s: the zero-length request did not store its initial state bit for bit", what);
 
-    host_free(&cache_gpu);
-    dev_free(&d_cache);
-    dev_free(&d_slots);
-    dev_free(&d_o);
-    dev_free(&d_cs);
+    test_host_free(&cache_gpu);
+    test_dev_free(&d_cache);
+    test_dev_free(&d_slots);
+    test_dev_free(&d_o);
+    test_dev_free(&d_cs);
     for (int i = 0; i < 10; i++)
-        dev_free(&d[i]);
+        test_dev_free(&d[i]);
     free_outputs(&ref);
     free_outputs(&out);
-    host_free(&cache0);
-    host_free(&cache_cpu);
-    host_free(&slots);
+    test_host_free(&cache0);
+    test_host_free(&cache_cpu);
+    test_host_free(&slots);
     free_inputs(&in);
 }
 
@@ -654,7 +609,7 @@ static void test_padding(gdp_ctx_t gpu) {
     free_outputs(&uo);
     gdp_tensor *own[] = {&un.q, &un.k, &un.v, &un.g, &un.beta, &un.init, &un.cu, &un.ci, &un.cidp, &un.co};
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
-        host_free(own[i]);
+        test_host_free(own[i]);
     free_inputs(&pad);
 }
 
@@ -688,12 +643,12 @@ static void test_graph(gdp_ctx_t cpu) {
     gdp_tensor d[10];
     const gdp_tensor *h[10] = {&A.q, &A.k, &A.v, &A.g, &A.beta, &A.init, &A.cu, &A.ci, &A.cidp, &A.co};
     for (int i = 0; i < 10; i++)
-        d[i] = dev_upload(h[i]);
+        d[i] = test_dev_upload(h[i]);
     int64_t o_shape[4] = {1, A.T, A.H, A.V}, s_shape[4] = {A.N, A.H, A.K, A.V}, cs_shape[4] = {A.num_chunks, A.H, A.K, A.V};
-    gdp_tensor g_o = dev_alloc(GDP_DTYPE_BF16, 4, o_shape, 0xff), g_fs = dev_alloc(GDP_DTYPE_FP32, 4, s_shape, 0xff);
-    gdp_tensor g_cs = dev_alloc(GDP_DTYPE_FP32, 4, cs_shape, 0x7f);
-    gdp_tensor e_o = dev_alloc(GDP_DTYPE_BF16, 4, o_shape, 0xff), e_fs = dev_alloc(GDP_DTYPE_FP32, 4, s_shape, 0xff);
-    gdp_tensor e_cs = dev_alloc(GDP_DTYPE_FP32, 4, cs_shape, 0x7f);
+    gdp_tensor g_o = test_dev_alloc(GDP_DTYPE_BF16, 4, o_shape, 0xff), g_fs = test_dev_alloc(GDP_DTYPE_FP32, 4, s_shape, 0xff);
+    gdp_tensor g_cs = test_dev_alloc(GDP_DTYPE_FP32, 4, cs_shape, 0x7f);
+    gdp_tensor e_o = test_dev_alloc(GDP_DTYPE_BF16, 4, o_shape, 0xff), e_fs = test_dev_alloc(GDP_DTYPE_FP32, 4, s_shape, 0xff);
+    gdp_tensor e_cs = test_dev_alloc(GDP_DTYPE_FP32, 4, cs_shape, 0x7f);
     /* the legacy-stream uploads and fills above have landed before the non-blocking stream runs */
     CUDA_OK(cudaDeviceSynchronize());
     gdp_chunk_args a;
@@ -728,8 +683,8 @@ static void test_graph(gdp_ctx_t cpu) {
         CUDA_OK(cudaStreamSynchronize(stream));
         CHECK_OK(gdp_chunk_gated_delta_product_varlen(ctx, &ea));
         CUDA_OK(cudaStreamSynchronize(stream));
-        outputs go = {dev_download(&g_o), dev_download(&g_fs), dev_download(&g_cs)};
-        outputs eo = {dev_download(&e_o), dev_download(&e_fs), dev_download(&e_cs)};
+        outputs go = {test_dev_download(&g_o), test_dev_download(&g_fs), test_dev_download(&g_cs)};
+        outputs eo = {test_dev_download(&e_o), test_dev_download(&e_fs), test_dev_download(&e_cs)};
         const int64_t real = ((const int32_t *)in->co.data)[in->N], row_s = in->H * in->K * in->V;
         CHECK(same_bytes(&go.o, &eo.o) && same_bytes(&go.fs, &eo.fs) &&
                   memcmp(go.cs.data, eo.cs.data, (size_t)(real * row_s) * sizeof(float)) == 0,
@@ -751,9 +706,9 @@ static void test_graph(gdp_ctx_t cpu) {
         cudaGraphDestroy(graph);
     gdp_tensor *ds[] = {&g_o, &g_fs, &g_cs, &e_o, &e_fs, &e_cs};
     for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++)
-        dev_free(ds[i]);
+        test_dev_free(ds[i]);
     for (int i = 0; i < 10; i++)
-        dev_free(&d[i]);
+        test_dev_free(&d[i]);
     gdp_ctx_free(ctx);
     cudaStreamDestroy(stream);
     free_inputs(&A);
@@ -771,9 +726,9 @@ static void test_rejections(void) {
     gdp_tensor d[10];
     const gdp_tensor *h[10] = {&in.q, &in.k, &in.v, &in.g, &in.beta, &in.init, &in.cu, &in.ci, &in.cidp, &in.co};
     for (int i = 0; i < 10; i++)
-        d[i] = dev_upload(h[i]);
+        d[i] = test_dev_upload(h[i]);
     int64_t o_shape[4] = {1, in.T, in.H, in.V};
-    gdp_tensor d_o = dev_alloc(GDP_DTYPE_BF16, 4, o_shape, 0x5a);
+    gdp_tensor d_o = test_dev_alloc(GDP_DTYPE_BF16, 4, o_shape, 0x5a);
     gdp_chunk_args a = base_args(&in);
     a.q = d[0]; a.k = d[1]; a.v = d[2]; a.g = d[3]; a.beta = d[4]; a.cu_seqlens = d[6];
     a.chunk_indices = d[7]; a.chunk_indices_dp = d[8]; a.chunk_offsets = d[9];
@@ -785,8 +740,8 @@ static void test_rejections(void) {
     /* fp32 q, k, v (and o) are not supported by the CUDA chunk op, as upstream */
     int64_t q_shape[4] = {1, in.T, in.H, in.K}, k_shape[4] = {1, in.T * in.M, in.H, in.K};
     int64_t v_shape[4] = {1, in.T * in.M, in.H, in.V};
-    gdp_tensor q32 = dev_alloc(GDP_DTYPE_FP32, 4, q_shape, 0), k32 = dev_alloc(GDP_DTYPE_FP32, 4, k_shape, 0);
-    gdp_tensor v32 = dev_alloc(GDP_DTYPE_FP32, 4, v_shape, 0), o32 = dev_alloc(GDP_DTYPE_FP32, 4, o_shape, 0x5a);
+    gdp_tensor q32 = test_dev_alloc(GDP_DTYPE_FP32, 4, q_shape, 0), k32 = test_dev_alloc(GDP_DTYPE_FP32, 4, k_shape, 0);
+    gdp_tensor v32 = test_dev_alloc(GDP_DTYPE_FP32, 4, v_shape, 0), o32 = test_dev_alloc(GDP_DTYPE_FP32, 4, o_shape, 0x5a);
     reserve_for(fresh, in.T, in.N, in.M, in.H, in.K, in.V);
     gdp_chunk_args b = a;
     b.q = q32; b.k = k32; b.v = v32; b.o = o32;
@@ -798,16 +753,16 @@ static void test_rejections(void) {
     printf("  GDP_CHUNK_STATE_VB=48: %s\n", gdp_last_error());
     set_state_vb(0);
     CUDA_OK(cudaDeviceSynchronize());
-    gdp_tensor ho = dev_download(&d_o), ho32 = dev_download(&o32);
+    gdp_tensor ho = test_dev_download(&d_o), ho32 = test_dev_download(&o32);
     CHECK(bytes_all(ho.data, test_tensor_bytes(&ho), 0x5a) && bytes_all(ho32.data, test_tensor_bytes(&ho32), 0x5a),
           "a rejected call wrote its output");
-    host_free(&ho);
-    host_free(&ho32);
+    test_host_free(&ho);
+    test_host_free(&ho32);
     gdp_tensor *ds[] = {&d_o, &q32, &k32, &v32, &o32};
     for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++)
-        dev_free(ds[i]);
+        test_dev_free(ds[i]);
     for (int i = 0; i < 10; i++)
-        dev_free(&d[i]);
+        test_dev_free(&d[i]);
     gdp_ctx_free(fresh);
     free_inputs(&in);
 }
@@ -821,11 +776,11 @@ static void test_cumsum(gdp_ctx_t cpu, gdp_ctx_t gpu) {
     int64_t q_shape[3] = {1, in.T, in.H}, k_shape[3] = {1, in.T * in.M, in.H};
     gdp_tensor cq = test_tensor_alloc(GDP_DTYPE_FP32, 3, q_shape), ck = test_tensor_alloc(GDP_DTYPE_FP32, 3, k_shape);
     CHECK_OK(gdp_chunk_local_cumsum(cpu, &cq, &ck, &in.g, &in.cu, in.M));
-    gdp_tensor dg = dev_upload(&in.g), dcu = dev_upload(&in.cu);
-    gdp_tensor dq = dev_alloc(GDP_DTYPE_FP32, 3, q_shape, 0xff), dk = dev_alloc(GDP_DTYPE_FP32, 3, k_shape, 0xff);
+    gdp_tensor dg = test_dev_upload(&in.g), dcu = test_dev_upload(&in.cu);
+    gdp_tensor dq = test_dev_alloc(GDP_DTYPE_FP32, 3, q_shape, 0xff), dk = test_dev_alloc(GDP_DTYPE_FP32, 3, k_shape, 0xff);
     CHECK_OK(gdp_chunk_local_cumsum(gpu, &dq, &dk, &dg, &dcu, in.M));
     CUDA_OK(cudaDeviceSynchronize());
-    gdp_tensor gq = dev_download(&dq), gk = dev_download(&dk);
+    gdp_tensor gq = test_dev_download(&dq), gk = test_dev_download(&dk);
     /* fp32 sums of at most 64 same-signed terms: relative error below 64 fp32 ulps */
     double *a = test_tensor_f64(&gq), *b = test_tensor_f64(&cq);
     test_compare("cumsum token stream", a, b, in.T * in.H, 1e-6, 1e-6, 1e-5);
@@ -843,19 +798,16 @@ static void test_cumsum(gdp_ctx_t cpu, gdp_ctx_t gpu) {
     printf("  chunk-local cumsums (M=3, lengths 130,0,64,1,200, 20 padded rows) vs the CPU backend\n");
     gdp_tensor *hs[] = {&cq, &ck, &gq, &gk};
     for (size_t i = 0; i < 4; i++)
-        host_free(hs[i]);
+        test_host_free(hs[i]);
     gdp_tensor *ds[] = {&dg, &dcu, &dq, &dk};
     for (size_t i = 0; i < 4; i++)
-        dev_free(ds[i]);
+        test_dev_free(ds[i]);
     free_inputs(&in);
 }
 
 int main(void) {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("test_chunk_gpu: skipped, no CUDA device\n");
+    if (!test_gpu_present("test_chunk_gpu"))
         return TEST_SKIP;
-    }
     gdp_ctx_t cpu, gpu;
     CHECK_OK(gdp_ctx_init(&cpu, GDP_BACKEND_CPU, 0));
     CHECK_OK(gdp_ctx_init(&gpu, GDP_BACKEND_CUDA, 0));

@@ -179,3 +179,142 @@ const gdp_step_metadata *test_step_local(gdp_plan_t plan, gdp_cache_t cache, con
         CHECK_OK(gdp_cache_apply_step(cache, meta));
     return meta;
 }
+
+/* ---- strided views, fills and bars of one tensor against its reference ---- */
+
+/* Bytes from the first to one past the last element of a (possibly strided) view. */
+size_t test_span_bytes(const gdp_tensor *t) {
+    int64_t span = 1;
+    for (int32_t d = 0; d < t->ndim; d++) {
+        if (t->shape[d] == 0)
+            return 0;
+        span += (t->shape[d] - 1) * gdp_tensor_stride(t, d);
+    }
+    return (size_t)span * gdp_dtype_size(t->dtype);
+}
+
+/* A host copy of the view's whole span (same strides). Absent stays absent. */
+gdp_tensor test_host_clone(const gdp_tensor *t) {
+    gdp_tensor r = *t;
+    if (!gdp_tensor_present(t))
+        return r;
+    const size_t b = test_span_bytes(t);
+    r.data = malloc(b ? b : 1);
+    memcpy(r.data, t->data, b);
+    return r;
+}
+
+void test_host_free(gdp_tensor *h) {
+    free(h->data);
+    h->data = NULL;
+}
+
+/* A contiguous tensor whose rows are a view into wider rows: the last dim padded by pad. */
+gdp_tensor test_alloc_rows(gdp_dtype_t dt, int32_t ndim, const int64_t *shape, int64_t pad) {
+    gdp_tensor t = test_tensor_alloc(dt, ndim, shape);
+    if (pad == 0)
+        return t;
+    free(t.data);
+    int64_t stride = 1;
+    for (int32_t d = ndim - 1; d >= 0; d--) {
+        t.stride[d] = stride;
+        stride *= d == ndim - 1 ? shape[d] + pad : shape[d];
+    }
+    t.data = calloc((size_t)stride, gdp_dtype_size(dt));
+    return t;
+}
+
+void test_fill_normal(gdp_tensor *t, test_rng *r, double scale) {
+    for (int64_t i = 0; i < gdp_tensor_numel(t); i++)
+        gdp_tensor_set(t, i, scale * test_normal(r));
+}
+
+void test_fill_value(gdp_tensor *t, double v) {
+    for (int64_t i = 0; i < gdp_tensor_numel(t); i++)
+        gdp_tensor_set(t, i, v);
+}
+
+gdp_tensor test_int_tensor(const int32_t *vals, int64_t n) {
+    const int64_t shape[1] = {n};
+    gdp_tensor t = test_tensor_alloc(GDP_DTYPE_INT32, 1, shape);
+    memcpy(t.data, vals, (size_t)n * sizeof(int32_t));
+    return t;
+}
+
+/* Largest ulp distance between two contiguous tensors of one dtype. */
+int64_t test_max_ulp(const gdp_tensor *a, const gdp_tensor *b, int64_t *where) {
+    int64_t worst = 0;
+    *where = 0;
+    for (int64_t i = 0; i < gdp_tensor_numel(a); i++) {
+        int64_t d = test_ordered_bits(a->dtype, a->data, i) - test_ordered_bits(b->dtype, b->data, i);
+        d = d < 0 ? -d : d;
+        if (d > worst) {
+            worst = d;
+            *where = i;
+        }
+    }
+    return worst;
+}
+
+/* One ulp of a 16-bit dtype at the magnitude of x (0 for fp32: no allowance). */
+double test_ulp_at(gdp_dtype_t dt, double x) {
+    if (dt == GDP_DTYPE_FP32)
+        return 0.0;
+    const int mant = dt == GDP_DTYPE_BF16 ? 7 : 10;
+    const int min_exp = dt == GDP_DTYPE_BF16 ? -126 : -14;
+    int e;
+    frexp(fabs(x), &e); /* |x| in [2^(e-1), 2^e) */
+    int lead = e - 1;
+    if (x == 0 || lead < min_exp)
+        lead = min_exp;
+    return ldexp(1.0, lead - mant);
+}
+
+/* |got - ref| <= atol + rtol |ref| + one ulp of `ulp_dtype` at ref, elementwise (NaN fails). */
+bool test_compare_bar(const char *what, const gdp_tensor *got, const gdp_tensor *ref, double atol, double rtol,
+                      gdp_dtype_t ulp_dtype) {
+    const int64_t n = gdp_tensor_numel(ref);
+    CHECK(gdp_tensor_numel(got) == n, "%s: %lld elements, reference %lld", what, (long long)gdp_tensor_numel(got),
+          (long long)n);
+    int64_t bad = 0, worst = -1;
+    double worst_excess = -1, max_abs = 0;
+    for (int64_t i = 0; i < n && gdp_tensor_numel(got) == n; i++) {
+        const double a = gdp_tensor_get(got, i), b = gdp_tensor_get(ref, i);
+        const double d = fabs(a - b), bar = atol + rtol * fabs(b) + test_ulp_at(ulp_dtype, b);
+        if (!(d <= bar)) {
+            bad++;
+            const double excess = isnan(d) ? INFINITY : d - bar;
+            if (excess > worst_excess) {
+                worst_excess = excess;
+                worst = i;
+            }
+        }
+        if (d > max_abs)
+            max_abs = d;
+    }
+    CHECK(bad == 0, "%s: %lld of %lld elements outside atol %.0e rtol %.0e%s; worst [%lld] got %.9g want %.9g", what,
+          (long long)bad, (long long)n, atol, rtol, ulp_dtype == GDP_DTYPE_FP32 ? "" : " + 1 ulp", (long long)worst,
+          worst >= 0 ? gdp_tensor_get(got, worst) : 0.0, worst >= 0 ? gdp_tensor_get(ref, worst) : 0.0);
+    printf("  %-58s max |diff| %.2e over %lld elements\n", what, max_abs, (long long)n);
+    return bad == 0;
+}
+
+bool test_same_bytes(const char *what, const gdp_tensor *a, const gdp_tensor *b) {
+    const size_t na = test_span_bytes(a), nb = test_span_bytes(b);
+    const bool ok = na == nb && memcmp(a->data, b->data, na) == 0;
+    CHECK(ok, "%s: not bitwise equal (%zu vs %zu bytes)", what, na, nb);
+    return ok;
+}
+
+void test_compare_fp32_or_1ulp(const char *what, const gdp_tensor *got, const gdp_tensor *ref, double atol,
+                               double rtol) {
+    if (got->dtype == GDP_DTYPE_FP32) {
+        test_compare_bar(what, got, ref, atol, rtol, GDP_DTYPE_FP32);
+        return;
+    }
+    int64_t where;
+    const int64_t ulp = test_max_ulp(got, ref, &where);
+    CHECK(ulp <= 1, "%s: %lld ulp at [%lld] (got %.9g, want %.9g); bar 1 ulp", what, (long long)ulp, (long long)where,
+          gdp_tensor_get(got, where), gdp_tensor_get(ref, where));
+    printf("  %-58s max %lld ulp over %lld elements\n", what, (long long)ulp, (long long)gdp_tensor_numel(got));
+}

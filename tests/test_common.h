@@ -2,8 +2,10 @@
  * test_common.h: what the CTest programs share: check macros that count failures,
  * seeded random inputs, the accuracy metrics of gdp-math.md section 8 (relative RMS
  * and the elementwise |a - b| <= atol + rtol |b| bar), the golden directory and
- * safetensors loading into gdp_tensor views, tensor copies, ulp distances, a one-process
- * plan step, and the exit codes (0 pass, 1 fail, 77 skip).
+ * safetensors loading into gdp_tensor views, tensor copies, strided views, fills and the
+ * per-element bar of one tensor against its reference, ulp distances, a one-process plan
+ * step, and the exit codes (0 pass, 1 fail, 77 skip). The GPU tests' device helpers are in
+ * test_gpu.h.
  */
 #ifndef GDP_TEST_COMMON_H
 #define GDP_TEST_COMMON_H
@@ -87,6 +89,33 @@ size_t test_tensor_bytes(const gdp_tensor *t);
 gdp_tensor test_copy_as(const gdp_tensor *t, gdp_dtype_t dt);
 /* Sets every element to NaN (outputs a test expects to be written). */
 void test_fill_nan(gdp_tensor *t);
+
+/* ---- strided views, fills and bars (the GPU op tests' comparisons) ---- */
+/* Bytes from the first to one past the last element of a (possibly strided) view. */
+size_t test_span_bytes(const gdp_tensor *t);
+/* A host copy of the view's whole span (same strides). Absent stays absent. */
+gdp_tensor test_host_clone(const gdp_tensor *t);
+void test_host_free(gdp_tensor *h);
+/* A contiguous tensor whose rows are a view into wider rows: the last dim padded by pad. */
+gdp_tensor test_alloc_rows(gdp_dtype_t dt, int32_t ndim, const int64_t *shape, int64_t pad);
+void test_fill_normal(gdp_tensor *t, test_rng *r, double scale); /* scale * N(0, 1) */
+void test_fill_value(gdp_tensor *t, double v);
+/* A 1-d int32 tensor holding vals[0..n). */
+gdp_tensor test_int_tensor(const int32_t *vals, int64_t n);
+/* Largest ulp distance between two contiguous tensors of one dtype (its index in *where). */
+int64_t test_max_ulp(const gdp_tensor *a, const gdp_tensor *b, int64_t *where);
+/* One ulp of a 16-bit dtype at the magnitude of x (0 for fp32: no allowance). */
+double test_ulp_at(gdp_dtype_t dt, double x);
+/* |got - ref| <= atol + rtol |ref| + one ulp of `ulp_dtype` at ref, elementwise (NaN fails);
+ * prints the largest |diff|. */
+bool test_compare_bar(const char *what, const gdp_tensor *got, const gdp_tensor *ref, double atol, double rtol,
+                      gdp_dtype_t ulp_dtype);
+/* got vs a reference of the same dtype: fp32 within test_compare_bar(atol, rtol), a 16-bit
+ * dtype within one ulp (the largest distance printed). */
+void test_compare_fp32_or_1ulp(const char *what, const gdp_tensor *got, const gdp_tensor *ref, double atol,
+                               double rtol);
+/* The two views' spans bitwise equal (a failed check otherwise). */
+bool test_same_bytes(const char *what, const gdp_tensor *a, const gdp_tensor *b);
 
 /* ---- ulp distances ---- */
 /* Element i of an fp32 (else bf16) buffer's bits as an integer monotonic in its value. */

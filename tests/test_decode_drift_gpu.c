@@ -21,10 +21,9 @@
 #include "gdp/checkpoint.h"
 #include "gdp/layer.h"
 #include "gdp/plan.h"
-#include "test_common.h"
+#include "test_gpu.h"
 
 #ifdef GDP_HAVE_CUDA
-#include <cuda_runtime_api.h>
 
 #define N_REQ 8
 #define PROMPT 64
@@ -126,12 +125,8 @@ static int64_t count_nonfinite(const double *a, int64_t n) {
 
 int main(void) {
     const char *name = "test_decode_drift_gpu";
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-        printf("%s: skipped: no CUDA device (%s)\n", name, err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    if (!test_gpu_present(name))
         return TEST_SKIP;
-    }
     gdp_ctx_t ctx = NULL;
     CHECK_OK(gdp_ctx_init(&ctx, GDP_BACKEND_CUDA, 0));
     if (ctx == NULL)

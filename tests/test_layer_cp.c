@@ -933,7 +933,7 @@ static void scenario_bad_input(const char *bad_path) {
 /* --backend cuda: 1 when this rank can run the test (a CUDA build and a visible GPU). */
 static int gpu_usable(char *why, size_t n) {
     int count = 0;
-    return lh_gpu_usable(why, n, &count);
+    return test_gpu_usable(why, n, &count);
 }
 
 static void usage_fatal(const char *arg) {
@@ -967,7 +967,7 @@ int main(int argc, char **argv) {
         /* Every rank skips, or none: a rank alone would leave the others in a collective. */
         char why[160] = "";
         const int usable = gpu_usable(why, sizeof why);
-        if (!lh_all_ranks_usable(usable, name, why)) {
+        if (!test_gpu_all_ranks_usable(usable, name, why)) {
             MPI_Finalize();
             return TEST_SKIP;
         }

@@ -475,7 +475,7 @@ static void scenario_bad_input(const char *path) {
  * asked for it, and with NCCL a GPU per rank of the node); else 0 and the reason in why. */
 static int gpu_usable(char *why, size_t n) {
     int count = 0;
-    if (!lh_gpu_usable(why, n, &count))
+    if (!test_gpu_usable(why, n, &count))
         return 0;
     if (g_nccl) {
         if (!gdp_comm_backend_available(GDP_COMM_NCCL)) {
@@ -526,7 +526,7 @@ int main(int argc, char **argv) {
         /* Every rank skips, or none: a rank alone would leave the others in a collective. */
         char why[160] = "";
         const int usable = gpu_usable(why, sizeof why);
-        if (!lh_all_ranks_usable(usable, name, why)) {
+        if (!test_gpu_all_ranks_usable(usable, name, why)) {
             MPI_Finalize();
             return TEST_SKIP;
         }

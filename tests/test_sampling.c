@@ -33,13 +33,7 @@
 
 #if defined(GDP_TEST_SAMPLING_GPU) && defined(GDP_HAVE_CUDA)
 #define ON_GPU 1
-#include <cuda_runtime_api.h>
-#define CUDA_OK(call)                                                                                           \
-    do {                                                                                                        \
-        cudaError_t e_ = (call);                                                                                \
-        CHECK(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                                      \
-    } while (0)
-static cudaStream_t g_stream;
+#include "test_gpu.h" /* CUDA_OK, the job's contexts and blocking stream g_test_stream */
 #else
 #define ON_GPU 0
 #endif
@@ -95,7 +89,7 @@ static void bmem_put(gdp_ctx_t ctx, void *dst, const void *src, size_t bytes) {
 static void bmem_get(gdp_ctx_t ctx, void *dst, const void *src, size_t bytes) {
 #if ON_GPU
     if (is_gpu(ctx)) {
-        CUDA_OK(cudaStreamSynchronize(g_stream));
+        CUDA_OK(cudaStreamSynchronize(g_test_stream));
         CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
         return;
     }
@@ -819,7 +813,7 @@ static void graph_replay(const batch *b, const split_t *sp, const gdp_sample_out
     bmem_put(g_ctx, d_rows, b->rows, (size_t)n * sizeof *d_rows);
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
-    CUDA_OK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
+    CUDA_OK(cudaStreamBeginCapture(g_test_stream, cudaStreamCaptureModeGlobal));
     for (int32_t p = 0; p < sp->n; p++) {
         const gdp_sample_candidates_args a = {.logits = d_l + sp->off[p], .n_rows = n, .vocab_local = sp->len[p],
                                               .ld = V, .vocab_offset = sp->off[p], .rows = d_rows,
@@ -829,12 +823,12 @@ static void graph_replay(const batch *b, const split_t *sp, const gdp_sample_out
     const gdp_sample_merge_args m = {.records = d_rec, .n_parts = sp->n, .n_rows = n, .max_candidates = MAXC,
                                      .rows = d_rows, .out = d_out};
     CHECK_OK(gdp_sample_merge(g_ctx, &m));
-    CUDA_OK(cudaStreamEndCapture(g_stream, &graph));
+    CUDA_OK(cudaStreamEndCapture(g_test_stream, &graph));
     if (graph) {
         CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
         for (int rep = 0; rep < 2 && exec; rep++) {
             CUDA_OK(cudaMemset(d_out, 0xA5, (size_t)n * sizeof *d_out));
-            CUDA_OK(cudaGraphLaunch(exec, g_stream));
+            CUDA_OK(cudaGraphLaunch(exec, g_test_stream));
             bmem_get(g_ctx, replayed, d_out, (size_t)n * sizeof *replayed);
             CHECK(memcmp(eager, replayed, (size_t)n * sizeof *eager) == 0, "graph replay %d differs from eager", rep);
         }
@@ -907,10 +901,10 @@ static void bench(test_rng *rng) {
                                               .rows = d_rows, .out = d_out};
             float t[20];
             for (int rep = -3; rep < 20; rep++) {
-                CUDA_OK(cudaEventRecord(e0, g_stream));
+                CUDA_OK(cudaEventRecord(e0, g_test_stream));
                 CHECK_OK(gdp_sample_candidates(g_ctx, &a));
                 CHECK_OK(gdp_sample_merge(g_ctx, &mg));
-                CUDA_OK(cudaEventRecord(e1, g_stream));
+                CUDA_OK(cudaEventRecord(e1, g_test_stream));
                 CUDA_OK(cudaEventSynchronize(e1));
                 float ms = 0;
                 CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
@@ -944,18 +938,11 @@ int main(int argc, char **argv) {
     return TEST_SKIP;
 #endif
 #if ON_GPU
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-        printf("%s: skipped: no CUDA device (%s)\n", name, err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    if (!test_gpu_present(name))
         return TEST_SKIP;
-    }
-    CHECK_OK(gdp_ctx_init(&g_ctx, GDP_BACKEND_CUDA, 0));
-    CHECK_OK(gdp_ctx_init(&g_cpu, GDP_BACKEND_CPU, 0));
-    if (g_ctx == NULL || g_cpu == NULL)
+    if (!test_gpu_job_init()) /* blocking stream: ordered with the plain cudaMemcpy calls */
         return test_finish(name);
-    CUDA_OK(cudaStreamCreate(&g_stream)); /* blocking: ordered with the plain cudaMemcpy calls */
-    CHECK_OK(gdp_ctx_set_stream(g_ctx, g_stream));
+    g_ctx = g_test_gpu, g_cpu = g_test_cpu;
 #else
     CHECK_OK(gdp_ctx_init(&g_ctx, GDP_BACKEND_CPU, 0));
     g_cpu = g_ctx;
@@ -967,9 +954,7 @@ int main(int argc, char **argv) {
 #if ON_GPU
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
         bench(&rng);
-        CUDA_OK(cudaStreamDestroy(g_stream));
-        gdp_ctx_free(g_ctx);
-        gdp_ctx_free(g_cpu);
+        test_gpu_job_free();
         return test_finish(name);
     }
 #endif
@@ -986,9 +971,9 @@ int main(int argc, char **argv) {
 #if ON_GPU
     test_gpu_vs_cpu(&rng);
     test_graph(&rng);
-    CUDA_OK(cudaStreamDestroy(g_stream));
-    gdp_ctx_free(g_cpu);
-#endif
+    test_gpu_job_free();
+#else
     gdp_ctx_free(g_ctx);
+#endif
     return test_finish(name);
 }

@@ -1,0 +1,446 @@
+/*
+ * test_conv_gpu.c: the CUDA backend of the causal conv1d ops (varlen and update) and the
+ * fused decode front, through the public API on device buffers, against the golden file and
+ * the CPU backend (same API, host copies of the same inputs; the CPU side is
+ * test_conv_cpu.c). Checked: conv_varlen.safetensors (y within one bf16 ulp, state exact);
+ * random varlen (zero, short and long sequences, -1 requests, padding rows, strided x, widths
+ * 2..8) and update (S tokens, snapshots, -1 rows) vs the CPU: states bitwise, fp32 y within
+ * 1e-5, 16-bit y within one ulp; graph replay; determinism; the fused decode front (conv
+ * update + decode prepare in one launch, src/decode_core.h) bitwise equal to the two ops in
+ * order.
+ * Device helpers: test_gpu.h. Without a CUDA build or a visible GPU it prints why and exits
+ * 77 (skip).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "decode_core.h"
+#include "internal.h" /* defines: gdp_tensor_get/set, gdp_tensor_stride */
+#include "test_gpu.h"
+
+#ifdef GDP_HAVE_CUDA
+
+static int64_t bf16_ulp_distance_values(double a, double b) {
+    const uint16_t ua = gdp_double_to_bf16(a), ub = gdp_double_to_bf16(b);
+    const int64_t oa = (ua & 0x8000u) ? -(int64_t)(ua & 0x7fffu) : ua, ob = (ub & 0x8000u) ? -(int64_t)(ub & 0x7fffu) : ub;
+    return oa > ob ? oa - ob : ob - oa;
+}
+
+/* y vs a reference y of the same dtype: fp32 within 1e-5, 16-bit within one ulp. */
+static void compare_y(const char *what, const gdp_tensor *got, const gdp_tensor *ref) {
+    test_compare_fp32_or_1ulp(what, got, ref, 1e-5, 1e-5);
+}
+
+static void conv_golden(void) {
+    gdp_st_file *f = test_golden_open("conv_varlen.safetensors");
+    if (f == NULL)
+        return;
+    gdp_tensor x, weight, state0, state_ref, idx, cu, y_ref;
+    const bool ok = test_st_tensor(f, "x", &x) && test_st_tensor(f, "weight", &weight) &&
+                    test_st_tensor(f, "conv_state", &state0) &&
+                    test_st_tensor(f, "conv_state_after_ref", &state_ref) &&
+                    test_st_tensor(f, "state_indices", &idx) && test_st_tensor(f, "cu_seqlens", &cu) &&
+                    test_st_tensor(f, "y_ref", &y_ref);
+    gdp_st_close(f);
+    if (!ok)
+        return;
+    gdp_tensor y = test_tensor_alloc(x.dtype, 2, x.shape);
+    gdp_conv1d_varlen_args d = {.x = test_dev_clone(&x), .weight = test_dev_clone(&weight), .conv_state = test_dev_clone(&state0),
+                                .state_indices = test_dev_clone(&idx), .cu_seqlens = test_dev_clone(&cu), .silu = 1,
+                                .y = test_dev_poisoned(&y)};
+    CHECK_OK(gdp_causal_conv1d_varlen(g_test_gpu, &d));
+    gdp_tensor state = test_host_clone(&state0);
+    test_dev_fetch(&y, &d.y);
+    test_dev_fetch(&state, &d.conv_state);
+    int64_t worst = 0;
+    for (int64_t i = 0; i < gdp_tensor_numel(&y); i++) {
+        const int64_t u = bf16_ulp_distance_values(gdp_tensor_get(&y, i), gdp_tensor_get(&y_ref, i));
+        worst = u > worst ? u : worst;
+    }
+    CHECK(worst <= 1, "conv_varlen golden: bf16 y is %lld bf16 ulp from y_ref (bar 1)", (long long)worst);
+    test_same_bytes("conv_varlen golden: conv_state vs conv_state_after_ref", &state, &state_ref);
+    printf("conv_varlen.safetensors (T=%lld, C=%lld, W=%lld): bf16 y within %lld bf16 ulp of y_ref; conv_state %s\n",
+           (long long)x.shape[0], (long long)x.shape[1], (long long)weight.shape[1], (long long)worst,
+           memcmp(state.data, state_ref.data, test_span_bytes(&state)) == 0 ? "bitwise equal" : "DIFFERENT");
+    test_dev_free(&d.x), test_dev_free(&d.weight), test_dev_free(&d.conv_state), test_dev_free(&d.state_indices);
+    test_dev_free(&d.cu_seqlens), test_dev_free(&d.y);
+    test_host_free(&x), test_host_free(&weight), test_host_free(&state0), test_host_free(&state_ref), test_host_free(&idx);
+    test_host_free(&cu), test_host_free(&y_ref), test_host_free(&y), test_host_free(&state);
+}
+
+#define VARLEN_MAX_SEQS 16
+typedef struct varlen_cfg {
+    int64_t C, W, slots, pad_tokens, x_pad;
+    int nseq;
+    int32_t lens[VARLEN_MAX_SEQS];
+    int32_t slot[VARLEN_MAX_SEQS]; /* -1: padding request */
+    gdp_dtype_t x_dt, w_dt, state_dt, y_dt;
+    bool bias, silu;
+} varlen_cfg;
+
+static gdp_conv1d_varlen_args varlen_random(test_rng *r, const varlen_cfg *c) {
+    gdp_conv1d_varlen_args a = {.silu = c->silu};
+    int32_t cu[VARLEN_MAX_SEQS + 1] = {0};
+    for (int i = 0; i < c->nseq; i++)
+        cu[i + 1] = cu[i] + c->lens[i];
+    const int64_t T = cu[c->nseq] + c->pad_tokens;
+    const int64_t xs[2] = {T, c->C}, ws[2] = {c->C, c->W}, bs[1] = {c->C}, ss[3] = {c->slots, c->C, c->W};
+    a.x = test_alloc_rows(c->x_dt, 2, xs, c->x_pad);
+    test_fill_normal(&a.x, r, 1.0);
+    a.weight = test_tensor_alloc(c->w_dt, 2, ws);
+    test_fill_uniform(&a.weight, r, -1, 1);
+    if (c->bias) {
+        a.bias = test_tensor_alloc(c->w_dt, 1, bs);
+        test_fill_uniform(&a.bias, r, -0.5, 0.5);
+    }
+    a.conv_state = test_tensor_alloc(c->state_dt, 3, ss);
+    test_fill_normal(&a.conv_state, r, 1.0);
+    a.state_indices = test_int_tensor(c->slot, c->nseq);
+    a.cu_seqlens = test_int_tensor(cu, c->nseq + 1);
+    a.y = test_tensor_alloc(c->y_dt, 2, xs);
+    return a;
+}
+
+#define VARLEN_TENSORS 7
+static gdp_tensor *varlen_slot(gdp_conv1d_varlen_args *a, int i) {
+    gdp_tensor *all[VARLEN_TENSORS] = {&a->x, &a->weight, &a->bias, &a->conv_state, &a->state_indices,
+                                       &a->cu_seqlens, &a->y};
+    return all[i];
+}
+
+static gdp_conv1d_varlen_args varlen_to_device(const gdp_conv1d_varlen_args *h) {
+    gdp_conv1d_varlen_args d = *h;
+    for (int i = 0; i < VARLEN_TENSORS; i++)
+        *varlen_slot(&d, i) = i == 6 ? test_dev_poisoned(&h->y) : test_dev_clone(varlen_slot((gdp_conv1d_varlen_args *)h, i));
+    return d;
+}
+
+static void varlen_free(gdp_conv1d_varlen_args *a, bool device) {
+    for (int i = 0; i < VARLEN_TENSORS; i++)
+        device ? test_dev_free(varlen_slot(a, i)) : test_host_free(varlen_slot(a, i));
+}
+
+static void conv_varlen_vs_cpu(test_rng *r, const varlen_cfg *c) {
+    char label[160];
+    snprintf(label, sizeof label, "conv varlen C=%lld W=%lld seqs=%d pad=%lld x %s state %s y %s%s%s%s",
+             (long long)c->C, (long long)c->W, c->nseq, (long long)c->pad_tokens, gdp_dtype_name(c->x_dt),
+             gdp_dtype_name(c->state_dt), gdp_dtype_name(c->y_dt), c->bias ? " bias" : "", c->silu ? " silu" : "",
+             c->x_pad ? " strided" : "");
+    gdp_conv1d_varlen_args h = varlen_random(r, c);
+    gdp_conv1d_varlen_args d = varlen_to_device(&h);
+    gdp_tensor y = test_host_clone(&h.y), state = test_host_clone(&h.conv_state), state0 = test_host_clone(&h.conv_state);
+    CHECK_OK(gdp_causal_conv1d_varlen(g_test_cpu, &h));
+    CHECK_OK(gdp_causal_conv1d_varlen(g_test_gpu, &d));
+    test_dev_fetch(&y, &d.y);
+    test_dev_fetch(&state, &d.conv_state);
+    printf("%s:\n", label);
+    const int before = g_test_failures;
+    compare_y("y vs CPU", &y, &h.y);
+    test_same_bytes("conv varlen: states vs CPU", &state, &h.conv_state);
+    /* Determinism: the same inputs and starting states give the same bits. */
+    test_dev_put(&d.conv_state, &state0);
+    CUDA_OK(cudaMemset(d.y.data, TEST_SENTINEL_BYTE, test_span_bytes(&d.y)));
+    CHECK_OK(gdp_causal_conv1d_varlen(g_test_gpu, &d));
+    gdp_tensor y2 = test_host_clone(&y), state2 = test_host_clone(&state);
+    test_dev_fetch(&y2, &d.y);
+    test_dev_fetch(&state2, &d.conv_state);
+    test_same_bytes("conv varlen determinism: y", &y2, &y);
+    test_same_bytes("conv varlen determinism: states", &state2, &state);
+    printf("  %s\n", g_test_failures == before ? "ok (states bitwise equal to the CPU's; second run bitwise equal)"
+                                               : "FAILED");
+    test_host_free(&y), test_host_free(&state), test_host_free(&state0), test_host_free(&y2), test_host_free(&state2);
+    varlen_free(&d, true);
+    varlen_free(&h, false);
+}
+
+typedef struct update_cfg {
+    int64_t B, S, C, W, slots, x_pad;
+    int pad_every;
+    bool identity, inter, bias, silu;
+    gdp_dtype_t x_dt, state_dt, y_dt;
+} update_cfg;
+
+#define UPDATE_TENSORS 7
+static gdp_tensor *update_slot(gdp_conv1d_update_args *a, int i) {
+    gdp_tensor *all[UPDATE_TENSORS] = {&a->x, &a->weight, &a->bias, &a->conv_state, &a->conv_state_indices,
+                                       &a->intermediate_conv_states, &a->y};
+    return all[i];
+}
+
+static gdp_conv1d_update_args update_random(test_rng *r, const update_cfg *c) {
+    gdp_conv1d_update_args a = {.silu = c->silu};
+    const int64_t xs[3] = {c->B, c->S, c->C}, ws[2] = {c->C, c->W}, bs[1] = {c->C}, ss[3] = {c->slots, c->C, c->W};
+    a.x = test_alloc_rows(c->x_dt, 3, xs, c->x_pad);
+    test_fill_normal(&a.x, r, 1.0);
+    a.weight = test_tensor_alloc(c->x_dt, 2, ws);
+    test_fill_uniform(&a.weight, r, -1, 1);
+    if (c->bias) {
+        a.bias = test_tensor_alloc(GDP_DTYPE_FP32, 1, bs);
+        test_fill_uniform(&a.bias, r, -0.5, 0.5);
+    }
+    a.conv_state = test_tensor_alloc(c->state_dt, 3, ss);
+    test_fill_normal(&a.conv_state, r, 1.0);
+    if (!c->identity) {
+        int32_t idx[64];
+        for (int64_t b = 0; b < c->B; b++)
+            idx[b] = c->pad_every > 0 && b % c->pad_every == c->pad_every - 1 ? -1
+                                                                              : (int32_t)((b * 7 + 3) % c->slots);
+        a.conv_state_indices = test_int_tensor(idx, c->B);
+    }
+    if (c->inter) {
+        const int64_t is[4] = {c->slots, c->S, c->C, c->W};
+        a.intermediate_conv_states = test_tensor_alloc(c->state_dt, 4, is);
+        test_fill_value(&a.intermediate_conv_states, 5.0);
+    }
+    a.y = test_tensor_alloc(c->y_dt, 3, xs);
+    return a;
+}
+
+static gdp_conv1d_update_args update_to_device(const gdp_conv1d_update_args *h) {
+    gdp_conv1d_update_args d = *h;
+    for (int i = 0; i < UPDATE_TENSORS; i++)
+        *update_slot(&d, i) = i == 6 ? test_dev_poisoned(&h->y) : test_dev_clone(update_slot((gdp_conv1d_update_args *)h, i));
+    return d;
+}
+
+static void update_free(gdp_conv1d_update_args *a, bool device) {
+    for (int i = 0; i < UPDATE_TENSORS; i++)
+        device ? test_dev_free(update_slot(a, i)) : test_host_free(update_slot(a, i));
+}
+
+static void conv_update_vs_cpu(test_rng *r, const update_cfg *c) {
+    char label[160];
+    snprintf(label, sizeof label, "conv update B=%lld S=%lld C=%lld W=%lld x %s state %s y %s%s%s%s%s",
+             (long long)c->B, (long long)c->S, (long long)c->C, (long long)c->W, gdp_dtype_name(c->x_dt),
+             gdp_dtype_name(c->state_dt), gdp_dtype_name(c->y_dt), c->identity ? " identity" : "",
+             c->inter ? " snapshots" : "", c->bias ? " bias" : "", c->x_pad ? " strided" : "");
+    gdp_conv1d_update_args h = update_random(r, c);
+    gdp_conv1d_update_args d = update_to_device(&h);
+    gdp_tensor y = test_host_clone(&h.y), state = test_host_clone(&h.conv_state), state0 = test_host_clone(&h.conv_state);
+    gdp_tensor inter = test_host_clone(&h.intermediate_conv_states);
+    CHECK_OK(gdp_causal_conv1d_update(g_test_cpu, &h));
+    CHECK_OK(gdp_causal_conv1d_update(g_test_gpu, &d));
+    test_dev_fetch(&y, &d.y);
+    test_dev_fetch(&state, &d.conv_state);
+    if (c->inter)
+        test_dev_fetch(&inter, &d.intermediate_conv_states);
+    printf("%s:\n", label);
+    const int before = g_test_failures;
+    compare_y("y vs CPU", &y, &h.y);
+    test_same_bytes("conv update: states vs CPU", &state, &h.conv_state);
+    if (c->inter)
+        test_same_bytes("conv update: snapshots vs CPU", &inter, &h.intermediate_conv_states);
+    /* Determinism: rerun from the original state. */
+    test_dev_put(&d.conv_state, &state0);
+    CHECK_OK(gdp_causal_conv1d_update(g_test_gpu, &d));
+    gdp_tensor y2 = test_host_clone(&y);
+    test_dev_fetch(&y2, &d.y);
+    test_same_bytes("conv update determinism: y", &y2, &y);
+    printf("  %s\n", g_test_failures == before ? "ok (states and snapshots bitwise equal to the CPU's; second run "
+                                                 "bitwise equal)"
+                                               : "FAILED");
+    test_host_free(&y), test_host_free(&y2), test_host_free(&state), test_host_free(&state0), test_host_free(&inter);
+    update_free(&d, true);
+    update_free(&h, false);
+}
+
+static gdp_status_t update_graph_fn(void *p) { return gdp_causal_conv1d_update(g_test_gpu, p); }
+static gdp_status_t varlen_graph_fn(void *p) { return gdp_causal_conv1d_varlen(g_test_gpu, p); }
+
+/* Capture, then replay with new inputs and states: each replay == an eager run, bitwise. */
+static void conv_graphs(test_rng *r, const update_cfg *uc, const varlen_cfg *vc) {
+    int ok_update = 0, ok_varlen = 0;
+    gdp_conv1d_update_args uh = update_random(r, uc);
+    gdp_conv1d_update_args ud = update_to_device(&uh);
+    cudaGraphExec_t exec = test_graph_capture(update_graph_fn, &ud);
+    for (int round = 0; round < 2; round++) {
+        gdp_conv1d_update_args fresh = update_random(r, uc);
+        for (int i = 0; i < 6; i++)
+            if (gdp_tensor_present(update_slot(&fresh, i)))
+                test_dev_put(update_slot(&ud, i), update_slot(&fresh, i));
+        CHECK_OK(gdp_causal_conv1d_update(g_test_gpu, &ud));
+        gdp_tensor ye = test_host_clone(&fresh.y), se = test_host_clone(&fresh.conv_state);
+        test_dev_fetch(&ye, &ud.y);
+        test_dev_fetch(&se, &ud.conv_state);
+        test_dev_put(&ud.conv_state, &fresh.conv_state);
+        CUDA_OK(cudaMemset(ud.y.data, TEST_SENTINEL_BYTE, test_span_bytes(&ud.y)));
+        test_graph_replay(exec);
+        gdp_tensor yr = test_host_clone(&fresh.y), sr = test_host_clone(&fresh.conv_state);
+        test_dev_fetch(&yr, &ud.y);
+        test_dev_fetch(&sr, &ud.conv_state);
+        const int before = g_test_failures;
+        test_same_bytes("conv update graph replay vs eager: y", &yr, &ye);
+        test_same_bytes("conv update graph replay vs eager: state", &sr, &se);
+        ok_update += g_test_failures == before;
+        test_host_free(&ye), test_host_free(&se), test_host_free(&yr), test_host_free(&sr);
+        update_free(&fresh, false);
+    }
+    if (exec != NULL)
+        CUDA_OK(cudaGraphExecDestroy(exec));
+    update_free(&ud, true);
+    update_free(&uh, false);
+
+    gdp_conv1d_varlen_args vh = varlen_random(r, vc);
+    gdp_conv1d_varlen_args vd = varlen_to_device(&vh);
+    exec = test_graph_capture(varlen_graph_fn, &vd);
+    for (int round = 0; round < 2; round++) {
+        gdp_conv1d_varlen_args fresh = varlen_random(r, vc);
+        for (int i = 0; i < 6; i++)
+            if (gdp_tensor_present(varlen_slot(&fresh, i)))
+                test_dev_put(varlen_slot(&vd, i), varlen_slot(&fresh, i));
+        CHECK_OK(gdp_causal_conv1d_varlen(g_test_gpu, &vd));
+        gdp_tensor ye = test_host_clone(&fresh.y), se = test_host_clone(&fresh.conv_state);
+        test_dev_fetch(&ye, &vd.y);
+        test_dev_fetch(&se, &vd.conv_state);
+        test_dev_put(&vd.conv_state, &fresh.conv_state);
+        CUDA_OK(cudaMemset(vd.y.data, TEST_SENTINEL_BYTE, test_span_bytes(&vd.y)));
+        test_graph_replay(exec);
+        gdp_tensor yr = test_host_clone(&fresh.y), sr = test_host_clone(&fresh.conv_state);
+        test_dev_fetch(&yr, &vd.y);
+        test_dev_fetch(&sr, &vd.conv_state);
+        const int before = g_test_failures;
+        test_same_bytes("conv varlen graph replay vs eager: y", &yr, &ye);
+        test_same_bytes("conv varlen graph replay vs eager: state", &sr, &se);
+        ok_varlen += g_test_failures == before;
+        test_host_free(&ye), test_host_free(&se), test_host_free(&yr), test_host_free(&sr);
+        varlen_free(&fresh, false);
+    }
+    if (exec != NULL)
+        CUDA_OK(cudaGraphExecDestroy(exec));
+    varlen_free(&vd, true);
+    varlen_free(&vh, false);
+    printf("conv graphs: update %d of 2, varlen %d of 2 replays with new inputs bitwise equal to eager runs\n",
+           ok_update, ok_varlen);
+}
+
+/* The fused decode front (gdp_decode_conv_prepare, src/decode_core.h) against the chain it
+ * replaces, conv update then decode prepare, on the GPU from the same inputs: query, key,
+ * value, beta, g and the conv state bit for bit. x and ba are row views of one wider
+ * projection row, as in the layer; every third request is a -1 slot and the others name
+ * distinct slots (two rows naming one slot race on it; the CPU backend refuses them). */
+typedef struct fuse_cfg {
+    int64_t n, S, M, H, G, P, N, slots;
+    gdp_dtype_t act, state;
+    bool bias;
+} fuse_cfg;
+
+static void decode_core_vs_chain(test_rng *r, const fuse_cfg *c) {
+    const int64_t C = c->M * c->H * c->P + (c->M + 1) * c->G * c->N, BA = c->M * c->H + c->H, pitch = C + BA + 24;
+    const int64_t rows = c->n * c->S, E = c->S * c->M;
+    const int64_t proj_shape[1] = {rows * pitch};
+    gdp_tensor proj = test_tensor_alloc(c->act, 1, proj_shape);
+    test_fill_normal(&proj, r, 1.0);
+    const int64_t w_shape[2] = {C, 4}, c_shape[1] = {C}, st_shape[3] = {c->slots, C, 4}, h_shape[1] = {c->H};
+    gdp_tensor w = test_tensor_alloc(c->act, 2, w_shape), b = test_tensor_alloc(c->act, 1, c_shape);
+    gdp_tensor st = test_tensor_alloc(c->state, 3, st_shape);
+    gdp_tensor A_log = test_tensor_alloc(GDP_DTYPE_FP32, 1, h_shape), dtb = test_tensor_alloc(c->act, 1, h_shape);
+    test_fill_normal(&w, r, 0.5), test_fill_normal(&b, r, 0.1), test_fill_normal(&st, r, 1.0);
+    test_fill_uniform(&A_log, r, -1.0, 1.0), test_fill_uniform(&dtb, r, -0.5, 0.5);
+    int32_t idx[64];
+    for (int64_t i = 0; i < c->n; i++)
+        idx[i] = i % 3 == 2 ? -1 : (int32_t)((i * 7 + 1) % c->slots); /* 7 is prime to every case's slots: distinct */
+    gdp_tensor dproj = test_dev_clone(&proj), dw = test_dev_clone(&w), db = test_dev_clone(&b), dA = test_dev_clone(&A_log);
+    gdp_tensor ddt = test_dev_clone(&dtb), dst_chain = test_dev_clone(&st), dst_fused = test_dev_clone(&st);
+    gdp_tensor hidx = test_int_tensor(idx, c->n), didx = test_dev_clone(&hidx);
+    const int64_t y_shape[3] = {c->n, c->S, C}, q_shape[4] = {c->n, E, c->H, c->N}, v_shape[4] = {c->n, E, c->H, c->P};
+    const int64_t g_shape[3] = {c->n, E, c->H};
+    gdp_tensor hy = test_tensor_alloc(c->act, 3, y_shape), hq = test_tensor_alloc(c->act, 4, q_shape);
+    gdp_tensor hv = test_tensor_alloc(c->act, 4, v_shape), hbeta = test_tensor_alloc(c->act, 3, g_shape);
+    gdp_tensor hg = test_tensor_alloc(GDP_DTYPE_FP32, 3, g_shape);
+    gdp_tensor out[2][6]; /* chain, fused: q, k, v, beta, g, y */
+    for (int f = 0; f < 2; f++) {
+        out[f][0] = test_dev_poisoned(&hq), out[f][1] = test_dev_poisoned(&hq), out[f][2] = test_dev_poisoned(&hv);
+        out[f][3] = test_dev_poisoned(&hbeta), out[f][4] = test_dev_poisoned(&hg), out[f][5] = test_dev_poisoned(&hy);
+    }
+    for (int f = 0; f < 2; f++) {
+        gdp_conv1d_update_args cu = {
+            .x = {.data = (char *)dproj.data, .dtype = c->act, .ndim = 3, .shape = {c->n, c->S, C},
+                  .stride = {c->S * pitch, pitch, 1}},
+            .weight = dw, .conv_state = f == 0 ? dst_chain : dst_fused, .conv_state_indices = didx, .silu = 1,
+            .y = out[f][5]};
+        if (c->bias)
+            cu.bias = db;
+        gdp_prepare_args pr = {
+            .x = cu.y,
+            .ba = {.data = (char *)dproj.data + (size_t)C * gdp_dtype_size(c->act), .dtype = c->act, .ndim = 3,
+                   .shape = {c->n, c->S, BA}, .stride = {c->S * pitch, pitch, 1}},
+            .A_log = dA, .dt_bias = ddt, .num_householder = (int32_t)c->M, .num_heads = (int32_t)c->H,
+            .num_groups = (int32_t)c->G, .head_dim = (int32_t)c->P, .state_dim = (int32_t)c->N,
+            .query = out[f][0], .key = out[f][1], .value = out[f][2], .beta = out[f][3], .g = out[f][4]};
+        if (f == 0) {
+            CHECK_OK(gdp_causal_conv1d_update(g_test_gpu, &cu));
+            CHECK_OK(gdp_decode_prepare(g_test_gpu, &pr));
+        } else {
+            CHECK_OK(gdp_decode_conv_prepare(g_test_gpu, &cu, &pr));
+        }
+    }
+    printf("decode conv + prepare fused vs the chain (n %lld, S %lld, M %lld, H %lld, G %lld, P %lld, N %lld, act %s, "
+           "state %s%s):\n", (long long)c->n, (long long)c->S, (long long)c->M, (long long)c->H, (long long)c->G,
+           (long long)c->P, (long long)c->N, gdp_dtype_name(c->act), gdp_dtype_name(c->state), c->bias ? ", bias" : "");
+    const char *names[5] = {"query", "key", "value", "beta", "g"};
+    const gdp_tensor *likes[5] = {&hq, &hq, &hv, &hbeta, &hg};
+    int same = 0;
+    for (int i = 0; i < 5; i++) {
+        gdp_tensor a = test_host_clone(likes[i]), bb = test_host_clone(likes[i]);
+        test_dev_fetch(&a, &out[0][i]);
+        test_dev_fetch(&bb, &out[1][i]);
+        char what[64];
+        snprintf(what, sizeof what, "fused vs chain: %s", names[i]);
+        same += test_same_bytes(what, &bb, &a);
+        test_host_free(&a), test_host_free(&bb);
+    }
+    gdp_tensor sa = test_host_clone(&st), sb = test_host_clone(&st);
+    test_dev_fetch(&sa, &dst_chain);
+    test_dev_fetch(&sb, &dst_fused);
+    same += test_same_bytes("fused vs chain: conv state", &sb, &sa);
+    printf("  %d of 6 outputs bitwise equal\n", same);
+    test_host_free(&sa), test_host_free(&sb);
+    for (int f = 0; f < 2; f++)
+        for (int i = 0; i < 6; i++)
+            test_dev_free(&out[f][i]);
+    test_dev_free(&dproj), test_dev_free(&dw), test_dev_free(&db), test_dev_free(&dA), test_dev_free(&ddt), test_dev_free(&dst_chain);
+    test_dev_free(&dst_fused), test_dev_free(&didx);
+    test_host_free(&proj), test_host_free(&w), test_host_free(&b), test_host_free(&st), test_host_free(&A_log), test_host_free(&dtb);
+    test_host_free(&hidx), test_host_free(&hy), test_host_free(&hq), test_host_free(&hv), test_host_free(&hbeta), test_host_free(&hg);
+}
+
+static void conv_tests(test_rng *r) {
+    conv_golden();
+    const gdp_dtype_t FB = GDP_DTYPE_BF16, FF = GDP_DTYPE_FP32, FH = GDP_DTYPE_FP16;
+    const fuse_cfg fcases[] = {
+        /* n, S, M, H, G, P, N, slots, act, state, bias */
+        {1, 1, 2, 16, 4, 128, 128, 4, FB, FB, false},   /* the layer's decode shape at B = 1 */
+        {37, 1, 3, 8, 2, 64, 32, 40, FB, FF, true},     /* GQA 4, M 3, fp32 conv state, -1 slots */
+        {9, 1, 1, 4, 4, 16, 16, 12, FF, FF, true},      /* fp32 activations (4-element runs) */
+        {6, 1, 2, 6, 3, 24, 40, 8, FH, FH, false},      /* fp16 */
+        {5, 2, 2, 8, 2, 32, 32, 8, FB, FB, true},       /* two tokens: the chain itself (fallback) */
+    };
+    for (size_t i = 0; i < sizeof fcases / sizeof fcases[0]; i++)
+        decode_core_vs_chain(r, &fcases[i]);
+    const gdp_dtype_t F32 = GDP_DTYPE_FP32, BF = GDP_DTYPE_BF16, F16 = GDP_DTYPE_FP16;
+    const varlen_cfg vcases[] = {
+        /* C, W, slots, pad tokens, x pad, nseq, lens, slots, x, w, state, y, bias, silu */
+        {24, 4, 8, 5, 0, 6, {0, 1, 2, 3, 40, 100}, {3, 0, -1, 5, 7, 1}, BF, BF, BF, BF, false, true},
+        {130, 4, 4, 0, 6, 3, {33, 64, 65}, {2, -1, 0}, F32, F32, F32, F32, true, true},
+        {64, 2, 3, 31, 0, 3, {1, 0, 70}, {1, 2, 0}, BF, F32, BF, F32, true, false},
+        {40, 8, 6, 2, 3, 5, {7, 8, 9, 0, 200}, {5, 4, -1, 3, 2}, F16, F16, F32, F16, false, true},
+        {16, 3, 2, 40, 0, 1, {0}, {1}, F32, F32, F32, F32, false, true}, /* only padding tokens */
+    };
+    for (size_t i = 0; i < sizeof vcases / sizeof vcases[0]; i++)
+        conv_varlen_vs_cpu(r, &vcases[i]);
+    const update_cfg ucases[] = {
+        /* B, S, C, W, slots, x pad, pad every, identity, inter, bias, silu, x, state, y */
+        {6, 1, 96, 4, 9, 0, 3, false, false, false, true, BF, BF, BF},
+        {5, 3, 40, 4, 8, 8, 2, false, true, true, true, F32, F32, F32},
+        {3, 2, 130, 8, 3, 0, 0, true, true, false, false, BF, F32, F32},
+        {4, 4, 33, 2, 6, 1, 4, false, true, true, true, F16, F16, F16},
+    };
+    for (size_t i = 0; i < sizeof ucases / sizeof ucases[0]; i++)
+        conv_update_vs_cpu(r, &ucases[i]);
+    conv_graphs(r, &ucases[1], &vcases[0]);
+}
+
+#endif /* GDP_HAVE_CUDA */
+
+TEST_GPU_MAIN("test_conv_gpu", conv_tests, 20261129)

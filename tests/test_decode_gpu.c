@@ -1,0 +1,506 @@
+/*
+ * test_decode_gpu.c: the CUDA backend of the decode op (fused recurrent gated delta rule
+ * update), through the public API on device buffers, against the golden files and the CPU
+ * backend (same API, host copies of the same inputs; the CPU side is test_decode_cpu.c).
+ * Checked: the three decode_*.safetensors files: o, the cache and the snapshots within
+ * atol = rtol = 1e-3 (bf16 o: plus one bf16 ulp), unnamed slots and their snapshot rows
+ * bitwise unchanged, -1 rows exactly 0; random shapes covering every kernel instance (K
+ * 16..256, vector and scalar columns, fp32/bf16/fp16 states, dense and cache modes, g and
+ * beta absent, L2 norm on/off) vs the CPU at 1e-3 (1e-4 with fp32 inputs and state) plus one
+ * ulp of a 16-bit output; graph replay with new data and a new padding pattern == eager;
+ * determinism; the register and the shared-memory decode kernels (GDP_DECODE_STATE) bitwise
+ * equal on every random case; S tokens in one call == S one-token calls bitwise (o, every
+ * snapshot, the final fp32 cache).
+ * Device helpers: test_gpu.h. Without a CUDA build or a visible GPU it prints why and exits
+ * 77 (skip).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h" /* defines: gdp_tensor_get/set, gdp_tensor_stride */
+#include "test_gpu.h"
+
+#ifdef GDP_HAVE_CUDA
+
+/* Everything one decode call takes (host or device views). */
+typedef struct dec_io {
+    gdp_recurrent_args a;
+} dec_io;
+
+#define DEC_TENSORS 11
+static gdp_tensor *dec_slot(gdp_recurrent_args *a, int i) {
+    gdp_tensor *all[DEC_TENSORS] = {&a->q,     &a->k,     &a->v,     &a->g,   &a->beta,          &a->initial_state,
+                                    &a->state, &a->state_indices, &a->intermediate_states, &a->o, &a->final_state};
+    return all[i];
+}
+/* Outputs among the slots above (o and final_state are poisoned on the device). */
+static bool dec_is_output(int i) { return i >= 9; }
+
+static gdp_recurrent_args dec_to_device(const gdp_recurrent_args *h) {
+    gdp_recurrent_args d = *h;
+    for (int i = 0; i < DEC_TENSORS; i++) {
+        gdp_tensor *src = dec_slot((gdp_recurrent_args *)h, i);
+        *dec_slot(&d, i) = gdp_tensor_present(src) && dec_is_output(i) ? test_dev_poisoned(src) : test_dev_clone(src);
+    }
+    return d;
+}
+
+/* Fetches the tensors the op writes: o, final_state, state, intermediate_states. */
+static void dec_fetch(gdp_recurrent_args *h, const gdp_recurrent_args *d) {
+    const int written[4] = {6, 8, 9, 10};
+    for (int j = 0; j < 4; j++)
+        if (gdp_tensor_present(dec_slot(h, written[j])))
+            test_dev_fetch(dec_slot(h, written[j]), dec_slot((gdp_recurrent_args *)d, written[j]));
+}
+
+static gdp_recurrent_args dec_host_clone(const gdp_recurrent_args *h) {
+    gdp_recurrent_args c = *h;
+    for (int i = 0; i < DEC_TENSORS; i++)
+        *dec_slot(&c, i) = test_host_clone(dec_slot((gdp_recurrent_args *)h, i));
+    return c;
+}
+
+static void dec_free(gdp_recurrent_args *a, bool device) {
+    for (int i = 0; i < DEC_TENSORS; i++)
+        device ? test_dev_free(dec_slot(a, i)) : test_host_free(dec_slot(a, i));
+}
+
+static int32_t slot_of(const gdp_recurrent_args *a, int64_t b) {
+    return gdp_tensor_present(&a->state_indices) ? ((const int32_t *)a->state_indices.data)[b] : (int32_t)b;
+}
+
+/* Cache-mode invariants of a GPU result `got` started from `before`: rows of -1 requests
+ * exactly 0; slots no request names, and their snapshot rows, bitwise as before. */
+static void dec_check_untouched(const char *label, const gdp_recurrent_args *got, const gdp_recurrent_args *before) {
+    const int64_t B = got->q.shape[0], T = got->q.shape[1], H = got->q.shape[2], V = got->v.shape[3];
+    const int64_t slots = got->state.shape[0];
+    int64_t nonzero = 0, changed = 0, inter_changed = 0, padded = 0;
+    bool *named = calloc((size_t)slots, 1);
+    for (int64_t b = 0; b < B; b++) {
+        const int32_t s = slot_of(got, b);
+        if (s >= 0) {
+            named[s] = true;
+            continue;
+        }
+        padded++;
+        for (int64_t i = 0; i < T * H * V; i++)
+            nonzero += gdp_tensor_get(&got->o, b * T * H * V + i) != 0.0;
+    }
+    const size_t slot_bytes = test_span_bytes(&got->state) / (size_t)slots;
+    const bool inter = gdp_tensor_present(&got->intermediate_states);
+    const size_t inter_bytes = inter ? test_span_bytes(&got->intermediate_states) / (size_t)slots : 0;
+    for (int64_t s = 0; s < slots; s++) {
+        if (named[s])
+            continue;
+        changed += memcmp((char *)got->state.data + s * slot_bytes, (char *)before->state.data + s * slot_bytes,
+                          slot_bytes) != 0;
+        if (inter)
+            inter_changed += memcmp((char *)got->intermediate_states.data + s * inter_bytes,
+                                    (char *)before->intermediate_states.data + s * inter_bytes, inter_bytes) != 0;
+    }
+    free(named);
+    CHECK(nonzero == 0, "%s: %lld outputs of -1 rows are not exactly 0", label, (long long)nonzero);
+    CHECK(changed == 0, "%s: %lld unnamed slots changed", label, (long long)changed);
+    CHECK(inter_changed == 0, "%s: snapshot rows of %lld unnamed slots changed", label, (long long)inter_changed);
+    printf("  %s: %lld -1 rows exactly 0; unnamed slots%s bitwise unchanged\n", label, (long long)padded,
+           inter ? " and their snapshots" : "");
+}
+
+static void decode_golden(const char *file) {
+    gdp_st_file *f = test_golden_open(file);
+    if (f == NULL)
+        return;
+    gdp_recurrent_args h = {0};
+    gdp_tensor o_ref, state_ref, inter_ref;
+    const int32_t M = (int32_t)test_st_meta_num(f, "num_householder", 0);
+    const int64_t S = (int64_t)test_st_meta_num(f, "tokens_per_request", 0);
+    h.scale = test_st_meta_num(f, "scale", 0);
+    h.use_qk_l2norm_in_kernel = (int32_t)test_st_meta_num(f, "use_qk_l2norm_in_kernel", 0);
+    h.steps_per_token = M;
+    const bool ok = test_st_tensor(f, "q", &h.q) && test_st_tensor(f, "k", &h.k) && test_st_tensor(f, "v", &h.v) &&
+                    test_st_tensor(f, "g", &h.g) && test_st_tensor(f, "beta", &h.beta) &&
+                    test_st_tensor(f, "state", &h.state) && test_st_tensor(f, "state_indices", &h.state_indices) &&
+                    test_st_tensor(f, "o_ref", &o_ref) && test_st_tensor(f, "state_after_ref", &state_ref) &&
+                    test_st_tensor(f, "intermediate_states_ref", &inter_ref);
+    gdp_st_close(f);
+    if (!ok)
+        return;
+    CHECK(M >= 1 && S >= 1 && h.q.shape[1] == S * M, "%s: metadata M=%d S=%lld vs q steps %lld", file, M,
+          (long long)S, (long long)h.q.shape[1]);
+    h.intermediate_states = test_tensor_alloc(GDP_DTYPE_FP32, inter_ref.ndim, inter_ref.shape); /* zero-filled */
+    for (int pass = 0; pass < 2; pass++) {
+        /* pass 0: fp32 o (atol = rtol = 1e-3); pass 1: bf16 o (plus one bf16 ulp). */
+        const gdp_dtype_t odt = pass == 0 ? GDP_DTYPE_FP32 : GDP_DTYPE_BF16;
+        gdp_recurrent_args run = h;
+        run.o = test_tensor_alloc(odt, 4, o_ref.shape);
+        gdp_recurrent_args before = dec_host_clone(&run);
+        gdp_recurrent_args d = dec_to_device(&run);
+        CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &d));
+        gdp_recurrent_args got = dec_host_clone(&run);
+        dec_fetch(&got, &d);
+        char what[160];
+        printf("%s (M=%d, S=%lld, %s o):\n", file, M, (long long)S, gdp_dtype_name(odt));
+        snprintf(what, sizeof what, "%s o (%s)", file, gdp_dtype_name(odt));
+        test_compare_bar(what, &got.o, &o_ref, 1e-3, 1e-3, odt);
+        snprintf(what, sizeof what, "%s state after", file);
+        test_compare_bar(what, &got.state, &state_ref, 1e-3, 1e-3, GDP_DTYPE_FP32);
+        snprintf(what, sizeof what, "%s intermediate_states", file);
+        test_compare_bar(what, &got.intermediate_states, &inter_ref, 1e-3, 1e-3, GDP_DTYPE_FP32);
+        dec_check_untouched(file, &got, &before);
+        dec_free(&d, true);
+        dec_free(&got, false);    /* clones: owns every buffer */
+        dec_free(&before, false); /* likewise */
+        test_host_free(&run.o);        /* the rest of run is h's */
+    }
+    dec_free(&h, false);
+    test_host_free(&o_ref);
+    test_host_free(&state_ref);
+    test_host_free(&inter_ref);
+}
+
+typedef struct dec_cfg {
+    int64_t B, S, M, H, K, V, slots;
+    gdp_dtype_t in_dt, state_dt, o_dt;
+    bool has_g, has_beta, l2norm;
+    bool cache, identity, inter; /* cache mode: indices absent (identity), snapshots */
+    bool dense_init, final;      /* dense mode: initial_state given (state_dt), output_final_state */
+    bool gdp_pattern;            /* q only on copy M-1, g only on copy 0 */
+    double scale;
+    int pad_every; /* every pad_every-th request is -1 (0: none) */
+} dec_cfg;
+
+static gdp_recurrent_args dec_random(test_rng *r, const dec_cfg *c) {
+    gdp_recurrent_args a = {.scale = c->scale, .use_qk_l2norm_in_kernel = c->l2norm,
+                            .steps_per_token = (int32_t)c->M, .output_final_state = c->final};
+    const int64_t T = c->S * c->M;
+    const int64_t qs[4] = {c->B, T, c->H, c->K}, vs[4] = {c->B, T, c->H, c->V}, gs[3] = {c->B, T, c->H};
+    a.q = test_tensor_alloc(c->in_dt, 4, qs);
+    a.k = test_tensor_alloc(c->in_dt, 4, qs);
+    a.v = test_tensor_alloc(c->in_dt, 4, vs);
+    /* Without the in-kernel norm, keys of norm about 1 keep the recurrence contractive. */
+    const double qk_scale = c->l2norm ? 1.0 : 1.0 / sqrt((double)c->K);
+    test_fill_normal(&a.q, r, qk_scale);
+    test_fill_normal(&a.k, r, qk_scale);
+    test_fill_normal(&a.v, r, 1.0);
+    if (c->has_g) {
+        a.g = test_tensor_alloc(GDP_DTYPE_FP32, 3, gs);
+        test_fill_uniform(&a.g, r, -1.0, 0.0);
+    }
+    if (c->has_beta) {
+        a.beta = test_tensor_alloc(c->in_dt, 3, gs);
+        test_fill_uniform(&a.beta, r, 0.0, 1.0);
+    }
+    if (c->gdp_pattern) {
+        for (int64_t b = 0; b < c->B; b++)
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t h = 0; h < c->H; h++) {
+                    const int64_t row = (b * T + t) * c->H + h, m = t % c->M;
+                    if (m != c->M - 1)
+                        for (int64_t i = 0; i < c->K; i++)
+                            gdp_tensor_set(&a.q, row * c->K + i, 0.0);
+                    if (m != 0 && c->has_g)
+                        gdp_tensor_set(&a.g, row, 0.0);
+                }
+    }
+    a.o = test_tensor_alloc(c->o_dt, 4, vs);
+    const int64_t bhkv[4] = {c->B, c->H, c->K, c->V};
+    if (c->cache) {
+        const int64_t ss[4] = {c->slots, c->H, c->K, c->V};
+        a.state = test_tensor_alloc(c->state_dt, 4, ss);
+        test_fill_uniform(&a.state, r, -1.0, 1.0);
+        if (!c->identity) {
+            /* Distinct slots from a shuffled pool, with -1 padding every pad_every rows. */
+            int32_t *pool = malloc(sizeof(int32_t) * (size_t)c->slots), *idx = malloc(sizeof(int32_t) * (size_t)c->B);
+            for (int64_t s = 0; s < c->slots; s++)
+                pool[s] = (int32_t)s;
+            for (int64_t s = c->slots - 1; s > 0; s--) {
+                const int64_t j = (int64_t)(test_uniform(r) * (double)(s + 1));
+                const int32_t t = pool[s];
+                pool[s] = pool[j];
+                pool[j] = t;
+            }
+            for (int64_t b = 0; b < c->B; b++)
+                idx[b] = c->pad_every > 0 && b % c->pad_every == c->pad_every - 1 ? -1 : pool[b];
+            a.state_indices = test_int_tensor(idx, c->B);
+            free(pool);
+            free(idx);
+        }
+        if (c->inter) {
+            const int64_t is[5] = {c->slots, c->S, c->H, c->K, c->V};
+            a.intermediate_states = test_tensor_alloc(c->state_dt, 5, is);
+            test_fill_value(&a.intermediate_states, 7.0); /* rows nobody writes must keep this */
+        }
+    } else {
+        if (c->dense_init) {
+            a.initial_state = test_tensor_alloc(c->state_dt, 4, bhkv);
+            test_fill_uniform(&a.initial_state, r, -1.0, 1.0);
+        }
+        if (c->final)
+            a.final_state = test_tensor_alloc(GDP_DTYPE_FP32, 4, bhkv);
+    }
+    return a;
+}
+
+static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
+    char label[200];
+    snprintf(label, sizeof label,
+             "decode B=%lld S=%lld M=%lld H=%lld K=%lld V=%lld in %s state %s o %s %s%s%s%s%s",
+             (long long)c->B, (long long)c->S, (long long)c->M, (long long)c->H, (long long)c->K, (long long)c->V,
+             gdp_dtype_name(c->in_dt), gdp_dtype_name(c->state_dt), gdp_dtype_name(c->o_dt),
+             c->cache ? (c->identity ? "cache(identity)" : "cache") : (c->dense_init ? "dense(init)" : "dense"),
+             c->l2norm ? " l2" : "", c->has_g ? "" : " no-g", c->has_beta ? "" : " no-beta",
+             c->inter ? " snapshots" : "");
+    gdp_recurrent_args h = dec_random(r, c);
+    gdp_recurrent_args before = dec_host_clone(&h);
+    gdp_recurrent_args d = dec_to_device(&h);
+    CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_test_cpu, &h));
+    CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &d));
+    gdp_recurrent_args got = dec_host_clone(&before);
+    dec_fetch(&got, &d);
+
+    const bool fp32 = c->in_dt == GDP_DTYPE_FP32 && c->state_dt == GDP_DTYPE_FP32;
+    const double tol = fp32 ? 1e-4 : 1e-3;
+    printf("%s (bar %.0e):\n", label, tol);
+    const int before_failures = g_test_failures;
+    test_compare_bar("o vs CPU", &got.o, &h.o, tol, tol, c->o_dt);
+    if (c->cache) {
+        test_compare_bar("state vs CPU", &got.state, &h.state, tol, tol, c->state_dt);
+        if (c->inter)
+            test_compare_bar("intermediate_states vs CPU", &got.intermediate_states, &h.intermediate_states, tol, tol,
+                        c->state_dt);
+        dec_check_untouched(label, &got, &before);
+    } else if (c->final) {
+        test_compare_bar("final_state vs CPU", &got.final_state, &h.final_state, tol, tol, GDP_DTYPE_FP32);
+    }
+
+    /* Determinism: the same inputs (state restored) give the same bits. */
+    if (c->cache)
+        test_dev_put(&d.state, &before.state);
+    CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &d));
+    gdp_recurrent_args again = dec_host_clone(&before);
+    dec_fetch(&again, &d);
+    test_same_bytes("decode determinism: o", &again.o, &got.o);
+    if (c->cache)
+        test_same_bytes("decode determinism: state", &again.state, &got.state);
+    if (c->final && !c->cache)
+        test_same_bytes("decode determinism: final_state", &again.final_state, &got.final_state);
+
+    /* Both decode kernels (GDP_DECODE_STATE=regs | smem: the register kernel or the
+     * shared-memory one, for fp32 states with 16-byte columns; the default picks one by the
+     * batch, recurrent.cu) from the same inputs give the default's bits. */
+    const char *home = getenv("GDP_DECODE_STATE");
+    char *saved = home != NULL ? strdup(home) : NULL;
+    static const char *const kernels[2] = {"regs", "smem"};
+    for (int kk = 0; kk < 2; kk++) {
+        setenv("GDP_DECODE_STATE", kernels[kk], 1);
+        if (c->cache)
+            test_dev_put(&d.state, &before.state);
+        CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &d));
+        gdp_recurrent_args other = dec_host_clone(&before);
+        dec_fetch(&other, &d);
+        char what[64];
+        snprintf(what, sizeof what, "decode kernel %s: o", kernels[kk]);
+        test_same_bytes(what, &other.o, &got.o);
+        if (c->cache) {
+            snprintf(what, sizeof what, "decode kernel %s: state", kernels[kk]);
+            test_same_bytes(what, &other.state, &got.state);
+            if (c->inter) {
+                snprintf(what, sizeof what, "decode kernel %s: snapshots", kernels[kk]);
+                test_same_bytes(what, &other.intermediate_states, &got.intermediate_states);
+            }
+        }
+        if (c->final && !c->cache) {
+            snprintf(what, sizeof what, "decode kernel %s: final_state", kernels[kk]);
+            test_same_bytes(what, &other.final_state, &got.final_state);
+        }
+        dec_free(&other, false);
+    }
+    if (saved != NULL)
+        setenv("GDP_DECODE_STATE", saved, 1);
+    else
+        unsetenv("GDP_DECODE_STATE");
+    free(saved);
+    printf("  %s\n", g_test_failures == before_failures
+                          ? "ok (a second run and both decode kernels bitwise equal)" : "FAILED");
+    dec_free(&again, false);
+    dec_free(&got, false);
+    dec_free(&d, true);
+    dec_free(&before, false);
+    dec_free(&h, false);
+}
+
+static gdp_status_t dec_graph_fn(void *p) { return gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, p); }
+
+/* Capture once; replay with new q/k/v/g/beta, a new cache and a new padding pattern:
+ * each replay bitwise equals an eager run from the same inputs. */
+static void decode_graph(test_rng *r, const dec_cfg *c) {
+    gdp_recurrent_args h = dec_random(r, c);
+    gdp_recurrent_args d = dec_to_device(&h);
+    cudaGraphExec_t exec = test_graph_capture(dec_graph_fn, &d);
+    int rounds_ok = 0;
+    for (int round = 0; round < 2; round++) {
+        dec_cfg c2 = *c;
+        c2.pad_every = round == 0 ? 2 : 5; /* a different padding count each time */
+        gdp_recurrent_args fresh = dec_random(r, &c2);
+        for (int i = 0; i < 9; i++)
+            if (gdp_tensor_present(dec_slot(&fresh, i)))
+                test_dev_put(dec_slot(&d, i), dec_slot(&fresh, i));
+        CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &d));
+        gdp_recurrent_args eager = dec_host_clone(&fresh);
+        dec_fetch(&eager, &d);
+        /* Back to the fresh inputs (the eager call updated the cache in place). */
+        for (int i = 0; i < 9; i++)
+            if (gdp_tensor_present(dec_slot(&fresh, i)))
+                test_dev_put(dec_slot(&d, i), dec_slot(&fresh, i));
+        CUDA_OK(cudaMemset(d.o.data, TEST_SENTINEL_BYTE, test_span_bytes(&d.o)));
+        test_graph_replay(exec);
+        gdp_recurrent_args replayed = dec_host_clone(&fresh);
+        dec_fetch(&replayed, &d);
+        const int before = g_test_failures;
+        test_same_bytes("decode graph replay vs eager: o", &replayed.o, &eager.o);
+        test_same_bytes("decode graph replay vs eager: state", &replayed.state, &eager.state);
+        if (c->inter)
+            test_same_bytes("decode graph replay vs eager: snapshots", &replayed.intermediate_states,
+                       &eager.intermediate_states);
+        rounds_ok += g_test_failures == before;
+        dec_free(&replayed, false);
+        dec_free(&eager, false);
+        dec_free(&fresh, false);
+    }
+    printf("decode graph (B=%lld S=%lld M=%lld H=%lld K=%lld V=%lld): %d of 2 replays with new inputs and padding "
+           "bitwise equal to eager runs\n",
+           (long long)c->B, (long long)c->S, (long long)c->M, (long long)c->H, (long long)c->K, (long long)c->V,
+           rounds_ok);
+    if (exec != NULL)
+        CUDA_OK(cudaGraphExecDestroy(exec));
+    dec_free(&d, true);
+    dec_free(&h, false);
+}
+
+/* Steps [t0, t0 + n) of a contiguous host tensor [B, T, ...] as a new tensor [B, n, ...]. */
+static gdp_tensor slice_steps(const gdp_tensor *src, int64_t t0, int64_t n) {
+    if (!gdp_tensor_present(src))
+        return *src;
+    int64_t shape[GDP_MAX_DIMS];
+    for (int32_t d = 0; d < src->ndim; d++)
+        shape[d] = src->shape[d];
+    shape[1] = n;
+    gdp_tensor out = test_tensor_alloc(src->dtype, src->ndim, shape);
+    const size_t row = gdp_dtype_size(src->dtype) * (size_t)(gdp_tensor_numel(src) / (src->shape[0] * src->shape[1]));
+    for (int64_t b = 0; b < src->shape[0]; b++)
+        memcpy((char *)out.data + (size_t)(b * n) * row, (const char *)src->data + (size_t)(b * src->shape[1] + t0) * row,
+               (size_t)n * row);
+    return out;
+}
+
+/* One call of S tokens (with snapshots) against S calls of one token from the same cache, on
+ * the GPU with an fp32 cache (the state stays fp32 between tokens either way): o, the final
+ * state and every snapshot bitwise equal to the token-by-token run (gdp-math.md 5.3). */
+static void decode_tokens_vs_single(test_rng *r, const dec_cfg *c) {
+    gdp_recurrent_args h = dec_random(r, c);
+    const int64_t B = c->B, S = c->S, M = c->M, slots = c->slots;
+    gdp_recurrent_args d = dec_to_device(&h);
+    CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &d));
+    gdp_recurrent_args all = dec_host_clone(&h);
+    dec_fetch(&all, &d);
+    dec_free(&d, true);
+
+    /* Token by token from the same starting cache. */
+    gdp_tensor state_dev = test_dev_clone(&h.state);
+    gdp_tensor idx_dev = test_dev_clone(&h.state_indices);
+    const size_t slot_bytes = test_span_bytes(&h.state) / (size_t)slots;
+    const size_t inter_row = slot_bytes; /* one [H, K, V] block of the snapshots */
+    int64_t o_diff = 0, snap_diff = 0;
+    gdp_tensor state_now = test_host_clone(&h.state);
+    for (int64_t s = 0; s < S; s++) {
+        gdp_recurrent_args one = {.scale = h.scale, .use_qk_l2norm_in_kernel = h.use_qk_l2norm_in_kernel,
+                                  .steps_per_token = h.steps_per_token};
+        gdp_tensor q = slice_steps(&h.q, s * M, M), k = slice_steps(&h.k, s * M, M), v = slice_steps(&h.v, s * M, M);
+        gdp_tensor g = slice_steps(&h.g, s * M, M), beta = slice_steps(&h.beta, s * M, M);
+        gdp_tensor o = slice_steps(&h.o, s * M, M);
+        one.q = test_dev_clone(&q), one.k = test_dev_clone(&k), one.v = test_dev_clone(&v);
+        one.g = test_dev_clone(&g), one.beta = test_dev_clone(&beta);
+        one.o = test_dev_poisoned(&o);
+        one.state = state_dev;
+        one.state_indices = idx_dev;
+        CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &one));
+        test_dev_fetch(&o, &one.o);
+        test_dev_fetch(&state_now, &state_dev);
+        /* o of token s in the S-token call. */
+        gdp_tensor o_all_s = slice_steps(&all.o, s * M, M);
+        o_diff += memcmp(o.data, o_all_s.data, test_span_bytes(&o)) != 0;
+        /* Snapshot [slot, s] of every named slot == the slot after the s-th single call. */
+        for (int64_t b = 0; b < B; b++) {
+            const int32_t slot = slot_of(&h, b);
+            if (slot < 0)
+                continue;
+            snap_diff += memcmp((char *)all.intermediate_states.data + (size_t)(slot * S + s) * inter_row,
+                                (char *)state_now.data + (size_t)slot * slot_bytes, slot_bytes) != 0;
+        }
+        test_host_free(&o_all_s);
+        test_dev_free(&one.q), test_dev_free(&one.k), test_dev_free(&one.v), test_dev_free(&one.g), test_dev_free(&one.beta);
+        test_dev_free(&one.o);
+        test_host_free(&q), test_host_free(&k), test_host_free(&v), test_host_free(&o);
+        test_host_free(&g), test_host_free(&beta); /* absent ones hold NULL */
+    }
+    CHECK(o_diff == 0, "decode %lld tokens in one call vs one at a time: o of %lld tokens not bitwise equal",
+          (long long)S, (long long)o_diff);
+    CHECK(snap_diff == 0, "decode %lld tokens in one call vs one at a time: %lld snapshots not bitwise equal",
+          (long long)S, (long long)snap_diff);
+    test_same_bytes("decode S tokens in one call vs one at a time: final cache", &all.state, &state_now);
+    printf("decode B=%lld S=%lld M=%lld H=%lld K=%lld V=%lld (%s cache): one call of %lld tokens == %lld one-token "
+           "calls bitwise (o, every snapshot, the final cache)\n",
+           (long long)B, (long long)S, (long long)M, (long long)c->H, (long long)c->K, (long long)c->V,
+           gdp_dtype_name(c->state_dt), (long long)S, (long long)S);
+    test_dev_free(&state_dev);
+    test_dev_free(&idx_dev);
+    test_host_free(&state_now);
+    dec_free(&all, false);
+    dec_free(&h, false);
+}
+
+static void decode_tests(test_rng *r) {
+    const char *files[3] = {"decode_m1_k128.safetensors", "decode_m2_slots_pad.safetensors",
+                            "decode_m3_draft3.safetensors"};
+    for (int i = 0; i < 3; i++)
+        decode_golden(files[i]);
+    const gdp_dtype_t F32 = GDP_DTYPE_FP32, BF = GDP_DTYPE_BF16, F16 = GDP_DTYPE_FP16;
+    const dec_cfg cases[] = {
+        /* B, S, M, H, K, V, slots, in, state, o, g, beta, l2, cache, identity, inter, init, final, pattern, scale, pad */
+        {8, 1, 2, 4, 128, 128, 12, BF, F32, BF, true, true, true, true, false, true, false, false, true, 0, 3},
+        {5, 3, 3, 2, 64, 64, 9, BF, BF, F32, true, true, true, true, false, true, false, false, true, 0, 4},
+        {4, 4, 1, 3, 32, 32, 4, F32, F32, F32, true, true, false, true, true, false, false, false, false, 0.3, 0},
+        {3, 1, 2, 2, 256, 64, 5, F16, F32, F16, true, true, true, true, false, false, false, false, true, 0, 0},
+        {2, 2, 1, 2, 256, 128, 3, BF, BF, BF, true, true, true, true, false, true, false, false, false, 0, 0},
+        {3, 2, 2, 2, 100, 30, 6, F32, F32, F32, false, false, true, true, false, true, false, false, false, 0, 2},
+        {4, 1, 3, 2, 16, 12, 4, BF, BF, F32, true, true, true, true, true, false, false, false, true, 0.5, 0},
+        {4, 1, 2, 2, 64, 64, 0, F32, F32, F32, true, true, true, false, false, false, true, true, true, 0, 0},
+        {3, 2, 2, 3, 128, 128, 0, BF, F32, F32, true, true, true, false, false, false, false, true, true, 0, 0},
+        {2, 1, 2, 2, 64, 64, 0, F16, F16, F32, true, true, true, false, false, false, true, true, false, 0, 0},
+        {2, 1, 2, 2, 48, 40, 0, BF, BF, F32, true, false, false, false, false, false, true, false, false, 0, 0},
+        {64, 1, 2, 16, 128, 128, 80, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 16},
+        {6, 4, 2, 4, 128, 128, 10, BF, F32, BF, true, true, true, true, false, true, false, false, true, 0, 3},
+        /* Grids larger than two generations of resident blocks: the L2 prefetch path. */
+        {40, 1, 2, 16, 128, 128, 0, BF, F32, F32, true, true, true, false, false, false, true, true, true, 0, 0},
+        {48, 1, 2, 16, 128, 128, 56, BF, BF, BF, true, true, true, true, false, false, false, false, true, 0, 7},
+        /* The benchmark shapes: H=32, V=64, M=3; many requests of a bf16 cache with drafts. */
+        {24, 1, 3, 32, 128, 64, 30, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 5},
+        {20, 2, 2, 16, 128, 128, 24, BF, BF, BF, true, true, true, true, false, true, false, false, true, 0, 6},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        decode_vs_cpu(r, &cases[i]);
+    decode_graph(r, &cases[0]);
+    decode_graph(r, &cases[12]);
+    /* S tokens in one call == S one-token calls (fp32 cache, snapshots, -1 rows). */
+    const dec_cfg multi[] = {
+        {6, 4, 2, 4, 128, 128, 10, BF, F32, BF, true, true, true, true, false, true, false, false, true, 0, 3},
+        {5, 3, 3, 2, 128, 64, 8, BF, F32, F32, true, true, true, true, false, true, false, false, true, 0, 4},
+    };
+    for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++)
+        decode_tokens_vs_single(r, &multi[i]);
+}
+
+#endif /* GDP_HAVE_CUDA */
+
+TEST_GPU_MAIN("test_decode_gpu", decode_tests, 20261129)
