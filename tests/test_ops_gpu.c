@@ -748,13 +748,14 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
     if (c->final && !c->cache)
         same_bytes("decode determinism: final_state", &again.final_state, &got.final_state);
 
-    /* Both decode kernels (GDP_DECODE_STATE=regs | smem: the register kernel or the
-     * shared-memory one, for fp32 states with 16-byte columns; the default picks one by the
-     * batch, recurrent.cu) from the same inputs give the default's bits. */
+    /* Every decode kernel (GDP_DECODE_STATE=regs | smem | head: the register kernel, the
+     * shared-memory one with a block per 32 value columns, or with a block per (request,
+     * head); the last two for 16-byte columns; the default picks by batch and dtype,
+     * recurrent.cu) from the same inputs gives the default's bits. */
     const char *home = getenv("GDP_DECODE_STATE");
     char *saved = home != NULL ? strdup(home) : NULL;
-    static const char *const kernels[2] = {"regs", "smem"};
-    for (int kk = 0; kk < 2; kk++) {
+    static const char *const kernels[3] = {"regs", "smem", "head"};
+    for (int kk = 0; kk < 3; kk++) {
         setenv("GDP_DECODE_STATE", kernels[kk], 1);
         if (c->cache)
             dev_put(&d.state, &before.state);
@@ -784,7 +785,7 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
         unsetenv("GDP_DECODE_STATE");
     free(saved);
     printf("  %s\n", g_test_failures == before_failures
-                          ? "ok (a second run and both decode kernels bitwise equal)" : "FAILED");
+                          ? "ok (a second run and every decode kernel bitwise equal)" : "FAILED");
     dec_free(&again, false);
     dec_free(&got, false);
     dec_free(&d, true);
