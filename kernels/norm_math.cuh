@@ -126,6 +126,13 @@ __device__ __forceinline__ void norm_fast_vector(const NormParams &p, int64_t ve
     }
 }
 
+/* The fast path's shapes: 8-element chunks, registers enough, 16-byte aligned rows. */
+inline bool fast_path_fits(const NormParams &p) {
+    const size_t xs = gdp_dtype_size(p.x_dtype), zs = p.z != nullptr ? gdp_dtype_size(p.z_dtype) : 0;
+    return p.n % 8 == 0 && p.n <= FAST_BLOCK_MAX && aligned16(p.x) && aligned16(p.out) && aligned16(p.z) &&
+           aligned16(p.weight) && ((size_t)p.x_row * xs) % 16 == 0 && ((size_t)p.z_row * zs) % 16 == 0;
+}
+
 } // namespace
 
 #endif /* GDP_NORM_MATH_CUH */

@@ -94,13 +94,6 @@ void launch_fast(const NormParams &p, unsigned blocks, cudaStream_t stream) {
         norm_fast_kernel<L2, GATED, BLOCK, FAST_BLOCK_CHUNKS><<<blocks, threads, 0, stream>>>(p);
 }
 
-/* The fast path's shapes: 8-element chunks, registers enough, 16-byte aligned rows. */
-bool fast_path_fits(const NormParams &p) {
-    const size_t xs = gdp_dtype_size(p.x_dtype), zs = p.z != nullptr ? gdp_dtype_size(p.z_dtype) : 0;
-    return p.n % 8 == 0 && p.n <= FAST_BLOCK_MAX && aligned16(p.x) && aligned16(p.out) && aligned16(p.z) &&
-           aligned16(p.weight) && ((size_t)p.x_row * xs) % 16 == 0 && ((size_t)p.z_row * zs) % 16 == 0;
-}
-
 template <bool L2, bool GATED> cudaError_t launch_norm(const NormParams &p, cudaStream_t stream) {
     if (p.vectors <= 0)
         return cudaGetLastError();

@@ -37,6 +37,7 @@
 
 #include "dtype_access.cuh"
 #include "gdp_kernels.h"
+#include "norm_math.cuh"
 #include "src/internal.h"
 
 // CUDA kernels
@@ -71,6 +72,14 @@ struct RecurrentParams {
     float scale;
     int l2norm;
     int64_t prefetch_distance; /* block b prefetches block b + this into L2 (0: off) */
+    /* The fused grouped gated RMSNorm of the decode end (gdp_decode_recurrent_norm): the
+     * last of a (request, norm group)'s blocks to finish normalizes the group's outputs. */
+    int norm_on;             /* 0: no norm in this launch                                   */
+    int norm_chunks;         /* 8-element chunks a lane (1 or 2), as norms.cu's launch picks */
+    int32_t norm_hpg;        /* heads per norm group (group = norm_hpg * V elements)        */
+    int32_t norm_arrivals;   /* blocks per (request, group): norm_hpg * n_vblocks           */
+    uint32_t *arrivals;      /* [B][H / norm_hpg] counters, 0 before and after the launch  */
+    NormParams norm;         /* x = the last Householder copy of o (a row view), z, weight */
 };
 
 /* Bit-level storage of the state: load/store CW elements and convert to/from fp32. */
@@ -167,13 +176,6 @@ template <int CW> __device__ __forceinline__ void store_columns_f32(float *dst, 
 
 __device__ __forceinline__ int gdp_dtype_size_device(gdp_dtype_t dtype) { return dtype == GDP_DTYPE_FP32 ? 4 : 2; }
 
-/* Butterfly sum over a warp: every lane ends with the same bits. */
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-        x += __shfl_xor_sync(0xffffffffu, x, off);
-    return x;
-}
 
 /* Brings the 128-byte lines of [ptr, ptr + bytes) into L2 without occupying registers. */
 __device__ __forceinline__ void prefetch_l2(const void *ptr, int64_t bytes) {
@@ -737,6 +739,37 @@ __device__ __forceinline__ void run_item_smem(const RecurrentParams &p, int64_t 
     }
 }
 
+/* The fused gated norm's tail, run by every block of the launch after its outputs are
+ * written (padding rows included: the norm of their zeros is still the chain's output). Each
+ * block makes its o stores visible, then counts itself in its (request, group); the last to
+ * arrive resets the counter for the next launch and normalizes the group's vector with
+ * norms.cu's own per-vector body (the same bits as gdp_gated_rmsnorm), reading y through L2
+ * (other blocks wrote it). No block waits for another, so any schedule finishes. */
+__device__ __forceinline__ void fused_norm_tail(const RecurrentParams &p, int64_t b, int h) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    const int grp = h / p.norm_hpg;
+    if (threadIdx.x == 0) {
+        uint32_t *count = p.arrivals + b * p.norm.groups + grp;
+        const uint32_t before = atomicAdd(count, 1u);
+        last = before + 1 == (uint32_t)p.norm_arrivals;
+        if (last)
+            *count = 0; /* every block of the group has counted: none touches it again */
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    if (threadIdx.x < 32) {
+        const int64_t vec = b * p.norm.groups + grp;
+        if (p.norm_chunks == 1)
+            norm_fast_vector<false, true, false, 1, true>(p.norm, vec, (int)threadIdx.x);
+        else
+            norm_fast_vector<false, true, false, 2, true>(p.norm, vec, (int)threadIdx.x);
+    }
+}
+
 /* One block per item (request, head, NVB * 32 value columns), as recurrent_kernel with NVB =
  * 1; dynamic shared memory: the groups' state tiles [NVB][KP][32] fp32, then the step area. */
 /* Blocks per SM for NVB groups: the same registers a thread as NVB = 1 (64 up to R = 8). */
@@ -785,6 +818,8 @@ __global__ void __launch_bounds__(NVB * REC_THREADS, (recurrent_smem_block_bound
     if (padding) {
         cp_async_wait_all();
         write_zero_output<CW>(p, b, h, col0, col_ok, lt);
+        if (p.norm_on)
+            fused_norm_tail(p, b, h);
         return;
     }
     /* 2. The L2 prefetch of the block one generation ahead, as the register kernel. */
@@ -806,6 +841,8 @@ __global__ void __launch_bounds__(NVB * REC_THREADS, (recurrent_smem_block_bound
         }
     }
     run_item_smem<SDT, R, NVB>(p, b, h, vb, row, mine, area);
+    if (p.norm_on)
+        fused_norm_tail(p, b, h);
 }
 
 /* Blocks of a kernel the whole device holds at once (0 if unknown), cached per device in
@@ -863,6 +900,7 @@ cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStre
     constexpr int BVB = NVB * G::BV, THREADS = NVB * REC_THREADS;
     RecurrentParams q = p;
     q.n_vblocks = (p.V + BVB - 1) / BVB;
+    q.norm_arrivals = q.norm_hpg * q.n_vblocks; /* the blocks of one (request, norm group) */
     const int64_t items = p.B * p.H * q.n_vblocks;
     if (items > INT32_MAX)
         return cudaErrorInvalidConfiguration;
@@ -910,6 +948,8 @@ enum DecodeKernel { DECODE_REGS, DECODE_SMEM, DECODE_HEAD };
 
 DecodeKernel decode_kernel(const RecurrentParams &p, int state_dtype) {
     const char *e = getenv("GDP_DECODE_STATE");
+    if (p.norm_on) /* the fused norm's tail lives in the shared-memory kernel only */
+        return e != nullptr && strcmp(e, "head") == 0 ? DECODE_HEAD : DECODE_SMEM;
     if (e != nullptr && strcmp(e, "smem") == 0)
         return DECODE_SMEM;
     if (e != nullptr && strcmp(e, "head") == 0)
@@ -958,12 +998,94 @@ template <int SDT> cudaError_t dispatch_vec(const RecurrentParams &p, bool vec, 
     return vec ? dispatch_rows<SDT, true>(p, device, stream) : dispatch_rows<SDT, false>(p, device, stream);
 }
 
+/* The fused norm's arguments (gdp_cuda_recurrent_norm), NULL for the plain op. */
+struct FusedNorm {
+    gdp_tensor *out;
+    const gdp_tensor *y, *z, *weight;
+    int64_t group;
+    double eps;
+};
 
 } // namespace
 
 // kernel launchers
 
-extern "C" gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurrent_args *a) {
+/* Counters of the fused norm: one zeroed allocation per ctx, made at the first fused call
+ * outside graph capture and kept until the ctx is freed (a captured graph holds its
+ * address). A step with more (request, group) pairs than it holds runs the two ops. */
+constexpr int64_t REC_ARRIVAL_COUNTERS = 1 << 16;
+
+static bool arrivals_ready(struct gdp_ctx *ctx, int64_t needed) {
+    if (needed > REC_ARRIVAL_COUNTERS)
+        return false;
+    if (ctx->arrivals != nullptr)
+        return true;
+    cudaStream_t stream = static_cast<cudaStream_t>(ctx->stream);
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    void *buf = nullptr;
+    if (cudaMalloc(&buf, REC_ARRIVAL_COUNTERS * sizeof(uint32_t)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    if (cudaMemsetAsync(buf, 0, REC_ARRIVAL_COUNTERS * sizeof(uint32_t), stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        cudaFree(buf);
+        return false;
+    }
+    ctx->arrivals = buf;
+    return true;
+}
+
+namespace {
+
+/* The fused norm fits when y is exactly the row view of o's last Householder copy, a norm
+ * group is whole heads of at most 512 elements on norms.cu's warp fast path, the state has
+ * 16-byte columns (the shared-memory kernel) and the counters are there. Fills the params. */
+bool fused_norm_fits(struct gdp_ctx *ctx, const gdp_recurrent_args *a, const FusedNorm &f, const RecurrentParams &p,
+                     bool vec, RecurrentParams *q) {
+    const int64_t B = p.B, H = p.H, V = p.V, T = p.T;
+    const size_t es = gdp_dtype_size(a->o.dtype);
+    const int64_t n = f.group, d = H * V;
+    if (!vec || p.S != 1 || n % V != 0 || n % 8 != 0 || n > 512 || d % n != 0)
+        return false;
+    const gdp_tensor *y = f.y, *z = f.z;
+    const bool y_is_last_copy = y->ndim == 2 && y->shape[0] == B && y->shape[1] == d && y->dtype == a->o.dtype &&
+                                gdp_tensor_stride(y, 1) == 1 && gdp_tensor_stride(y, 0) == T * d &&
+                                y->data == static_cast<const char *>(a->o.data) + (size_t)((T - 1) * d) * es;
+    if (!y_is_last_copy || z->ndim != 2 || gdp_tensor_stride(z, 1) != 1 || !gdp_tensor_is_contiguous(f.out))
+        return false;
+    NormParams np = {};
+    np.x = y->data;
+    np.x_dtype = y->dtype;
+    np.z = z->data;
+    np.z_dtype = z->dtype;
+    np.weight = f.weight->data;
+    np.w_dtype = f.weight->dtype;
+    np.out = f.out->data;
+    np.out_dtype = f.out->dtype;
+    np.groups = d / n;
+    np.vectors = B * np.groups;
+    np.n = n;
+    np.x_row = gdp_tensor_stride(y, 0);
+    np.z_row = gdp_tensor_stride(z, 0);
+    np.inv_n = 1.0f / (float)n; /* as gdp_cuda_gated_rmsnorm */
+    np.eps = (float)f.eps;
+    if (!fast_path_fits(np) || !arrivals_ready(ctx, np.vectors))
+        return false;
+    *q = p;
+    q->norm_on = 1;
+    q->norm_chunks = n / 8 <= 32 ? 1 : 2; /* launch_fast's count for a warp */
+    q->norm_hpg = (int32_t)(n / V);
+    q->arrivals = static_cast<uint32_t *>(ctx->arrivals);
+    q->norm = np;
+    return true;
+}
+
+gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, const FusedNorm *fuse, bool *fused) {
     static const char *op = "gdp_fused_recurrent_gated_delta_rule_update";
     const int64_t B = a->q.shape[0], T = a->q.shape[1], H = a->q.shape[2], K = a->q.shape[3];
     const int64_t V = a->v.shape[3];
@@ -1030,6 +1152,15 @@ extern "C" gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurr
                      p.out_stride_row % cw == 0 && p.out_stride_head % cw == 0 && aligned16(p.state_in) &&
                      aligned16(p.state_out) && aligned16(p.inter);
 
+    if (fused != nullptr)
+        *fused = false;
+    if (fuse != nullptr) {
+        RecurrentParams q;
+        if (!fused_norm_fits(ctx, a, *fuse, p, vec, &q))
+            return GDP_STATUS_SUCCESS; /* nothing launched: the caller runs the two ops */
+        p = q;
+        *fused = true;
+    }
     cudaStream_t stream = static_cast<cudaStream_t>(ctx->stream);
     cudaError_t err;
     switch (state_dtype) {
@@ -1047,3 +1178,17 @@ extern "C" gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurr
     }
     return GDP_STATUS_SUCCESS;
 }
+
+} // namespace
+
+extern "C" gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurrent_args *a) {
+    return recurrent_run(ctx, a, nullptr, nullptr);
+}
+
+extern "C" gdp_status_t gdp_cuda_recurrent_norm(struct gdp_ctx *ctx, const gdp_recurrent_args *a, gdp_tensor *out,
+                                                const gdp_tensor *y, const gdp_tensor *z, const gdp_tensor *weight,
+                                                int64_t group_size, double eps, bool *fused) {
+    const FusedNorm f = {out, y, z, weight, group_size, eps};
+    return recurrent_run(ctx, a, &f, fused);
+}
+
