@@ -1,6 +1,6 @@
 /*
  * context.cu: CUDA backend set-up: device selection and validation for a gdp ctx,
- * and the workspace the ctx owns.
+ * and the device memory the ctx owns (workspace, the fused decode norm's counters).
  */
 #include <cuda_runtime.h>
 
@@ -30,6 +30,10 @@ extern "C" gdp_status_t gdp_cuda_ctx_init(struct gdp_ctx *ctx) {
 }
 
 extern "C" gdp_status_t gdp_cuda_ctx_free(struct gdp_ctx *ctx) {
+    if (ctx->arrivals != NULL) {
+        cudaFree(ctx->arrivals);
+        ctx->arrivals = NULL;
+    }
     if (ctx->workspace != NULL) {
         cudaFree(ctx->workspace);
         ctx->workspace = NULL;

@@ -35,24 +35,29 @@ __device__ __forceinline__ void store_from_float(void *base, gdp_dtype_t dtype, 
  * tensor does not constrain the access width). */
 static inline bool aligned16(const void *ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
-/* N (4 or 8) elements from element i of base, aligned to their N * size bytes. */
-template <int N> __device__ __forceinline__ void load_vec_as_float(const void *base, gdp_dtype_t dtype, int64_t i, float (&v)[N]) {
+/* N (4 or 8) elements from element i of base, aligned to their N * size bytes. L2_ONLY:
+ * loaded through L2 only (ld.global.cg), for data other blocks of the same kernel wrote
+ * (the SM's L1 is not coherent with them). */
+template <int N, bool L2_ONLY = false>
+__device__ __forceinline__ void load_vec_as_float(const void *base, gdp_dtype_t dtype, int64_t i, float (&v)[N]) {
     static_assert(N == 4 || N == 8, "4 or 8 elements");
     if (dtype == GDP_DTYPE_FP32) {
         const float4 *q = reinterpret_cast<const float4 *>(static_cast<const float *>(base) + i);
 #pragma unroll
         for (int k = 0; k < N / 4; k++) {
-            const float4 a = q[k];
+            const float4 a = L2_ONLY ? __ldcg(q + k) : q[k];
             v[4 * k] = a.x, v[4 * k + 1] = a.y, v[4 * k + 2] = a.z, v[4 * k + 3] = a.w;
         }
         return;
     }
     uint32_t w[N / 2];
     if constexpr (N == 8) {
-        const uint4 u = *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + i);
+        const uint4 *q = reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + i);
+        const uint4 u = L2_ONLY ? __ldcg(q) : *q;
         w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
     } else {
-        const uint2 u = *reinterpret_cast<const uint2 *>(static_cast<const uint16_t *>(base) + i);
+        const uint2 *q = reinterpret_cast<const uint2 *>(static_cast<const uint16_t *>(base) + i);
+        const uint2 u = L2_ONLY ? __ldcg(q) : *q;
         w[0] = u.x, w[1] = u.y;
     }
 #pragma unroll

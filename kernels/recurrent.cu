@@ -37,6 +37,7 @@
 
 #include "dtype_access.cuh"
 #include "gdp_kernels.h"
+#include "norm_math.cuh"
 #include "src/internal.h"
 
 // CUDA kernels
@@ -71,6 +72,14 @@ struct RecurrentParams {
     float scale;
     int l2norm;
     int64_t prefetch_distance; /* block b prefetches block b + this into L2 (0: off) */
+    /* The fused grouped gated RMSNorm of the decode end (gdp_decode_recurrent_norm): the
+     * last of a (request, norm group)'s blocks to finish normalizes the group's outputs. */
+    int norm_on;             /* 0: no norm in this launch                                   */
+    int norm_chunks;         /* 8-element chunks a lane (1 or 2), as norms.cu's launch picks */
+    int32_t norm_hpg;        /* heads per norm group (group = norm_hpg * V elements)        */
+    int32_t norm_arrivals;   /* blocks per (request, group): norm_hpg * n_vblocks           */
+    uint32_t *arrivals;      /* [B][H / norm_hpg] counters, 0 before and after the launch  */
+    NormParams norm;         /* x = the last Householder copy of o (a row view), z, weight */
 };
 
 /* Bit-level storage of the state: load/store CW elements and convert to/from fp32. */
@@ -167,13 +176,6 @@ template <int CW> __device__ __forceinline__ void store_columns_f32(float *dst, 
 
 __device__ __forceinline__ int gdp_dtype_size_device(gdp_dtype_t dtype) { return dtype == GDP_DTYPE_FP32 ? 4 : 2; }
 
-/* Butterfly sum over a warp: every lane ends with the same bits. */
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-        x += __shfl_xor_sync(0xffffffffu, x, off);
-    return x;
-}
 
 /* Brings the 128-byte lines of [ptr, ptr + bytes) into L2 without occupying registers. */
 __device__ __forceinline__ void prefetch_l2(const void *ptr, int64_t bytes) {
@@ -184,14 +186,15 @@ __device__ __forceinline__ void prefetch_l2(const void *ptr, int64_t bytes) {
 }
 
 constexpr int REC_STAGE_UNROLL = 4; /* elements per thread and array loaded before any is stored */
-static_assert(REC_TILE_STEPS * 64 <= REC_STAGE_UNROLL * REC_THREADS, "one round must cover a v tile (BV <= 64)");
 
 /* Stages steps [t0, t0 + ns) of q, k (rows padded to KP), v (this block's BV columns),
- * exp(g) and beta into shared memory as fp32. Every load of a round is issued before the
- * first store, so the tile costs one memory latency, not one per array and iteration. */
-template <int KP, int BV>
+ * exp(g) and beta into shared memory as fp32, by the block's THREADS threads. Every load of
+ * a round is issued before the first store, so the tile costs one memory latency, not one
+ * per array and iteration. */
+template <int KP, int BV, int THREADS = REC_THREADS>
 __device__ __forceinline__ void stage_tile(const RecurrentParams &p, int64_t b, int h, int vb, int t0, int ns,
                                            float *qs, float *ks, float *vs, float *decay, float *betas) {
+    static_assert(REC_TILE_STEPS * BV <= REC_STAGE_UNROLL * THREADS, "one round must cover a v tile");
     const int tid = threadIdx.x;
     /* one 64-bit base per tile, 32-bit offsets within it (j < 8 steps of H rows) */
     const int64_t bth0 = (b * p.T + t0) * p.H + h;
@@ -199,7 +202,7 @@ __device__ __forceinline__ void stage_tile(const RecurrentParams &p, int64_t b, 
     float rv[REC_STAGE_UNROLL];
 #pragma unroll
     for (int u = 0; u < REC_STAGE_UNROLL; u++) {
-        const int idx = tid + u * REC_THREADS;
+        const int idx = tid + u * THREADS;
         const int j = idx / BV, col = vb * BV + (idx - j * BV);
         rv[u] = idx < ns * BV && col < p.V ? load_as_float(p.v, p.qkv_dtype, v_base + (j * p.H * p.V + col)) : 0.0f;
     }
@@ -212,11 +215,11 @@ __device__ __forceinline__ void stage_tile(const RecurrentParams &p, int64_t b, 
             beta = load_as_float(p.beta, p.beta_dtype, bth);
     }
     const int total = ns * KP;
-    for (int base = 0; base < total; base += REC_STAGE_UNROLL * REC_THREADS) {
+    for (int base = 0; base < total; base += REC_STAGE_UNROLL * THREADS) {
         float rq[REC_STAGE_UNROLL], rk[REC_STAGE_UNROLL];
 #pragma unroll
         for (int u = 0; u < REC_STAGE_UNROLL; u++) {
-            const int idx = base + tid + u * REC_THREADS;
+            const int idx = base + tid + u * THREADS;
             const int j = idx / KP, kk = idx - j * KP;
             const int64_t off = bth0 * p.K + (j * p.H * p.K + kk);
             const bool ok = idx < total && kk < p.K;
@@ -225,7 +228,7 @@ __device__ __forceinline__ void stage_tile(const RecurrentParams &p, int64_t b, 
         }
 #pragma unroll
         for (int u = 0; u < REC_STAGE_UNROLL; u++) {
-            const int idx = base + tid + u * REC_THREADS;
+            const int idx = base + tid + u * THREADS;
             if (idx < total) {
                 qs[idx] = rq[u];
                 ks[idx] = rk[u];
@@ -234,7 +237,7 @@ __device__ __forceinline__ void stage_tile(const RecurrentParams &p, int64_t b, 
     }
 #pragma unroll
     for (int u = 0; u < REC_STAGE_UNROLL; u++) {
-        const int idx = tid + u * REC_THREADS;
+        const int idx = tid + u * THREADS;
         if (idx < ns * BV)
             vs[idx] = rv[u];
     }
@@ -313,8 +316,9 @@ __device__ __forceinline__ BlockItems block_items(const RecurrentParams &p) {
 
 /* Padding request: output 0 for this block's columns, no slot read or written. */
 template <int CW>
-__device__ __forceinline__ void write_zero_output(const RecurrentParams &p, int64_t b, int h, int col0, bool col_ok) {
-    if (threadIdx.x / REC_COL_GROUPS == 0 && col_ok)
+__device__ __forceinline__ void write_zero_output(const RecurrentParams &p, int64_t b, int h, int col0, bool col_ok,
+                                                  int lt) {
+    if (lt / REC_COL_GROUPS == 0 && col_ok) /* lt: the thread's index in its 128-thread group */
         for (int t = 0; t < p.T; t++)
 #pragma unroll
             for (int c = 0; c < CW; c++)
@@ -322,16 +326,16 @@ __device__ __forceinline__ void write_zero_output(const RecurrentParams &p, int6
 }
 
 /* L2 prefetch of item (b, h, vb)'s q, k and v rows (and, with state, its state tile). */
-template <int BV, typename Bits>
+template <int BV, typename Bits, int THREADS = REC_THREADS>
 __device__ __forceinline__ void prefetch_item(const RecurrentParams &p, int64_t b, int h, int vb, const Bits *state) {
     const int tid = threadIdx.x, col = vb * BV;
     const int es = gdp_dtype_size_device(p.qkv_dtype);
     const int64_t cols = min(BV, p.V - col);
     if (state != nullptr)
-        for (int kr = tid; kr < p.K; kr += REC_THREADS)
+        for (int kr = tid; kr < p.K; kr += THREADS)
             prefetch_l2(state + (int64_t)kr * p.V + col, cols * (int64_t)sizeof(Bits));
     const int64_t qk_bytes = (int64_t)p.K * es;
-    for (int x = tid; x < 3 * p.T; x += REC_THREADS) {
+    for (int x = tid; x < 3 * p.T; x += THREADS) {
         const int t = x / 3, which = x - 3 * t;
         const int64_t bth = (b * p.T + t) * p.H + h;
         if (which == 0)
@@ -345,10 +349,10 @@ __device__ __forceinline__ void prefetch_item(const RecurrentParams &p, int64_t 
 
 /* Per step (one warp each) of a staged tile: the L2 norms of q and k in fp32, then the
  * scale, then k . q into kq. Shared by both kernels; the caller syncs after it. */
-template <int KP>
+template <int KP, int WARPS = REC_WARPS>
 __device__ __forceinline__ void normalize_steps(const RecurrentParams &p, int ns, float *qs, float *ks, float *kq) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int j = warp; j < ns; j += REC_WARPS) {
+    for (int j = warp; j < ns; j += WARPS) {
         float *qj = qs + j * KP, *kj = ks + j * KP;
         float fq = 1.0f, fk = 1.0f;
         if (p.l2norm) {
@@ -380,8 +384,9 @@ __device__ __forceinline__ void normalize_steps(const RecurrentParams &p, int ns
 template <int CW, int BV>
 __device__ __forceinline__ void step_readout(const RecurrentParams &p, float (&sk)[CW], float (&sq)[CW], float *buf,
                                              const float *vj, float beta, float kqj, int64_t b, int h, int t,
-                                             int col0, bool col_ok, float (&delta)[CW]) {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, cg = tid % REC_COL_GROUPS;
+                                             int col0, bool col_ok, float (&delta)[CW], int lt) {
+    /* lt: the thread's index in its 128-thread group (the group's warps, lanes, column groups) */
+    const int tid = lt, lane = tid & 31, warp = tid >> 5, cg = tid % REC_COL_GROUPS;
 #pragma unroll
     for (int c = 0; c < CW; c++) {
         sk[c] += __shfl_xor_sync(0xffffffffu, sk[c], 8);
@@ -502,7 +507,7 @@ __device__ __forceinline__ void run_item(const RecurrentParams &p, int64_t b, in
                 }
             }
             float delta[CW];
-            step_readout<CW, BV>(p, sk, sq, buf, vs + j * BV, betas[j], kq[j], b, h, t, col0, col_ok, delta);
+            step_readout<CW, BV>(p, sk, sq, buf, vs + j * BV, betas[j], kq[j], b, h, t, col0, col_ok, delta, tid);
 #pragma unroll
             for (int i = 0; i < R; i++) {
                 const float kv = kj[rg + REC_ROW_GROUPS * i];
@@ -561,7 +566,7 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, VEC>
                        smem + 2 * p.tile_steps * KP, smem + p.tile_steps * (2 * KP + BV),
                        smem + p.tile_steps * (2 * KP + BV + 1));
     if (row_is_padding(p, row)) {
-        write_zero_output<CW>(p, b, h, col0, col_ok);
+        write_zero_output<CW>(p, b, h, col0, col_ok, tid);
         return;
     }
 
@@ -625,39 +630,52 @@ __device__ __forceinline__ void cp_async_8(void *smem_dst, const void *gmem_src)
 /* "memory": no shared-memory access of the tile may move above the wait. */
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-/* The smem kernel's geometry: 4 fp32 columns a thread whatever the state's dtype. */
+/* The smem kernel's geometry: 4 fp32 columns a thread whatever the state's dtype; a group of
+ * 128 threads owns BV = 32 value columns, and a block of NVB groups owns NVB * 32 (NVB = 1:
+ * one block per 32 columns; NVB > 1, GDP_DECODE_STATE=head: one block per (request, head)
+ * up to V = 32 NVB, so the q, k staging, the norms and the slot lookup are done once for
+ * the head instead of once per 32 columns; each group's sums and read-out are its own, as in
+ * NVB = 1, so the bits do not change). */
 template <int R> using SmemGeom = RecGeom<GDP_DTYPE_FP32, R, true>;
 
-template <int SDT, int R>
+/* The step area of a block of NVB groups: q, k [TS][KP], v [TS][32 NVB], exp(g), beta, k.q,
+ * then two reduction buffers per group [2][NVB][warps][2 x 32] on a 16-byte boundary. */
+__host__ __device__ constexpr int64_t smem_area_floats(int tile_steps, int kp, int nvb) {
+    return recurrent_red_offset(tile_steps, kp, 32 * nvb) + 2 * (int64_t)nvb * REC_WARPS * 2 * 32;
+}
+
+template <int SDT, int R, int NVB>
 __device__ __forceinline__ void run_item_smem(const RecurrentParams &p, int64_t b, int h, int vb, int64_t row,
                                               float *mine, float *area) {
     using G = SmemGeom<R>;
     using Bits = typename StateStorage<SDT>::Bits;
     constexpr int CW = G::CW, BV = G::BV, KP = G::KP, PITCH = REC_ROW_GROUPS * BV; /* floats between rows i, i+1 */
+    constexpr int BVB = NVB * BV, THREADS = NVB * REC_THREADS; /* the block's columns and threads */
     static_assert(CW == 4, "one float4 per row and thread");
-    const int tid = threadIdx.x;
-    const int cg = tid % REC_COL_GROUPS, rg = tid / REC_COL_GROUPS;
-    const int col0 = vb * BV + cg * CW;
+    const int sub = NVB == 1 ? 0 : (int)threadIdx.x / REC_THREADS; /* the group (NVB = 1: known 0) */
+    const int lt = NVB == 1 ? (int)threadIdx.x : (int)threadIdx.x % REC_THREADS;
+    const int cg = lt % REC_COL_GROUPS, rg = lt / REC_COL_GROUPS;
+    const int col0 = vb * BVB + sub * BV + cg * CW;
     const bool col_ok = col0 < p.V;
     const int64_t KV = (int64_t)p.K * p.V;
     const int TS = p.tile_steps;
-    float *qs = area, *ks = qs + TS * KP, *vs = ks + TS * KP, *decay = vs + TS * BV;
-    float *betas = decay + TS, *kq = betas + TS, *red = area + recurrent_red_offset(TS, KP, BV);
+    float *qs = area, *ks = qs + TS * KP, *vs = ks + TS * KP, *decay = vs + TS * BVB;
+    float *betas = decay + TS, *kq = betas + TS, *red = area + recurrent_red_offset(TS, KP, BVB);
     const bool has_g = p.g != nullptr;
 
     for (int t0 = 0; t0 < p.T; t0 += TS) {
         const int ns = min(TS, p.T - t0);
         if (t0 > 0) {
             __syncthreads();
-            stage_tile<KP, BV>(p, b, h, vb, t0, ns, qs, ks, vs, decay, betas);
+            stage_tile<KP, BVB, THREADS>(p, b, h, vb, t0, ns, qs, ks, vs, decay, betas);
         }
         __syncthreads();
-        normalize_steps<KP>(p, ns, qs, ks, kq);
+        normalize_steps<KP, THREADS / 32>(p, ns, qs, ks, kq);
         __syncthreads();
         for (int j = 0; j < ns; j++) {
             const int t = t0 + j;
             const float *qj = qs + j * KP, *kj = ks + j * KP;
-            float *buf = red + (t & 1) * (REC_WARPS * 2 * BV);
+            float *buf = red + ((t & 1) * NVB + sub) * (REC_WARPS * 2 * BV);
             const float e = has_g ? decay[j] : 1.0f;
             float sk[CW], sq[CW];
 #pragma unroll
@@ -679,7 +697,8 @@ __device__ __forceinline__ void run_item_smem(const RecurrentParams &p, int64_t 
                 }
             }
             float delta[CW];
-            step_readout<CW, BV>(p, sk, sq, buf, vs + j * BV, betas[j], kq[j], b, h, t, col0, col_ok, delta);
+            step_readout<CW, BV>(p, sk, sq, buf, vs + j * BVB + sub * BV, betas[j], kq[j], b, h, t, col0, col_ok, delta,
+                                 lt);
             const bool snapshot = p.inter != nullptr && (t + 1) % p.steps_per_token == 0 && col_ok;
             Bits *snap = snapshot ? static_cast<Bits *>(p.inter) +
                                         ((row * p.S + ((t + 1) / p.steps_per_token - 1)) * p.H + h) * KV
@@ -720,27 +739,64 @@ __device__ __forceinline__ void run_item_smem(const RecurrentParams &p, int64_t 
     }
 }
 
-/* One block per item, as recurrent_kernel; dynamic shared memory: the state tile [KP][BV]
- * fp32, then the step area. */
-template <int SDT, int R>
-__global__ void __launch_bounds__(REC_THREADS, recurrent_smem_min_blocks<R>())
+/* The fused gated norm's tail, run by every block of the launch after its outputs are
+ * written (padding rows included: the norm of their zeros is still the chain's output). Each
+ * block makes its o stores visible, then counts itself in its (request, group); the last to
+ * arrive resets the counter for the next launch and normalizes the group's vector with
+ * norms.cu's own per-vector body (the same bits as gdp_gated_rmsnorm), reading y through L2
+ * (other blocks wrote it). No block waits for another, so any schedule finishes. */
+__device__ __forceinline__ void fused_norm_tail(const RecurrentParams &p, int64_t b, int h) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    const int grp = h / p.norm_hpg;
+    if (threadIdx.x == 0) {
+        uint32_t *count = p.arrivals + b * p.norm.groups + grp;
+        const uint32_t before = atomicAdd(count, 1u);
+        last = before + 1 == (uint32_t)p.norm_arrivals;
+        if (last)
+            *count = 0; /* every block of the group has counted: none touches it again */
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    if (threadIdx.x < 32) {
+        const int64_t vec = b * p.norm.groups + grp;
+        if (p.norm_chunks == 1)
+            norm_fast_vector<false, true, false, 1, true>(p.norm, vec, (int)threadIdx.x);
+        else
+            norm_fast_vector<false, true, false, 2, true>(p.norm, vec, (int)threadIdx.x);
+    }
+}
+
+/* One block per item (request, head, NVB * 32 value columns), as recurrent_kernel with NVB =
+ * 1; dynamic shared memory: the groups' state tiles [NVB][KP][32] fp32, then the step area. */
+/* Blocks per SM for NVB groups: the same registers a thread as NVB = 1 (64 up to R = 8). */
+template <int R, int NVB> constexpr int recurrent_smem_block_bound() {
+    return recurrent_smem_min_blocks<R>() / NVB > 0 ? recurrent_smem_min_blocks<R>() / NVB : 1;
+}
+
+template <int SDT, int R, int NVB>
+__global__ void __launch_bounds__(NVB * REC_THREADS, (recurrent_smem_block_bound<R, NVB>()))
     recurrent_smem_kernel(const RecurrentParams p) {
     using G = SmemGeom<R>;
     using Bits = typename StateStorage<SDT>::Bits;
-    constexpr int CW = G::CW, BV = G::BV, KP = G::KP;
+    constexpr int CW = G::CW, BV = G::BV, KP = G::KP, BVB = NVB * BV, THREADS = NVB * REC_THREADS;
     extern __shared__ __align__(16) float smem_tile[];
-    float *area = smem_tile + KP * BV;
-    const int tid = threadIdx.x;
-    const int cg = tid % REC_COL_GROUPS, rg = tid / REC_COL_GROUPS;
+    float *area = smem_tile + NVB * KP * BV;
+    const int sub = NVB == 1 ? 0 : (int)threadIdx.x / REC_THREADS; /* the group (NVB = 1: known 0) */
+    const int lt = NVB == 1 ? (int)threadIdx.x : (int)threadIdx.x % REC_THREADS;
+    const int cg = lt % REC_COL_GROUPS, rg = lt / REC_COL_GROUPS;
     const BlockItems it = block_items(p);
     const int64_t b = it.b, row = it.row;
     const int h = it.h, vb = it.vb;
-    const int col0 = vb * BV + cg * CW;
+    const int col0 = vb * BVB + sub * BV + cg * CW;
     const bool col_ok = col0 < p.V;
     const bool padding = row_is_padding(p, row);
     /* 1. The state tile into shared memory (cp.async: no registers held), then the inputs.
      *    A 16-bit row lands in the first 8 bytes of its 16-byte fp32 cell. */
-    float *mine = smem_tile + rg * BV + cg * CW;
+    float *mine = smem_tile + sub * KP * BV + rg * BV + cg * CW;
     const Bits *in = p.state_in == nullptr || padding
                          ? nullptr
                          : static_cast<const Bits *>(p.state_in) + row * p.in_stride_row + h * p.in_stride_head;
@@ -756,17 +812,19 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_smem_min_blocks<R>())
             cp_async_8(cell, in + (int64_t)kr * p.V + col0);
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
-    stage_tile<KP, BV>(p, b, h, vb, 0, min(p.tile_steps, p.T), area, area + p.tile_steps * KP,
-                       area + 2 * p.tile_steps * KP, area + p.tile_steps * (2 * KP + BV),
-                       area + p.tile_steps * (2 * KP + BV + 1));
+    stage_tile<KP, BVB, THREADS>(p, b, h, vb, 0, min(p.tile_steps, p.T), area, area + p.tile_steps * KP,
+                                 area + 2 * p.tile_steps * KP, area + p.tile_steps * (2 * KP + BVB),
+                                 area + p.tile_steps * (2 * KP + BVB + 1));
     if (padding) {
         cp_async_wait_all();
-        write_zero_output<CW>(p, b, h, col0, col_ok);
+        write_zero_output<CW>(p, b, h, col0, col_ok, lt);
+        if (p.norm_on)
+            fused_norm_tail(p, b, h);
         return;
     }
     /* 2. The L2 prefetch of the block one generation ahead, as the register kernel. */
     if (it.has_future && !row_is_padding(p, it.f_row))
-        prefetch_item<BV, Bits>(p, it.f_b, it.f_h, it.f_vb,
+        prefetch_item<BVB, Bits, THREADS>(p, it.f_b, it.f_h, it.f_vb,
                                 p.state_in == nullptr ? nullptr
                                                       : static_cast<const Bits *>(p.state_in) +
                                                             it.f_row * p.in_stride_row + it.f_h * p.in_stride_head);
@@ -782,19 +840,22 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_smem_min_blocks<R>())
             }
         }
     }
-    run_item_smem<SDT, R>(p, b, h, vb, row, mine, area);
+    run_item_smem<SDT, R, NVB>(p, b, h, vb, row, mine, area);
+    if (p.norm_on)
+        fused_norm_tail(p, b, h);
 }
 
 /* Blocks of a kernel the whole device holds at once (0 if unknown), cached per device in
  * `cache` (one per kernel instance): occupancy is register-bound, so the first call's
  * shared-memory size serves. */
-template <typename Kernel> int64_t resident_blocks(Kernel kernel, int *cache, int device, size_t smem) {
+template <typename Kernel>
+int64_t resident_blocks(Kernel kernel, int *cache, int device, size_t smem, int threads = REC_THREADS) {
     constexpr int MAX_DEVICES = 64;
     if (device < 0 || device >= MAX_DEVICES)
         return 0;
     if (cache[device] == 0) { /* 0: not computed yet; -1: unknown */
         int per_sm = 0, sms = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, REC_THREADS, smem) != cudaSuccess ||
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess ||
             cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || per_sm * sms <= 0) {
             (void)cudaGetLastError();
             cache[device] = -1;
@@ -833,68 +894,89 @@ cudaError_t launch_recurrent(const RecurrentParams &p, int device, cudaStream_t 
     return cudaGetLastError();
 }
 
-template <int SDT, int R> cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStream_t stream) {
+template <int SDT, int R, int NVB>
+cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStream_t stream) {
     using G = SmemGeom<R>;
+    constexpr int BVB = NVB * G::BV, THREADS = NVB * REC_THREADS;
     RecurrentParams q = p;
-    q.n_vblocks = (p.V + G::BV - 1) / G::BV;
+    q.n_vblocks = (p.V + BVB - 1) / BVB;
+    q.norm_arrivals = q.norm_hpg * q.n_vblocks; /* the blocks of one (request, norm group) */
     const int64_t items = p.B * p.H * q.n_vblocks;
     if (items > INT32_MAX)
         return cudaErrorInvalidConfiguration;
-    const size_t bytes = ((size_t)G::KP * G::BV + (size_t)recurrent_smem_floats(p.tile_steps, G::KP, G::BV)) *
-                         sizeof(float);
+    const size_t tile = (size_t)NVB * G::KP * G::BV;
+    const size_t bytes = (tile + (size_t)smem_area_floats(p.tile_steps, G::KP, NVB)) * sizeof(float);
     static int cache[64];
     static int configured[64];
     if (device >= 0 && device < 64 && !configured[device]) {
         /* The most shared memory per SM (the kernel reads little through L1), so the register
-         * bound (recurrent_smem_min_blocks) decides the blocks per SM; above 48 KB a block
+         * bound (recurrent_smem_block_bound) decides the blocks per SM; above 48 KB a block
          * must opt in. */
-        cudaError_t err = cudaFuncSetAttribute(recurrent_smem_kernel<SDT, R>,
+        cudaError_t err = cudaFuncSetAttribute(recurrent_smem_kernel<SDT, R, NVB>,
                                                cudaFuncAttributePreferredSharedMemoryCarveout,
                                                (int)cudaSharedmemCarveoutMaxShared);
-        const size_t most = ((size_t)G::KP * G::BV + (size_t)recurrent_smem_floats(REC_TILE_STEPS, G::KP, G::BV)) *
+        const size_t most = (tile + (size_t)smem_area_floats(REC_TILE_STEPS, G::KP, NVB)) *
                             sizeof(float); /* any tile_steps of a later call */
         if (err == cudaSuccess && most > 48 * 1024)
-            err = cudaFuncSetAttribute(recurrent_smem_kernel<SDT, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            err = cudaFuncSetAttribute(recurrent_smem_kernel<SDT, R, NVB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)most);
         if (err != cudaSuccess)
             return err;
         configured[device] = 1;
     }
-    q.prefetch_distance = (int64_t)(prefetch_generations() *
-                                    (double)resident_blocks(recurrent_smem_kernel<SDT, R>, cache, device, bytes));
-    recurrent_smem_kernel<SDT, R><<<(unsigned)items, REC_THREADS, bytes, stream>>>(q);
+    q.prefetch_distance = (int64_t)(prefetch_generations() * (double)resident_blocks(recurrent_smem_kernel<SDT, R, NVB>,
+                                                                                     cache, device, bytes, THREADS));
+    recurrent_smem_kernel<SDT, R, NVB><<<(unsigned)items, THREADS, bytes, stream>>>(q);
     return cudaGetLastError();
 }
 
-/* Where the state tile lives. GDP_DECODE_STATE=smem | regs forces the shared-memory or the
- * register kernel. By default an fp32 state takes the shared-memory kernel once the batch has
- * at least REC_SMEM_MIN_PAIRS (request, head) pairs. Measured on the H200 (gdp-bench ops --op
- * decode, H 16, K = V = 128, M 2; NOTES-ops.md v5): smem B=64 57.5 us vs 61.6, B=256 191.4 vs
- * 217.5, B=1024 726.1 vs 840.2, H 32 V 64 M 3 B=256 233.2 vs 253.7; at B=1 (16 pairs, 16 of
- * 132 SMs busy whichever kernel) the register kernel's 8.9 us beats 9.6. A 16-bit state
- * always takes the shared-memory kernel: the register kernel holds 64 state values a thread
- * there (168-183 registers, 2-3 blocks per SM) and ran slower than fp32 (B=256 285 us).
- * Read at every launch (a getenv, far below a launch's cost), so a test can compare the two
- * kernels in one process; both give the same bits. */
+/* Which kernel runs. GDP_DECODE_STATE=regs | smem | head forces the register kernel, the
+ * shared-memory kernel with one block per 32 value columns, or the shared-memory kernel with
+ * one block per (request, head) (up to 128 columns a block; not the default until measured).
+ * By default an fp32 state takes the shared-memory kernel once the batch has at least
+ * REC_SMEM_MIN_PAIRS (request, head) pairs. Measured on the H200 (gdp-bench ops --op decode,
+ * H 16, K = V = 128, M 2; NOTES-ops.md v5): smem B=64 57.5 us vs 61.6, B=256 191.4 vs 217.5,
+ * B=1024 726.1 vs 840.2, H 32 V 64 M 3 B=256 233.2 vs 253.7; at B=1 (16 pairs, 16 of 132 SMs
+ * busy whichever kernel) the register kernel's 8.9 us beats 9.6. A 16-bit state always takes
+ * the shared-memory kernel: the register kernel holds 64 state values a thread there
+ * (168-183 registers, 2-3 blocks per SM) and ran slower than fp32 (B=256 285 us). Read at
+ * every launch (a getenv, far below a launch's cost), so a test can compare the kernels in
+ * one process; all give the same bits. */
 constexpr int64_t REC_SMEM_MIN_PAIRS = 128;
 
-bool state_in_smem(const RecurrentParams &p, int state_dtype) {
+enum DecodeKernel { DECODE_REGS, DECODE_SMEM, DECODE_HEAD };
+
+DecodeKernel decode_kernel(const RecurrentParams &p, int state_dtype) {
     const char *e = getenv("GDP_DECODE_STATE");
+    if (p.norm_on) /* the fused norm's tail lives in the shared-memory kernel only */
+        return e != nullptr && strcmp(e, "head") == 0 ? DECODE_HEAD : DECODE_SMEM;
     if (e != nullptr && strcmp(e, "smem") == 0)
-        return true;
+        return DECODE_SMEM;
+    if (e != nullptr && strcmp(e, "head") == 0)
+        return DECODE_HEAD;
     if (e != nullptr && strcmp(e, "regs") == 0)
-        return false;
-    return state_dtype != GDP_DTYPE_FP32 || p.B * p.H >= REC_SMEM_MIN_PAIRS;
+        return DECODE_REGS;
+    return state_dtype != GDP_DTYPE_FP32 || p.B * p.H >= REC_SMEM_MIN_PAIRS ? DECODE_SMEM : DECODE_REGS;
 }
 
-template <int SDT> cudaError_t dispatch_rows_smem(const RecurrentParams &p, int device, cudaStream_t stream) {
+template <int SDT, int NVB> cudaError_t dispatch_rows_smem(const RecurrentParams &p, int device, cudaStream_t stream) {
     if (p.K <= 2 * REC_ROW_GROUPS)
-        return launch_recurrent_smem<SDT, 2>(p, device, stream);
+        return launch_recurrent_smem<SDT, 2, NVB>(p, device, stream);
     if (p.K <= 4 * REC_ROW_GROUPS)
-        return launch_recurrent_smem<SDT, 4>(p, device, stream);
+        return launch_recurrent_smem<SDT, 4, NVB>(p, device, stream);
     if (p.K <= 8 * REC_ROW_GROUPS)
-        return launch_recurrent_smem<SDT, 8>(p, device, stream);
-    return launch_recurrent_smem<SDT, 16>(p, device, stream);
+        return launch_recurrent_smem<SDT, 8, NVB>(p, device, stream);
+    return launch_recurrent_smem<SDT, 16, NVB>(p, device, stream);
+}
+
+/* The shared-memory kernel with the block width the choice asks for: one group (32 columns),
+ * or for DECODE_HEAD as many groups as cover V up to 4 (V > 128 takes several blocks a head). */
+template <int SDT> cudaError_t dispatch_smem(const RecurrentParams &p, DecodeKernel k, int device, cudaStream_t stream) {
+    if (k == DECODE_HEAD && p.V > 2 * 32)
+        return dispatch_rows_smem<SDT, 4>(p, device, stream);
+    if (k == DECODE_HEAD && p.V > 32)
+        return dispatch_rows_smem<SDT, 2>(p, device, stream);
+    return dispatch_rows_smem<SDT, 1>(p, device, stream);
 }
 
 /* R = rows per thread, the smallest of 2, 4, 8, 16 with 16 R >= K. */
@@ -910,17 +992,100 @@ template <int SDT, bool VEC> cudaError_t dispatch_rows(const RecurrentParams &p,
 
 /* vec (16-byte columns) implies the shared-memory kernel's 16- or 8-byte accesses. */
 template <int SDT> cudaError_t dispatch_vec(const RecurrentParams &p, bool vec, int device, cudaStream_t stream) {
-    if (vec && state_in_smem(p, SDT))
-        return dispatch_rows_smem<SDT>(p, device, stream);
+    const DecodeKernel k = decode_kernel(p, SDT);
+    if (vec && k != DECODE_REGS)
+        return dispatch_smem<SDT>(p, k, device, stream);
     return vec ? dispatch_rows<SDT, true>(p, device, stream) : dispatch_rows<SDT, false>(p, device, stream);
 }
 
+/* The fused norm's arguments (gdp_cuda_recurrent_norm), NULL for the plain op. */
+struct FusedNorm {
+    gdp_tensor *out;
+    const gdp_tensor *y, *z, *weight;
+    int64_t group;
+    double eps;
+};
 
 } // namespace
 
 // kernel launchers
 
-extern "C" gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurrent_args *a) {
+/* Counters of the fused norm: one zeroed allocation per ctx, made at the first fused call
+ * outside graph capture and kept until the ctx is freed (a captured graph holds its
+ * address). A step with more (request, group) pairs than it holds runs the two ops. */
+constexpr int64_t REC_ARRIVAL_COUNTERS = 1 << 16;
+
+static bool arrivals_ready(struct gdp_ctx *ctx, int64_t needed) {
+    if (needed > REC_ARRIVAL_COUNTERS)
+        return false;
+    if (ctx->arrivals != nullptr)
+        return true;
+    cudaStream_t stream = static_cast<cudaStream_t>(ctx->stream);
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    void *buf = nullptr;
+    if (cudaMalloc(&buf, REC_ARRIVAL_COUNTERS * sizeof(uint32_t)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    if (cudaMemsetAsync(buf, 0, REC_ARRIVAL_COUNTERS * sizeof(uint32_t), stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        cudaFree(buf);
+        return false;
+    }
+    ctx->arrivals = buf;
+    return true;
+}
+
+namespace {
+
+/* The fused norm fits when y is exactly the row view of o's last Householder copy, a norm
+ * group is whole heads of at most 512 elements on norms.cu's warp fast path, the state has
+ * 16-byte columns (the shared-memory kernel) and the counters are there. Fills the params. */
+bool fused_norm_fits(struct gdp_ctx *ctx, const gdp_recurrent_args *a, const FusedNorm &f, const RecurrentParams &p,
+                     bool vec, RecurrentParams *q) {
+    const int64_t B = p.B, H = p.H, V = p.V, T = p.T;
+    const size_t es = gdp_dtype_size(a->o.dtype);
+    const int64_t n = f.group, d = H * V;
+    if (!vec || p.S != 1 || n % V != 0 || n % 8 != 0 || n > 512 || d % n != 0)
+        return false;
+    const gdp_tensor *y = f.y, *z = f.z;
+    const bool y_is_last_copy = y->ndim == 2 && y->shape[0] == B && y->shape[1] == d && y->dtype == a->o.dtype &&
+                                gdp_tensor_stride(y, 1) == 1 && gdp_tensor_stride(y, 0) == T * d &&
+                                y->data == static_cast<const char *>(a->o.data) + (size_t)((T - 1) * d) * es;
+    if (!y_is_last_copy || z->ndim != 2 || gdp_tensor_stride(z, 1) != 1 || !gdp_tensor_is_contiguous(f.out))
+        return false;
+    NormParams np = {};
+    np.x = y->data;
+    np.x_dtype = y->dtype;
+    np.z = z->data;
+    np.z_dtype = z->dtype;
+    np.weight = f.weight->data;
+    np.w_dtype = f.weight->dtype;
+    np.out = f.out->data;
+    np.out_dtype = f.out->dtype;
+    np.groups = d / n;
+    np.vectors = B * np.groups;
+    np.n = n;
+    np.x_row = gdp_tensor_stride(y, 0);
+    np.z_row = gdp_tensor_stride(z, 0);
+    np.inv_n = 1.0f / (float)n; /* as gdp_cuda_gated_rmsnorm */
+    np.eps = (float)f.eps;
+    if (!fast_path_fits(np) || !arrivals_ready(ctx, np.vectors))
+        return false;
+    *q = p;
+    q->norm_on = 1;
+    q->norm_chunks = n / 8 <= 32 ? 1 : 2; /* launch_fast's count for a warp */
+    q->norm_hpg = (int32_t)(n / V);
+    q->arrivals = static_cast<uint32_t *>(ctx->arrivals);
+    q->norm = np;
+    return true;
+}
+
+gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, const FusedNorm *fuse, bool *fused) {
     static const char *op = "gdp_fused_recurrent_gated_delta_rule_update";
     const int64_t B = a->q.shape[0], T = a->q.shape[1], H = a->q.shape[2], K = a->q.shape[3];
     const int64_t V = a->v.shape[3];
@@ -987,6 +1152,15 @@ extern "C" gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurr
                      p.out_stride_row % cw == 0 && p.out_stride_head % cw == 0 && aligned16(p.state_in) &&
                      aligned16(p.state_out) && aligned16(p.inter);
 
+    if (fused != nullptr)
+        *fused = false;
+    if (fuse != nullptr) {
+        RecurrentParams q;
+        if (!fused_norm_fits(ctx, a, *fuse, p, vec, &q))
+            return GDP_STATUS_SUCCESS; /* nothing launched: the caller runs the two ops */
+        p = q;
+        *fused = true;
+    }
     cudaStream_t stream = static_cast<cudaStream_t>(ctx->stream);
     cudaError_t err;
     switch (state_dtype) {
@@ -1004,3 +1178,17 @@ extern "C" gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurr
     }
     return GDP_STATUS_SUCCESS;
 }
+
+} // namespace
+
+extern "C" gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurrent_args *a) {
+    return recurrent_run(ctx, a, nullptr, nullptr);
+}
+
+extern "C" gdp_status_t gdp_cuda_recurrent_norm(struct gdp_ctx *ctx, const gdp_recurrent_args *a, gdp_tensor *out,
+                                                const gdp_tensor *y, const gdp_tensor *z, const gdp_tensor *weight,
+                                                int64_t group_size, double eps, bool *fused) {
+    const FusedNorm f = {out, y, z, weight, group_size, eps};
+    return recurrent_run(ctx, a, &f, fused);
+}
+

@@ -79,11 +79,12 @@ if [ "$stage" = alone ]; then
 fi
 if [ "$stage" = experiments ]; then
     # A/B of the switches under measurement:
-    # GDP_DECODE_STATE (regs | smem: where the decode kernel keeps its state tile; each forces
-    # one kernel, the default picks by batch and dtype), GDP_CHUNK_STATE_VB (64 | 32 | 16: value
-    # columns per block of the chunk op's state sweep; unset, the launcher picks by SM fill).
+    # GDP_DECODE_STATE (regs | smem | head: where the decode kernel keeps its state tile, and
+    # whether a block spans 32 value columns or the whole head; each forces one kernel, the
+    # default picks by batch and dtype), GDP_CHUNK_STATE_VB (64 | 32 | 16: value columns per
+    # block of the chunk op's state sweep; unset, the launcher picks by SM fill).
     # A switch a build does not know changes nothing, so the lines of its set then agree.
-    for v in regs smem; do
+    for v in regs smem head; do
         echo "## GDP_DECODE_STATE=$v"
         GDP_DECODE_STATE=$v "./$build/examples/gdp-bench" ops --op decode 2>&1 | grep -E "^decode|Out of"
     done 2>&1 | tee "$out/exp_decode.log"

@@ -1,8 +1,9 @@
 /*
- * decode_core.c: gdp_decode_conv_prepare, the layer's fused decode front (decode_core.h).
- * Both ops' front-end checks run first, so a refused call is refused exactly as the two ops
- * would refuse it and modifies nothing; then one CUDA launch (kernels/decode_core.cu) when
- * the step fits it, else the two ops in order.
+ * decode_core.c: the layer's fused decode ops (decode_core.h): gdp_decode_conv_prepare (the
+ * front) and gdp_decode_recurrent_norm (the end). Both ops' front-end checks run first, so a
+ * refused call is refused exactly as the two ops would refuse it and modifies nothing; then
+ * one CUDA launch (kernels/decode_core.cu, kernels/recurrent.cu) when the step fits it, else
+ * the two ops in order.
  */
 #include "decode_core.h"
 #include "internal.h"
@@ -25,4 +26,46 @@ gdp_status_t gdp_decode_conv_prepare(gdp_ctx_t ctx, const gdp_conv1d_update_args
 #endif
     GDP_CHECK(gdp_causal_conv1d_update(ctx, conv));
     return gdp_decode_prepare(ctx, prep);
+}
+
+gdp_status_t gdp_decode_recurrent_norm(gdp_ctx_t ctx, const gdp_recurrent_args *rec, gdp_tensor *out,
+                                       const gdp_tensor *y, const gdp_tensor *z, const gdp_tensor *weight,
+                                       int64_t group_size, double eps) {
+    return gdp_decode_recurrent_norm_ex(ctx, rec, out, y, z, weight, group_size, eps, NULL);
+}
+
+gdp_status_t gdp_decode_recurrent_norm_ex(gdp_ctx_t ctx, const gdp_recurrent_args *rec, gdp_tensor *out,
+                                          const gdp_tensor *y, const gdp_tensor *z, const gdp_tensor *weight,
+                                          int64_t group_size, double eps, bool *fused_out) {
+    static const char *op = "gdp_decode_recurrent_norm";
+    if (fused_out != NULL)
+        *fused_out = false;
+    if (rec == NULL || out == NULL || y == NULL || z == NULL || weight == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: rec, out, y, z and weight must not be NULL", op);
+    GDP_CHECK(gdp_ctx_check(ctx, op));
+    if (ctx->debug_checks) { /* the norm's value checks read y, which the decode op writes first */
+        GDP_CHECK(gdp_fused_recurrent_gated_delta_rule_update(ctx, rec));
+        return gdp_gated_rmsnorm(ctx, out, y, z, weight, group_size, eps);
+    }
+    GDP_CHECK(gdp_recurrent_check(ctx, rec));
+    /* y must lie inside o (it is read after the decode op writes it); the norm's own rules
+     * apply to the view as given */
+    const size_t o_bytes = (size_t)gdp_tensor_numel(&rec->o) * gdp_dtype_size(rec->o.dtype);
+    const char *o0 = (const char *)rec->o.data, *y0 = (const char *)y->data;
+    if (y->dtype != rec->o.dtype || y0 < o0 || y0 >= o0 + o_bytes)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: y must be a view of rec->o (the norm reads the decode op's output)",
+                 op);
+    GDP_CHECK(gdp_gated_rmsnorm_check(ctx, out, y, z, weight, group_size, eps));
+#ifdef GDP_HAVE_CUDA
+    if (ctx->backend == GDP_BACKEND_CUDA) {
+        bool fused = false;
+        GDP_CHECK(gdp_cuda_recurrent_norm(ctx, rec, out, y, z, weight, group_size, eps, &fused));
+        if (fused_out != NULL)
+            *fused_out = fused;
+        if (fused)
+            return GDP_STATUS_SUCCESS;
+    }
+#endif
+    GDP_CHECK(gdp_fused_recurrent_gated_delta_rule_update(ctx, rec));
+    return gdp_gated_rmsnorm(ctx, out, y, z, weight, group_size, eps);
 }

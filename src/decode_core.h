@@ -1,9 +1,12 @@
 /*
- * decode_core.h: the layer's fused decode front (src/decode_core.c): the conv update and
- * the decode prepare of one step's decode rows as one op.
+ * decode_core.h: the layer's fused decode ops (src/decode_core.c): the front (the conv
+ * update and the decode prepare of one step's decode rows as one op) and the end (the decode
+ * op and the grouped gated RMSNorm of its outputs as one op).
  */
 #ifndef GDP_DECODE_CORE_H
 #define GDP_DECODE_CORE_H
+
+#include <stdbool.h>
 
 #include "gdp/ops.h"
 
@@ -15,6 +18,10 @@ extern "C" {
  * rule the op itself applies, without running it. */
 gdp_status_t gdp_conv1d_update_check(gdp_ctx_t ctx, const gdp_conv1d_update_args *args, const char *op);
 gdp_status_t gdp_prepare_check(gdp_ctx_t ctx, const gdp_prepare_args *args, int decode, const char *op);
+/* The same for the decode op (src/ops_recurrent.c) and the gated norm (src/ops_norm.c). */
+gdp_status_t gdp_recurrent_check(gdp_ctx_t ctx, const gdp_recurrent_args *args);
+gdp_status_t gdp_gated_rmsnorm_check(gdp_ctx_t ctx, const gdp_tensor *out, const gdp_tensor *y, const gdp_tensor *z,
+                                     const gdp_tensor *weight, int64_t group_size, double eps);
 
 /* gdp_causal_conv1d_update(conv) then gdp_decode_prepare(prep), where prep->x is conv->y:
  * the same outputs (query, key, value, beta, g and the conv state) bit for bit. On CUDA,
@@ -22,6 +29,21 @@ gdp_status_t gdp_prepare_check(gdp_ctx_t ctx, const gdp_prepare_args *args, int 
  * requests (measured: faster there, slower at 256; kernels/decode_core.cu), one launch
  * that never writes conv->y (its contents are then unspecified); otherwise the two ops. */
 gdp_status_t gdp_decode_conv_prepare(gdp_ctx_t ctx, const gdp_conv1d_update_args *conv, const gdp_prepare_args *prep);
+
+/* gdp_fused_recurrent_gated_delta_rule_update(rec) then gdp_gated_rmsnorm(out, y, z, weight,
+ * group_size, eps), where y is a row view [B, H*V] of rec->o's last Householder copy of each
+ * request's token: the same outputs (o, the states, out) bit for bit. On CUDA, with one token
+ * per request, 16-byte state columns and a norm group of whole heads of at most 512
+ * elements on the norm's fast path, one launch (the shared-memory decode kernel; the last
+ * block of each (request, group) normalizes it); otherwise the two ops. Both ops' checks run
+ * first, so a refused call writes nothing. */
+gdp_status_t gdp_decode_recurrent_norm(gdp_ctx_t ctx, const gdp_recurrent_args *rec, gdp_tensor *out,
+                                       const gdp_tensor *y, const gdp_tensor *z, const gdp_tensor *weight,
+                                       int64_t group_size, double eps);
+/* The same; *fused (may be NULL) says whether the one launch ran (the tests assert it). */
+gdp_status_t gdp_decode_recurrent_norm_ex(gdp_ctx_t ctx, const gdp_recurrent_args *rec, gdp_tensor *out,
+                                          const gdp_tensor *y, const gdp_tensor *z, const gdp_tensor *weight,
+                                          int64_t group_size, double eps, bool *fused);
 
 #ifdef __cplusplus
 }

@@ -32,6 +32,8 @@ struct gdp_ctx {
                                       freed by the last gdp_layer_free), NULL otherwise */
     int32_t       debug_checks;    /* 1: ops refuse non-finite inputs and g > 0 before writing
                                       (gdp_ctx_set_debug_checks, GDP_DEBUG_CHECKS; op_checks.c) */
+    void         *arrivals;        /* CUDA: zeroed counters of the fused decode norm
+                                      (kernels/recurrent.cu), NULL until its first use */
 };
 
 /* ---- errors -------------------------------------------------------------- */

@@ -2,10 +2,11 @@
  * layer.c: one GDP mixer layer's tensor- (and context-) parallel shard (include/gdp/layer.h):
  * weights copied from a checkpoint shard, a workspace sized for the largest step seen, and
  * the forward pass of one step: pre-RMSNorm + in_proj GEMM, the decode block (conv update
- * and decode prepare, one launch where they fit: decode_core.h; recurrent update on the
- * slots), the prefill block (varlen conv, prefill
- * prepare, chunked GDP from the slots' states, prefix-snapshot saves), grouped gated
- * RMSNorm, out_proj, the TP collective and the residual add.
+ * and decode prepare, one launch where they fit; recurrent update on the slots, with the
+ * gated norm in its launch in a step of decode rows only where it fits: decode_core.h), the
+ * prefill block (varlen conv, prefill prepare, chunked GDP from the slots' states,
+ * prefix-snapshot saves), grouped gated RMSNorm, out_proj, the TP collective and the
+ * residual add.
  *
  * Context parallelism (cp > 1, gdp-layer.md 3.1, docs/cp.md): x holds this CP rank's 1/cp of
  * the step's rows. The "mixer core" (both blocks above: conv, prepare, recurrence) runs on the
@@ -539,8 +540,18 @@ typedef struct core_io {
 
 /* The decode block: rows [0, pd * S). copy_y: gather token s of request r (o row
  * (r*S + s)*M + M-1) into y; otherwise the gated norm reads those rows of d_o in place. */
+/* The grouped gated RMSNorm of a step, as forward runs it (out, y, z, weight views). */
+typedef struct gated_norm {
+    gdp_tensor out, y, z, weight;
+    int64_t group;
+    double eps;
+} gated_norm;
+
+/* The decode block. copy_y: gather y from the op's last copies into io->y (mixed or CP
+ * steps); norm (a decode-only step, y read in place): also the step's gated norm, fused into
+ * the decode op's launch where it fits (decode_core.h). */
 static gdp_status_t run_decode(struct gdp_layer *l, struct gdp_cache *cache, const gdp_step_metadata *m,
-                               const core_io *io, const step_ws *ws, bool copy_y) {
+                               const core_io *io, const step_ws *ws, bool copy_y, gated_norm *norm) {
     const int64_t n = m->padded_decode_count, S = m->decode_tokens, M = l->M, E = S * M;
     const int64_t H = l->cH, N = l->N, P = l->P, C = l->c_conv, WT = io->pitch, di = l->c_inner;
     const gdp_dtype_t a = l->act;
@@ -584,6 +595,9 @@ static gdp_status_t run_decode(struct gdp_layer *l, struct gdp_cache *cache, con
         .steps_per_token = (int32_t)M,
         .o = view(ws->d_o, a, 4, SHAPE(n, E, H, P), NULL),
     };
+    if (norm != NULL)
+        return gdp_decode_recurrent_norm(l->ctx, &rc, &norm->out, &norm->y, &norm->z, &norm->weight,
+                                         norm->group, norm->eps);
     GDP_CHECK(gdp_fused_recurrent_gated_delta_rule_update(l->ctx, &rc));
     if (!copy_y)
         return GDP_STATUS_SUCCESS;
@@ -761,24 +775,30 @@ static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, cons
                             m->padded_decode_count * m->decode_tokens == T && T > 0;
     if (!y_in_place)
         GDP_CHECK(gdp_layer_buf_zero(l->ctx, io.y, (size_t)(T * l->c_inner) * es));
+
+    /* Grouped gated RMSNorm on this rank's rows and every TP-local head: the gate z is the
+     * first d_inner columns of in_proj's output (it never left the rank), read in place as a
+     * row view of pitch WT; y likewise from the decode op's last copies when y_in_place, and
+     * then the decode block runs the norm itself (one launch with the decode op where it fits). */
+    const int64_t M = l->M;
+    gated_norm norm = {
+        .out = view(ws->normed, a, 2, SHAPE(Tc, di), NULL),
+        .y = y_in_place ? view((char *)ws->d_o + (size_t)(M - 1) * di * es, a, 2, SHAPE(Tc, di), SHAPE(M * di, 1))
+                        : view(ws->y, a, 2, SHAPE(Tc, di), NULL),
+        .z = view(ws->proj, a, 2, SHAPE(Tc, di), SHAPE(WT, 1)),
+        .weight = view(l->out_norm_w, a, 1, SHAPE(di), NULL),
+        .group = di / l->G,
+        .eps = l->out_norm_eps,
+    };
     if (m->padded_decode_count > 0)
-        GDP_CHECK(run_decode(l, cache, m, &io, ws, !y_in_place));
+        GDP_CHECK(run_decode(l, cache, m, &io, ws, !y_in_place, y_in_place ? &norm : NULL));
     if (m->padded_prefill_count > 0 && m->prefill_rows > 0)
         GDP_CHECK(run_prefill(l, cache, m, &io, ws));
     if (l->cp_comm != NULL)
         GDP_CHECK(cp_gather_heads(l, Tc, ws));
 
-    /* Grouped gated RMSNorm on this rank's rows and every TP-local head: the gate z is the
-     * first d_inner columns of in_proj's output (it never left the rank), read in place as a
-     * row view of pitch WT; y likewise from the decode op's last copies when y_in_place. */
-    const int64_t M = l->M;
-    gdp_tensor y = y_in_place ? view((char *)ws->d_o + (size_t)(M - 1) * di * es, a, 2, SHAPE(Tc, di),
-                                     SHAPE(M * di, 1))
-                              : view(ws->y, a, 2, SHAPE(Tc, di), NULL);
-    gdp_tensor z = view(ws->proj, a, 2, SHAPE(Tc, di), SHAPE(WT, 1));
-    gdp_tensor normed = view(ws->normed, a, 2, SHAPE(Tc, di), NULL);
-    gdp_tensor out_norm_w = view(l->out_norm_w, a, 1, SHAPE(di), NULL);
-    GDP_CHECK(gdp_gated_rmsnorm(l->ctx, &normed, &y, &z, &out_norm_w, di / l->G, l->out_norm_eps));
+    if (!y_in_place)
+        GDP_CHECK(gdp_gated_rmsnorm(l->ctx, &norm.out, &norm.y, &norm.z, &norm.weight, norm.group, norm.eps));
 
     /* out_proj into the residual dtype, with the residual folded in as the GEMM's C
      * (beta = 1) on exactly one place per row: rank 0's partial (all-reduce), or the row

@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "cpu/cpu_ops_misc.h"
+#include "decode_core.h"
 #include "internal.h"
 
 #ifdef GDP_HAVE_CUDA
@@ -58,8 +59,10 @@ static gdp_status_t check_gated_input(const char *op, const char *name, const gd
     return GDP_STATUS_SUCCESS;
 }
 
-gdp_status_t gdp_gated_rmsnorm(gdp_ctx_t ctx, gdp_tensor *out, const gdp_tensor *y, const gdp_tensor *z,
-                               const gdp_tensor *weight, int64_t group_size, double eps) {
+/* Every rule of gdp_gated_rmsnorm, without running it (also for the fused decode end,
+ * decode_core.h). */
+gdp_status_t gdp_gated_rmsnorm_check(gdp_ctx_t ctx, const gdp_tensor *out, const gdp_tensor *y, const gdp_tensor *z,
+                                     const gdp_tensor *weight, int64_t group_size, double eps) {
     static const char *op = "gdp_gated_rmsnorm";
     GDP_CHECK(gdp_ctx_check(ctx, op));
     if (!gdp_tensor_present(y))
@@ -94,12 +97,18 @@ gdp_status_t gdp_gated_rmsnorm(gdp_ctx_t ctx, gdp_tensor *out, const gdp_tensor 
     GDP_CHECK(gdp_check_aliasing(op, bufs, 4));
     for (int i = 0; i < 3; i++)
         GDP_CHECK(gdp_debug_check_values(ctx, op, bufs[i].name, bufs[i].t, false));
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_gated_rmsnorm(gdp_ctx_t ctx, gdp_tensor *out, const gdp_tensor *y, const gdp_tensor *z,
+                               const gdp_tensor *weight, int64_t group_size, double eps) {
+    GDP_CHECK(gdp_gated_rmsnorm_check(ctx, out, y, z, weight, group_size, eps));
     if (ctx->backend == GDP_BACKEND_CUDA) {
 #ifdef GDP_HAVE_CUDA
         return gdp_cuda_gated_rmsnorm(ctx, out, y, z, weight, group_size, eps);
 #else
-        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: this libgdp was built without the CUDA backend; use GDP_BACKEND_CPU",
-                 op);
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_gated_rmsnorm: this libgdp was built without the CUDA backend; use "
+                 "GDP_BACKEND_CPU");
 #endif
     }
     return gdp_cpu_gated_rmsnorm(out, y, z, weight, group_size, eps);

@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "cpu/cpu_ops_misc.h"
+#include "decode_core.h"
 #include "internal.h"
 
 #ifdef GDP_HAVE_CUDA
@@ -107,7 +108,8 @@ static gdp_status_t check_recurrent_args(const gdp_recurrent_args *a) {
     return GDP_STATUS_SUCCESS;
 }
 
-gdp_status_t gdp_fused_recurrent_gated_delta_rule_update(gdp_ctx_t ctx, const gdp_recurrent_args *args) {
+/* Every rule of the op, without running it (also for the fused decode end, decode_core.h). */
+gdp_status_t gdp_recurrent_check(gdp_ctx_t ctx, const gdp_recurrent_args *args) {
     GDP_CHECK(gdp_ctx_check(ctx, OP));
     if (args == NULL)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: args is NULL; pass a filled gdp_recurrent_args", OP);
@@ -130,6 +132,11 @@ gdp_status_t gdp_fused_recurrent_gated_delta_rule_update(gdp_ctx_t ctx, const gd
     GDP_CHECK(gdp_check_aliasing(OP, bufs, (int32_t)(sizeof bufs / sizeof bufs[0])));
     for (int i = 0; i < 6; i++) /* q, k, v, beta, initial_state finite; g also <= 0 */
         GDP_CHECK(gdp_debug_check_values(ctx, OP, bufs[i].name, bufs[i].t, i == 5));
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_fused_recurrent_gated_delta_rule_update(gdp_ctx_t ctx, const gdp_recurrent_args *args) {
+    GDP_CHECK(gdp_recurrent_check(ctx, args));
     if (ctx->backend == GDP_BACKEND_CUDA) {
 #ifdef GDP_HAVE_CUDA
         return gdp_cuda_recurrent(ctx, args);

@@ -8,9 +8,11 @@
  * 16..256, vector and scalar columns, fp32/bf16/fp16 states, dense and cache modes, g and
  * beta absent, L2 norm on/off) vs the CPU at 1e-3 (1e-4 with fp32 inputs and state) plus one
  * ulp of a 16-bit output; graph replay with new data and a new padding pattern == eager;
- * determinism; the register and the shared-memory decode kernels (GDP_DECODE_STATE) bitwise
- * equal on every random case; S tokens in one call == S one-token calls bitwise (o, every
- * snapshot, the final fp32 cache).
+ * determinism; every decode kernel (GDP_DECODE_STATE regs | smem | head) bitwise equal on
+ * every random case; S tokens in one call == S one-token calls bitwise (o, every snapshot,
+ * the final fp32 cache); the fused decode end (decode op + grouped gated RMSNorm in one
+ * launch, src/decode_core.h) bitwise equal to the two ops, whether it fused asserted, graph
+ * replays (the arrival counters reset between them).
  * Device helpers: test_gpu.h. Without a CUDA build or a visible GPU it prints why and exits
  * 77 (skip).
  */
@@ -18,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "decode_core.h"
 #include "internal.h" /* defines: gdp_tensor_get/set, gdp_tensor_stride */
 #include "test_gpu.h"
 
@@ -286,13 +289,14 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
     if (c->final && !c->cache)
         test_same_bytes("decode determinism: final_state", &again.final_state, &got.final_state);
 
-    /* Both decode kernels (GDP_DECODE_STATE=regs | smem: the register kernel or the
-     * shared-memory one, for fp32 states with 16-byte columns; the default picks one by the
-     * batch, recurrent.cu) from the same inputs give the default's bits. */
+    /* Every decode kernel (GDP_DECODE_STATE=regs | smem | head: the register kernel, the
+     * shared-memory one with a block per 32 value columns, or with a block per (request,
+     * head); the last two for 16-byte columns; the default picks by batch and dtype,
+     * recurrent.cu) from the same inputs gives the default's bits. */
     const char *home = getenv("GDP_DECODE_STATE");
     char *saved = home != NULL ? strdup(home) : NULL;
-    static const char *const kernels[2] = {"regs", "smem"};
-    for (int kk = 0; kk < 2; kk++) {
+    static const char *const kernels[3] = {"regs", "smem", "head"};
+    for (int kk = 0; kk < 3; kk++) {
         setenv("GDP_DECODE_STATE", kernels[kk], 1);
         if (c->cache)
             test_dev_put(&d.state, &before.state);
@@ -322,7 +326,7 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
         unsetenv("GDP_DECODE_STATE");
     free(saved);
     printf("  %s\n", g_test_failures == before_failures
-                          ? "ok (a second run and both decode kernels bitwise equal)" : "FAILED");
+                          ? "ok (a second run and every decode kernel bitwise equal)" : "FAILED");
     dec_free(&again, false);
     dec_free(&got, false);
     dec_free(&d, true);
@@ -460,6 +464,102 @@ static void decode_tokens_vs_single(test_rng *r, const dec_cfg *c) {
     dec_free(&h, false);
 }
 
+/* The fused decode end (gdp_decode_recurrent_norm, src/decode_core.h) against the chain it
+ * replaces, the decode op then the grouped gated RMSNorm of its last Householder copies, on
+ * the GPU from the same inputs: o, the cache and the norm's output bit for bit; whether the
+ * one launch ran is asserted (expect_fused). z is a row view of a wider buffer, as in the
+ * layer. Then the fused call captured in a graph and replayed twice with a fresh cache: both
+ * replays equal the eager call (the second one shows the arrival counters reset). */
+typedef struct end_call {
+    gdp_recurrent_args rec;
+    gdp_tensor out, y, z, w;
+    int64_t group;
+} end_call;
+static gdp_status_t end_graph_fn(void *p) {
+    end_call *c = p;
+    return gdp_decode_recurrent_norm(g_test_gpu, &c->rec, &c->out, &c->y, &c->z, &c->w, c->group, 1e-5);
+}
+
+static gdp_tensor last_copy_view(const gdp_recurrent_args *d, int64_t B, int64_t M, int64_t H, int64_t V) {
+    const size_t es = gdp_dtype_size(d->o.dtype);
+    return (gdp_tensor){.data = (char *)d->o.data + (size_t)((M - 1) * H * V) * es, .dtype = d->o.dtype, .ndim = 2,
+                        .shape = {B, H * V}, .stride = {M * H * V, 1}};
+}
+
+static void decode_end_vs_chain(test_rng *r, const dec_cfg *c, int64_t hpg, bool expect_fused, const char *kernel) {
+    const int64_t B = c->B, M = c->M, H = c->H, V = c->V, d = H * V, n = hpg * V, pitch = d + 16;
+    gdp_recurrent_args h = dec_random(r, c);
+    const int64_t z_shape[1] = {B * pitch}, w_shape[1] = {d}, out_shape[2] = {B, d};
+    gdp_tensor zh = test_tensor_alloc(c->o_dt, 1, z_shape), wh = test_tensor_alloc(c->o_dt, 1, w_shape);
+    gdp_tensor outh = test_tensor_alloc(c->o_dt, 2, out_shape);
+    test_fill_normal(&zh, r, 1.0), test_fill_normal(&wh, r, 0.5);
+    gdp_tensor zd = test_dev_clone(&zh), wd = test_dev_clone(&wh);
+    const gdp_tensor z = {.data = zd.data, .dtype = c->o_dt, .ndim = 2, .shape = {B, d}, .stride = {pitch, 1}};
+    const gdp_tensor w = {.data = wd.data, .dtype = c->o_dt, .ndim = 1, .shape = {d}, .stride = {1}};
+    const char *home = getenv("GDP_DECODE_STATE");
+    char *saved = home != NULL ? strdup(home) : NULL;
+    if (kernel != NULL)
+        setenv("GDP_DECODE_STATE", kernel, 1);
+
+    gdp_recurrent_args d1 = dec_to_device(&h), d2 = dec_to_device(&h);
+    gdp_tensor out1 = test_dev_poisoned(&outh), out2 = test_dev_poisoned(&outh);
+    gdp_tensor y1 = last_copy_view(&d1, B, M, H, V), y2 = last_copy_view(&d2, B, M, H, V);
+    CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &d1));
+    CHECK_OK(gdp_gated_rmsnorm(g_test_gpu, &out1, &y1, &z, &w, n, 1e-5));
+    bool fused = false;
+    CHECK_OK(gdp_decode_recurrent_norm_ex(g_test_gpu, &d2, &out2, &y2, &z, &w, n, 1e-5, &fused));
+    CHECK(fused == expect_fused, "decode end (B %lld, H %lld, group of %lld heads, V %lld): fused %d, expected %d",
+          (long long)B, (long long)H, (long long)hpg, (long long)V, (int)fused, (int)expect_fused);
+    gdp_recurrent_args g1 = dec_host_clone(&h), g2 = dec_host_clone(&h);
+    dec_fetch(&g1, &d1);
+    dec_fetch(&g2, &d2);
+    gdp_tensor o1 = test_host_clone(&outh), o2 = test_host_clone(&outh);
+    test_dev_fetch(&o1, &out1);
+    test_dev_fetch(&o2, &out2);
+    const int before = g_test_failures;
+    test_same_bytes("decode end fused vs chain: o", &g2.o, &g1.o);
+    if (c->cache)
+        test_same_bytes("decode end fused vs chain: state", &g2.state, &g1.state);
+    test_same_bytes("decode end fused vs chain: norm out", &o2, &o1);
+
+    /* graph: the fused call replayed twice from a fresh cache, each == the eager call */
+    int replays_ok = 0;
+    if (expect_fused) {
+        end_call call = {.rec = d2, .out = out2, .y = y2, .z = z, .w = w, .group = n};
+        cudaGraphExec_t exec = test_graph_capture(end_graph_fn, &call);
+        for (int round = 0; round < 2; round++) {
+            if (c->cache)
+                test_dev_put(&d2.state, &h.state);
+            CUDA_OK(cudaMemset(out2.data, TEST_SENTINEL_BYTE, test_span_bytes(&out2)));
+            test_graph_replay(exec);
+            gdp_tensor o3 = test_host_clone(&outh);
+            test_dev_fetch(&o3, &out2);
+            const int b0 = g_test_failures;
+            test_same_bytes("decode end graph replay vs eager: norm out", &o3, &o1);
+            replays_ok += g_test_failures == b0;
+            test_host_free(&o3);
+        }
+        if (exec != NULL)
+            CUDA_OK(cudaGraphExecDestroy(exec));
+    }
+    printf("decode end fused vs chain (B %lld, S %lld, M %lld, H %lld, heads per norm group %lld, K %lld, V %lld, "
+           "state %s%s, GDP_DECODE_STATE %s): %s; fused %s; graph replays %d of %d\n",
+           (long long)B, (long long)c->S, (long long)M, (long long)H, (long long)hpg, (long long)c->K, (long long)V,
+           gdp_dtype_name(c->state_dt), c->pad_every ? ", -1 rows" : "", kernel ? kernel : "default",
+           g_test_failures == before ? "bitwise equal" : "DIFFERENT", fused ? "yes" : "no (two ops)", replays_ok,
+           expect_fused ? 2 : 0);
+    if (saved != NULL)
+        setenv("GDP_DECODE_STATE", saved, 1);
+    else
+        unsetenv("GDP_DECODE_STATE");
+    free(saved);
+    dec_free(&g1, false), dec_free(&g2, false);
+    dec_free(&d1, true), dec_free(&d2, true);
+    test_dev_free(&out1), test_dev_free(&out2), test_dev_free(&zd), test_dev_free(&wd);
+    test_host_free(&o1), test_host_free(&o2), test_host_free(&zh), test_host_free(&wh), test_host_free(&outh);
+    dec_free(&h, false);
+}
+
 static void decode_tests(test_rng *r) {
     const char *files[3] = {"decode_m1_k128.safetensors", "decode_m2_slots_pad.safetensors",
                             "decode_m3_draft3.safetensors"};
@@ -499,6 +599,25 @@ static void decode_tests(test_rng *r) {
     };
     for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++)
         decode_tokens_vs_single(r, &multi[i]);
+    /* The fused decode end: the layer's shapes (norm groups of 4 heads x 128 = 512, the
+     * layer's B=1; GQA 2 with V 64 and -1 rows; a bf16 cache), a group of one head, and two
+     * calls that do not fit (a 1024-element group; two tokens a request) and run the ops. */
+    const dec_cfg ends[] = {
+        {1, 1, 2, 16, 128, 128, 4, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 0},
+        {37, 1, 3, 8, 128, 64, 40, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 3},
+        {12, 1, 2, 8, 128, 128, 16, BF, BF, BF, true, true, true, true, false, false, false, false, true, 0, 5},
+        {5, 1, 2, 4, 64, 64, 6, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 0},
+        {3, 1, 2, 8, 128, 128, 4, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 0},
+        {3, 2, 2, 4, 128, 128, 4, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 0},
+    };
+    decode_end_vs_chain(r, &ends[0], 4, true, NULL);
+    decode_end_vs_chain(r, &ends[1], 2, true, NULL);
+    decode_end_vs_chain(r, &ends[1], 2, true, "head");
+    decode_end_vs_chain(r, &ends[2], 4, true, NULL);
+    decode_end_vs_chain(r, &ends[2], 4, true, "head");
+    decode_end_vs_chain(r, &ends[3], 1, true, NULL);
+    decode_end_vs_chain(r, &ends[4], 8, false, NULL); /* 8 x 128 = 1024 elements a group */
+    decode_end_vs_chain(r, &ends[5], 4, false, NULL); /* two tokens a request */
 }
 
 #endif /* GDP_HAVE_CUDA */
