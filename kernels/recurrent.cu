@@ -444,103 +444,144 @@ __device__ __forceinline__ void step_readout(const RecurrentParams &p, float (&s
     }
 }
 
-/* The steps of one item whose first input tile is already staged and whose state tile is
- * in st: norms, the T steps (snapshots included), then the final state store. Every
- * thread of the block calls it (it holds __syncthreads). */
-template <int SDT, int R, bool VEC>
-__device__ __forceinline__ void run_item(const RecurrentParams &p, int64_t b, int h, int vb, int64_t row,
-                                         float (&st)[R][RecGeom<SDT, R, VEC>::CW], float *area) {
-    using G = RecGeom<SDT, R, VEC>;
-    using Bits = typename G::Bits;
-    constexpr int CW = G::CW, BV = G::BV, KP = G::KP;
-    const int tid = threadIdx.x;
-    const int cg = tid % REC_COL_GROUPS, rg = tid / REC_COL_GROUPS;
-    const int col0 = vb * BV + cg * CW;
-    const bool col_ok = col0 < p.V; /* VEC: V % CW == 0, so a group is all in or all out */
+/* Where a block's state tile lives, for the one step loop both kernels share (run_steps):
+ * a thread's R rows of CW columns, read with get and written with put. RegisterTile: in the
+ * thread's registers (the register kernel), decayed in place before the sums (a put there
+ * costs nothing); SharedTile: the thread's own 16-byte cells of the shared-memory tile, PITCH
+ * floats apart (the shared-memory kernel), where a put is a store, so the update recomputes
+ * the decayed value instead (the same rounded product). */
+template <int R, int CW> struct RegisterTile {
+    static constexpr bool DECAY_IN_PLACE = true;
+    float (&st)[R][CW];
+    __device__ __forceinline__ void get(int i, float (&v)[CW]) const {
+#pragma unroll
+        for (int c = 0; c < CW; c++)
+            v[c] = st[i][c];
+    }
+    __device__ __forceinline__ void put(int i, const float (&v)[CW]) const {
+#pragma unroll
+        for (int c = 0; c < CW; c++)
+            st[i][c] = v[c];
+    }
+};
+template <int PITCH> struct SharedTile {
+    static constexpr bool DECAY_IN_PLACE = false;
+    float *mine;
+    __device__ __forceinline__ void get(int i, float (&v)[4]) const {
+        const float4 raw = *reinterpret_cast<const float4 *>(mine + i * PITCH);
+        v[0] = raw.x, v[1] = raw.y, v[2] = raw.z, v[3] = raw.w;
+    }
+    __device__ __forceinline__ void put(int i, const float (&v)[4]) const {
+        *reinterpret_cast<float4 *>(mine + i * PITCH) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+};
+
+/* The steps of one item whose first input tile is already staged and whose state tile is in
+ * `tile`: norms, the T steps (snapshots included), then the final state store. A block is
+ * NVB groups of 128 threads, each owning BV columns (NVB = 1: the whole block). Per step each
+ * row's state is decayed (one rounded product, kept or recomputed: see the tiles), summed
+ * into S^T k and S^T q, read out, and updated. Every thread of the block calls it (it holds
+ * __syncthreads). */
+template <int SDT, int R, int CW, int BV, int NVB, typename Tile>
+__device__ __forceinline__ void run_steps(const RecurrentParams &p, int64_t b, int h, int vb, int64_t row,
+                                          const Tile &tile, float *area) {
+    using Bits = typename StateStorage<SDT>::Bits;
+    constexpr int KP = REC_ROW_GROUPS * R;
+    constexpr int BVB = NVB * BV, THREADS = NVB * REC_THREADS; /* the block's columns and threads */
+    const int sub = NVB == 1 ? 0 : (int)threadIdx.x / REC_THREADS; /* the group (NVB = 1: known 0) */
+    const int lt = NVB == 1 ? (int)threadIdx.x : (int)threadIdx.x % REC_THREADS;
+    const int cg = lt % REC_COL_GROUPS, rg = lt / REC_COL_GROUPS;
+    const int col0 = vb * BVB + sub * BV + cg * CW;
+    const bool col_ok = col0 < p.V; /* V % CW == 0 (16-byte columns) or CW = 1: a group is all in or out */
     const int64_t KV = (int64_t)p.K * p.V;
     const int TS = p.tile_steps;
-    float *qs = area;            /* [TS][KP] normalized, scaled q */
-    float *ks = qs + TS * KP;    /* [TS][KP] normalized k         */
-    float *vs = ks + TS * KP;    /* [TS][BV] this block's columns */
-    float *decay = vs + TS * BV; /* [TS] exp(g)                   */
-    float *betas = decay + TS;   /* [TS]                          */
-    float *kq = betas + TS;      /* [TS] k . q                    */
-    float *red = area + recurrent_red_offset(TS, KP, BV); /* [2][warps][2 BV], 16-byte aligned */
+    float *qs = area;             /* [TS][KP] normalized, scaled q  */
+    float *ks = qs + TS * KP;     /* [TS][KP] normalized k          */
+    float *vs = ks + TS * KP;     /* [TS][BVB] this block's columns */
+    float *decay = vs + TS * BVB; /* [TS] exp(g)                    */
+    float *betas = decay + TS;    /* [TS]                           */
+    float *kq = betas + TS;       /* [TS] k . q                     */
+    float *red = area + recurrent_red_offset(TS, KP, BVB); /* [2][NVB][warps][2 BV], 16-byte aligned */
     const bool has_g = p.g != nullptr;
 
     for (int t0 = 0; t0 < p.T; t0 += TS) {
         const int ns = min(TS, p.T - t0);
         if (t0 > 0) {
             __syncthreads(); /* every thread is done with the previous tile */
-            stage_tile<KP, BV>(p, b, h, vb, t0, ns, qs, ks, vs, decay, betas);
+            stage_tile<KP, BVB, THREADS>(p, b, h, vb, t0, ns, qs, ks, vs, decay, betas);
         }
         __syncthreads();
-
-        normalize_steps<KP>(p, ns, qs, ks, kq);
+        normalize_steps<KP, THREADS / 32>(p, ns, qs, ks, kq);
         __syncthreads();
-
-        /* The steps. */
         for (int j = 0; j < ns; j++) {
             const int t = t0 + j;
             const float *qj = qs + j * KP, *kj = ks + j * KP;
-            float *buf = red + (t & 1) * (REC_WARPS * 2 * BV);
-            if (has_g) {
-                const float e = decay[j];
-#pragma unroll
-                for (int i = 0; i < R; i++)
-#pragma unroll
-                    for (int c = 0; c < CW; c++)
-                        st[i][c] *= e;
-            }
-            /* S^T k and S^T q over this thread's rows. */
+            float *buf = red + ((t & 1) * NVB + sub) * (REC_WARPS * 2 * BV);
+            const float e = has_g ? decay[j] : 1.0f;
+            /* S^T k and S^T q over this thread's rows, of the decayed state */
             float sk[CW], sq[CW];
 #pragma unroll
             for (int c = 0; c < CW; c++)
                 sk[c] = sq[c] = 0.0f;
 #pragma unroll
             for (int i = 0; i < R; i++) {
+                float st[CW];
+                tile.get(i, st);
+                if (has_g) {
+#pragma unroll
+                    for (int c = 0; c < CW; c++)
+                        st[c] *= e;
+                    if (Tile::DECAY_IN_PLACE)
+                        tile.put(i, st);
+                }
                 const float kv = kj[rg + REC_ROW_GROUPS * i], qv = qj[rg + REC_ROW_GROUPS * i];
 #pragma unroll
                 for (int c = 0; c < CW; c++) {
-                    sk[c] = fmaf(st[i][c], kv, sk[c]);
-                    sq[c] = fmaf(st[i][c], qv, sq[c]);
+                    sk[c] = fmaf(st[c], kv, sk[c]);
+                    sq[c] = fmaf(st[c], qv, sq[c]);
                 }
             }
             float delta[CW];
-            step_readout<CW, BV>(p, sk, sq, buf, vs + j * BV, betas[j], kq[j], b, h, t, col0, col_ok, delta, tid);
+            step_readout<CW, BV>(p, sk, sq, buf, vs + j * BVB + sub * BV, betas[j], kq[j], b, h, t, col0, col_ok, delta,
+                                 lt);
+            /* the update, and the snapshot after token s = (t + 1) / M - 1 at [slot, s, h] */
+            const bool snapshot = p.inter != nullptr && (t + 1) % p.steps_per_token == 0 && col_ok;
+            Bits *snap = snapshot ? static_cast<Bits *>(p.inter) +
+                                        ((row * p.S + ((t + 1) / p.steps_per_token - 1)) * p.H + h) * KV
+                                  : nullptr;
 #pragma unroll
             for (int i = 0; i < R; i++) {
+                float st[CW];
+                tile.get(i, st);
                 const float kv = kj[rg + REC_ROW_GROUPS * i];
 #pragma unroll
-                for (int c = 0; c < CW; c++)
-                    st[i][c] = fmaf(kv, delta[c], st[i][c]);
-            }
-            if (p.inter != nullptr && (t + 1) % p.steps_per_token == 0 && col_ok) {
-                /* Snapshot after token s = (t + 1) / M - 1, at [slot, s, h]. */
-                const int s = (t + 1) / p.steps_per_token - 1;
-                Bits *dst = static_cast<Bits *>(p.inter) + ((row * p.S + s) * p.H + h) * KV;
-#pragma unroll
-                for (int i = 0; i < R; i++) {
-                    const int kr = rg + REC_ROW_GROUPS * i;
-                    if (kr < p.K)
-                        store_columns<SDT, CW>(dst + (int64_t)kr * p.V + col0, st[i]);
+                for (int c = 0; c < CW; c++) {
+                    if (has_g && !Tile::DECAY_IN_PLACE)
+                        st[c] *= e;
+                    st[c] = fmaf(kv, delta[c], st[c]);
                 }
+                tile.put(i, st);
+                const int kr = rg + REC_ROW_GROUPS * i;
+                if (snap != nullptr && kr < p.K)
+                    store_columns<SDT, CW>(snap + (int64_t)kr * p.V + col0, st);
             }
         }
     }
 
-    /* The final state: back into the slot, or dense fp32. */
+    /* The final state: back into the slot (its dtype), or dense fp32. */
     if (p.state_out != nullptr && col_ok) {
 #pragma unroll
         for (int i = 0; i < R; i++) {
             const int kr = rg + REC_ROW_GROUPS * i;
             if (kr >= p.K)
                 continue;
+            float st[CW];
+            tile.get(i, st);
             const int64_t off = row * p.out_stride_row + h * p.out_stride_head + (int64_t)kr * p.V + col0;
-            if (p.out_fp32)
-                store_columns_f32<CW>(static_cast<float *>(p.state_out) + off, st[i]);
+            if (SDT == GDP_DTYPE_FP32 || p.out_fp32)
+                store_columns_f32<CW>(static_cast<float *>(p.state_out) + off, st);
             else
-                store_columns<SDT, CW>(static_cast<Bits *>(p.state_out) + off, st[i]);
+                store_columns<SDT, CW>(static_cast<Bits *>(p.state_out) + off, st);
         }
     }
 }
@@ -596,7 +637,7 @@ __global__ void __launch_bounds__(REC_THREADS, recurrent_min_blocks<SDT, R, VEC>
                                                             it.f_row * p.in_stride_row + it.f_h * p.in_stride_head);
 
     /* 4. Norms, steps, final state. */
-    run_item<SDT, R, VEC>(p, b, h, vb, row, st, smem);
+    run_steps<SDT, R, CW, BV, 1>(p, b, h, vb, row, RegisterTile<R, CW>{st}, smem);
 }
 
 /* ---- the shared-memory state variant (GDP_DECODE_STATE=smem; 4 columns a thread) ----
@@ -642,101 +683,6 @@ template <int R> using SmemGeom = RecGeom<GDP_DTYPE_FP32, R, true>;
  * then two reduction buffers per group [2][NVB][warps][2 x 32] on a 16-byte boundary. */
 __host__ __device__ constexpr int64_t smem_area_floats(int tile_steps, int kp, int nvb) {
     return recurrent_red_offset(tile_steps, kp, 32 * nvb) + 2 * (int64_t)nvb * REC_WARPS * 2 * 32;
-}
-
-template <int SDT, int R, int NVB>
-__device__ __forceinline__ void run_item_smem(const RecurrentParams &p, int64_t b, int h, int vb, int64_t row,
-                                              float *mine, float *area) {
-    using G = SmemGeom<R>;
-    using Bits = typename StateStorage<SDT>::Bits;
-    constexpr int CW = G::CW, BV = G::BV, KP = G::KP, PITCH = REC_ROW_GROUPS * BV; /* floats between rows i, i+1 */
-    constexpr int BVB = NVB * BV, THREADS = NVB * REC_THREADS; /* the block's columns and threads */
-    static_assert(CW == 4, "one float4 per row and thread");
-    const int sub = NVB == 1 ? 0 : (int)threadIdx.x / REC_THREADS; /* the group (NVB = 1: known 0) */
-    const int lt = NVB == 1 ? (int)threadIdx.x : (int)threadIdx.x % REC_THREADS;
-    const int cg = lt % REC_COL_GROUPS, rg = lt / REC_COL_GROUPS;
-    const int col0 = vb * BVB + sub * BV + cg * CW;
-    const bool col_ok = col0 < p.V;
-    const int64_t KV = (int64_t)p.K * p.V;
-    const int TS = p.tile_steps;
-    float *qs = area, *ks = qs + TS * KP, *vs = ks + TS * KP, *decay = vs + TS * BVB;
-    float *betas = decay + TS, *kq = betas + TS, *red = area + recurrent_red_offset(TS, KP, BVB);
-    const bool has_g = p.g != nullptr;
-
-    for (int t0 = 0; t0 < p.T; t0 += TS) {
-        const int ns = min(TS, p.T - t0);
-        if (t0 > 0) {
-            __syncthreads();
-            stage_tile<KP, BVB, THREADS>(p, b, h, vb, t0, ns, qs, ks, vs, decay, betas);
-        }
-        __syncthreads();
-        normalize_steps<KP, THREADS / 32>(p, ns, qs, ks, kq);
-        __syncthreads();
-        for (int j = 0; j < ns; j++) {
-            const int t = t0 + j;
-            const float *qj = qs + j * KP, *kj = ks + j * KP;
-            float *buf = red + ((t & 1) * NVB + sub) * (REC_WARPS * 2 * BV);
-            const float e = has_g ? decay[j] : 1.0f;
-            float sk[CW], sq[CW];
-#pragma unroll
-            for (int c = 0; c < CW; c++)
-                sk[c] = sq[c] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                const float4 raw = *reinterpret_cast<const float4 *>(mine + i * PITCH);
-                float st[CW] = {raw.x, raw.y, raw.z, raw.w};
-                if (has_g)
-#pragma unroll
-                    for (int c = 0; c < CW; c++)
-                        st[c] *= e;
-                const float kv = kj[rg + REC_ROW_GROUPS * i], qv = qj[rg + REC_ROW_GROUPS * i];
-#pragma unroll
-                for (int c = 0; c < CW; c++) {
-                    sk[c] = fmaf(st[c], kv, sk[c]);
-                    sq[c] = fmaf(st[c], qv, sq[c]);
-                }
-            }
-            float delta[CW];
-            step_readout<CW, BV>(p, sk, sq, buf, vs + j * BVB + sub * BV, betas[j], kq[j], b, h, t, col0, col_ok, delta,
-                                 lt);
-            const bool snapshot = p.inter != nullptr && (t + 1) % p.steps_per_token == 0 && col_ok;
-            Bits *snap = snapshot ? static_cast<Bits *>(p.inter) +
-                                        ((row * p.S + ((t + 1) / p.steps_per_token - 1)) * p.H + h) * KV
-                                  : nullptr;
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                float4 *cell = reinterpret_cast<float4 *>(mine + i * PITCH);
-                const float4 raw = *cell;
-                float st[CW] = {raw.x, raw.y, raw.z, raw.w};
-                const float kv = kj[rg + REC_ROW_GROUPS * i];
-#pragma unroll
-                for (int c = 0; c < CW; c++) {
-                    if (has_g)
-                        st[c] *= e;
-                    st[c] = fmaf(kv, delta[c], st[c]);
-                }
-                *cell = make_float4(st[0], st[1], st[2], st[3]);
-                const int kr = rg + REC_ROW_GROUPS * i;
-                if (snap != nullptr && kr < p.K)
-                    store_columns<SDT, CW>(snap + (int64_t)kr * p.V + col0, st);
-            }
-        }
-    }
-    if (p.state_out != nullptr && col_ok) {
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            const int kr = rg + REC_ROW_GROUPS * i;
-            if (kr >= p.K)
-                continue;
-            const float4 raw = *reinterpret_cast<const float4 *>(mine + i * PITCH);
-            const float st[CW] = {raw.x, raw.y, raw.z, raw.w};
-            const int64_t off = row * p.out_stride_row + h * p.out_stride_head + (int64_t)kr * p.V + col0;
-            if (SDT == GDP_DTYPE_FP32 || p.out_fp32)
-                store_columns_f32<CW>(static_cast<float *>(p.state_out) + off, st);
-            else
-                store_columns<SDT, CW>(static_cast<Bits *>(p.state_out) + off, st);
-        }
-    }
 }
 
 /* The fused gated norm's tail, run by every block of the launch after its outputs are
@@ -840,7 +786,7 @@ __global__ void __launch_bounds__(NVB * REC_THREADS, (recurrent_smem_block_bound
             }
         }
     }
-    run_item_smem<SDT, R, NVB>(p, b, h, vb, row, mine, area);
+    run_steps<SDT, R, CW, BV, NVB>(p, b, h, vb, row, SharedTile<REC_ROW_GROUPS * BV>{mine}, area);
     if (p.norm_on)
         fused_norm_tail(p, b, h);
 }
