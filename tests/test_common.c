@@ -124,6 +124,22 @@ double test_st_meta_num(gdp_st_file *f, const char *key, double dflt) {
     return atof(s);
 }
 
+bool test_gated_norm_golden_read(test_gated_norm_golden *g) {
+    memset(g, 0, sizeof *g);
+    gdp_st_file *f = test_golden_open("gated_norm.safetensors");
+    if (f == NULL)
+        return false;
+    const bool ok = test_st_tensor(f, "y", &g->y) && test_st_tensor(f, "z", &g->z) && test_st_tensor(f, "weight", &g->w) &&
+                    test_st_tensor(f, "out_ref", &g->ref32) && test_st_tensor(f, "out_bf16_ref", &g->ref16);
+    g->eps = test_st_meta_num(f, "eps", -1);
+    g->group = (int64_t)test_st_meta_num(f, "group_size", 0);
+    gdp_st_close(f);
+    if (!ok)
+        return false;
+    CHECK(g->eps > 0 && g->group > 0, "gated_norm metadata: eps %g, group_size %lld", g->eps, (long long)g->group);
+    return g->eps > 0 && g->group > 0;
+}
+
 gdp_tensor test_tensor_alloc(gdp_dtype_t dtype, int32_t ndim, const int64_t *shape) {
     gdp_tensor t;
     gdp_tensor_init(&t, NULL, dtype, ndim, shape);

@@ -77,6 +77,15 @@ bool test_st_tensor(gdp_st_file *f, const char *name, gdp_tensor *t);
 double *test_st_f64(gdp_st_file *f, const char *name, int64_t *n);
 /* Metadata number / int ("scale": "0.125" or 0.125). */
 double test_st_meta_num(gdp_st_file *f, const char *key, double dflt);
+/* gated_norm.safetensors, read for the CPU and GPU norm tests: its inputs and both
+ * references (malloc'd views: free each .data) and metadata. False (a failure recorded, or
+ * the file missing) when it could not be read or its eps / group_size are not positive. */
+typedef struct test_gated_norm_golden {
+    gdp_tensor y, z, w, ref32, ref16;
+    double eps;
+    int64_t group;
+} test_gated_norm_golden;
+bool test_gated_norm_golden_read(test_gated_norm_golden *g);
 
 /* ---- tensors ---- */
 /* A malloc'd, zeroed contiguous tensor. */

@@ -17,18 +17,12 @@
 #include "test_common.h"
 
 static void golden(gdp_ctx_t ctx) {
-    gdp_st_file *f = test_golden_open("gated_norm.safetensors");
-    if (f == NULL)
+    test_gated_norm_golden g;
+    if (!test_gated_norm_golden_read(&g))
         return;
-    gdp_tensor y, z, w, ref32, ref16;
-    bool ok = test_st_tensor(f, "y", &y) && test_st_tensor(f, "z", &z) && test_st_tensor(f, "weight", &w) &&
-              test_st_tensor(f, "out_ref", &ref32) && test_st_tensor(f, "out_bf16_ref", &ref16);
-    const double eps = test_st_meta_num(f, "eps", -1);
-    const int64_t group = (int64_t)test_st_meta_num(f, "group_size", 0);
-    gdp_st_close(f);
-    if (!ok)
-        return;
-    CHECK(eps > 0 && group > 0, "gated_norm metadata: eps %g, group_size %lld", eps, (long long)group);
+    gdp_tensor y = g.y, z = g.z, w = g.w, ref32 = g.ref32, ref16 = g.ref16;
+    const double eps = g.eps;
+    const int64_t group = g.group;
     const int64_t n = gdp_tensor_numel(&y);
 
     gdp_tensor o16 = test_tensor_alloc(GDP_DTYPE_BF16, y.ndim, y.shape);

@@ -20,17 +20,12 @@
 #ifdef GDP_HAVE_CUDA
 
 static void norm_golden(void) {
-    gdp_st_file *f = test_golden_open("gated_norm.safetensors");
-    if (f == NULL)
+    test_gated_norm_golden g;
+    if (!test_gated_norm_golden_read(&g))
         return;
-    gdp_tensor y, z, w, ref32, ref16;
-    const bool ok = test_st_tensor(f, "y", &y) && test_st_tensor(f, "z", &z) && test_st_tensor(f, "weight", &w) &&
-                    test_st_tensor(f, "out_ref", &ref32) && test_st_tensor(f, "out_bf16_ref", &ref16);
-    const double eps = test_st_meta_num(f, "eps", -1);
-    const int64_t group = (int64_t)test_st_meta_num(f, "group_size", 0);
-    gdp_st_close(f);
-    if (!ok)
-        return;
+    gdp_tensor y = g.y, z = g.z, w = g.w, ref32 = g.ref32, ref16 = g.ref16;
+    const double eps = g.eps;
+    const int64_t group = g.group;
     gdp_tensor dy = test_dev_clone(&y), dz = test_dev_clone(&z), dw = test_dev_clone(&w);
     gdp_tensor o16 = test_tensor_alloc(GDP_DTYPE_BF16, y.ndim, y.shape), o32 = test_tensor_alloc(GDP_DTYPE_FP32, y.ndim, y.shape);
     gdp_tensor d16 = test_dev_poisoned(&o16), d32 = test_dev_poisoned(&o32);
