@@ -4,10 +4,11 @@
 # its dev files), run every ctest labelled gpu (gpu;mpi included), the Python torch tests,
 # the ops benchmark and the main program. Logs go to $OUT (or ./h200-out) when set.
 # Golden vectors: $GDP_GOLDEN_DIR, else ./.golden (an ignored copy of ../shared/golden).
-# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|loop|alone|experiments|sanitize]
+# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|loop|alone|experiments|profile|sanitize]
 # (default all; the others are not part of all: serve times gdp-run at the serving shape,
 # loop and alone repeat the gpu tests GDP_LOOP_RUNS times under ctest -j4 and one at a time,
-# experiments times each measured switch every way, sanitize runs every gpu test under
+# experiments times each measured switch every way, profile lists the layer step's kernels
+# with their ncu durations, sanitize runs every gpu test under
 # compute-sanitizer, which takes far longer).
 #   GDP_BUILD_DIR            build folder (default build)
 #   GDP_SANITIZE_TOOLS       sanitizer tools, in order (default "memcheck racecheck")
@@ -92,6 +93,29 @@ if [ "$stage" = experiments ]; then
         echo "## GDP_CHUNK_STATE_VB=$v"
         GDP_CHUNK_STATE_VB=$v "./$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^chunk|^prefill|Out of"
     done 2>&1 | tee "$out/exp_chunk.log"
+fi
+if [ "$stage" = profile ]; then
+    # ncu's duration of every kernel of the layer bench (one warm-up and one timed step per shape,
+    # eager then graph-replayed; graph nodes are profiled one by one): profile_layer.csv, and per
+    # kernel name the count and median in us. GDP_PROFILE_DECODE / GDP_PROFILE_PREFILL: the shapes.
+    command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv "./$build/examples/gdp-bench" layer -b cuda \
+        -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 -D "${GDP_PROFILE_DECODE:-1,64,256}" \
+        -P "${GDP_PROFILE_PREFILL:-2048}" -w 1 -i 1 -c 0 >"$out/profile_layer.csv" 2>"$out/profile_layer.err" || rc=1
+    python3 - "$out/profile_layer.csv" <<'PY'
+import csv, statistics, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows:
+    sys.exit("no ncu rows (see profile_layer.err)")
+h = rows[0]
+ki, vi = h.index("Kernel Name"), h.index("Metric Value")
+by = {}
+for r in rows[1:]:
+    by.setdefault(r[ki][:70], []).append(float(r[vi].replace(",", "")) / 1000.0)
+print(f"{'kernel':70s} {'count':>6s} {'median us':>10s}")
+for k, v in sorted(by.items(), key=lambda kv: -statistics.median(kv[1]) * len(kv[1])):
+    print(f"{k:70s} {len(v):6d} {statistics.median(v):10.1f}")
+PY
 fi
 if [ "$stage" = serve ]; then
     # gdp-run at the serving shape of docs/performance.md (8 layers, D 2048, H 16, G 4, P = N = 128,
