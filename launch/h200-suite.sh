@@ -96,8 +96,9 @@ if [ "$stage" = experiments ]; then
 fi
 if [ "$stage" = profile ]; then
     # ncu's duration of every kernel of the layer bench (one warm-up and one timed step per shape,
-    # eager then graph-replayed; graph nodes are profiled one by one): profile_layer.csv, and per
-    # kernel name the count and median in us. GDP_PROFILE_DECODE / GDP_PROFILE_PREFILL: the shapes.
+    # eager then graph-replayed; graph nodes are profiled one by one): profile_layer.csv in launch
+    # order, and per kernel name the count and median in us over every shape of the run (set
+    # GDP_PROFILE_DECODE / GDP_PROFILE_PREFILL to one shape each for a per-shape table).
     command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
     ncu --clock-control none --metrics gpu__time_duration.sum --csv "./$build/examples/gdp-bench" layer -b cuda \
         -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 -D "${GDP_PROFILE_DECODE:-1,64,256}" \
