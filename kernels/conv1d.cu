@@ -231,14 +231,6 @@ template <int W> struct VarlenLauncher {
     static cudaError_t run(const ConvVarlenParams &p, cudaStream_t s) { return launch_varlen<W>(p, s); }
 };
 
-/* A tensor of [..., W] rows whose base is aligned to a whole row, so that load_window and
- * store_window may move a row in one access. */
-bool window_aligned(const gdp_tensor &t) {
-    const size_t row = (size_t)t.shape[t.ndim - 1] * gdp_dtype_size(t.dtype);
-    return t.data != nullptr && (row == 8 || row == 16) && reinterpret_cast<uintptr_t>(t.data) % row == 0 &&
-           gdp_tensor_is_contiguous(&t);
-}
-
 ConvCommon common_params(const gdp_tensor &x, const gdp_tensor &weight, const gdp_tensor &bias,
                          const gdp_tensor &state, const gdp_tensor &indices, const gdp_tensor &y, int silu) {
     ConvCommon c = {};

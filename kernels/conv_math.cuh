@@ -3,12 +3,13 @@
  * (conv1d.cu) and the fused decode core (decode_core.cu), so both compute the same bits:
  * a channel's W-wide window read and written as one access where it can be, and one
  * step of the window (shift, append, bias + sum_j w_j win_j in that order, SiLU as
- * x / (1 + exp(-x))).
+ * x / (1 + exp(-x))), and the host's test of when a window may be one access.
  */
 #ifndef GDP_CONV_MATH_CUH
 #define GDP_CONV_MATH_CUH
 
 #include "dtype_access.cuh"
+#include "src/internal.h" /* gdp_tensor_is_contiguous (window_aligned) */
 
 namespace {
 
@@ -54,6 +55,14 @@ __device__ __forceinline__ float conv_step(float (&win)[W], const float (&w)[W],
     for (int j = 0; j < W; j++)
         acc = fmaf(w[j], win[j], acc);
     return silu ? __fdiv_rn(acc, __fadd_rn(1.0f, expf(-acc))) : acc;
+}
+
+/* Host side: a tensor of [..., W] rows whose base is aligned to a whole row, so that
+ * load_window and store_window may move a row in one access (vec). */
+inline bool window_aligned(const gdp_tensor &t) {
+    const size_t row = (size_t)t.shape[t.ndim - 1] * gdp_dtype_size(t.dtype);
+    return t.data != nullptr && (row == 8 || row == 16) && reinterpret_cast<uintptr_t>(t.data) % row == 0 &&
+           gdp_tensor_is_contiguous(&t);
 }
 
 } // namespace

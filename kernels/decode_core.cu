@@ -57,10 +57,6 @@ struct CoreParams {
     int32_t conv_units, gate_units; /* per request: C / VEC, 2 M H */
 };
 
-template <int VEC> __device__ __forceinline__ void store_run(void *base, gdp_dtype_t dtype, int64_t i, const float (&v)[VEC]) {
-    store_vec_from_float<VEC>(base, dtype, i, v);
-}
-
 template <int VEC> __global__ void __launch_bounds__(CORE_THREADS) decode_core_kernel(const CoreParams p) {
     constexpr int W = CORE_W;
     const int64_t b = blockIdx.y;
@@ -144,13 +140,13 @@ template <int VEC> __global__ void __launch_bounds__(CORE_THREADS) decode_core_k
     /* prepare's copies of those channels (y in the act dtype: store_vec rounds as the chain's store did) */
     const int64_t value_elems = (int64_t)M * H * p.P, kq_elems = (int64_t)M * H * N;
     if (ch0 < p.k_base) { /* value[(m), h, :] = x[(m*H + h)*P + :] */
-        store_run<VEC>(p.value, p.act_dtype, b * value_elems + ch0, y);
+        store_vec_from_float<VEC>(p.value, p.act_dtype, b * value_elems + ch0, y);
     } else if (ch0 < p.q_base) { /* key[(m), h, c] = x[K_BASE + (m*G + h/hpg)*N + c] for each h of the group */
         const int64_t kk = ch0 - p.k_base;
         const int32_t c = (int32_t)(kk % N), mg = (int32_t)(kk / N), grp = mg % p.G, m = mg / p.G;
         for (int32_t i = 0; i < p.hpg; i++) {
             const int32_t h = grp * p.hpg + i;
-            store_run<VEC>(p.key, p.act_dtype, b * kq_elems + ((int64_t)m * H + h) * N + c, y);
+            store_vec_from_float<VEC>(p.key, p.act_dtype, b * kq_elems + ((int64_t)m * H + h) * N + c, y);
         }
     } else { /* query[(M-1), h, c] = x[Q_BASE + (h/hpg)*N + c]; zeros on the other copies */
         const int64_t qq = ch0 - p.q_base;
@@ -164,20 +160,12 @@ template <int VEC> __global__ void __launch_bounds__(CORE_THREADS) decode_core_k
             for (int32_t m = 0; m < M; m++) { /* two calls, not a choice of arrays: that would put both on the stack */
                 const int64_t at = b * kq_elems + ((int64_t)m * H + h) * N + c;
                 if (m == M - 1)
-                    store_run<VEC>(p.query, p.act_dtype, at, y);
+                    store_vec_from_float<VEC>(p.query, p.act_dtype, at, y);
                 else
-                    store_run<VEC>(p.query, p.act_dtype, at, zero);
+                    store_vec_from_float<VEC>(p.query, p.act_dtype, at, zero);
             }
         }
     }
-}
-
-bool aligned_to(const void *ptr, size_t bytes) { return ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
-
-/* A [..., W] tensor whose rows can be moved in one access (conv1d.cu's rule). */
-bool window_rows_aligned(const gdp_tensor &t) {
-    const size_t row = (size_t)t.shape[t.ndim - 1] * gdp_dtype_size(t.dtype);
-    return (row == 8 || row == 16) && aligned_to(t.data, row);
 }
 
 } // namespace
@@ -196,8 +184,8 @@ extern "C" bool gdp_cuda_decode_core_fits(const gdp_conv1d_update_args *conv, co
     const int64_t es = (int64_t)gdp_dtype_size(prep->query.dtype), vec = 16 / es;
     return conv->x.shape[1] == 1 && !gdp_tensor_present(&conv->intermediate_conv_states) &&
            conv->weight.shape[1] == CORE_W && conv->y.dtype == prep->query.dtype && prep->head_dim % vec == 0 &&
-           prep->state_dim % vec == 0 && aligned_to(prep->query.data, 16) && aligned_to(prep->key.data, 16) &&
-           aligned_to(prep->value.data, 16) && conv->x.shape[0] <= CORE_MAX_ROWS;
+           prep->state_dim % vec == 0 && aligned16(prep->query.data) && aligned16(prep->key.data) &&
+           aligned16(prep->value.data) && conv->x.shape[0] <= CORE_MAX_ROWS;
 }
 
 extern "C" gdp_status_t gdp_cuda_decode_core(struct gdp_ctx *ctx, const gdp_conv1d_update_args *conv,
@@ -221,16 +209,16 @@ extern "C" gdp_status_t gdp_cuda_decode_core(struct gdp_ctx *ctx, const gdp_conv
     p.b_dtype = conv->bias.dtype;
     p.state_dtype = conv->conv_state.dtype;
     p.act_dtype = prep->query.dtype;
-    p.w_vec = window_rows_aligned(conv->weight);
-    p.state_vec = window_rows_aligned(conv->conv_state);
+    p.w_vec = window_aligned(conv->weight);
+    p.state_vec = window_aligned(conv->conv_state);
     /* A thread's VEC channels start at a multiple of VEC (C is one, by _fits), so with 16-byte
      * aligned bases, a row stride of x that keeps rows aligned, and contiguous [C, W] rows of
      * weight and state (checked by the op's front end), every run is one or more aligned
      * 16-byte accesses. */
     const int64_t xs = (int64_t)gdp_dtype_size(conv->x.dtype);
-    p.runs_vec = aligned_to(conv->x.data, 16) && (p.x_row * xs) % 16 == 0 && gdp_tensor_stride(&conv->x, 2) == 1 &&
-                 aligned_to(conv->weight.data, 16) && aligned_to(conv->conv_state.data, 16) &&
-                 (p.conv_b == nullptr || aligned_to(p.conv_b, 16));
+    p.runs_vec = aligned16(conv->x.data) && (p.x_row * xs) % 16 == 0 && gdp_tensor_stride(&conv->x, 2) == 1 &&
+                 aligned16(conv->weight.data) && aligned16(conv->conv_state.data) &&
+                 aligned16(p.conv_b);
     p.silu = conv->silu;
     p.ba = prep->ba.data;
     p.ba_row = gdp_tensor_stride(&prep->ba, 0);

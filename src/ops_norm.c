@@ -19,15 +19,9 @@ static gdp_status_t check_like(const char *op, const char *name, const gdp_tenso
     return gdp_check_dense(op, name, t, ref->ndim, ref->shape, GDP_DT_FLOAT);
 }
 
-/* The input (named `name`) is [..., d] with d >= 1, contiguous; weight is [d]. */
-static gdp_status_t check_rows(const char *op, const char *name, const gdp_tensor *x, const gdp_tensor *weight,
-                               double eps) {
-    if (!gdp_tensor_present(x))
-        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s is missing (NULL data); pass a tensor", op, name);
-    if (x->ndim < 1 || x->ndim > GDP_MAX_DIMS)
-        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s has %d dims; it needs [..., d] with 1 to %d dims", op, name,
-                 x->ndim, GDP_MAX_DIMS);
-    GDP_CHECK(check_like(op, name, x, x)); /* dtype, non-negative extents, contiguity */
+/* The normalized dim d (x's last extent) is >= 1, weight is [d], eps finite >= 0. */
+static gdp_status_t check_norm_params(const char *op, const char *name, const gdp_tensor *x, const gdp_tensor *weight,
+                                      double eps) {
     const int64_t d = x->shape[x->ndim - 1];
     if (d < 1)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s has last extent %lld; the normalized dim must be >= 1", op,
@@ -38,6 +32,18 @@ static gdp_status_t check_rows(const char *op, const char *name, const gdp_tenso
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: eps is %g; pass a finite eps >= 0 (the layer uses 1e-5)", op,
                  eps);
     return GDP_STATUS_SUCCESS;
+}
+
+/* The input (named `name`) is [..., d] with d >= 1, contiguous; weight is [d]. */
+static gdp_status_t check_rows(const char *op, const char *name, const gdp_tensor *x, const gdp_tensor *weight,
+                               double eps) {
+    if (!gdp_tensor_present(x))
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s is missing (NULL data); pass a tensor", op, name);
+    if (x->ndim < 1 || x->ndim > GDP_MAX_DIMS)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s has %d dims; it needs [..., d] with 1 to %d dims", op, name,
+                 x->ndim, GDP_MAX_DIMS);
+    GDP_CHECK(check_like(op, name, x, x)); /* dtype, non-negative extents, contiguity */
+    return check_norm_params(op, name, x, weight, eps);
 }
 
 /* y or z of the gated norm: contiguous, or a 2-D row view [rows, d] whose rows do not
@@ -71,14 +77,7 @@ gdp_status_t gdp_gated_rmsnorm_check(gdp_ctx_t ctx, const gdp_tensor *out, const
         GDP_CHECK(check_rows(op, "y", y, weight, eps));
     } else { /* a row view: the same rules on its shape, weight and eps */
         GDP_CHECK(check_gated_input(op, "y", y, y));
-        const int64_t w_shape[1] = {y->shape[1]};
-        if (y->shape[1] < 1)
-            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: y has last extent %lld; the normalized dim must be >= 1", op,
-                     (long long)y->shape[1]);
-        GDP_CHECK(gdp_check_dense(op, "weight", weight, 1, w_shape, GDP_DT_FLOAT));
-        if (!(eps >= 0) || !isfinite(eps))
-            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: eps is %g; pass a finite eps >= 0 (the layer uses 1e-5)", op,
-                     eps);
+        GDP_CHECK(check_norm_params(op, "y", y, weight, eps));
     }
     GDP_CHECK(check_gated_input(op, "z", z, y));
     GDP_CHECK(check_like(op, "out", out, y));

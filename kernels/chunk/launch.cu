@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/dtype_access.cuh" /* aligned16 */
 #include "kernels/gdp_kernels.h"
 #include "src/internal.h"
 #include "src/workspace.h"
@@ -51,8 +52,6 @@
 #include "stages.cuh"
 
 namespace {
-
-bool aligned16(const void *ptr) { return ((uintptr_t)ptr & 15u) == 0; }
 
 gdp_status_t cuda_fail(const char *op, const char *what, cudaError_t err) {
     (void)cudaGetLastError(); /* clear the error so the next call starts clean */
