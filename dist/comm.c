@@ -24,14 +24,6 @@ gdp_status_t gdp_mpi_fail(int err, const char *call, const char *file, int line)
     return gdp_set_error(GDP_STATUS_MPI_ERROR, file, line, "%s failed: %s", call, text);
 }
 
-#ifdef GDP_HAVE_CUDA
-gdp_status_t gdp_comm_cuda_fail(cudaError_t err, const char *call, const char *file, int line) {
-    (void)cudaGetLastError(); /* clear the sticky error so later calls report their own */
-    return gdp_set_error(GDP_STATUS_CUDA_ERROR, file, line, "%s failed: %s (%s)", call, cudaGetErrorName(err),
-                         cudaGetErrorString(err));
-}
-#endif
-
 /* ---- backends ---------------------------------------------------------------------- */
 int gdp_comm_backend_available(gdp_comm_backend_t backend) {
     if (backend == GDP_COMM_MPI)
@@ -141,7 +133,7 @@ gdp_status_t gdp_comm_agree(gdp_comm_t comm, gdp_status_t local_status) {
  * in every other comm); with `exclusive` (NCCL) each rank of a node needs its own GPU. */
 static gdp_status_t bind_device(struct gdp_comm *c, int exclusive) {
     int count = 0;
-    GDP_COMM_CUDA_CHECK(cudaGetDeviceCount(&count));
+    GDP_CUDA_CHECK(cudaGetDeviceCount(&count));
     if (count < 1)
         GDP_FAIL(GDP_STATUS_CUDA_ERROR, "gdp_comm_init: device buffers need a GPU, but none is visible on %s",
                  "this node (check CUDA_VISIBLE_DEVICES)");
@@ -151,7 +143,7 @@ static gdp_status_t bind_device(struct gdp_comm *c, int exclusive) {
                  "rank: start at most %d ranks per node, or use GDP_COMM_MPI (host-staged) to share GPUs",
                  c->node_size, count, count);
     c->device = c->node_rank % count;
-    GDP_COMM_CUDA_CHECK(cudaSetDevice(c->device));
+    GDP_CUDA_CHECK(cudaSetDevice(c->device));
     return GDP_STATUS_SUCCESS;
 }
 #endif
@@ -527,7 +519,7 @@ gdp_status_t gdp_comm_tp_gather_input(gdp_comm_t comm, gdp_tp_mode_t mode, const
         return GDP_STATUS_SUCCESS;
 #ifdef GDP_HAVE_CUDA
     if (comm->buffers == GDP_COMM_DEVICE_BUFFERS) {
-        GDP_COMM_CUDA_CHECK(cudaMemcpyAsync(x_full, x_local, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)stream));
+        GDP_CUDA_CHECK(cudaMemcpyAsync(x_full, x_local, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)stream));
         return GDP_STATUS_SUCCESS;
     }
 #endif

@@ -80,14 +80,7 @@ gdp_status_t gdp_mpi_fail(int err, const char *call, const char *file, int line)
 
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime.h> /* defines: cudaMemcpyAsync, cudaSetDevice, ... */
-/* Records a CUDA failure, clearing the sticky error as NCCL does; returns GDP_STATUS_CUDA_ERROR. */
-gdp_status_t gdp_comm_cuda_fail(cudaError_t err, const char *call, const char *file, int line);
-#define GDP_COMM_CUDA_CHECK(call)                                             \
-    do {                                                                      \
-        cudaError_t gdp_cuda_err_ = (call);                                   \
-        if (gdp_cuda_err_ != cudaSuccess)                                     \
-            return gdp_comm_cuda_fail(gdp_cuda_err_, #call, __FILE__, __LINE__); \
-    } while (0)
+#include "src/cuda_check.h" /* GDP_CUDA_CHECK */
 #endif
 
 /* gdp_comm_agree over comm->mpi of a comm being set up or live (its watch may be MPI_COMM_NULL). */

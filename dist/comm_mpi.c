@@ -167,7 +167,7 @@ static gdp_status_t copy_sync(gdp_comm_t comm, void *dst, const void *src, size_
                               void *stream) {
     if (bytes == 0)
         return GDP_STATUS_SUCCESS;
-    GDP_COMM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, (cudaStream_t)stream));
+    GDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, (cudaStream_t)stream));
     return gdp_watch_stream(comm, stream, "a host-staging copy (cudaMemcpyAsync)");
 }
 #define D2H cudaMemcpyDeviceToHost

@@ -468,7 +468,7 @@ static int poll_stream(void *arg) {
         return 1;
     if (e == cudaErrorNotReady)
         return 0;
-    gdp_comm_cuda_fail(e, "cudaStreamQuery", __FILE__, __LINE__);
+    gdp_cuda_fail(e, __func__, "cudaStreamQuery", __FILE__, __LINE__);
     return -1;
 }
 
@@ -478,7 +478,7 @@ static int poll_event(void *arg) {
         return 1;
     if (e == cudaErrorNotReady)
         return 0;
-    gdp_comm_cuda_fail(e, "cudaEventQuery", __FILE__, __LINE__);
+    gdp_cuda_fail(e, __func__, "cudaEventQuery", __FILE__, __LINE__);
     return -1;
 }
 

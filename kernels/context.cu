@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "gdp_kernels.h"
+#include "src/cuda_check.h"
 #include "src/internal.h"
 
 // kernel launchers
@@ -20,12 +21,7 @@ extern "C" gdp_status_t gdp_cuda_ctx_init(struct gdp_ctx *ctx) {
     if (ctx->device < 0 || ctx->device >= count)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_ctx_init: device %d does not exist (this node has %d GPUs)",
                  ctx->device, count);
-    err = cudaSetDevice(ctx->device);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "gdp_ctx_init: cudaSetDevice(%d) failed: %s", ctx->device,
-                 cudaGetErrorString(err));
-    }
+    GDP_CUDA_CHECK(cudaSetDevice(ctx->device));
     return GDP_STATUS_SUCCESS;
 }
 

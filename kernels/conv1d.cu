@@ -19,6 +19,7 @@
 #include "conv_math.cuh"
 #include "dtype_access.cuh"
 #include "gdp_kernels.h"
+#include "src/cuda_check.h"
 #include "src/internal.h"
 
 // CUDA kernels
@@ -273,11 +274,8 @@ extern "C" gdp_status_t gdp_cuda_conv1d_update(struct gdp_ctx *ctx, const gdp_co
         return GDP_STATUS_SUCCESS;
     const cudaError_t err =
         dispatch_width<ConvUpdateParams, UpdateLauncher>(W, p, static_cast<cudaStream_t>(ctx->stream));
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: kernel launch failed: %s (B %lld, S %d, C %lld, W %lld)", op,
-                 cudaGetErrorString(err), (long long)p.B, p.S, (long long)p.c.C, (long long)W);
-    }
+    GDP_CUDA_LAUNCH_CHECK(op, err, "B %lld, S %d, C %lld, W %lld", (long long)p.B, p.S, (long long)p.c.C,
+                          (long long)W);
     return GDP_STATUS_SUCCESS;
 }
 
@@ -301,21 +299,14 @@ extern "C" gdp_status_t gdp_cuda_conv1d_varlen(struct gdp_ctx *ctx, const gdp_co
     if (N == 0) {
         /* No sequence: every row is padding. */
         if (p.T * p.c.C > 0) {
-            const cudaError_t err = cudaMemsetAsync(a->y.data, 0, (size_t)(p.T * p.c.C) * gdp_dtype_size(a->y.dtype),
-                                                    static_cast<cudaStream_t>(ctx->stream));
-            if (err != cudaSuccess) {
-                (void)cudaGetLastError();
-                GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: zeroing y failed: %s", op, cudaGetErrorString(err));
-            }
+            GDP_CUDA_CHECK(cudaMemsetAsync(a->y.data, 0, (size_t)(p.T * p.c.C) * gdp_dtype_size(a->y.dtype),
+                                           static_cast<cudaStream_t>(ctx->stream)));
         }
         return GDP_STATUS_SUCCESS;
     }
     const cudaError_t err =
         dispatch_width<ConvVarlenParams, VarlenLauncher>(W, p, static_cast<cudaStream_t>(ctx->stream));
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: kernel launch failed: %s (T %lld, C %lld, N %lld, W %lld)", op,
-                 cudaGetErrorString(err), (long long)p.T, (long long)p.c.C, (long long)N, (long long)W);
-    }
+    GDP_CUDA_LAUNCH_CHECK(op, err, "T %lld, C %lld, N %lld, W %lld", (long long)p.T, (long long)p.c.C, (long long)N,
+                          (long long)W);
     return GDP_STATUS_SUCCESS;
 }

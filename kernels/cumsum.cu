@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "gdp_kernels.h"
+#include "src/cuda_check.h"
 #include "src/internal.h"
 
 namespace {
@@ -135,8 +136,6 @@ extern "C" gdp_status_t gdp_cuda_chunk_local_cumsum(struct gdp_ctx *ctx, gdp_ten
         chunk_local_cumsum_kernel<true><<<(unsigned)((n + threads - 1) / threads), threads, 0, stream>>>(
             (float *)g_cumsum_dp->data, gp, cu, n_seq, T * num_householder, (int)H, num_householder);
     }
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess)
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: kernel launch failed: %s", op, cudaGetErrorString(err));
+    GDP_CUDA_LAUNCH_CHECK(op, cudaGetLastError(), "T %lld, H %lld", (long long)T, (long long)H);
     return GDP_STATUS_SUCCESS;
 }

@@ -23,6 +23,7 @@
 #include "dtype_access.cuh"
 #include "gdp_kernels.h"
 #include "prepare_math.cuh"
+#include "src/cuda_check.h"
 #include "src/internal.h"
 
 // CUDA kernels
@@ -245,9 +246,6 @@ extern "C" gdp_status_t gdp_cuda_decode_core(struct gdp_ctx *ctx, const gdp_conv
         decode_core_kernel<8><<<grid, CORE_THREADS, 0, stream>>>(p);
     else
         decode_core_kernel<4><<<grid, CORE_THREADS, 0, stream>>>(p);
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess)
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: kernel launch failed: %s (%lld requests, %lld channels)", op,
-                 cudaGetErrorString(err), (long long)n, (long long)p.C);
+    GDP_CUDA_LAUNCH_CHECK(op, cudaGetLastError(), "%lld requests, %lld channels", (long long)n, (long long)p.C);
     return GDP_STATUS_SUCCESS;
 }

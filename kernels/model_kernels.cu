@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "model_kernels.h"
+#include "src/cuda_check.h"
 #include "src/internal.h"
 
 namespace {
@@ -68,13 +69,6 @@ __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, int64_t
         dst[k] = __float2bfloat16_rn(src[k]);
 }
 
-gdp_status_t launch_status(const char *op) {
-    const cudaError_t err = cudaGetLastError();
-    if (err == cudaSuccess)
-        return GDP_STATUS_SUCCESS;
-    GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: kernel launch failed: %s (%s)", op, cudaGetErrorName(err),
-             cudaGetErrorString(err));
-}
 
 } // namespace
 
@@ -86,7 +80,8 @@ extern "C" gdp_status_t gdp_cuda_embed_gather(struct gdp_ctx *ctx, const gdp_emb
     if (a->n > INT32_MAX)
         GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_model_embed: %lld rows exceed the grid", (long long)a->n);
     embed_gather_kernel<<<(unsigned)a->n, MK_THREADS, 0, static_cast<cudaStream_t>(ctx->stream)>>>(*a);
-    return launch_status("gdp_model_embed");
+    GDP_CUDA_LAUNCH_CHECK("gdp_model_embed", cudaGetLastError(), "%lld rows", (long long)a->n);
+    return GDP_STATUS_SUCCESS;
 }
 
 extern "C" gdp_status_t gdp_cuda_head_rows(struct gdp_ctx *ctx, const gdp_head_rows_args *a) {
@@ -95,7 +90,8 @@ extern "C" gdp_status_t gdp_cuda_head_rows(struct gdp_ctx *ctx, const gdp_head_r
     if (a->n > INT32_MAX)
         GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_model_sample: %lld head rows exceed the grid", (long long)a->n);
     head_rows_kernel<<<(unsigned)a->n, MK_THREADS, 0, static_cast<cudaStream_t>(ctx->stream)>>>(*a);
-    return launch_status("gdp_model_sample (head rows)");
+    GDP_CUDA_LAUNCH_CHECK("gdp_model_sample (head rows)", cudaGetLastError(), "%lld rows", (long long)a->n);
+    return GDP_STATUS_SUCCESS;
 }
 
 extern "C" gdp_status_t gdp_cuda_f32_to_bf16(struct gdp_ctx *ctx, uint16_t *dst, const float *src, int64_t count) {
@@ -105,5 +101,6 @@ extern "C" gdp_status_t gdp_cuda_f32_to_bf16(struct gdp_ctx *ctx, uint16_t *dst,
     f32_to_bf16_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), MK_THREADS, 0,
                          static_cast<cudaStream_t>(ctx->stream)>>>(reinterpret_cast<__nv_bfloat16 *>(dst), src,
                                                                    count);
-    return launch_status("gdp_model_init (bf16 head weight)");
+    GDP_CUDA_LAUNCH_CHECK("gdp_model_init (bf16 head weight)", cudaGetLastError(), "%lld values", (long long)count);
+    return GDP_STATUS_SUCCESS;
 }

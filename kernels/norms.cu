@@ -26,6 +26,7 @@
 #include "dtype_access.cuh"
 #include "gdp_kernels.h"
 #include "norm_math.cuh"
+#include "src/cuda_check.h"
 #include "src/internal.h"
 
 // CUDA kernels
@@ -114,11 +115,7 @@ template <bool L2, bool GATED> cudaError_t launch_norm(const NormParams &p, cuda
 }
 
 gdp_status_t finish_launch(const char *op, cudaError_t err, const NormParams &p) {
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: kernel launch failed: %s (%lld vectors of %lld)", op,
-                 cudaGetErrorString(err), (long long)p.vectors, (long long)p.n);
-    }
+    GDP_CUDA_LAUNCH_CHECK(op, err, "%lld vectors of %lld", (long long)p.vectors, (long long)p.n);
     return GDP_STATUS_SUCCESS;
 }
 

@@ -17,6 +17,7 @@
 #include "dtype_access.cuh"
 #include "prepare_math.cuh"
 #include "gdp_kernels.h"
+#include "src/cuda_check.h"
 #include "src/internal.h"
 
 // CUDA kernels
@@ -208,10 +209,6 @@ extern "C" gdp_status_t gdp_cuda_prepare(struct gdp_ctx *ctx, const gdp_prepare_
         err = vector_ok ? launch_prepare<2, 8>(p, decode, grid, stream) : launch_prepare<2, 1>(p, decode, grid, stream);
     else
         err = vector_ok ? launch_prepare<4, 4>(p, decode, grid, stream) : launch_prepare<4, 1>(p, decode, grid, stream);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: kernel launch failed: %s (grid %lld x %lld)", op,
-                 cudaGetErrorString(err), (long long)rows, (long long)slices);
-    }
+    GDP_CUDA_LAUNCH_CHECK(op, err, "grid %lld x %lld", (long long)rows, (long long)slices);
     return GDP_STATUS_SUCCESS;
 }

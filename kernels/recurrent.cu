@@ -38,6 +38,7 @@
 #include "dtype_access.cuh"
 #include "gdp_kernels.h"
 #include "norm_math.cuh"
+#include "src/cuda_check.h"
 #include "src/internal.h"
 
 // CUDA kernels
@@ -1117,11 +1118,8 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
         GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: state dtype %s is not supported by the CUDA kernel (fp32, bf16, fp16)",
                  op, gdp_dtype_name(state_dtype));
     }
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: kernel launch failed: %s (B %lld, H %lld, K %lld, V %lld, T %lld)", op,
-                 cudaGetErrorString(err), (long long)B, (long long)H, (long long)K, (long long)V, (long long)T);
-    }
+    GDP_CUDA_LAUNCH_CHECK(op, err, "B %lld, H %lld, K %lld, V %lld, T %lld", (long long)B, (long long)H, (long long)K,
+                          (long long)V, (long long)T);
     return GDP_STATUS_SUCCESS;
 }
 

@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 
 #include "gdp_kernels.h"
+#include "src/cuda_check.h"
 #include "src/internal.h"
 #include "src/sampling_internal.h"
 
@@ -542,15 +543,6 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const MergeParams 
         *out = gdp_sample_out{(int32_t)best.id, h.max - h.second, h.absmax, 0};
 }
 
-gdp_status_t launch_status(const char *op, cudaError_t err, int64_t n_rows) {
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: kernel launch failed: %s (%lld rows)", op, cudaGetErrorString(err),
-                 (long long)n_rows);
-    }
-    return GDP_STATUS_SUCCESS;
-}
-
 } // namespace
 
 // kernel launchers
@@ -574,7 +566,8 @@ extern "C" gdp_status_t gdp_cuda_sample_candidates(struct gdp_ctx *ctx, const gd
             p);
         err = cudaGetLastError();
     }
-    return launch_status(op, err, a->n_rows);
+    GDP_CUDA_LAUNCH_CHECK(op, err, "%lld rows", (long long)a->n_rows);
+    return GDP_STATUS_SUCCESS;
 }
 
 extern "C" gdp_status_t gdp_cuda_sample_merge(struct gdp_ctx *ctx, const gdp_sample_merge_args *a) {
@@ -588,5 +581,6 @@ extern "C" gdp_status_t gdp_cuda_sample_merge(struct gdp_ctx *ctx, const gdp_sam
     p.rows = a->rows;
     p.out = a->out;
     merge_kernel<<<(unsigned)a->n_rows, MERGE_THREADS, 0, static_cast<cudaStream_t>(ctx->stream)>>>(p);
-    return launch_status(op, cudaGetLastError(), a->n_rows);
+    GDP_CUDA_LAUNCH_CHECK(op, cudaGetLastError(), "%lld rows", (long long)a->n_rows);
+    return GDP_STATUS_SUCCESS;
 }

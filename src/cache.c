@@ -7,12 +7,14 @@
  * so apply only re-checks that the metadata belongs to the cache's current state. The
  * step's slot fills (zero, draft rollback, snapshot restore) come with the metadata (the
  * plan merged them into one op per slot) and run on every layer in one call of
- * gdp_layer_cache_fill: one kernel launch on CUDA, reading the ops from the step's device
+ * gdp_fill_slots: one kernel launch on CUDA, reading the ops from the step's device
  * copy of the metadata, through a device table of the per-layer buffers built at init.
  */
 #include <string.h>
 
-#include "layer_internal.h"
+#include "backend.h"
+#include "cache_internal.h"
+#include "step_meta.h"
 
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -103,10 +105,10 @@ static void cache_destroy(struct gdp_cache *c) {
         if (sets[s] == NULL)
             continue;
         for (int32_t l = 0; l < c->cfg.num_layers; l++)
-            gdp_layer_buf_free(c->ctx, sets[s][l]);
+            gdp_buf_free(c->ctx, sets[s][l]);
         free(sets[s]);
     }
-    gdp_layer_buf_free(c->ctx, c->fill_tables); /* host memory on the CPU backend: free() */
+    gdp_buf_free(c->ctx, c->fill_tables); /* host memory on the CPU backend: free() */
     free(c->slot_used);
     free(c->draft_tokens);
     free(c->snap_saved);
@@ -122,12 +124,12 @@ static gdp_status_t alloc_layer_set(struct gdp_cache *c, void ***set, size_t per
     if (*set == NULL)
         return GDP_STATUS_SYSTEM_ERROR;
     for (int32_t l = 0; l < c->cfg.num_layers; l++)
-        GDP_CHECK(gdp_layer_buf_alloc(c->ctx, per_layer, &(*set)[l], what));
+        GDP_CHECK(gdp_buf_alloc(c->ctx, per_layer, &(*set)[l], what));
     return GDP_STATUS_SUCCESS;
 }
 
 /* The per-layer buffers as one pointer table [GDP_FILL_TABLES][num_layers] in the backend's
- * memory, for gdp_layer_cache_fill (a device kernel cannot read the host's arrays). */
+ * memory, for gdp_fill_slots (a device kernel cannot read the host's arrays). */
 static gdp_status_t build_fill_tables(struct gdp_cache *c) {
     const size_t L = (size_t)c->cfg.num_layers, bytes = GDP_FILL_TABLES * L * sizeof(void *);
     void **host = gdp_calloc(GDP_FILL_TABLES * L, sizeof(void *), "the cache's buffer table");
@@ -146,12 +148,12 @@ static gdp_status_t build_fill_tables(struct gdp_cache *c) {
         return GDP_STATUS_SUCCESS;
     }
     void *dev = NULL;
-    gdp_status_t st = gdp_layer_buf_alloc(c->ctx, bytes, &dev, "the cache's device buffer table");
+    gdp_status_t st = gdp_buf_alloc(c->ctx, bytes, &dev, "the cache's device buffer table");
     if (st == GDP_STATUS_SUCCESS)
-        st = gdp_layer_buf_upload(c->ctx, dev, host, bytes);
+        st = gdp_buf_upload(c->ctx, dev, host, bytes);
     free(host);
     if (st != GDP_STATUS_SUCCESS) {
-        gdp_layer_buf_free(c->ctx, dev);
+        gdp_buf_free(c->ctx, dev);
         return st;
     }
     c->fill_tables = dev;
@@ -347,11 +349,11 @@ gdp_status_t gdp_cache_apply_step(gdp_cache_t cache, const gdp_step_metadata *me
     const gdp_step_desc *step = meta->step;
     const int32_t *fills_host = NULL, *fills_dev = NULL;
     int32_t n_fill = 0;
-    GDP_CHECK(gdp_plan_meta_fills(meta, &fills_host, &fills_dev, &n_fill));
+    GDP_CHECK(gdp_step_meta_fills(meta, &fills_host, &fills_dev, &n_fill));
     /* The states: accepts (the slot's state becomes the one after its n_accepted-th draft
      * token), then new requests (zeroed or restored), merged by the plan into one fill per
      * slot and carried out on every layer at once. */
-    const gdp_layer_cache_fill_args fill = {
+    const gdp_fill_slots_args fill = {
         .num_layers = cache->cfg.num_layers,
         .tables = cache->fill_tables,
         .ops = fills_dev,
@@ -362,7 +364,7 @@ gdp_status_t gdp_cache_apply_step(gdp_cache_t cache, const gdp_step_metadata *me
         .draft_rows = (int64_t)cache->cfg.n_slots * cache->cfg.max_draft_tokens,
         .n_snapshots = cache->cfg.n_snapshots,
     };
-    GDP_CHECK(gdp_layer_cache_fill(cache->ctx, &fill));
+    GDP_CHECK(gdp_fill_slots(cache->ctx, &fill));
     /* The bookkeeping, in the same order. 1. Accepts end the pending draft steps. */
     for (int32_t a = 0; a < step->accept_count; a++)
         cache->draft_tokens[step->accept[a].slot] = 0;

@@ -504,10 +504,10 @@ static void engine_destroy(struct gdp_engine *e) {
     free(e->graphs);
     free(e->frame);
     if (e->x != NULL)
-        gdp_layer_buf_free(e->ctx, e->x);
+        gdp_buf_free(e->ctx, e->x);
     if (on_cuda(e)) {
-        gdp_layer_buf_free(e->ctx, e->step_dev);
-        gdp_layer_buf_free(e->ctx, e->out_dev);
+        gdp_buf_free(e->ctx, e->step_dev);
+        gdp_buf_free(e->ctx, e->out_dev);
     } else {
         host_free(e, e->step_dev);
         host_free(e, e->out_dev);
@@ -583,7 +583,7 @@ static gdp_status_t engine_build(struct gdp_engine *e) {
         if (e->logits == NULL || e->logit_rows == NULL)
             return GDP_STATUS_SYSTEM_ERROR;
     }
-    GDP_CHECK(gdp_layer_buf_alloc(e->ctx, (size_t)(e->max_rows * e->D) * sizeof(float), &e->x,
+    GDP_CHECK(gdp_buf_alloc(e->ctx, (size_t)(e->max_rows * e->D) * sizeof(float), &e->x,
                                   "the engine's activations"));
     /* the step buffer: row tokens | head rows | sampling parameters (8-byte aligned) */
     e->lay.tokens = 0;
@@ -601,9 +601,9 @@ static gdp_status_t engine_build(struct gdp_engine *e) {
     /* The CPU keeps the device's layout too (its own step and record buffers, copied like
      * the device's), so the pipelined loop runs the same bookkeeping on both backends. */
     if (on_cuda(e)) {
-        GDP_CHECK(gdp_layer_buf_alloc(e->ctx, e->lay.bytes, &p, "the engine's device step buffer"));
+        GDP_CHECK(gdp_buf_alloc(e->ctx, e->lay.bytes, &p, "the engine's device step buffer"));
         e->step_dev = p;
-        GDP_CHECK(gdp_layer_buf_alloc(e->ctx, out_bytes, &p, "the sampled tokens"));
+        GDP_CHECK(gdp_buf_alloc(e->ctx, out_bytes, &p, "the sampled tokens"));
         e->out_dev = p;
     } else {
         GDP_CHECK(host_alloc(e, e->lay.bytes, &p, "the engine's step buffer (backend)"));

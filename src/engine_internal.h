@@ -21,7 +21,7 @@
 #include <time.h>
 
 #include "gdp/engine.h"
-#include "layer_internal.h"
+#include "backend.h"
 #include "phase.h"
 
 #ifdef GDP_HAVE_CUDA

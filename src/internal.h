@@ -27,8 +27,8 @@ struct gdp_ctx {
     void         *workspace;       /* device scratch owned by the ctx (CUDA)      */
     size_t        workspace_bytes;
     uint32_t      magic_end;
-    void         *layer_blas;      /* cuBLASLt handle + workspace of the layers on this ctx
-                                      (src/layer_cuda.c; created by the first gdp_layer_init,
+    void         *gemm_blas;      /* cuBLASLt handle + workspace of the layers on this ctx
+                                      (src/backend_cuda.c; created by the first gdp_layer_init,
                                       freed by the last gdp_layer_free), NULL otherwise */
     int32_t       debug_checks;    /* 1: ops refuse non-finite inputs and g > 0 before writing
                                       (gdp_ctx_set_debug_checks, GDP_DEBUG_CHECKS; op_checks.c) */

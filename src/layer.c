@@ -20,7 +20,7 @@
  *
  * Everything here is backend-neutral: the ops pick their backend from the ctx, and the
  * few other things the layer does (GEMMs, buffer copies, index-driven row copies) go
- * through layer_gemm.c. Every index array any of them reads comes from the metadata's
+ * through backend.c. Every index array any of them reads comes from the metadata's
  * `device` arrays (== host on CPU), and no host value of an index decides a launch, so
  * on CUDA the forward pass only enqueues work on the ctx's stream: it never waits for the
  * device and (outside the comm's own collectives) never talks to the other ranks.
@@ -34,7 +34,8 @@
 
 #include "gdp/layer.h"
 #include "decode_core.h"
-#include "layer_internal.h"
+#include "backend.h"
+#include "cache_internal.h"
 
 #define GDP_LAYER_MAGIC 0x6764706cu /* "gdpl" */
 #define WS_ALIGN 256 /* cuBLASLt picks its fastest kernels for 256-byte aligned operands */
@@ -133,9 +134,9 @@ static gdp_status_t upload_weight(gdp_ctx_t ctx, const gdp_tensor *t, gdp_dtype_
         for (int64_t i = 0; i < n; i++)
             gdp_store_elem(host, dtype, i, gdp_tensor_get(t, i));
     }
-    gdp_status_t st = gdp_layer_buf_alloc(ctx, bytes, out, what);
+    gdp_status_t st = gdp_buf_alloc(ctx, bytes, out, what);
     if (st == GDP_STATUS_SUCCESS)
-        st = gdp_layer_buf_upload(ctx, *out, host, bytes);
+        st = gdp_buf_upload(ctx, *out, host, bytes);
     free(host);
     return st;
 }
@@ -143,10 +144,10 @@ static gdp_status_t upload_weight(gdp_ctx_t ctx, const gdp_tensor *t, gdp_dtype_
 static void layer_destroy(struct gdp_layer *l) {
     void *bufs[] = {l->norm_w, l->in_proj, l->conv_w, l->A_log, l->dt_bias, l->out_norm_w, l->out_proj, l->ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        gdp_layer_buf_free(l->ctx, bufs[i]);
+        gdp_buf_free(l->ctx, bufs[i]);
     free(l->pack);
     if (l->blas)
-        gdp_layer_gemm_release(l->ctx);
+        gdp_gemm_release(l->ctx);
     l->magic = l->magic_end = 0;
     free(l);
 }
@@ -240,7 +241,7 @@ gdp_status_t gdp_layer_init_cp(gdp_layer_t *out, gdp_ctx_t ctx, gdp_comm_t comm,
     const gdp_dtype_t act = ctx->backend == GDP_BACKEND_CPU ? GDP_DTYPE_FP32 : GDP_DTYPE_BF16;
     const gdp_dtype_t res = GDP_DTYPE_FP32;
     const char *why = NULL;
-    if (!gdp_layer_gemm_supported_ex(ctx, act, act, &why) || !gdp_layer_gemm_supported_ex(ctx, act, res, &why))
+    if (!gdp_gemm_supported_ex(ctx, act, act, &why) || !gdp_gemm_supported_ex(ctx, act, res, &why))
         GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: %s", op, why);
 
     const gdp_tp_shard *sh = &weights->shard;
@@ -310,7 +311,7 @@ gdp_status_t gdp_layer_init_cp(gdp_layer_t *out, gdp_ctx_t ctx, gdp_comm_t comm,
     l->norm_eps = c->norm_eps;
     l->out_norm_eps = c->out_norm_eps;
     gdp_status_t st = GDP_STATUS_SUCCESS;
-    GDP_CHECK_GOTO(gdp_layer_gemm_acquire(ctx), st, fail);
+    GDP_CHECK_GOTO(gdp_gemm_acquire(ctx), st, fail);
     l->blas = 1;
     GDP_CHECK_GOTO(upload_weight(ctx, &weights->norm_weight, act, &l->norm_w, "the layer's norm weight"), st, fail);
     GDP_CHECK_GOTO(upload_weight(ctx, &weights->in_proj, act, &l->in_proj, "the layer's in_proj"), st, fail);
@@ -519,8 +520,8 @@ static gdp_status_t chunk_ws_bytes(const struct gdp_layer *l, const gdp_step_met
 static gdp_status_t grow_workspaces(struct gdp_layer *l, size_t bytes, size_t chunk_bytes) {
     if (bytes > l->ws_bytes) {
         void *ws = NULL;
-        GDP_CHECK(gdp_layer_buf_alloc(l->ctx, bytes, &ws, "the layer's workspace"));
-        gdp_layer_buf_free(l->ctx, l->ws);
+        GDP_CHECK(gdp_buf_alloc(l->ctx, bytes, &ws, "the layer's workspace"));
+        gdp_buf_free(l->ctx, l->ws);
         l->ws = ws;
         l->ws_bytes = bytes;
     }
@@ -603,7 +604,7 @@ static gdp_status_t run_decode(struct gdp_layer *l, struct gdp_cache *cache, con
         return GDP_STATUS_SUCCESS;
 
     /* Token s of request r reads out after its last copy: o row (r*S + s)*M + M-1. */
-    return gdp_layer_buf_copy2d(l->ctx, io->y, (size_t)di * es, (char *)ws->d_o + (size_t)(M - 1) * di * es,
+    return gdp_buf_copy2d(l->ctx, io->y, (size_t)di * es, (char *)ws->d_o + (size_t)(M - 1) * di * es,
                                 (size_t)(M * di) * es, (size_t)di * es, (size_t)(n * S));
 }
 
@@ -628,7 +629,7 @@ static gdp_status_t run_prefill(struct gdp_layer *l, struct gdp_cache *cache, co
     /* Conv windows of the snapshots: the slot's incoming window carried through the first
      * save_offset tokens of the slice, read BEFORE the slice's own conv moves the slot on. */
     if (m->save_count > 0) {
-        const gdp_layer_snapshot_conv_args sc = {
+        const gdp_copy_snapshot_conv_args sc = {
             .n = pp, .channels = C, .width = (int32_t)l->W,
             .x = proj_rows + (size_t)io->conv_col * es, .x_dtype = a, .x_pitch = WT,
             .conv = conv.data, .snap_conv = snap_conv.data, .conv_dtype = conv.dtype,
@@ -636,18 +637,18 @@ static gdp_status_t run_prefill(struct gdp_layer *l, struct gdp_cache *cache, co
             .slots = dev->prefill_slots, .snapshot = dev->save_snapshot, .offset = dev->save_offset,
             .cu_seqlens = dev->cu_seqlens,
         };
-        GDP_CHECK(gdp_layer_snapshot_conv(l->ctx, &sc));
+        GDP_CHECK(gdp_copy_snapshot_conv(l->ctx, &sc));
     }
 
     /* The chunk op never reads the cache: gather each request's state as initial_state
      * (padding requests, slot -1, get zeros; they are zero-length). */
-    const gdp_layer_copy_rows_args gather = {
+    const gdp_copy_rows_args gather = {
         .n = pp, .row_bytes = cache->ssm_bytes,
         .dst = ws->h0, .dst_idx = NULL, .dst_rows = pp,
         .src = ssm.data, .src_idx = dev->prefill_slots, .src_rows = n_slots,
         .zero_missing = 1,
     };
-    GDP_CHECK(gdp_layer_copy_rows(l->ctx, &gather));
+    GDP_CHECK(gdp_copy_rows(l->ctx, &gather));
 
     const gdp_tensor slots = view((void *)dev->prefill_slots, GDP_DTYPE_INT32, 1, SHAPE(pp), NULL);
     const gdp_tensor cu = view((void *)dev->cu_seqlens, GDP_DTYPE_INT32, 1, SHAPE(pp + 1), NULL);
@@ -698,17 +699,17 @@ static gdp_status_t run_prefill(struct gdp_layer *l, struct gdp_cache *cache, co
     /* Snapshot states: the slot's final state (saves at a slice's end), then, for saves
      * inside a slice, the chunk state of the save point over it (save_chunk_row >= 0). */
     if (m->save_count > 0) {
-        gdp_layer_copy_rows_args save = {
+        gdp_copy_rows_args save = {
             .n = pp, .row_bytes = cache->ssm_bytes,
             .dst = snap_ssm.data, .dst_idx = dev->save_snapshot, .dst_rows = n_snaps,
             .src = ssm.data, .src_idx = dev->prefill_slots, .src_rows = n_slots,
         };
-        GDP_CHECK(gdp_layer_copy_rows(l->ctx, &save));
+        GDP_CHECK(gdp_copy_rows(l->ctx, &save));
         if (want_chunk_states) {
             save.src = ws->chunk_states;
             save.src_idx = dev->save_chunk_row;
             save.src_rows = m->num_chunks;
-            GDP_CHECK(gdp_layer_copy_rows(l->ctx, &save));
+            GDP_CHECK(gdp_copy_rows(l->ctx, &save));
         }
     }
     return GDP_STATUS_SUCCESS;
@@ -722,7 +723,7 @@ static gdp_status_t cp_scatter_heads(struct gdp_layer *l, int64_t Tc, const step
     const size_t es = gdp_dtype_size(l->act), block = (size_t)Tc * (size_t)l->core_dim;
     for (int32_t k = 0; k < l->n_pack; k++) {
         const cp_pack *c = &l->pack[k];
-        GDP_CHECK(gdp_layer_buf_copy2d(l->ctx, (char *)ws->cp_send + ((size_t)c->dest * block + (size_t)c->dst_col) * es,
+        GDP_CHECK(gdp_buf_copy2d(l->ctx, (char *)ws->cp_send + ((size_t)c->dest * block + (size_t)c->dst_col) * es,
                                        (size_t)l->core_dim * es, (char *)ws->proj + (size_t)c->src_col * es,
                                        (size_t)l->proj_dim * es, (size_t)c->width * es, (size_t)Tc));
     }
@@ -735,7 +736,7 @@ static gdp_status_t cp_gather_heads(struct gdp_layer *l, int64_t Tc, const step_
     const size_t es = gdp_dtype_size(l->act), ci = (size_t)l->c_inner, block = (size_t)Tc * ci;
     GDP_CHECK(gdp_comm_alltoall(l->cp_comm, ws->core_y, ws->cp_y, block, l->act, l->ctx->stream));
     for (int32_t j = 0; j < l->cp.cp_size; j++)
-        GDP_CHECK(gdp_layer_buf_copy2d(l->ctx, (char *)ws->y + (size_t)j * ci * es, (size_t)l->d_inner * es,
+        GDP_CHECK(gdp_buf_copy2d(l->ctx, (char *)ws->y + (size_t)j * ci * es, (size_t)l->d_inner * es,
                                        (char *)ws->cp_y + (size_t)j * block * es, ci * es, ci * es, (size_t)Tc));
     return GDP_STATUS_SUCCESS;
 }
@@ -759,7 +760,7 @@ static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, cons
     } else {
         GDP_CHECK(gdp_rmsnorm(l->ctx, &xn, x, &norm_w, l->norm_eps));
     }
-    GDP_CHECK(gdp_layer_gemm_nt_ex(l->ctx, Tc, WT, D, ws->xn, D, l->in_proj, a, 0.0f, ws->proj, WT, a));
+    GDP_CHECK(gdp_gemm_nt_ex(l->ctx, Tc, WT, D, ws->xn, D, l->in_proj, a, 0.0f, ws->proj, WT, a));
 
     /* The core, on every row of the step for its heads. */
     core_io io = {.proj = ws->proj, .pitch = WT, .conv_col = di, .ba_col = di + l->conv_dim, .y = ws->y};
@@ -774,7 +775,7 @@ static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, cons
     const bool y_in_place = l->cp_comm == NULL && m->padded_prefill_count == 0 &&
                             m->padded_decode_count * m->decode_tokens == T && T > 0;
     if (!y_in_place)
-        GDP_CHECK(gdp_layer_buf_zero(l->ctx, io.y, (size_t)(T * l->c_inner) * es));
+        GDP_CHECK(gdp_buf_zero(l->ctx, io.y, (size_t)(T * l->c_inner) * es));
 
     /* Grouped gated RMSNorm on this rank's rows and every TP-local head: the gate z is the
      * first d_inner columns of in_proj's output (it never left the rank), read in place as a
@@ -804,15 +805,15 @@ static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, cons
      * (beta = 1) on exactly one place per row: rank 0's partial (all-reduce), or the row
      * block's owner (SP). */
     if (l->comm == NULL)
-        return gdp_layer_gemm_nt_ex(l->ctx, Tc, D, di, ws->normed, di, l->out_proj, a, 1.0f, x->data, D, r);
+        return gdp_gemm_nt_ex(l->ctx, Tc, D, di, ws->normed, di, l->out_proj, a, 1.0f, x->data, D, r);
     const size_t row_bytes = (size_t)D * gdp_dtype_size(r);
-    GDP_CHECK(gdp_layer_buf_zero(l->ctx, ws->out, (size_t)Tc * row_bytes));
+    GDP_CHECK(gdp_buf_zero(l->ctx, ws->out, (size_t)Tc * row_bytes));
     if (sp)
-        GDP_CHECK(gdp_layer_buf_copy(l->ctx, (char *)ws->out + (size_t)(l->shard.tp_rank * T_local) * row_bytes,
+        GDP_CHECK(gdp_buf_copy(l->ctx, (char *)ws->out + (size_t)(l->shard.tp_rank * T_local) * row_bytes,
                                      x->data, (size_t)T_local * row_bytes));
     else if (l->shard.tp_rank == 0)
-        GDP_CHECK(gdp_layer_buf_copy(l->ctx, ws->out, x->data, (size_t)Tc * row_bytes));
-    return gdp_layer_gemm_nt_ex(l->ctx, Tc, D, di, ws->normed, di, l->out_proj, a, 1.0f, ws->out, D, r);
+        GDP_CHECK(gdp_buf_copy(l->ctx, ws->out, x->data, (size_t)Tc * row_bytes));
+    return gdp_gemm_nt_ex(l->ctx, Tc, D, di, ws->normed, di, l->out_proj, a, 1.0f, ws->out, D, r);
 }
 
 /* A status agreement over every rank the layer's collectives involve: the TP group, then the

@@ -5,7 +5,7 @@
  * rows (final RMSNorm, then one GEMM against the embedding).
  *
  * Backend-neutral like layer.c: buffers, copies and the GEMM go through the layer's
- * primitives (layer_internal.h: host memory and cblas_sgemm on the CPU, the CUDA runtime
+ * primitives (backend.h: host memory and cblas_sgemm on the CPU, the CUDA runtime
  * and the layer engineer's GEMM helper on CUDA), the norm is the gdp_rmsnorm op.
  */
 #include <stdio.h>
@@ -14,7 +14,7 @@
 #include "gdp/model.h"
 #include "gdp/sampling.h"
 #include "kernels/model_kernels.h"
-#include "layer_internal.h"
+#include "backend.h"
 #include "phase.h"
 
 #define GDP_MODEL_MAGIC 0x67646d6du /* "gdmm" */
@@ -71,16 +71,16 @@ static void model_destroy(struct gdp_model *m) {
     free(m->layers);
     if (!on_cpu(m))
         free(m->embedding_host);
-    gdp_layer_buf_free(m->ctx, m->embedding);
-    gdp_layer_buf_free(m->ctx, m->final_norm);
-    gdp_layer_buf_free(m->ctx, m->rows_x);
-    gdp_layer_buf_free(m->ctx, m->rows_normed);
-    gdp_layer_buf_free(m->ctx, m->rows_logits);
+    gdp_buf_free(m->ctx, m->embedding);
+    gdp_buf_free(m->ctx, m->final_norm);
+    gdp_buf_free(m->ctx, m->rows_x);
+    gdp_buf_free(m->ctx, m->rows_normed);
+    gdp_buf_free(m->ctx, m->rows_logits);
     if (!on_cpu(m))
-        gdp_layer_buf_free(m->ctx, m->head_w);
-    gdp_layer_buf_free(m->ctx, m->head_in);
-    gdp_layer_buf_free(m->ctx, m->head_logits);
-    gdp_layer_buf_free(m->ctx, m->head_records);
+        gdp_buf_free(m->ctx, m->head_w);
+    gdp_buf_free(m->ctx, m->head_in);
+    gdp_buf_free(m->ctx, m->head_logits);
+    gdp_buf_free(m->ctx, m->head_records);
     free(m->staging);
     m->magic = m->magic_end = 0;
     free(m);
@@ -139,8 +139,8 @@ static gdp_status_t model_build(struct gdp_model *m, gdp_checkpoint_t ckpt, int3
     if (on_cpu(m)) {
         m->embedding = m->embedding_host; /* one buffer serves the gather and the LM head */
     } else {
-        GDP_CHECK_GOTO(gdp_layer_buf_alloc(m->ctx, emb_bytes, &m->embedding, "the model's token embedding"), st, done);
-        GDP_CHECK_GOTO(gdp_layer_buf_upload(m->ctx, m->embedding, m->embedding_host, emb_bytes), st, done);
+        GDP_CHECK_GOTO(gdp_buf_alloc(m->ctx, emb_bytes, &m->embedding, "the model's token embedding"), st, done);
+        GDP_CHECK_GOTO(gdp_buf_upload(m->ctx, m->embedding, m->embedding_host, emb_bytes), st, done);
     }
     /* The head's slice of the vocabulary: rank r holds rows [r * ceil(V / tp), ...). */
     m->tp_rank = rank, m->tp_size = size;
@@ -158,14 +158,14 @@ static gdp_status_t model_build(struct gdp_model *m, gdp_checkpoint_t ckpt, int3
     } else {
 #ifdef GDP_HAVE_CUDA
         const size_t hb = (size_t)(m->v_local * m->D) * sizeof(uint16_t);
-        GDP_CHECK_GOTO(gdp_layer_buf_alloc(m->ctx, hb, &m->head_w, "the LM head's bf16 weight"), st, done);
+        GDP_CHECK_GOTO(gdp_buf_alloc(m->ctx, hb, &m->head_w, "the LM head's bf16 weight"), st, done);
         GDP_CHECK_GOTO(gdp_cuda_f32_to_bf16(m->ctx, m->head_w, (const float *)m->embedding + m->v0 * m->D,
                                             m->v_local * m->D), st, done);
         m->weight_bytes += hb;
 #endif
     }
-    GDP_CHECK_GOTO(gdp_layer_buf_alloc(m->ctx, norm_bytes, &m->final_norm, "the model's final norm weight"), st, done);
-    GDP_CHECK_GOTO(gdp_layer_buf_upload(m->ctx, m->final_norm, norm_host, norm_bytes), st, done);
+    GDP_CHECK_GOTO(gdp_buf_alloc(m->ctx, norm_bytes, &m->final_norm, "the model's final norm weight"), st, done);
+    GDP_CHECK_GOTO(gdp_buf_upload(m->ctx, m->final_norm, norm_host, norm_bytes), st, done);
     m->weight_bytes += emb_bytes + norm_bytes;
 
     m->layers = gdp_calloc((size_t)m->n_layers, sizeof *m->layers, "the model's layer list");
@@ -344,7 +344,7 @@ static gdp_status_t embed_host(gdp_model_t model, gdp_tensor *x, const int32_t *
             memcpy(dst + i * D, model->embedding_host + t * D, sizeof(float) * (size_t)D);
     }
     if (!on_cpu(model))
-        GDP_CHECK(gdp_layer_buf_upload(model->ctx, x->data, dst, sizeof(float) * (size_t)(n * D)));
+        GDP_CHECK(gdp_buf_upload(model->ctx, x->data, dst, sizeof(float) * (size_t)(n * D)));
     return GDP_STATUS_SUCCESS;
 }
 
@@ -399,14 +399,14 @@ static gdp_status_t ensure_scratch(struct gdp_model *m) {
         return GDP_STATUS_SUCCESS;
     const int64_t rows = LM_HEAD_BLOCK;
     const size_t xb = (size_t)(rows * m->D) * sizeof(float), lb = (size_t)(rows * m->vocab) * sizeof(float);
-    gdp_status_t st = gdp_layer_buf_alloc(m->ctx, xb, &m->rows_x, "the LM head's row buffer");
+    gdp_status_t st = gdp_buf_alloc(m->ctx, xb, &m->rows_x, "the LM head's row buffer");
     if (st == GDP_STATUS_SUCCESS)
-        st = gdp_layer_buf_alloc(m->ctx, xb, &m->rows_normed, "the LM head's normed rows");
+        st = gdp_buf_alloc(m->ctx, xb, &m->rows_normed, "the LM head's normed rows");
     if (st == GDP_STATUS_SUCCESS)
-        st = gdp_layer_buf_alloc(m->ctx, lb, &m->rows_logits, "the LM head's logits");
+        st = gdp_buf_alloc(m->ctx, lb, &m->rows_logits, "the LM head's logits");
     if (st != GDP_STATUS_SUCCESS) {
-        gdp_layer_buf_free(m->ctx, m->rows_x);
-        gdp_layer_buf_free(m->ctx, m->rows_normed);
+        gdp_buf_free(m->ctx, m->rows_x);
+        gdp_buf_free(m->ctx, m->rows_normed);
         m->rows_x = m->rows_normed = NULL;
         return st;
     }
@@ -439,14 +439,14 @@ gdp_status_t gdp_model_logits(gdp_model_t model, float *logits, const gdp_tensor
     for (int64_t first = 0; first < n_rows; first += B) {
         const int64_t n = n_rows - first < B ? n_rows - first : B;
         for (int64_t i = 0; i < B; i++) /* padding rows repeat the block's last real row */
-            GDP_CHECK(gdp_layer_buf_copy(model->ctx, (char *)model->rows_x + (size_t)i * row_bytes,
+            GDP_CHECK(gdp_buf_copy(model->ctx, (char *)model->rows_x + (size_t)i * row_bytes,
                                          (const char *)x->data + (size_t)rows[first + (i < n ? i : n - 1)] * row_bytes,
                                          row_bytes));
         GDP_CHECK(gdp_rmsnorm(model->ctx, &out, &in, &w, model->norm_eps));
         /* Tied LM head: logits[r, v] = normed[r] . embedding[v], the embedding as stored [V, D]. */
-        GDP_CHECK(gdp_layer_gemm_nt(model->ctx, B, V, D, model->rows_normed, D, model->embedding, 0.0f,
+        GDP_CHECK(gdp_gemm_nt(model->ctx, B, V, D, model->rows_normed, D, model->embedding, 0.0f,
                                     model->rows_logits, V, GDP_DTYPE_FP32));
-        GDP_CHECK(gdp_layer_buf_download(model->ctx, logits + first * V, model->rows_logits,
+        GDP_CHECK(gdp_buf_download(model->ctx, logits + first * V, model->rows_logits,
                                          (size_t)(n * V) * sizeof(float)));
     }
     return GDP_STATUS_SUCCESS;
@@ -477,19 +477,19 @@ gdp_status_t gdp_model_reserve_head(gdp_model_t model, int64_t max_rows, int32_t
     const size_t logit_bytes = (size_t)(cap * m->v_local) * sizeof(float);
     const size_t rec_bytes = (size_t)(m->tp_size * cap * words) * sizeof(int32_t);
     void *in = NULL, *logits = NULL, *rec = NULL;
-    gdp_status_t st = gdp_layer_buf_alloc(m->ctx, in_bytes, &in, "the LM head's input rows");
+    gdp_status_t st = gdp_buf_alloc(m->ctx, in_bytes, &in, "the LM head's input rows");
     if (st == GDP_STATUS_SUCCESS)
-        st = gdp_layer_buf_alloc(m->ctx, logit_bytes, &logits, "the LM head's logits");
+        st = gdp_buf_alloc(m->ctx, logit_bytes, &logits, "the LM head's logits");
     if (st == GDP_STATUS_SUCCESS)
-        st = gdp_layer_buf_alloc(m->ctx, rec_bytes, &rec, "the sampling candidate records");
+        st = gdp_buf_alloc(m->ctx, rec_bytes, &rec, "the sampling candidate records");
     if (st != GDP_STATUS_SUCCESS) {
-        gdp_layer_buf_free(m->ctx, in);
-        gdp_layer_buf_free(m->ctx, logits);
+        gdp_buf_free(m->ctx, in);
+        gdp_buf_free(m->ctx, logits);
         return st;
     }
-    gdp_layer_buf_free(m->ctx, m->head_in);
-    gdp_layer_buf_free(m->ctx, m->head_logits);
-    gdp_layer_buf_free(m->ctx, m->head_records);
+    gdp_buf_free(m->ctx, m->head_in);
+    gdp_buf_free(m->ctx, m->head_logits);
+    gdp_buf_free(m->ctx, m->head_records);
     m->head_in = in, m->head_logits = logits, m->head_records = rec;
     m->head_cap = cap, m->head_cand = max_candidates, m->head_words = words;
     return GDP_STATUS_SUCCESS;
@@ -548,7 +548,7 @@ static gdp_status_t model_sample(struct gdp_model *m, const gdp_model_head_args 
      * n rows), and a row's logits do not depend on its neighbours in the GEMM. */
     GDP_CHECK(head_rows(m, a->x, a->rows, n));
     for (int64_t first = 0; first < n_pad; first += B)
-        GDP_CHECK(gdp_layer_gemm_nt_ex(m->ctx, B, m->v_local, m->D, (const char *)m->head_in + (size_t)first * in_row,
+        GDP_CHECK(gdp_gemm_nt_ex(m->ctx, B, m->v_local, m->D, (const char *)m->head_in + (size_t)first * in_row,
                                        m->D, m->head_w, ab, 0.0f, m->head_logits + first * m->v_local, m->v_local,
                                        GDP_DTYPE_FP32));
     int32_t *mine = m->head_records + (size_t)(m->tp_rank * n * m->head_words);

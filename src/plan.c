@@ -20,7 +20,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "layer_internal.h"
+#include "backend.h"
+#include "cache_internal.h"
+#include "step_meta.h"
 
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -28,7 +30,6 @@
 
 #define GDP_PLAN_MAGIC 0x67647070u  /* "gdpp" */
 #define FRAME_MAGIC    0x53504447   /* "GDPS": a step frame        */
-#define META_MAGIC     0x4d504447   /* "GDPM": a metadata buffer   */
 #define FRAME_HEADER   16           /* int32 words before the payload */
 #define FRAME_MIN_MSG  512          /* bytes of payload an error message may use, at least */
 #define PREFILL_WORDS  6            /* int32 words of one gdp_prefill_request */
@@ -90,14 +91,6 @@ static gdp_status_t bucket_meta_words(const gdp_plan_config *c, const gdp_step_b
     return GDP_STATUS_SUCCESS;
 }
 
-/* Header words of the metadata buffer. */
-enum {
-    M_MAGIC = 0, M_BUCKET, M_DECODE_COUNT, M_DECODE_TOKENS, M_PREFILL_COUNT, M_PD, M_PP, M_TOKENS, M_OFFSET,
-    M_ROWS, M_PREFILL_TOKENS, M_SAVES, M_CHUNK_SAVES, M_NC, M_NCDP, M_M, M_RELEASE_COUNT, M_ACCEPT_COUNT,
-    M_FILL_COUNT, M_FILL_OFFSET, /* the slot fills: count, and word offset from the buffer start */
-    M_HEADER_WORDS
-};
-#define FILL_WORDS 3 /* slot, source, row: gdp_layer_cache_fill_args.ops */
 
 gdp_status_t gdp_plan_init(gdp_plan_t *out, gdp_ctx_t ctx, const gdp_plan_config *config) {
     static const char *op = "gdp_plan_init";
@@ -193,7 +186,7 @@ gdp_status_t gdp_plan_init(gdp_plan_t *out, gdp_ctx_t ctx, const gdp_plan_config
     memcpy(p->buckets, c->buckets, (size_t)c->n_buckets * sizeof *p->buckets);
     p->cfg.buckets = p->buckets;
     if (ctx->backend != GDP_BACKEND_CPU)
-        GDP_CHECK_GOTO(gdp_layer_buf_alloc(ctx, meta_words * sizeof(int32_t), &p->meta_dev,
+        GDP_CHECK_GOTO(gdp_buf_alloc(ctx, meta_words * sizeof(int32_t), &p->meta_dev,
                                            "the plan's device metadata buffer"),
                        st, fail);
     *out = p;
@@ -219,7 +212,7 @@ gdp_status_t gdp_plan_free(gdp_plan_t plan) {
 #endif
         free(plan->meta_bufs[k]);
     }
-    gdp_layer_buf_free(plan->ctx, plan->meta_dev);
+    gdp_buf_free(plan->ctx, plan->meta_dev);
     free(plan->buckets);
     free(plan->frame);
     free(plan->step_store);
@@ -971,19 +964,3 @@ gdp_status_t gdp_plan_check_consistent(const gdp_step_metadata *meta, gdp_comm_t
                                      "the step metadata (slots, cu_seqlens, chunk descriptors, conv metadata)");
 }
 
-gdp_status_t gdp_plan_meta_fills(const gdp_step_metadata *meta, const int32_t **host, const int32_t **device,
-                                 int32_t *count) {
-    if (meta == NULL || meta->host_buffer == NULL || meta->buffer_bytes < M_HEADER_WORDS * sizeof(int32_t) ||
-        ((const int32_t *)meta->host_buffer)[M_MAGIC] != META_MAGIC)
-        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_cache_apply_step: meta is not a step built by gdp_plan_build");
-    const int32_t *base = meta->host_buffer;
-    const int32_t n = base[M_FILL_COUNT], off = base[M_FILL_OFFSET];
-    if (n < 0 || off < M_HEADER_WORDS || (size_t)off + (size_t)n * FILL_WORDS > meta->buffer_bytes / sizeof(int32_t))
-        GDP_FAIL(GDP_STATUS_INTERNAL_ERROR, "gdp_cache_apply_step: the metadata's fill section (%d at word %d) lies "
-                 "outside its %zu bytes", n, off, meta->buffer_bytes);
-    *host = base + off;
-    /* The device copy has the host buffer's layout: the same offset from its first array. */
-    *device = meta->device.decode_slots + (*host - meta->host.decode_slots);
-    *count = n;
-    return GDP_STATUS_SUCCESS;
-}

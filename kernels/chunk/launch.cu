@@ -46,17 +46,13 @@
 
 #include "kernels/dtype_access.cuh" /* aligned16 */
 #include "kernels/gdp_kernels.h"
+#include "src/cuda_check.h"
 #include "src/internal.h"
 #include "src/workspace.h"
 
 #include "stages.cuh"
 
 namespace {
-
-gdp_status_t cuda_fail(const char *op, const char *what, cudaError_t err) {
-    (void)cudaGetLastError(); /* clear the error so the next call starts clean */
-    GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: %s failed: %s", op, what, cudaGetErrorString(err));
-}
 
 /* Multiprocessors of `device` into *sms, queried once per device and cached (the grid choice
  * of the state sweep needs it on every call; the attribute never changes). */
@@ -178,7 +174,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     int sms = 0;
     cudaError_t err = device_sm_count(ctx->device, &sms);
     if (err != cudaSuccess)
-        return cuda_fail(op, "reading the multiprocessor count", err);
+        return gdp_cuda_fail(err, op, "reading the multiprocessor count", __FILE__, __LINE__);
     int64_t num_chunks, num_chunks_dp;
     const int32_t *cidx, *cidx_dp, *coff;
     if (have_desc) {
@@ -202,7 +198,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
             err = cudaStreamSynchronize(stream);
         if (err != cudaSuccess) {
             free(host);
-            return cuda_fail(op, "reading cu_seqlens", err);
+            return gdp_cuda_fail(err, op, "reading cu_seqlens", __FILE__, __LINE__);
         }
         gdp_status_t st = gdp_build_chunk_descriptors(cu_h, (int32_t)N, M, T, ci_h, cidp_h, off_h, &num_chunks,
                                                       &num_chunks_dp);
@@ -222,7 +218,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
             err = cudaStreamSynchronize(stream); /* the host arrays are freed next */
         free(host);
         if (err != cudaSuccess)
-            return cuda_fail(op, "uploading the derived descriptors", err);
+            return gdp_cuda_fail(err, op, "uploading the derived descriptors", __FILE__, __LINE__);
         cidx = dev;
         cidx_dp = dev + 2 * num_chunks;
         coff = dev + 2 * num_chunks + 2 * num_chunks_dp;
@@ -293,14 +289,12 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     err = a->q.dtype == GDP_DTYPE_BF16
               ? launch_stages<__nv_bfloat16>(p, num_chunks, num_chunks_dp, sms, state_vb, stream)
               : launch_stages<__half>(p, num_chunks, num_chunks_dp, sms, state_vb, stream);
-    if (err != cudaSuccess)
-        return cuda_fail(op, "launching the chunk stages", err);
+    GDP_CUDA_LAUNCH_CHECK(op, err, "the chunk stages: %lld chunks, H %lld, K %lld, V %lld", (long long)num_chunks,
+                          (long long)H, (long long)K, (long long)V);
     if (T > 0) {
         zero_tail_kernel<<<(unsigned)(T < 256 ? T : 256), 256, 0, stream>>>((uint16_t *)a->o.data, p.cu, p.N, T,
                                                                             H * V);
-        err = cudaGetLastError();
-        if (err != cudaSuccess)
-            return cuda_fail(op, "launching the tail zero-fill", err);
+        GDP_CUDA_LAUNCH_CHECK(op, cudaGetLastError(), "the tail zero-fill: T %lld", (long long)T);
     }
     GDP_CHUNK_STAGE_MARK(5, stream);
     return GDP_STATUS_SUCCESS;

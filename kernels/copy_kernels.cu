@@ -1,6 +1,6 @@
 /*
- * layer_util.cu: the CUDA kernels of the layer's, cache's and plan's index-driven data
- * movement (kernels/gdp_layer_kernels.h): row copies by slot index (a prefill's initial
+ * copy_kernels.cu: the CUDA kernels of the layer's, cache's and plan's index-driven data
+ * movement (kernels/copy_kernels.h): row copies by slot index (a prefill's initial
  * states gathered from the cache, prefix-snapshot saves from the final or chunk states),
  * the conv window of a snapshot save, and the slot fills of a step (zero, draft rollback,
  * snapshot restore) on every layer in one launch. The indices are device arrays of the
@@ -15,7 +15,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "gdp_layer_kernels.h"
+#include "copy_kernels.h"
+#include "src/cuda_check.h"
 #include "src/internal.h"
 
 // CUDA kernels
@@ -57,7 +58,7 @@ __device__ __forceinline__ void row_span(size_t bytes, unsigned part, unsigned p
 }
 
 /* Block (row i, span y). */
-__global__ void __launch_bounds__(LU_THREADS) copy_rows_kernel(const gdp_layer_copy_rows_args a) {
+__global__ void __launch_bounds__(LU_THREADS) copy_rows_kernel(const gdp_copy_rows_args a) {
     const int64_t i = blockIdx.x;
     const int64_t d = a.dst_idx != nullptr ? a.dst_idx[i] : i;
     if (d < 0 || d >= a.dst_rows)
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(LU_THREADS) copy_rows_kernel(const gdp_layer_c
 }
 
 /* Block (op * num_layers + layer, span y, z = 0 ssm | 1 conv). */
-__global__ void __launch_bounds__(LU_THREADS) cache_fill_kernel(const gdp_layer_cache_fill_args a) {
+__global__ void __launch_bounds__(LU_THREADS) cache_fill_kernel(const gdp_fill_slots_args a) {
     const int32_t op = (int32_t)(blockIdx.x / (unsigned)a.num_layers);
     const int32_t layer = (int32_t)(blockIdx.x % (unsigned)a.num_layers);
     const bool conv = blockIdx.z == 1;
@@ -122,7 +123,7 @@ __device__ __forceinline__ void store_f(void *base, gdp_dtype_t dtype, int64_t i
 /* Thread (request i, channel c): the W columns of the window after offset[i] tokens. The
  * values are those the varlen conv would store (x converted to the conv dtype), so a
  * snapshot restores exactly the window an uninterrupted run holds at that token. */
-__global__ void __launch_bounds__(LU_THREADS) snapshot_conv_kernel(const gdp_layer_snapshot_conv_args a) {
+__global__ void __launch_bounds__(LU_THREADS) snapshot_conv_kernel(const gdp_copy_snapshot_conv_args a) {
     const int64_t idx = (int64_t)blockIdx.x * LU_THREADS + threadIdx.x;
     if (idx >= a.n * a.channels)
         return;
@@ -151,18 +152,12 @@ unsigned spans_for(size_t bytes) {
     return (unsigned)(s < 1 ? 1 : (s > LU_MAX_SPANS ? LU_MAX_SPANS : s));
 }
 
-gdp_status_t launch_failed(const char *op, cudaError_t err) {
-    (void)cudaGetLastError();
-    GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: kernel launch failed: %s (%s)", op, cudaGetErrorName(err),
-             cudaGetErrorString(err));
-}
-
 } // namespace
 
 // kernel launchers
 
-extern "C" gdp_status_t gdp_cuda_layer_copy_rows(struct gdp_ctx *ctx, const gdp_layer_copy_rows_args *a) {
-    static const char *op = "gdp_layer_copy_rows";
+extern "C" gdp_status_t gdp_cuda_copy_rows(struct gdp_ctx *ctx, const gdp_copy_rows_args *a) {
+    static const char *op = "gdp_copy_rows";
     if (a->n <= 0 || a->row_bytes == 0)
         return GDP_STATUS_SUCCESS;
     if (a->n > INT32_MAX)
@@ -170,12 +165,12 @@ extern "C" gdp_status_t gdp_cuda_layer_copy_rows(struct gdp_ctx *ctx, const gdp_
                  INT32_MAX);
     const dim3 grid((unsigned)a->n, spans_for(a->row_bytes));
     copy_rows_kernel<<<grid, LU_THREADS, 0, static_cast<cudaStream_t>(ctx->stream)>>>(*a);
-    const cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? GDP_STATUS_SUCCESS : launch_failed(op, err);
+    GDP_CUDA_LAUNCH_CHECK(op, cudaGetLastError(), "%lld rows of %zu bytes", (long long)a->n, a->row_bytes);
+    return GDP_STATUS_SUCCESS;
 }
 
-extern "C" gdp_status_t gdp_cuda_layer_snapshot_conv(struct gdp_ctx *ctx, const gdp_layer_snapshot_conv_args *a) {
-    static const char *op = "gdp_layer_snapshot_conv";
+extern "C" gdp_status_t gdp_cuda_copy_snapshot_conv(struct gdp_ctx *ctx, const gdp_copy_snapshot_conv_args *a) {
+    static const char *op = "gdp_copy_snapshot_conv";
     if (a->width < 1 || a->width > LU_MAX_WIDTH)
         GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: conv width %d; the kernel takes 1..%d", op, a->width, LU_MAX_WIDTH);
     const int64_t threads = a->n * a->channels;
@@ -186,12 +181,12 @@ extern "C" gdp_status_t gdp_cuda_layer_snapshot_conv(struct gdp_ctx *ctx, const 
         GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: %lld requests x %lld channels exceed the grid", op, (long long)a->n,
                  (long long)a->channels);
     snapshot_conv_kernel<<<(unsigned)blocks, LU_THREADS, 0, static_cast<cudaStream_t>(ctx->stream)>>>(*a);
-    const cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? GDP_STATUS_SUCCESS : launch_failed(op, err);
+    GDP_CUDA_LAUNCH_CHECK(op, cudaGetLastError(), "%lld blocks", (long long)blocks);
+    return GDP_STATUS_SUCCESS;
 }
 
-extern "C" gdp_status_t gdp_cuda_layer_cache_fill(struct gdp_ctx *ctx, const gdp_layer_cache_fill_args *a) {
-    static const char *op = "gdp_layer_cache_fill";
+extern "C" gdp_status_t gdp_cuda_fill_slots(struct gdp_ctx *ctx, const gdp_fill_slots_args *a) {
+    static const char *op = "gdp_fill_slots";
     if (a->n_ops <= 0 || a->num_layers <= 0)
         return GDP_STATUS_SUCCESS;
     const int64_t pairs = (int64_t)a->n_ops * a->num_layers;
@@ -201,6 +196,6 @@ extern "C" gdp_status_t gdp_cuda_layer_cache_fill(struct gdp_ctx *ctx, const gdp
     const size_t larger = a->ssm_bytes > a->conv_bytes ? a->ssm_bytes : a->conv_bytes;
     const dim3 grid((unsigned)pairs, spans_for(larger), 2);
     cache_fill_kernel<<<grid, LU_THREADS, 0, static_cast<cudaStream_t>(ctx->stream)>>>(*a);
-    const cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? GDP_STATUS_SUCCESS : launch_failed(op, err);
+    GDP_CUDA_LAUNCH_CHECK(op, cudaGetLastError(), "%d fills over %d layers", (int)a->n_ops, (int)a->num_layers);
+    return GDP_STATUS_SUCCESS;
 }

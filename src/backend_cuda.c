@@ -1,10 +1,10 @@
 /*
- * layer_cuda.c: the CUDA backend of the layer's projection GEMMs (layer_internal.h):
+ * backend_cuda.c: the CUDA half of the projection GEMM (backend.h), for the layers and the LM head:
  *   C[rows, n] = A[rows, k] . B[n, k]^T + beta C, row-major, A and B bf16 or fp16 with C fp32
  *   or A's dtype (the layer's projections), or fp32 throughout (e.g. an LM head); fp32
  *   accumulation (CUBLAS_COMPUTE_32F: no TF32), on cuBLASLt on the ctx's stream.
- * One cuBLASLt handle and one workspace serve every layer of a ctx (ctx->layer_blas,
- * counted by gdp_layer_gemm_acquire/release), together with a small cache of matmul plans
+ * One cuBLASLt handle and one workspace serve every layer of a ctx (ctx->gemm_blas,
+ * counted by gdp_gemm_acquire/release), together with a small cache of matmul plans
  * (descriptors + the heuristic's algorithm) keyed by shape, pitches, dtypes and pointer
  * alignment, so a step's GEMMs do no host-side planning after the first step of each
  * bucket and nothing in here synchronizes the host.
@@ -16,7 +16,7 @@
  */
 #include <string.h>
 
-#include "layer_internal.h"
+#include "backend.h"
 
 #ifdef GDP_HAVE_CUDA
 #include <cublasLt.h>
@@ -40,7 +40,7 @@ typedef struct gemm_plan {
     cublasLtMatmulAlgo_t   algo;
 } gemm_plan;
 
-typedef struct layer_blas {
+typedef struct gemm_blas {
     uint32_t         magic;
     int32_t          refs;
     cublasLtHandle_t handle;
@@ -48,7 +48,7 @@ typedef struct layer_blas {
     size_t           workspace_bytes;
     gemm_plan        plans[GEMM_PLAN_SLOTS];
     int32_t          next_victim; /* round-robin replacement once every slot is used */
-} layer_blas;
+} gemm_blas;
 
 #define BLAS_CHECK(call, what)                                                                                \
     do {                                                                                                      \
@@ -86,7 +86,7 @@ static void plan_destroy(gemm_plan *p) {
     p->valid = 0;
 }
 
-static void blas_destroy(layer_blas *b) {
+static void blas_destroy(gemm_blas *b) {
     for (int i = 0; i < GEMM_PLAN_SLOTS; i++)
         plan_destroy(&b->plans[i]);
     if (b->workspace != NULL)
@@ -97,8 +97,8 @@ static void blas_destroy(layer_blas *b) {
     free(b);
 }
 
-gdp_status_t gdp_layer_cuda_gemm_acquire(gdp_ctx_t ctx) {
-    layer_blas *b = ctx->layer_blas;
+gdp_status_t gdp_gemm_cuda_acquire(gdp_ctx_t ctx) {
+    gemm_blas *b = ctx->gemm_blas;
     if (b != NULL) {
         if (b->magic != GEMM_BLAS_MAGIC)
             GDP_FAIL(GDP_STATUS_INTERNAL_ERROR, "gdp_layer_init: the ctx's cuBLASLt state is corrupted");
@@ -126,24 +126,24 @@ gdp_status_t gdp_layer_cuda_gemm_acquire(gdp_ctx_t ctx) {
     }
     b->workspace_bytes = GEMM_WORKSPACE_BYTES;
     b->refs = 1;
-    ctx->layer_blas = b;
+    ctx->gemm_blas = b;
     return GDP_STATUS_SUCCESS;
 }
 
-void gdp_layer_cuda_gemm_release(gdp_ctx_t ctx) {
-    layer_blas *b = ctx->layer_blas;
+void gdp_gemm_cuda_release(gdp_ctx_t ctx) {
+    gemm_blas *b = ctx->gemm_blas;
     if (b == NULL || b->magic != GEMM_BLAS_MAGIC)
         return;
     if (--b->refs > 0)
         return;
     /* Work still queued may use the workspace: cudaFree waits for the device first. */
     blas_destroy(b);
-    ctx->layer_blas = NULL;
+    ctx->gemm_blas = NULL;
 }
 
 /* Builds the descriptors of one shape and asks the heuristic for its best algorithm. */
-static gdp_status_t plan_create(layer_blas *b, const gemm_key *key, gemm_plan *p) {
-    static const char *what = "gdp_layer_gemm_nt (cuBLASLt)";
+static gdp_status_t plan_create(gemm_blas *b, const gemm_key *key, gemm_plan *p) {
+    static const char *what = "gdp_gemm_nt (cuBLASLt)";
     memset(p, 0, sizeof *p);
     p->key = *key;
     const cudaDataType_t ab = cuda_type(key->ab_dtype), ct = cuda_type(key->c_dtype);
@@ -220,7 +220,7 @@ fail:
 }
 
 /* The plan of a shape: remembered, or built into a free (or the next victim's) slot. */
-static gdp_status_t plan_get(layer_blas *b, const gemm_key *key, const gemm_plan **out) {
+static gdp_status_t plan_get(gemm_blas *b, const gemm_key *key, const gemm_plan **out) {
     int free_slot = -1;
     for (int i = 0; i < GEMM_PLAN_SLOTS; i++) {
         if (b->plans[i].valid && memcmp(&b->plans[i].key, key, sizeof *key) == 0) {
@@ -240,18 +240,18 @@ static gdp_status_t plan_get(layer_blas *b, const gemm_key *key, const gemm_plan
     return GDP_STATUS_SUCCESS;
 }
 
-gdp_status_t gdp_layer_cuda_gemm_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
+gdp_status_t gdp_gemm_cuda_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
                                     const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
                                     gdp_dtype_t c_dtype) {
-    layer_blas *b = ctx->layer_blas;
+    gemm_blas *b = ctx->gemm_blas;
     if (b == NULL || b->magic != GEMM_BLAS_MAGIC)
         GDP_FAIL(GDP_STATUS_INTERNAL_ERROR,
-                 "gdp_layer_gemm_nt: the ctx holds no cuBLASLt state: no layer lives on it (gdp_layer_init "
-                 "acquires it; outside a layer call gdp_layer_gemm_acquire first)");
+                 "gdp_gemm_nt: the ctx holds no cuBLASLt state: no layer lives on it (gdp_layer_init "
+                 "acquires it; outside a layer call gdp_gemm_acquire first)");
     if (rows == 0 || n == 0)
         return GDP_STATUS_SUCCESS;
     if (lda < k || ldc < n || k < 1)
-        GDP_FAIL(GDP_STATUS_INTERNAL_ERROR, "gdp_layer_gemm_nt: pitches lda %lld < k %lld or ldc %lld < n %lld",
+        GDP_FAIL(GDP_STATUS_INTERNAL_ERROR, "gdp_gemm_nt: pitches lda %lld < k %lld or ldc %lld < n %lld",
                  (long long)lda, (long long)k, (long long)ldc, (long long)n);
     gemm_key key;
     memset(&key, 0, sizeof key); /* the key is compared bytewise: no padding garbage */
@@ -263,23 +263,23 @@ gdp_status_t gdp_layer_cuda_gemm_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int6
     const float alpha = 1.0f;
     BLAS_CHECK(cublasLtMatmul(b->handle, p->op, &alpha, B, p->w_layout, A, p->x_layout, &beta, C, p->c_layout, C,
                               p->c_layout, &p->algo, b->workspace, b->workspace_bytes, (cudaStream_t)ctx->stream),
-               "gdp_layer_gemm_nt (cuBLASLt)");
+               "gdp_gemm_nt (cuBLASLt)");
     return GDP_STATUS_SUCCESS;
 }
 
-#else /* !GDP_HAVE_CUDA: layer_gemm.c never calls these without the CUDA backend */
+#else /* !GDP_HAVE_CUDA: backend.c never calls these without the CUDA backend */
 
-gdp_status_t gdp_layer_cuda_gemm_acquire(gdp_ctx_t ctx) {
+gdp_status_t gdp_gemm_cuda_acquire(gdp_ctx_t ctx) {
     GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_layer_init: this libgdp was built without the CUDA backend; use "
              "GDP_BACKEND_CPU");
 }
 
-void gdp_layer_cuda_gemm_release(gdp_ctx_t ctx) {}
+void gdp_gemm_cuda_release(gdp_ctx_t ctx) {}
 
-gdp_status_t gdp_layer_cuda_gemm_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
+gdp_status_t gdp_gemm_cuda_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
                                     const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
                                     gdp_dtype_t c_dtype) {
-    GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_layer_gemm_nt: this libgdp was built without the CUDA backend; use "
+    GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_gemm_nt: this libgdp was built without the CUDA backend; use "
              "GDP_BACKEND_CPU");
 }
 

@@ -1,34 +1,24 @@
 /*
- * layer_gemm.c: the backend primitives of the layer, cache and plan (layer_internal.h):
+ * backend.c: the backend primitives of the layer, cache, plan, model and engine (backend.h):
  * buffers on the ctx's backend (allocate zeroed, zero, copy, 2-D copy, upload, download),
  * the projection GEMM C = A B^T + beta C, and the copies driven by the step's index arrays
  * (row gathers by slot, a snapshot's conv window, a step's slot fills). The CPU backend
  * uses host memory, cblas_sgemm and the plain loops below; the CUDA backend uses the CUDA
- * runtime on the ctx's stream for buffers, cuBLASLt for the GEMM (layer_cuda.c) and the
- * kernels of kernels/layer_util.cu, none of which synchronizes the host.
+ * runtime on the ctx's stream for buffers, cuBLASLt for the GEMM (backend_cuda.c) and the
+ * kernels of kernels/copy_kernels.cu, none of which synchronizes the host.
  */
 #include <string.h>
 
 #include <cblas.h>
 
-#include "layer_internal.h"
+#include "backend.h"
 #include "phase.h"
 
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "kernels/gdp_layer_kernels.h"
-
-/* Records a failing CUDA runtime call with its error string, then returns. */
-#define LAYER_CUDA_CHECK(call)                                                                          \
-    do {                                                                                                \
-        cudaError_t layer_cuda_err_ = (call);                                                           \
-        if (layer_cuda_err_ != cudaSuccess) {                                                           \
-            (void)cudaGetLastError();                                                                   \
-            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s failed: %s (%s)", #call, cudaGetErrorName(layer_cuda_err_), \
-                     cudaGetErrorString(layer_cuda_err_));                                              \
-        }                                                                                               \
-    } while (0)
+#include "cuda_check.h"
+#include "kernels/copy_kernels.h"
 #endif
 
 static bool on_cpu(gdp_ctx_t ctx) { return ctx->backend == GDP_BACKEND_CPU; }
@@ -39,7 +29,7 @@ static gdp_status_t no_cuda(const char *what) {
 }
 #endif
 
-gdp_status_t gdp_layer_buf_alloc(gdp_ctx_t ctx, size_t bytes, void **out, const char *what) {
+gdp_status_t gdp_buf_alloc(gdp_ctx_t ctx, size_t bytes, void **out, const char *what) {
     *out = NULL;
     if (on_cpu(ctx)) {
         *out = gdp_calloc(bytes ? bytes : 1, 1, what);
@@ -66,7 +56,7 @@ gdp_status_t gdp_layer_buf_alloc(gdp_ctx_t ctx, size_t bytes, void **out, const 
 #endif
 }
 
-void gdp_layer_buf_free(gdp_ctx_t ctx, void *buf) {
+void gdp_buf_free(gdp_ctx_t ctx, void *buf) {
     if (buf == NULL)
         return;
     if (on_cpu(ctx)) {
@@ -78,7 +68,7 @@ void gdp_layer_buf_free(gdp_ctx_t ctx, void *buf) {
 #endif
 }
 
-gdp_status_t gdp_layer_buf_zero(gdp_ctx_t ctx, void *buf, size_t bytes) {
+gdp_status_t gdp_buf_zero(gdp_ctx_t ctx, void *buf, size_t bytes) {
     if (bytes == 0)
         return GDP_STATUS_SUCCESS;
     if (on_cpu(ctx)) {
@@ -86,14 +76,14 @@ gdp_status_t gdp_layer_buf_zero(gdp_ctx_t ctx, void *buf, size_t bytes) {
         return GDP_STATUS_SUCCESS;
     }
 #ifdef GDP_HAVE_CUDA
-    LAYER_CUDA_CHECK(cudaMemsetAsync(buf, 0, bytes, (cudaStream_t)ctx->stream));
+    GDP_CUDA_CHECK(cudaMemsetAsync(buf, 0, bytes, (cudaStream_t)ctx->stream));
     return GDP_STATUS_SUCCESS;
 #else
-    return no_cuda("gdp_layer_buf_zero");
+    return no_cuda("gdp_buf_zero");
 #endif
 }
 
-gdp_status_t gdp_layer_buf_copy(gdp_ctx_t ctx, void *dst, const void *src, size_t bytes) {
+gdp_status_t gdp_buf_copy(gdp_ctx_t ctx, void *dst, const void *src, size_t bytes) {
     if (bytes == 0 || dst == src)
         return GDP_STATUS_SUCCESS;
     if (on_cpu(ctx)) {
@@ -101,14 +91,14 @@ gdp_status_t gdp_layer_buf_copy(gdp_ctx_t ctx, void *dst, const void *src, size_
         return GDP_STATUS_SUCCESS;
     }
 #ifdef GDP_HAVE_CUDA
-    LAYER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)ctx->stream));
+    GDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)ctx->stream));
     return GDP_STATUS_SUCCESS;
 #else
-    return no_cuda("gdp_layer_buf_copy");
+    return no_cuda("gdp_buf_copy");
 #endif
 }
 
-gdp_status_t gdp_layer_buf_copy2d(gdp_ctx_t ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
+gdp_status_t gdp_buf_copy2d(gdp_ctx_t ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
                                   size_t width, size_t rows) {
     if (width == 0 || rows == 0)
         return GDP_STATUS_SUCCESS;
@@ -118,15 +108,15 @@ gdp_status_t gdp_layer_buf_copy2d(gdp_ctx_t ctx, void *dst, size_t dpitch, const
         return GDP_STATUS_SUCCESS;
     }
 #ifdef GDP_HAVE_CUDA
-    LAYER_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice,
+    GDP_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice,
                                        (cudaStream_t)ctx->stream));
     return GDP_STATUS_SUCCESS;
 #else
-    return no_cuda("gdp_layer_buf_copy2d");
+    return no_cuda("gdp_buf_copy2d");
 #endif
 }
 
-gdp_status_t gdp_layer_buf_upload(gdp_ctx_t ctx, void *dst, const void *host_src, size_t bytes) {
+gdp_status_t gdp_buf_upload(gdp_ctx_t ctx, void *dst, const void *host_src, size_t bytes) {
     if (bytes == 0)
         return GDP_STATUS_SUCCESS;
     if (on_cpu(ctx)) {
@@ -134,16 +124,16 @@ gdp_status_t gdp_layer_buf_upload(gdp_ctx_t ctx, void *dst, const void *host_src
         return GDP_STATUS_SUCCESS;
     }
 #ifdef GDP_HAVE_CUDA
-    LAYER_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)ctx->stream));
+    GDP_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)ctx->stream));
     /* The host buffer is rewritten next step: the copy must have read it by then. */
-    LAYER_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)ctx->stream));
+    GDP_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)ctx->stream));
     return GDP_STATUS_SUCCESS;
 #else
-    return no_cuda("gdp_layer_buf_upload");
+    return no_cuda("gdp_buf_upload");
 #endif
 }
 
-gdp_status_t gdp_layer_buf_download(gdp_ctx_t ctx, void *host_dst, const void *src, size_t bytes) {
+gdp_status_t gdp_buf_download(gdp_ctx_t ctx, void *host_dst, const void *src, size_t bytes) {
     if (bytes == 0)
         return GDP_STATUS_SUCCESS;
     if (on_cpu(ctx)) {
@@ -151,15 +141,15 @@ gdp_status_t gdp_layer_buf_download(gdp_ctx_t ctx, void *host_dst, const void *s
         return GDP_STATUS_SUCCESS;
     }
 #ifdef GDP_HAVE_CUDA
-    LAYER_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)ctx->stream));
-    LAYER_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)ctx->stream));
+    GDP_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)ctx->stream));
+    GDP_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)ctx->stream));
     return GDP_STATUS_SUCCESS;
 #else
-    return no_cuda("gdp_layer_buf_download");
+    return no_cuda("gdp_buf_download");
 #endif
 }
 
-int gdp_layer_gemm_supported_ex(gdp_ctx_t ctx, gdp_dtype_t ab_dtype, gdp_dtype_t c_dtype, const char **why) {
+int gdp_gemm_supported_ex(gdp_ctx_t ctx, gdp_dtype_t ab_dtype, gdp_dtype_t c_dtype, const char **why) {
     if (on_cpu(ctx)) {
         if (ab_dtype == GDP_DTYPE_FP32 && c_dtype == GDP_DTYPE_FP32)
             return 1;
@@ -181,43 +171,43 @@ int gdp_layer_gemm_supported_ex(gdp_ctx_t ctx, gdp_dtype_t ab_dtype, gdp_dtype_t
 #endif
 }
 
-gdp_status_t gdp_layer_gemm_acquire(gdp_ctx_t ctx) {
+gdp_status_t gdp_gemm_acquire(gdp_ctx_t ctx) {
     if (on_cpu(ctx))
         return GDP_STATUS_SUCCESS;
-    return gdp_layer_cuda_gemm_acquire(ctx);
+    return gdp_gemm_cuda_acquire(ctx);
 }
 
-void gdp_layer_gemm_release(gdp_ctx_t ctx) {
+void gdp_gemm_release(gdp_ctx_t ctx) {
     if (!on_cpu(ctx))
-        gdp_layer_cuda_gemm_release(ctx);
+        gdp_gemm_cuda_release(ctx);
 }
 
-int gdp_layer_gemm_supported(gdp_ctx_t ctx, gdp_dtype_t dtype, const char **why) {
-    return gdp_layer_gemm_supported_ex(ctx, dtype, dtype, why);
+int gdp_gemm_supported(gdp_ctx_t ctx, gdp_dtype_t dtype, const char **why) {
+    return gdp_gemm_supported_ex(ctx, dtype, dtype, why);
 }
 
-gdp_status_t gdp_layer_gemm_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
+gdp_status_t gdp_gemm_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
                                const void *B, float beta, void *C, int64_t ldc, gdp_dtype_t dtype) {
-    return gdp_layer_gemm_nt_ex(ctx, rows, n, k, A, lda, B, dtype, beta, C, ldc, dtype);
+    return gdp_gemm_nt_ex(ctx, rows, n, k, A, lda, B, dtype, beta, C, ldc, dtype);
 }
 
-gdp_status_t gdp_layer_gemm_nt_ex(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
+gdp_status_t gdp_gemm_nt_ex(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
                                   const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
                                   gdp_dtype_t c_dtype) {
     const char *why = NULL;
-    if (!gdp_layer_gemm_supported_ex(ctx, ab_dtype, c_dtype, &why))
-        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_layer_gemm_nt: %s", why);
+    if (!gdp_gemm_supported_ex(ctx, ab_dtype, c_dtype, &why))
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_gemm_nt: %s", why);
     if (rows == 0 || n == 0)
         return GDP_STATUS_SUCCESS;
     gdp_phase_mark(ctx, GDP_MARK_GEMM); /* measured phases (phase.h): the GEMM, then back to ops */
     if (!on_cpu(ctx)) {
-        const gdp_status_t st = gdp_layer_cuda_gemm_nt(ctx, rows, n, k, A, lda, B, ab_dtype, beta, C, ldc, c_dtype);
+        const gdp_status_t st = gdp_gemm_cuda_nt(ctx, rows, n, k, A, lda, B, ab_dtype, beta, C, ldc, c_dtype);
         gdp_phase_mark(ctx, GDP_MARK_OPS);
         return st;
     }
     if (rows > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX || ldc > INT32_MAX)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
-                 "gdp_layer_gemm_nt: sizes %lld x %lld x %lld exceed the BLAS int range; use fewer tokens per step",
+                 "gdp_gemm_nt: sizes %lld x %lld x %lld exceed the BLAS int range; use fewer tokens per step",
                  (long long)rows, (long long)n, (long long)k);
     /* Row-major C[rows, n] = A[rows, k] . B[n, k]^T: B is the [out, in] weight as stored. */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)n, (int)k, 1.0f, (const float *)A, (int)lda,
@@ -226,14 +216,14 @@ gdp_status_t gdp_layer_gemm_nt_ex(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_
     return GDP_STATUS_SUCCESS;
 }
 
-/* ---- index-driven copies: CPU loops with the semantics of kernels/gdp_layer_kernels.h ---- */
+/* ---- index-driven copies: CPU loops with the semantics of kernels/copy_kernels.h ---- */
 
-gdp_status_t gdp_layer_copy_rows(gdp_ctx_t ctx, const gdp_layer_copy_rows_args *a) {
+gdp_status_t gdp_copy_rows(gdp_ctx_t ctx, const gdp_copy_rows_args *a) {
     if (!on_cpu(ctx)) {
 #ifdef GDP_HAVE_CUDA
-        return gdp_cuda_layer_copy_rows(ctx, a);
+        return gdp_cuda_copy_rows(ctx, a);
 #else
-        return no_cuda("gdp_layer_copy_rows");
+        return no_cuda("gdp_copy_rows");
 #endif
     }
     for (int64_t i = 0; i < a->n; i++) {
@@ -249,12 +239,12 @@ gdp_status_t gdp_layer_copy_rows(gdp_ctx_t ctx, const gdp_layer_copy_rows_args *
     return GDP_STATUS_SUCCESS;
 }
 
-gdp_status_t gdp_layer_snapshot_conv(gdp_ctx_t ctx, const gdp_layer_snapshot_conv_args *a) {
+gdp_status_t gdp_copy_snapshot_conv(gdp_ctx_t ctx, const gdp_copy_snapshot_conv_args *a) {
     if (!on_cpu(ctx)) {
 #ifdef GDP_HAVE_CUDA
-        return gdp_cuda_layer_snapshot_conv(ctx, a);
+        return gdp_cuda_copy_snapshot_conv(ctx, a);
 #else
-        return no_cuda("gdp_layer_snapshot_conv");
+        return no_cuda("gdp_copy_snapshot_conv");
 #endif
     }
     const int64_t C = a->channels, W = a->width;
@@ -277,12 +267,12 @@ gdp_status_t gdp_layer_snapshot_conv(gdp_ctx_t ctx, const gdp_layer_snapshot_con
     return GDP_STATUS_SUCCESS;
 }
 
-gdp_status_t gdp_layer_cache_fill(gdp_ctx_t ctx, const gdp_layer_cache_fill_args *a) {
+gdp_status_t gdp_fill_slots(gdp_ctx_t ctx, const gdp_fill_slots_args *a) {
     if (!on_cpu(ctx)) {
 #ifdef GDP_HAVE_CUDA
-        return gdp_cuda_layer_cache_fill(ctx, a);
+        return gdp_cuda_fill_slots(ctx, a);
 #else
-        return no_cuda("gdp_layer_cache_fill");
+        return no_cuda("gdp_fill_slots");
 #endif
     }
     const int32_t L = a->num_layers;
