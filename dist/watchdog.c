@@ -468,7 +468,7 @@ static int poll_stream(void *arg) {
         return 1;
     if (e == cudaErrorNotReady)
         return 0;
-    gdp_cuda_fail(e, __func__, "cudaStreamQuery", __FILE__, __LINE__);
+    gdp_cuda_error(e, __FILE__, __LINE__, "%s: cudaStreamQuery failed", __func__);
     return -1;
 }
 
@@ -478,7 +478,7 @@ static int poll_event(void *arg) {
         return 1;
     if (e == cudaErrorNotReady)
         return 0;
-    gdp_cuda_fail(e, __func__, "cudaEventQuery", __FILE__, __LINE__);
+    gdp_cuda_error(e, __FILE__, __LINE__, "%s: cudaEventQuery failed", __func__);
     return -1;
 }
 

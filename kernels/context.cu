@@ -13,11 +13,10 @@
 extern "C" gdp_status_t gdp_cuda_ctx_init(struct gdp_ctx *ctx) {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-        (void)cudaGetLastError();
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "gdp_ctx_init: no usable CUDA device (%s); use GDP_BACKEND_CPU",
-                 err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
-    }
+    if (err != cudaSuccess)
+        GDP_CUDA_FAIL(err, "gdp_ctx_init: no usable CUDA device (use GDP_BACKEND_CPU)");
+    if (count == 0)
+        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "gdp_ctx_init: no usable CUDA device (0 devices); use GDP_BACKEND_CPU");
     if (ctx->device < 0 || ctx->device >= count)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_ctx_init: device %d does not exist (this node has %d GPUs)",
                  ctx->device, count);

@@ -38,16 +38,12 @@ gdp_status_t gdp_buf_alloc(gdp_ctx_t ctx, size_t bytes, void **out, const char *
 #ifdef GDP_HAVE_CUDA
     void *p = NULL;
     cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "cudaMalloc of %zu bytes for %s failed: %s; use fewer slots or tokens", bytes,
-                 what, cudaGetErrorString(err));
-    }
+    if (err != cudaSuccess)
+        GDP_CUDA_FAIL(err, "cudaMalloc of %zu bytes for %s failed (use fewer slots or tokens)", bytes, what);
     err = cudaMemsetAsync(p, 0, bytes ? bytes : 1, (cudaStream_t)ctx->stream);
     if (err != cudaSuccess) {
-        (void)cudaGetLastError();
         cudaFree(p);
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "cudaMemsetAsync zeroing %s failed: %s", what, cudaGetErrorString(err));
+        GDP_CUDA_FAIL(err, "cudaMemsetAsync zeroing %s failed", what);
     }
     *out = p;
     return GDP_STATUS_SUCCESS;

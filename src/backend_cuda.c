@@ -22,6 +22,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include "cuda_check.h"
+
 #define GEMM_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLAS's recommendation for Hopper */
 #define GEMM_PLAN_SLOTS 64                     /* distinct GEMM shapes remembered    */
 #define GEMM_BLAS_MAGIC 0x67646c62u            /* "gdlb" */
@@ -118,11 +120,9 @@ gdp_status_t gdp_gemm_cuda_acquire(gdp_ctx_t ctx) {
     }
     cudaError_t err = cudaMalloc(&b->workspace, GEMM_WORKSPACE_BYTES);
     if (err != cudaSuccess) {
-        (void)cudaGetLastError();
         b->workspace = NULL;
         blas_destroy(b);
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "gdp_layer_init: cudaMalloc of the %zu-byte cuBLASLt workspace failed: %s",
-                 GEMM_WORKSPACE_BYTES, cudaGetErrorString(err));
+        GDP_CUDA_FAIL(err, "gdp_layer_init: cudaMalloc of the %zu-byte cuBLASLt workspace failed", GEMM_WORKSPACE_BYTES);
     }
     b->workspace_bytes = GEMM_WORKSPACE_BYTES;
     b->refs = 1;

@@ -18,6 +18,8 @@
 
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda_check.h"
 #endif
 
 static const char *k_cache_hint = "create it with gdp_cache_init()";
@@ -408,11 +410,8 @@ static gdp_status_t swap_copy(const struct gdp_cache *c, void *dst, const void *
 #ifdef GDP_HAVE_CUDA
     if (c->ctx->backend == GDP_BACKEND_CUDA) {
         const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)c->ctx->stream);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "gdp_cache_swap: cudaMemcpyAsync of %zu bytes failed: %s", bytes,
-                     cudaGetErrorString(err));
-        }
+        if (err != cudaSuccess)
+            GDP_CUDA_FAIL(err, "gdp_cache_swap: cudaMemcpyAsync of %zu bytes failed", bytes);
         return GDP_STATUS_SUCCESS;
     }
 #endif
@@ -424,11 +423,8 @@ static gdp_status_t swap_wait(const struct gdp_cache *c) {
 #ifdef GDP_HAVE_CUDA
     if (c->ctx->backend == GDP_BACKEND_CUDA) {
         const cudaError_t err = cudaStreamSynchronize((cudaStream_t)c->ctx->stream);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "gdp_cache_swap: waiting for the copies failed: %s",
-                     cudaGetErrorString(err));
-        }
+        if (err != cudaSuccess)
+            GDP_CUDA_FAIL(err, "gdp_cache_swap: waiting for the copies failed");
     }
 #endif
     (void)c;

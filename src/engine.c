@@ -54,10 +54,8 @@ static gdp_status_t backend_sync(const struct gdp_engine *e) {
     }
     if (ctx->backend == GDP_BACKEND_CUDA) {
         const cudaError_t err = cudaStreamSynchronize((cudaStream_t)ctx->stream);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: the step failed on the device: %s", cudaGetErrorString(err));
-        }
+        if (err != cudaSuccess)
+            GDP_CUDA_FAIL(err, "engine: the step failed on the device");
     }
 #else
     (void)ctx;
@@ -145,10 +143,10 @@ static gdp_status_t host_alloc(const struct gdp_engine *e, size_t bytes, void **
     *out = NULL;
 #ifdef GDP_HAVE_CUDA
     if (on_cuda(e)) {
-        if (cudaHostAlloc(out, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
-            (void)cudaGetLastError();
+        const cudaError_t err = cudaHostAlloc(out, bytes ? bytes : 1, cudaHostAllocDefault);
+        if (err != cudaSuccess) {
             *out = NULL;
-            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: cudaHostAlloc of %zu bytes for %s failed", bytes, what);
+            GDP_CUDA_FAIL(err, "engine: cudaHostAlloc of %zu bytes for %s failed", bytes, what);
         }
         memset(*out, 0, bytes);
         return GDP_STATUS_SUCCESS;
@@ -223,11 +221,8 @@ static const int32_t *step_tokens_dev(const struct gdp_engine *e) {
 #ifdef GDP_HAVE_CUDA
 static gdp_status_t record_event(const struct gdp_engine *e, void *ev, const char *what) {
     const cudaError_t err = cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)e->ctx->stream);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: recording the event after %s failed: %s", what,
-                 cudaGetErrorString(err));
-    }
+    if (err != cudaSuccess)
+        GDP_CUDA_FAIL(err, "engine: recording the event after %s failed", what);
     return GDP_STATUS_SUCCESS;
 }
 
@@ -235,10 +230,8 @@ static gdp_status_t record_event(const struct gdp_engine *e, void *ev, const cha
 static gdp_status_t async_copy(const struct gdp_engine *e, void *dst, const void *src, size_t bytes,
                                const char *what) {
     const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)e->ctx->stream);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: copying %s failed: %s", what, cudaGetErrorString(err));
-    }
+    if (err != cudaSuccess)
+        GDP_CUDA_FAIL(err, "engine: copying %s failed", what);
     return GDP_STATUS_SUCCESS;
 }
 #endif
@@ -251,11 +244,8 @@ static gdp_status_t fill_step(struct gdp_engine *e, const gdp_step_metadata *m, 
 #ifdef GDP_HAVE_CUDA
     if (on_cuda(e)) {
         const cudaError_t err = cudaEventSynchronize((cudaEvent_t)e->ev_copied[k_buf]);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: waiting for an earlier step buffer copy failed: %s",
-                     cudaGetErrorString(err));
-        }
+        if (err != cudaSuccess)
+            GDP_CUDA_FAIL(err, "engine: waiting for an earlier step buffer copy failed");
     }
 #endif
     int32_t *tok = (int32_t *)(host + e->lay.tokens);
@@ -349,9 +339,9 @@ static gdp_status_t run_device_step(struct gdp_engine *e, const gdp_step_metadat
         cudaStream_t s = (cudaStream_t)e->ctx->stream;
         if (g->exec == NULL) {
             cudaGraph_t cg = NULL;
-            if (cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) != cudaSuccess)
-                GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: cudaStreamBeginCapture failed for bucket %d: %s", m->bucket,
-                         cudaGetErrorString(cudaGetLastError()));
+            const cudaError_t begin = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+            if (begin != cudaSuccess)
+                GDP_CUDA_FAIL(begin, "engine: cudaStreamBeginCapture failed for bucket %d", m->bucket);
             const gdp_status_t st = recorded_step(e, m, x, &g->marks);
             const cudaError_t end = cudaStreamEndCapture(s, &cg);
             if (st != GDP_STATUS_SUCCESS || end != cudaSuccess || cudaGraphInstantiate(&g->exec, cg, 0) != cudaSuccess) {
@@ -361,8 +351,9 @@ static gdp_status_t run_device_step(struct gdp_engine *e, const gdp_step_metadat
                 g->exec = NULL;
                 if (st != GDP_STATUS_SUCCESS)
                     return st;
-                GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: capturing the step of bucket %d as a CUDA graph failed: %s;"
-                         " rerun with --no-graphs", m->bucket, cudaGetErrorString(end != cudaSuccess ? end : why));
+                GDP_CUDA_FAIL(end != cudaSuccess ? end : why,
+                              "engine: capturing the step of bucket %d as a CUDA graph failed (rerun with --no-graphs)",
+                              m->bucket);
             }
             cudaGraphDestroy(cg);
             g->captured = 1;
@@ -371,9 +362,9 @@ static gdp_status_t run_device_step(struct gdp_engine *e, const gdp_step_metadat
             g->replays++;
             e->report.graph_replays++;
         }
-        if (cudaGraphLaunch(g->exec, s) != cudaSuccess)
-            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: cudaGraphLaunch of bucket %d failed: %s", m->bucket,
-                     cudaGetErrorString(cudaGetLastError()));
+        const cudaError_t launched = cudaGraphLaunch(g->exec, s);
+        if (launched != cudaSuccess)
+            GDP_CUDA_FAIL(launched, "engine: cudaGraphLaunch of bucket %d failed", m->bucket);
         *graph_out = g;
         return GDP_STATUS_SUCCESS;
     }
@@ -618,10 +609,9 @@ static gdp_status_t engine_build(struct gdp_engine *e) {
             const cudaError_t err = cudaEventCreateWithFlags(&a, cudaEventDisableTiming);
             const cudaError_t err2 = cudaEventCreate(&b), err3 = cudaEventCreate(&c2);
             e->ev_copied[k] = a, e->ev_start[k] = b, e->ev_done[k] = c2;
-            if (err != cudaSuccess || err2 != cudaSuccess || err3 != cudaSuccess) {
-                (void)cudaGetLastError();
-                GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: creating the step events failed");
-            }
+            if (err != cudaSuccess || err2 != cudaSuccess || err3 != cudaSuccess)
+                GDP_CUDA_FAIL(err != cudaSuccess ? err : (err2 != cudaSuccess ? err2 : err3),
+                              "engine: creating the step events failed");
         }
 #endif
     GDP_CHECK(gdp_model_reserve_head(e->model, e->max_head, c->max_candidates));
@@ -729,10 +719,8 @@ static gdp_status_t wait_step(const struct gdp_engine *e, int32_t k) {
             return st;
         }
         const cudaError_t err = cudaEventSynchronize((cudaEvent_t)e->ev_done[k]);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "engine: the step failed on the device: %s", cudaGetErrorString(err));
-        }
+        if (err != cudaSuccess)
+            GDP_CUDA_FAIL(err, "engine: the step failed on the device");
     }
 #else
     (void)e, (void)k;

@@ -26,6 +26,8 @@
 
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda_check.h"
 #endif
 
 #define GDP_ENGINE_MAGIC 0x67646567u /* "gdeg" */

@@ -20,6 +20,8 @@
 
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime_api.h> /* defines: cudaMemcpyAsync, cudaStreamIsCapturing (host copies of inputs) */
+
+#include "cuda_check.h"
 #endif
 
 /* ---- byte spans --------------------------------------------------------------------------- */
@@ -140,8 +142,7 @@ static gdp_status_t host_view(gdp_ctx_t ctx, const char *op, const char *name, c
         e = cudaStreamSynchronize(stream);
     if (e != cudaSuccess) {
         free(h);
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: debug checks: copying %s (%zu bytes) to the host failed: %s", op, name,
-                 bytes, cudaGetErrorString(e));
+        GDP_CUDA_FAIL(e, "%s: debug checks: copying %s (%zu bytes) to the host failed", op, name, bytes);
     }
     *base = h;
     *copy = h;

@@ -10,6 +10,8 @@
 
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda_check.h"
 #endif
 #if defined(GDP_ENABLE_NVTX) && defined(GDP_HAVE_CUDA)
 #include <nvtx3/nvToolsExt.h> /* header-only NVTX 3 of the CUDA toolkit */
@@ -76,10 +78,7 @@ static gdp_status_t record(gdp_ctx_t ctx, gdp_phase_list *l, int phase) {
     if (ctx->backend == GDP_BACKEND_CUDA) {
         if (l->events[i] == NULL) {
             cudaEvent_t ev = NULL;
-            if (cudaEventCreate(&ev) != cudaSuccess) {
-                (void)cudaGetLastError();
-                GDP_FAIL(GDP_STATUS_CUDA_ERROR, "phase timing: cudaEventCreate failed");
-            }
+            GDP_CUDA_CHECK(cudaEventCreate(&ev));
             l->events[i] = ev;
         }
         /* Inside a stream capture a plain record only orders the capture's streams; an
@@ -90,10 +89,8 @@ static gdp_status_t record(gdp_ctx_t ctx, gdp_phase_list *l, int phase) {
                                     ? cudaEventRecordWithFlags((cudaEvent_t)l->events[i], (cudaStream_t)ctx->stream,
                                                                cudaEventRecordExternal)
                                     : cudaEventRecord((cudaEvent_t)l->events[i], (cudaStream_t)ctx->stream);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "phase timing: cudaEventRecord failed");
-        }
+        if (err != cudaSuccess)
+            GDP_CUDA_FAIL(err, "phase timing: cudaEventRecord failed");
         return GDP_STATUS_SUCCESS;
     }
 #endif
@@ -170,11 +167,10 @@ gdp_status_t gdp_phase_sum(gdp_ctx_t ctx, const gdp_phase_list *list, double *su
 #ifdef GDP_HAVE_CUDA
         if (ctx->backend == GDP_BACKEND_CUDA) {
             float ms = 0;
-            if (cudaEventElapsedTime(&ms, (cudaEvent_t)list->events[i], (cudaEvent_t)list->events[i + 1]) !=
-                cudaSuccess) {
-                (void)cudaGetLastError();
-                GDP_FAIL(GDP_STATUS_CUDA_ERROR, "phase timing: cudaEventElapsedTime failed (work not finished?)");
-            }
+            const cudaError_t err =
+                cudaEventElapsedTime(&ms, (cudaEvent_t)list->events[i], (cudaEvent_t)list->events[i + 1]);
+            if (err != cudaSuccess)
+                GDP_CUDA_FAIL(err, "phase timing: cudaEventElapsedTime failed (work not finished?)");
             dt = ms * 1e-3;
         } else
 #endif
@@ -217,9 +213,10 @@ gdp_status_t gdp_profile_end(gdp_ctx_t ctx, gdp_phase_times *times) {
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_profile_end: times is NULL");
     GDP_CHECK(gdp_phase_end(ctx));
 #ifdef GDP_HAVE_CUDA
-    if (ctx->backend == GDP_BACKEND_CUDA && cudaStreamSynchronize((cudaStream_t)ctx->stream) != cudaSuccess) {
-        (void)cudaGetLastError();
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR, "gdp_profile_end: the profiled work failed on the device");
+    if (ctx->backend == GDP_BACKEND_CUDA) {
+        const cudaError_t err = cudaStreamSynchronize((cudaStream_t)ctx->stream);
+        if (err != cudaSuccess)
+            GDP_CUDA_FAIL(err, "gdp_profile_end: the profiled work failed on the device");
     }
 #endif
     double sums[GDP_MARK_NUM] = {0}, total = 0;

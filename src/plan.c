@@ -26,6 +26,8 @@
 
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda_check.h"
 #endif
 
 #define GDP_PLAN_MAGIC 0x67647070u  /* "gdpp" */
@@ -164,13 +166,14 @@ gdp_status_t gdp_plan_init(gdp_plan_t *out, gdp_ctx_t ctx, const gdp_plan_config
         if (ctx->backend != GDP_BACKEND_CPU) {
             void *h = NULL;
             cudaEvent_t ev = NULL;
-            if (cudaHostAlloc(&h, meta_words * sizeof(int32_t), cudaHostAllocDefault) != cudaSuccess ||
-                cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
-                const cudaError_t why = cudaGetLastError();
+            cudaError_t why = cudaHostAlloc(&h, meta_words * sizeof(int32_t), cudaHostAllocDefault);
+            if (why == cudaSuccess)
+                why = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+            if (why != cudaSuccess) {
                 if (h != NULL)
                     cudaFreeHost(h);
-                st = GDP_ERROR(GDP_STATUS_CUDA_ERROR, "%s: the pinned metadata buffer (%zu bytes) or its event: %s",
-                               op, meta_words * sizeof(int32_t), cudaGetErrorString(why));
+                st = gdp_cuda_error(why, __FILE__, __LINE__, "%s: the pinned metadata buffer (%zu bytes) or its event",
+                                    op, meta_words * sizeof(int32_t));
                 goto fail;
             }
             memset(h, 0, meta_words * sizeof(int32_t));
@@ -658,11 +661,8 @@ static gdp_status_t wait_for_buffer(gdp_plan_t plan, int32_t which, const char *
 #ifdef GDP_HAVE_CUDA
     if (plan->upload_done[which] != NULL) {
         const cudaError_t err = cudaEventSynchronize((cudaEvent_t)plan->upload_done[which]);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: waiting for the metadata upload of an earlier step failed: %s", op,
-                     cudaGetErrorString(err));
-        }
+        if (err != cudaSuccess)
+            GDP_CUDA_FAIL(err, "%s: waiting for the metadata upload of an earlier step failed", op);
     }
 #else
     (void)plan, (void)which, (void)op;
@@ -874,11 +874,8 @@ static gdp_status_t upload_metadata(gdp_plan_t plan, int32_t which, const meta_l
             cudaMemcpyAsync(plan->meta_dev, L->base, L->arrays_end * sizeof(int32_t), cudaMemcpyHostToDevice, s);
         if (err == cudaSuccess)
             err = cudaEventRecord((cudaEvent_t)plan->upload_done[which], s);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "%s: queueing the metadata upload (%zu bytes) failed: %s", op,
-                     L->arrays_end * sizeof(int32_t), cudaGetErrorString(err));
-        }
+        if (err != cudaSuccess)
+            GDP_CUDA_FAIL(err, "%s: queueing the metadata upload (%zu bytes) failed", op, L->arrays_end * sizeof(int32_t));
 #else
         (void)which, (void)op;
 #endif

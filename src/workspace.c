@@ -11,6 +11,8 @@
 
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda_check.h"
 #endif
 
 #define WS_ALIGN 256u
@@ -82,20 +84,14 @@ gdp_status_t gdp_ctx_reserve_workspace(gdp_ctx_t ctx, size_t bytes) {
         cudaError_t ferr = cudaFree(ctx->workspace);
         ctx->workspace = NULL;
         ctx->workspace_bytes = 0;
-        if (ferr != cudaSuccess) {
-            (void)cudaGetLastError();
-            GDP_FAIL(GDP_STATUS_CUDA_ERROR, "gdp_ctx_reserve_workspace: freeing the old workspace failed: %s",
-                     cudaGetErrorString(ferr));
-        }
+        if (ferr != cudaSuccess)
+            GDP_CUDA_FAIL(ferr, "gdp_ctx_reserve_workspace: freeing the old workspace failed");
     }
     void *p = NULL;
     cudaError_t err = cudaMalloc(&p, bytes);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        GDP_FAIL(GDP_STATUS_CUDA_ERROR,
-                 "gdp_ctx_reserve_workspace: cudaMalloc(%zu bytes) failed: %s; reserve for fewer tokens per step",
-                 bytes, cudaGetErrorString(err));
-    }
+    if (err != cudaSuccess)
+        GDP_CUDA_FAIL(err, "gdp_ctx_reserve_workspace: cudaMalloc(%zu bytes) failed (reserve for fewer tokens per step)",
+                      bytes);
     ctx->workspace = p;
     ctx->workspace_bytes = bytes;
     return GDP_STATUS_SUCCESS;

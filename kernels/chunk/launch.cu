@@ -174,7 +174,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     int sms = 0;
     cudaError_t err = device_sm_count(ctx->device, &sms);
     if (err != cudaSuccess)
-        return gdp_cuda_fail(err, op, "reading the multiprocessor count", __FILE__, __LINE__);
+        GDP_CUDA_FAIL(err, "%s: reading the multiprocessor count", op);
     int64_t num_chunks, num_chunks_dp;
     const int32_t *cidx, *cidx_dp, *coff;
     if (have_desc) {
@@ -198,7 +198,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
             err = cudaStreamSynchronize(stream);
         if (err != cudaSuccess) {
             free(host);
-            return gdp_cuda_fail(err, op, "reading cu_seqlens", __FILE__, __LINE__);
+            GDP_CUDA_FAIL(err, "%s: reading cu_seqlens", op);
         }
         gdp_status_t st = gdp_build_chunk_descriptors(cu_h, (int32_t)N, M, T, ci_h, cidp_h, off_h, &num_chunks,
                                                       &num_chunks_dp);
@@ -218,7 +218,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
             err = cudaStreamSynchronize(stream); /* the host arrays are freed next */
         free(host);
         if (err != cudaSuccess)
-            return gdp_cuda_fail(err, op, "uploading the derived descriptors", __FILE__, __LINE__);
+            GDP_CUDA_FAIL(err, "%s: uploading the derived descriptors", op);
         cidx = dev;
         cidx_dp = dev + 2 * num_chunks;
         coff = dev + 2 * num_chunks + 2 * num_chunks_dp;
