@@ -16,7 +16,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "conv_math.cuh"
+#include "conv1d_math.cuh"
 #include "dtype_access.cuh"
 #include "gdp_kernels.h"
 #include "src/cuda_check.h"

@@ -7,7 +7,7 @@
  *
  * Work split: one thread per (request, VEC consecutive conv channels); VEC = 8 for 16-bit
  * activations (16 bytes), 4 for fp32. A thread computes its channels' conv exactly as
- * conv_update_kernel does (conv_math.cuh), writes their new windows back to the slot (the
+ * conv_update_kernel does (conv1d_math.cuh), writes their new windows back to the slot (the
  * only thread that touches those channels, so no ordering between threads is needed),
  * rounds the outputs to the act dtype, and stores them to every place prepare would copy
  * them to: value once, a key channel to each of its group's H/G heads, a query channel to
@@ -19,7 +19,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "conv_math.cuh"
+#include "conv1d_math.cuh"
 #include "dtype_access.cuh"
 #include "gdp_kernels.h"
 #include "prepare_math.cuh"

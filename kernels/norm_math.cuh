@@ -1,9 +1,9 @@
 /*
  * norm_math.cuh: the row norms' math and the fast path's per-vector body, shared by the norm
- * kernels (norms.cu) and the decode kernel's fused gated norm (recurrent.cu), so both give
+ * kernels (norm.cu) and the decode kernel's fused gated norm (recurrent.cu), so both give
  * the same bits: NormParams, the gate y * silu(z), the rstd, and norm_fast_vector (one
  * vector by one warp or one block: 16-byte loads, the vector in registers, a sum order fixed
- * by the vector length alone). See norms.cu for the work split.
+ * by the vector length alone). See norm.cu for the work split.
  */
 #ifndef GDP_NORM_MATH_CUH
 #define GDP_NORM_MATH_CUH

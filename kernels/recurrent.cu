@@ -76,7 +76,7 @@ struct RecurrentParams {
     /* The fused grouped gated RMSNorm of the decode end (gdp_decode_recurrent_norm): the
      * last of a (request, norm group)'s blocks to finish normalizes the group's outputs. */
     int norm_on;             /* 0: no norm in this launch                                   */
-    int norm_chunks;         /* 8-element chunks a lane (1 or 2), as norms.cu's launch picks */
+    int norm_chunks;         /* 8-element chunks a lane (1 or 2), as norm.cu's launch picks */
     int32_t norm_hpg;        /* heads per norm group (group = norm_hpg * V elements)        */
     int32_t norm_arrivals;   /* blocks per (request, group): norm_hpg * n_vblocks           */
     uint32_t *arrivals;      /* [B][H / norm_hpg] counters, 0 before and after the launch  */
@@ -690,7 +690,7 @@ __host__ __device__ constexpr int64_t smem_area_floats(int tile_steps, int kp, i
  * written (padding rows included: the norm of their zeros is still the chain's output). Each
  * block makes its o stores visible, then counts itself in its (request, group); the last to
  * arrive resets the counter for the next launch and normalizes the group's vector with
- * norms.cu's own per-vector body (the same bits as gdp_gated_rmsnorm), reading y through L2
+ * norm.cu's own per-vector body (the same bits as gdp_gated_rmsnorm), reading y through L2
  * (other blocks wrote it). No block waits for another, so any schedule finishes. */
 __device__ __forceinline__ void fused_norm_tail(const RecurrentParams &p, int64_t b, int h) {
     __shared__ int last;
@@ -990,7 +990,7 @@ static bool arrivals_ready(struct gdp_ctx *ctx, int64_t needed) {
 namespace {
 
 /* The fused norm fits when y is exactly the row view of o's last Householder copy, a norm
- * group is whole heads of at most 512 elements on norms.cu's warp fast path, the state has
+ * group is whole heads of at most 512 elements on norm.cu's warp fast path, the state has
  * 16-byte columns (the shared-memory kernel) and the counters are there. Fills the params. */
 bool fused_norm_fits(struct gdp_ctx *ctx, const gdp_recurrent_args *a, const FusedNorm &f, const RecurrentParams &p,
                      bool vec, RecurrentParams *q) {

@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-/* The front-end checks of the two ops it fuses (src/ops_conv.c, src/ops_prepare.c): every
+/* The front-end checks of the two ops it fuses (src/ops_conv1d.c, src/ops_prepare.c): every
  * rule the op itself applies, without running it. */
 gdp_status_t gdp_conv1d_update_check(gdp_ctx_t ctx, const gdp_conv1d_update_args *args, const char *op);
 gdp_status_t gdp_prepare_check(gdp_ctx_t ctx, const gdp_prepare_args *args, int decode, const char *op);

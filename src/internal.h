@@ -166,6 +166,55 @@ bool gdp_debug_checks_from_env(void);
 /* calloc that records an out-of-memory error naming `what`. */
 void *gdp_calloc(size_t count, size_t size, const char *what);
 
+/* ---- argument checks every op front-end (src/ops_*.c, decode_core.c) shares ---- */
+
+/* A tensor whose rows may be a strided view (e.g. a slice of a wider activation): the
+ * last dim must be contiguous (stride 1) and no stride may be negative. */
+static inline gdp_status_t gdp_check_row_view(const char *op, const char *name, const gdp_tensor *t) {
+    if (t->ndim < 1 || gdp_tensor_stride(t, t->ndim - 1) != 1)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: %s has last-dim stride %lld; only its rows may be strided, the last dim must be "
+                 "contiguous (stride 1)",
+                 op, name, (long long)(t->ndim >= 1 ? gdp_tensor_stride(t, t->ndim - 1) : 0));
+    for (int32_t d = 0; d < t->ndim - 1; d++)
+        if (gdp_tensor_stride(t, d) < 0)
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %s has negative stride %lld in dim %d; pass a view with "
+                     "non-negative strides", op, name, (long long)gdp_tensor_stride(t, d), d);
+    return GDP_STATUS_SUCCESS;
+}
+
+/* gdp_check_tensor followed by gdp_check_contiguous: the usual rule for every tensor an
+ * op does not document as strided. */
+static inline gdp_status_t gdp_check_dense(const char *op, const char *name, const gdp_tensor *t, int32_t ndim,
+                                           const int64_t *shape, uint32_t dtypes) {
+    GDP_CHECK(gdp_check_tensor(op, name, t, ndim, shape, dtypes));
+    return gdp_check_contiguous(op, name, t);
+}
+
+/* An optional argument: absent (NULL data) passes, otherwise gdp_check_dense. */
+static inline gdp_status_t gdp_check_optional_dense(const char *op, const char *name, const gdp_tensor *t,
+                                                    int32_t ndim, const int64_t *shape, uint32_t dtypes) {
+    if (!gdp_tensor_present(t))
+        return GDP_STATUS_SUCCESS;
+    return gdp_check_dense(op, name, t, ndim, shape, dtypes);
+}
+
+/* An int32 [rows] slot-index array (absent allowed: row b uses slot b, which needs
+ * rows <= slots). Values are checked on the host by gdp_cpu_check_slots. */
+static inline gdp_status_t gdp_check_slot_array(const char *op, const char *name, const gdp_tensor *indices,
+                                                int64_t rows, int64_t slots) {
+    if (!gdp_tensor_present(indices)) {
+        if (rows > slots)
+            GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                     "%s: %s is absent, so request b uses slot b, but there are %lld requests and only %lld "
+                     "slots; pass %s or a larger cache",
+                     op, name, (long long)rows, (long long)slots, name);
+        return GDP_STATUS_SUCCESS;
+    }
+    const int64_t shape[1] = {rows};
+    return gdp_check_dense(op, name, indices, 1, shape, GDP_DT_INT32);
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,7 +6,7 @@
  */
 #include <math.h>
 
-#include "cpu/cpu_ops_misc.h"
+#include "cpu/cpu_ops.h"
 #include "decode_core.h"
 #include "internal.h"
 

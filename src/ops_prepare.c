@@ -3,7 +3,7 @@
  * checks every argument rule that holds on all backends, then dispatches to the CPU
  * reference (src/cpu/prepare.c) or the CUDA launcher gdp_cuda_prepare.
  */
-#include "cpu/cpu_ops_misc.h"
+#include "cpu/cpu_ops.h"
 #include "internal.h"
 
 #ifdef GDP_HAVE_CUDA

@@ -2,7 +2,7 @@
 # per op family (test_<family>_gpu.c beside test_<family>_cpu.c), sharing test_gpu.{h,c}. Each
 # compares the CUDA backend with the golden files and the CPU backend; without a GPU it exits 77
 # (skipped).
-foreach(family prepare decode conv norm)
+foreach(family prepare recurrent conv1d norm)
   gdp_add_test(test_${family}_gpu LABEL gpu)
 endforeach()
 # The bf16 ssm cache against the fp32 one over 1,000 decode steps of a two-layer stack

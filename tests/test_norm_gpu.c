@@ -153,7 +153,7 @@ static void norm_tests(test_rng *r) {
         {0, 33, 512, 128, BF, BF, BF}, {0, 7, 256, 256, F32, F32, F32}, {0, 50, 96, 32, F16, BF, F32},
         {0, 4, 48, 12, BF, F32, F16},  {1, 7, 4096, 4096, BF, BF, BF},  {1, 100, 33, 33, F32, F32, F32},
         {2, 35, 128, 128, BF, BF, BF}, {2, 300, 100, 100, F32, F32, F32}, {2, 64, 256, 256, F16, F16, F32},
-        /* every chunk count of the fast path (norms.cu): warp per vector with 2 and 4 chunks
+        /* every chunk count of the fast path (norm.cu): warp per vector with 2 and 4 chunks
          * per lane, block per vector with 1, 4 and 8; the layer's pre-norm (fp32 residual in,
          * bf16 out) and its gated norm shape (groups of 512) */
         {0, 5, 2048, 512, BF, BF, BF},  {0, 3, 2048, 1024, F16, F16, F16}, {1, 9, 2048, 2048, F32, BF, BF},

@@ -77,6 +77,40 @@ gdp_status_t gdp_cpu_recurrent_seq_head(const gdp_cpu_seq_head *p);
  * chunk states. `args` has passed the front-end's validation, content checks included. */
 gdp_status_t gdp_cpu_chunk_varlen(const gdp_chunk_args *args, gdp_cpu_seq_head_fn algorithm);
 
+/* ==== prepare, recurrent (decode), conv1d and norm families ====
+ * src/cpu/{prepare,recurrent,conv1d,norm}.c. The gdp_cpu_* functions are called after the
+ * front-end has checked every shape and dtype rule that holds on all backends (internal.h);
+ * they add the checks that need host data (slot indices, cu_seqlens values), all before
+ * their first write, so a failing call still modifies nothing. */
+
+/* The slot of request `row`: indices[row], or row itself when indices is absent. */
+static inline int64_t gdp_cpu_slot_of(const gdp_tensor *indices, int64_t row) {
+    if (!gdp_tensor_present(indices))
+        return row;
+    return ((const int32_t *)indices->data)[gdp_tensor_offset(indices, row)];
+}
+
+/* Checks the values of a slot-index array of `rows` requests (host memory) against a
+ * cache of `slots` slots: each is -1 (padding) or in [0, slots), and no slot is named
+ * by two requests (their in-place updates would race). Names the row and value. */
+gdp_status_t gdp_cpu_check_slots(const char *op, const char *name, const gdp_tensor *indices, int64_t rows,
+                                 int64_t slots);
+
+/* gdp_decode_prepare (decode != 0) / gdp_prefill_prepare: copies and float gating. */
+gdp_status_t gdp_cpu_prepare(const gdp_prepare_args *args, int decode);
+
+/* gdp_fused_recurrent_gated_delta_rule_update in double. */
+gdp_status_t gdp_cpu_recurrent_update(const gdp_recurrent_args *args);
+
+/* gdp_causal_conv1d_update / gdp_causal_conv1d_varlen, double accumulation. */
+gdp_status_t gdp_cpu_conv1d_update(const gdp_conv1d_update_args *args);
+gdp_status_t gdp_cpu_conv1d_varlen(const gdp_conv1d_varlen_args *args);
+
+/* gdp_gated_rmsnorm / gdp_rmsnorm in double; rows = numel / d, d = last extent. */
+gdp_status_t gdp_cpu_gated_rmsnorm(gdp_tensor *out, const gdp_tensor *y, const gdp_tensor *z,
+                                   const gdp_tensor *weight, int64_t group_size, double eps);
+gdp_status_t gdp_cpu_rmsnorm(gdp_tensor *out, const gdp_tensor *x, const gdp_tensor *weight, double eps);
+
 #ifdef __cplusplus
 }
 #endif

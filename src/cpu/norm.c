@@ -5,7 +5,7 @@
  */
 #include <math.h>
 
-#include "cpu/cpu_ops_misc.h"
+#include "cpu/cpu_ops.h"
 
 /* Normalizes x[0..n) in place by its root mean square and scales by w[0..n). */
 static void rms_scale(double *x, const double *w, int64_t n, double eps) {

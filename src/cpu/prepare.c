@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "cpu/cpu_ops_misc.h"
+#include "cpu/cpu_ops.h"
 
 /* torch.nn.functional.softplus at beta 1, threshold 20, in float: log1p keeps the
  * far-negative tail, where 1 + exp(x) would round to 1. */

@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "cpu/cpu_ops_misc.h"
+#include "cpu/cpu_ops.h"
 
 gdp_status_t gdp_cpu_check_slots(const char *op, const char *name, const gdp_tensor *indices, int64_t rows,
                                  int64_t slots) {

@@ -24,7 +24,7 @@ if has build; then
     t0=$(date +%s)
     if ! { cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release ${JANSSON_HOME:+-DJANSSON_HOME=$JANSSON_HOME} \
                >"$out/configure.log" 2>&1 &&
-           cmake --build $B -j"$(nproc)" --target gdp test_decode_gpu test_decode_drift_gpu gdp-bench \
+           cmake --build $B -j"$(nproc)" --target gdp test_recurrent_gpu test_decode_drift_gpu gdp-bench \
                >"$out/build.log" 2>&1; }; then
         tail -30 "$out/configure.log" "$out/build.log"
         exit 1
@@ -33,18 +33,18 @@ if has build; then
 fi
 nvidia-smi -L
 if has tests; then
-    $B/tests/test_decode_gpu >"$out/test_decode.log" 2>&1
-    note "test_decode_gpu (default tile): rc=$? $(tail -1 "$out/test_decode.log")"
+    $B/tests/test_recurrent_gpu >"$out/test_decode.log" 2>&1
+    note "test_recurrent_gpu (default tile): rc=$? $(tail -1 "$out/test_decode.log")"
     for t in ${TILES:-}; do
-        GDP_DECODE_TILE=$t $B/tests/test_decode_gpu >"$out/test_decode_$t.log" 2>&1
-        note "test_decode_gpu (tile $t): rc=$? $(tail -1 "$out/test_decode_$t.log")"
+        GDP_DECODE_TILE=$t $B/tests/test_recurrent_gpu >"$out/test_decode_$t.log" 2>&1
+        note "test_recurrent_gpu (tile $t): rc=$? $(tail -1 "$out/test_decode_$t.log")"
     done
 fi
 if has san; then
     for tool in memcheck racecheck; do
-        timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_decode_gpu \
+        timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_recurrent_gpu \
             >"$out/san_$tool.log" 2>&1
-        note "compute-sanitizer $tool test_decode_gpu: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/san_$tool.log" | tail -1)"
+        note "compute-sanitizer $tool test_recurrent_gpu: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/san_$tool.log" | tail -1)"
     done
 fi
 if has drift; then

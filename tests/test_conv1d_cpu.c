@@ -1,5 +1,5 @@
 /*
- * test_conv_cpu.c: the CPU reference of gdp_causal_conv1d_varlen and gdp_causal_conv1d_update.
+ * test_conv1d_cpu.c: the CPU reference of gdp_causal_conv1d_varlen and gdp_causal_conv1d_update.
  *   - conv_varlen.safetensors (float64 loop; width 4, SiLU, carried state, a short and a
  *     zero-length request, a -1 request, padding rows): bf16 y within one bf16 ulp of
  *     y_ref, fp32 y within 1e-6 relative, padding rows 0, conv_state_after_ref bitwise;
@@ -365,5 +365,5 @@ int main(void) {
     padding_rows(ctx, &rng);
     bad_inputs(ctx, &rng);
     gdp_ctx_free(ctx);
-    return test_finish("test_conv_cpu");
+    return test_finish("test_conv1d_cpu");
 }

@@ -1,8 +1,8 @@
 /*
- * test_conv_gpu.c: the CUDA backend of the causal conv1d ops (varlen and update) and the
+ * test_conv1d_gpu.c: the CUDA backend of the causal conv1d ops (varlen and update) and the
  * fused decode front, through the public API on device buffers, against the golden file and
  * the CPU backend (same API, host copies of the same inputs; the CPU side is
- * test_conv_cpu.c). Checked: conv_varlen.safetensors (y within one bf16 ulp, state exact);
+ * test_conv1d_cpu.c). Checked: conv_varlen.safetensors (y within one bf16 ulp, state exact);
  * random varlen (zero, short and long sequences, -1 requests, padding rows, strided x, widths
  * 2..8) and update (S tokens, snapshots, -1 rows) vs the CPU: states bitwise, fp32 y within
  * 1e-5, 16-bit y within one ulp; graph replay; determinism; the fused decode front (conv
@@ -443,4 +443,4 @@ static void conv_tests(test_rng *r) {
 
 #endif /* GDP_HAVE_CUDA */
 
-TEST_GPU_MAIN("test_conv_gpu", conv_tests, 20261129)
+TEST_GPU_MAIN("test_conv1d_gpu", conv_tests, 20261129)

@@ -1,5 +1,5 @@
 /*
- * conv.c: CPU reference of the causal depthwise conv1d ops (gdp-layer.md 1.2) with
+ * conv1d.c: CPU reference of the causal depthwise conv1d ops (gdp-layer.md 1.2) with
  * double accumulation. Both ops run the same per-channel window: a token shifts the
  * window left by one and appends itself, and its output is act(bias + sum_j w_j win_j).
  * The update op starts from the slot's W columns; the varlen op likewise, which makes
@@ -9,7 +9,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "cpu/cpu_ops_misc.h"
+#include "cpu/cpu_ops.h"
 
 /* Largest width the front-ends accept: sizes the per-channel window arrays. */
 #define CONV_WIDTH_CAP 8

@@ -1,7 +1,7 @@
 /*
- * test_decode_gpu.c: the CUDA backend of the decode op (fused recurrent gated delta rule
+ * test_recurrent_gpu.c: the CUDA backend of the decode op (fused recurrent gated delta rule
  * update), through the public API on device buffers, against the golden files and the CPU
- * backend (same API, host copies of the same inputs; the CPU side is test_decode_cpu.c).
+ * backend (same API, host copies of the same inputs; the CPU side is test_recurrent_cpu.c).
  * Checked: the three decode_*.safetensors files: o, the cache and the snapshots within
  * atol = rtol = 1e-3 (bf16 o: plus one bf16 ulp), unnamed slots and their snapshot rows
  * bitwise unchanged, -1 rows exactly 0; random shapes covering every kernel instance (K
@@ -622,4 +622,4 @@ static void decode_tests(test_rng *r) {
 
 #endif /* GDP_HAVE_CUDA */
 
-TEST_GPU_MAIN("test_decode_gpu", decode_tests, 20261129)
+TEST_GPU_MAIN("test_recurrent_gpu", decode_tests, 20261129)

@@ -1,12 +1,12 @@
 /*
- * ops_conv.c: front-ends of the causal depthwise conv1d ops (gdp-layer.md 1.2):
+ * ops_conv1d.c: front-ends of the causal depthwise conv1d ops (gdp-layer.md 1.2):
  * gdp_causal_conv1d_update (decode, S tokens per request from the slot's window) and
  * gdp_causal_conv1d_varlen (packed prefill with the window carried through the cache).
  * They check every argument rule that holds on all backends, then dispatch to the CPU
- * reference (src/cpu/conv.c) or the CUDA launchers. Slot and cu_seqlens values live in
+ * reference (src/cpu/conv1d.c) or the CUDA launchers. Slot and cu_seqlens values live in
  * host memory only on the CPU backend, so the CPU reference checks those.
  */
-#include "cpu/cpu_ops_misc.h"
+#include "cpu/cpu_ops.h"
 #include "internal.h"
 
 #ifdef GDP_HAVE_CUDA

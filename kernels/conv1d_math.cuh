@@ -1,12 +1,12 @@
 /*
- * conv_math.cuh: the causal conv1d's per-channel math, shared by the conv kernels
+ * conv1d_math.cuh: the causal conv1d's per-channel math, shared by the conv kernels
  * (conv1d.cu) and the fused decode core (decode_core.cu), so both compute the same bits:
  * a channel's W-wide window read and written as one access where it can be, and one
  * step of the window (shift, append, bias + sum_j w_j win_j in that order, SiLU as
  * x / (1 + exp(-x))), and the host's test of when a window may be one access.
  */
-#ifndef GDP_CONV_MATH_CUH
-#define GDP_CONV_MATH_CUH
+#ifndef GDP_CONV1D_MATH_CUH
+#define GDP_CONV1D_MATH_CUH
 
 #include "dtype_access.cuh"
 #include "src/internal.h" /* gdp_tensor_is_contiguous (window_aligned) */
@@ -67,4 +67,4 @@ inline bool window_aligned(const gdp_tensor &t) {
 
 } // namespace
 
-#endif /* GDP_CONV_MATH_CUH */
+#endif /* GDP_CONV1D_MATH_CUH */

@@ -1,5 +1,5 @@
 /*
- * test_decode_cpu.c: the CPU reference of gdp_fused_recurrent_gated_delta_rule_update.
+ * test_recurrent_cpu.c: the CPU reference of gdp_fused_recurrent_gated_delta_rule_update.
  *   - the three decode_*.safetensors golden files (float64 recurrence): o, the cache after
  *     the call and the intermediate states within atol = rtol = 1e-3 and relative RMS
  *     < 1e-5; slots no request names bitwise unchanged; -1 rows exactly 0; a bf16 o
@@ -360,5 +360,5 @@ int main(void) {
     bf16_cache(ctx);
     bad_inputs(ctx);
     gdp_ctx_free(ctx);
-    return test_finish("test_decode_cpu");
+    return test_finish("test_recurrent_cpu");
 }

@@ -1,5 +1,5 @@
 /*
- * norms.cu: the CUDA kernels of the row norms: gdp_l2norm (y = x / sqrt(sum x^2 + 1e-6)),
+ * norm.cu: the CUDA kernels of the row norms: gdp_l2norm (y = x / sqrt(sum x^2 + 1e-6)),
  * gdp_gated_rmsnorm (grouped, x = y * silu(z), gdp-layer.md 1.5) and gdp_rmsnorm.
  *
  * Work split. The fast path (every vector a multiple of 8 elements, at most 16384, all
