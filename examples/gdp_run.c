@@ -332,6 +332,10 @@ static void usage(FILE *f) {
             "  --no-preempt            never preempt; --preempt-after N: decode steps before a request may be (16)\n"
             "  --preempt-wait-ms MS    a waiting request's turn comes (a running one is swapped out for it) after\n"
             "                          waiting this long for a slot; 0 = at once (2000)\n"
+            "  --schedule fcfs|shortest  admission order of waiting requests: arrival, or shortest prompt first\n"
+            "                          (shortest)\n"
+            "  --schedule-age-ms MS    with shortest: a request that waited this long goes first, in arrival\n"
+            "                          order (2000)\n"
             "  --max-candidates N      sampling candidates per rank and row: the largest top_k, top-p's reach (256)\n"
             "  --no-graphs             run every step eagerly (no CUDA graphs)\n"
             "  --no-overlap            compose each step after the last one finished (default: the\n"
@@ -440,6 +444,17 @@ static int parse_args(int argc, char **argv, options *o) {
         INT_OPT("--ngram", 2, 64, o->engine.ngram)
         INT_OPT("--preempt-after", 1, 1 << 20, o->engine.preempt_after)
         INT_OPT("--preempt-wait-ms", 0, 1 << 30, o->engine.preempt_wait_ms)
+        INT_OPT("--schedule-age-ms", 0, 1 << 30, o->engine.schedule_age_ms)
+        if (!strcmp(a, "--schedule")) {
+            NEED_VALUE();
+            if (!strcmp(v, "fcfs") || !strcmp(v, "shortest")) {
+                o->engine.schedule = !strcmp(v, "fcfs") ? GDP_SCHEDULE_FCFS : GDP_SCHEDULE_SHORTEST;
+                continue;
+            }
+            if (g_rank == 0)
+                fprintf(stderr, "gdp-run: --schedule %s: expected fcfs or shortest\n", v);
+            return 2;
+        }
         INT_OPT("--max-candidates", 1, GDP_SAMPLING_MAX_CANDIDATES, o->engine.max_candidates)
         INT_OPT("--progress", 0, 3600, o->engine.progress)
         INT_OPT("--cp", 1, 1 << 16, o->cp)

@@ -138,6 +138,8 @@ if [ "$stage" = serve ]; then
     { echo "## decode-heavy, no overlap (the step loop waits for each step)"; run1 "${decode[@]}" --no-overlap; } 2>&1 |
         tee "$out/serve_decode_nooverlap.log" || rc=1
     { echo "## mixed, preemption policy (default)"; run1 "${mixed[@]}"; } 2>&1 | tee "$out/serve_mixed.log" || rc=1
+    { echo "## mixed, admission in arrival order (--schedule fcfs; the default is shortest first)";
+      run1 "${mixed[@]}" --schedule fcfs; } 2>&1 | tee "$out/serve_mixed_fcfs.log" || rc=1
     { echo "## mixed, old policy (swap at once)"; run1 "${mixed[@]}" --preempt-wait-ms 0; } 2>&1 |
         tee "$out/serve_mixed_old.log" || rc=1
     { echo "## mixed, no preemption"; run1 "${mixed[@]}" --no-preempt; } 2>&1 | tee "$out/serve_mixed_none.log" || rc=1

@@ -90,7 +90,8 @@ gdp_status_t gdp_engine_config_default(gdp_engine_config *cfg) {
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_engine_config_default: cfg is NULL");
     *cfg = (gdp_engine_config){.n_slots = 16, .max_step_tokens = 512, .prefill_chunk = 256,
                                .max_prefill_requests = 0, .draft_tokens = 0, .ngram = 3, .preempt = 1,
-                               .preempt_after = 16, .preempt_wait_ms = 2000, .max_candidates = 256,
+                               .preempt_after = 16, .preempt_wait_ms = 2000, .schedule = GDP_SCHEDULE_SHORTEST,
+                               .schedule_age_ms = 2000, .max_candidates = 256,
                                .cuda_graphs = 1, .honor_arrivals = 1, .progress = 1, .check_requests = 0,
                                .debug_check = 0, .overlap = 1};
     return GDP_STATUS_SUCCESS;
@@ -125,6 +126,11 @@ static gdp_status_t validate_config(const gdp_engine_config *c, const char *op) 
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
                  "%s: config.preempt_after is %d and preempt_wait_ms %d; use >= 1 decode step and >= 0 ms", op,
                  c->preempt_after, c->preempt_wait_ms);
+    if ((c->schedule != GDP_SCHEDULE_FCFS && c->schedule != GDP_SCHEDULE_SHORTEST) || c->schedule_age_ms < 0)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: config.schedule is %d and schedule_age_ms %d; use GDP_SCHEDULE_FCFS (%d) or "
+                 "GDP_SCHEDULE_SHORTEST (%d), and >= 0 ms", op, c->schedule, c->schedule_age_ms, GDP_SCHEDULE_FCFS,
+                 GDP_SCHEDULE_SHORTEST);
     if (c->max_candidates < 1 || c->max_candidates > GDP_SAMPLING_MAX_CANDIDATES)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: config.max_candidates is %d; use 1 .. %d", op, c->max_candidates,
                  GDP_SAMPLING_MAX_CANDIDATES);

@@ -289,6 +289,21 @@ static int32_t compose_head(struct gdp_engine *e, run *r, step_plan *sp, int32_t
  * depend on the step's outcome sets sp->need_sync and returns before anything changes:
  * a preemption (the victim's pending token and state), nothing to run (the run may be
  * over, or only arrivals remain). */
+/* Whether waiting request a is admitted before waiting request b (config.schedule): arrival
+ * order, or the shorter prompt first unless one of them has waited schedule_age_ms (those
+ * go first, in arrival order). */
+static bool admits_before(const gdp_engine_config *c, const rq *a, const rq *b, double now) {
+    if (c->schedule == GDP_SCHEDULE_SHORTEST) {
+        const double age = 1e-3 * c->schedule_age_ms;
+        const bool a_due = now - a->wait_since >= age, b_due = now - b->wait_since >= age;
+        if (a_due != b_due)
+            return a_due;
+        if (!a_due && a->spec->prompt_len != b->spec->prompt_len)
+            return a->spec->prompt_len < b->spec->prompt_len;
+    }
+    return a->order < b->order;
+}
+
 gdp_status_t eng_compose(struct gdp_engine *e, run *r, step_plan *sp, double t0, int64_t step_no, bool ahead) {
     const gdp_engine_config *c = &e->cfg;
     int32_t *f = e->frame;
@@ -416,7 +431,8 @@ gdp_status_t eng_compose(struct gdp_engine *e, run *r, step_plan *sp, double t0,
             for (int32_t s = 1; s < S; s++) /* past the real drafts: filler, verified like any draft */
                 tok[n_tok] = s <= sp->n_drafts[d] ? sp->drafts[(size_t)d * MAX_DRAFTS + s - 1] : tok[n_tok - 1], n_tok++;
         }
-        /* 6. prefill slices: running prefills first, then new requests while slots last */
+        /* 6. prefill slices: running prefills first (in admission order), then new requests while
+         *    slots last, in the schedule's order (admits_before) */
         int32_t budget = c->max_step_tokens - n_dec * S, slots_left = 0, pre_tokens = 0;
         for (int32_t sl = 0; sl < c->n_slots; sl++) /* new requests may also take this step's releases */
             slots_left += r->slot_owner[sl] < 0;
@@ -429,7 +445,8 @@ gdp_status_t eng_compose(struct gdp_engine *e, run *r, step_plan *sp, double t0,
                     bool taken = false;
                     for (int32_t p = 0; p < n_pre && !taken; p++)
                         taken = sp->pre_req[p] == i;
-                    if (cand && !taken && (best < 0 || q->order < r->r[best].order)) {
+                    if (cand && !taken && (best < 0 || (pass == 0 ? q->order < r->r[best].order
+                                                                  : admits_before(c, q, &r->r[best], now)))) {
                         const int32_t rem = q->spec->prompt_len - q->n_fed;
                         const int32_t slice = c->prefill_chunk > 0 && rem > c->prefill_chunk ? c->prefill_chunk : rem;
                         if (slice <= budget)

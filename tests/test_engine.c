@@ -14,7 +14,8 @@
  *     at once) over one synthetic workload, then every rank gets every result. Generated
  *     tokens are compared by the rule of gdp-math.md 8.1:
  *       - identical tokens where each request's math is the same and only the schedule
- *         differs: preemption on/off, drafts on/off, requests arriving over time vs at once
+ *         differs: preemption on/off, drafts on/off, requests arriving over time vs at once,
+ *         admission by arrival vs shortest prompt first
  *         (the recurrent op rounds its state to the cache dtype between tokens, so S tokens
  *         in one step equal S steps of one token); and the logits'
  *         top-2 margins bit for bit as well where the schedule is the same too: graphs on/off
@@ -29,7 +30,9 @@
  *     hooks replayed (and never ran with graphs off), the decode-vs-recompute self check
  *     within 1e-4. Bad input: a budget too small, a token outside the vocabulary, a whole
  *     prompt over the budget, results off the root, a check without kept logits: errors on
- *     every rank naming the values, and the engine still runs afterwards.
+ *     every rank naming the values, and the engine still runs afterwards. The schedule's
+ *     admission order (rank 0, one slot): first tokens by prompt length with shortest first,
+ *     by arrival with FCFS or an age bound of 0.
  *
  *   --backend cuda (gpu;mpi): the same comparisons with the CUDA backend at TP = ranks
  *     (bars: logits 5e-2, exact only for graphs on/off), plus a CUDA TP = 1 and a CPU TP = 1
@@ -410,29 +413,32 @@ typedef struct variant {
     int32_t     no_overlap; /* config.overlap 0: each step composed after the last finished */
     int32_t     stops;      /* the greedy stop workload: stop ids, max_new_tokens 1 on some */
     int32_t     vs;         /* > 0: compared with this variant instead */
+    int32_t     fcfs;       /* config.schedule FCFS instead of the default (shortest prompt first) */
 } variant;
 
 #define FIRST_STOPS 14 /* the first variant of the stop workload */
 static const variant k_variants[] = {
-    {"base", 16, 64, 0, 0, 1, 0, MATCH_BITWISE, 0, 0, 0, 0},
-    {"preempt", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 0, 0, 0, 0},
-    {"no-graphs", 16, 64, 0, 0, 0, 0, MATCH_BITWISE, 0, 0, 0, 0},
-    {"arrivals", 16, 64, 0, 0, 1, 1, MATCH_TOKENS, 0, 0, 0, 0},
-    {"drafts", 16, 64, 3, 0, 1, 0, MATCH_TOKENS, 0, 0, 0, 0},
-    {"drafts+preempt", 3, 64, 3, 1, 1, 0, MATCH_TOKENS, 0, 0, 0, 0},
-    {"whole", 16, 0, 0, 0, 1, 0, MATCH_MARGIN, 0, 0, 0, 0},
-    {"slices-128", 16, 128, 0, 0, 1, 0, MATCH_MARGIN, 0, 0, 0, 0},
-    {"sampled", 16, 64, 0, 0, 1, 0, MATCH_TOKENS, 1, 0, 0, 0},
-    {"sampled+preempt", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 1, 0, 0, 0},
-    {"sampled+drafts", 16, 64, 3, 0, 0, 1, MATCH_TOKENS, 1, 0, 0, 0},
+    {"base", 16, 64, 0, 0, 1, 0, MATCH_BITWISE, 0, 0, 0, 0, 0},
+    {"preempt", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 0, 0, 0, 0, 0},
+    {"no-graphs", 16, 64, 0, 0, 0, 0, MATCH_BITWISE, 0, 0, 0, 0, 0},
+    {"arrivals", 16, 64, 0, 0, 1, 1, MATCH_TOKENS, 0, 0, 0, 0, 0},
+    {"drafts", 16, 64, 3, 0, 1, 0, MATCH_TOKENS, 0, 0, 0, 0, 0},
+    {"drafts+preempt", 3, 64, 3, 1, 1, 0, MATCH_TOKENS, 0, 0, 0, 0, 0},
+    {"whole", 16, 0, 0, 0, 1, 0, MATCH_MARGIN, 0, 0, 0, 0, 0},
+    {"slices-128", 16, 128, 0, 0, 1, 0, MATCH_MARGIN, 0, 0, 0, 0, 0},
+    {"sampled", 16, 64, 0, 0, 1, 0, MATCH_TOKENS, 1, 0, 0, 0, 0},
+    {"sampled+preempt", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 1, 0, 0, 0, 0},
+    {"sampled+drafts", 16, 64, 3, 0, 0, 1, MATCH_TOKENS, 1, 0, 0, 0, 0},
     /* overlap (the default above) vs one step at a time: the same schedule where no request
      * stops early; a stop id frees its slot one step later when overlapping */
-    {"no-overlap", 16, 64, 0, 0, 1, 0, MATCH_BITWISE, 0, 1, 0, 0},
-    {"preempt no-overlap", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 0, 1, 0, 0},
-    {"sampled no-overlap", 16, 64, 0, 0, 1, 0, MATCH_TOKENS, 1, 1, 0, 0},
-    {"stops", 4, 64, 0, 0, 1, 0, MATCH_TOKENS, 0, 0, 1, 0},
-    {"stops no-overlap", 4, 64, 0, 0, 1, 0, MATCH_TOKENS, 0, 1, 1, FIRST_STOPS},
-    {"stops no-graphs", 4, 64, 0, 0, 0, 0, MATCH_TOKENS, 0, 0, 1, FIRST_STOPS},
+    {"no-overlap", 16, 64, 0, 0, 1, 0, MATCH_BITWISE, 0, 1, 0, 0, 0},
+    {"preempt no-overlap", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 0, 1, 0, 0, 0},
+    {"sampled no-overlap", 16, 64, 0, 0, 1, 0, MATCH_TOKENS, 1, 1, 0, 0, 0},
+    {"stops", 4, 64, 0, 0, 1, 0, MATCH_TOKENS, 0, 0, 1, 0, 0},
+    {"stops no-overlap", 4, 64, 0, 0, 1, 0, MATCH_TOKENS, 0, 1, 1, FIRST_STOPS, 0},
+    {"stops no-graphs", 4, 64, 0, 0, 0, 0, MATCH_TOKENS, 0, 0, 1, FIRST_STOPS, 0},
+    /* arrival order instead of shortest first: another admission order, the same tokens */
+    {"fcfs", 3, 64, 0, 0, 1, 0, MATCH_TOKENS, 0, 0, 0, 0, 1},
 };
 #define FIRST_SAMPLED 8
 #define STOP_A 5
@@ -497,6 +503,60 @@ static void engine_config(const variant *v, gdp_engine_config *c) {
     c->honor_arrivals = v->timed;
     c->progress = 0, c->check_requests = !strcmp(v->name, "base") || !strcmp(v->name, "no-overlap") ? 3 : 0;
     c->overlap = !v->no_overlap;
+    if (v->fcfs)
+        c->schedule = GDP_SCHEDULE_FCFS;
+}
+
+/* The admission order of config.schedule, seen in the first-token times of one slot (one
+ * request at a time, no preemption) on the CPU, this rank alone: shortest first (an age
+ * bound no run reaches) admits by prompt length, ties by workload order; FCFS, and shortest
+ * with an age bound of 0 (every waiter is due at once), by workload order. */
+static void schedule_order(const char *ckpt_path) {
+    struct {
+        const char *name;
+        int32_t schedule, age_ms, by_length;
+    } cases[] = {{"shortest", GDP_SCHEDULE_SHORTEST, 1 << 30, 1},
+                 {"fcfs", GDP_SCHEDULE_FCFS, 2000, 0},
+                 {"shortest, age 0", GDP_SCHEDULE_SHORTEST, 0, 0}};
+    gdp_ctx_t ctx;
+    GDP_FATAL_IF_ERROR(NULL, gdp_ctx_init(&ctx, GDP_BACKEND_CPU, 0));
+    gdp_checkpoint_t ck;
+    GDP_FATAL_IF_ERROR(NULL, gdp_checkpoint_open(&ck, ckpt_path));
+    gdp_model_t model;
+    GDP_FATAL_IF_ERROR(NULL, gdp_model_init(&model, ctx, NULL, ck));
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        gdp_engine_config c;
+        gdp_engine_config_default(&c);
+        c.n_slots = 1, c.max_step_tokens = BUDGET, c.prefill_chunk = 64, c.preempt = 0, c.progress = 0;
+        c.schedule = cases[k].schedule, c.schedule_age_ms = cases[k].age_ms;
+        gdp_engine_t e;
+        GDP_FATAL_IF_ERROR(NULL, gdp_engine_init(&e, ctx, NULL, model, &c));
+        GDP_FATAL_IF_ERROR(NULL, gdp_engine_run(e, &g_wl));
+        /* the expected order: workload indices sorted by (prompt length when by_length, index) */
+        int32_t want[NREQ], len[NREQ];
+        double first[NREQ];
+        for (int i = 0; i < NREQ; i++) {
+            gdp_request_result r;
+            GDP_FATAL_IF_ERROR(NULL, gdp_engine_get_result(e, i, &r));
+            want[i] = i, len[i] = r.prompt_len, first[i] = r.first_token_s;
+        }
+        for (int i = 1; i < NREQ; i++) /* insertion sort: stable, so ties keep workload order */
+            for (int j = i; j > 0 && cases[k].by_length && len[want[j]] < len[want[j - 1]]; j--) {
+                const int32_t t = want[j];
+                want[j] = want[j - 1], want[j - 1] = t;
+            }
+        int out_of_order = 0;
+        for (int i = 1; i < NREQ; i++)
+            out_of_order += !(first[want[i - 1]] < first[want[i]]);
+        CHECK(out_of_order == 0, "schedule %s: %d of %d requests got their first token out of the expected order",
+              cases[k].name, out_of_order, NREQ);
+        printf("schedule %s (1 slot): first tokens in %s order: %s\n", cases[k].name,
+               cases[k].by_length ? "prompt-length" : "arrival", out_of_order == 0 ? "ok" : "FAILED");
+        gdp_engine_free(e);
+    }
+    gdp_model_free(model);
+    gdp_checkpoint_free(ck);
+    gdp_ctx_free(ctx);
 }
 
 /* Runs variant v on the ranks of `group` (MPI_COMM_NULL: this rank alone), into *out (root). */
@@ -905,6 +965,8 @@ int main(int argc, char **argv) {
     } else {
         mpi_variants(path);
         mpi_bad_input(path);
+        if (g_rank == 0)
+            schedule_order(path);
     }
     MPI_Barrier(MPI_COMM_WORLD);
     if (g_rank == 0)

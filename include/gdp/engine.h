@@ -60,6 +60,16 @@ struct gdp_request_result;
  * file so that a killed run keeps what finished. The result is valid during the call. */
 typedef void (*gdp_engine_result_fn)(const struct gdp_request_result *result, void *user);
 
+/* The order in which waiting requests are admitted to free slots (their first prefill
+ * slice). Running prefills, decodes and resumes are not reordered. */
+typedef enum gdp_schedule {
+    GDP_SCHEDULE_FCFS = 0,     /* arrival order                                                 */
+    GDP_SCHEDULE_SHORTEST = 1  /* shortest prompt first (ties in arrival order), except that a
+                                  request which has waited schedule_age_ms goes first, in
+                                  arrival order: the backlog's mean time to first token falls
+                                  and no prompt waits behind shorter ones for longer than that  */
+} gdp_schedule;
+
 typedef struct gdp_engine_config {
     int32_t n_slots;              /* requests holding a state slot at once (>= 1)                  */
     int32_t max_step_tokens;      /* token budget of a step: decode tokens + prefill tokens; must
@@ -75,6 +85,9 @@ typedef struct gdp_engine_config {
                                      may be preempted (>= 1; keeps preemption from thrashing)      */
     int32_t preempt_wait_ms;      /* a waiting request's turn comes (a running one is swapped out
                                      for it) once it has waited this long for a slot; 0: at once  */
+    int32_t schedule;             /* gdp_schedule: the admission order of waiting requests          */
+    int32_t schedule_age_ms;      /* GDP_SCHEDULE_SHORTEST: a request that has waited this long is
+                                     admitted before shorter ones (>= 0; 0: arrival order)         */
     int32_t max_candidates;       /* sampling candidates per rank and row (sampling.h): the largest
                                      top_k a request may ask for, and top-p's reach (1 .. 1024)   */
     int32_t cuda_graphs;          /* 1: each step runs its layers as the CUDA graph of its bucket
@@ -97,7 +110,8 @@ typedef struct gdp_engine_config {
 } gdp_engine_config;
 
 /* gdp-run's defaults: 16 slots, 512 tokens per step, prefill chunk 256, no drafts (ngram 3),
- * preemption of requests that ran 16 decode steps for waiters that waited 2 s, 256
+ * preemption of requests that ran 16 decode steps for waiters that waited 2 s, shortest
+ * prompt first with a 2 s age bound, 256
  * sampling candidates, graphs on, arrivals honored, progress every second, no check, no
  * debug check, overlap on. */
 GDP_API gdp_status_t gdp_engine_config_default(gdp_engine_config *cfg);

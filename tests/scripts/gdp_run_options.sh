@@ -5,7 +5,8 @@
 #   a model with a NaN weight is refused naming the tensor, and runs with --no-finite-check;
 #   a JSONL prompt_len of 2^31 - 1 and an arrival of 1e9 s fail at once naming the limit and the
 #   option; --max-arrival raises the horizon, --no-arrivals ignores it; --max-prompt-len and
-#   --max-new-tokens lower the limits; a synthetic rate of 1e-9/s fails naming the horizon.
+#   --max-new-tokens lower the limits; a synthetic rate of 1e-9/s fails naming the horizon;
+#   --schedule fcfs|shortest and --schedule-age-ms run, a bad value of either is refused.
 set -uo pipefail
 mpiexec=$1 run=$2 poison=$3 dir=$4/gdp_run_options_$$
 mkdir -p "$dir"
@@ -33,6 +34,15 @@ gdp $small --check -1
 expect 2 "--check -1: expected a request count in \[0, 1048576\]" "--check -1"
 gdp $small --workload synthetic:n=2,prompt=8,new=2 --check 1
 expect 0 "^check: .* 1 requests: .*OK" "--check 1"
+
+gdp $small --workload synthetic:n=3,prompt=8-40,new=2 --schedule fcfs --check 0
+expect 0 "generated|throughput|requests" "--schedule fcfs"
+gdp $small --workload synthetic:n=3,prompt=8-40,new=2 --schedule shortest --schedule-age-ms 0 --check 0
+expect 0 "generated|throughput|requests" "--schedule shortest --schedule-age-ms 0"
+gdp $small --schedule lifo
+expect 2 "--schedule lifo: expected fcfs or shortest" "--schedule lifo"
+gdp $small --schedule-age-ms -1
+expect 2 "--schedule-age-ms -1: expected an integer" "--schedule-age-ms -1"
 
 model=$dir/model.safetensors bad=$dir/poisoned.safetensors
 gdp $small --write-model "$model"
