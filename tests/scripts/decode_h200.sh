@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # decode_h200.sh: the decode op's GPU run in one command (issue 14): configure and build the
-# decode targets in build-dec, run the decode GPU tests (default tile, then every tile named
-# in $TILES), compute-sanitizer memcheck and racecheck on them, the bf16-cache drift test,
-# gdp-bench ops decode rows (default), a sweep of tiles / warps per block / L2 prefetch over
-# the four target rows ($SWEEP: "name:ENV=VAL,ENV=VAL ..."), and the Python package beside
+# decode targets in build-dec, run the decode GPU tests (the default kernel, then every
+# GDP_DECODE_STATE named in $KERNELS, e.g. "regs smem head"), compute-sanitizer memcheck and
+# racecheck on them, the bf16-cache drift test, gdp-bench ops decode rows (default), a sweep of
+# switches (GDP_DECODE_STATE, GDP_DECODE_PREFETCH, ...) over the four target rows ($SWEEP:
+# "name:ENV=VAL,ENV=VAL ..."), and the Python package beside
 # the C call. Logs go to $OUT (or ./dec-out). Stages: $STAGES (default "build tests san drift
 # bench sweep py").
 set -uo pipefail
@@ -34,10 +35,10 @@ fi
 nvidia-smi -L
 if has tests; then
     $B/tests/test_recurrent_gpu >"$out/test_decode.log" 2>&1
-    note "test_recurrent_gpu (default tile): rc=$? $(tail -1 "$out/test_decode.log")"
-    for t in ${TILES:-}; do
-        GDP_DECODE_TILE=$t $B/tests/test_recurrent_gpu >"$out/test_decode_$t.log" 2>&1
-        note "test_recurrent_gpu (tile $t): rc=$? $(tail -1 "$out/test_decode_$t.log")"
+    note "test_recurrent_gpu (default kernel): rc=$? $(tail -1 "$out/test_decode.log")"
+    for t in ${KERNELS:-}; do
+        GDP_DECODE_STATE=$t $B/tests/test_recurrent_gpu >"$out/test_decode_$t.log" 2>&1
+        note "test_recurrent_gpu (GDP_DECODE_STATE=$t): rc=$? $(tail -1 "$out/test_decode_$t.log")"
     done
 fi
 if has san; then
