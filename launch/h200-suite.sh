@@ -4,11 +4,12 @@
 # its dev files), run every ctest labelled gpu (gpu;mpi included), the Python torch tests,
 # the ops benchmark and the main program. Logs go to $OUT (or ./h200-out) when set.
 # Golden vectors: $GDP_GOLDEN_DIR, else ./.golden (an ignored copy of ../shared/golden).
-# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|loop|alone|experiments|profile|sanitize]
+# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize]
 # (default all; the others are not part of all: serve times gdp-run at the serving shape,
 # loop and alone repeat the gpu tests GDP_LOOP_RUNS times under ctest -j4 and one at a time,
 # experiments times each measured switch every way, profile lists the layer step's kernels
-# with their ncu durations, sanitize runs every gpu test under
+# with their ncu durations, hostprof runs the decode-heavy serving workload under Nsight
+# Systems (CUDA API and kernel summaries), sanitize runs every gpu test under
 # compute-sanitizer, which takes far longer).
 #   GDP_BUILD_DIR            build folder (default build)
 #   GDP_SANITIZE_TOOLS       sanitizer tools, in order (default "memcheck racecheck")
@@ -117,6 +118,26 @@ print(f"{'kernel':70s} {'count':>6s} {'median us':>10s}")
 for k, v in sorted(by.items(), key=lambda kv: -statistics.median(kv[1]) * len(kv[1])):
     print(f"{k:70s} {len(v):6d} {statistics.median(v):10.1f}")
 PY
+fi
+if [ "$stage" = hostprof ]; then
+    # Where the decode-heavy serving step's wall time goes beyond the device's (the report's
+    # "host" share, 18.8 % with the pipeline in the third session): the decode-heavy workload
+    # (fewer new tokens) under Nsight Systems, CUDA API and kernel summaries, when nsys exists.
+    command -v nsys >/dev/null || PATH=$PATH:/usr/local/cuda/bin
+    if command -v nsys >/dev/null; then
+        ckpt=${TMPDIR:-/tmp}/gdp_serve_model.safetensors
+        ./$build/examples/gdp-run --layers 8 --hidden 2048 --heads 16 --groups 4 --head-dim 128 --state-dim 128 \
+            --householder 2 --vocab 32000 --write-model "$ckpt" >/dev/null || rc=1
+        nsys profile -t cuda,osrt -o "$out/hostprof" --force-overwrite true --stats=true \
+            ./$build/examples/gdp-run --model "$ckpt" --progress 0 --slots 128 --budget 1152 --prefill-chunk 1024 \
+            --workload synthetic:n=128,rate=0,prompt=64-128,new=128,seed=3 >"$out/hostprof.log" 2>&1 || rc=1
+        grep -E "time per output|by phase|^  [a-zGh]" "$out/hostprof.log"
+        grep -A25 -E "cuda_api_sum|CUDA API Statistics" "$out/hostprof.log" | head -40
+        grep -A15 -E "cuda_gpu_kern_sum|CUDA Kernel Statistics" "$out/hostprof.log" | head -25
+        rm -f "$out"/hostprof.nsys-rep "$out"/hostprof.sqlite # large; the log holds the summaries
+    else
+        echo "hostprof: no nsys on this machine"
+    fi
 fi
 if [ "$stage" = serve ]; then
     # gdp-run at the serving shape of docs/performance.md (8 layers, D 2048, H 16, G 4, P = N = 128,
