@@ -282,13 +282,6 @@ static int32_t compose_head(struct gdp_engine *e, run *r, step_plan *sp, int32_t
     return n;
 }
 
-/* Composes the next step on the root: fills e->frame (kind STEP, or STOP when every request
- * is done and every slot released) and sp. Sleeps while only future arrivals remain.
- * ahead: the last device step is still in flight (its tokens not consumed). A decode row
- * whose input is that step's draw then carries a reference to its head row; what would
- * depend on the step's outcome sets sp->need_sync and returns before anything changes:
- * a preemption (the victim's pending token and state), nothing to run (the run may be
- * over, or only arrivals remain). */
 /* Whether waiting request a is admitted before waiting request b (config.schedule): arrival
  * order, or the shorter prompt first unless one of them has waited schedule_age_ms (those
  * go first, in arrival order). */
@@ -304,6 +297,13 @@ static bool admits_before(const gdp_engine_config *c, const rq *a, const rq *b, 
     return a->order < b->order;
 }
 
+/* Composes the next step on the root: fills e->frame (kind STEP, or STOP when every request
+ * is done and every slot released) and sp. Sleeps while only future arrivals remain.
+ * ahead: the last device step is still in flight (its tokens not consumed). A decode row
+ * whose input is that step's draw then carries a reference to its head row; what would
+ * depend on the step's outcome sets sp->need_sync and returns before anything changes:
+ * a preemption (the victim's pending token and state), nothing to run (the run may be
+ * over, or only arrivals remain). */
 gdp_status_t eng_compose(struct gdp_engine *e, run *r, step_plan *sp, double t0, int64_t step_no, bool ahead) {
     const gdp_engine_config *c = &e->cfg;
     int32_t *f = e->frame;
