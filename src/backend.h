@@ -27,7 +27,7 @@ gdp_status_t gdp_buf_zero(gdp_ctx_t ctx, void *buf, size_t bytes);
 gdp_status_t gdp_buf_copy(gdp_ctx_t ctx, void *dst, const void *src, size_t bytes);
 /* rows rows of width bytes from src (pitch spitch bytes) to dst (pitch dpitch bytes). */
 gdp_status_t gdp_buf_copy2d(gdp_ctx_t ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
-                                  size_t width, size_t rows);
+                            size_t width, size_t rows);
 /* Host memory -> a backend buffer (a plain copy on the CPU backend). */
 gdp_status_t gdp_buf_upload(gdp_ctx_t ctx, void *dst, const void *host_src, size_t bytes);
 /* A backend buffer -> host memory; waits for the ctx's stream on CUDA. */
@@ -40,11 +40,11 @@ gdp_status_t gdp_buf_download(gdp_ctx_t ctx, void *host_dst, const void *src, si
  * gdp_gemm_acquire): A and B bf16 or fp16 with C fp32 or ab_dtype, or all fp32;
  * fp32 accumulation always (no TF32). C may be updated in place (beta = 1 adds A B^T). */
 gdp_status_t gdp_gemm_nt_ex(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
-                                  const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
-                                  gdp_dtype_t c_dtype);
+                            const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
+                            gdp_dtype_t c_dtype);
 /* The same with every operand in `dtype`. */
 gdp_status_t gdp_gemm_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
-                               const void *B, float beta, void *C, int64_t ldc, gdp_dtype_t dtype);
+                         const void *B, float beta, void *C, int64_t ldc, gdp_dtype_t dtype);
 /* 1 if gdp_gemm_nt_ex runs on this ctx's backend with these dtypes, else 0 and an
  * UNSUPPORTED message in *why (static string). */
 int gdp_gemm_supported_ex(gdp_ctx_t ctx, gdp_dtype_t ab_dtype, gdp_dtype_t c_dtype, const char **why);
@@ -64,8 +64,8 @@ gdp_status_t gdp_fill_slots(gdp_ctx_t ctx, const gdp_fill_slots_args *args);
 
 /* CUDA half of the GEMM (src/backend_cuda.c), called by backend.c. */
 gdp_status_t gdp_gemm_cuda_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
-                                    const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
-                                    gdp_dtype_t c_dtype);
+                              const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
+                              gdp_dtype_t c_dtype);
 gdp_status_t gdp_gemm_cuda_acquire(gdp_ctx_t ctx);
 void         gdp_gemm_cuda_release(gdp_ctx_t ctx);
 

@@ -241,8 +241,8 @@ static gdp_status_t plan_get(gemm_blas *b, const gemm_key *key, const gemm_plan 
 }
 
 gdp_status_t gdp_gemm_cuda_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
-                                    const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
-                                    gdp_dtype_t c_dtype) {
+                              const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
+                              gdp_dtype_t c_dtype) {
     gemm_blas *b = ctx->gemm_blas;
     if (b == NULL || b->magic != GEMM_BLAS_MAGIC)
         GDP_FAIL(GDP_STATUS_INTERNAL_ERROR,
@@ -277,8 +277,8 @@ gdp_status_t gdp_gemm_cuda_acquire(gdp_ctx_t ctx) {
 void gdp_gemm_cuda_release(gdp_ctx_t ctx) {}
 
 gdp_status_t gdp_gemm_cuda_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
-                                    const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
-                                    gdp_dtype_t c_dtype) {
+                              const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
+                              gdp_dtype_t c_dtype) {
     GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_gemm_nt: this libgdp was built without the CUDA backend; use "
              "GDP_BACKEND_CPU");
 }

@@ -581,7 +581,7 @@ static gdp_status_t engine_build(struct gdp_engine *e) {
             return GDP_STATUS_SYSTEM_ERROR;
     }
     GDP_CHECK(gdp_buf_alloc(e->ctx, (size_t)(e->max_rows * e->D) * sizeof(float), &e->x,
-                                  "the engine's activations"));
+                            "the engine's activations"));
     /* the step buffer: row tokens | head rows | sampling parameters (8-byte aligned) */
     e->lay.tokens = 0;
     e->lay.head_rows = sizeof(int32_t) * (size_t)e->max_rows;

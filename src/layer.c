@@ -605,7 +605,7 @@ static gdp_status_t run_decode(struct gdp_layer *l, struct gdp_cache *cache, con
 
     /* Token s of request r reads out after its last copy: o row (r*S + s)*M + M-1. */
     return gdp_buf_copy2d(l->ctx, io->y, (size_t)di * es, (char *)ws->d_o + (size_t)(M - 1) * di * es,
-                                (size_t)(M * di) * es, (size_t)di * es, (size_t)(n * S));
+                          (size_t)(M * di) * es, (size_t)di * es, (size_t)(n * S));
 }
 
 /* The prefill block: rows [prefill_token_offset, padded_token_count). Every per-request
@@ -724,8 +724,8 @@ static gdp_status_t cp_scatter_heads(struct gdp_layer *l, int64_t Tc, const step
     for (int32_t k = 0; k < l->n_pack; k++) {
         const cp_pack *c = &l->pack[k];
         GDP_CHECK(gdp_buf_copy2d(l->ctx, (char *)ws->cp_send + ((size_t)c->dest * block + (size_t)c->dst_col) * es,
-                                       (size_t)l->core_dim * es, (char *)ws->proj + (size_t)c->src_col * es,
-                                       (size_t)l->proj_dim * es, (size_t)c->width * es, (size_t)Tc));
+                                 (size_t)l->core_dim * es, (char *)ws->proj + (size_t)c->src_col * es,
+                                 (size_t)l->proj_dim * es, (size_t)c->width * es, (size_t)Tc));
     }
     return gdp_comm_alltoall(l->cp_comm, ws->cp_send, ws->core_proj, block, l->act, l->ctx->stream);
 }
@@ -737,7 +737,7 @@ static gdp_status_t cp_gather_heads(struct gdp_layer *l, int64_t Tc, const step_
     GDP_CHECK(gdp_comm_alltoall(l->cp_comm, ws->core_y, ws->cp_y, block, l->act, l->ctx->stream));
     for (int32_t j = 0; j < l->cp.cp_size; j++)
         GDP_CHECK(gdp_buf_copy2d(l->ctx, (char *)ws->y + (size_t)j * ci * es, (size_t)l->d_inner * es,
-                                       (char *)ws->cp_y + (size_t)j * block * es, ci * es, ci * es, (size_t)Tc));
+                                 (char *)ws->cp_y + (size_t)j * block * es, ci * es, ci * es, (size_t)Tc));
     return GDP_STATUS_SUCCESS;
 }
 
@@ -810,7 +810,7 @@ static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, cons
     GDP_CHECK(gdp_buf_zero(l->ctx, ws->out, (size_t)Tc * row_bytes));
     if (sp)
         GDP_CHECK(gdp_buf_copy(l->ctx, (char *)ws->out + (size_t)(l->shard.tp_rank * T_local) * row_bytes,
-                                     x->data, (size_t)T_local * row_bytes));
+                               x->data, (size_t)T_local * row_bytes));
     else if (l->shard.tp_rank == 0)
         GDP_CHECK(gdp_buf_copy(l->ctx, ws->out, x->data, (size_t)Tc * row_bytes));
     return gdp_gemm_nt_ex(l->ctx, Tc, D, di, ws->normed, di, l->out_proj, a, 1.0f, ws->out, D, r);

@@ -440,14 +440,14 @@ gdp_status_t gdp_model_logits(gdp_model_t model, float *logits, const gdp_tensor
         const int64_t n = n_rows - first < B ? n_rows - first : B;
         for (int64_t i = 0; i < B; i++) /* padding rows repeat the block's last real row */
             GDP_CHECK(gdp_buf_copy(model->ctx, (char *)model->rows_x + (size_t)i * row_bytes,
-                                         (const char *)x->data + (size_t)rows[first + (i < n ? i : n - 1)] * row_bytes,
-                                         row_bytes));
+                                   (const char *)x->data + (size_t)rows[first + (i < n ? i : n - 1)] * row_bytes,
+                                   row_bytes));
         GDP_CHECK(gdp_rmsnorm(model->ctx, &out, &in, &w, model->norm_eps));
         /* Tied LM head: logits[r, v] = normed[r] . embedding[v], the embedding as stored [V, D]. */
         GDP_CHECK(gdp_gemm_nt(model->ctx, B, V, D, model->rows_normed, D, model->embedding, 0.0f,
-                                    model->rows_logits, V, GDP_DTYPE_FP32));
+                              model->rows_logits, V, GDP_DTYPE_FP32));
         GDP_CHECK(gdp_buf_download(model->ctx, logits + first * V, model->rows_logits,
-                                         (size_t)(n * V) * sizeof(float)));
+                                   (size_t)(n * V) * sizeof(float)));
     }
     return GDP_STATUS_SUCCESS;
 }
@@ -549,8 +549,8 @@ static gdp_status_t model_sample(struct gdp_model *m, const gdp_model_head_args 
     GDP_CHECK(head_rows(m, a->x, a->rows, n));
     for (int64_t first = 0; first < n_pad; first += B)
         GDP_CHECK(gdp_gemm_nt_ex(m->ctx, B, m->v_local, m->D, (const char *)m->head_in + (size_t)first * in_row,
-                                       m->D, m->head_w, ab, 0.0f, m->head_logits + first * m->v_local, m->v_local,
-                                       GDP_DTYPE_FP32));
+                                 m->D, m->head_w, ab, 0.0f, m->head_logits + first * m->v_local, m->v_local,
+                                 GDP_DTYPE_FP32));
     int32_t *mine = m->head_records + (size_t)(m->tp_rank * n * m->head_words);
     const gdp_sample_candidates_args ca = {.logits = m->head_logits, .n_rows = n, .vocab_local = m->v_local,
                                            .ld = m->v_local, .vocab_offset = m->v0, .rows = a->params,

@@ -190,7 +190,7 @@ gdp_status_t gdp_plan_init(gdp_plan_t *out, gdp_ctx_t ctx, const gdp_plan_config
     p->cfg.buckets = p->buckets;
     if (ctx->backend != GDP_BACKEND_CPU)
         GDP_CHECK_GOTO(gdp_buf_alloc(ctx, meta_words * sizeof(int32_t), &p->meta_dev,
-                                           "the plan's device metadata buffer"),
+                                     "the plan's device metadata buffer"),
                        st, fail);
     *out = p;
     return GDP_STATUS_SUCCESS;
