@@ -79,23 +79,44 @@ gdp_status_t gdp_buf_zero(gdp_ctx_t ctx, void *buf, size_t bytes) {
 #endif
 }
 
-gdp_status_t gdp_buf_copy(gdp_ctx_t ctx, void *dst, const void *src, size_t bytes) {
-    if (bytes == 0 || dst == src)
+/* Which memories a copy joins (the CUDA backend's copy kind). */
+typedef enum { BUF_DEVICE_TO_DEVICE, BUF_HOST_TO_DEVICE, BUF_DEVICE_TO_HOST } buf_dir;
+
+/* One copy of `bytes` on the ctx's backend: memcpy on the CPU; on CUDA a cudaMemcpyAsync on
+ * the ctx's stream, then a wait when the host side is reused or read next. op names the
+ * public call in a failure. */
+static gdp_status_t buf_move(gdp_ctx_t ctx, void *dst, const void *src, size_t bytes, buf_dir dir, bool wait,
+                             const char *op) {
+    if (bytes == 0)
         return GDP_STATUS_SUCCESS;
     if (on_cpu(ctx)) {
         memcpy(dst, src, bytes);
         return GDP_STATUS_SUCCESS;
     }
 #ifdef GDP_HAVE_CUDA
-    GDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)ctx->stream));
+    const enum cudaMemcpyKind kind = dir == BUF_HOST_TO_DEVICE   ? cudaMemcpyHostToDevice
+                                     : dir == BUF_DEVICE_TO_HOST ? cudaMemcpyDeviceToHost
+                                                                 : cudaMemcpyDeviceToDevice;
+    cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, (cudaStream_t)ctx->stream);
+    if (err == cudaSuccess && wait)
+        err = cudaStreamSynchronize((cudaStream_t)ctx->stream);
+    if (err != cudaSuccess)
+        GDP_CUDA_FAIL(err, "%s: copying %zu bytes failed", op, bytes);
     return GDP_STATUS_SUCCESS;
 #else
-    return no_cuda("gdp_buf_copy");
+    (void)dir, (void)wait;
+    return no_cuda(op);
 #endif
 }
 
+gdp_status_t gdp_buf_copy(gdp_ctx_t ctx, void *dst, const void *src, size_t bytes) {
+    if (dst == src)
+        return GDP_STATUS_SUCCESS;
+    return buf_move(ctx, dst, src, bytes, BUF_DEVICE_TO_DEVICE, false, "gdp_buf_copy");
+}
+
 gdp_status_t gdp_buf_copy2d(gdp_ctx_t ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
-                                  size_t width, size_t rows) {
+                            size_t width, size_t rows) {
     if (width == 0 || rows == 0)
         return GDP_STATUS_SUCCESS;
     if (on_cpu(ctx)) {
@@ -105,44 +126,20 @@ gdp_status_t gdp_buf_copy2d(gdp_ctx_t ctx, void *dst, size_t dpitch, const void 
     }
 #ifdef GDP_HAVE_CUDA
     GDP_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice,
-                                       (cudaStream_t)ctx->stream));
+                                     (cudaStream_t)ctx->stream));
     return GDP_STATUS_SUCCESS;
 #else
     return no_cuda("gdp_buf_copy2d");
 #endif
 }
 
+/* The host buffer is rewritten next step: the copy must have read it by then. */
 gdp_status_t gdp_buf_upload(gdp_ctx_t ctx, void *dst, const void *host_src, size_t bytes) {
-    if (bytes == 0)
-        return GDP_STATUS_SUCCESS;
-    if (on_cpu(ctx)) {
-        memcpy(dst, host_src, bytes);
-        return GDP_STATUS_SUCCESS;
-    }
-#ifdef GDP_HAVE_CUDA
-    GDP_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)ctx->stream));
-    /* The host buffer is rewritten next step: the copy must have read it by then. */
-    GDP_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)ctx->stream));
-    return GDP_STATUS_SUCCESS;
-#else
-    return no_cuda("gdp_buf_upload");
-#endif
+    return buf_move(ctx, dst, host_src, bytes, BUF_HOST_TO_DEVICE, true, "gdp_buf_upload");
 }
 
 gdp_status_t gdp_buf_download(gdp_ctx_t ctx, void *host_dst, const void *src, size_t bytes) {
-    if (bytes == 0)
-        return GDP_STATUS_SUCCESS;
-    if (on_cpu(ctx)) {
-        memcpy(host_dst, src, bytes);
-        return GDP_STATUS_SUCCESS;
-    }
-#ifdef GDP_HAVE_CUDA
-    GDP_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)ctx->stream));
-    GDP_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)ctx->stream));
-    return GDP_STATUS_SUCCESS;
-#else
-    return no_cuda("gdp_buf_download");
-#endif
+    return buf_move(ctx, host_dst, src, bytes, BUF_DEVICE_TO_HOST, true, "gdp_buf_download");
 }
 
 int gdp_gemm_supported_ex(gdp_ctx_t ctx, gdp_dtype_t ab_dtype, gdp_dtype_t c_dtype, const char **why) {
@@ -183,13 +180,13 @@ int gdp_gemm_supported(gdp_ctx_t ctx, gdp_dtype_t dtype, const char **why) {
 }
 
 gdp_status_t gdp_gemm_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
-                               const void *B, float beta, void *C, int64_t ldc, gdp_dtype_t dtype) {
+                         const void *B, float beta, void *C, int64_t ldc, gdp_dtype_t dtype) {
     return gdp_gemm_nt_ex(ctx, rows, n, k, A, lda, B, dtype, beta, C, ldc, dtype);
 }
 
 gdp_status_t gdp_gemm_nt_ex(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
-                                  const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
-                                  gdp_dtype_t c_dtype) {
+                            const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
+                            gdp_dtype_t c_dtype) {
     const char *why = NULL;
     if (!gdp_gemm_supported_ex(ctx, ab_dtype, c_dtype, &why))
         GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_gemm_nt: %s", why);
