@@ -317,14 +317,17 @@ static void units_model(long job) {
     /* engine config errors, one process */
     gdp_engine_config ec;
     CHECK_OK(gdp_engine_config_default(&ec));
-    struct { gdp_engine_config c; const char *want; } cases[4];
-    for (int i = 0; i < 4; i++)
+    struct { gdp_engine_config c; const char *want; } cases[6];
+    const int n_cases = (int)(sizeof cases / sizeof cases[0]);
+    for (int i = 0; i < n_cases; i++)
         cases[i].c = ec;
     cases[0].c.max_step_tokens = 100, cases[0].want = "max_step_tokens is 100";
     cases[1].c.prefill_chunk = 100, cases[1].want = "prefill_chunk is 100";
     cases[2].c.draft_tokens = 16, cases[2].want = "draft_tokens is 16";
     cases[3].c.n_slots = 0, cases[3].want = "n_slots is 0";
-    for (int i = 0; i < 4; i++) {
+    cases[4].c.schedule = 7, cases[4].want = "schedule is 7";
+    cases[5].c.schedule_age_ms = -1, cases[5].want = "schedule_age_ms -1";
+    for (int i = 0; i < n_cases; i++) {
         gdp_engine_t e = (gdp_engine_t)&mw;
         CHECK_STATUS(gdp_engine_init(&e, ctx, NULL, m, &cases[i].c), GDP_STATUS_INVALID_ARGUMENT);
         CHECK(e == NULL && strstr(gdp_last_error(), cases[i].want) != NULL, "config case %d: message '%s' lacks '%s'",
