@@ -192,28 +192,19 @@ static void scenario_arithmetic(void) {
         printf("CP arithmetic: slices, groups and core layout of 11 (H, G, tp, cp) cases; 4 invalid ones refused\n");
 }
 
-/* ---- a stack of layers with its cache and plan --------------------------------------- */
-typedef struct stack {
-    const char   *name;
-    gdp_ctx_t     ctx;
-    bool          gpu;     /* its buffers (x, states) are device memory */
-    bool          cp;      /* the CP stack (else a single-rank reference) */
-    gdp_tp_mode_t mode;
-    gdp_cp_shard  shard;
-    gdp_layer_t   layers[LAYERS];
-    gdp_cache_t   cache;
-    gdp_plan_t    plan;
-} stack;
+/* ---- the stacks: the CP one (its TP shard sliced by its CP rank) and the references ------- */
+static lh_stack g_cps, g_ref, g_cref; /* CP stack, TP = CP = 1, and (--backend cuda) TP = 1 on the CPU */
+static gdp_cp_shard g_cps_shard;      /* the CP stack's shard                                       */
 
-static void stack_init(stack *s, const char *name, const char *path, gdp_ctx_t ctx, bool cp, gdp_tp_mode_t mode) {
-    memset(s, 0, sizeof *s);
-    s->name = name;
-    s->ctx = ctx;
-    gdp_backend_t backend;
-    GDP_FATAL_IF_ERROR(g_world, gdp_ctx_get_backend(ctx, &backend));
-    s->gpu = backend == GDP_BACKEND_CUDA;
-    s->cp = cp;
-    s->mode = mode;
+/* cp: the CP stack (its plan over the job); else a single-rank TP = CP = 1 reference. x holds
+ * the CP rank's block of T / cp rows (its TP block of those with sequence parallel); with
+ * all-reduce inside the TP group the outputs are assembled from TP rank 0's copy. */
+static void stack_init(lh_stack *s, const char *name, const char *path, gdp_ctx_t ctx, bool cp, gdp_tp_mode_t mode) {
+    lh_stack_begin(s, name, ctx, cp ? g_world : NULL, mode);
+    if (cp && mode == GDP_TP_MODE_SEQUENCE_PARALLEL && g_tp > 1)
+        s->row_blocks = g_cp * g_tp, s->row_block = g_cp_rank * g_tp + g_tp_rank;
+    else if (cp)
+        s->row_blocks = g_cp, s->row_block = g_cp_rank, s->row_owner = g_tp_rank == 0;
     gdp_checkpoint_t ck = NULL;
     GDP_FATAL_IF_ERROR(g_world, gdp_checkpoint_open(&ck, path));
     for (int32_t l = 0; l < LAYERS; l++) {
@@ -225,316 +216,41 @@ static void stack_init(stack *s, const char *name, const char *path, gdp_ctx_t c
         gdp_layer_weights_free(&w);
     }
     gdp_checkpoint_free(ck);
-    GDP_FATAL_IF_ERROR(g_world, gdp_layer_get_cp_shard(s->layers[0], &s->shard));
+    gdp_cp_shard cs;
+    GDP_FATAL_IF_ERROR(g_world, gdp_layer_get_cp_shard(s->layers[0], &cs));
+    if (cp)
+        g_cps_shard = cs;
+    /* the state it holds: its core's heads (TP head_begin + CP head_begin ..) and its conv
+     * channels, section by section in the core's order */
+    s->head_begin = cs.tp.head_begin + cs.head_begin, s->num_heads = cs.num_heads;
+    CHECK(cs.tp.num_conv_sections <= LH_MAX_CONV_RANGES, "%d conv sections", cs.tp.num_conv_sections);
+    s->n_conv_ranges = cs.tp.num_conv_sections;
+    for (int32_t sec = 0; sec < cs.tp.num_conv_sections; sec++) {
+        gdp_cp_section se;
+        GDP_FATAL_IF_ERROR(g_world, gdp_cp_shard_conv_section(&cs, sec, &se));
+        s->conv_begin[sec] = se.tp.global_offset + se.tp.slice_begin + se.slice_begin, s->conv_rows[sec] = se.rows;
+    }
     gdp_cache_config cc;
-    GDP_FATAL_IF_ERROR(g_world, gdp_cache_config_init_cp(&cc, &s->shard, N_SLOTS));
-    cc.max_draft_tokens = MAX_DRAFT;
-    cc.n_snapshots = N_SNAPSHOTS;
-    GDP_FATAL_IF_ERROR(g_world, gdp_cache_init(&s->cache, ctx, &cc));
-    gdp_plan_config pc = {.num_householder = s->shard.tp.config.num_householder, .n_slots = N_SLOTS,
-                          .max_decode_tokens = MAX_DRAFT, .n_buckets = N_BUCKETS, .buckets = k_buckets,
-                          .debug_check = cp};
-    GDP_FATAL_IF_ERROR(g_world, gdp_plan_init(&s->plan, ctx, &pc));
-}
-
-static void stack_free(stack *s) { lh_free_stack(s->layers, s->cache, s->plan); }
-
-/* Broadcast over the job (rank 0 decides), build, check consistency, apply. The reference
- * stacks are single-rank: each rank builds the same step for itself. */
-static const gdp_step_metadata *stack_prepare(stack *s, const gdp_step_desc *d) {
-    const gdp_step_metadata *m = NULL;
-    gdp_comm_t comm = s->cp ? g_world : NULL;
-    GDP_FATAL_IF_ERROR(g_world, gdp_plan_bcast(s->plan, comm, 0, g_rank == 0 || !comm ? d : NULL));
-    GDP_FATAL_IF_ERROR(g_world, gdp_plan_build(s->plan, s->cache, comm, &m));
-    CHECK_OK(gdp_plan_check_consistent(m, comm));
-    GDP_FATAL_IF_ERROR(g_world, gdp_cache_apply_step(s->cache, m));
-    return m;
-}
-
-/* This rank's rows of x in the stack: the CP rank's block of T / cp rows (its TP block of those
- * with sequence parallel); *owner: this rank's copy is the one gathered (one per row). */
-static void local_rows(const stack *s, int64_t T, int64_t *first, int64_t *count, bool *owner) {
-    if (!s->cp) {
-        *first = 0, *count = T, *owner = true;
-        return;
-    }
-    const int64_t Tc = T / g_cp;
-    *first = g_cp_rank * Tc, *count = Tc, *owner = g_tp_rank == 0;
-    if (s->mode == GDP_TP_MODE_SEQUENCE_PARALLEL && g_tp > 1) {
-        *count = Tc / g_tp;
-        *first += g_tp_rank * *count;
-        *owner = true;
-    }
-}
-
-/* Runs every layer on x_full [T, D] (every rank holds all rows); outs[l] = the whole x after
- * layer l, assembled over the job from each row's owner (a sum of exact copies and zeros). */
-static void stack_forward(stack *s, const gdp_step_metadata *m, const float *x_full, float *outs[LAYERS]) {
-    const int64_t T = m->padded_token_count;
-    int64_t first, count;
-    bool owner;
-    local_rows(s, T, &first, &count, &owner);
-    const size_t bytes = sizeof(float) * (size_t)(count * D_MODEL);
-    float *x = malloc(bytes ? bytes : 1);
-    memcpy(x, x_full + first * D_MODEL, bytes);
-    void *xd = x;
-    if (s->gpu) {
-        xd = dev_alloc(bytes);
-        dev_upload(xd, x, bytes);
-    }
-    for (int32_t l = 0; l < LAYERS; l++) {
-        gdp_tensor xt;
-        gdp_tensor_init(&xt, xd, GDP_DTYPE_FP32, 2, (const int64_t[]){count, D_MODEL});
-        GDP_FATAL_IF_ERROR(g_world, gdp_layer_forward(s->layers[l], s->cache, m, &xt));
-        if (s->gpu)
-            dev_download(x, xd, bytes);
-        if (!s->cp) {
-            memcpy(outs[l], x, sizeof(float) * (size_t)(T * D_MODEL));
-            continue;
-        }
-        memset(outs[l], 0, sizeof(float) * (size_t)(T * D_MODEL));
-        if (owner)
-            memcpy(outs[l] + first * D_MODEL, x, bytes);
-        MPI_Allreduce(MPI_IN_PLACE, outs[l], (int)(T * D_MODEL), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    }
-    if (s->gpu)
-        dev_free(xd);
-    free(x);
+    GDP_FATAL_IF_ERROR(g_world, gdp_cache_config_init_cp(&cc, &cs, N_SLOTS));
+    lh_stack_finish(s, &cc, cs.tp.config.num_householder, k_buckets, N_BUCKETS, cp);
 }
 
 /* ---- the scheduled requests (request, tstep, token_row, g_rec: the harness's) ------------ */
 static request g_req[NREQ];
-
-enum { K_CP_OUT, K_SCENARIO, K_RECOMPUTE, K_CP_STATE, K_LOGITS, K_CPU_OUT, K_CPU_STATE, K_KINDS };
-static double g_worst[K_KINDS];
-
-/* The backend's bar (lh_check_close); rank 0 prints the scenarios' ratios. */
-static void check_close(const char *what, const double *a, const double *b, int64_t n, double cpu_bar,
-                        double gpu_bar, int kind) {
-    double bar;
-    const double ratio = lh_check_close(what, a, b, n, cpu_bar, gpu_bar, &g_worst[kind], &bar);
-    if ((kind == K_SCENARIO || kind == K_RECOMPUTE) && g_rank == 0)
-        printf("  %-84s %s = %.2e (bar %.0e)\n", what, g_cuda ? "rel RMS" : "max|a-b|/max|b|", ratio, bar);
-}
-
-/* Compares recorded deltas of (ra, positions pa..) with (rb, pb..), both in the CP stack. */
-static void compare_positions(const char *what, int32_t ra, int32_t pa, int32_t rb, int32_t pb, int32_t n, double bar,
-                              int kind) {
-    const int64_t k = lh_gather_positions(what, ra, pa, rb, pb, n);
-    check_close(what, g_a, g_b, k, bar, GPU_BAR_OUT, kind);
-}
-
-/* The ssm and conv state of a request in a stack (this rank's CP-local share), as doubles. */
-static int64_t local_state(const stack *s, int32_t slot, double *out) {
-    return lh_local_state(s->gpu, s->cache, slot, out);
-}
-
-/* The reference's state restricted to the CP stack's core: its heads (TP head_begin + CP
- * head_begin ..) and its conv channels, section by section in the core's order. */
-static int64_t ref_state_as_local(const stack *ref, const stack *cp, int32_t slot, double *out) {
-    int64_t k = 0;
-    const gdp_cp_shard *cs = &cp->shard;
-    const int64_t NP = cs->tp.config.state_dim * cs->tp.config.head_dim, W = cs->tp.config.conv_width;
-    for (int32_t l = 0; l < LAYERS; l++) {
-        gdp_tensor ssm, conv;
-        gdp_cache_state_views(ref->cache, l, &ssm, &conv);
-        const int64_t ns = ssm.shape[1] * NP, nc = conv.shape[1] * W;
-        lh_read_floats(ref->gpu, ssm.data, slot * ns + (cs->tp.head_begin + cs->head_begin) * NP, cs->num_heads * NP, out + k);
-        k += cs->num_heads * NP;
-        double *c = malloc(sizeof(double) * (size_t)nc);
-        lh_read_floats(ref->gpu, conv.data, slot * nc, nc, c);
-        for (int32_t sec = 0; sec < cs->tp.num_conv_sections; sec++) {
-            gdp_cp_section se;
-            gdp_cp_shard_conv_section(cs, sec, &se);
-            for (int64_t r = 0; r < se.rows; r++)
-                for (int64_t w = 0; w < W; w++)
-                    out[k++] = c[(se.tp.global_offset + se.tp.slice_begin + se.slice_begin + r) * W + w];
-        }
-        free(c);
-    }
-    return k;
-}
-
-static stack g_cps, g_ref, g_cref; /* CP stack, TP = CP = 1, and (--backend cuda) TP = 1 on the CPU */
-static int32_t g_step_no = 0;
-
-static int n_stacks(void) { return g_cuda ? 3 : 2; }
-static stack *stack_at(int k) { return k == 0 ? &g_cps : (k == 1 ? &g_ref : &g_cref); }
-
-/* Compares the recorded deltas of every request row of this step in stacks sa and sb. */
-static void compare_step_outputs(const char *what, int sa, int sb, const int32_t *tag_req, const int32_t *tag_pos,
-                                 int64_t T, int kind) {
-    const int64_t n = lh_gather_step_rows(what, sa, sb, tag_req, tag_pos, T);
-    if (n > 0)
-        check_close(what, g_a, g_b, n, BAR_CP, GPU_BAR_OUT, kind);
-}
-
-/* The step's desc from the request table (accepts move positions back first). */
-static gdp_step_desc make_desc(const tstep *t, int32_t *dec_slots, int32_t *rel_slots, gdp_prefill_request *pre,
-                               gdp_draft_accept *acc) {
-    return lh_make_desc(t, g_req, dec_slots, rel_slots, pre, acc);
-}
-
-/* Prepares the step on every stack; checks every stack built the same bytes and slots. */
-static void prepare_all(const tstep *t, const gdp_step_desc *d, const gdp_step_metadata *ms[MAX_STACKS]) {
-    const char *names[MAX_STACKS] = {NULL};
-    for (int k = 0; k < n_stacks(); k++)
-        ms[k] = stack_prepare(stack_at(k), d), names[k] = stack_at(k)->name;
-    lh_agree_on_step(t, ms, n_stacks(), names, g_step_no, g_req);
-}
-
-/* Rows of x of each request token of the step: tag_req/tag_pos (-1: padding). */
-static void tag_rows(const tstep *t, const gdp_step_metadata *m, int32_t *tag_req, int32_t *tag_pos) {
-    const int32_t S = m->decode_tokens;
-    for (int64_t row = 0; row < m->padded_token_count; row++)
-        tag_req[row] = -1, tag_pos[row] = -1;
-    for (int32_t i = 0; i < t->n_dec; i++)
-        for (int32_t s = 0; s < S; s++)
-            tag_req[i * S + s] = t->dec[i], tag_pos[i * S + s] = g_req[t->dec[i]].pos + s;
-    for (int32_t i = 0; i < t->n_pre; i++)
-        for (int32_t k = 0; k < t->tokens[i]; k++) {
-            const int64_t row = m->prefill_token_offset + m->host.cu_seqlens[i] + k;
-            tag_req[row] = t->pre[i], tag_pos[row] = g_req[t->pre[i]].pos + k;
-        }
-}
-
-/* Runs the prepared step on every stack (x_k: stack k's input rows); records each layer's
- * delta per (request, position); padding rows must come out exactly as they went in; compares
- * the CP stack with the reference (and on the GPU the GPU reference with the CPU one). Fills
- * finals[k] with each stack's last layer output when finals != NULL. */
-static void forward_all(const gdp_step_metadata *ms[MAX_STACKS], float *xs[MAX_STACKS], const int32_t *tag_req,
-                        const int32_t *tag_pos, float *finals[MAX_STACKS]) {
-    const int64_t T = ms[0]->padded_token_count;
-    float *outs[MAX_STACKS][LAYERS];
-    for (int k = 0; k < n_stacks(); k++) {
-        for (int32_t l = 0; l < LAYERS; l++)
-            outs[k][l] = malloc(sizeof(float) * (size_t)(T * D_MODEL));
-        stack_forward(stack_at(k), ms[k], xs[k], outs[k]);
-    }
-    const int64_t pad_changed = lh_record_deltas(n_stacks(), T, xs, outs, tag_req, tag_pos);
-    CHECK(pad_changed == 0, "step %d: %lld values of padding rows changed", g_step_no, (long long)pad_changed);
-    char what[112];
-    snprintf(what, sizeof what, "step %d: layer outputs, tp %d x cp %d vs tp 1 cp 1", g_step_no, g_tp, g_cp);
-    compare_step_outputs(what, 0, 1, tag_req, tag_pos, T, K_CP_OUT);
-    if (g_cuda) {
-        snprintf(what, sizeof what, "step %d: layer outputs, GPU tp 1 vs CPU tp 1", g_step_no);
-        compare_step_outputs(what, 1, 2, tag_req, tag_pos, T, K_CPU_OUT);
-    }
-    for (int k = 0; k < n_stacks(); k++) {
-        if (finals != NULL)
-            memcpy(finals[k], outs[k][LAYERS - 1], sizeof(float) * (size_t)(T * D_MODEL));
-        for (int32_t l = 0; l < LAYERS; l++)
-            free(outs[k][l]);
-    }
-}
-
-/* Moves the positions on and compares every live request's states (CP share vs reference). */
-static void finish_step(const tstep *t, int32_t S) {
-    lh_advance_positions(t, S, g_req);
-    char what[112];
-    for (int32_t q = 0; q < NREQ; q++) {
-        if (!g_req[q].live)
-            continue;
-        const int64_t na = local_state(&g_cps, g_req[q].slot, g_a);
-        const int64_t nb = ref_state_as_local(&g_ref, &g_cps, g_req[q].slot, g_b);
-        CHECK(na == nb, "state sizes %lld vs %lld", (long long)na, (long long)nb);
-        snprintf(what, sizeof what, "step %d: request %d states, tp %d x cp %d vs tp 1 cp 1", g_step_no, q, g_tp, g_cp);
-        check_close(what, g_a, g_b, na, BAR_CP, GPU_BAR_STATE, K_CP_STATE);
-        if (g_cuda) {
-            const int64_t nr = local_state(&g_ref, g_req[q].slot, g_a), nc = local_state(&g_cref, g_req[q].slot, g_b);
-            CHECK(nr == nc, "state sizes %lld vs %lld", (long long)nr, (long long)nc);
-            snprintf(what, sizeof what, "step %d: request %d states, GPU tp 1 vs CPU tp 1", g_step_no, q);
-            check_close(what, g_a, g_b, nr, BAR_CP, GPU_BAR_STATE, K_CPU_STATE);
-        }
-    }
-}
-
-/* One scheduled step with seeded token rows, the same x on every stack. */
-static void run_step(const tstep *t) {
-    g_step_no++;
-    int32_t dec_slots[4], rel_slots[8];
-    gdp_prefill_request pre[4];
-    gdp_draft_accept acc[4];
-    const gdp_step_desc d = make_desc(t, dec_slots, rel_slots, pre, acc);
-    const gdp_step_metadata *ms[MAX_STACKS] = {NULL};
-    prepare_all(t, &d, ms);
-    const int64_t T = ms[0]->padded_token_count;
-    float *x = malloc(sizeof(float) * (size_t)(T * D_MODEL));
-    int32_t *tag_req = malloc(sizeof(int32_t) * (size_t)T), *tag_pos = malloc(sizeof(int32_t) * (size_t)T);
-    tag_rows(t, ms[0], tag_req, tag_pos);
-    for (int64_t row = 0; row < T; row++) {
-        if (tag_req[row] < 0)
-            token_row(900000 + g_step_no, (int32_t)row, x + row * D_MODEL); /* seeded padding */
-        else
-            token_row(g_req[tag_req[row]].seed, tag_pos[row], x + row * D_MODEL);
-    }
-    float *xs[MAX_STACKS] = {x, x, x};
-    forward_all(ms, xs, tag_req, tag_pos, NULL);
-    finish_step(t, d.decode_tokens);
-    free(x), free(tag_req), free(tag_pos);
-}
-
-/* The states of two requests in the CP stack (this rank's share). */
-static void compare_states(const char *what, int32_t qa, int32_t qb, double bar, int kind) {
-    const int64_t n = local_state(&g_cps, g_req[qa].slot, g_a);
-    local_state(&g_cps, g_req[qb].slot, g_b);
-    check_close(what, g_a, g_b, n, bar, GPU_BAR_STATE, kind);
-}
-
-enum { A, A2, B, B2, C, C2, DD, D2, G0, G1, G2 };
-#define NEW GDP_PREFILL_NEW
-#define SAVE GDP_PREFILL_SAVE
-#define RESTORE GDP_PREFILL_RESTORE
-
-static void scenario_chunked_and_decode(void) {
-    g_req[A] = (request){.seed = 1}, g_req[A2] = (request){.seed = 1};
-    g_req[B] = (request){.seed = 2}, g_req[B2] = (request){.seed = 2};
-    /* A: one prefill of 170 then decodes; A2: the same tokens in chunks 64 + 64 + 42 */
-    run_step(&(tstep){.n_pre = 3, .pre = {A, A2, B}, .tokens = {170, 64, 3}, .flags = {NEW, NEW, NEW}});
-    run_step(&(tstep){.n_dec = 1, .dec = {A}, .n_pre = 2, .pre = {A2, B}, .tokens = {64, 2}});
-    run_step(&(tstep){.n_dec = 1, .dec = {B}, .n_pre = 2, .pre = {A2, B2}, .tokens = {43, 6}, .flags = {0, NEW}});
-    compare_positions("A prefilled in chunks 64+64+42 vs one prefill", A2, 0, A, 0, 170, BAR_CP, K_SCENARIO);
-    compare_positions("B2 one prefill vs B in chunks 3+2 (last shorter than W)", B, 0, B2, 0, 5, BAR_CP, K_SCENARIO);
-    compare_positions("A decode of token 170 vs recomputing it in A2's prefill", A, 170, A2, 170, 1, BAR_RECOMPUTE,
-                      K_RECOMPUTE);
-    compare_positions("B decode of token 5 vs recomputing it in B2's prefill", B, 5, B2, 5, 1, BAR_RECOMPUTE,
-                      K_RECOMPUTE);
-    compare_states("A (prefill + decode) vs A2 (chunked prefill of the same 171 tokens) states", A, A2, BAR_RECOMPUTE,
-                   K_RECOMPUTE);
-    compare_states("B (chunks + decode) vs B2 (one prefill of 6) states", B, B2, BAR_RECOMPUTE, K_RECOMPUTE);
-    if (g_rank == 0)
-        printf("uneven varlen packs over the CP ranks, chunked prefill == one prefill, decode == recompute: checked "
-               "(steps 1-3)\n");
-}
-
-static void scenario_prefix(void) {
-    g_req[C] = (request){.seed = 3}, g_req[C2] = (request){.seed = 3, .pos = 128};
-    g_req[DD] = (request){.seed = 4}, g_req[D2] = (request){.seed = 4, .pos = 128};
-    run_step(&(tstep){.n_rel = 4, .rel = {A, A2, B, B2}, .n_pre = 2, .pre = {C, DD}, .tokens = {200, 128},
-                      .flags = {NEW | SAVE, NEW | SAVE}, .save = {0, 1}, .save_off = {128, 128}});
-    run_step(&(tstep){.n_pre = 3, .pre = {C2, D2, DD}, .tokens = {72, 32, 32},
-                      .flags = {NEW | RESTORE, NEW | RESTORE, 0}, .restore = {0, 1, 0}});
-    compare_positions("C2 restored at token 128 vs C uninterrupted", C2, 128, C, 128, 72, BAR_CP, K_SCENARIO);
-    compare_states("C2 (restored + 72) vs C (200 in one slice) states", C2, C, BAR_CP, K_SCENARIO);
-    compare_positions("D2 restored from a slice-end snapshot vs D continuing", D2, 128, DD, 128, 32, BAR_CP,
-                      K_SCENARIO);
-    compare_states("D2 vs D states", D2, DD, BAR_CP, K_SCENARIO);
-    if (g_rank == 0)
-        printf("prefix snapshot restore + continue == uninterrupted: checked (steps 4-5)\n");
-}
+enum { G0 = LH_SCENARIO_REQS, G1, G2 }; /* the generation's requests */
 
 static void scenario_drafts(void) {
     /* D and D2 both hold 160 tokens. Each decodes S = 3 draft tokens and keeps some; the
      * comments give the tokens each holds after the step. */
-    run_step(&(tstep){.n_rel = 2, .rel = {C, C2}, .S = 3, .n_dec = 2, .dec = {DD, D2}});
-    run_step(&(tstep){.n_acc = 2, .acc = {DD, D2}, .acc_n = {2, 1}, .n_dec = 2, .dec = {DD, D2}}); /* D 163, D2 162 */
-    run_step(&(tstep){.n_dec = 2, .dec = {DD, D2}});                                                /* D 164, D2 163 */
-    run_step(&(tstep){.n_dec = 2, .dec = {D2, DD}});                                                /* D2 164, D 165 */
+    lh_run_step(&(tstep){.n_rel = 2, .rel = {C, C2}, .S = 3, .n_dec = 2, .dec = {DD, D2}});
+    lh_run_step(&(tstep){.n_acc = 2, .acc = {DD, D2}, .acc_n = {2, 1}, .n_dec = 2, .dec = {DD, D2}}); /* D 163, D2 162 */
+    lh_run_step(&(tstep){.n_dec = 2, .dec = {DD, D2}});                                                /* D 164, D2 163 */
+    lh_run_step(&(tstep){.n_dec = 2, .dec = {D2, DD}});                                                /* D2 164, D 165 */
     compare_positions("kept draft tokens 160-161 of D (S = 3, n_acc 2) vs D2 one at a time", DD, 160, D2, 160, 2,
                       BAR_CP, K_SCENARIO);
     compare_positions("D after keeping 2 of 3 (tokens 162-163) vs D2 running only those", DD, 162, D2, 162, 2, BAR_CP,
                       K_SCENARIO);
-    run_step(&(tstep){.n_dec = 1, .dec = {D2}}); /* D2 165: both hold 165 tokens */
+    lh_run_step(&(tstep){.n_dec = 1, .dec = {D2}}); /* D2 165: both hold 165 tokens */
     compare_positions("D2 tokens 163-164 after keeping 1 of 3 vs D", D2, 163, DD, 163, 2, BAR_CP, K_SCENARIO);
     compare_states("D vs D2 after the same 165 tokens through different draft acceptances", DD, D2, BAR_CP,
                    K_SCENARIO);
@@ -606,27 +322,27 @@ static void scenario_generate(void) {
         } else {
             t = (tstep){.n_dec = 3, .dec = {G0, G1, G2}};
         }
-        g_step_no++;
+        g_job.step_no++;
         int32_t dec_slots[4], rel_slots[8];
         gdp_prefill_request pre[4];
         gdp_draft_accept acc[4];
-        const gdp_step_desc d = make_desc(&t, dec_slots, rel_slots, pre, acc);
+        const gdp_step_desc d = lh_make_desc(&t, g_req, dec_slots, rel_slots, pre, acc);
         const gdp_step_metadata *ms[MAX_STACKS] = {NULL};
-        prepare_all(&t, &d, ms);
+        lh_prepare_all(&t, &d, ms);
         const gdp_step_metadata *m = ms[0];
         const int64_t T = m->padded_token_count;
         if (step > 0)
             CHECK(T == 4 && m->padded_decode_count == 4, "generation step %d: bucket of %lld rows, pd %d (want the "
                   "4-row decode bucket: 4/cp requests per CP rank)", step, (long long)T, m->padded_decode_count);
         int32_t *tag_req = malloc(sizeof(int32_t) * (size_t)T), *tag_pos = malloc(sizeof(int32_t) * (size_t)T);
-        tag_rows(&t, m, tag_req, tag_pos);
+        lh_tag_rows(&t, m, tag_req, tag_pos);
         /* Every stack is fed the reference's tokens: identical to each stack's own while the
          * tokens agree, and after a near-tie (no claim on tokens) the layers, states and logits
          * still compare on identical inputs. */
         float *x = malloc(sizeof(float) * (size_t)(T * D_MODEL)), *finals[MAX_STACKS];
         int64_t last_row[3];
         for (int64_t row = 0; row < T; row++)
-            token_row(800000 + g_step_no, (int32_t)row, x + row * D_MODEL); /* padding */
+            token_row(800000 + g_job.step_no, (int32_t)row, x + row * D_MODEL); /* padding */
         for (int32_t i = 0; i < 3; i++) {
             if (step == 0) {
                 const int64_t first = m->prefill_token_offset + m->host.cu_seqlens[i];
@@ -638,13 +354,13 @@ static void scenario_generate(void) {
                 last_row[i] = i;
             }
         }
-        for (int k = 0; k < n_stacks(); k++)
+        for (int k = 0; k < g_job.n_stacks; k++)
             finals[k] = malloc(sizeof(float) * (size_t)(T * D_MODEL));
         float *xs[MAX_STACKS] = {x, x, x};
-        forward_all(ms, xs, tag_req, tag_pos, finals);
-        finish_step(&t, d.decode_tokens);
+        lh_forward_all(ms, xs, tag_req, tag_pos, finals);
+        lh_finish_step(&t, d.decode_tokens);
         for (int32_t i = 0; i < 3; i++) {
-            for (int k = 0; k < n_stacks(); k++) {
+            for (int k = 0; k < g_job.n_stacks; k++) {
                 logits_of(finals[k] + last_row[i] * D_MODEL, logits[k]);
                 tokens[k][i][step] = greedy(logits[k], &margin[k]);
             }
@@ -657,7 +373,7 @@ static void scenario_generate(void) {
             char what[96];
             snprintf(what, sizeof what, "generation step %d: request %d logits, cp stack vs tp 1 cp 1", step, i);
             check_close(what, logits[0], logits[1], VOCAB, BAR_CP, GPU_BAR_LOGITS, K_LOGITS);
-            logit_worst = g_worst[K_LOGITS];
+            logit_worst = g_job.worst[K_LOGITS];
             if (!agreeing[i])
                 continue;
             compared++;
@@ -677,7 +393,7 @@ static void scenario_generate(void) {
                 CHECK(false, "generation step %d: request %d GPU vs CPU reference tokens %d vs %d, margins %.3e %.3e",
                       step, i, tokens[1][i][step], tokens[2][i][step], margin[1], margin[2]);
         }
-        for (int k = 0; k < n_stacks(); k++)
+        for (int k = 0; k < g_job.n_stacks; k++)
             free(finals[k]);
         free(x), free(tag_req), free(tag_pos);
     }
@@ -782,50 +498,21 @@ static void write_checkpoint(const char *path, int64_t H, int64_t G) {
 }
 
 static void scenario_bad_input(const char *bad_path) {
-    const int32_t gslot[1] = {g_req[G0].slot};
-    gdp_step_desc d = {.decode_count = 1, .decode_tokens = 1, .decode_slots = gslot, .bucket = GDP_BUCKET_AUTO};
-    const gdp_step_metadata *m = stack_prepare(&g_cps, &d);
-    int64_t first, count;
-    bool owner;
-    local_rows(&g_cps, m->padded_token_count, &first, &count, &owner);
-    const int64_t ns = local_state(&g_cps, g_req[G0].slot, g_a);
-    const size_t x_bytes = sizeof(float) * (size_t)((count + 1) * D_MODEL);
-    float *x = calloc((size_t)((count + 1) * D_MODEL), sizeof(float));
-    for (int64_t i = 0; i < (count + 1) * D_MODEL; i++)
-        x[i] = (float)(i % 7);
-    float *x_copy = malloc(x_bytes);
-    memcpy(x_copy, x, x_bytes);
-    void *xd = x;
-    if (g_cps.gpu) {
-        xd = dev_alloc(x_bytes);
-        dev_upload(xd, x, x_bytes);
-    }
+    /* a step in flight: G0 decodes one token; x of the wrong shape (one row too many for this
+     * rank's block), metadata built but not applied */
+    lh_refusal r;
+    lh_refusal_begin(&r, &g_cps, g_req[G0].slot);
+    lh_refuse_shape_and_unapplied(&r);
     char want[96];
-#define UNCHANGED(what)                                                                                   \
-    do {                                                                                                  \
-        if (g_cps.gpu)                                                                                    \
-            dev_download(x, xd, x_bytes);                                                                 \
-        CHECK(!memcmp(x, x_copy, x_bytes), "%s: a refused forward modified x", what);                     \
-        local_state(&g_cps, g_req[G0].slot, g_b);                                                         \
-        CHECK(!memcmp(g_a, g_b, sizeof(double) * (size_t)ns), "%s: a refused forward modified the cache", what); \
-    } while (0)
-    /* x of the wrong shape (one row too many for this rank's block) */
-    gdp_tensor xt;
-    gdp_tensor_init(&xt, xd, GDP_DTYPE_FP32, 2, (const int64_t[]){count + 1, D_MODEL});
-    CHECK_STATUS(gdp_layer_forward(g_cps.layers[0], g_cps.cache, m, &xt), GDP_STATUS_INVALID_ARGUMENT);
-    snprintf(want, sizeof want, "[%lld, %d]", (long long)(count + 1), D_MODEL);
-    CHECK(strstr(gdp_last_error(), want) != NULL, "rank %d: wrong-shape message '%s' lacks %s", g_rank,
-          gdp_last_error(), want);
-    UNCHANGED("wrong x shape");
 
     /* a cache sized for the TP shard (every TP-local head) instead of the CP shard's */
     if (g_cp > 1) {
         gdp_cache_config cc;
         gdp_cache_t tp_cache = NULL;
         gdp_plan_t local_plan = NULL;
-        CHECK_OK(gdp_cache_config_init(&cc, &g_cps.shard.tp, N_SLOTS));
+        CHECK_OK(gdp_cache_config_init(&cc, &g_cps_shard.tp, N_SLOTS));
         CHECK_OK(gdp_cache_init(&tp_cache, g_ctx, &cc));
-        gdp_plan_config pc = {.num_householder = g_cps.shard.tp.config.num_householder, .n_slots = N_SLOTS,
+        gdp_plan_config pc = {.num_householder = g_cps_shard.tp.config.num_householder, .n_slots = N_SLOTS,
                               .max_decode_tokens = 1, .n_buckets = N_BUCKETS, .buckets = k_buckets};
         CHECK_OK(gdp_plan_init(&local_plan, g_ctx, &pc));
         const gdp_prefill_request one = {.slot = GDP_SLOT_AUTO, .n_tokens = 3, .flags = GDP_PREFILL_NEW};
@@ -835,28 +522,18 @@ static void scenario_bad_input(const char *bad_path) {
         CHECK_OK(gdp_plan_build(local_plan, tp_cache, NULL, &mt));
         CHECK_OK(gdp_cache_apply_step(tp_cache, mt));
         int64_t f2, c2;
-        local_rows(&g_cps, mt->padded_token_count, &f2, &c2, &owner);
+        lh_local_rows(&g_cps, mt->padded_token_count, &f2, &c2);
         const size_t b2 = sizeof(float) * (size_t)(c2 * D_MODEL);
         void *x2 = g_cps.gpu ? dev_alloc(b2) : calloc((size_t)(c2 * D_MODEL), sizeof(float));
-        gdp_tensor_init(&xt, x2, GDP_DTYPE_FP32, 2, (const int64_t[]){c2, D_MODEL});
-        CHECK_STATUS(gdp_layer_forward(g_cps.layers[0], tp_cache, mt, &xt), GDP_STATUS_INVALID_ARGUMENT);
-        CHECK(strstr(gdp_last_error(), "gdp_cache_config_init_cp") != NULL, "rank %d: message '%s' lacks '%s'",
-              g_rank, gdp_last_error(), "gdp_cache_config_init_cp");
+        lh_check_refused(&g_cps, tp_cache, mt, x2, c2, GDP_STATUS_INVALID_ARGUMENT, "gdp_cache_config_init_cp");
         if (g_cps.gpu)
             dev_free(x2);
         else
             free(x2);
         CHECK_OK(gdp_plan_free(local_plan));
         CHECK_OK(gdp_cache_free(tp_cache));
-        UNCHANGED("a cache of the TP shard");
+        lh_refusal_unchanged(&r, "a cache of the TP shard");
     }
-
-    /* metadata built but not applied: refused */
-    CHECK_OK(gdp_plan_bcast(g_cps.plan, g_world, 0, &d));
-    CHECK_OK(gdp_plan_build(g_cps.plan, g_cps.cache, g_world, &m));
-    gdp_tensor_init(&xt, xd, GDP_DTYPE_FP32, 2, (const int64_t[]){count, D_MODEL});
-    CHECK_STATUS(gdp_layer_forward(g_cps.layers[0], g_cps.cache, m, &xt), GDP_STATUS_INVALID_USAGE);
-    UNCHANGED("unapplied metadata");
 
     /* rows that do not split over cp: gdp_plan_check_token_split names the bucket, the layer
      * refuses a step padded to it */
@@ -866,21 +543,19 @@ static void scenario_bad_input(const char *bad_path) {
         snprintf(want, sizeof want, "bucket %d has %d token rows", ODD_BUCKET, ODD_ROWS);
         CHECK(strstr(gdp_last_error(), want) != NULL, "rank %d: message '%s' lacks '%s'", g_rank, gdp_last_error(),
               want);
+        gdp_step_desc d = r.d;
         d.bucket = ODD_BUCKET;
-        m = stack_prepare(&g_cps, &d);
+        const gdp_step_metadata *m = lh_stack_prepare(&g_cps, &d);
         const int64_t odd_rows = ODD_ROWS / split;
         const size_t odd_bytes = sizeof(float) * (size_t)(odd_rows * D_MODEL);
         void *odd = g_cps.gpu ? dev_alloc(odd_bytes) : calloc((size_t)(odd_rows * D_MODEL), sizeof(float));
-        gdp_tensor_init(&xt, odd, GDP_DTYPE_FP32, 2, (const int64_t[]){odd_rows, D_MODEL});
-        CHECK_STATUS(gdp_layer_forward(g_cps.layers[0], g_cps.cache, m, &xt), GDP_STATUS_INVALID_ARGUMENT);
         snprintf(want, sizeof want, "%d token rows over cp = %d", ODD_ROWS, g_cp);
-        CHECK(strstr(gdp_last_error(), want) != NULL, "rank %d: message '%s' lacks '%s'", g_rank, gdp_last_error(),
-              want);
+        lh_check_refused(&g_cps, g_cps.cache, m, odd, odd_rows, GDP_STATUS_INVALID_ARGUMENT, want);
         if (g_cps.gpu)
             dev_free(odd);
         else
             free(odd);
-        UNCHANGED("rows that do not split");
+        lh_refusal_unchanged(&r, "rows that do not split");
     }
     int32_t without_odd = 0;
     for (int32_t b = 0; b < N_BUCKETS; b++)
@@ -920,10 +595,7 @@ static void scenario_bad_input(const char *bad_path) {
         gdp_layer_weights_free(&w);
         gdp_checkpoint_free(ck);
     }
-#undef UNCHANGED
-    if (g_cps.gpu)
-        dev_free(xd);
-    free(x), free(x_copy);
+    lh_refusal_end(&r);
     if (g_rank == 0)
         printf("bad input: wrong x shape%s, unapplied metadata%s%s%s refused on every rank, nothing modified\n",
                g_cp > 1 ? ", a cache of the TP shard" : "", split > 1 ? ", rows that do not split over cp" : "",
@@ -942,20 +614,14 @@ static void usage_fatal(const char *arg) {
 }
 
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    lh_mpi_init(&argc, &argv);
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--sp"))
-            g_sp = true;
-        else if (!strcmp(argv[i], "--tp") && i + 1 < argc)
+        if (lh_common_arg(argc, argv, &i))
+            continue;
+        if (!strcmp(argv[i], "--tp") && i + 1 < argc)
             g_tp = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--groups") && i + 1 < argc)
             g_groups = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--backend") && i + 1 < argc && !strcmp(argv[i + 1], "cuda"))
-            g_cuda = true, i++;
-        else if (!strcmp(argv[i], "--backend") && i + 1 < argc && !strcmp(argv[i + 1], "cpu"))
-            g_cuda = false, i++;
         else
             usage_fatal(argv[i]);
     }
@@ -963,15 +629,8 @@ int main(int argc, char **argv) {
         usage_fatal(gdp_last_error());
     char name[64];
     snprintf(name, sizeof name, "test_layer_cp%s%s", g_cuda ? "_gpu" : "", g_sp ? "_sp" : "");
-    if (g_cuda) {
-        /* Every rank skips, or none: a rank alone would leave the others in a collective. */
-        char why[160] = "";
-        const int usable = gpu_usable(why, sizeof why);
-        if (!test_gpu_all_ranks_usable(usable, name, why)) {
-            MPI_Finalize();
-            return TEST_SKIP;
-        }
-    }
+    if (lh_skip_without_gpu(name, gpu_usable))
+        return TEST_SKIP;
     /* The job's comm (the plan's host agreements, the engine's collectives), then the TP
      * groups (ranks with the same cp_rank, ordered by tp_rank) and the CP groups (the same
      * tp_rank, ordered by cp_rank). The ctx takes the job comm's GPU (each sub-comm binds one
@@ -1018,35 +677,37 @@ int main(int argc, char **argv) {
         printf("# gdp layer stack: %d layers, D=%d H=%d G=%lld P=16 N=16 M=2, tp %d x cp %d (%s) vs tp 1 cp 1, %s "
                "backend%s; core per rank: H_c=%lld G_c=%lld (groups %s)\n",
                LAYERS, D_MODEL, HEADS, (long long)g_groups, g_tp, g_cp, gdp_tp_mode_name(mode),
-               g_cuda ? "CUDA" : "CPU", g_cuda ? " (and CPU tp 1)" : "", (long long)g_cps.shard.num_heads,
-               (long long)g_cps.shard.num_groups,
-               g_cps.shard.group_repeat > 1 ? "replicated: G/tp < cp" : "split: G/tp >= cp");
+               g_cuda ? "CUDA" : "CPU", g_cuda ? " (and CPU tp 1)" : "", (long long)g_cps_shard.num_heads,
+               (long long)g_cps_shard.num_groups,
+               g_cps_shard.group_repeat > 1 ? "replicated: G/tp < cp" : "split: G/tp >= cp");
     g_a = malloc(sizeof(double) * SCRATCH);
     g_b = malloc(sizeof(double) * SCRATCH);
+    g_job = (lh_job){.stacks = {&g_cps, &g_ref, &g_cref}, .n_stacks = g_cuda ? 3 : 2, .reqs = g_req, .n_reqs = NREQ,
+                     .bar = BAR_CP, .print_every_rank = false};
+    snprintf(g_job.vs, sizeof g_job.vs, "tp %d x cp %d vs tp 1 cp 1", g_tp, g_cp);
 
     scenario_arithmetic();
-    scenario_chunked_and_decode();
-    scenario_prefix();
+    lh_scenario_chunked_and_decode();
+    if (g_rank == 0)
+        printf("uneven varlen packs over the CP ranks, chunked prefill == one prefill, decode == recompute: checked "
+               "(steps 1-3)\n");
+    lh_scenario_prefix();
+    if (g_rank == 0)
+        printf("prefix snapshot restore + continue == uninterrupted: checked (steps 4-5)\n");
     scenario_drafts();
     scenario_generate();
     scenario_engine();
     scenario_bad_input(bad_path);
 
-    stack_free(&g_cps);
-    stack_free(&g_ref);
-    if (g_cuda)
-        stack_free(&g_cref);
     gdp_model_weights_free(&g_model);
-    free(g_a), free(g_b);
-    MPI_Barrier(MPI_COMM_WORLD);
+    double worst[K_KINDS];
+    lh_job_end(worst);
     if (g_rank == 0)
         remove(g_path), remove(bad_path);
-    double worst[K_KINDS];
-    MPI_Allreduce(g_worst, worst, K_KINDS, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (g_rank == 0) {
         printf("# worst %s: cp vs tp1 cp1 outputs %.2e, states %.2e, logits %.2e; chunked/restore/drafts %.2e, "
                "decode vs recompute %.2e\n",
-               g_cuda ? "relative RMS" : "max|a-b|/max|b|", worst[K_CP_OUT], worst[K_CP_STATE], worst[K_LOGITS],
+               g_cuda ? "relative RMS" : "max|a-b|/max|b|", worst[K_OUT], worst[K_STATE], worst[K_LOGITS],
                worst[K_SCENARIO], worst[K_RECOMPUTE]);
         if (g_cuda)
             printf("# worst relative RMS, GPU tp 1 vs CPU tp 1: outputs %.2e, states %.2e\n", worst[K_CPU_OUT],

@@ -65,323 +65,63 @@ static const gdp_step_bucket k_buckets[] = {{4, 4, 256}, {4, 4, 512}, {1, 1, 513
 #define ODD_BUCKET 2 /* 513 rows: never the smallest fit; sequence parallel cannot split them */
 #define ODD_ROWS 513
 
-/* ---- a stack of layers with its cache and plan --------------------------------------- */
-typedef struct stack {
-    const char   *name;
-    gdp_ctx_t     ctx;
-    bool          gpu;  /* its buffers (x, states) are device memory */
-    gdp_comm_t    comm; /* NULL: the TP = 1 reference */
-    gdp_tp_mode_t mode;
-    int32_t       tp_rank, tp_size;
-    gdp_tp_shard  shard;
-    gdp_layer_t   layers[LAYERS];
-    gdp_cache_t   cache;
-    gdp_plan_t    plan;
-} stack;
+/* ---- the stacks: the TP one (its shard of every layer) and the TP = 1 references --------- */
+static lh_stack g_tp, g_ref, g_cref; /* TP, TP = 1, and (--backend cuda) TP = 1 on the CPU */
 
-static void stack_init(stack *s, const char *name, const char *path, gdp_ctx_t ctx, gdp_comm_t comm,
+/* comm NULL: a TP = 1 reference of the whole layer. */
+static void stack_init(lh_stack *s, const char *name, const char *path, gdp_ctx_t ctx, gdp_comm_t comm,
                        gdp_tp_mode_t mode) {
-    memset(s, 0, sizeof *s);
-    s->name = name;
-    s->ctx = ctx;
-    gdp_backend_t backend;
-    GDP_FATAL_IF_ERROR(g_comm, gdp_ctx_get_backend(ctx, &backend));
-    s->gpu = backend == GDP_BACKEND_CUDA;
-    s->comm = comm;
-    s->mode = mode;
-    s->tp_rank = comm ? g_rank : 0;
-    s->tp_size = comm ? g_size : 1;
+    lh_stack_begin(s, name, ctx, comm, mode);
+    const int32_t tp_rank = comm ? g_rank : 0, tp_size = comm ? g_size : 1;
+    if (comm != NULL && mode == GDP_TP_MODE_SEQUENCE_PARALLEL)
+        s->row_blocks = tp_size, s->row_block = tp_rank;
+    gdp_tp_shard shard;
+    memset(&shard, 0, sizeof shard);
     gdp_checkpoint_t ck = NULL;
     GDP_FATAL_IF_ERROR(g_comm, gdp_checkpoint_open(&ck, path));
     for (int32_t l = 0; l < LAYERS; l++) {
         gdp_layer_weights w;
         memset(&w, 0, sizeof w);
-        GDP_FATAL_IF_ERROR(g_comm, gdp_checkpoint_load_layer_shard(ck, &w, l, s->tp_rank, s->tp_size));
+        GDP_FATAL_IF_ERROR(g_comm, gdp_checkpoint_load_layer_shard(ck, &w, l, tp_rank, tp_size));
         GDP_FATAL_IF_ERROR(g_comm, gdp_layer_init(&s->layers[l], ctx, comm, &w, mode));
-        s->shard = w.shard;
+        shard = w.shard;
         gdp_layer_weights_free(&w);
     }
     gdp_checkpoint_free(ck);
+    /* the state it holds: a head range, and each conv section's slice */
+    s->head_begin = shard.head_begin, s->num_heads = shard.num_heads;
+    CHECK(shard.num_conv_sections <= LH_MAX_CONV_RANGES, "%d conv sections", shard.num_conv_sections);
+    s->n_conv_ranges = shard.num_conv_sections;
+    for (int32_t sec = 0; sec < shard.num_conv_sections; sec++) {
+        gdp_section se;
+        GDP_FATAL_IF_ERROR(g_comm, gdp_tp_shard_conv_section(&shard, sec, &se));
+        s->conv_begin[sec] = se.global_offset + se.slice_begin, s->conv_rows[sec] = se.rows;
+    }
     gdp_cache_config cc;
-    GDP_FATAL_IF_ERROR(g_comm, gdp_cache_config_init(&cc, &s->shard, N_SLOTS));
-    cc.max_draft_tokens = MAX_DRAFT;
-    cc.n_snapshots = N_SNAPSHOTS;
-    GDP_FATAL_IF_ERROR(g_comm, gdp_cache_init(&s->cache, ctx, &cc));
-    gdp_plan_config pc = {.num_householder = s->shard.config.num_householder, .n_slots = N_SLOTS,
-                          .max_decode_tokens = MAX_DRAFT, .n_buckets = N_BUCKETS, .buckets = k_buckets,
-                          .debug_check = comm != NULL};
-    GDP_FATAL_IF_ERROR(g_comm, gdp_plan_init(&s->plan, ctx, &pc));
-}
-
-static void stack_free(stack *s) { lh_free_stack(s->layers, s->cache, s->plan); }
-
-/* Broadcast (rank 0 decides), build, check consistency, apply. */
-static const gdp_step_metadata *stack_prepare(stack *s, const gdp_step_desc *d) {
-    const gdp_step_metadata *m = NULL;
-    GDP_FATAL_IF_ERROR(g_comm, gdp_plan_bcast(s->plan, s->comm, 0, g_rank == 0 || !s->comm ? d : NULL));
-    GDP_FATAL_IF_ERROR(g_comm, gdp_plan_build(s->plan, s->cache, s->comm, &m));
-    CHECK_OK(gdp_plan_check_consistent(m, s->comm));
-    GDP_FATAL_IF_ERROR(g_comm, gdp_cache_apply_step(s->cache, m));
-    return m;
-}
-
-/* This rank's rows of x under the stack's mode. */
-static void local_rows(const stack *s, int64_t T, int64_t *first, int64_t *count) {
-    if (s->comm != NULL && s->mode == GDP_TP_MODE_SEQUENCE_PARALLEL) {
-        *count = T / s->tp_size;
-        *first = s->tp_rank * *count;
-    } else {
-        *first = 0;
-        *count = T;
-    }
-}
-
-/* Runs every layer on x_full [T, D] (every rank holds all rows); outs[l] = the whole x
- * after layer l (gathered over the ranks with sequence parallel). */
-static void stack_forward(stack *s, const gdp_step_metadata *m, const float *x_full, float *outs[LAYERS]) {
-    const int64_t T = m->padded_token_count;
-    int64_t first, count;
-    local_rows(s, T, &first, &count);
-    const size_t bytes = sizeof(float) * (size_t)(count * D_MODEL);
-    float *x = malloc(bytes);
-    memcpy(x, x_full + first * D_MODEL, bytes);
-    void *xd = x; /* x where the stack's backend reads it */
-    if (s->gpu) {
-        xd = dev_alloc(bytes);
-        dev_upload(xd, x, bytes);
-    }
-    for (int32_t l = 0; l < LAYERS; l++) {
-        gdp_tensor xt;
-        gdp_tensor_init(&xt, xd, GDP_DTYPE_FP32, 2, (const int64_t[]){count, D_MODEL});
-        GDP_FATAL_IF_ERROR(g_comm, gdp_layer_forward(s->layers[l], s->cache, m, &xt));
-        if (s->gpu)
-            dev_download(x, xd, bytes);
-        if (count == T)
-            memcpy(outs[l], x, sizeof(float) * (size_t)(T * D_MODEL));
-        else
-            MPI_Allgather(x, (int)(count * D_MODEL), MPI_FLOAT, outs[l], (int)(count * D_MODEL), MPI_FLOAT,
-                          MPI_COMM_WORLD);
-    }
-    if (s->gpu)
-        dev_free(xd);
-    free(x);
+    GDP_FATAL_IF_ERROR(g_comm, gdp_cache_config_init(&cc, &shard, N_SLOTS));
+    lh_stack_finish(s, &cc, shard.config.num_householder, k_buckets, N_BUCKETS, comm != NULL);
 }
 
 /* ---- the scheduled requests (request, tstep, token_row, g_rec: the harness's) ------------ */
 static request g_req[NREQ];
 
-/* Worst ratio per kind of comparison (max|a-b|/max|b| on the CPU, relative RMS on the GPU). */
-enum { K_TP_OUT, K_SCENARIO, K_RECOMPUTE, K_TP_STATE, K_CPU_OUT, K_CPU_STATE, K_KINDS };
-static double g_worst[K_KINDS];
-
-/* The backend's bar (lh_check_close); the scenarios' comparisons print their ratio. */
-static void check_close(const char *what, const double *a, const double *b, int64_t n, double cpu_bar,
-                        double gpu_bar, int kind) {
-    double bar;
-    const double ratio = lh_check_close(what, a, b, n, cpu_bar, gpu_bar, &g_worst[kind], &bar);
-    if (kind == K_SCENARIO || kind == K_RECOMPUTE)
-        printf("  rank %d %-78s %s = %.2e (bar %.0e)\n", g_rank, what, g_cuda ? "rel RMS" : "max|a-b|/max|b|", ratio,
-               bar);
-}
-
-/* Compares recorded deltas of (ra, positions pa..) in stack sa with (rb, pb..) in stack sb. */
-static void compare_positions(const char *what, int32_t ra, int32_t pa, int32_t rb, int32_t pb, int32_t n, double bar,
-                              int kind) {
-    const int64_t k = lh_gather_positions(what, ra, pa, rb, pb, n);
-    check_close(what, g_a, g_b, k, bar, GPU_BAR_OUT, kind);
-}
-
-/* This rank's ssm and conv state of a request in a stack, as doubles. */
-static int64_t local_state(const stack *s, int32_t slot, double *out) {
-    return lh_local_state(s->gpu, s->cache, slot, out);
-}
-
-/* The reference's state restricted to the TP stack's heads and conv channels, in the TP
- * stack's local order (ssm: a head range; conv: each section's slice). */
-static int64_t ref_state_as_local(const stack *ref, const stack *tp, int32_t slot, double *out) {
-    int64_t k = 0;
-    const int64_t NP = tp->shard.config.state_dim * tp->shard.config.head_dim, W = tp->shard.config.conv_width;
-    for (int32_t l = 0; l < LAYERS; l++) {
-        gdp_tensor ssm, conv;
-        gdp_cache_state_views(ref->cache, l, &ssm, &conv);
-        const int64_t ns = ssm.shape[1] * NP, nc = conv.shape[1] * W;
-        lh_read_floats(ref->gpu, ssm.data, slot * ns + tp->shard.head_begin * NP, tp->shard.num_heads * NP, out + k);
-        k += tp->shard.num_heads * NP;
-        double *c = malloc(sizeof(double) * (size_t)nc);
-        lh_read_floats(ref->gpu, conv.data, slot * nc, nc, c);
-        for (int32_t sec = 0; sec < tp->shard.num_conv_sections; sec++) {
-            gdp_section se;
-            gdp_tp_shard_conv_section(&tp->shard, sec, &se);
-            for (int64_t r = 0; r < se.rows; r++)
-                for (int64_t w = 0; w < W; w++)
-                    out[k++] = c[(se.global_offset + se.slice_begin + r) * W + w];
-        }
-        free(c);
-    }
-    return k;
-}
-
-static stack g_tp, g_ref, g_cref; /* TP, TP = 1, and (--backend cuda) TP = 1 on the CPU */
-static int32_t g_step_no = 0;
-
-static int n_stacks(void) { return g_cuda ? 3 : 2; }
-static stack *stack_at(int k) { return k == 0 ? &g_tp : (k == 1 ? &g_ref : &g_cref); }
-
-/* Compares the recorded deltas of every request row of this step in stacks sa and sb. */
-static void compare_step_outputs(const char *what, int sa, int sb, const int32_t *tag_req, const int32_t *tag_pos,
-                                 int64_t T, int kind) {
-    const int64_t n = lh_gather_step_rows(what, sa, sb, tag_req, tag_pos, T);
-    if (n > 0)
-        check_close(what, g_a, g_b, n, BAR_TP, GPU_BAR_OUT, kind);
-}
-
-/* Runs one scheduled step on every stack and checks TP vs reference (and GPU vs CPU). */
-static void run_step(const tstep *t) {
-    g_step_no++;
-    int32_t dec_slots[4], rel_slots[8];
-    gdp_prefill_request pre[4];
-    gdp_draft_accept acc[4];
-    const gdp_step_desc d = lh_make_desc(t, g_req, dec_slots, rel_slots, pre, acc); /* accepts move positions back */
-    const int32_t S = d.decode_tokens;
-    const gdp_step_metadata *ms[MAX_STACKS] = {NULL};
-    const char *names[MAX_STACKS] = {NULL};
-    for (int k = 0; k < n_stacks(); k++)
-        ms[k] = stack_prepare(stack_at(k), &d), names[k] = stack_at(k)->name;
-    const gdp_step_metadata *mt = ms[0];
-    lh_agree_on_step(t, ms, n_stacks(), names, g_step_no, g_req);
-
-    /* x: decode rows, prefill rows, seeded padding */
-    const int64_t T = mt->padded_token_count;
-    float *x = malloc(sizeof(float) * (size_t)(T * D_MODEL));
-    int32_t *tag_req = malloc(sizeof(int32_t) * (size_t)T), *tag_pos = malloc(sizeof(int32_t) * (size_t)T);
-    for (int64_t row = 0; row < T; row++) {
-        tag_req[row] = -1;
-        token_row(900000 + g_step_no, (int32_t)row, x + row * D_MODEL);
-    }
-    for (int32_t i = 0; i < t->n_dec; i++)
-        for (int32_t s = 0; s < S; s++) {
-            const request *r = &g_req[t->dec[i]];
-            const int64_t row = (int64_t)i * S + s;
-            tag_req[row] = t->dec[i], tag_pos[row] = r->pos + s;
-            token_row(r->seed, r->pos + s, x + row * D_MODEL);
-        }
-    for (int32_t i = 0; i < t->n_pre; i++)
-        for (int32_t k = 0; k < t->tokens[i]; k++) {
-            const request *r = &g_req[t->pre[i]];
-            const int64_t row = mt->prefill_token_offset + mt->host.cu_seqlens[i] + k;
-            tag_req[row] = t->pre[i], tag_pos[row] = r->pos + k;
-            token_row(r->seed, r->pos + k, x + row * D_MODEL);
-        }
-
-    float *outs[MAX_STACKS][LAYERS];
-    for (int k = 0; k < n_stacks(); k++) {
-        for (int32_t l = 0; l < LAYERS; l++)
-            outs[k][l] = malloc(sizeof(float) * (size_t)(T * D_MODEL));
-        stack_forward(stack_at(k), ms[k], x, outs[k]);
-    }
-
-    /* record deltas; padding rows must come out exactly as they went in */
-    float *xs[MAX_STACKS] = {x, x, x};
-    const int64_t pad_changed = lh_record_deltas(n_stacks(), T, xs, outs, tag_req, tag_pos);
-    CHECK(pad_changed == 0, "step %d: %lld values of padding rows changed", g_step_no, (long long)pad_changed);
-    char what[112];
-    snprintf(what, sizeof what, "step %d: layer outputs, tp %d vs tp 1", g_step_no, g_size);
-    compare_step_outputs(what, 0, 1, tag_req, tag_pos, T, K_TP_OUT);
-    if (g_cuda) {
-        snprintf(what, sizeof what, "step %d: layer outputs, GPU tp 1 vs CPU tp 1", g_step_no);
-        compare_step_outputs(what, 1, 2, tag_req, tag_pos, T, K_CPU_OUT);
-    }
-
-    lh_advance_positions(t, S, g_req);
-
-    /* states of every live request: this rank's share vs the reference's; GPU vs CPU */
-    for (int32_t q = 0; q < NREQ; q++) {
-        if (!g_req[q].live)
-            continue;
-        const int64_t na = local_state(&g_tp, g_req[q].slot, g_a);
-        const int64_t nb = ref_state_as_local(&g_ref, &g_tp, g_req[q].slot, g_b);
-        CHECK(na == nb, "state sizes %lld vs %lld", (long long)na, (long long)nb);
-        snprintf(what, sizeof what, "step %d: request %d states, tp %d vs tp 1", g_step_no, q, g_size);
-        check_close(what, g_a, g_b, na, BAR_TP, GPU_BAR_STATE, K_TP_STATE);
-        if (g_cuda) {
-            const int64_t nr = local_state(&g_ref, g_req[q].slot, g_a), nc = local_state(&g_cref, g_req[q].slot, g_b);
-            CHECK(nr == nc, "state sizes %lld vs %lld", (long long)nr, (long long)nc);
-            snprintf(what, sizeof what, "step %d: request %d states, GPU tp 1 vs CPU tp 1", g_step_no, q);
-            check_close(what, g_a, g_b, nr, BAR_TP, GPU_BAR_STATE, K_CPU_STATE);
-        }
-    }
-    for (int k = 0; k < n_stacks(); k++)
-        for (int32_t l = 0; l < LAYERS; l++)
-            free(outs[k][l]);
-    free(x), free(tag_req), free(tag_pos);
-}
-
-/* The states of two requests in the TP stack (this rank's share). */
-static void compare_states(const char *what, int32_t qa, int32_t qb, double bar, int kind) {
-    const int64_t n = local_state(&g_tp, g_req[qa].slot, g_a);
-    local_state(&g_tp, g_req[qb].slot, g_b);
-    check_close(what, g_a, g_b, n, bar, GPU_BAR_STATE, kind);
-}
-
-enum { A, A2, B, B2, C, C2, DD, D2 };
-#define NEW GDP_PREFILL_NEW
-#define SAVE GDP_PREFILL_SAVE
-#define RESTORE GDP_PREFILL_RESTORE
-
-static void scenario_chunked_and_decode(void) {
-    g_req[A] = (request){.seed = 1}, g_req[A2] = (request){.seed = 1};
-    g_req[B] = (request){.seed = 2}, g_req[B2] = (request){.seed = 2};
-    /* A: one prefill of 170 then decodes; A2: the same tokens in chunks 64 + 64 + 43 */
-    run_step(&(tstep){.n_pre = 3, .pre = {A, A2, B}, .tokens = {170, 64, 3}, .flags = {NEW, NEW, NEW}});
-    run_step(&(tstep){.n_dec = 1, .dec = {A}, .n_pre = 2, .pre = {A2, B}, .tokens = {64, 2}});
-    run_step(&(tstep){.n_dec = 1, .dec = {B}, .n_pre = 2, .pre = {A2, B2}, .tokens = {43, 6}, .flags = {0, NEW}});
-    compare_positions("A prefilled in chunks 64+64+42 vs one prefill", A2, 0, A, 0, 170, BAR_TP, K_SCENARIO);
-    compare_positions("B2 one prefill vs B in chunks 3+2 (last shorter than W)", B, 0, B2, 0, 5, BAR_TP, K_SCENARIO);
-    compare_positions("A decode of token 170 vs recomputing it in A2's prefill", A, 170, A2, 170, 1, BAR_RECOMPUTE,
-                      K_RECOMPUTE);
-    compare_positions("B decode of token 5 vs recomputing it in B2's prefill", B, 5, B2, 5, 1, BAR_RECOMPUTE,
-                      K_RECOMPUTE);
-    compare_states("A (prefill + decode) vs A2 (chunked prefill of the same 171 tokens) states", A, A2, BAR_RECOMPUTE,
-                   K_RECOMPUTE);
-    compare_states("B (chunks + decode) vs B2 (one prefill of 6) states", B, B2, BAR_RECOMPUTE, K_RECOMPUTE);
-    if (g_rank == 0)
-        printf("chunked prefill == one prefill and decode == recompute: checked (steps 1-3)\n");
-}
-
-static void scenario_prefix(void) {
-    g_req[C] = (request){.seed = 3}, g_req[C2] = (request){.seed = 3, .pos = 128};
-    g_req[DD] = (request){.seed = 4}, g_req[D2] = (request){.seed = 4, .pos = 128};
-    /* C saves at token 128 inside its 200-token slice, D at the end of its 128-token slice */
-    run_step(&(tstep){.n_rel = 4, .rel = {A, A2, B, B2}, .n_pre = 2, .pre = {C, DD}, .tokens = {200, 128},
-                      .flags = {NEW | SAVE, NEW | SAVE}, .save = {0, 1}, .save_off = {128, 128}});
-    run_step(&(tstep){.n_pre = 3, .pre = {C2, D2, DD}, .tokens = {72, 32, 32},
-                      .flags = {NEW | RESTORE, NEW | RESTORE, 0}, .restore = {0, 1, 0}});
-    compare_positions("C2 restored at token 128 vs C uninterrupted", C2, 128, C, 128, 72, BAR_TP, K_SCENARIO);
-    compare_states("C2 (restored + 72) vs C (200 in one slice) states", C2, C, BAR_TP, K_SCENARIO);
-    compare_positions("D2 restored from a slice-end snapshot vs D continuing", D2, 128, DD, 128, 32, BAR_TP,
-                      K_SCENARIO);
-    compare_states("D2 vs D states", D2, DD, BAR_TP, K_SCENARIO);
-    if (g_rank == 0)
-        printf("prefix snapshot restore + continue == uninterrupted: checked (steps 4-5)\n");
-}
-
 static void scenario_drafts(void) {
     /* D and D2 both hold 160 tokens. Each decodes S = 3 draft tokens and keeps some. */
-    run_step(&(tstep){.n_rel = 2, .rel = {C, C2}, .S = 3, .n_dec = 2, .dec = {DD, D2}});
-    run_step(&(tstep){.n_acc = 2, .acc = {DD, D2}, .acc_n = {2, 1}, .n_dec = 2, .dec = {DD, D2}}); /* D 162, D2 161 */
-    run_step(&(tstep){.n_dec = 2, .dec = {DD, D2}});                                                /* D 163, D2 162 */
-    run_step(&(tstep){.n_dec = 2, .dec = {D2, DD}});                                                /* D2 163, D 164 */
+    lh_run_step(&(tstep){.n_rel = 2, .rel = {C, C2}, .S = 3, .n_dec = 2, .dec = {DD, D2}});
+    lh_run_step(&(tstep){.n_acc = 2, .acc = {DD, D2}, .acc_n = {2, 1}, .n_dec = 2, .dec = {DD, D2}}); /* D 162, D2 161 */
+    lh_run_step(&(tstep){.n_dec = 2, .dec = {DD, D2}});                                                /* D 163, D2 162 */
+    lh_run_step(&(tstep){.n_dec = 2, .dec = {D2, DD}});                                                /* D2 163, D 164 */
     compare_positions("kept draft tokens 160-161 of D (S = 3, n_acc 2) vs D2 one at a time", DD, 160, D2, 160, 2,
                       BAR_TP, K_SCENARIO);
     compare_positions("D after keeping 2 of 3 (tokens 162-163) vs D2 running only those", DD, 162, D2, 162, 2, BAR_TP,
                       K_SCENARIO);
-    run_step(&(tstep){.S = 3, .n_dec = 2, .dec = {DD, D2}}); /* D 165-167, D2 164-166 */
-    run_step(&(tstep){.n_acc = 2, .acc = {DD, D2}, .acc_n = {3, 3}, .n_dec = 2, .dec = {DD, D2}}); /* D 168, D2 167 */
+    lh_run_step(&(tstep){.S = 3, .n_dec = 2, .dec = {DD, D2}}); /* D 165-167, D2 164-166 */
+    lh_run_step(&(tstep){.n_acc = 2, .acc = {DD, D2}, .acc_n = {3, 3}, .n_dec = 2, .dec = {DD, D2}}); /* D 168, D2 167 */
     compare_positions("D2 token 164 after keeping 1 of 3 vs D", D2, 164, DD, 164, 1, BAR_TP, K_SCENARIO);
     compare_positions("draft tokens 165-166 kept by both (n_acc = S = 3)", D2, 165, DD, 165, 2, BAR_TP, K_SCENARIO);
     compare_positions("D2 token 167 after keeping all 3 vs D's kept draft token", D2, 167, DD, 167, 1, BAR_TP,
                       K_SCENARIO);
-    run_step(&(tstep){.n_dec = 1, .dec = {D2}}); /* D2 168: both hold 169 tokens */
+    lh_run_step(&(tstep){.n_dec = 1, .dec = {D2}}); /* D2 168: both hold 169 tokens */
     compare_positions("token 168", D2, 168, DD, 168, 1, BAR_TP, K_SCENARIO);
     compare_states("D vs D2 after the same 169 tokens through different draft acceptances", DD, D2, BAR_TP, K_SCENARIO);
     if (g_rank == 0)
@@ -391,57 +131,20 @@ static void scenario_drafts(void) {
 
 /* Bad input: an error on every rank, nothing modified. */
 static void scenario_bad_input(const char *path) {
-    /* a step in flight: D decodes one token */
-    const int32_t dslot[1] = {g_req[DD].slot};
-    gdp_step_desc d = {.decode_count = 1, .decode_tokens = 1, .decode_slots = dslot, .bucket = GDP_BUCKET_AUTO};
-    const gdp_step_metadata *m = stack_prepare(&g_tp, &d);
-    int64_t first, count;
-    local_rows(&g_tp, m->padded_token_count, &first, &count);
-    const int64_t ns = local_state(&g_tp, g_req[DD].slot, g_a);
-    const size_t x_bytes = sizeof(float) * (size_t)((count + 1) * D_MODEL);
-    float *x = calloc((size_t)((count + 1) * D_MODEL), sizeof(float));
-    for (int64_t i = 0; i < (count + 1) * D_MODEL; i++)
-        x[i] = (float)(i % 7);
-    float *x_copy = malloc(x_bytes);
-    memcpy(x_copy, x, x_bytes);
-    void *xd = x; /* x where the backend reads it */
-    if (g_tp.gpu) {
-        xd = dev_alloc(x_bytes);
-        dev_upload(xd, x, x_bytes);
-    }
-    gdp_tensor xt;
-    gdp_tensor_init(&xt, xd, GDP_DTYPE_FP32, 2, (const int64_t[]){count + 1, D_MODEL});
-    CHECK_STATUS(gdp_layer_forward(g_tp.layers[0], g_tp.cache, m, &xt), GDP_STATUS_INVALID_ARGUMENT);
+    /* a step in flight: D decodes one token; x of the wrong shape, unapplied metadata */
+    lh_refusal r;
+    lh_refusal_begin(&r, &g_tp, g_req[DD].slot);
+    lh_refuse_shape_and_unapplied(&r);
     char want[64];
-    snprintf(want, sizeof want, "[%lld, %d]", (long long)(count + 1), D_MODEL);
-    CHECK(strstr(gdp_last_error(), want) != NULL, "rank %d: wrong-shape message '%s' lacks %s", g_rank,
-          gdp_last_error(), want);
-    if (g_tp.gpu)
-        dev_download(x, xd, x_bytes);
-    CHECK(!memcmp(x, x_copy, x_bytes), "a refused forward modified x");
-    local_state(&g_tp, g_req[DD].slot, g_b);
-    CHECK(!memcmp(g_a, g_b, sizeof(double) * (size_t)ns), "a refused forward modified the cache");
-    /* metadata built but not applied: refused */
-    CHECK_OK(gdp_plan_bcast(g_tp.plan, g_tp.comm, 0, &d));
-    CHECK_OK(gdp_plan_build(g_tp.plan, g_tp.cache, g_tp.comm, &m));
-    gdp_tensor_init(&xt, xd, GDP_DTYPE_FP32, 2, (const int64_t[]){count, D_MODEL});
-    CHECK_STATUS(gdp_layer_forward(g_tp.layers[0], g_tp.cache, m, &xt), GDP_STATUS_INVALID_USAGE);
-    if (g_tp.gpu)
-        dev_download(x, xd, x_bytes);
-    CHECK(!memcmp(x, x_copy, x_bytes), "a refused forward modified x");
-    local_state(&g_tp, g_req[DD].slot, g_b);
-    CHECK(!memcmp(g_a, g_b, sizeof(double) * (size_t)ns), "a refused forward modified the cache");
     /* sequence parallel over rows it cannot split */
     if (g_sp && g_size > 1) {
+        gdp_step_desc d = r.d;
         d.bucket = ODD_BUCKET;
-        m = stack_prepare(&g_tp, &d);
+        const gdp_step_metadata *m = lh_stack_prepare(&g_tp, &d);
         const size_t odd_bytes = sizeof(float) * ODD_ROWS * D_MODEL;
         void *odd = g_tp.gpu ? dev_alloc(odd_bytes) : calloc(ODD_ROWS * D_MODEL, sizeof(float));
-        gdp_tensor_init(&xt, odd, GDP_DTYPE_FP32, 2, (const int64_t[]){ODD_ROWS / g_size, D_MODEL});
-        CHECK_STATUS(gdp_layer_forward(g_tp.layers[0], g_tp.cache, m, &xt), GDP_STATUS_INVALID_ARGUMENT);
         snprintf(want, sizeof want, "%d token rows over tp = %d", ODD_ROWS, g_size);
-        CHECK(strstr(gdp_last_error(), want) != NULL, "rank %d: message '%s' lacks '%s'", g_rank, gdp_last_error(),
-              want);
+        lh_check_refused(&g_tp, g_tp.cache, m, odd, ODD_ROWS / g_size, GDP_STATUS_INVALID_ARGUMENT, want);
         if (g_tp.gpu)
             dev_free(odd);
         else
@@ -463,9 +166,7 @@ static void scenario_bad_input(const char *path) {
         gdp_layer_weights_free(&w);
         gdp_checkpoint_free(ck);
     }
-    if (g_tp.gpu)
-        dev_free(xd);
-    free(x), free(x_copy);
+    lh_refusal_end(&r);
     if (g_rank == 0)
         printf("bad input: wrong x shape, unapplied metadata%s%s refused on every rank, nothing modified\n",
                g_sp && g_size > 1 ? ", unsplittable rows" : "", g_size > 1 ? ", another rank's weights" : "");
@@ -501,17 +202,11 @@ static void usage_fatal(const char *arg) {
 }
 
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    lh_mpi_init(&argc, &argv);
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--sp"))
-            g_sp = true;
-        else if (!strcmp(argv[i], "--backend") && i + 1 < argc && !strcmp(argv[i + 1], "cuda"))
-            g_cuda = true, i++;
-        else if (!strcmp(argv[i], "--backend") && i + 1 < argc && !strcmp(argv[i + 1], "cpu"))
-            g_cuda = false, i++;
-        else if (!strcmp(argv[i], "--comm") && i + 1 < argc && !strcmp(argv[i + 1], "nccl"))
+        if (lh_common_arg(argc, argv, &i))
+            continue;
+        if (!strcmp(argv[i], "--comm") && i + 1 < argc && !strcmp(argv[i + 1], "nccl"))
             g_nccl = true, i++;
         else if (!strcmp(argv[i], "--comm") && i + 1 < argc && !strcmp(argv[i + 1], "mpi"))
             g_nccl = false, i++;
@@ -522,15 +217,8 @@ int main(int argc, char **argv) {
         usage_fatal("--comm nccl (needs --backend cuda)");
     const char *name = g_cuda ? (g_sp ? "test_layer_tp_gpu_sp" : "test_layer_tp_gpu")
                               : (g_sp ? "test_layer_tp_sp" : "test_layer_tp");
-    if (g_cuda) {
-        /* Every rank skips, or none: a rank alone would leave the others in a collective. */
-        char why[160] = "";
-        const int usable = gpu_usable(why, sizeof why);
-        if (!test_gpu_all_ranks_usable(usable, name, why)) {
-            MPI_Finalize();
-            return TEST_SKIP;
-        }
-    }
+    if (lh_skip_without_gpu(name, gpu_usable))
+        return TEST_SKIP;
     const gdp_comm_backend_t comm_backend = g_nccl ? GDP_COMM_NCCL : GDP_COMM_MPI;
     GDP_FATAL_IF_ERROR(NULL, gdp_comm_init(&g_comm, comm_backend, NULL,
                                            g_cuda ? GDP_COMM_DEVICE_BUFFERS : GDP_COMM_HOST_BUFFERS));
@@ -566,27 +254,28 @@ int main(int argc, char **argv) {
     }
     g_a = malloc(sizeof(double) * SCRATCH);
     g_b = malloc(sizeof(double) * SCRATCH);
+    g_job = (lh_job){.stacks = {&g_tp, &g_ref, &g_cref}, .n_stacks = g_cuda ? 3 : 2, .reqs = g_req, .n_reqs = NREQ,
+                     .bar = BAR_TP, .print_every_rank = true};
+    snprintf(g_job.vs, sizeof g_job.vs, "tp %d vs tp 1", g_size);
 
-    scenario_chunked_and_decode();
-    scenario_prefix();
+    lh_scenario_chunked_and_decode();
+    if (g_rank == 0)
+        printf("chunked prefill == one prefill and decode == recompute: checked (steps 1-3)\n");
+    lh_scenario_prefix();
+    if (g_rank == 0)
+        printf("prefix snapshot restore + continue == uninterrupted: checked (steps 4-5)\n");
     scenario_drafts();
     scenario_bad_input(path);
 
-    stack_free(&g_tp);
-    stack_free(&g_ref);
-    if (g_cuda)
-        stack_free(&g_cref);
-    free(g_a), free(g_b);
-    MPI_Barrier(MPI_COMM_WORLD);
+    double worst[K_KINDS];
+    lh_job_end(worst);
     if (g_rank == 0)
         remove(path);
-    double worst[K_KINDS];
-    MPI_Allreduce(g_worst, worst, K_KINDS, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (g_rank == 0) {
         printf("# worst %s: tp vs tp1 %.2e, chunked/restore/drafts %.2e, decode vs recompute %.2e, states tp vs tp1 "
                "%.2e\n",
-               g_cuda ? "relative RMS" : "max|a-b|/max|b|", worst[K_TP_OUT], worst[K_SCENARIO], worst[K_RECOMPUTE],
-               worst[K_TP_STATE]);
+               g_cuda ? "relative RMS" : "max|a-b|/max|b|", worst[K_OUT], worst[K_SCENARIO], worst[K_RECOMPUTE],
+               worst[K_STATE]);
         if (g_cuda)
             printf("# worst relative RMS, GPU tp 1 vs CPU tp 1: outputs %.2e, states %.2e\n", worst[K_CPU_OUT],
                    worst[K_CPU_STATE]);
