@@ -172,6 +172,23 @@ static gdp_status_t copy_sync(gdp_comm_t comm, void *dst, const void *src, size_
 }
 #define D2H cudaMemcpyDeviceToHost
 #define H2D cudaMemcpyHostToDevice
+
+/* A host collective (host_allreduce, host_allgather, ...): all pointers host memory. */
+typedef gdp_status_t (*host_collective)(gdp_comm_t comm, const void *send, void *recv, size_t count,
+                                        gdp_dtype_t dtype);
+
+/* Device buffers: send_bytes of send copied to host staging buffer 0, the host collective from
+ * there into staging buffer 1 (never aliased, so no collective needs its in-place path), and
+ * recv_bytes of that copied back to recv. */
+static gdp_status_t staged(gdp_comm_t comm, host_collective op, const void *send, size_t send_bytes, void *recv,
+                           size_t recv_bytes, size_t count, gdp_dtype_t dtype, void *stream) {
+    void *hs, *hr;
+    GDP_CHECK(stage(comm->context, 0, send_bytes, &hs));
+    GDP_CHECK(stage(comm->context, 1, recv_bytes, &hr));
+    GDP_CHECK(copy_sync(comm, hs, send, send_bytes, D2H, stream));
+    GDP_CHECK(op(comm, hs, hr, count, dtype));
+    return copy_sync(comm, recv, hr, recv_bytes, H2D, stream);
+}
 #endif
 
 static bool on_device(gdp_comm_t comm) { return comm->buffers == GDP_COMM_DEVICE_BUFFERS; }
@@ -184,12 +201,8 @@ static gdp_status_t mpi_allreduce(gdp_comm_t comm, const void *send, void *recv,
     GDP_CHECK(check_int_count("gdp_comm_allreduce", count, dtype));
 #ifdef GDP_HAVE_CUDA
     if (on_device(comm)) {
-        size_t bytes = count * gdp_dtype_size(dtype);
-        void *h;
-        GDP_CHECK(stage(comm->context, 0, bytes, &h));
-        GDP_CHECK(copy_sync(comm, h, send, bytes, D2H, stream));
-        GDP_CHECK(host_allreduce(comm, h, h, count, dtype));
-        return copy_sync(comm, recv, h, bytes, H2D, stream);
+        const size_t bytes = count * gdp_dtype_size(dtype);
+        return staged(comm, host_allreduce, send, bytes, recv, bytes, count, dtype, stream);
     }
 #endif
     return host_allreduce(comm, send, recv, count, dtype);
@@ -200,12 +213,8 @@ static gdp_status_t mpi_allgather(gdp_comm_t comm, const void *send, void *recv,
     GDP_CHECK(check_int_count("gdp_comm_allgather", count, dtype));
 #ifdef GDP_HAVE_CUDA
     if (on_device(comm)) {
-        size_t bytes = count * gdp_dtype_size(dtype);
-        char *h;
-        GDP_CHECK(stage(comm->context, 0, bytes * (size_t)comm->size, (void **)&h));
-        GDP_CHECK(copy_sync(comm, h + (size_t)comm->rank * bytes, send, bytes, D2H, stream));
-        GDP_CHECK(host_allgather(comm, h + (size_t)comm->rank * bytes, h, count, dtype));
-        return copy_sync(comm, recv, h, bytes * (size_t)comm->size, H2D, stream);
+        const size_t bytes = count * gdp_dtype_size(dtype);
+        return staged(comm, host_allgather, send, bytes, recv, bytes * (size_t)comm->size, count, dtype, stream);
     }
 #endif
     return host_allgather(comm, send, recv, count, dtype);
@@ -216,13 +225,8 @@ static gdp_status_t mpi_reduce_scatter(gdp_comm_t comm, const void *send, void *
     GDP_CHECK(check_int_count("gdp_comm_reduce_scatter", count, dtype));
 #ifdef GDP_HAVE_CUDA
     if (on_device(comm)) {
-        size_t bytes = count * gdp_dtype_size(dtype);
-        void *hs, *hr;
-        GDP_CHECK(stage(comm->context, 0, bytes * (size_t)comm->size, &hs));
-        GDP_CHECK(copy_sync(comm, hs, send, bytes * (size_t)comm->size, D2H, stream));
-        GDP_CHECK(stage(comm->context, 1, bytes, &hr));
-        GDP_CHECK(host_reduce_scatter(comm, hs, hr, count, dtype));
-        return copy_sync(comm, recv, hr, bytes, H2D, stream);
+        const size_t bytes = count * gdp_dtype_size(dtype);
+        return staged(comm, host_reduce_scatter, send, bytes * (size_t)comm->size, recv, bytes, count, dtype, stream);
     }
 #endif
     return host_reduce_scatter(comm, send, recv, count, dtype);
@@ -233,13 +237,8 @@ static gdp_status_t mpi_alltoall(gdp_comm_t comm, const void *send, void *recv, 
     GDP_CHECK(check_int_count("gdp_comm_alltoall", count, dtype));
 #ifdef GDP_HAVE_CUDA
     if (on_device(comm)) {
-        size_t bytes = count * gdp_dtype_size(dtype) * (size_t)comm->size;
-        void *hs, *hr;
-        GDP_CHECK(stage(comm->context, 0, bytes, &hs));
-        GDP_CHECK(stage(comm->context, 1, bytes, &hr));
-        GDP_CHECK(copy_sync(comm, hs, send, bytes, D2H, stream));
-        GDP_CHECK(host_alltoall(comm, hs, hr, count, dtype));
-        return copy_sync(comm, recv, hr, bytes, H2D, stream);
+        const size_t bytes = count * gdp_dtype_size(dtype) * (size_t)comm->size;
+        return staged(comm, host_alltoall, send, bytes, recv, bytes, count, dtype, stream);
     }
 #endif
     return host_alltoall(comm, send, recv, count, dtype);
