@@ -24,16 +24,6 @@ static double conv_step(double *win, int64_t W, const double *wc, double bias, i
     return silu ? acc / (1.0 + exp(-acc)) : acc;
 }
 
-static void load_window(const gdp_tensor *t, int64_t off, int64_t W, double *win) {
-    for (int64_t j = 0; j < W; j++)
-        win[j] = gdp_load_elem(t->data, t->dtype, off + j);
-}
-
-static void store_window(gdp_tensor *t, int64_t off, int64_t W, const double *win) {
-    for (int64_t j = 0; j < W; j++)
-        gdp_store_elem(t->data, t->dtype, off + j, win[j]);
-}
-
 /* Weights and bias of channel c as doubles. */
 static void channel_params(const gdp_tensor *weight, const gdp_tensor *bias, int64_t c, int64_t W, double *wc,
                            double *bc) {
@@ -60,14 +50,14 @@ gdp_status_t gdp_cpu_conv1d_update(const gdp_conv1d_update_args *a) {
         }
         for (int64_t c = 0; c < C; c++) {
             channel_params(&a->weight, &a->bias, c, W, wc, &bc);
-            load_window(&state, (slot * C + c) * W, W, win);
+            gdp_cpu_load_run(&state, (slot * C + c) * W, W, win);
             for (int64_t s = 0; s < S; s++) {
                 const double x_in = gdp_load_elem(a->x.data, a->x.dtype, b * xs0 + s * xs1 + c);
                 gdp_tensor_set(&y, (b * S + s) * C + c, conv_step(win, W, wc, bc, a->silu, x_in));
                 if (snapshots)
-                    store_window(&inter, ((slot * S + s) * C + c) * W, W, win);
+                    gdp_cpu_store_run(&inter, ((slot * S + s) * C + c) * W, W, win);
             }
-            store_window(&state, (slot * C + c) * W, W, win);
+            gdp_cpu_store_run(&state, (slot * C + c) * W, W, win);
         }
     }
     return GDP_STATUS_SUCCESS;
@@ -109,7 +99,7 @@ gdp_status_t gdp_cpu_conv1d_varlen(const gdp_conv1d_varlen_args *a) {
         for (int64_t c = 0; c < C; c++) {
             channel_params(&a->weight, &a->bias, c, W, wc, &bc);
             if (slot >= 0)
-                load_window(&state, (slot * C + c) * W, W, win);
+                gdp_cpu_load_run(&state, (slot * C + c) * W, W, win);
             else
                 memset(win, 0, sizeof win); /* -1: a fresh request's zero window */
             for (int64_t p = 0; p < len; p++) {
@@ -117,7 +107,7 @@ gdp_status_t gdp_cpu_conv1d_varlen(const gdp_conv1d_varlen_args *a) {
                 gdp_tensor_set(&y, (start + p) * C + c, conv_step(win, W, wc, bc, a->silu, x_in));
             }
             if (slot >= 0)
-                store_window(&state, (slot * C + c) * W, W, win);
+                gdp_cpu_store_run(&state, (slot * C + c) * W, W, win);
         }
     }
     /* Padding tokens past the last sequence. */

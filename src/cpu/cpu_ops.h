@@ -90,6 +90,17 @@ static inline int64_t gdp_cpu_slot_of(const gdp_tensor *indices, int64_t row) {
     return ((const int32_t *)indices->data)[gdp_tensor_offset(indices, row)];
 }
 
+/* n contiguous elements of a cache tensor (a conv window, a state block) from element off,
+ * as doubles, and back (rounded to its dtype). */
+static inline void gdp_cpu_load_run(const gdp_tensor *t, int64_t off, int64_t n, double *dst) {
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = gdp_load_elem(t->data, t->dtype, off + i);
+}
+static inline void gdp_cpu_store_run(gdp_tensor *t, int64_t off, int64_t n, const double *src) {
+    for (int64_t i = 0; i < n; i++)
+        gdp_store_elem(t->data, t->dtype, off + i, src[i]);
+}
+
 /* Checks the values of a slot-index array of `rows` requests (host memory) against a
  * cache of `slots` slots: each is -1 (padding) or in [0, slots), and no slot is named
  * by two requests (their in-place updates would race). Names the row and value. */

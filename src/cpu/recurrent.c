@@ -48,16 +48,6 @@ static int64_t state_block(const gdp_tensor *state, int64_t slot, int64_t h) {
     return slot * gdp_tensor_stride(state, 0) + h * gdp_tensor_stride(state, 1);
 }
 
-static void load_block(const gdp_tensor *t, int64_t off, int64_t n, double *dst) {
-    for (int64_t i = 0; i < n; i++)
-        dst[i] = gdp_load_elem(t->data, t->dtype, off + i);
-}
-
-static void store_block(gdp_tensor *t, int64_t off, int64_t n, const double *src) {
-    for (int64_t i = 0; i < n; i++)
-        gdp_store_elem(t->data, t->dtype, off + i, src[i]);
-}
-
 /* x /= sqrt(|x|^2 + eps): the in-kernel L2 norm, eps inside the root. */
 static void l2_normalize(double *x, int64_t n) {
     double ss = 0;
@@ -104,7 +94,7 @@ gdp_status_t gdp_cpu_recurrent_update(const gdp_recurrent_args *a) {
         }
         for (int64_t h = 0; h < H; h++) {
             if (cache)
-                load_block(&state, state_block(&state, slot, h), KV, st);
+                gdp_cpu_load_run(&state, state_block(&state, slot, h), KV, st);
             else if (gdp_tensor_present(&a->initial_state))
                 gdp_tensor_read_f64(&a->initial_state, (b * H + h) * KV, KV, st);
             else
@@ -146,7 +136,7 @@ gdp_status_t gdp_cpu_recurrent_update(const gdp_recurrent_args *a) {
                 }
                 if (snapshots && (t + 1) % M == 0) {
                     const int64_t s = (t + 1) / M - 1; /* the token this step completes */
-                    store_block(&inter, ((slot * S + s) * H + h) * KV, KV, st);
+                    gdp_cpu_store_run(&inter, ((slot * S + s) * H + h) * KV, KV, st);
                 }
                 /* Cache mode: between tokens the state is rounded to fp32, as the CUDA kernel
                  * holds it, so with the default fp32 cache a step of S tokens equals S steps of
@@ -157,7 +147,7 @@ gdp_status_t gdp_cpu_recurrent_update(const gdp_recurrent_args *a) {
             }
 
             if (cache)
-                store_block(&state, state_block(&state, slot, h), KV, st);
+                gdp_cpu_store_run(&state, state_block(&state, slot, h), KV, st);
             else if (a->output_final_state)
                 gdp_tensor_write_f64(&final_state, (b * H + h) * KV, KV, st);
         }
