@@ -272,13 +272,10 @@ static gdp_status_t check_layer(const struct gdp_cache *c, int32_t layer, const 
     return GDP_STATUS_SUCCESS;
 }
 
+/* A view of one of the cache's buffers: gdp_tensor_init, which cannot fail here (the buffer
+ * of these extents was allocated at gdp_cache_init). */
 static void set_view(gdp_tensor *t, void *data, gdp_dtype_t dtype, int32_t ndim, const int64_t *shape) {
-    memset(t, 0, sizeof *t);
-    t->data = data;
-    t->dtype = dtype;
-    t->ndim = ndim;
-    for (int32_t d = 0; d < ndim; d++)
-        t->shape[d] = shape[d];
+    (void)gdp_tensor_init(t, data, dtype, ndim, shape);
 }
 
 gdp_status_t gdp_cache_state_views(gdp_cache_t cache, int32_t layer, gdp_tensor *ssm, gdp_tensor *conv) {
