@@ -93,8 +93,9 @@ typedef struct seq_inputs {
     double *q, *k, *v, *beta, *g, *s0;
 } seq_inputs;
 
-static void seq_inputs_make(seq_inputs *s, test_rng *r, int64_t L, int64_t M, int64_t K, int64_t V, bool l2norm,
-                            bool init) {
+/* Zeroed rows for one sequence of L tokens and its initial state (the rows with a spare
+ * element, so L = 0 still allocates). */
+static void seq_inputs_alloc(seq_inputs *s, int64_t L, int64_t M, int64_t K, int64_t V) {
     s->L = L; s->M = M; s->K = K; s->V = V;
     s->q = calloc((size_t)(L * K + 1), sizeof(double));
     s->k = calloc((size_t)(L * M * K + 1), sizeof(double));
@@ -102,6 +103,11 @@ static void seq_inputs_make(seq_inputs *s, test_rng *r, int64_t L, int64_t M, in
     s->beta = calloc((size_t)(L * M + 1), sizeof(double));
     s->g = calloc((size_t)(L + 1), sizeof(double));
     s->s0 = calloc((size_t)(K * V), sizeof(double));
+}
+
+static void seq_inputs_make(seq_inputs *s, test_rng *r, int64_t L, int64_t M, int64_t K, int64_t V, bool l2norm,
+                            bool init) {
+    seq_inputs_alloc(s, L, M, K, V);
     /* fp32 inputs. Without the L2 norm, keys are kept small (|k|^2 ~ 1/3) so that
      * I - beta k k^T stays a contraction, as normalized keys make it. */
     for (int64_t i = 0; i < L * K; i++) s->q[i] = to_fp32(l2norm ? test_normal(r) : test_uniform_range(r, -1, 1));
@@ -285,13 +291,7 @@ static gdp_chunk_args batch_args(const batch *b) {
 static void seq_inputs_gather(seq_inputs *s, const batch *b, int64_t i, int64_t h) {
     const int32_t *cu = b->cu_seqlens.data;
     const int64_t bos = cu[i], L = cu[i + 1] - cu[i], M = b->sp.M, H = b->sp.H, K = b->sp.K, V = b->sp.V;
-    s->L = L; s->M = M; s->K = K; s->V = V;
-    s->q = calloc((size_t)(L * K + 1), sizeof(double));
-    s->k = calloc((size_t)(L * M * K + 1), sizeof(double));
-    s->v = calloc((size_t)(L * M * V + 1), sizeof(double));
-    s->beta = calloc((size_t)(L * M + 1), sizeof(double));
-    s->g = calloc((size_t)(L + 1), sizeof(double));
-    s->s0 = calloc((size_t)(K * V), sizeof(double));
+    seq_inputs_alloc(s, L, M, K, V);
     for (int64_t t = 0; t < L; t++) {
         for (int64_t c = 0; c < K; c++) s->q[t * K + c] = gdp_tensor_get(&b->q, ((bos + t) * H + h) * K + c);
         s->g[t] = gdp_tensor_get(&b->g, (bos + t) * H + h);
