@@ -45,6 +45,19 @@ static bool unchanged(const gdp_tensor *t, const void *snap) {
               "%s: status %d, message: %s", what, (int)st_, gdp_last_error());                                \
     } while (0)
 
+/* The inputs both ops take (valid values: g < 0, beta in (0, 1)), the cache and the output. */
+static void fill_inputs(const int64_t q_shape[4], const int64_t v_shape[4], const int64_t g_shape[3],
+                        const int64_t st_shape[4], gdp_tensor *q, gdp_tensor *k, gdp_tensor *v, gdp_tensor *g,
+                        gdp_tensor *beta, gdp_tensor *state, gdp_tensor *o) {
+    *q = filled(GDP_DTYPE_FP32, 4, q_shape, -1, 1);
+    *k = filled(GDP_DTYPE_FP32, 4, q_shape, -1, 1);
+    *v = filled(GDP_DTYPE_FP32, 4, v_shape, -1, 1);
+    *g = filled(GDP_DTYPE_FP32, 3, g_shape, -0.2, -0.01);
+    *beta = filled(GDP_DTYPE_FP32, 3, g_shape, 0.1, 0.9);
+    *state = filled(GDP_DTYPE_FP32, 4, st_shape, -1, 1);
+    *o = test_tensor_alloc(GDP_DTYPE_FP32, 4, v_shape);
+}
+
 /* ---- a chunk call in cache mode: one sequence of T tokens, slot 1 ---- */
 typedef struct chunk_case {
     gdp_chunk_args a;
@@ -56,13 +69,7 @@ static void chunk_make(chunk_case *c) {
     memset(c, 0, sizeof *c);
     const int64_t q_shape[4] = {1, T, H, K}, v_shape[4] = {1, T, H, V}, g_shape[3] = {1, T, H};
     const int64_t st_shape[4] = {SLOTS, H, K, V}, one[1] = {1}, two[1] = {2};
-    c->q = filled(GDP_DTYPE_FP32, 4, q_shape, -1, 1);
-    c->k = filled(GDP_DTYPE_FP32, 4, q_shape, -1, 1);
-    c->v = filled(GDP_DTYPE_FP32, 4, v_shape, -1, 1);
-    c->g = filled(GDP_DTYPE_FP32, 3, g_shape, -0.2, -0.01);
-    c->beta = filled(GDP_DTYPE_FP32, 3, g_shape, 0.1, 0.9);
-    c->state = filled(GDP_DTYPE_FP32, 4, st_shape, -1, 1);
-    c->o = test_tensor_alloc(GDP_DTYPE_FP32, 4, v_shape);
+    fill_inputs(q_shape, v_shape, g_shape, st_shape, &c->q, &c->k, &c->v, &c->g, &c->beta, &c->state, &c->o);
     c->cu = test_tensor_alloc(GDP_DTYPE_INT32, 1, two);
     ((int32_t *)c->cu.data)[1] = T;
     c->slots = test_tensor_alloc(GDP_DTYPE_INT32, 1, one);
@@ -96,13 +103,7 @@ static void rec_make(rec_case *c) {
     memset(c, 0, sizeof *c);
     const int64_t q_shape[4] = {2, 1, H, K}, v_shape[4] = {2, 1, H, V}, g_shape[3] = {2, 1, H};
     const int64_t st_shape[4] = {SLOTS, H, K, V}, two[1] = {2}, in_shape[5] = {SLOTS, 1, H, K, V};
-    c->q = filled(GDP_DTYPE_FP32, 4, q_shape, -1, 1);
-    c->k = filled(GDP_DTYPE_FP32, 4, q_shape, -1, 1);
-    c->v = filled(GDP_DTYPE_FP32, 4, v_shape, -1, 1);
-    c->g = filled(GDP_DTYPE_FP32, 3, g_shape, -0.2, -0.01);
-    c->beta = filled(GDP_DTYPE_FP32, 3, g_shape, 0.1, 0.9);
-    c->state = filled(GDP_DTYPE_FP32, 4, st_shape, -1, 1);
-    c->o = test_tensor_alloc(GDP_DTYPE_FP32, 4, v_shape);
+    fill_inputs(q_shape, v_shape, g_shape, st_shape, &c->q, &c->k, &c->v, &c->g, &c->beta, &c->state, &c->o);
     c->inter = test_tensor_alloc(GDP_DTYPE_FP32, 5, in_shape);
     c->slots = test_tensor_alloc(GDP_DTYPE_INT32, 1, two);
     ((int32_t *)c->slots.data)[0] = 1, ((int32_t *)c->slots.data)[1] = 0;
