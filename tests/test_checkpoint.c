@@ -310,6 +310,18 @@ static void test_distributions(gdp_st_file *f, const gdp_layer_config *c, gdp_dt
 /* ---- bad checkpoints ---------------------------------------------------------------- */
 typedef enum mutation { MUT_DROP, MUT_SHAPE, MUT_DTYPE, MUT_NO_META } mutation;
 
+/* The end of a rewrite of f: its n entries e (data in bufs) and nk metadata pairs written to
+ * dst; then the buffers freed and f closed. */
+static void write_rewritten(gdp_st_file *f, const char *dst, gdp_st_entry *e, void **bufs, int32_t n,
+                            const char **ks, const char **vs, int32_t nk) {
+    CHECK_OK(gdp_st_write(dst, e, n, ks, vs, nk));
+    for (int32_t i = 0; i < n; i++)
+        free(bufs[i]);
+    free(bufs);
+    free(e);
+    gdp_st_close(f);
+}
+
 /* Rewrites `src` into `dst` with one change to tensor `target` (or the metadata). */
 static void write_mutated(const char *src, const char *dst, mutation mut, const char *target) {
     gdp_st_file *f = NULL;
@@ -355,12 +367,7 @@ static void write_mutated(const char *src, const char *dst, mutation mut, const 
         ks[nk] = keys[i];
         vals[nk++] = gdp_st_metadata(f, keys[i]);
     }
-    CHECK_OK(gdp_st_write(dst, e, k, ks, vals, nk));
-    for (int32_t i = 0; i < k; i++)
-        free(bufs[i]);
-    free(bufs);
-    free(e);
-    gdp_st_close(f);
+    write_rewritten(f, dst, e, bufs, k, ks, vals, nk);
 }
 
 /* Every rank must see `want` with a message containing both needles; counted over ranks. */
@@ -496,12 +503,7 @@ static void write_copy(const char *src, const char *dst, const char *target, int
         if (v != NULL)
             ks[nk] = k_meta_keys[i], vs[nk++] = v;
     }
-    CHECK_OK(gdp_st_write(dst, e, n, ks, vs, nk));
-    for (int32_t i = 0; i < n; i++)
-        free(bufs[i]);
-    free(bufs);
-    free(e);
-    gdp_st_close(f);
+    write_rewritten(f, dst, e, bufs, n, ks, vs, nk);
 }
 
 /* Opens `path` written by rank 0 (every rank, after a barrier). */
