@@ -50,6 +50,7 @@
 #include "gdp/engine.h"
 #include "gdp/model.h"
 #include "test_common.h"
+#include "test_gpu.h"
 
 #ifdef GDP_HAVE_CUDA
 #include <cuda_runtime_api.h> /* defines: cudaStreamCreateWithFlags (graphs need a non-default stream) */
@@ -510,6 +511,19 @@ static void engine_config(const variant *v, gdp_engine_config *c) {
         c->schedule = GDP_SCHEDULE_FCFS;
 }
 
+/* The checkpoint at path and its model on ctx (comm: the model's TP group; NULL for TP = 1). */
+static void load_model(const char *path, gdp_ctx_t ctx, gdp_comm_t comm, gdp_checkpoint_t *ck, gdp_model_t *model) {
+    GDP_FATAL_IF_ERROR(comm, gdp_checkpoint_open(ck, path));
+    GDP_FATAL_IF_ERROR(comm, gdp_model_init(model, ctx, comm, *ck));
+}
+
+/* Frees a load_model's model and checkpoint, then the ctx. */
+static void free_model(gdp_ctx_t ctx, gdp_checkpoint_t ck, gdp_model_t model) {
+    gdp_model_free(model);
+    gdp_checkpoint_free(ck);
+    gdp_ctx_free(ctx);
+}
+
 /* The admission order of config.schedule, seen in the first-token times of one slot (one
  * request at a time, no preemption) on the CPU, this rank alone: shortest first (an age
  * bound no run reaches) admits by prompt length, ties by workload order; FCFS, and shortest
@@ -524,9 +538,8 @@ static void schedule_order(const char *ckpt_path) {
     gdp_ctx_t ctx;
     GDP_FATAL_IF_ERROR(NULL, gdp_ctx_init(&ctx, GDP_BACKEND_CPU, 0));
     gdp_checkpoint_t ck;
-    GDP_FATAL_IF_ERROR(NULL, gdp_checkpoint_open(&ck, ckpt_path));
     gdp_model_t model;
-    GDP_FATAL_IF_ERROR(NULL, gdp_model_init(&model, ctx, NULL, ck));
+    load_model(ckpt_path, ctx, NULL, &ck, &model);
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         gdp_engine_config c;
         gdp_engine_config_default(&c);
@@ -557,9 +570,7 @@ static void schedule_order(const char *ckpt_path) {
                cases[k].by_length ? "prompt-length" : "arrival", out_of_order == 0 ? "ok" : "FAILED");
         gdp_engine_free(e);
     }
-    gdp_model_free(model);
-    gdp_checkpoint_free(ck);
-    gdp_ctx_free(ctx);
+    free_model(ctx, ck, model);
 }
 
 /* Runs variant v on the ranks of `group` (MPI_COMM_NULL: this rank alone), into *out (root). */
@@ -590,9 +601,8 @@ static void run_variant(const char *ckpt_path, MPI_Comm group, const variant *v,
     }
 #endif
     gdp_checkpoint_t ck;
-    GDP_FATAL_IF_ERROR(comm, gdp_checkpoint_open(&ck, ckpt_path));
     gdp_model_t model;
-    GDP_FATAL_IF_ERROR(comm, gdp_model_init(&model, ctx, comm, ck));
+    load_model(ckpt_path, ctx, comm, &ck, &model);
     gdp_engine_config ec;
     engine_config(v, &ec);
     gdp_engine_t e;
@@ -625,9 +635,7 @@ static void run_variant(const char *ckpt_path, MPI_Comm group, const variant *v,
         }
     }
     gdp_engine_free(e);
-    gdp_model_free(model);
-    gdp_checkpoint_free(ck);
-    gdp_ctx_free(ctx);
+    free_model(ctx, ck, model);
 #ifdef GDP_HAVE_CUDA
     if (stream != NULL)
         cudaStreamDestroy(stream);
@@ -826,9 +834,8 @@ static void mpi_bad_input(const char *path) {
     gdp_ctx_t ctx;
     GDP_FATAL_IF_ERROR(comm, gdp_ctx_init(&ctx, GDP_BACKEND_CPU, 0));
     gdp_checkpoint_t ck;
-    GDP_FATAL_IF_ERROR(comm, gdp_checkpoint_open(&ck, path));
     gdp_model_t model;
-    GDP_FATAL_IF_ERROR(comm, gdp_model_init(&model, ctx, comm, ck));
+    load_model(path, ctx, comm, &ck, &model);
     gdp_engine_config ec;
     engine_config(&k_variants[0], &ec);
     ec.check_requests = 0;
@@ -881,9 +888,7 @@ static void mpi_bad_input(const char *path) {
     CHECK(strstr(gdp_last_error(), "whole-prompt") != NULL && strstr(gdp_last_error(), "max_step_tokens 100") != NULL,
           "rank %d: whole-prompt message '%s'", g_rank, gdp_last_error());
     gdp_engine_free(e);
-    gdp_model_free(model);
-    gdp_checkpoint_free(ck);
-    gdp_ctx_free(ctx);
+    free_model(ctx, ck, model);
     gdp_comm_free(comm);
     if (g_rank == 0)
         printf("bad input: small budget, token outside the vocabulary, whole prompt over the budget, results off the "
@@ -933,16 +938,11 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
     if (g_cuda) {
-        int ok = gdp_backend_available(GDP_BACKEND_CUDA);
-        gdp_ctx_t probe = NULL;
-        if (ok && gdp_ctx_init(&probe, GDP_BACKEND_CUDA, 0) != GDP_STATUS_SUCCESS)
-            ok = 0;
-        gdp_ctx_free(probe);
-        int all = 0;
-        MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-        if (!all) {
-            if (g_rank == 0)
-                printf("test_engine --backend cuda: no GPU (or a build without CUDA): skipped\n");
+        /* Every rank skips, or none: a rank alone would leave the others in a collective. */
+        char why[160] = "";
+        int gpus = 0;
+        const int usable = test_gpu_usable(why, sizeof why, &gpus);
+        if (!test_gpu_all_ranks_usable(usable, "test_engine --backend cuda", why)) {
             MPI_Finalize();
             return TEST_SKIP;
         }
