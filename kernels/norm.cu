@@ -114,7 +114,8 @@ template <bool L2, bool GATED> cudaError_t launch_norm(const NormParams &p, cuda
     return cudaGetLastError();
 }
 
-gdp_status_t finish_launch(const char *op, cudaError_t err, const NormParams &p) {
+/* The op's status after its launch: the one launch check, with the norm's shape in the message. */
+gdp_status_t check_norm_launch(const char *op, cudaError_t err, const NormParams &p) {
     GDP_CUDA_LAUNCH_CHECK(op, err, "%lld vectors of %lld", (long long)p.vectors, (long long)p.n);
     return GDP_STATUS_SUCCESS;
 }
@@ -143,7 +144,7 @@ extern "C" gdp_status_t gdp_cuda_l2norm(struct gdp_ctx *ctx, gdp_tensor *y, cons
     p.groups = 1;
     p.x_row = d;
     p.eps = (float)GDP_L2NORM_EPS;
-    return finish_launch("gdp_l2norm", launch_norm<true, false>(p, static_cast<cudaStream_t>(ctx->stream)), p);
+    return check_norm_launch("gdp_l2norm", launch_norm<true, false>(p, static_cast<cudaStream_t>(ctx->stream)), p);
 }
 
 extern "C" gdp_status_t gdp_cuda_gated_rmsnorm(struct gdp_ctx *ctx, gdp_tensor *out, const gdp_tensor *y,
@@ -173,7 +174,7 @@ extern "C" gdp_status_t gdp_cuda_gated_rmsnorm(struct gdp_ctx *ctx, gdp_tensor *
     /* torch's mean multiplies the sum by float(outputs) / numel, i.e. 1/n rounded once. */
     p.inv_n = 1.0f / (float)group_size;
     p.eps = (float)eps;
-    return finish_launch(op, launch_norm<false, true>(p, static_cast<cudaStream_t>(ctx->stream)), p);
+    return check_norm_launch(op, launch_norm<false, true>(p, static_cast<cudaStream_t>(ctx->stream)), p);
 }
 
 extern "C" gdp_status_t gdp_cuda_rmsnorm(struct gdp_ctx *ctx, gdp_tensor *out, const gdp_tensor *x,
@@ -193,5 +194,5 @@ extern "C" gdp_status_t gdp_cuda_rmsnorm(struct gdp_ctx *ctx, gdp_tensor *out, c
     p.x_row = d;
     p.inv_n = d > 0 ? 1.0f / (float)d : 0.0f;
     p.eps = (float)eps;
-    return finish_launch("gdp_rmsnorm", launch_norm<false, false>(p, static_cast<cudaStream_t>(ctx->stream)), p);
+    return check_norm_launch("gdp_rmsnorm", launch_norm<false, false>(p, static_cast<cudaStream_t>(ctx->stream)), p);
 }
