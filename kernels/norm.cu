@@ -127,22 +127,28 @@ void row_shape(const gdp_tensor *t, int64_t *rows, int64_t *d) {
     *rows = *d > 0 ? numel / *d : 0;
 }
 
-} // namespace
-
-// kernel launchers
-
-extern "C" gdp_status_t gdp_cuda_l2norm(struct gdp_ctx *ctx, gdp_tensor *y, const gdp_tensor *x) {
+/* The parameters of a norm over whole rows of x (one vector a row, contiguous rows) into out. */
+NormParams whole_row_params(const gdp_tensor *x, gdp_tensor *out) {
     NormParams p = {};
     int64_t rows, d;
     row_shape(x, &rows, &d);
     p.x = x->data;
     p.x_dtype = x->dtype;
-    p.out = y->data;
-    p.out_dtype = y->dtype;
+    p.out = out->data;
+    p.out_dtype = out->dtype;
     p.vectors = d > 0 ? rows : 0;
     p.n = d;
     p.groups = 1;
     p.x_row = d;
+    return p;
+}
+
+} // namespace
+
+// kernel launchers
+
+extern "C" gdp_status_t gdp_cuda_l2norm(struct gdp_ctx *ctx, gdp_tensor *y, const gdp_tensor *x) {
+    NormParams p = whole_row_params(x, y);
     p.eps = (float)GDP_L2NORM_EPS;
     return check_norm_launch("gdp_l2norm", launch_norm<true, false>(p, static_cast<cudaStream_t>(ctx->stream)), p);
 }
@@ -179,20 +185,10 @@ extern "C" gdp_status_t gdp_cuda_gated_rmsnorm(struct gdp_ctx *ctx, gdp_tensor *
 
 extern "C" gdp_status_t gdp_cuda_rmsnorm(struct gdp_ctx *ctx, gdp_tensor *out, const gdp_tensor *x,
                                          const gdp_tensor *weight, double eps) {
-    int64_t rows, d;
-    row_shape(x, &rows, &d);
-    NormParams p = {};
-    p.x = x->data;
-    p.x_dtype = x->dtype;
+    NormParams p = whole_row_params(x, out);
     p.weight = weight->data;
     p.w_dtype = weight->dtype;
-    p.out = out->data;
-    p.out_dtype = out->dtype;
-    p.vectors = d > 0 ? rows : 0;
-    p.n = d;
-    p.groups = 1;
-    p.x_row = d;
-    p.inv_n = d > 0 ? 1.0f / (float)d : 0.0f;
+    p.inv_n = p.n > 0 ? 1.0f / (float)p.n : 0.0f;
     p.eps = (float)eps;
     return check_norm_launch("gdp_rmsnorm", launch_norm<false, false>(p, static_cast<cudaStream_t>(ctx->stream)), p);
 }

@@ -45,6 +45,15 @@ void gdp_set_error_rank(int rank);
 
 #define GDP_FAIL(status, ...) return gdp_set_error((status), __FILE__, __LINE__, __VA_ARGS__)
 #define GDP_ERROR(status, ...) gdp_set_error((status), __FILE__, __LINE__, __VA_ARGS__)
+/* An op front-end's CUDA branch: returns the CUDA launcher's status, or, in a libgdp built without
+ * the CUDA backend, fails UNSUPPORTED naming the op (the launcher call is then not compiled). */
+#ifdef GDP_HAVE_CUDA
+#define GDP_CUDA_OP(op, call) return (call)
+#else
+#define GDP_CUDA_OP(op, call)                                                                              \
+    GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: this libgdp was built without the CUDA backend; use GDP_BACKEND_CPU", \
+             (op))
+#endif
 /* Propagates a failing status (the message is already recorded). */
 #define GDP_CHECK(call)                                 \
     do {                                                \

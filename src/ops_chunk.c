@@ -21,14 +21,6 @@
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-#ifndef GDP_HAVE_CUDA
-/* Unreachable in practice (gdp_ctx_init refuses CUDA in such a build), kept for safety. */
-static gdp_status_t no_cuda_backend(const char *op) {
-    GDP_FAIL(GDP_STATUS_UNSUPPORTED,
-             "%s: this libgdp was built without the CUDA backend; use a GDP_BACKEND_CPU ctx or rebuild with CUDA",
-             op);
-}
-#endif
 
 /* Host cu_seqlens [N+1]: starts at 0, non-decreasing, ends at or before token T. */
 static gdp_status_t check_cu_seqlens(const char *op, const int32_t *cu, int64_t N, int64_t T) {
@@ -75,11 +67,7 @@ gdp_status_t gdp_l2norm(gdp_ctx_t ctx, gdp_tensor *y, const gdp_tensor *x) {
     GDP_CHECK(gdp_debug_check_values(ctx, op, "x", x, false));
     if (ctx->backend == GDP_BACKEND_CPU)
         return gdp_cpu_l2norm(y, x);
-#ifdef GDP_HAVE_CUDA
-    return gdp_cuda_l2norm(ctx, y, x);
-#else
-    return no_cuda_backend(op);
-#endif
+    GDP_CUDA_OP(op, gdp_cuda_l2norm(ctx, y, x));
 }
 
 /* ==== chunk-local cumsums ================================================================== */
@@ -127,11 +115,7 @@ gdp_status_t gdp_chunk_local_cumsum(gdp_ctx_t ctx, gdp_tensor *g_cumsum, gdp_ten
         GDP_CHECK(check_cu_seqlens(op, cu, N, T));
         return gdp_cpu_chunk_local_cumsum(g_cumsum, g_cumsum_dp, g, cu, N, num_householder);
     }
-#ifdef GDP_HAVE_CUDA
-    return gdp_cuda_chunk_local_cumsum(ctx, g_cumsum, g_cumsum_dp, g, cu_seqlens, num_householder);
-#else
-    return no_cuda_backend(op);
-#endif
+    GDP_CUDA_OP(op, gdp_cuda_chunk_local_cumsum(ctx, g_cumsum, g_cumsum_dp, g, cu_seqlens, num_householder));
 }
 
 /* ==== chunked prefill and its oracle ========================================================= */
@@ -388,11 +372,7 @@ gdp_status_t gdp_chunk_gated_delta_product_varlen(gdp_ctx_t ctx, const gdp_chunk
     GDP_CHECK(validate_chunk_args(ctx, args, op));
     if (ctx->backend == GDP_BACKEND_CPU)
         return gdp_cpu_chunk_varlen(args, gdp_cpu_chunked_seq_head);
-#ifdef GDP_HAVE_CUDA
-    return gdp_cuda_chunk(ctx, args);
-#else
-    return no_cuda_backend(op);
-#endif
+    GDP_CUDA_OP(op, gdp_cuda_chunk(ctx, args));
 }
 
 gdp_status_t gdp_gated_delta_product_recurrent_ref(gdp_ctx_t ctx, const gdp_chunk_args *args) {

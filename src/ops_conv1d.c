@@ -93,12 +93,7 @@ gdp_status_t gdp_causal_conv1d_update(gdp_ctx_t ctx, const gdp_conv1d_update_arg
     static const char *op = "gdp_causal_conv1d_update";
     GDP_CHECK(gdp_conv1d_update_check(ctx, args, op));
     if (ctx->backend == GDP_BACKEND_CUDA) {
-#ifdef GDP_HAVE_CUDA
-        return gdp_cuda_conv1d_update(ctx, args);
-#else
-        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: this libgdp was built without the CUDA backend; use GDP_BACKEND_CPU",
-                 op);
-#endif
+        GDP_CUDA_OP(op, gdp_cuda_conv1d_update(ctx, args));
     }
     return gdp_cpu_conv1d_update(args);
 }
@@ -122,12 +117,7 @@ gdp_status_t gdp_causal_conv1d_varlen(gdp_ctx_t ctx, const gdp_conv1d_varlen_arg
     for (int i = 0; i < 3; i++)
         GDP_CHECK(gdp_debug_check_values(ctx, op, bufs[i].name, bufs[i].t, false));
     if (ctx->backend == GDP_BACKEND_CUDA) {
-#ifdef GDP_HAVE_CUDA
-        return gdp_cuda_conv1d_varlen(ctx, args);
-#else
-        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: this libgdp was built without the CUDA backend; use GDP_BACKEND_CPU",
-                 op);
-#endif
+        GDP_CUDA_OP(op, gdp_cuda_conv1d_varlen(ctx, args));
     }
     return gdp_cpu_conv1d_varlen(args);
 }

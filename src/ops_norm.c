@@ -103,12 +103,7 @@ gdp_status_t gdp_gated_rmsnorm(gdp_ctx_t ctx, gdp_tensor *out, const gdp_tensor 
                                const gdp_tensor *weight, int64_t group_size, double eps) {
     GDP_CHECK(gdp_gated_rmsnorm_check(ctx, out, y, z, weight, group_size, eps));
     if (ctx->backend == GDP_BACKEND_CUDA) {
-#ifdef GDP_HAVE_CUDA
-        return gdp_cuda_gated_rmsnorm(ctx, out, y, z, weight, group_size, eps);
-#else
-        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_gated_rmsnorm: this libgdp was built without the CUDA backend; use "
-                 "GDP_BACKEND_CPU");
-#endif
+        GDP_CUDA_OP("gdp_gated_rmsnorm", gdp_cuda_gated_rmsnorm(ctx, out, y, z, weight, group_size, eps));
     }
     return gdp_cpu_gated_rmsnorm(out, y, z, weight, group_size, eps);
 }
@@ -125,12 +120,7 @@ gdp_status_t gdp_rmsnorm(gdp_ctx_t ctx, gdp_tensor *out, const gdp_tensor *x, co
     for (int i = 0; i < 2; i++)
         GDP_CHECK(gdp_debug_check_values(ctx, op, bufs[i].name, bufs[i].t, false));
     if (ctx->backend == GDP_BACKEND_CUDA) {
-#ifdef GDP_HAVE_CUDA
-        return gdp_cuda_rmsnorm(ctx, out, x, weight, eps);
-#else
-        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: this libgdp was built without the CUDA backend; use GDP_BACKEND_CPU",
-                 op);
-#endif
+        GDP_CUDA_OP(op, gdp_cuda_rmsnorm(ctx, out, x, weight, eps));
     }
     return gdp_cpu_rmsnorm(out, x, weight, eps);
 }

@@ -78,12 +78,7 @@ gdp_status_t gdp_prepare_check(gdp_ctx_t ctx, const gdp_prepare_args *args, int 
 static gdp_status_t prepare_dispatch(const char *op, gdp_ctx_t ctx, const gdp_prepare_args *args, int decode) {
     GDP_CHECK(gdp_prepare_check(ctx, args, decode, op));
     if (ctx->backend == GDP_BACKEND_CUDA) {
-#ifdef GDP_HAVE_CUDA
-        return gdp_cuda_prepare(ctx, args, decode);
-#else
-        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: this libgdp was built without the CUDA backend; use GDP_BACKEND_CPU",
-                 op);
-#endif
+        GDP_CUDA_OP(op, gdp_cuda_prepare(ctx, args, decode));
     }
     return gdp_cpu_prepare(args, decode);
 }

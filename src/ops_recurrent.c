@@ -138,12 +138,7 @@ gdp_status_t gdp_recurrent_check(gdp_ctx_t ctx, const gdp_recurrent_args *args) 
 gdp_status_t gdp_fused_recurrent_gated_delta_rule_update(gdp_ctx_t ctx, const gdp_recurrent_args *args) {
     GDP_CHECK(gdp_recurrent_check(ctx, args));
     if (ctx->backend == GDP_BACKEND_CUDA) {
-#ifdef GDP_HAVE_CUDA
-        return gdp_cuda_recurrent(ctx, args);
-#else
-        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: this libgdp was built without the CUDA backend; use GDP_BACKEND_CPU",
-                 OP);
-#endif
+        GDP_CUDA_OP(OP, gdp_cuda_recurrent(ctx, args));
     }
     return gdp_cpu_recurrent_update(args);
 }

@@ -327,12 +327,7 @@ gdp_status_t gdp_sample_candidates(gdp_ctx_t ctx, const gdp_sample_candidates_ar
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: args is NULL; pass a filled gdp_sample_candidates_args", op);
     GDP_CHECK(check_candidates_args(op, args));
     if (ctx->backend == GDP_BACKEND_CUDA) {
-#ifdef GDP_HAVE_CUDA
-        return gdp_cuda_sample_candidates(ctx, args);
-#else
-        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: this libgdp was built without the CUDA backend; use GDP_BACKEND_CPU",
-                 op);
-#endif
+        GDP_CUDA_OP(op, gdp_cuda_sample_candidates(ctx, args));
     }
     GDP_CHECK(check_rows_host(op, args->rows, args->n_rows, args->max_candidates));
     return cpu_sample_candidates(args);
@@ -345,12 +340,7 @@ gdp_status_t gdp_sample_merge(gdp_ctx_t ctx, const gdp_sample_merge_args *args) 
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: args is NULL; pass a filled gdp_sample_merge_args", op);
     GDP_CHECK(check_merge_args(op, args));
     if (ctx->backend == GDP_BACKEND_CUDA) {
-#ifdef GDP_HAVE_CUDA
-        return gdp_cuda_sample_merge(ctx, args);
-#else
-        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: this libgdp was built without the CUDA backend; use GDP_BACKEND_CPU",
-                 op);
-#endif
+        GDP_CUDA_OP(op, gdp_cuda_sample_merge(ctx, args));
     }
     GDP_CHECK(check_rows_host(op, args->rows, args->n_rows, args->max_candidates));
     return cpu_sample_merge(args);
