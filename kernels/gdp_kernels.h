@@ -32,8 +32,10 @@ gdp_status_t gdp_cuda_chunk_local_cumsum(struct gdp_ctx *ctx, gdp_tensor *g_cums
 gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args *args);
 gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurrent_args *args);
 /* The decode op and the grouped gated RMSNorm of its outputs in one launch
- * (gdp_decode_recurrent_norm, src/decode_core.h), when the call fits it; *fused says whether
- * it ran (false: nothing was launched, run the two ops). */
+ * (gdp_decode_recurrent_norm, src/decode_core.h), when the call fits it and GDP_DECODE_END
+ * allows it (auto, the default: at most 16 requests); *fused says whether it ran (false:
+ * nothing was launched, run the two ops). An unknown GDP_DECODE_END: INVALID_USAGE, nothing
+ * launched. */
 gdp_status_t gdp_cuda_recurrent_norm(struct gdp_ctx *ctx, const gdp_recurrent_args *args, gdp_tensor *out,
                                      const gdp_tensor *y, const gdp_tensor *z, const gdp_tensor *weight,
                                      int64_t group_size, double eps, bool *fused);

@@ -989,6 +989,39 @@ static bool arrivals_ready(struct gdp_ctx *ctx, int64_t needed) {
 
 namespace {
 
+/* Whether the decode end may fuse at all, before fused_norm_fits asks whether it can:
+ * GDP_DECODE_END=fused fuses whenever the call fits (the behaviour of commit 837c0da), split
+ * never does (the caller runs the two ops), auto (unset or empty) only for batches of at most
+ * REC_FUSED_END_MAX_BATCH requests. Measured on the H200 (gdp-bench layer, 2 layers, D 2048,
+ * H 16, G 4, P = N = 128, M 2, graph-replayed decode step; NOTES-ops.md 2026-12-02): the
+ * fused end took 197.5 us at B=64 and 521.5 us at B=256, the two launches before it
+ * (67a6431) 188.0 and 470.1 us. The fused tail saves one launch, which matters only where the
+ * step is launch-bound, i.e. at small batches. No layer step below B=64 has been measured
+ * fused (the bench's B=1 bucket does not take the fused path), so 16 stands until
+ * launch/h200-suite.sh experiments (exp_decode_end.log) places it. Read at every call (a
+ * getenv, far below a launch's cost), so a test can compare the ends in one process. */
+constexpr int64_t REC_FUSED_END_MAX_BATCH = 16;
+
+enum DecodeEnd { END_AUTO, END_FUSED, END_SPLIT };
+
+/* false for a value it does not know (*mode untouched). */
+bool decode_end(DecodeEnd *mode) {
+    const char *e = getenv("GDP_DECODE_END");
+    if (e == nullptr || e[0] == '\0' || strcmp(e, "auto") == 0)
+        *mode = END_AUTO;
+    else if (strcmp(e, "fused") == 0)
+        *mode = END_FUSED;
+    else if (strcmp(e, "split") == 0)
+        *mode = END_SPLIT;
+    else
+        return false;
+    return true;
+}
+
+bool decode_end_wanted(DecodeEnd mode, int64_t B) {
+    return mode == END_FUSED || (mode == END_AUTO && B <= REC_FUSED_END_MAX_BATCH);
+}
+
 /* The fused norm fits when y is exactly the row view of o's last Householder copy, a norm
  * group is whole heads of at most 512 elements on norm.cu's warp fast path, the state has
  * 16-byte columns (the shared-memory kernel) and the counters are there. Fills the params. */
@@ -1037,6 +1070,14 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
     const int64_t B = a->q.shape[0], T = a->q.shape[1], H = a->q.shape[2], K = a->q.shape[3];
     const int64_t V = a->v.shape[3];
     const bool cache = gdp_tensor_present(&a->state);
+    if (fused != nullptr)
+        *fused = false;
+    DecodeEnd end = END_AUTO;
+    if (fuse != nullptr && !decode_end(&end)) /* refused before anything runs, at any shape */
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "gdp_decode_recurrent_norm: GDP_DECODE_END=%s is not known; use auto (or leave it unset or empty), "
+                 "fused or split",
+                 getenv("GDP_DECODE_END"));
     if (K > REC_ROW_GROUPS * 16)
         GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: K = %lld; the CUDA decode kernel holds at most %d state rows", op,
                  (long long)K, REC_ROW_GROUPS * 16);
@@ -1099,11 +1140,9 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
                      p.out_stride_row % cw == 0 && p.out_stride_head % cw == 0 && aligned16(p.state_in) &&
                      aligned16(p.state_out) && aligned16(p.inter);
 
-    if (fused != nullptr)
-        *fused = false;
     if (fuse != nullptr) {
         RecurrentParams q;
-        if (!fused_norm_fits(ctx, a, *fuse, p, vec, &q))
+        if (!decode_end_wanted(end, B) || !fused_norm_fits(ctx, a, *fuse, p, vec, &q))
             return GDP_STATUS_SUCCESS; /* nothing launched: the caller runs the two ops */
         p = q;
         *fused = true;

@@ -84,7 +84,9 @@ if [ "$stage" = experiments ]; then
     # GDP_DECODE_STATE (regs | smem | head: where the decode kernel keeps its state tile, and
     # whether a block spans 32 value columns or the whole head; each forces one kernel, the
     # default picks by batch and dtype), GDP_CHUNK_STATE_VB (64 | 32 | 16: value columns per
-    # block of the chunk op's state sweep; unset, the launcher picks by SM fill).
+    # block of the chunk op's state sweep; unset, the launcher picks by SM fill),
+    # GDP_DECODE_END (fused | split: the decode op and the gated norm in one launch or two;
+    # unset, auto fuses up to 16 requests) on the layer bench's decode and prefill rows.
     # A switch a build does not know changes nothing, so the lines of its set then agree.
     for v in regs smem head; do
         echo "## GDP_DECODE_STATE=$v"
@@ -94,6 +96,11 @@ if [ "$stage" = experiments ]; then
         echo "## GDP_CHUNK_STATE_VB=$v"
         GDP_CHUNK_STATE_VB=$v "./$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^chunk|^prefill|Out of"
     done 2>&1 | tee "$out/exp_chunk.log"
+    for v in fused split; do
+        echo "## GDP_DECODE_END=$v"
+        GDP_DECODE_END=$v mpirun -n 1 "./$build/examples/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 \
+            -n 128 -m 2 -D 1,8,16,32,64,128,256 -P 2048 2>&1 | grep -E "^ +decode|^ +prefill"
+    done 2>&1 | tee "$out/exp_decode_end.log"
 fi
 if [ "$stage" = profile ]; then
     # ncu's duration of every kernel of the layer bench (one warm-up and one timed step per shape,

@@ -12,7 +12,9 @@
  * every random case; S tokens in one call == S one-token calls bitwise (o, every snapshot,
  * the final fp32 cache); the fused decode end (decode op + grouped gated RMSNorm in one
  * launch, src/decode_core.h) bitwise equal to the two ops, whether it fused asserted, graph
- * replays (the arrival counters reset between them).
+ * replays (the arrival counters reset between them); GDP_DECODE_END: fused fuses whatever
+ * fits, split never fuses (same bits), auto (unset, empty, "auto") fuses at B <= 16 only, an
+ * unknown value is INVALID_USAGE and writes nothing.
  * Device helpers: test_gpu.h. Without a CUDA build or a visible GPU it prints why and exits
  * 77 (skip).
  */
@@ -464,12 +466,33 @@ static void decode_tokens_vs_single(test_rng *r, const dec_cfg *c) {
     dec_free(&h, false);
 }
 
+/* Sets the environment variable (unsets it for NULL) and returns its previous value for
+ * env_restore (a malloc'd copy, NULL when it was unset). */
+static char *env_swap(const char *name, const char *value) {
+    const char *was = getenv(name);
+    char *saved = was != NULL ? strdup(was) : NULL;
+    if (value != NULL)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+    return saved;
+}
+static void env_restore(const char *name, char *saved) {
+    if (saved != NULL)
+        setenv(name, saved, 1);
+    else
+        unsetenv(name);
+    free(saved);
+}
+
 /* The fused decode end (gdp_decode_recurrent_norm, src/decode_core.h) against the chain it
  * replaces, the decode op then the grouped gated RMSNorm of its last Householder copies, on
  * the GPU from the same inputs: o, the cache and the norm's output bit for bit; whether the
- * one launch ran is asserted (expect_fused). z is a row view of a wider buffer, as in the
- * layer. Then the fused call captured in a graph and replayed twice with a fresh cache: both
- * replays equal the eager call (the second one shows the arrival counters reset). */
+ * one launch ran is asserted (expect_fused), under GDP_DECODE_END=end (NULL: unset, i.e.
+ * auto) and GDP_DECODE_STATE=kernel (NULL: as the environment has it). z is a row view of a
+ * wider buffer, as in the layer. Then the fused call captured in a graph and replayed twice
+ * with a fresh cache: both replays equal the eager call (the second one shows the arrival
+ * counters reset). */
 typedef struct end_call {
     gdp_recurrent_args rec;
     gdp_tensor out, y, z, w;
@@ -486,7 +509,8 @@ static gdp_tensor last_copy_view(const gdp_recurrent_args *d, int64_t B, int64_t
                         .shape = {B, H * V}, .stride = {M * H * V, 1}};
 }
 
-static void decode_end_vs_chain(test_rng *r, const dec_cfg *c, int64_t hpg, bool expect_fused, const char *kernel) {
+static void decode_end_vs_chain(test_rng *r, const dec_cfg *c, int64_t hpg, bool expect_fused, const char *kernel,
+                                const char *end) {
     const int64_t B = c->B, M = c->M, H = c->H, V = c->V, d = H * V, n = hpg * V, pitch = d + 16;
     gdp_recurrent_args h = dec_random(r, c);
     const int64_t z_shape[1] = {B * pitch}, w_shape[1] = {d}, out_shape[2] = {B, d};
@@ -496,10 +520,8 @@ static void decode_end_vs_chain(test_rng *r, const dec_cfg *c, int64_t hpg, bool
     gdp_tensor zd = test_dev_clone(&zh), wd = test_dev_clone(&wh);
     const gdp_tensor z = {.data = zd.data, .dtype = c->o_dt, .ndim = 2, .shape = {B, d}, .stride = {pitch, 1}};
     const gdp_tensor w = {.data = wd.data, .dtype = c->o_dt, .ndim = 1, .shape = {d}, .stride = {1}};
-    const char *home = getenv("GDP_DECODE_STATE");
-    char *saved = home != NULL ? strdup(home) : NULL;
-    if (kernel != NULL)
-        setenv("GDP_DECODE_STATE", kernel, 1);
+    char *saved_kernel = kernel != NULL ? env_swap("GDP_DECODE_STATE", kernel) : NULL;
+    char *saved_end = env_swap("GDP_DECODE_END", end);
 
     gdp_recurrent_args d1 = dec_to_device(&h), d2 = dec_to_device(&h);
     gdp_tensor out1 = test_dev_poisoned(&outh), out2 = test_dev_poisoned(&outh);
@@ -508,8 +530,10 @@ static void decode_end_vs_chain(test_rng *r, const dec_cfg *c, int64_t hpg, bool
     CHECK_OK(gdp_gated_rmsnorm(g_test_gpu, &out1, &y1, &z, &w, n, 1e-5));
     bool fused = false;
     CHECK_OK(gdp_decode_recurrent_norm_ex(g_test_gpu, &d2, &out2, &y2, &z, &w, n, 1e-5, &fused));
-    CHECK(fused == expect_fused, "decode end (B %lld, H %lld, group of %lld heads, V %lld): fused %d, expected %d",
-          (long long)B, (long long)H, (long long)hpg, (long long)V, (int)fused, (int)expect_fused);
+    CHECK(fused == expect_fused,
+          "decode end (B %lld, H %lld, group of %lld heads, V %lld, GDP_DECODE_END %s): fused %d, expected %d",
+          (long long)B, (long long)H, (long long)hpg, (long long)V, end ? end : "unset", (int)fused,
+          (int)expect_fused);
     gdp_recurrent_args g1 = dec_host_clone(&h), g2 = dec_host_clone(&h);
     dec_fetch(&g1, &d1);
     dec_fetch(&g2, &d2);
@@ -543,20 +567,65 @@ static void decode_end_vs_chain(test_rng *r, const dec_cfg *c, int64_t hpg, bool
             CUDA_OK(cudaGraphExecDestroy(exec));
     }
     printf("decode end fused vs chain (B %lld, S %lld, M %lld, H %lld, heads per norm group %lld, K %lld, V %lld, "
-           "state %s%s, GDP_DECODE_STATE %s): %s; fused %s; graph replays %d of %d\n",
+           "state %s%s, GDP_DECODE_STATE %s, GDP_DECODE_END %s): %s; fused %s; graph replays %d of %d\n",
            (long long)B, (long long)c->S, (long long)M, (long long)H, (long long)hpg, (long long)c->K, (long long)V,
            gdp_dtype_name(c->state_dt), c->pad_every ? ", -1 rows" : "", kernel ? kernel : "default",
+           end == NULL ? "unset" : end[0] == '\0' ? "empty" : end,
            g_test_failures == before ? "bitwise equal" : "DIFFERENT", fused ? "yes" : "no (two ops)", replays_ok,
            expect_fused ? 2 : 0);
-    if (saved != NULL)
-        setenv("GDP_DECODE_STATE", saved, 1);
-    else
-        unsetenv("GDP_DECODE_STATE");
-    free(saved);
+    env_restore("GDP_DECODE_END", saved_end);
+    if (kernel != NULL)
+        env_restore("GDP_DECODE_STATE", saved_kernel);
     dec_free(&g1, false), dec_free(&g2, false);
     dec_free(&d1, true), dec_free(&d2, true);
     test_dev_free(&out1), test_dev_free(&out2), test_dev_free(&zd), test_dev_free(&wd);
     test_host_free(&o1), test_host_free(&o2), test_host_free(&zh), test_host_free(&wh), test_host_free(&outh);
+    dec_free(&h, false);
+}
+
+/* GDP_DECODE_END=sometimes: both entry points return INVALID_USAGE naming the variable and
+ * the value, *fused stays false, and o, the cache and the norm output keep their bytes. */
+static void decode_end_bad_value(test_rng *r, const dec_cfg *c, int64_t hpg) {
+    const int64_t B = c->B, M = c->M, H = c->H, V = c->V, d = H * V, n = hpg * V;
+    gdp_recurrent_args h = dec_random(r, c);
+    const int64_t w_shape[1] = {d}, zo_shape[2] = {B, d};
+    gdp_tensor zh = test_tensor_alloc(c->o_dt, 2, zo_shape), wh = test_tensor_alloc(c->o_dt, 1, w_shape);
+    gdp_tensor outh = test_tensor_alloc(c->o_dt, 2, zo_shape);
+    test_fill_normal(&zh, r, 1.0), test_fill_normal(&wh, r, 0.5);
+    gdp_tensor z = test_dev_clone(&zh), w = test_dev_clone(&wh), out = test_dev_poisoned(&outh);
+    gdp_recurrent_args dv = dec_to_device(&h);
+    gdp_tensor y = last_copy_view(&dv, B, M, H, V);
+    gdp_recurrent_args was = dec_host_clone(&h), now = dec_host_clone(&h);
+    gdp_tensor out_was = test_host_clone(&outh), out_now = test_host_clone(&outh);
+    dec_fetch(&was, &dv);
+    test_dev_fetch(&out_was, &out);
+
+    const int before = g_test_failures;
+    char *saved = env_swap("GDP_DECODE_END", "sometimes");
+    bool fused = true;
+    const gdp_status_t st = gdp_decode_recurrent_norm_ex(g_test_gpu, &dv, &out, &y, &z, &w, n, 1e-5, &fused);
+    const char *msg = gdp_last_error();
+    CHECK(st == GDP_STATUS_INVALID_USAGE && !fused,
+          "decode end under GDP_DECODE_END=sometimes: status %d (%s), fused %d; expected INVALID_USAGE, not fused",
+          (int)st, gdp_status_string(st), (int)fused);
+    CHECK(msg != NULL && strstr(msg, "GDP_DECODE_END") != NULL && strstr(msg, "sometimes") != NULL &&
+              strstr(msg, "split") != NULL,
+          "the message names the variable, the value and the accepted values: %s", msg ? msg : "(null)");
+    CHECK_STATUS(gdp_decode_recurrent_norm(g_test_gpu, &dv, &out, &y, &z, &w, n, 1e-5), GDP_STATUS_INVALID_USAGE);
+    env_restore("GDP_DECODE_END", saved);
+
+    dec_fetch(&now, &dv);
+    test_dev_fetch(&out_now, &out);
+    test_same_bytes("decode end refused: o unchanged", &now.o, &was.o);
+    if (c->cache)
+        test_same_bytes("decode end refused: state unchanged", &now.state, &was.state);
+    test_same_bytes("decode end refused: norm out unchanged", &out_now, &out_was);
+    printf("decode end GDP_DECODE_END=sometimes (B %lld): %s\n", (long long)B,
+           g_test_failures == before ? "INVALID_USAGE, nothing written" : "FAILED");
+    dec_free(&was, false), dec_free(&now, false), dec_free(&dv, true);
+    test_dev_free(&z), test_dev_free(&w), test_dev_free(&out);
+    test_host_free(&zh), test_host_free(&wh), test_host_free(&outh), test_host_free(&out_was);
+    test_host_free(&out_now);
     dec_free(&h, false);
 }
 
@@ -599,9 +668,10 @@ static void decode_tests(test_rng *r) {
     };
     for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++)
         decode_tokens_vs_single(r, &multi[i]);
-    /* The fused decode end: the layer's shapes (norm groups of 4 heads x 128 = 512, the
-     * layer's B=1; GQA 2 with V 64 and -1 rows; a bf16 cache), a group of one head, and two
-     * calls that do not fit (a 1024-element group; two tokens a request) and run the ops. */
+    /* The fused decode end under GDP_DECODE_END=fused (fuse whatever fits): the layer's
+     * shapes (norm groups of 4 heads x 128 = 512, the layer's B=1 and B=64; GQA 2 with V 64
+     * and -1 rows; a bf16 cache), a group of one head, and two calls that do not fit (a
+     * 1024-element group; two tokens a request) and run the ops. */
     const dec_cfg ends[] = {
         {1, 1, 2, 16, 128, 128, 4, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 0},
         {37, 1, 3, 8, 128, 64, 40, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 3},
@@ -609,15 +679,31 @@ static void decode_tests(test_rng *r) {
         {5, 1, 2, 4, 64, 64, 6, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 0},
         {3, 1, 2, 8, 128, 128, 4, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 0},
         {3, 2, 2, 4, 128, 128, 4, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 0},
+        {64, 1, 2, 16, 128, 128, 80, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 16},
+        {16, 1, 2, 8, 128, 128, 20, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 5},
+        {17, 1, 2, 8, 128, 128, 20, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 5},
     };
-    decode_end_vs_chain(r, &ends[0], 4, true, NULL);
-    decode_end_vs_chain(r, &ends[1], 2, true, NULL);
-    decode_end_vs_chain(r, &ends[1], 2, true, "head");
-    decode_end_vs_chain(r, &ends[2], 4, true, NULL);
-    decode_end_vs_chain(r, &ends[2], 4, true, "head");
-    decode_end_vs_chain(r, &ends[3], 1, true, NULL);
-    decode_end_vs_chain(r, &ends[4], 8, false, NULL); /* 8 x 128 = 1024 elements a group */
-    decode_end_vs_chain(r, &ends[5], 4, false, NULL); /* two tokens a request */
+    decode_end_vs_chain(r, &ends[0], 4, true, NULL, "fused");
+    decode_end_vs_chain(r, &ends[1], 2, true, NULL, "fused");
+    decode_end_vs_chain(r, &ends[1], 2, true, "head", "fused");
+    decode_end_vs_chain(r, &ends[2], 4, true, NULL, "fused");
+    decode_end_vs_chain(r, &ends[2], 4, true, "head", "fused");
+    decode_end_vs_chain(r, &ends[3], 1, true, NULL, "fused");
+    decode_end_vs_chain(r, &ends[4], 8, false, NULL, "fused"); /* 8 x 128 = 1024 elements a group */
+    decode_end_vs_chain(r, &ends[5], 4, false, NULL, "fused"); /* two tokens a request */
+    decode_end_vs_chain(r, &ends[6], 4, true, NULL, "fused");
+    /* split never fuses (the two ops, the same bits); auto (unset, empty or "auto") fuses up
+     * to REC_FUSED_END_MAX_BATCH = 16 requests (recurrent.cu), so B=17 and B=64, which fit,
+     * run the two ops. */
+    decode_end_vs_chain(r, &ends[0], 4, false, NULL, "split");
+    decode_end_vs_chain(r, &ends[6], 4, false, NULL, "split");
+    decode_end_vs_chain(r, &ends[0], 4, true, NULL, NULL);
+    decode_end_vs_chain(r, &ends[0], 4, true, NULL, "");
+    decode_end_vs_chain(r, &ends[7], 4, true, NULL, "auto");
+    decode_end_vs_chain(r, &ends[8], 4, false, NULL, "auto");
+    decode_end_vs_chain(r, &ends[6], 4, false, NULL, NULL);
+    decode_end_bad_value(r, &ends[0], 4);
+    decode_end_bad_value(r, &ends[6], 4);
 }
 
 #endif /* GDP_HAVE_CUDA */
