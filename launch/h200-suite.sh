@@ -4,13 +4,14 @@
 # its dev files), run every ctest labelled gpu (gpu;mpi included), the Python torch tests,
 # the ops benchmark and the main program. Logs go to $OUT (or ./h200-out) when set.
 # Golden vectors: $GDP_GOLDEN_DIR, else ./.golden (an ignored copy of ../shared/golden).
-# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize]
+# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk]
 # (default all; the others are not part of all: serve times gdp-run at the serving shape,
 # loop and alone repeat the gpu tests GDP_LOOP_RUNS times under ctest -j4 and one at a time,
 # experiments times each measured switch every way, profile lists the layer step's kernels
 # with their ncu durations, hostprof runs the decode-heavy serving workload under Nsight
 # Systems (CUDA API and kernel summaries), sanitize runs every gpu test under
-# compute-sanitizer, which takes far longer).
+# compute-sanitizer, which takes far longer; chunk is the chunk op's short loop: its test under
+# every kernel path and the prefill rows under each).
 #   GDP_BUILD_DIR            build folder (default build)
 #   GDP_SANITIZE_TOOLS       sanitizer tools, in order (default "memcheck racecheck")
 #   GDP_SANITIZE_TESTS       ctest -R regex of the gpu tests to sanitize (default: all of them)
@@ -36,8 +37,10 @@ fi
 stage=${1:-all}
 build=${GDP_BUILD_DIR:-build}
 
+targets=()
+[ "$stage" = chunk ] && targets=(--target test_chunk_gpu gdp-bench) # the short loop builds what it runs
 if ! { cmake -B "$build" -DCMAKE_BUILD_TYPE=Release "${extra[@]}" >"$out/configure.log" 2>&1 &&
-       cmake --build "$build" -j"$(nproc)" >"$out/build.log" 2>&1; }; then
+       cmake --build "$build" -j"$(nproc)" "${targets[@]}" >"$out/build.log" 2>&1; }; then
     tail -40 "$out/configure.log" "$out/build.log"
     exit 1
 fi
@@ -101,6 +104,16 @@ if [ "$stage" = experiments ]; then
         GDP_DECODE_END=$v mpirun -n 1 "./$build/examples/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 \
             -n 128 -m 2 -D 1,8,16,32,64,128,256 -P 2048 2>&1 | grep -E "^ +decode|^ +prefill"
     done 2>&1 | tee "$out/exp_decode_end.log"
+fi
+if [ "$stage" = chunk ]; then
+    # the chunk op's short loop (issue 13): its GPU test under every kernel path, then the prefill
+    # rows of the ops table under each path (staged, fused; auto is whichever the op picks)
+    (cd "$build" && ctest -R '^test_chunk_gpu$' --output-on-failure --timeout 300) 2>&1 | tee "$out/chunk_test.log" |
+        grep -E "== GDP|FAIL|fail|Passed|tests passed|Error|error" | head -60 || rc=1
+    for v in staged fused; do
+        echo "## GDP_CHUNK_PATH=$v"
+        GDP_CHUNK_PATH=$v "./$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^prefill|Out of"
+    done 2>&1 | tee "$out/chunk_bench.log"
 fi
 if [ "$stage" = profile ]; then
     # ncu's duration of every kernel of the layer bench (one warm-up and one timed step per shape,

@@ -17,7 +17,9 @@
  * 32, 16, set between calls): o, final states, chunk states and cache slots bitwise equal across
  * the three widths and the automatic choice, on the golden files, a single long sequence,
  * varlen (lengths 1, 63, 64, 65), K or V = 64, K = 256, padded K and V, M = 1..3, fp16, and
- * cache mode with -1 slots; each width's results also against the reference.
+ * cache mode with -1 slots; each width's results also against the reference. Every case but
+ * the widths runs three times: GDP_CHUNK_PATH=staged, =fused (the one-pass kernel where K, V <=
+ * 128) and unset (the op's choice); an unknown path -> INVALID_USAGE naming it, writing nothing.
  * Exits 77 when the library has no CUDA backend or no GPU is present.
  */
 #include <string.h>
@@ -282,6 +284,14 @@ static void set_state_vb(int vb) {
     char text[16];
     snprintf(text, sizeof text, "%d", vb);
     setenv("GDP_CHUNK_STATE_VB", text, 1);
+}
+
+/* GDP_CHUNK_PATH for the next calls (staged | fused | auto; NULL unsets it). */
+static void set_chunk_path(const char *path) {
+    if (path == NULL)
+        unsetenv("GDP_CHUNK_PATH");
+    else
+        setenv("GDP_CHUNK_PATH", path, 1);
 }
 
 static bool same_outputs(const outputs *a, const outputs *b, bool with_fs) {
@@ -752,6 +762,17 @@ static void test_rejections(void) {
     CHECK_STATUS(gdp_chunk_gated_delta_product_varlen(fresh, &a), GDP_STATUS_INVALID_USAGE);
     printf("  GDP_CHUNK_STATE_VB=48: %s\n", gdp_last_error());
     set_state_vb(0);
+    /* an unknown kernel path is refused before any launch, whatever path the test runs under */
+    const char *path = getenv("GDP_CHUNK_PATH");
+    char saved[32] = "";
+    if (path != NULL)
+        snprintf(saved, sizeof saved, "%s", path);
+    setenv("GDP_CHUNK_PATH", "fastest", 1);
+    CHECK_STATUS(gdp_chunk_gated_delta_product_varlen(fresh, &a), GDP_STATUS_INVALID_USAGE);
+    CHECK(strstr(gdp_last_error(), "GDP_CHUNK_PATH") != NULL && strstr(gdp_last_error(), "fastest") != NULL,
+          "the GDP_CHUNK_PATH refusal names neither the variable nor its value: %s", gdp_last_error());
+    printf("  GDP_CHUNK_PATH=fastest: %s\n", gdp_last_error());
+    set_chunk_path(path != NULL ? saved : NULL);
     CUDA_OK(cudaDeviceSynchronize());
     gdp_tensor ho = test_dev_download(&d_o), ho32 = test_dev_download(&o32);
     CHECK(bytes_all(ho.data, test_tensor_bytes(&ho), 0x5a) && bytes_all(ho32.data, test_tensor_bytes(&ho32), 0x5a),
@@ -812,15 +833,24 @@ int main(void) {
     CHECK_OK(gdp_ctx_init(&cpu, GDP_BACKEND_CPU, 0));
     CHECK_OK(gdp_ctx_init(&gpu, GDP_BACKEND_CUDA, 0));
     set_state_vb(0); /* the op's own choice unless a test sets the width */
-    test_golden(gpu);
-    test_random(cpu, gpu);
-    test_state_widths(cpu, gpu);
-    printf("cache mode, padding, graphs, rejections, cumsum:\n");
-    test_cache(cpu, gpu, GDP_DTYPE_FP32);
-    test_cache(cpu, gpu, GDP_DTYPE_BF16);
-    test_padding(gpu);
-    test_graph(cpu);
-    test_rejections();
+    /* every case under each kernel path: the staged chain, the fused kernel (shapes it does not
+     * take, K or V above 128, run staged there too), and the op's own choice */
+    static const char *const paths[3] = {"staged", "fused", NULL};
+    for (int pi = 0; pi < 3; pi++) {
+        set_chunk_path(paths[pi]);
+        printf("== GDP_CHUNK_PATH=%s\n", paths[pi] != NULL ? paths[pi] : "(unset: auto)");
+        test_golden(gpu);
+        test_random(cpu, gpu);
+        if (pi == 0) /* the staged sweep's column blocks; the fused kernel has one width */
+            test_state_widths(cpu, gpu);
+        printf("cache mode, padding, graphs, rejections:\n");
+        test_cache(cpu, gpu, GDP_DTYPE_FP32);
+        test_cache(cpu, gpu, GDP_DTYPE_BF16);
+        test_padding(gpu);
+        test_graph(cpu);
+        test_rejections();
+    }
+    set_chunk_path(NULL);
     test_cumsum(cpu, gpu);
     gdp_ctx_free(gpu);
     gdp_ctx_free(cpu);

@@ -28,6 +28,7 @@ struct ChunkParams {
     const void *q, *k, *v, *beta, *h0;
     const int32_t *cu, *cidx, *cidx_dp, *coff, *slots;
     const float *gq, *gk;
+    const float *g_raw; /* g itself [T, H] or NULL: the fused path takes its own cumsum */
     void *kn, *w, *u, *hs; /* workspace: keys, w, u (then v_new), states entering chunks */
     void *o, *state, *final_state, *chunk_states;
     int64_t T, n_slots, state_stride_slot, state_stride_head, cs_rows, h_rows;

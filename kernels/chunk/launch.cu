@@ -33,6 +33,7 @@
  *   wy.cuh      chunk_wy_kernel (stage 1)
  *   state.cuh   chunk_state_kernel (stage 2)
  *   out.cuh     chunk_out_kernel (stage 3), zero_tail_kernel
+ *   fused.cuh   chunk_fused_kernel: the whole op in one pass (GDP_CHUNK_PATH=fused)
  *   stages.cuh  Stages<T, KP>, launch_stages<T>: the templated dispatch
  */
 #include <cuda_bf16.h>
@@ -84,6 +85,24 @@ int state_vb_from_env(const char **text) {
         return 32;
     if (strcmp(e, "16") == 0)
         return 16;
+    return -1;
+}
+
+/* Which kernels run the op: the staged chain (cumsums, WY, state sweep, outputs) or the one-pass
+ * fused kernel (fused.cuh) where the shape allows it. GDP_CHUNK_PATH = staged | fused forces one
+ * (fused on a shape it does not take runs staged: K or V above 128); unset, empty or auto lets
+ * the op choose: FUSED_BY_DEFAULT. Read on every call, like GDP_CHUNK_STATE_VB. Returns 0 staged,
+ * 1 fused, 2 auto, -1 for any other value. */
+constexpr bool FUSED_BY_DEFAULT = false;
+int chunk_path_from_env(const char **text) {
+    const char *e = getenv("GDP_CHUNK_PATH");
+    *text = e;
+    if (e == nullptr || e[0] == '\0' || strcmp(e, "auto") == 0)
+        return 2;
+    if (strcmp(e, "staged") == 0)
+        return 0;
+    if (strcmp(e, "fused") == 0)
+        return 1;
     return -1;
 }
 
@@ -159,6 +178,11 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
                  "%s: GDP_CHUNK_STATE_VB is \"%s\"; it takes 64, 32 or 16 (the state sweep's value-column block), "
                  "or 0 / unset to let the op choose",
                  op, vb_text);
+    const char *path_text = nullptr;
+    const int path = chunk_path_from_env(&path_text);
+    if (path < 0)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "%s: GDP_CHUNK_PATH is \"%s\"; it takes staged, fused or auto (unset: auto)", op, path_text);
 
     gdp_chunk_workspace_layout lay;
     GDP_CHECK(gdp_chunk_workspace_plan(T, N, M, (int32_t)H, (int32_t)K, (int32_t)V, &lay));
@@ -275,22 +299,30 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     p.q_vec = (K % 8 == 0) && aligned16(a->q.data);
     p.k_vec = (K % 8 == 0) && aligned16(a->k.data);
     p.v_vec = (V % 8 == 0) && aligned16(a->v.data);
+    p.g_raw = gdp_tensor_present(&a->g) ? (const float *)a->g.data : nullptr;
     /* exact_log2e is a CPU-reference knob: in fp32 1/ln 2 rounds to GDP_RCP_LN2 anyway. */
 
-    /* ---- enqueue: cumsums, WY, state sweep, outputs, zero tail ---- */
-    gdp_tensor gq_view, gk_view;
-    int64_t gq_shape[3] = {1, T, H}, gk_shape[3] = {1, T * M, H};
-    gdp_tensor_init(&gq_view, ws + lay.off_gq, GDP_DTYPE_FP32, 3, gq_shape);
-    gdp_tensor_init(&gk_view, ws + lay.off_gk, GDP_DTYPE_FP32, 3, gk_shape);
+    /* ---- enqueue: the fused kernel, or the cumsums, WY, state sweep and outputs; then the zero tail ---- */
     GDP_CHUNK_STAGE_MARK(0, stream);
-    GDP_CHECK(gdp_cuda_chunk_local_cumsum(ctx, &gq_view, &gk_view, gdp_tensor_present(&a->g) ? &a->g : NULL,
-                                          &a->cu_seqlens, M));
-    GDP_CHUNK_STAGE_MARK(1, stream);
-    err = a->q.dtype == GDP_DTYPE_BF16
-              ? launch_stages<__nv_bfloat16>(p, num_chunks, num_chunks_dp, sms, state_vb, stream)
-              : launch_stages<__half>(p, num_chunks, num_chunks_dp, sms, state_vb, stream);
-    GDP_CUDA_LAUNCH_CHECK(op, err, "the chunk stages: %lld chunks, H %lld, K %lld, V %lld", (long long)num_chunks,
-                          (long long)H, (long long)K, (long long)V);
+    if (fused_fits(p) && (path == 1 || (path == 2 && FUSED_BY_DEFAULT))) {
+        err = a->q.dtype == GDP_DTYPE_BF16 ? launch_fused<__nv_bfloat16>(p, stream) : launch_fused<__half>(p, stream);
+        GDP_CUDA_LAUNCH_CHECK(op, err, "the fused chunk kernel: N %lld, H %lld, K %lld, V %lld", (long long)N,
+                              (long long)H, (long long)K, (long long)V);
+        GDP_CHUNK_STAGE_MARK(4, stream);
+    } else {
+        gdp_tensor gq_view, gk_view;
+        int64_t gq_shape[3] = {1, T, H}, gk_shape[3] = {1, T * M, H};
+        gdp_tensor_init(&gq_view, ws + lay.off_gq, GDP_DTYPE_FP32, 3, gq_shape);
+        gdp_tensor_init(&gk_view, ws + lay.off_gk, GDP_DTYPE_FP32, 3, gk_shape);
+        GDP_CHECK(gdp_cuda_chunk_local_cumsum(ctx, &gq_view, &gk_view, gdp_tensor_present(&a->g) ? &a->g : NULL,
+                                              &a->cu_seqlens, M));
+        GDP_CHUNK_STAGE_MARK(1, stream);
+        err = a->q.dtype == GDP_DTYPE_BF16
+                  ? launch_stages<__nv_bfloat16>(p, num_chunks, num_chunks_dp, sms, state_vb, stream)
+                  : launch_stages<__half>(p, num_chunks, num_chunks_dp, sms, state_vb, stream);
+        GDP_CUDA_LAUNCH_CHECK(op, err, "the chunk stages: %lld chunks, H %lld, K %lld, V %lld",
+                              (long long)num_chunks, (long long)H, (long long)K, (long long)V);
+    }
     if (T > 0) {
         zero_tail_kernel<<<(unsigned)(T < 256 ? T : 256), 256, 0, stream>>>((uint16_t *)a->o.data, p.cu, p.N, T,
                                                                             H * V);

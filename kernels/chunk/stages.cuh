@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "common.cuh"
+#include "fused.cuh"
 #include "out.cuh"
 #include "state.cuh"
 #include "wy.cuh"
