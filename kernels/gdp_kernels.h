@@ -33,7 +33,7 @@ gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args *args);
 gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurrent_args *args);
 /* The decode op and the grouped gated RMSNorm of its outputs in one launch
  * (gdp_decode_recurrent_norm, src/decode_core.h), when the call fits it and GDP_DECODE_END
- * allows it (auto, the default: at most 16 requests); *fused says whether it ran (false:
+ * allows it (fused; auto, the default, never fuses: measured slower); *fused says whether it ran (false:
  * nothing was launched, run the two ops). An unknown GDP_DECODE_END: INVALID_USAGE, nothing
  * launched. */
 gdp_status_t gdp_cuda_recurrent_norm(struct gdp_ctx *ctx, const gdp_recurrent_args *args, gdp_tensor *out,

@@ -992,15 +992,14 @@ namespace {
 /* Whether the decode end may fuse at all, before fused_norm_fits asks whether it can:
  * GDP_DECODE_END=fused fuses whenever the call fits (the behaviour of commit 837c0da), split
  * never does (the caller runs the two ops), auto (unset or empty) only for batches of at most
- * REC_FUSED_END_MAX_BATCH requests. Measured on the H200 (gdp-bench layer, 2 layers, D 2048,
- * H 16, G 4, P = N = 128, M 2, graph-replayed decode step; NOTES-ops.md 2026-12-02): the
- * fused end took 197.5 us at B=64 and 521.5 us at B=256, the two launches before it
- * (67a6431) 188.0 and 470.1 us. The fused tail saves one launch, which matters only where the
- * step is launch-bound, i.e. at small batches. No layer step below B=64 has been measured
- * fused (the bench's B=1 bucket does not take the fused path), so 16 stands until
- * launch/h200-suite.sh experiments (exp_decode_end.log) places it. Read at every call (a
- * getenv, far below a launch's cost), so a test can compare the ends in one process. */
-constexpr int64_t REC_FUSED_END_MAX_BATCH = 16;
+ * REC_FUSED_END_MAX_BATCH requests, which is 0: measured on the H200 (gdp-bench layer, 2
+ * layers, D 2048, H 16, G 4, P = N = 128, M 2, graph-replayed decode step, 2026-12-02;
+ * NOTES-ops.md), the one launch is slower than the two at every batch that takes it: B = 8,
+ * 16, 32, 64, 128, 256 took 92.5, 106.2, 140.2, 197.6, 301.6, 523.7 us fused against 86.9,
+ * 104.3, 138.7, 191.1, 281.1, 474.5 us split. The fused tail (the last block of a group
+ * normalizes it) costs more than the launch it saves. Read at every call (a getenv, far below
+ * a launch's cost), so a test can compare the ends in one process. */
+constexpr int64_t REC_FUSED_END_MAX_BATCH = 0;
 
 enum DecodeEnd { END_AUTO, END_FUSED, END_SPLIT };
 

@@ -35,9 +35,9 @@ gdp_status_t gdp_decode_conv_prepare(gdp_ctx_t ctx, const gdp_conv1d_update_args
  * request's token: the same outputs (o, the states, out) bit for bit. On CUDA, with one token
  * per request, 16-byte state columns and a norm group of whole heads of at most 512
  * elements on the norm's fast path, it can run as one launch (the shared-memory decode
- * kernel; the last block of each (request, group) normalizes it); by default it does so only
- * for small batches (at most 16 requests: measured slower than the two ops at B=64 and 256),
- * otherwise the two ops. GDP_DECODE_END, read at every call, overrides that: fused (one launch
+ * kernel; the last block of each (request, group) normalizes it); by default it does not
+ * (measured slower than the two ops at every batch from 8 to 256 in the layer step) and runs
+ * the two ops. GDP_DECODE_END, read at every call, overrides that: fused (one launch
  * wherever it fits), split (always the two ops), auto (unset or empty: the default); any other
  * value is GDP_STATUS_INVALID_USAGE (kernels/recurrent.cu). Both ops' checks run first, so a
  * refused call writes nothing. */
