@@ -11,7 +11,8 @@
 # with their ncu durations, hostprof runs the decode-heavy serving workload under Nsight
 # Systems (CUDA API and kernel summaries), sanitize runs every gpu test under
 # compute-sanitizer, which takes far longer; chunk is the chunk op's short loop: its test under
-# every kernel path and the prefill rows under each).
+# every kernel path, the prefill rows under each, the fused kernel's phase cycles and the
+# staged stages' times).
 #   GDP_BUILD_DIR            build folder (default build)
 #   GDP_SANITIZE_TOOLS       sanitizer tools, in order (default "memcheck racecheck")
 #   GDP_SANITIZE_TESTS       ctest -R regex of the gpu tests to sanitize (default: all of them)
@@ -38,8 +39,8 @@ stage=${1:-all}
 build=${GDP_BUILD_DIR:-build}
 
 targets=()
-[ "$stage" = chunk ] && targets=(--target test_chunk_gpu gdp-bench) # the short loop builds what it runs
-if ! { cmake -B "$build" -DCMAKE_BUILD_TYPE=Release "${extra[@]}" >"$out/configure.log" 2>&1 &&
+[ "$stage" = chunk ] && targets=(--target test_chunk_gpu gdp-bench bench_chunk_stages) # what the short loop runs
+if ! { cmake -B "$build" -DCMAKE_BUILD_TYPE=Release -DGDP_BUILD_CHUNK_DEV=ON "${extra[@]}" >"$out/configure.log" 2>&1 &&
        cmake --build "$build" -j"$(nproc)" "${targets[@]}" >"$out/build.log" 2>&1; }; then
     tail -40 "$out/configure.log" "$out/build.log"
     exit 1
@@ -114,6 +115,9 @@ if [ "$stage" = chunk ]; then
         echo "## GDP_CHUNK_PATH=$v"
         GDP_CHUNK_PATH=$v "./$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^prefill|Out of"
     done 2>&1 | tee "$out/chunk_bench.log"
+    # where the fused kernel's time goes: cycles per chunk of each phase of both roles (block 0),
+    # and the staged chain's per-stage times for comparison
+    { "./$build/examples/bench_chunk_stages" --fused-phases; "./$build/examples/bench_chunk_stages"; } 2>&1 | tee "$out/chunk_phases.log"
 fi
 if [ "$stage" = profile ]; then
     # ncu's duration of every kernel of the layer bench (one warm-up and one timed step per shape,

@@ -42,6 +42,13 @@
 #include "mma.cuh"
 #include "tile.cuh"
 
+/* Developer hook: kernels/dev/chunk_stages.cu (--fused-phases) defines it to add up clock64
+ * deltas per phase for one thread of each role; the library leaves it empty. role 0 = aux,
+ * 1 = state; a mark closes the phase it names (see the marks below). */
+#ifndef GDP_FUSED_PHASE_MARK
+#define GDP_FUSED_PHASE_MARK(role, phase) ((void)0)
+#endif
+
 namespace {
 
 // CUDA kernels
@@ -167,6 +174,7 @@ __device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<
         }
         cp_async_wait<0>();
         bar_sync(BAR_AUX, NTH);
+        GDP_FUSED_PHASE_MARK(0, 1); /* aux 1: loads */
     }
 
     /* Gk: a warp scan over the 64 rows (two per lane), base 2 as the cumsum kernel; the norms */
@@ -193,6 +201,7 @@ __device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<
         l2norm_rows<T, KP, NW>(&st.q[0][0], KP + PAD, nq, warp, lane);
     }
     bar_sync(BAR_AUX, NTH);
+    GDP_FUSED_PHASE_MARK(0, 2); /* aux 2: Gk and the norms */
 
     /* A[r][s] = beta_r 2^(Gk_r - Gk_s) <k_r, k_s> for s < r < n, else 0 (every column written) */
     const int r0 = warp * 16;
@@ -229,6 +238,7 @@ __device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<
             }
     }
     bar_sync(BAR_AUX, NTH);
+    GDP_FUSED_PHASE_MARK(0, 3); /* aux 3: A */
 
     /* (I + A)^-1 in place: diagonal 16 x 16 blocks by forward substitution, one thread a column
      * (the 16 threads of a block are in one warp: a warp barrier before the in-place write) */
@@ -289,6 +299,7 @@ __device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<
         }
         bar_sync(BAR_AUX, NTH);
     }
+    GDP_FUSED_PHASE_MARK(0, 4); /* aux 4: the inverse */
     /* Ai = X diag(beta), rounded once */
     for (int e = tid; e < CHUNK * CHUNK / 4; e += NTH) {
         const int r = e >> 4, cc = (e & 15) * 4;
@@ -349,9 +360,12 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
     if (threadIdx.x < FUSED_AUX_THREADS) {
         for (int c = 0; c < nchunks; c++) {
             const int b = c & 1;
+            GDP_FUSED_PHASE_MARK(0, 7); /* aux 7: the arrive and the loop */
             if (c >= 2)
                 bar_sync(BAR_EMPTY0 + b, FUSED_THREADS); /* the state warps are done with chunk c - 2 */
+            GDP_FUSED_PHASE_MARK(0, 0); /* aux 0: waiting for a free stage */
             fused_aux_chunk<T, KP, VB>(p, s, b, c, bos, len, hd, nchunks);
+            GDP_FUSED_PHASE_MARK(0, 5); /* aux 5: Ai and P */
             bar_arrive(BAR_FULL0 + b, FUSED_THREADS);
         }
         return;
@@ -402,7 +416,9 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
                     }
             }
         }
+        GDP_FUSED_PHASE_MARK(1, 7); /* state 7: S16, chunk states and the loop */
         bar_sync(BAR_FULL0 + b, FUSED_THREADS); /* stage b holds chunk c (and S16 is complete) */
+        GDP_FUSED_PHASE_MARK(1, 0); /* state 0: waiting for the aux warps */
 
         /* X' = V - 2^Gk (K S16) over rows r0.., columns c0.., in place over V */
         {
@@ -438,6 +454,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
             }
         }
         bar_sync(BAR_STATE, NTH); /* X' complete */
+        GDP_FUSED_PHASE_MARK(1, 1); /* state 1: X' */
 
         /* v_new = Ai X' over rows r0.., columns c0..; the triangle ends at the warp's rows */
         const float gl = st.gk[n - 1];
@@ -476,6 +493,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
             }
         }
         bar_sync(BAR_STATE, NTH); /* v_new and its decayed copy complete */
+        GDP_FUSED_PHASE_MARK(1, 2); /* state 2: v_new */
 
         /* o = scale (2^Gk[r_t] Q S16 + P v_new) over query rows r0.., columns c0.. */
         if (r0 < nq) {
@@ -532,6 +550,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
                 }
         }
 
+        GDP_FUSED_PHASE_MARK(1, 3); /* state 3: the outputs */
         /* S = 2^gl S + K^T (decayed v_new) */
         const float dec = exp2f(gl);
 #pragma unroll
@@ -556,6 +575,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
         /* every read of stage b, S16, v_new and its decayed copy is done: stage b goes back to
          * the aux warps (they wait for it only if a chunk c + 2 exists), S16 may be rewritten */
         bar_sync(BAR_STATE, NTH);
+        GDP_FUSED_PHASE_MARK(1, 4); /* state 4: the state update */
         if (c + 2 < nchunks)
             bar_arrive(BAR_EMPTY0 + b, FUSED_THREADS);
     }

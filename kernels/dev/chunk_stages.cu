@@ -3,6 +3,8 @@
  * outputs, tail) of gdp_chunk_gated_delta_product_varlen on the prefill rows of
  * docs/performance.md. It compiles kernels/chunk/launch.cu into itself with GDP_CHUNK_STAGE_MARK
  * recording a CUDA event after each stage, and links the rest of libgdp statically.
+ * With --fused-phases it runs GDP_CHUNK_PATH=fused and prints, per row, the clock64 cycles per
+ * chunk of each phase of the fused kernel's aux and state warps (block 0; fused.cuh's marks).
  * With --dump DIR it instead writes inputs, outputs and the workspace intermediates of two small
  * shapes (DIR/dump_k128.safetensors, DIR/dump_k100.safetensors) for offline stage-by-stage checks.
  * Build: cmake -DGDP_BUILD_CHUNK_DEV=ON ... && cmake --build <dir> --target bench_chunk_stages
@@ -18,6 +20,19 @@
 
 static cudaEvent_t g_stage_events[6];
 #define GDP_CHUNK_STAGE_MARK(stage, stream) cudaEventRecord(g_stage_events[(stage)], (stream))
+/* --fused-phases: thread 0 (aux) and thread 128 (state) of block (0, 0, 0) of the fused kernel
+ * add up the clock64 cycles of each phase (fused.cuh's marks) */
+__device__ unsigned long long g_fused_cycles[2][8];
+__device__ unsigned long long g_fused_last[2];
+#define GDP_FUSED_PHASE_MARK(role, phase)                                                            \
+    do {                                                                                             \
+        if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == (role) * 128) {  \
+            const unsigned long long t_ = clock64();                                                 \
+            if (g_fused_last[(role)] != 0)                                                           \
+                g_fused_cycles[(role)][(phase)] += t_ - g_fused_last[(role)];                        \
+            g_fused_last[(role)] = t_;                                                               \
+        }                                                                                            \
+    } while (0)
 #include "../chunk/launch.cu"
 #include "src/workspace.h"
 
@@ -237,9 +252,19 @@ int main(int argc, char **argv) {
         dump_case((dir + "/dump_k100.safetensors").c_str(), 3, 2, 100, 64, {130, 7, 64}, 210);
         return 0;
     }
+    const bool phases = argc >= 2 && !std::strcmp(argv[1], "--fused-phases");
     const int only_row = argc == 3 && !std::strcmp(argv[1], "--row") ? std::atoi(argv[2]) : 0;
-    std::printf("%-28s %9s %9s %9s %9s %9s %9s\n", "# shape (median us)", "cumsum", "wy", "state", "out", "tail",
-                "total");
+    if (phases) {
+        setenv("GDP_CHUNK_PATH", "fused", 1);
+        std::printf("# fused kernel, block (0, 0, 0): clock64 cycles per chunk of each phase, one thread of each role\n"
+                    "# aux:   wait(free stage) loads gk+norms A inverse Ai+P arrive\n"
+                    "# state: wait(aux) X' v_new outputs state-update S16+loop\n");
+    } else {
+        std::printf("%-28s %9s %9s %9s %9s %9s %9s\n", "# shape (median us)", "cumsum", "wy", "state", "out", "tail",
+                    "total");
+        if (getenv("GDP_CHUNK_PATH") != nullptr && !std::strcmp(getenv("GDP_CHUNK_PATH"), "fused"))
+            std::printf("# GDP_CHUNK_PATH=fused: the 'cumsum' column is the whole fused kernel\n");
+    }
     for (const Row &row : ROWS) {
         if (only_row > 0 && &row != &ROWS[only_row - 1])
             continue;
@@ -288,28 +313,55 @@ int main(int argc, char **argv) {
         a.chunk_offsets = view(d_co, GDP_DTYPE_INT32, 1, N + 1);
         a.o = view(o, GDP_DTYPE_BF16, 4, 1, T, H, V);
         a.final_state = view(fs, GDP_DTYPE_FP32, 4, N, H, K, V);
-        const int iters = 20;
-        std::vector<float> t[6];
-        for (int it = 0; it < iters + 3; it++) {
+        if (phases) {
+            for (int it = 0; it < 3; it++)
+                DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
+            DEV_CHECK(cudaDeviceSynchronize());
+            unsigned long long zero[16] = {0}, cyc[2][8];
+            DEV_CHECK(cudaMemcpyToSymbol(g_fused_cycles, zero, sizeof cyc));
+            DEV_CHECK(cudaMemcpyToSymbol(g_fused_last, zero, 2 * sizeof(unsigned long long)));
             DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
             DEV_CHECK(cudaDeviceSynchronize());
-            if (it < 3)
-                continue;
-            for (int s = 1; s < 6; s++) {
-                float ms;
-                DEV_CHECK(cudaEventElapsedTime(&ms, g_stage_events[s - 1], g_stage_events[s]));
-                t[s - 1].push_back(ms);
+            DEV_CHECK(cudaMemcpyFromSymbol(cyc, g_fused_cycles, sizeof cyc));
+            const double chunks = (double)((row.lens[0] * M + 63) / 64);
+            static const int aux_order[7] = {0, 1, 2, 3, 4, 5, 7}, state_order[6] = {0, 1, 2, 3, 4, 7};
+            std::printf("%-28s aux  ", row.label);
+            double sum = 0;
+            for (int ph : aux_order) {
+                std::printf(" %7.0f", cyc[0][ph] / chunks);
+                sum += cyc[0][ph] / chunks;
             }
-            float ms;
-            DEV_CHECK(cudaEventElapsedTime(&ms, g_stage_events[0], g_stage_events[5]));
-            t[5].push_back(ms);
+            std::printf("  = %7.0f\n%-28s state", sum, "");
+            sum = 0;
+            for (int ph : state_order) {
+                std::printf(" %7.0f", cyc[1][ph] / chunks);
+                sum += cyc[1][ph] / chunks;
+            }
+            std::printf("          = %7.0f\n", sum);
+        } else { /* per-stage times, median of 20 after 3 warm-ups */
+            const int iters = 20;
+            std::vector<float> t[6];
+            for (int it = 0; it < iters + 3; it++) {
+                DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
+                DEV_CHECK(cudaDeviceSynchronize());
+                if (it < 3)
+                    continue;
+                for (int s = 1; s < 6; s++) {
+                    float ms;
+                    DEV_CHECK(cudaEventElapsedTime(&ms, g_stage_events[s - 1], g_stage_events[s]));
+                    t[s - 1].push_back(ms);
+                }
+                float ms;
+                DEV_CHECK(cudaEventElapsedTime(&ms, g_stage_events[0], g_stage_events[5]));
+                t[5].push_back(ms);
+            }
+            std::printf("%-28s", row.label);
+            for (auto &v_ : t) {
+                std::sort(v_.begin(), v_.end());
+                std::printf(" %9.1f", v_[v_.size() / 2] * 1e3);
+            }
+            std::printf("\n");
         }
-        std::printf("%-28s", row.label);
-        for (auto &v_ : t) {
-            std::sort(v_.begin(), v_.end());
-            std::printf(" %9.1f", v_[v_.size() / 2] * 1e3);
-        }
-        std::printf("\n");
         gdp_ctx_free(ctx);
         void *bufs[] = {q, k, v, beta, g, h0, d_idx, o, fs};
         for (void *b : bufs)
