@@ -57,6 +57,48 @@ __device__ __forceinline__ void store_any(void *p, int dtype, int64_t i, float x
     }
 }
 
+/* ---- the state's stores, shared by the state sweep and the fused kernel ----
+ * Where sequence i's final state goes: the cache slot (in place, the cache's dtype; nothing for
+ * a -1 or out-of-range slot) in cache mode, else the dense final_state if asked. dst == nullptr:
+ * nothing to store. Element (r, c) of head hd lives at base + r * V + c. */
+struct StateDest {
+    void *dst;
+    int dtype;
+    int64_t base;
+};
+__device__ __forceinline__ StateDest final_state_dest(const ChunkParams &p, int i, int hd) {
+    StateDest d = {nullptr, 0, 0};
+    if (p.state != nullptr) {
+        const int slot = p.slots != nullptr ? p.slots[i] : i;
+        if (slot >= 0 && slot < p.n_slots) {
+            d.dst = p.state;
+            d.dtype = p.state_dtype;
+            d.base = (int64_t)slot * p.state_stride_slot + (int64_t)hd * p.state_stride_head;
+        }
+    } else if (p.final_state != nullptr) {
+        d.dst = p.final_state;
+        d.dtype = p.final_dtype;
+        d.base = ((int64_t)i * p.H + hd) * p.K * p.V;
+    }
+    return d;
+}
+
+/* A warp's fp32 state fragments S[nt] (m16n8 accumulators: rows r0 + g + {0, 8}, columns
+ * c0 + 8 nt + 2 t4 + {0, 1}) into dst in dtype at index(r, c), rows < K and columns < V only. */
+template <int NT, typename Index>
+__device__ __forceinline__ void store_state_tile(void *dst, int dtype, const float (&S)[NT][4], int r0, int c0, int K,
+                                                 int V, int lane, Index index) {
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = r0 + g + (e >> 1) * 8, c = c0 + nt * 8 + 2 * t4 + (e & 1);
+            if (r < K && c < V)
+                store_any(dst, dtype, index(r, c), S[nt][e]);
+        }
+}
+
 } // namespace
 
 #endif /* GDP_CHUNK_COMMON_CUH */

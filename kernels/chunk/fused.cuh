@@ -41,6 +41,7 @@
 #include "common.cuh"
 #include "mma.cuh"
 #include "tile.cuh"
+#include "wy_math.cuh"
 
 /* Developer hook: kernels/dev/chunk_stages.cu (--fused-phases) defines it to add up clock64
  * deltas per phase for one thread of each role; the library leaves it empty. role 0 = aux,
@@ -84,8 +85,7 @@ template <typename T, int KP, int VB> struct FusedSmem {
     T vd[CHUNK][VB + PAD];     /* 2^(gl - Gk) v_new, the state update's operand    */
     float a[CHUNK][CHUNK + 4]; /* A, then (I + A)^-1 in place (aux only)           */
 };
-constexpr int FUSED_TMP_LD = 3 * 16 + 4; /* the inverse's scratch: 16 rows of 52 floats */
-static_assert(sizeof(float) * 16 * FUSED_TMP_LD <= sizeof(__nv_bfloat16) * CHUNK * (CHUNK + PAD),
+static_assert(sizeof(float) * 16 * WY_TMP_LD <= sizeof(__nv_bfloat16) * CHUNK * (CHUNK + PAD),
               "the inverse's scratch must fit in a stage's score tile");
 
 /* The rows of chunk c of a sequence: n expanded rows from local row lo; the nq tokens from tf
@@ -123,7 +123,7 @@ __device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<
                                                 int64_t bos, int64_t len, int hd, int nchunks) {
     constexpr int NTH = FUSED_AUX_THREADS, NW = NTH / 32;
     FusedStage<T, KP, VB> &st = s.st[b];
-    float(*tmp)[FUSED_TMP_LD] = reinterpret_cast<float(*)[FUSED_TMP_LD]>(&st.p[0][0]);
+    float(*tmp)[WY_TMP_LD] = reinterpret_cast<float(*)[WY_TMP_LD]>(&st.p[0][0]);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
     const int H = p.H, M = p.M;
@@ -203,102 +203,14 @@ __device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<
     bar_sync(BAR_AUX, NTH);
     GDP_FUSED_PHASE_MARK(0, 2); /* aux 2: Gk and the norms */
 
-    /* A[r][s] = beta_r 2^(Gk_r - Gk_s) <k_r, k_s> for s < r < n, else 0 (every column written) */
+    /* A[r][s] = beta_r 2^(Gk_r - Gk_s) <k_r, k_s> for s < r < n, else 0 (wy_math.cuh) */
     const int r0 = warp * 16;
-    {
-        float acc[8][4];
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[nt][e] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KP; kk += 16) {
-            uint32_t a[4];
-            frag_a(a, &st.k[0][0], KP + PAD, r0, kk, lane);
-#pragma unroll
-            for (int pp = 0; pp < 4; pp++) {
-                if (pp <= warp) {
-                    uint32_t bb[4];
-                    frag_b_nk(bb, &st.k[0][0], KP + PAD, kk, pp * 16, lane);
-                    Elem<T>::mma(acc[2 * pp], a, bb[0], bb[1]);
-                    Elem<T>::mma(acc[2 * pp + 1], a, bb[2], bb[3]);
-                }
-            }
-        }
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = r0 + g + (e >> 1) * 8, cc = nt * 8 + 2 * t4 + (e & 1);
-                float val = 0.0f;
-                if (cc < r && r < n) /* exponent <= 0 here: no overflow */
-                    val = acc[nt][e] * exp2f(st.gk[r] - st.gk[cc]) * st.beta[r];
-                s.a[r][cc] = val;
-            }
-    }
+    wy_build_a<T, KP>(s.a, &st.k[0][0], KP + PAD, st.gk, st.beta, n, warp, lane);
     bar_sync(BAR_AUX, NTH);
     GDP_FUSED_PHASE_MARK(0, 3); /* aux 3: A */
 
-    /* (I + A)^-1 in place: diagonal 16 x 16 blocks by forward substitution, one thread a column
-     * (the 16 threads of a block are in one warp: a warp barrier before the in-place write) */
-    if (tid < 64) {
-        const int blk = tid >> 4, cc = tid & 15, base = blk * 16;
-        float x[16];
-#pragma unroll
-        for (int r = 0; r < 16; r++) {
-            float v = (r == cc) ? 1.0f : 0.0f;
-#pragma unroll
-            for (int q = 0; q < 16; q++)
-                if (q < r)
-                    v -= s.a[base + r][base + q] * x[q];
-            x[r] = v;
-        }
-        __syncwarp();
-#pragma unroll
-        for (int r = 0; r < 16; r++)
-            s.a[base + r][base + cc] = x[r];
-    }
-    bar_sync(BAR_AUX, NTH);
-    /* block rows: X_rc = -X_rr sum_{c <= q < r} A_rq X_qc. Row block rb's blocks left of the
-     * diagonal still hold A when its sums are formed (all of them before any is overwritten),
-     * the rows above already hold X. */
-#pragma unroll
-    for (int rb = 1; rb < 4; rb++) {
-        const int rp = tid & 7, cq = tid >> 3, cb = cq >> 2, col = cq * 4;
-        const bool active = tid < 32 * rb;
-        if (active) {
-            float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-            for (int jb = cb; jb < rb; jb++) {
-#pragma unroll
-                for (int q = 0; q < 16; q++) {
-                    const float4 xv = *reinterpret_cast<const float4 *>(&s.a[jb * 16 + q][col]);
-                    const float a0 = s.a[rb * 16 + 2 * rp][jb * 16 + q];
-                    const float a1 = s.a[rb * 16 + 2 * rp + 1][jb * 16 + q];
-                    acc[0][0] += a0 * xv.x; acc[0][1] += a0 * xv.y; acc[0][2] += a0 * xv.z; acc[0][3] += a0 * xv.w;
-                    acc[1][0] += a1 * xv.x; acc[1][1] += a1 * xv.y; acc[1][2] += a1 * xv.z; acc[1][3] += a1 * xv.w;
-                }
-            }
-            *reinterpret_cast<float4 *>(&tmp[2 * rp][col]) = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
-            *reinterpret_cast<float4 *>(&tmp[2 * rp + 1][col]) = make_float4(acc[1][0], acc[1][1], acc[1][2], acc[1][3]);
-        }
-        bar_sync(BAR_AUX, NTH);
-        if (active) {
-            float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-            for (int q = 0; q < 16; q++) {
-                const float4 tv = *reinterpret_cast<const float4 *>(&tmp[q][col]);
-                const float d0 = s.a[rb * 16 + 2 * rp][rb * 16 + q], d1 = s.a[rb * 16 + 2 * rp + 1][rb * 16 + q];
-                acc[0][0] += d0 * tv.x; acc[0][1] += d0 * tv.y; acc[0][2] += d0 * tv.z; acc[0][3] += d0 * tv.w;
-                acc[1][0] += d1 * tv.x; acc[1][1] += d1 * tv.y; acc[1][2] += d1 * tv.z; acc[1][3] += d1 * tv.w;
-            }
-            *reinterpret_cast<float4 *>(&s.a[rb * 16 + 2 * rp][col]) =
-                make_float4(-acc[0][0], -acc[0][1], -acc[0][2], -acc[0][3]);
-            *reinterpret_cast<float4 *>(&s.a[rb * 16 + 2 * rp + 1][col]) =
-                make_float4(-acc[1][0], -acc[1][1], -acc[1][2], -acc[1][3]);
-        }
-        bar_sync(BAR_AUX, NTH);
-    }
+    /* (I + A)^-1 in place (wy_math.cuh) */
+    wy_invert<true>(s.a, s.a, tmp, tid, [] { bar_sync(BAR_AUX, FUSED_AUX_THREADS); });
     GDP_FUSED_PHASE_MARK(0, 4); /* aux 4: the inverse */
     /* Ai = X diag(beta), rounded once */
     for (int e = tid; e < CHUNK * CHUNK / 4; e += NTH) {
@@ -405,16 +317,9 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
             }
         if (c % M == 0 && p.chunk_states != nullptr) {
             const int64_t hrow = coff + c / M;
-            if (hrow < p.cs_rows) {
-#pragma unroll
-                for (int nt = 0; nt < SNT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int r = sr0 + g + (e >> 1) * 8, cc = sc0 + nt * 8 + 2 * t4 + (e & 1);
-                        if (r < p.K && cc < p.V)
-                            store_any(p.chunk_states, p.cs_dtype, ((hrow * H + hd) * p.K + r) * p.V + cc, S[nt][e]);
-                    }
-            }
+            if (hrow < p.cs_rows)
+                store_state_tile(p.chunk_states, p.cs_dtype, S, sr0, sc0, p.K, p.V, lane,
+                                 [&](int r, int cc) { return ((hrow * H + hd) * p.K + r) * p.V + cc; });
         }
         GDP_FUSED_PHASE_MARK(1, 7); /* state 7: S16, chunk states and the loop */
         bar_sync(BAR_FULL0 + b, FUSED_THREADS); /* stage b holds chunk c (and S16 is complete) */
@@ -423,23 +328,8 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
         /* X' = V - 2^Gk (K S16) over rows r0.., columns c0.., in place over V */
         {
             float acc[HNT][4];
-#pragma unroll
-            for (int nt = 0; nt < HNT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    acc[nt][e] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < KP; kk += 16) {
-                uint32_t a[4];
-                frag_a(a, &st.k[0][0], KP + PAD, r0, kk, lane);
-#pragma unroll
-                for (int pp = 0; pp < HNT / 2; pp++) {
-                    uint32_t bb[4];
-                    frag_b_kn(bb, &s.s[0][0], VB + PAD, kk, c0 + pp * 16, lane);
-                    Elem<T>::mma(acc[2 * pp], a, bb[0], bb[1]);
-                    Elem<T>::mma(acc[2 * pp + 1], a, bb[2], bb[3]);
-                }
-            }
+            zero_tiles(acc);
+            mma_rows_kn<T, KP>(acc, &st.k[0][0], KP + PAD, r0, &s.s[0][0], VB + PAD, c0, lane);
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const int r = r0 + g + hh * 8;
@@ -460,25 +350,8 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
         const float gl = st.gk[n - 1];
         {
             float acc[HNT][4];
-#pragma unroll
-            for (int nt = 0; nt < HNT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    acc[nt][e] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < 4; ks++) {
-                if (ks * 16 <= r0) {
-                    uint32_t a[4];
-                    frag_a(a, &st.ai[0][0], CHUNK + PAD, r0, ks * 16, lane);
-#pragma unroll
-                    for (int pp = 0; pp < HNT / 2; pp++) {
-                        uint32_t bb[4];
-                        frag_b_kn(bb, &st.v[0][0], VB + PAD, ks * 16, c0 + pp * 16, lane);
-                        Elem<T>::mma(acc[2 * pp], a, bb[0], bb[1]);
-                        Elem<T>::mma(acc[2 * pp + 1], a, bb[2], bb[3]);
-                    }
-                }
-            }
+            zero_tiles(acc);
+            mma_rows_tri<T>(acc, &st.ai[0][0], CHUNK + PAD, r0, r0, &st.v[0][0], VB + PAD, c0, lane);
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const int r = r0 + g + hh * 8;
@@ -500,23 +373,8 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
             const int ra = fused_query_row(ch, r0 + g, M), rb_ = fused_query_row(ch, r0 + g + 8, M);
             const int rmax = fused_query_row(ch, min(r0 + 15, nq - 1), M);
             float acc[HNT][4];
-#pragma unroll
-            for (int nt = 0; nt < HNT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    acc[nt][e] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < KP; kk += 16) {
-                uint32_t a[4];
-                frag_a(a, &st.q[0][0], KP + PAD, r0, kk, lane);
-#pragma unroll
-                for (int pp = 0; pp < HNT / 2; pp++) {
-                    uint32_t bb[4];
-                    frag_b_kn(bb, &s.s[0][0], VB + PAD, kk, c0 + pp * 16, lane);
-                    Elem<T>::mma(acc[2 * pp], a, bb[0], bb[1]);
-                    Elem<T>::mma(acc[2 * pp + 1], a, bb[2], bb[3]);
-                }
-            }
+            zero_tiles(acc);
+            mma_rows_kn<T, KP>(acc, &st.q[0][0], KP + PAD, r0, &s.s[0][0], VB + PAD, c0, lane);
             const float fa = ra >= 0 ? st.gam[ra] : 0.0f, fb = rb_ >= 0 ? st.gam[rb_] : 0.0f;
 #pragma unroll
             for (int nt = 0; nt < HNT; nt++) {
@@ -525,20 +383,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
                 acc[nt][2] *= fb;
                 acc[nt][3] *= fb;
             }
-#pragma unroll
-            for (int ks = 0; ks < 4; ks++) {
-                if (ks * 16 <= rmax) {
-                    uint32_t a[4];
-                    frag_a(a, &st.p[0][0], CHUNK + PAD, r0, ks * 16, lane);
-#pragma unroll
-                    for (int pp = 0; pp < HNT / 2; pp++) {
-                        uint32_t bb[4];
-                        frag_b_kn(bb, &s.vn[0][0], VB + PAD, ks * 16, c0 + pp * 16, lane);
-                        Elem<T>::mma(acc[2 * pp], a, bb[0], bb[1]);
-                        Elem<T>::mma(acc[2 * pp + 1], a, bb[2], bb[3]);
-                    }
-                }
-            }
+            mma_rows_tri<T>(acc, &st.p[0][0], CHUNK + PAD, r0, rmax, &s.vn[0][0], VB + PAD, c0, lane);
             T *o = static_cast<T *>(p.o) + ((bos + ch.tf) * H + hd) * p.V;
 #pragma unroll
             for (int nt = 0; nt < HNT; nt++)
@@ -552,26 +397,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
 
         GDP_FUSED_PHASE_MARK(1, 3); /* state 3: the outputs */
         /* S = 2^gl S + K^T (decayed v_new) */
-        const float dec = exp2f(gl);
-#pragma unroll
-        for (int nt = 0; nt < SNT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                S[nt][e] *= dec;
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++) {
-            if (ks * 16 < n) { /* rows past the chunk's end are zero */
-                uint32_t a[4];
-                frag_a_trans(a, &st.k[0][0], KP + PAD, sr0, ks * 16, lane);
-#pragma unroll
-                for (int pp = 0; pp < SNT / 2; pp++) {
-                    uint32_t bb[4];
-                    frag_b_kn(bb, &s.vd[0][0], VB + PAD, ks * 16, sc0 + pp * 16, lane);
-                    Elem<T>::mma(S[2 * pp], a, bb[0], bb[1]);
-                    Elem<T>::mma(S[2 * pp + 1], a, bb[2], bb[3]);
-                }
-            }
-        }
+        state_decay_update<T>(S, exp2f(gl), &st.k[0][0], KP + PAD, sr0, n, &s.vd[0][0], VB + PAD, sc0, lane);
         /* every read of stage b, S16, v_new and its decayed copy is done: stage b goes back to
          * the aux warps (they wait for it only if a chunk c + 2 exists), S16 may be rewritten */
         bar_sync(BAR_STATE, NTH);
@@ -581,31 +407,10 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
     }
 
     /* final state: the cache slot (in place, cache dtype) or the dense final_state */
-    void *dst = nullptr;
-    int dtype = 0;
-    int64_t base = 0;
-    if (p.state != nullptr) {
-        const int slot = p.slots != nullptr ? p.slots[i] : i;
-        if (slot >= 0 && slot < p.n_slots) {
-            dst = p.state;
-            dtype = p.state_dtype;
-            base = (int64_t)slot * p.state_stride_slot + (int64_t)hd * p.state_stride_head;
-        }
-    } else if (p.final_state != nullptr) {
-        dst = p.final_state;
-        dtype = p.final_dtype;
-        base = ((int64_t)i * H + hd) * p.K * p.V;
-    }
-    if (dst != nullptr) {
-#pragma unroll
-        for (int nt = 0; nt < SNT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = sr0 + g + (e >> 1) * 8, cc = sc0 + nt * 8 + 2 * t4 + (e & 1);
-                if (r < p.K && cc < p.V)
-                    store_any(dst, dtype, base + (int64_t)r * p.V + cc, S[nt][e]);
-            }
-    }
+    const StateDest d = final_state_dest(p, i, hd);
+    if (d.dst != nullptr)
+        store_state_tile(d.dst, d.dtype, S, sr0, sc0, p.K, p.V, lane,
+                         [&](int r, int cc) { return d.base + (int64_t)r * p.V + cc; });
 }
 
 /* The fused path takes 16-bit inputs with K <= 128 and V <= 128 (padded K and V 64 or 128);

@@ -31,6 +31,7 @@
  *   mma.cuh     Elem<T> and mma.sync, ldmatrix, cp.async, fragment loaders
  *   tile.cuh    64-row tile loads and the row L2 norm
  *   wy.cuh      chunk_wy_kernel (stage 1)
+ *   wy_math.cuh A = beta K K^T and (I + A)^-1, shared by the WY stage and the fused kernel
  *   state.cuh   chunk_state_kernel (stage 2)
  *   out.cuh     chunk_out_kernel (stage 3), zero_tail_kernel
  *   fused.cuh   chunk_fused_kernel: the whole op in one pass (GDP_CHUNK_PATH=fused)
@@ -70,40 +71,40 @@ cudaError_t device_sm_count(int device, int *sms) {
     return err;
 }
 
+/* The value of the environment variable `name` among its n spellings (spell[i] gives value[i]);
+ * unset or empty gives `unset`, anything else -1; *text is the raw value for the caller's
+ * message. Read on every call, so a test can switch it between calls (one getenv is far cheaper
+ * than the launches that follow). */
+int env_choice(const char *name, const char *const *spell, const int *value, int n, int unset, const char **text) {
+    const char *e = getenv(name);
+    *text = e;
+    if (e == nullptr || e[0] == '\0')
+        return unset;
+    for (int i = 0; i < n; i++)
+        if (strcmp(e, spell[i]) == 0)
+            return value[i];
+    return -1;
+}
+
 /* GDP_CHUNK_STATE_VB = 64, 32 or 16 forces the state sweep's value-column block width (for
  * measurement and the bitwise test across widths); unset, empty or 0 lets stages.cuh choose.
- * Read on every call so that a test can switch it between calls (one getenv is far cheaper than
- * the launches that follow). Returns the width, 0 for "choose", or -1 for any other value. */
+ * Returns the width, 0 for "choose", or -1 for any other value. */
 int state_vb_from_env(const char **text) {
-    const char *e = getenv("GDP_CHUNK_STATE_VB");
-    *text = e;
-    if (e == nullptr || e[0] == '\0' || strcmp(e, "0") == 0)
-        return 0;
-    if (strcmp(e, "64") == 0)
-        return 64;
-    if (strcmp(e, "32") == 0)
-        return 32;
-    if (strcmp(e, "16") == 0)
-        return 16;
-    return -1;
+    static const char *const spell[4] = {"0", "64", "32", "16"};
+    static const int value[4] = {0, 64, 32, 16};
+    return env_choice("GDP_CHUNK_STATE_VB", spell, value, 4, 0, text);
 }
 
 /* Which kernels run the op: the staged chain (cumsums, WY, state sweep, outputs) or the one-pass
  * fused kernel (fused.cuh) where the shape allows it. GDP_CHUNK_PATH = staged | fused forces one
  * (fused on a shape it does not take runs staged: K or V above 128); unset, empty or auto lets
- * the op choose: FUSED_BY_DEFAULT. Read on every call, like GDP_CHUNK_STATE_VB. Returns 0 staged,
- * 1 fused, 2 auto, -1 for any other value. */
+ * the op choose: FUSED_BY_DEFAULT (off: measured slower, kernels/NOTES-chunk.md). Returns 0
+ * staged, 1 fused, 2 auto, -1 for any other value. */
 constexpr bool FUSED_BY_DEFAULT = false;
 int chunk_path_from_env(const char **text) {
-    const char *e = getenv("GDP_CHUNK_PATH");
-    *text = e;
-    if (e == nullptr || e[0] == '\0' || strcmp(e, "auto") == 0)
-        return 2;
-    if (strcmp(e, "staged") == 0)
-        return 0;
-    if (strcmp(e, "fused") == 0)
-        return 1;
-    return -1;
+    static const char *const spell[3] = {"auto", "staged", "fused"};
+    static const int value[3] = {2, 0, 1};
+    return env_choice("GDP_CHUNK_PATH", spell, value, 3, 2, text);
 }
 
 } // namespace

@@ -114,6 +114,106 @@ __device__ __forceinline__ void frag_b_nk(uint32_t b[4], const T *s, int ld, int
     ldsm_x4(b, s + (n0 + (lane >> 4) * 8 + (lane & 7)) * ld + k0 + ((lane >> 3) & 1) * 8);
 }
 
+/* ---- warp-level tile products (16 rows of A a warp; the k dimension walked in order, so every
+ * user sums in the same order as the loops these replace) ---- */
+template <int NT> __device__ __forceinline__ void zero_tiles(float (&acc)[NT][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[nt][e] = 0.0f;
+}
+
+/* acc += A[r0 : r0 + 16, 0 : KP] B[0 : KP, c0 : c0 + 8 NT]; A row-major, B row-major [k][n]. */
+template <typename T, int KP, int NT>
+__device__ __forceinline__ void mma_rows_kn(float (&acc)[NT][4], const T *a, int lda, int r0, const T *b, int ldb,
+                                            int c0, int lane) {
+    static_assert(NT % 2 == 0, "pairs of n8 tiles");
+#pragma unroll
+    for (int kk = 0; kk < KP; kk += 16) {
+        uint32_t af[4];
+        frag_a(af, a, lda, r0, kk, lane);
+#pragma unroll
+        for (int pp = 0; pp < NT / 2; pp++) {
+            uint32_t bf[4];
+            frag_b_kn(bf, b, ldb, kk, c0 + pp * 16, lane);
+            Elem<T>::mma(acc[2 * pp], af, bf[0], bf[1]);
+            Elem<T>::mma(acc[2 * pp + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
+/* acc += A[r0 : r0 + 16, 0 : KP] B^T over the 64 columns of B rows [0, 16 (pmax + 1)) (B row-major
+ * [n][k], as keys in Q K^T): column pairs past pmax, right of a causal diagonal, are skipped. */
+template <typename T, int KP>
+__device__ __forceinline__ void mma_rows_nk(float (&acc)[8][4], const T *a, int lda, int r0, const T *b, int ldb,
+                                            int pmax, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < KP; kk += 16) {
+        uint32_t af[4];
+        frag_a(af, a, lda, r0, kk, lane);
+#pragma unroll
+        for (int pp = 0; pp < 4; pp++) {
+            if (pp <= pmax) {
+                uint32_t bf[4];
+                frag_b_nk(bf, b, ldb, kk, pp * 16, lane);
+                Elem<T>::mma(acc[2 * pp], af, bf[0], bf[1]);
+                Elem<T>::mma(acc[2 * pp + 1], af, bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+/* acc += A[r0 : r0 + 16, 0 : 64] B[0 : 64, c0 : c0 + 8 NT] for a lower-triangular 64-column A:
+ * only the k slabs starting at or before kmax (the last row any output row needs). */
+template <typename T, int NT>
+__device__ __forceinline__ void mma_rows_tri(float (&acc)[NT][4], const T *a, int lda, int r0, int kmax, const T *b,
+                                             int ldb, int c0, int lane) {
+    static_assert(NT % 2 == 0, "pairs of n8 tiles");
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++) {
+        if (ks * 16 <= kmax) {
+            uint32_t af[4];
+            frag_a(af, a, lda, r0, ks * 16, lane);
+#pragma unroll
+            for (int pp = 0; pp < NT / 2; pp++) {
+                uint32_t bf[4];
+                frag_b_kn(bf, b, ldb, ks * 16, c0 + pp * 16, lane);
+                Elem<T>::mma(acc[2 * pp], af, bf[0], bf[1]);
+                Elem<T>::mma(acc[2 * pp + 1], af, bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+/* The state update over a chunk: S[m0 : m0 + 16, c0 : c0 + 8 NT] = dec S + K^T D over the chunk's
+ * rows [0, n) (K row-major [row][k], D row-major [row][n], D already decayed to the chunk's end);
+ * 16-row slabs past n are zero and skipped. */
+template <typename T, int NT>
+__device__ __forceinline__ void state_decay_update(float (&S)[NT][4], float dec, const T *k, int ldk, int m0, int n,
+                                                   const T *d, int ldd, int c0, int lane) {
+    static_assert(NT % 2 == 0, "pairs of n8 tiles");
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            S[nt][e] *= dec;
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++) {
+        if (ks * 16 < n) {
+            uint32_t af[4];
+            frag_a_trans(af, k, ldk, m0, ks * 16, lane);
+#pragma unroll
+            for (int pp = 0; pp < NT / 2; pp++) {
+                uint32_t bf[4];
+                frag_b_kn(bf, d, ldd, ks * 16, c0 + pp * 16, lane);
+                Elem<T>::mma(S[2 * pp], af, bf[0], bf[1]);
+                Elem<T>::mma(S[2 * pp + 1], af, bf[2], bf[3]);
+            }
+        }
+    }
+}
+
 } // namespace
 
 #endif /* GDP_CHUNK_MMA_CUH */

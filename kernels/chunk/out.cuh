@@ -125,25 +125,9 @@ __global__ void __launch_bounds__(256, KP <= 128 ? 2 : 1) chunk_out_kernel(const
 
     const int r0 = rg * 16, c0 = vh * OW;
     float acc[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            acc[nt][e] = 0.0f;
-    if (has_cols) { /* Q h */
-#pragma unroll
-        for (int kk = 0; kk < KP; kk += 16) {
-            uint32_t a[4];
-            frag_a(a, sq, KP + PAD, r0, kk, lane);
-#pragma unroll
-            for (int pp = 0; pp < 4; pp++) {
-                uint32_t b[4];
-                frag_b_kn(b, sh, OB + PAD, kk, c0 + pp * 16, lane);
-                Elem<T>::mma(acc[2 * pp], a, b[0], b[1]);
-                Elem<T>::mma(acc[2 * pp + 1], a, b[2], b[3]);
-            }
-        }
-    }
+    zero_tiles(acc);
+    if (has_cols) /* Q h */
+        mma_rows_kn<T, KP>(acc, sq, KP + PAD, r0, sh, OB + PAD, c0, lane);
     const float gq_lo = sg[r0 + g], gq_hi = sg[r0 + g + 8];
     {
         const float f_lo = exp2f(gq_lo), f_hi = exp2f(gq_hi);
@@ -171,25 +155,8 @@ __global__ void __launch_bounds__(256, KP <= 128 ? 2 : 1) chunk_out_kernel(const
         if (has_cols) {
             /* scores of this warp's rows against token columns < 16 (rg + 1) */
             float sc[8][4];
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    sc[nt][e] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < KP; kk += 16) {
-                uint32_t a[4];
-                frag_a(a, sq, KP + PAD, r0, kk, lane);
-#pragma unroll
-                for (int pp = 0; pp < 4; pp++) {
-                    if (pp <= rg) {
-                        uint32_t bk[4];
-                        frag_b_nk(bk, sk, KP + PAD, kk, pp * 16, lane);
-                        Elem<T>::mma(sc[2 * pp], a, bk[0], bk[1]);
-                        Elem<T>::mma(sc[2 * pp + 1], a, bk[2], bk[3]);
-                    }
-                }
-            }
+            zero_tiles(sc);
+            mma_rows_nk<T, KP>(sc, sq, KP + PAD, r0, sk, KP + PAD, rg, lane);
             /* token-causal mask and decay ratio, rounded to T as the A operand of P V; tiles
              * entirely right of the diagonal block stay zero */
             uint32_t pa[4][4];

@@ -158,16 +158,9 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
                 const int r = sr0 + g + hh * 8, c = nt * 8 + 2 * t4;
                 *reinterpret_cast<uint32_t *>(&s.s[r][c]) = Elem<T>::pack(S[nt][2 * hh], S[nt][2 * hh + 1]);
             }
-        if (store_h && p.chunk_states != nullptr && hrow < p.cs_rows) {
-#pragma unroll
-            for (int nt = 0; nt < SNT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = sr0 + g + (e >> 1) * 8, c = vb * VB + nt * 8 + 2 * t4 + (e & 1);
-                    if (r < p.K && c < p.V)
-                        store_any(p.chunk_states, p.cs_dtype, ((hrow * H + hd) * p.K + r) * p.V + c, S[nt][e]);
-                }
-        }
+        if (store_h && p.chunk_states != nullptr && hrow < p.cs_rows)
+            store_state_tile(p.chunk_states, p.cs_dtype, S, sr0, vb * VB, p.K, p.V, lane,
+                             [&](int r, int c) { return ((hrow * H + hd) * p.K + r) * p.V + c; });
         cp_async_wait<STAGES - 2>();
         __syncthreads(); /* chunk ct landed, s.s complete, every warp done with chunk ct - 1 */
         if (ct + STAGES - 1 < nt_dp)
@@ -230,55 +223,15 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
         __syncthreads(); /* decayed v_new complete */
 
         /* S = 2^gl S + K^T (decayed v_new) */
-        const float dec = exp2f(gl);
-#pragma unroll
-        for (int nt = 0; nt < SNT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                S[nt][e] *= dec;
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++) {
-            if (ks * 16 < nc) { /* rows past the chunk's end are zero */
-                uint32_t a[4];
-                frag_a_trans(a, &s.k[b][0][0], KP + PAD, sr0, ks * 16, lane);
-#pragma unroll
-                for (int pp = 0; pp < SNT / 2; pp++) {
-                    uint32_t bb[4];
-                    frag_b_kn(bb, &s.u[b][0][0], VB + PAD, ks * 16, pp * 16, lane);
-                    Elem<T>::mma(S[2 * pp], a, bb[0], bb[1]);
-                    Elem<T>::mma(S[2 * pp + 1], a, bb[2], bb[3]);
-                }
-            }
-        }
+        state_decay_update<T>(S, exp2f(gl), &s.k[b][0][0], KP + PAD, sr0, nc, &s.u[b][0][0], VB + PAD, 0, lane);
     }
     cp_async_wait<0>(); /* no copy may land after the block exits */
 
     /* final state: the cache slot (in place, cache dtype) or the dense final_state */
-    void *dst = nullptr;
-    int dtype = 0;
-    int64_t base = 0;
-    if (p.state != nullptr) {
-        const int slot = p.slots != nullptr ? p.slots[i] : i;
-        if (slot >= 0 && slot < p.n_slots) {
-            dst = p.state;
-            dtype = p.state_dtype;
-            base = (int64_t)slot * p.state_stride_slot + (int64_t)hd * p.state_stride_head;
-        }
-    } else if (p.final_state != nullptr) {
-        dst = p.final_state;
-        dtype = p.final_dtype;
-        base = ((int64_t)i * H + hd) * p.K * p.V;
-    }
-    if (dst != nullptr) {
-#pragma unroll
-        for (int nt = 0; nt < SNT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = sr0 + g + (e >> 1) * 8, c = vb * VB + nt * 8 + 2 * t4 + (e & 1);
-                if (r < p.K && c < p.V)
-                    store_any(dst, dtype, base + (int64_t)r * p.V + c, S[nt][e]);
-            }
-    }
+    const StateDest d = final_state_dest(p, i, hd);
+    if (d.dst != nullptr)
+        store_state_tile(d.dst, d.dtype, S, sr0, vb * VB, p.K, p.V, lane,
+                         [&](int r, int c) { return d.base + (int64_t)r * p.V + c; });
 }
 
 } // namespace

@@ -14,6 +14,7 @@
 #include "common.cuh"
 #include "mma.cuh"
 #include "tile.cuh"
+#include "wy_math.cuh"
 
 namespace {
 
@@ -23,7 +24,7 @@ template <typename T, int KP> struct WySmem {
     T k[CHUNK][KP + PAD];      /* keys, then beta 2^Gk K                                    */
     float a[CHUNK][CHUNK + 4]; /* A; after the solve the same bytes hold Ai in T           */
     float x[CHUNK][CHUNK + 4]; /* (I + A)^-1 in fp32                                       */
-    float tmp[16][3 * 16 + 4]; /* one block row of sum_q A_rq X_qc, all its column blocks */
+    float tmp[16][WY_TMP_LD]; /* one block row of sum_q A_rq X_qc, all its column blocks */
     float beta[CHUNK];
     float fk[CHUNK]; /* beta 2^Gk: the row factor of w's right-hand side */
     float gk[CHUNK];
@@ -98,103 +99,17 @@ __global__ void __launch_bounds__(128) chunk_wy_kernel(const ChunkParams p) {
         }
     }
 
-    /* A[r][s] = beta_r 2^(Gk_r - Gk_s) <k_r, k_s> for s < r < n, else 0. */
-    {
-        float acc[8][4];
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[nt][e] = 0.0f;
-        const int r0 = warp * 16;
-#pragma unroll
-        for (int kk = 0; kk < KP; kk += 16) {
-            uint32_t a[4];
-            frag_a(a, &s.k[0][0], KP + PAD, r0, kk, lane);
-#pragma unroll
-            for (int pp = 0; pp < 4; pp++) {
-                if (pp <= warp) { /* columns past the diagonal block are masked anyway */
-                    uint32_t b[4];
-                    frag_b_nk(b, &s.k[0][0], KP + PAD, kk, pp * 16, lane);
-                    Elem<T>::mma(acc[2 * pp], a, b[0], b[1]);
-                    Elem<T>::mma(acc[2 * pp + 1], a, b[2], b[3]);
-                }
-            }
-        }
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = r0 + g + (e >> 1) * 8, c = nt * 8 + 2 * t4 + (e & 1);
-                float val = 0.0f;
-                if (c < r && r < n) /* exponent <= 0 here: no overflow */
-                    val = acc[nt][e] * exp2f(s.gk[r] - s.gk[c]) * s.beta[r];
-                s.a[r][c] = val;
-            }
-        /* the inverse's blocks above the diagonal are zero: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3) */
-        for (int e = tid; e < 6 * 256; e += NTH) {
-            const int blk = e >> 8, rb = (blk >= 3) + (blk >= 5), cb = blk + 1 - (blk >= 3) * 2 - (blk >= 5);
-            s.x[rb * 16 + ((e >> 4) & 15)][cb * 16 + (e & 15)] = 0.0f;
-        }
+    /* A[r][s] = beta_r 2^(Gk_r - Gk_s) <k_r, k_s> for s < r < n, else 0 (wy_math.cuh) */
+    wy_build_a<T, KP>(s.a, &s.k[0][0], KP + PAD, s.gk, s.beta, n, warp, lane);
+    /* the inverse's blocks above the diagonal are zero: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3) */
+    for (int e = tid; e < 6 * 256; e += NTH) {
+        const int blk = e >> 8, rb = (blk >= 3) + (blk >= 5), cb = blk + 1 - (blk >= 3) * 2 - (blk >= 5);
+        s.x[rb * 16 + ((e >> 4) & 15)][cb * 16 + (e & 15)] = 0.0f;
     }
     __syncthreads();
 
-    /* (I + A)^-1, 16x16 blocks: diagonal blocks by forward substitution, one thread per column. */
-    if (tid < 64) {
-        const int b = tid >> 4, c = tid & 15, base = b * 16;
-        float x[16];
-#pragma unroll
-        for (int r = 0; r < 16; r++) {
-            float v = (r == c) ? 1.0f : 0.0f;
-#pragma unroll
-            for (int q = 0; q < 16; q++)
-                if (q < r)
-                    v -= s.a[base + r][base + q] * x[q];
-            x[r] = v;
-        }
-#pragma unroll
-        for (int r = 0; r < 16; r++)
-            s.x[base + r][base + c] = x[r];
-    }
-    __syncthreads();
-    /* Off-diagonal blocks, block row by block row: X_rc = -D_r sum_{c <= q < r} A_rq X_qc. Each
-     * thread owns a 2-row x 4-column micro-tile of the block row (rows 2 rp, 2 rp + 1; columns
-     * 4 cq .. 4 cq + 3), so one float4 of X serves 8 multiply-adds; sums run in index order. */
-#pragma unroll
-    for (int rb = 1; rb < 4; rb++) {
-        const int rp = tid & 7, cq = tid >> 3, cb = cq >> 2, col = cq * 4; /* col = 16 cb + 4 (cq % 4) */
-        const bool active = tid < 32 * rb;
-        if (active) {
-            float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-            for (int jb = cb; jb < rb; jb++) {
-#pragma unroll
-                for (int q = 0; q < 16; q++) {
-                    const float4 xv = *reinterpret_cast<const float4 *>(&s.x[jb * 16 + q][col]);
-                    const float a0 = s.a[rb * 16 + 2 * rp][jb * 16 + q], a1 = s.a[rb * 16 + 2 * rp + 1][jb * 16 + q];
-                    acc[0][0] += a0 * xv.x; acc[0][1] += a0 * xv.y; acc[0][2] += a0 * xv.z; acc[0][3] += a0 * xv.w;
-                    acc[1][0] += a1 * xv.x; acc[1][1] += a1 * xv.y; acc[1][2] += a1 * xv.z; acc[1][3] += a1 * xv.w;
-                }
-            }
-            *reinterpret_cast<float4 *>(&s.tmp[2 * rp][col]) = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
-            *reinterpret_cast<float4 *>(&s.tmp[2 * rp + 1][col]) = make_float4(acc[1][0], acc[1][1], acc[1][2], acc[1][3]);
-        }
-        __syncthreads();
-        if (active) {
-            float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-            for (int q = 0; q < 16; q++) {
-                const float4 tv = *reinterpret_cast<const float4 *>(&s.tmp[q][col]);
-                const float d0 = s.x[rb * 16 + 2 * rp][rb * 16 + q], d1 = s.x[rb * 16 + 2 * rp + 1][rb * 16 + q];
-                acc[0][0] += d0 * tv.x; acc[0][1] += d0 * tv.y; acc[0][2] += d0 * tv.z; acc[0][3] += d0 * tv.w;
-                acc[1][0] += d1 * tv.x; acc[1][1] += d1 * tv.y; acc[1][2] += d1 * tv.z; acc[1][3] += d1 * tv.w;
-            }
-            *reinterpret_cast<float4 *>(&s.x[rb * 16 + 2 * rp][col]) =
-                make_float4(-acc[0][0], -acc[0][1], -acc[0][2], -acc[0][3]);
-            *reinterpret_cast<float4 *>(&s.x[rb * 16 + 2 * rp + 1][col]) =
-                make_float4(-acc[1][0], -acc[1][1], -acc[1][2], -acc[1][3]);
-        }
-        __syncthreads();
-    }
+    /* (I + A)^-1 into X, 16x16 blocks (wy_math.cuh) */
+    wy_invert<false>(s.a, s.x, s.tmp, tid, [] { __syncthreads(); });
     /* Ai rounded to T (over A's dead storage); K becomes beta 2^Gk K and V beta V (rounded to T). */
     for (int e = tid; e < CHUNK * CHUNK / 4; e += NTH) {
         const int r = e >> 4, c = (e & 15) * 4;
@@ -237,25 +152,8 @@ __global__ void __launch_bounds__(128) chunk_wy_kernel(const ChunkParams p) {
         const int ld = is_w ? KP + PAD : ldv;
         const int col0 = is_w ? cb * 64 : (cb - nblk_w) * 64;
         float acc[8][4];
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[nt][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++) {
-            if (ks <= warp) {
-                uint32_t a[4];
-                frag_a(a, &ai[0][0], CHUNK + PAD, r0, ks * 16, lane);
-#pragma unroll
-                for (int pp = 0; pp < 4; pp++) {
-                    uint32_t b[4];
-                    frag_b_kn(b, rhs, ld, ks * 16, col0 + pp * 16, lane);
-                    Elem<T>::mma(acc[2 * pp], a, b[0], b[1]);
-                    Elem<T>::mma(acc[2 * pp + 1], a, b[2], b[3]);
-                }
-            }
-        }
+        zero_tiles(acc);
+        mma_rows_tri<T>(acc, &ai[0][0], CHUNK + PAD, r0, r0, rhs, ld, col0, lane);
         const int64_t ldg = is_w ? (int64_t)H * KP : (int64_t)H * p.VP;
         T *dst = is_w ? static_cast<T *>(p.w) + (row0 * H + hd) * KP + col0
                       : static_cast<T *>(p.u) + (row0 * H + hd) * p.VP + col0;
