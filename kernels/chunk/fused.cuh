@@ -197,8 +197,8 @@ __device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<
         st.gam[2 * lane + 1] = exp2f(g1);
     }
     if (p.l2norm) {
-        l2norm_rows<T, KP, NW>(&st.k[0][0], KP + PAD, n, warp, lane);
-        l2norm_rows<T, KP, NW>(&st.q[0][0], KP + PAD, nq, warp, lane);
+        l2norm_rows<T, KP, NW, 4>(&st.k[0][0], KP + PAD, n, warp, lane);
+        l2norm_rows<T, KP, NW, 4>(&st.q[0][0], KP + PAD, nq, warp, lane);
     }
     bar_sync(BAR_AUX, NTH);
     GDP_FUSED_PHASE_MARK(0, 2); /* aux 2: Gk and the norms */

@@ -39,36 +39,51 @@ __device__ __forceinline__ void tile_scalar(T *dst, int ld_s, const T *__restric
 
 /* In-place L2 norm of rows [0, nrows) of a 64 x KP smem tile: x / sqrt(sum x^2 + 1e-6) in fp32,
  * rounded to T. 8 lanes per row (4 rows per warp at a time), 16-byte vectors; each row's partial
- * sums meet in a fixed shuffle tree, so the result is deterministic. */
-template <typename T, int KP, int NW>
+ * sums meet in a fixed shuffle tree, so the result is deterministic. U row groups a warp at a
+ * time (U = 1: one; the fused kernel's 4 aux warps take 4, so 16 independent rows are in flight
+ * instead of a chain of 16 dependent iterations); every row's arithmetic is the same for any U. */
+template <typename T, int KP, int NW, int U = 1>
 __device__ __forceinline__ void l2norm_rows(T *s, int ld, int nrows, int warp, int lane) {
     constexpr int VPL = KP / 64; /* 16-byte vectors per lane */
-    for (int r0 = warp * 4; r0 < nrows; r0 += NW * 4) {
-        const int r = r0 + (lane >> 3), l8 = lane & 7;
-        uint4 vals[VPL];
-        float ss = 0.0f;
+    for (int r0 = warp * 4; r0 < nrows; r0 += NW * 4 * U) {
+        const int l8 = lane & 7;
+        uint4 vals[U][VPL];
+        float ss[U];
 #pragma unroll
-        for (int j = 0; j < VPL; j++) {
-            vals[j] = *reinterpret_cast<const uint4 *>(s + r * ld + (j * 8 + l8) * 8);
-            const T *x = reinterpret_cast<const T *>(&vals[j]);
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const float f = Elem<T>::to_f(x[e]);
-                ss += f * f;
-            }
-        }
-        ss += __shfl_xor_sync(0xffffffffu, ss, 4);
-        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-        if (r < nrows) {
-            const float inv = 1.0f / sqrtf(ss + (float)GDP_L2NORM_EPS);
+        for (int u = 0; u < U; u++) {
+            const int r = r0 + u * NW * 4 + (lane >> 3);
+            ss[u] = 0.0f;
 #pragma unroll
             for (int j = 0; j < VPL; j++) {
-                T *x = reinterpret_cast<T *>(&vals[j]);
+                vals[u][j] = (U == 1 || r < CHUNK) ? *reinterpret_cast<const uint4 *>(s + r * ld + (j * 8 + l8) * 8)
+                                                   : make_uint4(0u, 0u, 0u, 0u);
+                const T *x = reinterpret_cast<const T *>(&vals[u][j]);
 #pragma unroll
-                for (int e = 0; e < 8; e++)
-                    x[e] = Elem<T>::from_f(Elem<T>::to_f(x[e]) * inv);
-                *reinterpret_cast<uint4 *>(s + r * ld + (j * 8 + l8) * 8) = vals[j];
+                for (int e = 0; e < 8; e++) {
+                    const float f = Elem<T>::to_f(x[e]);
+                    ss[u] += f * f;
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            ss[u] += __shfl_xor_sync(0xffffffffu, ss[u], 4);
+            ss[u] += __shfl_xor_sync(0xffffffffu, ss[u], 2);
+            ss[u] += __shfl_xor_sync(0xffffffffu, ss[u], 1);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int r = r0 + u * NW * 4 + (lane >> 3);
+            if (r < nrows) {
+                const float inv = 1.0f / sqrtf(ss[u] + (float)GDP_L2NORM_EPS);
+#pragma unroll
+                for (int j = 0; j < VPL; j++) {
+                    T *x = reinterpret_cast<T *>(&vals[u][j]);
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        x[e] = Elem<T>::from_f(Elem<T>::to_f(x[e]) * inv);
+                    *reinterpret_cast<uint4 *>(s + r * ld + (j * 8 + l8) * 8) = vals[u][j];
+                }
             }
         }
     }
