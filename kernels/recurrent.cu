@@ -888,10 +888,18 @@ cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStre
  * the shared-memory kernel: the register kernel holds 64 state values a thread there
  * (168-183 registers, 2-3 blocks per SM) and ran slower than fp32 (B=256 285 us). Read at
  * every launch (a getenv, far below a launch's cost), so a test can compare the kernels in
- * one process; all give the same bits. */
+ * one process; all give the same bits. Any other value than those three, auto or empty is
+ * refused (GDP_STATUS_INVALID_USAGE) before anything runs. */
 constexpr int64_t REC_SMEM_MIN_PAIRS = 128;
 
 enum DecodeKernel { DECODE_REGS, DECODE_SMEM, DECODE_HEAD };
+
+/* GDP_DECODE_STATE is unset, empty, auto (the op chooses) or one of the three kernels. */
+bool decode_state_known() {
+    const char *e = getenv("GDP_DECODE_STATE");
+    return e == nullptr || e[0] == '\0' || strcmp(e, "auto") == 0 || strcmp(e, "regs") == 0 ||
+           strcmp(e, "smem") == 0 || strcmp(e, "head") == 0;
+}
 
 DecodeKernel decode_kernel(const RecurrentParams &p, int state_dtype) {
     const char *e = getenv("GDP_DECODE_STATE");
@@ -1077,6 +1085,11 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
                  "gdp_decode_recurrent_norm: GDP_DECODE_END=%s is not known; use auto (or leave it unset or empty), "
                  "fused or split",
                  getenv("GDP_DECODE_END"));
+    if (!decode_state_known())
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "%s: GDP_DECODE_STATE=%s is not known; use regs, smem or head (or leave it unset, empty or auto: "
+                 "the op chooses)",
+                 fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_STATE"));
     if (K > REC_ROW_GROUPS * 16)
         GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: K = %lld; the CUDA decode kernel holds at most %d state rows", op,
                  (long long)K, REC_ROW_GROUPS * 16);

@@ -585,6 +585,31 @@ static void decode_end_vs_chain(test_rng *r, const dec_cfg *c, int64_t hpg, bool
 
 /* GDP_DECODE_END=sometimes: both entry points return INVALID_USAGE naming the variable and
  * the value, *fused stays false, and o, the cache and the norm output keep their bytes. */
+/* GDP_DECODE_STATE=fastest: the plain op is refused with INVALID_USAGE naming the variable, the
+ * value and the accepted ones, and writes nothing (o and the state keep their bytes). */
+static void decode_state_bad_value(test_rng *r, const dec_cfg *c) {
+    gdp_recurrent_args h = dec_random(r, c);
+    gdp_recurrent_args dv = dec_to_device(&h);
+    gdp_recurrent_args was = dec_host_clone(&h), now = dec_host_clone(&h);
+    dec_fetch(&was, &dv);
+    const int before = g_test_failures;
+    char *saved = env_swap("GDP_DECODE_STATE", "fastest");
+    const gdp_status_t st = gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &dv);
+    const char *msg = gdp_last_error();
+    CHECK(st == GDP_STATUS_INVALID_USAGE, "decode under GDP_DECODE_STATE=fastest: status %d (%s), expected INVALID_USAGE",
+          (int)st, gdp_status_string(st));
+    CHECK(msg != NULL && strstr(msg, "GDP_DECODE_STATE") != NULL && strstr(msg, "fastest") != NULL &&
+              strstr(msg, "smem") != NULL,
+          "the message names the variable, the value and the accepted values: %s", msg ? msg : "(null)");
+    env_restore("GDP_DECODE_STATE", saved);
+    dec_fetch(&now, &dv);
+    test_same_bytes("GDP_DECODE_STATE refused: o unchanged", &now.o, &was.o);
+    if (c->cache)
+        test_same_bytes("GDP_DECODE_STATE refused: state unchanged", &now.state, &was.state);
+    printf("decode GDP_DECODE_STATE=fastest: %s\n", g_test_failures == before ? "INVALID_USAGE, nothing written" : "FAILED");
+    dec_free(&was, false), dec_free(&now, false), dec_free(&dv, true), dec_free(&h, false);
+}
+
 static void decode_end_bad_value(test_rng *r, const dec_cfg *c, int64_t hpg) {
     const int64_t B = c->B, M = c->M, H = c->H, V = c->V, d = H * V, n = hpg * V;
     gdp_recurrent_args h = dec_random(r, c);
@@ -704,6 +729,7 @@ static void decode_tests(test_rng *r) {
     decode_end_vs_chain(r, &ends[6], 4, false, NULL, NULL);
     decode_end_bad_value(r, &ends[0], 4);
     decode_end_bad_value(r, &ends[6], 4);
+    decode_state_bad_value(r, &cases[0]);
 }
 
 #endif /* GDP_HAVE_CUDA */
