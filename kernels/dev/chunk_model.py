@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""chunk_model.py: numpy model of the CUDA chunk op's stages (kernels/chunk/), with the same
-bf16 rounding points, used offline to check the device's intermediates stage by stage.
+"""chunk_model.py: numpy model of the CUDA chunk op's stages (kernels/chunk/) and of its fused kernel,
+with the same bf16 rounding points, used offline to check the device's intermediates stage by stage
+and the accuracy of a design before it is written.
 
   chunk_model.py golden FILE...   model vs a golden file's o_ref / final_state_ref / chunk_states_ref
   chunk_model.py dump FILE...     model vs a dump of chunk_stages --dump (cumsums, keys, w, v_new,
                                   chunk-entry states, o, final and chunk states), per stage
+  chunk_model.py fused FILE...    the fused kernel's rounding points (fused.cuh) vs a golden file
+  chunk_model.py splitN FILE...   the same with the exact in-GPU split, segments of N chunks (local
+                                  pass, transfer pass, fp32 fix-up, main pass), also vs unsplit
 """
 import json, struct, sys
 import numpy as np
@@ -121,6 +125,94 @@ def model(q, k, v, g, beta, h0, cu, M, scale, l2):
     return r
 
 
+def fused_head(qq, kk, vv, bb, Gk, S0, L, M, scale, seg_starts=None):
+    """The fused kernel's rounding points (kernels/chunk/fused.cuh) for one (sequence, head):
+    per expanded chunk, S16 = bf(S), Ai = bf((I + A)^-1 diag beta), X' = bf(V - 2^Gk K S16),
+    v_new = Ai X', the outputs of the tokens whose last copy lies in the chunk from S16 and the
+    masked decayed scores P = bf(...), S = 2^gl S + K^T bf(2^(gl - Gk) v_new).
+    seg_starts: if given, the chunk index each segment starts at and the state to start it from
+    (the split's main pass); returns (o rows by token, chunk states, final state, per-segment
+    exit states)."""
+    K = kk.shape[1]
+    o = np.zeros((L, vv.shape[1]), np.float32)
+    S = S0.astype(np.float32).copy()
+    hs, exits = [], []
+    nch = (L * M + 63) // 64
+    starts = dict(seg_starts or {})
+    for c in range(nch):
+        if c in starts:
+            if c > 0:
+                exits.append(S.copy())
+            S = starts[c].astype(np.float32).copy()
+        lo = c * 64
+        n = min(64, L * M - lo)
+        if c % M == 0:
+            hs.append(S.copy())
+        kc, g_, b_ = kk[lo:lo + n], Gk[lo:lo + n], bb[lo:lo + n]
+        S16 = bf(S)
+        A = np.tril((kc @ kc.T) * np.exp2(g_[:, None] - g_[None, :]) * b_[:, None], -1)
+        X = np.linalg.inv(np.eye(n) + A.astype(np.float64)).astype(np.float32)
+        Ai = bf(X * b_[None, :])
+        Xp = bf(vv[lo:lo + n] - np.exp2(g_)[:, None] * (kc @ S16))
+        vn = Ai @ Xp
+        VN = bf(vn)
+        gl = g_[n - 1]
+        vd = bf(vn * np.exp2(gl - g_)[:, None])
+        tf, tl = lo // M, min(L - 1, (lo + n - M) // M)
+        for t in range(tf, tl + 1):
+            rt = t * M + M - 1 - lo
+            p_ = bf((qq[t] @ kc[:rt + 1].T) * np.exp2(g_[rt] - g_[:rt + 1]))
+            o[t] = bf(np.float32(scale) * (np.exp2(g_[rt]) * (qq[t] @ S16) + p_ @ VN[:rt + 1]))
+        S = S * np.exp2(gl) + kc.T @ vd
+    exits.append(S.copy())
+    return o, hs, S, exits
+
+
+def fused_model(q, k, v, g, beta, h0, cu, M, scale, l2, seg=0):
+    """The fused kernel over every sequence and head; seg > 0: the exact split with segments of
+    seg chunks (local pass from zero, transfer pass from I with V = 0, fp32 fix-up in segment
+    order, main pass from the fixed entry states)."""
+    T, H, K = q.shape
+    V = v.shape[2]
+    N = len(cu) - 1
+    r = dict(o=np.zeros((T, H, V), np.float32), final=np.zeros((N, H, K, V), np.float32), h={})
+    for i in range(N):
+        bos, L = int(cu[i]), int(cu[i + 1] - cu[i])
+        for h in range(H):
+            gs = g[bos:bos + L, h].astype(np.float32)
+            gi = np.zeros(L * M, np.float32)
+            gi[0::M] = gs
+            Gk = seq_cumsum(gi)
+            kk = k[bos * M:(bos + L) * M, h].astype(np.float32)
+            qq = q[bos:bos + L, h].astype(np.float32)
+            vv = v[bos * M:(bos + L) * M, h].astype(np.float32)
+            bb = beta[bos * M:(bos + L) * M, h].astype(np.float32)
+            if l2:
+                kk = bf(kk / np.sqrt((kk * kk).sum(1, keepdims=True) + np.float32(1e-6)))
+                qq = bf(qq / np.sqrt((qq * qq).sum(1, keepdims=True) + np.float32(1e-6)))
+            S0 = h0[i, h].astype(np.float32) if h0 is not None else np.zeros((K, V), np.float32)
+            nch = (L * M + 63) // 64
+            if seg > 0 and nch > seg:
+                firsts = list(range(0, nch, seg))
+                # local pass: each segment from 0 (the first from h0); transfer pass: from I, V = 0
+                _, _, _, R = fused_head(qq, kk, vv, bb, Gk, S0, L, M, scale,
+                                        {c: (S0 if c == 0 else np.zeros((K, V), np.float32)) for c in firsts})
+                I = np.eye(K, dtype=np.float32)
+                _, _, _, P = fused_head(qq, kk, np.zeros((L * M, K), np.float32), bb, Gk, I, L, M, scale,
+                                        {c: I for c in firsts})
+                starts, Sj = {0: S0}, R[0]
+                for j in range(1, len(firsts)):
+                    starts[firsts[j]] = Sj
+                    Sj = (P[j].astype(np.float64) @ Sj.astype(np.float64)).astype(np.float32) + R[j]
+                o, hs, S, _ = fused_head(qq, kk, vv, bb, Gk, S0, L, M, scale, starts)
+            else:
+                o, hs, S, _ = fused_head(qq, kk, vv, bb, Gk, S0, L, M, scale)
+            r['o'][bos:bos + L, h] = o
+            r['final'][i, h] = S
+            r['h'][(i, h)] = hs
+    return r
+
+
 def rel(a, b):
     a = np.asarray(a, np.float64).ravel()
     b = np.asarray(b, np.float64).ravel()
@@ -145,15 +237,27 @@ def main():
         T, H, K = q.shape
         V = v.shape[2]
         M = k.shape[0] // T
-        if mode == 'golden':
+        if mode in ('golden', 'fused') or mode.startswith('split'):
             meta = d['__metadata__']
             scale = float(meta['scale'])
             l2 = str(meta['use_qk_l2norm_in_kernel']).lower() == 'true'
         else:
             scale, l2 = 1.0 / np.sqrt(K), True
-        r = model(q, k, v, g, beta, d['initial_state'], cu, M, scale, l2)
         end, nreal = int(cu[-1]), int(co[-1])
         name = f.split('/')[-1]
+        if mode == 'fused' or mode.startswith('split'):
+            seg = int(mode[5:]) if mode.startswith('split') else 0
+            r = fused_model(q, k, v, g, beta, d['initial_state'], cu, M, scale, l2, seg)
+            cs = states_table(r, co, H, K, V, d['chunk_states_ref'].shape[0])
+            line = '%s %s: o %.2e final %.2e chunk states %.2e' % (
+                mode, name, rel(r['o'][:end], d['o_ref'][0][:end]), rel(r['final'], d['final_state_ref']),
+                rel(cs[:nreal], d['chunk_states_ref'][:nreal]))
+            if seg > 0:
+                u = fused_model(q, k, v, g, beta, d['initial_state'], cu, M, scale, l2, 0)
+                line += '; vs unsplit: o %.2e final %.2e' % (rel(r['o'][:end], u['o'][:end]), rel(r['final'], u['final']))
+            print(line)
+            continue
+        r = model(q, k, v, g, beta, d['initial_state'], cu, M, scale, l2)
         if mode == 'golden':
             cs = states_table(r, co, H, K, V, d['chunk_states_ref'].shape[0])
             print('%s: o %.2e final %.2e chunk states %.2e' % (
