@@ -4,7 +4,8 @@
  * the prepare, recurrent, conv1d and norm kernels (device-side twin of gdp_load_elem).
  * The vector forms move N = 4 or 8 consecutive elements in one access per 16 bytes (the
  * caller guarantees the address is aligned to the N elements' size): a warp then reads or
- * writes each line once, and all of a thread's loads can be in flight together.
+ * writes each line once, and all of a thread's loads can be in flight together. prefetch_l2
+ * brings a span into L2 ahead of its loads (the decode and fused chunk kernels).
  */
 #ifndef GDP_DTYPE_ACCESS_CUH
 #define GDP_DTYPE_ACCESS_CUH
@@ -94,6 +95,14 @@ template <int N> __device__ __forceinline__ void store_vec_from_float(void *base
         *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + i) = make_uint4(w[0], w[1], w[2], w[3]);
     else
         *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(base) + i) = make_uint2(w[0], w[1]);
+}
+
+/* Brings the 128-byte lines of [ptr, ptr + bytes) into L2 without occupying registers. */
+__device__ __forceinline__ void prefetch_l2(const void *ptr, int64_t bytes) {
+    const uintptr_t first = reinterpret_cast<uintptr_t>(ptr) & ~(uintptr_t)127;
+    const uintptr_t last = reinterpret_cast<uintptr_t>(ptr) + (uintptr_t)bytes - 1;
+    for (uintptr_t a = first; a <= last; a += 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
 }
 
 #endif /* GDP_DTYPE_ACCESS_CUH */

@@ -178,14 +178,6 @@ template <int CW> __device__ __forceinline__ void store_columns_f32(float *dst, 
 __device__ __forceinline__ int gdp_dtype_size_device(gdp_dtype_t dtype) { return dtype == GDP_DTYPE_FP32 ? 4 : 2; }
 
 
-/* Brings the 128-byte lines of [ptr, ptr + bytes) into L2 without occupying registers. */
-__device__ __forceinline__ void prefetch_l2(const void *ptr, int64_t bytes) {
-    const uintptr_t first = reinterpret_cast<uintptr_t>(ptr) & ~(uintptr_t)127;
-    const uintptr_t last = reinterpret_cast<uintptr_t>(ptr) + (uintptr_t)bytes - 1;
-    for (uintptr_t a = first; a <= last; a += 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-}
-
 constexpr int REC_STAGE_UNROLL = 4; /* elements per thread and array loaded before any is stored */
 
 /* Stages steps [t0, t0 + ns) of q, k (rows padded to KP), v (this block's BV columns),
@@ -894,23 +886,22 @@ constexpr int64_t REC_SMEM_MIN_PAIRS = 128;
 
 enum DecodeKernel { DECODE_REGS, DECODE_SMEM, DECODE_HEAD };
 
-/* GDP_DECODE_STATE is unset, empty, auto (the op chooses) or one of the three kernels. */
-bool decode_state_known() {
-    const char *e = getenv("GDP_DECODE_STATE");
-    return e == nullptr || e[0] == '\0' || strcmp(e, "auto") == 0 || strcmp(e, "regs") == 0 ||
-           strcmp(e, "smem") == 0 || strcmp(e, "head") == 0;
+/* GDP_DECODE_STATE: one of the three kernels, DECODE_AUTO (unset, empty or auto: the op
+ * chooses), or -1 for any other value (gdp_env_choice, src/internal.h). */
+constexpr int DECODE_AUTO = -2;
+int decode_state_choice() {
+    static const char *const spell[4] = {"auto", "regs", "smem", "head"};
+    static const int value[4] = {DECODE_AUTO, DECODE_REGS, DECODE_SMEM, DECODE_HEAD};
+    return gdp_env_choice("GDP_DECODE_STATE", spell, value, 4, DECODE_AUTO, nullptr);
 }
 
+/* The kernel for a launch; recurrent_run has refused an unknown GDP_DECODE_STATE already. */
 DecodeKernel decode_kernel(const RecurrentParams &p, int state_dtype) {
-    const char *e = getenv("GDP_DECODE_STATE");
+    const int forced = decode_state_choice();
     if (p.norm_on) /* the fused norm's tail lives in the shared-memory kernel only */
-        return e != nullptr && strcmp(e, "head") == 0 ? DECODE_HEAD : DECODE_SMEM;
-    if (e != nullptr && strcmp(e, "smem") == 0)
-        return DECODE_SMEM;
-    if (e != nullptr && strcmp(e, "head") == 0)
-        return DECODE_HEAD;
-    if (e != nullptr && strcmp(e, "regs") == 0)
-        return DECODE_REGS;
+        return forced == DECODE_HEAD ? DECODE_HEAD : DECODE_SMEM;
+    if (forced >= 0)
+        return static_cast<DecodeKernel>(forced);
     return state_dtype != GDP_DTYPE_FP32 || p.B * p.H >= REC_SMEM_MIN_PAIRS ? DECODE_SMEM : DECODE_REGS;
 }
 
@@ -1013,15 +1004,12 @@ enum DecodeEnd { END_AUTO, END_FUSED, END_SPLIT };
 
 /* false for a value it does not know (*mode untouched). */
 bool decode_end(DecodeEnd *mode) {
-    const char *e = getenv("GDP_DECODE_END");
-    if (e == nullptr || e[0] == '\0' || strcmp(e, "auto") == 0)
-        *mode = END_AUTO;
-    else if (strcmp(e, "fused") == 0)
-        *mode = END_FUSED;
-    else if (strcmp(e, "split") == 0)
-        *mode = END_SPLIT;
-    else
+    static const char *const spell[3] = {"auto", "fused", "split"};
+    static const int value[3] = {END_AUTO, END_FUSED, END_SPLIT};
+    const int v = gdp_env_choice("GDP_DECODE_END", spell, value, 3, END_AUTO, nullptr);
+    if (v < 0)
         return false;
+    *mode = static_cast<DecodeEnd>(v);
     return true;
 }
 
@@ -1085,7 +1073,7 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
                  "gdp_decode_recurrent_norm: GDP_DECODE_END=%s is not known; use auto (or leave it unset or empty), "
                  "fused or split",
                  getenv("GDP_DECODE_END"));
-    if (!decode_state_known())
+    if (decode_state_choice() == -1)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
                  "%s: GDP_DECODE_STATE=%s is not known; use regs, smem or head (or leave it unset, empty or auto: "
                  "the op chooses)",

@@ -171,6 +171,11 @@ gdp_status_t gdp_debug_check_values(gdp_ctx_t ctx, const char *op, const char *n
                                     bool nonpositive);
 /* GDP_DEBUG_CHECKS set to anything but "" or "0": new contexts start with the checks on. */
 bool gdp_debug_checks_from_env(void);
+/* The value of environment variable `name` among its n spellings (spell[i] gives value[i]);
+ * unset or empty gives `unset`, anything else -1; *text (may be NULL) gets the raw value for
+ * the caller's message. The kernels' switches (GDP_CHUNK_PATH, GDP_DECODE_END, ...) read it on
+ * every call, so a test can change them between calls (a getenv is far cheaper than a launch). */
+int gdp_env_choice(const char *name, const char *const *spell, const int *value, int n, int unset, const char **text);
 
 /* calloc that records an out-of-memory error naming `what`. */
 void *gdp_calloc(size_t count, size_t size, const char *what);

@@ -115,6 +115,18 @@ bool gdp_debug_checks_from_env(void) {
     return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
 }
 
+int gdp_env_choice(const char *name, const char *const *spell, const int *value, int n, int unset, const char **text) {
+    const char *e = getenv(name);
+    if (text != NULL)
+        *text = e;
+    if (e == NULL || e[0] == '\0')
+        return unset;
+    for (int i = 0; i < n; i++)
+        if (strcmp(e, spell[i]) == 0)
+            return value[i];
+    return -1;
+}
+
 /* Host bytes of the view's span: the data itself on the CPU, a copy on CUDA (*copy to free). */
 static gdp_status_t host_view(gdp_ctx_t ctx, const char *op, const char *name, const gdp_tensor *t, int64_t lo,
                               int64_t hi, const char **base, void **copy) {

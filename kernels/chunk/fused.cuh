@@ -39,6 +39,7 @@
 #include <stdint.h>
 
 #include "common.cuh"
+#include "kernels/dtype_access.cuh" /* prefetch_l2 */
 #include "mma.cuh"
 #include "tile.cuh"
 #include "wy_math.cuh"
@@ -109,14 +110,6 @@ __device__ __forceinline__ int fused_query_row(const FusedChunk &ch, int qi, int
     return qi < ch.nq ? (int)((int64_t)(ch.tf + qi) * M + M - 1 - ch.lo) : -1;
 }
 
-/* Brings [ptr, ptr + bytes) into L2 without holding registers. */
-__device__ __forceinline__ void fused_prefetch_l2(const void *ptr, int bytes) {
-    const uintptr_t first = reinterpret_cast<uintptr_t>(ptr) & ~(uintptr_t)127;
-    const uintptr_t last = reinterpret_cast<uintptr_t>(ptr) + (uintptr_t)bytes - 1;
-    for (uintptr_t a = first; a <= last; a += 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-}
-
 /* ---- the aux warps: stage b for chunk c ---- */
 template <typename T, int KP, int VB>
 __device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<T, KP, VB> &s, int b, int c,
@@ -166,10 +159,10 @@ __device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<
             const int64_t rown = bos * M + nx.lo;
             const int es = (int)sizeof(T);
             if (tid < nx.n) {
-                fused_prefetch_l2(static_cast<const T *>(p.k) + ((rown + tid) * H + hd) * p.K, p.K * es);
-                fused_prefetch_l2(static_cast<const T *>(p.v) + ((rown + tid) * H + hd) * p.V, p.V * es);
+                prefetch_l2(static_cast<const T *>(p.k) + ((rown + tid) * H + hd) * p.K, p.K * es);
+                prefetch_l2(static_cast<const T *>(p.v) + ((rown + tid) * H + hd) * p.V, p.V * es);
             } else if (tid >= 64 && tid - 64 < nx.nq) {
-                fused_prefetch_l2(static_cast<const T *>(p.q) + ((bos + nx.tf + tid - 64) * H + hd) * p.K, p.K * es);
+                prefetch_l2(static_cast<const T *>(p.q) + ((bos + nx.tf + tid - 64) * H + hd) * p.K, p.K * es);
             }
         }
         cp_async_wait<0>();
@@ -226,30 +219,19 @@ __device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<
         const int ra = fused_query_row(ch, r0 + g, M), rb_ = fused_query_row(ch, r0 + g + 8, M);
         const int rmax = r0 < nq ? fused_query_row(ch, min(r0 + 15, nq - 1), M) : -1;
         const float ga = ra >= 0 ? st.gk[ra] : 0.0f, gb = rb_ >= 0 ? st.gk[rb_] : 0.0f;
+        float sc[8][4];
+        zero_tiles(sc);
+        mma_rows_nk<T, KP>(sc, &st.q[0][0], KP + PAD, r0, &st.k[0][0], KP + PAD, rmax >= 0 ? rmax / 16 : -1, lane);
 #pragma unroll
-        for (int ks = 0; ks < 4; ks++) {
-            float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-            if (ks * 16 <= rmax) {
+        for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-                for (int kk = 0; kk < KP; kk += 16) {
-                    uint32_t a[4], bk[4];
-                    frag_a(a, &st.q[0][0], KP + PAD, r0, kk, lane);
-                    frag_b_nk(bk, &st.k[0][0], KP + PAD, kk, ks * 16, lane);
-                    Elem<T>::mma(sc[0], a, bk[0], bk[1]);
-                    Elem<T>::mma(sc[1], a, bk[2], bk[3]);
-                }
+            for (int hh = 0; hh < 2; hh++) {
+                const int row = hh ? rb_ : ra, cc = nt * 8 + 2 * t4;
+                const float gt = hh ? gb : ga;
+                const float p0 = cc <= row ? sc[nt][2 * hh] * exp2f(gt - st.gk[cc]) : 0.0f;
+                const float p1 = cc + 1 <= row ? sc[nt][2 * hh + 1] * exp2f(gt - st.gk[cc + 1]) : 0.0f;
+                *reinterpret_cast<uint32_t *>(&st.p[r0 + g + hh * 8][cc]) = Elem<T>::pack(p0, p1);
             }
-#pragma unroll
-            for (int h2 = 0; h2 < 2; h2++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int row = hh ? rb_ : ra, cc = ks * 16 + h2 * 8 + 2 * t4;
-                    const float gt = hh ? gb : ga;
-                    const float p0 = cc <= row ? sc[h2][2 * hh] * exp2f(gt - st.gk[cc]) : 0.0f;
-                    const float p1 = cc + 1 <= row ? sc[h2][2 * hh + 1] * exp2f(gt - st.gk[cc + 1]) : 0.0f;
-                    *reinterpret_cast<uint32_t *>(&st.p[r0 + g + hh * 8][cc]) = Elem<T>::pack(p0, p1);
-                }
-        }
     }
 }
 

@@ -71,28 +71,14 @@ cudaError_t device_sm_count(int device, int *sms) {
     return err;
 }
 
-/* The value of the environment variable `name` among its n spellings (spell[i] gives value[i]);
- * unset or empty gives `unset`, anything else -1; *text is the raw value for the caller's
- * message. Read on every call, so a test can switch it between calls (one getenv is far cheaper
- * than the launches that follow). */
-int env_choice(const char *name, const char *const *spell, const int *value, int n, int unset, const char **text) {
-    const char *e = getenv(name);
-    *text = e;
-    if (e == nullptr || e[0] == '\0')
-        return unset;
-    for (int i = 0; i < n; i++)
-        if (strcmp(e, spell[i]) == 0)
-            return value[i];
-    return -1;
-}
-
 /* GDP_CHUNK_STATE_VB = 64, 32 or 16 forces the state sweep's value-column block width (for
  * measurement and the bitwise test across widths); unset, empty or 0 lets stages.cuh choose.
- * Returns the width, 0 for "choose", or -1 for any other value. */
+ * Read on every call (gdp_env_choice, src/internal.h). Returns the width, 0 for "choose", or -1
+ * for any other value. */
 int state_vb_from_env(const char **text) {
     static const char *const spell[4] = {"0", "64", "32", "16"};
     static const int value[4] = {0, 64, 32, 16};
-    return env_choice("GDP_CHUNK_STATE_VB", spell, value, 4, 0, text);
+    return gdp_env_choice("GDP_CHUNK_STATE_VB", spell, value, 4, 0, text);
 }
 
 /* Which kernels run the op: the staged chain (cumsums, WY, state sweep, outputs) or the one-pass
@@ -104,7 +90,7 @@ constexpr bool FUSED_BY_DEFAULT = false;
 int chunk_path_from_env(const char **text) {
     static const char *const spell[3] = {"auto", "staged", "fused"};
     static const int value[3] = {2, 0, 1};
-    return env_choice("GDP_CHUNK_PATH", spell, value, 3, 2, text);
+    return gdp_env_choice("GDP_CHUNK_PATH", spell, value, 3, 2, text);
 }
 
 } // namespace
