@@ -758,21 +758,17 @@ static void test_rejections(void) {
     CHECK_STATUS(gdp_chunk_gated_delta_product_varlen(fresh, &b), GDP_STATUS_UNSUPPORTED);
     printf("  fp32 q: %s\n", gdp_last_error());
     /* a state column-block width other than 64, 32, 16 (or 0 / unset) is refused before any launch */
-    setenv("GDP_CHUNK_STATE_VB", "48", 1);
+    char *vb = test_env_swap("GDP_CHUNK_STATE_VB", "48");
     CHECK_STATUS(gdp_chunk_gated_delta_product_varlen(fresh, &a), GDP_STATUS_INVALID_USAGE);
     printf("  GDP_CHUNK_STATE_VB=48: %s\n", gdp_last_error());
-    set_state_vb(0);
+    test_env_restore("GDP_CHUNK_STATE_VB", vb);
     /* an unknown kernel path is refused before any launch, whatever path the test runs under */
-    const char *path = getenv("GDP_CHUNK_PATH");
-    char saved[32] = "";
-    if (path != NULL)
-        snprintf(saved, sizeof saved, "%s", path);
-    setenv("GDP_CHUNK_PATH", "fastest", 1);
+    char *path = test_env_swap("GDP_CHUNK_PATH", "fastest");
     CHECK_STATUS(gdp_chunk_gated_delta_product_varlen(fresh, &a), GDP_STATUS_INVALID_USAGE);
     CHECK(strstr(gdp_last_error(), "GDP_CHUNK_PATH") != NULL && strstr(gdp_last_error(), "fastest") != NULL,
           "the GDP_CHUNK_PATH refusal names neither the variable nor its value: %s", gdp_last_error());
     printf("  GDP_CHUNK_PATH=fastest: %s\n", gdp_last_error());
-    set_chunk_path(path != NULL ? saved : NULL);
+    test_env_restore("GDP_CHUNK_PATH", path);
     CUDA_OK(cudaDeviceSynchronize());
     gdp_tensor ho = test_dev_download(&d_o), ho32 = test_dev_download(&o32);
     CHECK(bytes_all(ho.data, test_tensor_bytes(&ho), 0x5a) && bytes_all(ho32.data, test_tensor_bytes(&ho32), 0x5a),

@@ -334,3 +334,21 @@ void test_compare_fp32_or_1ulp(const char *what, const gdp_tensor *got, const gd
           gdp_tensor_get(got, where), gdp_tensor_get(ref, where));
     printf("  %-58s max %lld ulp over %lld elements\n", what, (long long)ulp, (long long)gdp_tensor_numel(got));
 }
+
+char *test_env_swap(const char *name, const char *value) {
+    const char *was = getenv(name);
+    char *saved = was != NULL ? strdup(was) : NULL;
+    if (value != NULL)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+    return saved;
+}
+
+void test_env_restore(const char *name, char *saved) {
+    if (saved != NULL)
+        setenv(name, saved, 1);
+    else
+        unsetenv(name);
+    free(saved);
+}

@@ -137,4 +137,10 @@ int64_t test_bf16_ulp_distance(uint16_t a, uint16_t b);
  * checked); the metadata, or NULL when the build failed. */
 const gdp_step_metadata *test_step_local(gdp_plan_t plan, gdp_cache_t cache, const gdp_step_desc *desc);
 
+/* Sets environment variable `name` (unsets it for NULL) for the calls that follow and returns
+ * its previous value for test_env_restore (a malloc'd copy, NULL when it was unset). */
+char *test_env_swap(const char *name, const char *value);
+/* Puts back what test_env_swap saved, and frees it. */
+void test_env_restore(const char *name, char *saved);
+
 #endif /* GDP_TEST_COMMON_H */

@@ -466,25 +466,6 @@ static void decode_tokens_vs_single(test_rng *r, const dec_cfg *c) {
     dec_free(&h, false);
 }
 
-/* Sets the environment variable (unsets it for NULL) and returns its previous value for
- * env_restore (a malloc'd copy, NULL when it was unset). */
-static char *env_swap(const char *name, const char *value) {
-    const char *was = getenv(name);
-    char *saved = was != NULL ? strdup(was) : NULL;
-    if (value != NULL)
-        setenv(name, value, 1);
-    else
-        unsetenv(name);
-    return saved;
-}
-static void env_restore(const char *name, char *saved) {
-    if (saved != NULL)
-        setenv(name, saved, 1);
-    else
-        unsetenv(name);
-    free(saved);
-}
-
 /* The fused decode end (gdp_decode_recurrent_norm, src/decode_core.h) against the chain it
  * replaces, the decode op then the grouped gated RMSNorm of its last Householder copies, on
  * the GPU from the same inputs: o, the cache and the norm's output bit for bit; whether the
@@ -520,8 +501,8 @@ static void decode_end_vs_chain(test_rng *r, const dec_cfg *c, int64_t hpg, bool
     gdp_tensor zd = test_dev_clone(&zh), wd = test_dev_clone(&wh);
     const gdp_tensor z = {.data = zd.data, .dtype = c->o_dt, .ndim = 2, .shape = {B, d}, .stride = {pitch, 1}};
     const gdp_tensor w = {.data = wd.data, .dtype = c->o_dt, .ndim = 1, .shape = {d}, .stride = {1}};
-    char *saved_kernel = kernel != NULL ? env_swap("GDP_DECODE_STATE", kernel) : NULL;
-    char *saved_end = env_swap("GDP_DECODE_END", end);
+    char *saved_kernel = kernel != NULL ? test_env_swap("GDP_DECODE_STATE", kernel) : NULL;
+    char *saved_end = test_env_swap("GDP_DECODE_END", end);
 
     gdp_recurrent_args d1 = dec_to_device(&h), d2 = dec_to_device(&h);
     gdp_tensor out1 = test_dev_poisoned(&outh), out2 = test_dev_poisoned(&outh);
@@ -573,9 +554,9 @@ static void decode_end_vs_chain(test_rng *r, const dec_cfg *c, int64_t hpg, bool
            end == NULL ? "unset" : end[0] == '\0' ? "empty" : end,
            g_test_failures == before ? "bitwise equal" : "DIFFERENT", fused ? "yes" : "no (two ops)", replays_ok,
            expect_fused ? 2 : 0);
-    env_restore("GDP_DECODE_END", saved_end);
+    test_env_restore("GDP_DECODE_END", saved_end);
     if (kernel != NULL)
-        env_restore("GDP_DECODE_STATE", saved_kernel);
+        test_env_restore("GDP_DECODE_STATE", saved_kernel);
     dec_free(&g1, false), dec_free(&g2, false);
     dec_free(&d1, true), dec_free(&d2, true);
     test_dev_free(&out1), test_dev_free(&out2), test_dev_free(&zd), test_dev_free(&wd);
@@ -593,7 +574,7 @@ static void decode_state_bad_value(test_rng *r, const dec_cfg *c) {
     gdp_recurrent_args was = dec_host_clone(&h), now = dec_host_clone(&h);
     dec_fetch(&was, &dv);
     const int before = g_test_failures;
-    char *saved = env_swap("GDP_DECODE_STATE", "fastest");
+    char *saved = test_env_swap("GDP_DECODE_STATE", "fastest");
     const gdp_status_t st = gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &dv);
     const char *msg = gdp_last_error();
     CHECK(st == GDP_STATUS_INVALID_USAGE, "decode under GDP_DECODE_STATE=fastest: status %d (%s), expected INVALID_USAGE",
@@ -601,7 +582,7 @@ static void decode_state_bad_value(test_rng *r, const dec_cfg *c) {
     CHECK(msg != NULL && strstr(msg, "GDP_DECODE_STATE") != NULL && strstr(msg, "fastest") != NULL &&
               strstr(msg, "smem") != NULL,
           "the message names the variable, the value and the accepted values: %s", msg ? msg : "(null)");
-    env_restore("GDP_DECODE_STATE", saved);
+    test_env_restore("GDP_DECODE_STATE", saved);
     dec_fetch(&now, &dv);
     test_same_bytes("GDP_DECODE_STATE refused: o unchanged", &now.o, &was.o);
     if (c->cache)
@@ -626,7 +607,7 @@ static void decode_end_bad_value(test_rng *r, const dec_cfg *c, int64_t hpg) {
     test_dev_fetch(&out_was, &out);
 
     const int before = g_test_failures;
-    char *saved = env_swap("GDP_DECODE_END", "sometimes");
+    char *saved = test_env_swap("GDP_DECODE_END", "sometimes");
     bool fused = true;
     const gdp_status_t st = gdp_decode_recurrent_norm_ex(g_test_gpu, &dv, &out, &y, &z, &w, n, 1e-5, &fused);
     const char *msg = gdp_last_error();
@@ -637,7 +618,7 @@ static void decode_end_bad_value(test_rng *r, const dec_cfg *c, int64_t hpg) {
               strstr(msg, "split") != NULL,
           "the message names the variable, the value and the accepted values: %s", msg ? msg : "(null)");
     CHECK_STATUS(gdp_decode_recurrent_norm(g_test_gpu, &dv, &out, &y, &z, &w, n, 1e-5), GDP_STATUS_INVALID_USAGE);
-    env_restore("GDP_DECODE_END", saved);
+    test_env_restore("GDP_DECODE_END", saved);
 
     dec_fetch(&now, &dv);
     test_dev_fetch(&out_now, &out);
