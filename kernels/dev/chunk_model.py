@@ -58,6 +58,24 @@ def seq_cumsum(x):
     return out
 
 
+def head_inputs(q, k, v, g, beta, bos, L, h, M, l2):
+    """One (sequence, head)'s inputs as the kernels see them: g per token, the expanded stream's
+    chunk-local base-2 cumsum Gk (copy 0 of a token carries its g), keys and queries normalized
+    and rounded if asked, values and beta, all fp32."""
+    gs = g[bos:bos + L, h].astype(np.float32)
+    gi = np.zeros(L * M, np.float32)
+    gi[0::M] = gs
+    Gk = seq_cumsum(gi)
+    kk = k[bos * M:(bos + L) * M, h].astype(np.float32)
+    qq = q[bos:bos + L, h].astype(np.float32)
+    vv = v[bos * M:(bos + L) * M, h].astype(np.float32)
+    bb = beta[bos * M:(bos + L) * M, h].astype(np.float32)
+    if l2:
+        kk = bf(kk / np.sqrt((kk * kk).sum(1, keepdims=True) + np.float32(1e-6)))
+        qq = bf(qq / np.sqrt((qq * qq).sum(1, keepdims=True) + np.float32(1e-6)))
+    return gs, Gk, kk, qq, vv, bb
+
+
 def model(q, k, v, g, beta, h0, cu, M, scale, l2):
     """All stages; returns dict of outputs and intermediates in the workspace layouts (unpadded)."""
     T, H, K = q.shape
@@ -70,20 +88,10 @@ def model(q, k, v, g, beta, h0, cu, M, scale, l2):
     for i in range(N):
         bos, L = int(cu[i]), int(cu[i + 1] - cu[i])
         for h in range(H):
-            gs = g[bos:bos + L, h].astype(np.float32)
+            gs, Gk, kk, qq, vv, bb = head_inputs(q, k, v, g, beta, bos, L, h, M, l2)
             Gq = seq_cumsum(gs)
-            gi = np.zeros(L * M, np.float32)
-            gi[0::M] = gs
-            Gk = seq_cumsum(gi)
             r['gq'][bos:bos + L, h] = Gq
             r['gk'][bos * M:(bos + L) * M, h] = Gk
-            kk = k[bos * M:(bos + L) * M, h].astype(np.float32)
-            qq = q[bos:bos + L, h].astype(np.float32)
-            vv = v[bos * M:(bos + L) * M, h].astype(np.float32)
-            bb = beta[bos * M:(bos + L) * M, h].astype(np.float32)
-            if l2:
-                kk = bf(kk / np.sqrt((kk * kk).sum(1, keepdims=True) + np.float32(1e-6)))
-                qq = bf(qq / np.sqrt((qq * qq).sum(1, keepdims=True) + np.float32(1e-6)))
             r['kn'][bos * M:(bos + L) * M, h] = kk
             W = np.zeros((L * M, K), np.float32)
             U = np.zeros((L * M, V), np.float32)
@@ -133,7 +141,6 @@ def fused_head(qq, kk, vv, bb, Gk, S0, L, M, scale, seg_starts=None):
     seg_starts: if given, the chunk index each segment starts at and the state to start it from
     (the split's main pass); returns (o rows by token, chunk states, final state, per-segment
     exit states)."""
-    K = kk.shape[1]
     o = np.zeros((L, vv.shape[1]), np.float32)
     S = S0.astype(np.float32).copy()
     hs, exits = [], []
@@ -179,17 +186,7 @@ def fused_model(q, k, v, g, beta, h0, cu, M, scale, l2, seg=0):
     for i in range(N):
         bos, L = int(cu[i]), int(cu[i + 1] - cu[i])
         for h in range(H):
-            gs = g[bos:bos + L, h].astype(np.float32)
-            gi = np.zeros(L * M, np.float32)
-            gi[0::M] = gs
-            Gk = seq_cumsum(gi)
-            kk = k[bos * M:(bos + L) * M, h].astype(np.float32)
-            qq = q[bos:bos + L, h].astype(np.float32)
-            vv = v[bos * M:(bos + L) * M, h].astype(np.float32)
-            bb = beta[bos * M:(bos + L) * M, h].astype(np.float32)
-            if l2:
-                kk = bf(kk / np.sqrt((kk * kk).sum(1, keepdims=True) + np.float32(1e-6)))
-                qq = bf(qq / np.sqrt((qq * qq).sum(1, keepdims=True) + np.float32(1e-6)))
+            _, Gk, kk, qq, vv, bb = head_inputs(q, k, v, g, beta, bos, L, h, M, l2)
             S0 = h0[i, h].astype(np.float32) if h0 is not None else np.zeros((K, V), np.float32)
             nch = (L * M + 63) // 64
             if seg > 0 and nch > seg:
