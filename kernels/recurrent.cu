@@ -869,6 +869,49 @@ cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStre
     return cudaGetLastError();
 }
 
+#include "recurrent_rows.cuh" /* v9, the row kernel: GDP_DECODE_STATE=rows */
+
+template <int SDT, int R, int LPR>
+cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStream_t stream) {
+    using G = RowsGeom<LPR>;
+    RecurrentParams q = p;
+    q.n_vblocks = p.V / G::BV;
+    const int64_t items = p.B * p.H * q.n_vblocks;
+    if (items > INT32_MAX)
+        return cudaErrorInvalidConfiguration;
+    /* at most 45 KB (M = 4, K = V = 128): no opt-in above 48 KB needed */
+    const size_t bytes = (size_t)rows_smem_floats(p.steps_per_token, G::ROUND * R, G::BV) * sizeof(float);
+    static int cache[64];
+    q.prefetch_distance = (int64_t)(prefetch_generations() * (double)resident_blocks(recurrent_rows_kernel<SDT, R, LPR>,
+                                                                                     cache, device, bytes, ROWS_THREADS));
+    recurrent_rows_kernel<SDT, R, LPR><<<(unsigned)items, ROWS_THREADS, bytes, stream>>>(q);
+    return cudaGetLastError();
+}
+
+/* Whether the row kernel takes a launch (vec: 16-byte state columns, checked by the caller):
+ * a whole number of 64- or 128-column slices, K <= 128, at most ROWS_MAX_M steps a token, an
+ * fp32 or bf16 state, no fused norm. */
+bool rows_fit(const RecurrentParams &p, int state_dtype) {
+    return (p.V % 128 == 0 || p.V % 64 == 0) && p.K <= 128 && p.steps_per_token <= ROWS_MAX_M &&
+           (state_dtype == GDP_DTYPE_FP32 || state_dtype == GDP_DTYPE_BF16) && !p.norm_on;
+}
+
+/* Whole 128-column rows when V allows (LPR 32), else 64 (LPR 16); R the fewest rows a thread. */
+template <int SDT> cudaError_t dispatch_rows_kernel(const RecurrentParams &p, int device, cudaStream_t stream) {
+    if (p.V % 128 == 0) {
+        if (p.K <= 32)
+            return launch_recurrent_rows<SDT, 4, 32>(p, device, stream);
+        if (p.K <= 64)
+            return launch_recurrent_rows<SDT, 8, 32>(p, device, stream);
+        return launch_recurrent_rows<SDT, 16, 32>(p, device, stream);
+    }
+    if (p.K <= 32)
+        return launch_recurrent_rows<SDT, 2, 16>(p, device, stream);
+    if (p.K <= 64)
+        return launch_recurrent_rows<SDT, 4, 16>(p, device, stream);
+    return launch_recurrent_rows<SDT, 8, 16>(p, device, stream);
+}
+
 /* Which kernel runs. GDP_DECODE_STATE=regs | smem | head forces the register kernel, the
  * shared-memory kernel with one block per 32 value columns, or the shared-memory kernel with
  * one block per (request, head) (up to 128 columns a block; not the default until measured).
@@ -884,15 +927,21 @@ cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStre
  * refused (GDP_STATUS_INVALID_USAGE) before anything runs. */
 constexpr int64_t REC_SMEM_MIN_PAIRS = 128;
 
-enum DecodeKernel { DECODE_REGS, DECODE_SMEM, DECODE_HEAD };
+enum DecodeKernel { DECODE_REGS, DECODE_SMEM, DECODE_HEAD, DECODE_ROWS };
 
 /* GDP_DECODE_STATE: one of the three kernels, DECODE_AUTO (unset, empty or auto: the op
  * chooses), or -1 for any other value (gdp_env_choice, src/internal.h). */
 constexpr int DECODE_AUTO = -2;
 int decode_state_choice() {
-    static const char *const spell[4] = {"auto", "regs", "smem", "head"};
-    static const int value[4] = {DECODE_AUTO, DECODE_REGS, DECODE_SMEM, DECODE_HEAD};
-    return gdp_env_choice("GDP_DECODE_STATE", spell, value, 4, DECODE_AUTO, nullptr);
+    static const char *const spell[5] = {"auto", "regs", "smem", "head", "rows"};
+    static const int value[5] = {DECODE_AUTO, DECODE_REGS, DECODE_SMEM, DECODE_HEAD, DECODE_ROWS};
+    return gdp_env_choice("GDP_DECODE_STATE", spell, value, 5, DECODE_AUTO, nullptr);
+}
+
+/* The default: the shared-memory kernel for 16-bit states and for fp32 from
+ * REC_SMEM_MIN_PAIRS (request, head) pairs, the register kernel below. */
+DecodeKernel decode_kernel_auto(const RecurrentParams &p, int state_dtype) {
+    return state_dtype != GDP_DTYPE_FP32 || p.B * p.H >= REC_SMEM_MIN_PAIRS ? DECODE_SMEM : DECODE_REGS;
 }
 
 /* The kernel for a launch; recurrent_run has refused an unknown GDP_DECODE_STATE already. */
@@ -900,9 +949,11 @@ DecodeKernel decode_kernel(const RecurrentParams &p, int state_dtype) {
     const int forced = decode_state_choice();
     if (p.norm_on) /* the fused norm's tail lives in the shared-memory kernel only */
         return forced == DECODE_HEAD ? DECODE_HEAD : DECODE_SMEM;
+    if (forced == DECODE_ROWS && !rows_fit(p, state_dtype))
+        return decode_kernel_auto(p, state_dtype); /* a shape it does not hold: as auto */
     if (forced >= 0)
         return static_cast<DecodeKernel>(forced);
-    return state_dtype != GDP_DTYPE_FP32 || p.B * p.H >= REC_SMEM_MIN_PAIRS ? DECODE_SMEM : DECODE_REGS;
+    return decode_kernel_auto(p, state_dtype);
 }
 
 template <int SDT, int NVB> cudaError_t dispatch_rows_smem(const RecurrentParams &p, int device, cudaStream_t stream) {
@@ -939,6 +990,9 @@ template <int SDT, bool VEC> cudaError_t dispatch_rows(const RecurrentParams &p,
 /* vec (16-byte columns) implies the shared-memory kernel's 16- or 8-byte accesses. */
 template <int SDT> cudaError_t dispatch_vec(const RecurrentParams &p, bool vec, int device, cudaStream_t stream) {
     const DecodeKernel k = decode_kernel(p, SDT);
+    if constexpr (SDT != GDP_DTYPE_FP16)
+        if (vec && k == DECODE_ROWS)
+            return dispatch_rows_kernel<SDT>(p, device, stream);
     if (vec && k != DECODE_REGS)
         return dispatch_smem<SDT>(p, k, device, stream);
     return vec ? dispatch_rows<SDT, true>(p, device, stream) : dispatch_rows<SDT, false>(p, device, stream);
@@ -1075,7 +1129,7 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
                  getenv("GDP_DECODE_END"));
     if (decode_state_choice() == -1)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
-                 "%s: GDP_DECODE_STATE=%s is not known; use regs, smem or head (or leave it unset, empty or auto: "
+                 "%s: GDP_DECODE_STATE=%s is not known; use regs, smem, head or rows (or leave it unset, empty or auto: "
                  "the op chooses)",
                  fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_STATE"));
     if (K > REC_ROW_GROUPS * 16)

@@ -4,7 +4,7 @@
 # its dev files), run every ctest labelled gpu (gpu;mpi included), the Python torch tests,
 # the ops benchmark and the main program. Logs go to $OUT (or ./h200-out) when set.
 # Golden vectors: $GDP_GOLDEN_DIR, else ./.golden (an ignored copy of ../shared/golden).
-# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk]
+# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk|decode]
 # (default all; the others are not part of all: serve times gdp-run at the serving shape,
 # loop and alone repeat the gpu tests GDP_LOOP_RUNS times under ctest -j4 and one at a time,
 # experiments times each measured switch every way, profile lists the layer step's kernels
@@ -12,7 +12,8 @@
 # Systems (CUDA API and kernel summaries), sanitize runs every gpu test under
 # compute-sanitizer, which takes far longer; chunk is the chunk op's short loop: its test under
 # every kernel path, the prefill rows under each, the fused kernel's phase cycles and the
-# staged stages' times).
+# staged stages' times); decode likewise for the decode op: its test, then its ops rows under
+# each decode kernel).
 #   GDP_BUILD_DIR            build folder (default build)
 #   GDP_SANITIZE_TOOLS       sanitizer tools, in order (default "memcheck racecheck")
 #   GDP_SANITIZE_TESTS       ctest -R regex of the gpu tests to sanitize (default: all of them)
@@ -40,6 +41,7 @@ build=${GDP_BUILD_DIR:-build}
 
 targets=()
 [ "$stage" = chunk ] && targets=(--target test_chunk_gpu gdp-bench bench_chunk_stages) # what the short loop runs
+[ "$stage" = decode ] && targets=(--target test_recurrent_gpu gdp-bench)
 if ! { cmake -B "$build" -DCMAKE_BUILD_TYPE=Release -DGDP_BUILD_CHUNK_DEV=ON "${extra[@]}" >"$out/configure.log" 2>&1 &&
        cmake --build "$build" -j"$(nproc)" "${targets[@]}" >"$out/build.log" 2>&1; }; then
     tail -40 "$out/configure.log" "$out/build.log"
@@ -92,7 +94,7 @@ if [ "$stage" = experiments ]; then
     # GDP_DECODE_END (fused | split: the decode op and the gated norm in one launch or two;
     # unset, auto fuses up to 16 requests) on the layer bench's decode and prefill rows.
     # A switch a build does not know changes nothing, so the lines of its set then agree.
-    for v in regs smem head; do
+    for v in regs smem head rows; do
         echo "## GDP_DECODE_STATE=$v"
         GDP_DECODE_STATE=$v "./$build/examples/gdp-bench" ops --op decode 2>&1 | grep -E "^decode|Out of"
     done 2>&1 | tee "$out/exp_decode.log"
@@ -118,6 +120,16 @@ if [ "$stage" = chunk ]; then
     # where the fused kernel's time goes: cycles per chunk of each phase of both roles (block 0),
     # and the staged chain's per-stage times for comparison
     { "./$build/examples/bench_chunk_stages" --fused-phases; "./$build/examples/bench_chunk_stages"; } 2>&1 | tee "$out/chunk_phases.log"
+fi
+if [ "$stage" = decode ]; then
+    # the decode op's short loop (issue 14): its GPU test (every kernel), then the decode rows of
+    # the ops table under each GDP_DECODE_STATE kernel and the default
+    (cd "$build" && ctest -R '^test_recurrent_gpu$' --output-on-failure --timeout 300) 2>&1 |
+        tee "$out/decode_test.log" | grep -E "FAIL|fail|Passed|tests passed|Error|error" | head -60 || rc=1
+    for v in auto smem rows; do
+        echo "## GDP_DECODE_STATE=$v"
+        GDP_DECODE_STATE=$v "./$build/examples/gdp-bench" ops --op decode 2>&1 | grep -E "^decode|Out of"
+    done 2>&1 | tee "$out/decode_bench.log"
 fi
 if [ "$stage" = profile ]; then
     # ncu's duration of every kernel of the layer bench (one warm-up and one timed step per shape,

@@ -8,8 +8,9 @@
  * 16..256, vector and scalar columns, fp32/bf16/fp16 states, dense and cache modes, g and
  * beta absent, L2 norm on/off) vs the CPU at 1e-3 (1e-4 with fp32 inputs and state) plus one
  * ulp of a 16-bit output; graph replay with new data and a new padding pattern == eager;
- * determinism; every decode kernel (GDP_DECODE_STATE regs | smem | head) bitwise equal on
- * every random case; S tokens in one call == S one-token calls bitwise (o, every snapshot,
+ * determinism; the decode kernels regs and head bitwise equal to smem on every random case,
+ * rows (v9) within the same bar and deterministic, and under rows the graph and the S-token
+ * checks below too; S tokens in one call == S one-token calls bitwise (o, every snapshot,
  * the final fp32 cache); the fused decode end (decode op + grouped gated RMSNorm in one
  * launch, src/decode_core.h) bitwise equal to the two ops, whether it fused asserted, graph
  * replays (the arrival counters reset between them); GDP_DECODE_END: fused fuses whatever
@@ -291,44 +292,60 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
     if (c->final && !c->cache)
         test_same_bytes("decode determinism: final_state", &again.final_state, &got.final_state);
 
-    /* Every decode kernel (GDP_DECODE_STATE=regs | smem | head: the register kernel, the
-     * shared-memory one with a block per 32 value columns, or with a block per (request,
-     * head); the last two for 16-byte columns; the default picks by batch and dtype,
-     * recurrent.cu) from the same inputs gives the default's bits. */
-    const char *home = getenv("GDP_DECODE_STATE");
-    char *saved = home != NULL ? strdup(home) : NULL;
-    static const char *const kernels[3] = {"regs", "smem", "head"};
-    for (int kk = 0; kk < 3; kk++) {
-        setenv("GDP_DECODE_STATE", kernels[kk], 1);
+    /* Every decode kernel from the same inputs. GDP_DECODE_STATE=regs | smem | head (the
+     * register kernel, the shared-memory one with a block per 32 value columns, or with a
+     * block per (request, head); the last two for 16-byte columns) run the same arithmetic:
+     * regs and head give smem's bits. rows (v9, recurrent_rows.cuh: one reduction round a
+     * token, a closed form of the M steps) rounds differently: the CPU's bar, and its own
+     * bits again on a second run. A kernel that does not hold the shape runs the default. */
+    static const char *const kernels[5] = {"smem", "regs", "head", "rows", "rows"};
+    gdp_recurrent_args base = {0};
+    for (int kk = 0; kk < 5; kk++) {
+        char *saved = test_env_swap("GDP_DECODE_STATE", kernels[kk]);
         if (c->cache)
             test_dev_put(&d.state, &before.state);
         CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &d));
+        test_env_restore("GDP_DECODE_STATE", saved);
         gdp_recurrent_args other = dec_host_clone(&before);
         dec_fetch(&other, &d);
+        if (kk == 0 || kk == 3) { /* smem, the first rows run: what the next ones must equal */
+            if (kk == 3) {
+                test_compare_bar("decode kernel rows: o vs CPU", &other.o, &h.o, tol, tol, c->o_dt);
+                if (c->cache)
+                    test_compare_bar("decode kernel rows: state vs CPU", &other.state, &h.state, tol, tol, c->state_dt);
+                if (c->cache && c->inter)
+                    test_compare_bar("decode kernel rows: snapshots vs CPU", &other.intermediate_states,
+                                     &h.intermediate_states, tol, tol, c->state_dt);
+                if (c->final && !c->cache)
+                    test_compare_bar("decode kernel rows: final_state vs CPU", &other.final_state, &h.final_state, tol,
+                                     tol, GDP_DTYPE_FP32);
+                dec_free(&base, false);
+            }
+            base = other;
+            continue;
+        }
         char what[64];
         snprintf(what, sizeof what, "decode kernel %s: o", kernels[kk]);
-        test_same_bytes(what, &other.o, &got.o);
+        test_same_bytes(what, &other.o, &base.o);
         if (c->cache) {
             snprintf(what, sizeof what, "decode kernel %s: state", kernels[kk]);
-            test_same_bytes(what, &other.state, &got.state);
+            test_same_bytes(what, &other.state, &base.state);
             if (c->inter) {
                 snprintf(what, sizeof what, "decode kernel %s: snapshots", kernels[kk]);
-                test_same_bytes(what, &other.intermediate_states, &got.intermediate_states);
+                test_same_bytes(what, &other.intermediate_states, &base.intermediate_states);
             }
         }
         if (c->final && !c->cache) {
             snprintf(what, sizeof what, "decode kernel %s: final_state", kernels[kk]);
-            test_same_bytes(what, &other.final_state, &got.final_state);
+            test_same_bytes(what, &other.final_state, &base.final_state);
         }
         dec_free(&other, false);
     }
-    if (saved != NULL)
-        setenv("GDP_DECODE_STATE", saved, 1);
-    else
-        unsetenv("GDP_DECODE_STATE");
-    free(saved);
+    dec_free(&base, false);
     printf("  %s\n", g_test_failures == before_failures
-                          ? "ok (a second run and every decode kernel bitwise equal)" : "FAILED");
+                          ? "ok (a second run bitwise equal; regs, head = smem bitwise; rows within the bar, "
+                            "twice the same bits)"
+                          : "FAILED");
     dec_free(&again, false);
     dec_free(&got, false);
     dec_free(&d, true);
@@ -640,6 +657,13 @@ static void decode_tests(test_rng *r) {
                             "decode_m3_draft3.safetensors"};
     for (int i = 0; i < 3; i++)
         decode_golden(files[i]);
+    {
+        char *saved = test_env_swap("GDP_DECODE_STATE", "rows");
+        printf("GDP_DECODE_STATE=rows:\n");
+        for (int i = 0; i < 3; i++)
+            decode_golden(files[i]);
+        test_env_restore("GDP_DECODE_STATE", saved);
+    }
     const gdp_dtype_t F32 = GDP_DTYPE_FP32, BF = GDP_DTYPE_BF16, F16 = GDP_DTYPE_FP16;
     const dec_cfg cases[] = {
         /* B, S, M, H, K, V, slots, in, state, o, g, beta, l2, cache, identity, inter, init, final, pattern, scale, pad */
@@ -662,6 +686,10 @@ static void decode_tests(test_rng *r) {
         /* The benchmark shapes: H=32, V=64, M=3; many requests of a bf16 cache with drafts. */
         {24, 1, 3, 32, 128, 64, 30, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 5},
         {20, 2, 2, 16, 128, 128, 24, BF, BF, BF, true, true, true, true, false, true, false, false, true, 0, 6},
+        /* The row kernel's general paths: a query on every step, no g, beta or norm, K padded
+         * inside a 64-column slice; M = 1 with three tokens over two 128-column slices. */
+        {4, 2, 2, 3, 100, 64, 6, F32, F32, F32, false, false, false, true, false, true, false, false, false, 0.4, 2},
+        {3, 3, 1, 2, 128, 256, 0, BF, F32, F32, true, true, true, false, false, false, true, true, false, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         decode_vs_cpu(r, &cases[i]);
@@ -674,6 +702,16 @@ static void decode_tests(test_rng *r) {
     };
     for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++)
         decode_tokens_vs_single(r, &multi[i]);
+    /* The same two properties of the row kernel (it holds these shapes). */
+    {
+        char *saved = test_env_swap("GDP_DECODE_STATE", "rows");
+        printf("GDP_DECODE_STATE=rows:\n");
+        decode_graph(r, &cases[0]);
+        decode_graph(r, &cases[12]);
+        for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++)
+            decode_tokens_vs_single(r, &multi[i]);
+        test_env_restore("GDP_DECODE_STATE", saved);
+    }
     /* The fused decode end under GDP_DECODE_END=fused (fuse whatever fits): the layer's
      * shapes (norm groups of 4 heads x 128 = 512, the layer's B=1 and B=64; GQA 2 with V 64
      * and -1 rows; a bf16 cache), a group of one head, and two calls that do not fit (a

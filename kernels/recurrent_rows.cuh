@@ -1,0 +1,403 @@
+/*
+ * recurrent_rows.cuh: v9 of the decode kernel, the row kernel (GDP_DECODE_STATE=rows), included
+ * by recurrent.cu inside its anonymous namespace (it uses RecurrentParams, StateStorage and the
+ * column load/store helpers there).
+ *
+ * Why (NOTES-ops.md, v5/v6 ncu card): the shared-memory kernel is issue-bound, not
+ * bandwidth-bound: 2,000 warp instructions a warp, 130 M a B=256 launch, against about 15 M
+ * FMAs of real work; per step it runs two reduction trees, a block barrier, and its value
+ * blocks of 32 columns read 128-byte slices of each 512-byte state row at different times.
+ *
+ * Design:
+ *   - one block of 8 warps per (request, head, slice of BV = 4 LPR value columns; LPR = 32
+ *     lanes a row: the whole 128-column row). Lane l holds 4 adjacent columns 4 (l % LPR) of
+ *     rows warp RPW + l / LPR + 8 RPW i (i < R; RPW = 32 / LPR rows a warp load): one warp
+ *     load is RPW whole rows of the slice, the block's 8 warps read 8 RPW consecutive rows,
+ *     so an item's state arrives as one contiguous stream, read once and written once, in
+ *     registers in between;
+ *   - one reduction round per token, not per step: every S^T k_t and S^T q_t of the token's
+ *     M steps is taken from the state at the token's start (in-thread over the R rows, then
+ *     the 8 warps' partials summed in a fixed order through shared memory: one barrier); the
+ *     raw dot products the steps need (|k_t|^2, |q_t|^2, k_j . k_t, k_j . q_t) alongside, one
+ *     warp each; then per column the deltas and outputs in closed form,
+ *         a_t S_{t-1}^T k^_t = P(-1,t) f_t S^T k_t + sum_{j<t} P(j,t) f_j f_t (k_j . k_t) d_j
+ *         d_t = beta_t (v_t - a_t S_{t-1}^T k^_t)
+ *         o_t = P(-1,t) h_t S^T q_t + sum_{j<=t} P(j,t) f_j h_t (k_j . q_t) d_j
+ *     (P(j,t) = a_{j+1} ... a_t, a = exp(g), f_t = 1 / |k_t| and h_t = scale / |q_t| with
+ *     the L2 norm, else 1 and scale), and one rank-M update of the registers
+ *         S <- P(-1,M-1) S + sum_j k_j (P(j,M-1) f_j d_j)^T;
+ *   - the norms are never applied to q and k themselves: the sums use the raw vectors and
+ *     the factors scale the sums (a zero query, GDP's copies < M-1, skips its sums: o = 0);
+ *   - S tokens of a request (drafts) run one after another with the state in registers,
+ *     their inputs staged into alternate shared buffers, the snapshot of each written after
+ *     its update; an fp32 state stays fp32 between tokens, so S tokens in one call equal S
+ *     one-token calls bit for bit.
+ * The arithmetic differs from the other kernels (a closed form instead of M sequential
+ * updates): the same values to fp32 rounding, not the same bits (test_recurrent_gpu holds it
+ * to the CPU reference's bar, and to itself across runs).
+ * Scope: V a multiple of BV (64 or 128), K <= 8 RPW R with R <= 16, M <= ROWS_MAX_M, fp32,
+ * bf16 or fp16 state with 16-byte columns; anything else runs the other kernels.
+ */
+
+constexpr int ROWS_WARPS = 8;
+constexpr int ROWS_THREADS = ROWS_WARPS * 32;
+constexpr int ROWS_MAX_M = 3;  /* steps a token the kernel holds (registers of the deltas) */
+constexpr int ROWS_GROUP = 4;  /* reduction vectors summed per pass over the registers */
+constexpr int ROWS_STAGE_UNROLL = 2; /* q/k (and v) elements a thread stages per step buffer */
+
+template <int LPR> struct RowsGeom {
+    static constexpr int RPW = 32 / LPR;             /* rows a warp load covers           */
+    static constexpr int BV = 4 * LPR;               /* value columns a block             */
+    static constexpr int ROUND = ROWS_WARPS * RPW;   /* consecutive rows the block covers */
+};
+
+/* Shared floats of one token's inputs: q, k [M][KP], v [M][BV], exp(g) [M], beta [M], padded
+ * to 4 floats. */
+__host__ __device__ constexpr int rows_stage_floats(int m, int kp, int bv) {
+    return (m * (2 * kp + bv) + 2 * m + 3) & ~3;
+}
+/* Dot products a token needs: k_j . k_t and k_j . q_t at [j][t] (j <= t), |q_t|^2 at [t]. */
+__host__ __device__ constexpr int rows_dot_floats(int m) { return (2 * m * m + m + 3) & ~3; }
+/* The whole dynamic area: two stage buffers, the partials [warps][2M][BV], the dots. */
+__host__ __device__ constexpr int64_t rows_smem_floats(int m, int kp, int bv) {
+    return 2 * (int64_t)rows_stage_floats(m, kp, bv) + (int64_t)ROWS_WARPS * 2 * m * bv + rows_dot_floats(m);
+}
+
+/* Stages token s's M steps (raw q, k, v of the slice, exp(g), beta) into buf; every load of
+ * the thread before its first store. */
+template <int KP, int BV>
+__device__ __forceinline__ void rows_stage(const RecurrentParams &p, int64_t b, int h, int vb, int s, int M,
+                                           float *buf) {
+    static_assert(ROWS_MAX_M * KP <= ROWS_STAGE_UNROLL * ROWS_THREADS, "one round stages q and k");
+    static_assert(ROWS_MAX_M * BV <= ROWS_STAGE_UNROLL * ROWS_THREADS, "one round stages v");
+    const int tid = threadIdx.x;
+    const int t0 = s * M;
+    const int64_t bth0 = (b * p.T + t0) * p.H + h; /* 64-bit base, 32-bit offsets within the token */
+    float rq[ROWS_STAGE_UNROLL], rk[ROWS_STAGE_UNROLL], rv[ROWS_STAGE_UNROLL];
+#pragma unroll
+    for (int u = 0; u < ROWS_STAGE_UNROLL; u++) {
+        const int idx = tid + u * ROWS_THREADS;
+        const int j = idx / KP, kk = idx - j * KP;
+        const bool ok = j < M && kk < p.K;
+        const int64_t off = bth0 * p.K + (j * p.H * p.K + kk);
+        rq[u] = ok ? load_as_float(p.q, p.qkv_dtype, off) : 0.0f;
+        rk[u] = ok ? load_as_float(p.k, p.qkv_dtype, off) : 0.0f;
+        const int jv = idx / BV, c = idx - jv * BV;
+        rv[u] = jv < M ? load_as_float(p.v, p.qkv_dtype, bth0 * p.V + (jv * p.H * p.V + vb * BV + c)) : 0.0f;
+    }
+    float g_raw = 0.0f, beta = 1.0f;
+    if (tid < M) {
+        const int64_t bth = bth0 + tid * p.H;
+        if (p.g != nullptr)
+            g_raw = p.g[bth];
+        if (p.beta != nullptr)
+            beta = load_as_float(p.beta, p.beta_dtype, bth);
+    }
+    float *qs = buf, *ks = buf + M * KP, *vs = buf + 2 * M * KP, *decay = vs + M * BV, *betas = decay + M;
+#pragma unroll
+    for (int u = 0; u < ROWS_STAGE_UNROLL; u++) {
+        const int idx = tid + u * ROWS_THREADS;
+        if (idx < M * KP) {
+            qs[idx] = rq[u];
+            ks[idx] = rk[u];
+        }
+        if (idx < M * BV)
+            vs[idx] = rv[u];
+    }
+    if (tid < M) {
+        decay[tid] = p.g != nullptr ? expf(g_raw) : 1.0f;
+        betas[tid] = beta;
+    }
+}
+
+/* This warp's partial sums of NV reduction vectors over its R rows, combined over the RPW
+ * lanes that share columns, stored as float4 at out + v BV + 4 (lane % LPR). */
+template <int R, int LPR, int NV>
+__device__ __forceinline__ void rows_partials(const float (&st)[R][4], const float *const *vec, int rbase, float *out,
+                                              int lane) {
+    using G = RowsGeom<LPR>;
+    float s[NV][4];
+#pragma unroll
+    for (int v = 0; v < NV; v++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            s[v][c] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        const int r = rbase + G::ROUND * i;
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            const float x = vec[v][r];
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                s[v][c] = fmaf(st[i][c], x, s[v][c]);
+        }
+    }
+#pragma unroll
+    for (int off = 16; off >= LPR; off >>= 1) /* the lanes of one column slot, fixed order */
+#pragma unroll
+        for (int v = 0; v < NV; v++)
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                s[v][c] += __shfl_xor_sync(0xffffffffu, s[v][c], off);
+    if (lane < LPR)
+#pragma unroll
+        for (int v = 0; v < NV; v++)
+            *reinterpret_cast<float4 *>(out + v * G::BV + 4 * lane) = make_float4(s[v][0], s[v][1], s[v][2], s[v][3]);
+}
+
+/* The t-th set bit of mask (t counted from 0), mask < 2^ROWS_MAX_M. */
+__device__ __forceinline__ int rows_nth_bit(unsigned mask, int n) {
+    int at = 0;
+#pragma unroll
+    for (int t = 0; t < ROWS_MAX_M; t++)
+        if ((mask >> t) & 1u) {
+            if (n == 0)
+                at = t;
+            n--;
+        }
+    return at;
+}
+
+/* The 8 warps' partials of vector v for this thread's 4 columns, warp 0 first. */
+template <int BV>
+__device__ __forceinline__ void rows_sum(const float *red, int M, int v, int c0, float (&out)[4]) {
+    const float4 x0 = *reinterpret_cast<const float4 *>(red + v * BV + c0);
+    out[0] = x0.x, out[1] = x0.y, out[2] = x0.z, out[3] = x0.w;
+#pragma unroll
+    for (int w = 1; w < ROWS_WARPS; w++) {
+        const float4 x = *reinterpret_cast<const float4 *>(red + (w * 2 * M + v) * BV + c0);
+        out[0] += x.x, out[1] += x.y, out[2] += x.z, out[3] += x.w;
+    }
+}
+
+template <int R> constexpr int rows_min_blocks() { return 2; }
+
+template <int SDT, int R, int LPR>
+__global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_rows_kernel(const RecurrentParams p) {
+    using G = RowsGeom<LPR>;
+    using Bits = typename StateStorage<SDT>::Bits;
+    constexpr int BV = G::BV, KP = G::ROUND * R;
+    extern __shared__ __align__(16) float smem_rows[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int M = p.steps_per_token;
+    int64_t b;
+    int h, vb;
+    item_coords(p, blockIdx.x, b, h, vb);
+    const int64_t row = state_row(p, b);
+    const int c0 = 4 * (lane % LPR);          /* this thread's first column in the slice */
+    const int col = vb * BV + c0;             /* ... in the state row                   */
+    const int rbase = warp * G::RPW + lane / LPR; /* this thread's first row             */
+    const int stage_floats = rows_stage_floats(M, KP, BV);
+    float *red = smem_rows + 2 * stage_floats;                 /* [warps][2M][BV] */
+    float *dots = red + ROWS_WARPS * 2 * M * BV;               /* kk [M][M], kq [M][M], qq [M] */
+
+    if (row_is_padding(p, row)) { /* -1: zero outputs of the slice, no slot read or written */
+        for (int x = tid; x < p.T * BV; x += ROWS_THREADS) {
+            const int t = x / BV, c = x - t * BV;
+            store_from_float(p.o, p.o_dtype, ((b * p.T + t) * p.H + h) * p.V + vb * BV + c, 0.0f);
+        }
+        return;
+    }
+
+    /* 1. The state rows into registers (16- or 8-byte loads), then the first token's inputs. */
+    float st[R][4];
+    const Bits *in = p.state_in == nullptr
+                         ? nullptr
+                         : static_cast<const Bits *>(p.state_in) + row * p.in_stride_row + h * p.in_stride_head;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        const int r = rbase + G::ROUND * i;
+        if (in != nullptr && r < p.K) {
+            load_columns<SDT, 4>(in + r * p.V + col, st[i]);
+        } else {
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                st[i][c] = 0.0f;
+        }
+    }
+    if (p.prefetch_distance > 0) { /* the block one residency generation ahead, into L2 */
+        const int64_t future = (int64_t)blockIdx.x + p.prefetch_distance;
+        if (future < (int64_t)gridDim.x && in != nullptr && tid < p.K) {
+            int64_t fb;
+            int fh, fvb;
+            item_coords(p, future, fb, fh, fvb);
+            const int64_t frow = state_row(p, fb);
+            if (!row_is_padding(p, frow))
+                prefetch_l2(static_cast<const Bits *>(p.state_in) + frow * p.in_stride_row + fh * p.in_stride_head +
+                                (int64_t)tid * p.V + fvb * BV,
+                            BV * (int64_t)sizeof(Bits));
+        }
+    }
+    rows_stage<KP, BV>(p, b, h, vb, 0, M, smem_rows);
+    const int64_t KV = (int64_t)p.K * p.V;
+    const float eps = (float)GDP_L2NORM_EPS;
+
+    for (int s = 0; s < p.S; s++) {
+        const float *buf = smem_rows + (s & 1) * stage_floats; /* a runtime index into an array would live in local memory */
+        const float *qs = buf, *ks = buf + M * KP, *vs = buf + 2 * M * KP, *decay = vs + M * BV, *betas = decay + M;
+        __syncthreads(); /* B1: token s staged; every thread is past token s - 1 */
+        if (s + 1 < p.S) /* the next token into the other buffer, read last by token s - 1 */
+            rows_stage<KP, BV>(p, b, h, vb, s + 1, M, smem_rows + ((s + 1) & 1) * stage_floats);
+
+        /* 2. Which queries are nonzero (the same answer in every warp). */
+        unsigned qmask = 0;
+        for (int t = 0; t < M; t++) {
+            bool nz = false;
+#pragma unroll
+            for (int x = 0; x < KP / 32; x++)
+                nz |= qs[t * KP + lane + 32 * x] != 0.0f;
+            if (__any_sync(0xffffffffu, nz))
+                qmask |= 1u << t;
+        }
+        const int nvec = M + __popc(qmask);
+
+        /* 3. Partial sums of S^T k_t and S^T q_t (nonzero t), ROWS_GROUP vectors a pass. */
+        for (int g0 = 0; g0 < nvec; g0 += ROWS_GROUP) {
+            const float *vec[ROWS_GROUP];
+#pragma unroll
+            for (int v = 0; v < ROWS_GROUP; v++) {
+                const int idx = min(g0 + v, nvec - 1);
+                vec[v] = idx < M ? ks + idx * KP : qs + rows_nth_bit(qmask, idx - M) * KP;
+            }
+            float *out = red + (warp * 2 * M + g0) * BV;
+            switch (min(ROWS_GROUP, nvec - g0)) {
+            case 1: rows_partials<R, LPR, 1>(st, vec, rbase, out, lane); break;
+            case 2: rows_partials<R, LPR, 2>(st, vec, rbase, out, lane); break;
+            case 3: rows_partials<R, LPR, 3>(st, vec, rbase, out, lane); break;
+            default: rows_partials<R, LPR, 4>(st, vec, rbase, out, lane); break;
+            }
+        }
+        /* 4. The raw dot products, one warp each: kk [j][t], kq [j][t] (j <= t), qq [t]. */
+        for (int f = warp; f < 2 * M * M + M; f += ROWS_WARPS) {
+            const float *x, *y;
+            bool need;
+            if (f < 2 * M * M) {
+                const int e = f % (M * M), j = e / M, t = e - j * M;
+                need = j <= t && (f < M * M || ((qmask >> t) & 1u));
+                x = ks + j * KP;
+                y = f < M * M ? ks + t * KP : qs + t * KP;
+            } else {
+                const int t = f - 2 * M * M;
+                need = (qmask >> t) & 1u;
+                x = y = qs + t * KP;
+            }
+            if (!need)
+                continue; /* never read (a zero query's output is 0) */
+            float acc = 0.0f;
+#pragma unroll
+            for (int xx = 0; xx < KP / 32; xx++)
+                acc = fmaf(x[lane + 32 * xx], y[lane + 32 * xx], acc);
+            acc = warp_sum(acc);
+            if (lane == 0)
+                dots[f] = acc;
+        }
+        __syncthreads(); /* B2: partials and dots complete */
+
+        /* 5. Per column: deltas and outputs in closed form (every thread for its 4 columns). */
+        const float *kk = dots, *kq = dots + M * M, *qq = dots + 2 * M * M;
+        float d[ROWS_MAX_M][4], fk[ROWS_MAX_M], pj[ROWS_MAX_M];
+        float p0 = 1.0f; /* P(-1, t) */
+        int qrank = 0;
+#pragma unroll
+        for (int t = 0; t < ROWS_MAX_M; t++) {
+            if (t >= M)
+                break;
+            const float a = decay[t];
+            p0 *= a;
+#pragma unroll
+            for (int j = 0; j < t; j++)
+                pj[j] *= a;
+            pj[t] = 1.0f;
+            fk[t] = p.l2norm ? 1.0f / sqrtf(kk[t * M + t] + eps) : 1.0f;
+            float u[4];
+            rows_sum<BV>(red, M, t, c0, u);
+            const float cu = p0 * fk[t];
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                d[t][c] = fmaf(-cu, u[c], vs[t * BV + c0 + c]);
+#pragma unroll
+            for (int j = 0; j < t; j++) {
+                const float cj = pj[j] * fk[j] * fk[t] * kk[j * M + t];
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    d[t][c] = fmaf(-cj, d[j][c], d[t][c]);
+            }
+            const float bt = betas[t];
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                d[t][c] *= bt;
+            float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if ((qmask >> t) & 1u) {
+                const float ht = (p.l2norm ? 1.0f / sqrtf(qq[t] + eps) : 1.0f) * p.scale;
+                rows_sum<BV>(red, M, M + qrank, c0, o);
+                qrank++;
+                const float cw = p0 * ht;
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    o[c] *= cw;
+#pragma unroll
+                for (int j = 0; j <= t; j++) {
+                    const float cj = pj[j] * fk[j] * ht * kq[j * M + t];
+#pragma unroll
+                    for (int c = 0; c < 4; c++)
+                        o[c] = fmaf(cj, d[j][c], o[c]);
+                }
+            }
+            if (warp == t % ROWS_WARPS && lane < LPR) {
+                const int64_t o_off = ((b * p.T + s * M + t) * p.H + h) * p.V + col;
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    store_from_float(p.o, p.o_dtype, o_off + c, o[c]);
+            }
+        }
+        /* 6. The rank-M update: S <- P(-1, M-1) S + sum_j k_j e_j^T, e_j = P(j, M-1) f_j d_j. */
+#pragma unroll
+        for (int j = 0; j < ROWS_MAX_M; j++) {
+            if (j >= M)
+                break;
+            const float e = pj[j] * fk[j];
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                d[j][c] *= e;
+        }
+        const bool decayed = p0 != 1.0f;
+        Bits *snap = p.inter != nullptr
+                         ? static_cast<Bits *>(p.inter) + ((row * p.S + s) * p.H + h) * KV
+                         : nullptr;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const int r = rbase + G::ROUND * i;
+            if (decayed)
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    st[i][c] *= p0;
+#pragma unroll
+            for (int j = 0; j < ROWS_MAX_M; j++) {
+                if (j >= M)
+                    break;
+                const float kv = ks[j * KP + r];
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    st[i][c] = fmaf(kv, d[j][c], st[i][c]);
+            }
+            if (snap != nullptr && r < p.K)
+                store_columns<SDT, 4>(snap + (int64_t)r * p.V + col, st[i]);
+        }
+    }
+
+    /* 7. The final state: back into the slot (its dtype), or dense fp32. */
+    if (p.state_out != nullptr) {
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const int r = rbase + G::ROUND * i;
+            if (r >= p.K)
+                continue;
+            const int64_t off = row * p.out_stride_row + h * p.out_stride_head + (int64_t)r * p.V + col;
+            if (SDT == GDP_DTYPE_FP32 || p.out_fp32)
+                store_columns_f32<4>(static_cast<float *>(p.state_out) + off, st[i]);
+            else
+                store_columns<SDT, 4>(static_cast<Bits *>(p.state_out) + off, st[i]);
+        }
+    }
+}
