@@ -879,12 +879,29 @@ cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStre
     const int64_t items = p.B * p.H * q.n_vblocks;
     if (items > INT32_MAX)
         return cudaErrorInvalidConfiguration;
-    /* at most 45 KB (M = 4, K = V = 128): no opt-in above 48 KB needed */
-    const size_t bytes = (size_t)rows_smem_floats(p.steps_per_token, G::ROUND * R, G::BV) * sizeof(float);
+    /* the step area (at most 45 KB: M = 4, K = V = 128) and the state cells (64 KB at R = 16) */
+    const size_t cells = (size_t)R * ROWS_THREADS * 4;
+    const size_t bytes = ((size_t)rows_smem_floats(p.steps_per_token, G::ROUND * R, G::BV) + cells) * sizeof(float);
+    const size_t most = ((size_t)rows_smem_floats(ROWS_MAX_M, G::ROUND * R, G::BV) + cells) * sizeof(float);
     static int cache[64];
-    q.prefetch_distance = (int64_t)(prefetch_generations() * (double)resident_blocks(recurrent_rows_kernel<SDT, R, LPR>,
-                                                                                     cache, device, bytes, ROWS_THREADS));
-    recurrent_rows_kernel<SDT, R, LPR><<<(unsigned)items, ROWS_THREADS, bytes, stream>>>(q);
+    static int configured[64];
+    if (device < 0 || device >= 64)
+        return cudaErrorInvalidDevice;
+    if (!configured[device]) {
+        cudaError_t err = cudaFuncSetAttribute(recurrent_rows_kernel<SDT, R, LPR>,
+                                               cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               (int)cudaSharedmemCarveoutMaxShared);
+        if (err == cudaSuccess)
+            err = cudaFuncSetAttribute(recurrent_rows_kernel<SDT, R, LPR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)most);
+        if (err != cudaSuccess)
+            return err;
+        configured[device] = 1;
+    }
+    /* a resident grid: every block loops over items (recurrent_rows.cuh) */
+    const int64_t resident = resident_blocks(recurrent_rows_kernel<SDT, R, LPR>, cache, device, most, ROWS_THREADS);
+    const int64_t grid = resident > 0 && resident < items ? resident : items;
+    recurrent_rows_kernel<SDT, R, LPR><<<(unsigned)grid, ROWS_THREADS, bytes, stream>>>(q);
     return cudaGetLastError();
 }
 

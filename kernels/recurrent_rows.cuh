@@ -173,74 +173,57 @@ __device__ __forceinline__ void rows_sum(const float *red, int M, int v, int c0,
 
 template <int R> constexpr int rows_min_blocks() { return 2; }
 
-template <int SDT, int R, int LPR>
-__global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_rows_kernel(const RecurrentParams p) {
-    using G = RowsGeom<LPR>;
+/* The thread's state cells in shared memory: row i of its R rows at cell i * ROWS_THREADS +
+ * tid (16 bytes each; a 16-bit state uses the first 8), so a warp's accesses are contiguous. */
+template <int SDT, int R, int BV, int ROUND>
+__device__ __forceinline__ void rows_issue_state(const RecurrentParams &p, int64_t row, int h, int vb, int rbase,
+                                                 int c0, float *cells) {
     using Bits = typename StateStorage<SDT>::Bits;
-    constexpr int BV = G::BV, KP = G::ROUND * R;
-    extern __shared__ __align__(16) float smem_rows[];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int M = p.steps_per_token;
-    int64_t b;
-    int h, vb;
-    item_coords(p, blockIdx.x, b, h, vb);
-    const int64_t row = state_row(p, b);
-    const int c0 = 4 * (lane % LPR);          /* this thread's first column in the slice */
-    const int col = vb * BV + c0;             /* ... in the state row                   */
-    const int rbase = warp * G::RPW + lane / LPR; /* this thread's first row             */
-    const int stage_floats = rows_stage_floats(M, KP, BV);
-    float *red = smem_rows + 2 * stage_floats;                 /* [warps][2M][BV] */
-    float *dots = red + ROWS_WARPS * 2 * M * BV;               /* kk [M][M], kq [M][M], qq [M] */
-
-    if (row_is_padding(p, row)) { /* -1: zero outputs of the slice, no slot read or written */
-        for (int x = tid; x < p.T * BV; x += ROWS_THREADS) {
-            const int t = x / BV, c = x - t * BV;
-            store_from_float(p.o, p.o_dtype, ((b * p.T + t) * p.H + h) * p.V + vb * BV + c, 0.0f);
-        }
-        return;
-    }
-
-    /* 1. The state rows into registers (16- or 8-byte loads), then the first token's inputs. */
-    float st[R][4];
     const Bits *in = p.state_in == nullptr
                          ? nullptr
                          : static_cast<const Bits *>(p.state_in) + row * p.in_stride_row + h * p.in_stride_head;
+    const int col = vb * BV + c0;
 #pragma unroll
     for (int i = 0; i < R; i++) {
-        const int r = rbase + G::ROUND * i;
-        if (in != nullptr && r < p.K) {
-            load_columns<SDT, 4>(in + r * p.V + col, st[i]);
-        } else {
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-                st[i][c] = 0.0f;
-        }
+        const int r = rbase + ROUND * i;
+        float *cell = cells + 4 * (i * ROWS_THREADS + (int)threadIdx.x);
+        if (in == nullptr || r >= p.K)
+            *reinterpret_cast<float4 *>(cell) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        else if constexpr (sizeof(Bits) == 4)
+            cp_async_16(cell, in + r * p.V + col);
+        else
+            cp_async_8(cell, in + r * p.V + col);
     }
-    if (p.prefetch_distance > 0) { /* the block one residency generation ahead, into L2 */
-        const int64_t future = (int64_t)blockIdx.x + p.prefetch_distance;
-        if (future < (int64_t)gridDim.x && in != nullptr && tid < p.K) {
-            int64_t fb;
-            int fh, fvb;
-            item_coords(p, future, fb, fh, fvb);
-            const int64_t frow = state_row(p, fb);
-            if (!row_is_padding(p, frow))
-                prefetch_l2(static_cast<const Bits *>(p.state_in) + frow * p.in_stride_row + fh * p.in_stride_head +
-                                (int64_t)tid * p.V + fvb * BV,
-                            BV * (int64_t)sizeof(Bits));
-        }
-    }
-    rows_stage<KP, BV>(p, b, h, vb, 0, M, smem_rows);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/* One item's tokens from the state in st (registers): see the file comment. tok counts the
+ * block's tokens (it picks the stage buffer); the first token's inputs are staged already. */
+template <int SDT, int R, int LPR>
+__device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, int h, int vb, int64_t row,
+                                          float (&st)[R][4], int &tok, float *smem_rows) {
+    using G = RowsGeom<LPR>;
+    using Bits = typename StateStorage<SDT>::Bits;
+    constexpr int BV = G::BV, KP = G::ROUND * R;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int M = p.steps_per_token;
+    const int c0 = 4 * (lane % LPR), col = vb * BV + c0;
+    const int rbase = warp * G::RPW + lane / LPR;
+    const int stage_floats = rows_stage_floats(M, KP, BV);
+    float *red = smem_rows + 2 * stage_floats;   /* [warps][2M][BV] */
+    float *dots = red + ROWS_WARPS * 2 * M * BV; /* kk [M][M], kq [M][M], qq [M] */
     const int64_t KV = (int64_t)p.K * p.V;
     const float eps = (float)GDP_L2NORM_EPS;
 
-    for (int s = 0; s < p.S; s++) {
-        const float *buf = smem_rows + (s & 1) * stage_floats; /* a runtime index into an array would live in local memory */
+    for (int s = 0; s < p.S; s++, tok++) {
+        /* an offset, not an array of two pointers: a runtime index would put it in local memory */
+        const float *buf = smem_rows + (tok & 1) * stage_floats;
         const float *qs = buf, *ks = buf + M * KP, *vs = buf + 2 * M * KP, *decay = vs + M * BV, *betas = decay + M;
-        __syncthreads(); /* B1: token s staged; every thread is past token s - 1 */
-        if (s + 1 < p.S) /* the next token into the other buffer, read last by token s - 1 */
-            rows_stage<KP, BV>(p, b, h, vb, s + 1, M, smem_rows + ((s + 1) & 1) * stage_floats);
+        __syncthreads(); /* B1: token staged; every thread is past the block's previous token */
+        if (s + 1 < p.S) /* the next token into the other buffer, read last by the token before */
+            rows_stage<KP, BV>(p, b, h, vb, s + 1, M, smem_rows + ((tok + 1) & 1) * stage_floats);
 
-        /* 2. Which queries are nonzero (the same answer in every warp). */
+        /* Which queries are nonzero (the same answer in every warp). */
         unsigned qmask = 0;
         for (int t = 0; t < M; t++) {
             bool nz = false;
@@ -252,7 +235,7 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
         }
         const int nvec = M + __popc(qmask);
 
-        /* 3. Partial sums of S^T k_t and S^T q_t (nonzero t), ROWS_GROUP vectors a pass. */
+        /* Partial sums of S^T k_t and S^T q_t (nonzero t), ROWS_GROUP vectors a pass. */
         for (int g0 = 0; g0 < nvec; g0 += ROWS_GROUP) {
             const float *vec[ROWS_GROUP];
 #pragma unroll
@@ -268,7 +251,7 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
             default: rows_partials<R, LPR, 4>(st, vec, rbase, out, lane); break;
             }
         }
-        /* 4. The raw dot products, one warp each: kk [j][t], kq [j][t] (j <= t), qq [t]. */
+        /* The raw dot products, one warp each: kk [j][t], kq [j][t] (j <= t), qq [t]. */
         for (int f = warp; f < 2 * M * M + M; f += ROWS_WARPS) {
             const float *x, *y;
             bool need;
@@ -294,7 +277,7 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
         }
         __syncthreads(); /* B2: partials and dots complete */
 
-        /* 5. Per column: deltas and outputs in closed form (every thread for its 4 columns). */
+        /* Per column: deltas and outputs in closed form (every thread for its 4 columns). */
         const float *kk = dots, *kq = dots + M * M, *qq = dots + 2 * M * M;
         float d[ROWS_MAX_M][4], fk[ROWS_MAX_M], pj[ROWS_MAX_M];
         float p0 = 1.0f; /* P(-1, t) */
@@ -351,7 +334,7 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
                     store_from_float(p.o, p.o_dtype, o_off + c, o[c]);
             }
         }
-        /* 6. The rank-M update: S <- P(-1, M-1) S + sum_j k_j e_j^T, e_j = P(j, M-1) f_j d_j. */
+        /* The rank-M update: S <- P(-1, M-1) S + sum_j k_j e_j^T, e_j = P(j, M-1) f_j d_j. */
 #pragma unroll
         for (int j = 0; j < ROWS_MAX_M; j++) {
             if (j >= M)
@@ -362,9 +345,7 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
                 d[j][c] *= e;
         }
         const bool decayed = p0 != 1.0f;
-        Bits *snap = p.inter != nullptr
-                         ? static_cast<Bits *>(p.inter) + ((row * p.S + s) * p.H + h) * KV
-                         : nullptr;
+        Bits *snap = p.inter != nullptr ? static_cast<Bits *>(p.inter) + ((row * p.S + s) * p.H + h) * KV : nullptr;
 #pragma unroll
         for (int i = 0; i < R; i++) {
             const int r = rbase + G::ROUND * i;
@@ -386,7 +367,7 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
         }
     }
 
-    /* 7. The final state: back into the slot (its dtype), or dense fp32. */
+    /* The final state: back into the slot (its dtype), or dense fp32. */
     if (p.state_out != nullptr) {
 #pragma unroll
         for (int i = 0; i < R; i++) {
@@ -399,5 +380,93 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
             else
                 store_columns<SDT, 4>(static_cast<Bits *>(p.state_out) + off, st[i]);
         }
+    }
+}
+
+/* A resident grid: block j takes items j, j + grid, ... While an item computes, the next
+ * item's state streams into the thread's own shared-memory cells by cp.async (no registers
+ * held, no barrier: each thread reads back only what it copied), and its q, k, v rows into L2;
+ * the slot of the item after that is loaded a whole item ahead. So a block's state load
+ * overlaps its previous item's compute instead of following it. */
+template <int SDT, int R, int LPR>
+__global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_rows_kernel(const RecurrentParams p) {
+    using G = RowsGeom<LPR>;
+    using Bits = typename StateStorage<SDT>::Bits;
+    constexpr int BV = G::BV, KP = G::ROUND * R;
+    extern __shared__ __align__(16) float smem_rows[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int M = p.steps_per_token;
+    const int c0 = 4 * (lane % LPR);
+    const int rbase = warp * G::RPW + lane / LPR;
+    float *cells = smem_rows + rows_smem_floats(M, KP, BV); /* [R][threads] 16-byte cells */
+    const int64_t items = p.B * p.H * p.n_vblocks;
+    const int64_t step = gridDim.x;
+    int64_t item = blockIdx.x;
+    if (item >= items)
+        return;
+    int64_t b, nb = 0;
+    int h, vb, nh = 0, nvb = 0;
+    item_coords(p, item, b, h, vb);
+    int64_t row = state_row(p, b);
+    if (!row_is_padding(p, row))
+        rows_issue_state<SDT, R, BV, G::ROUND>(p, row, h, vb, rbase, c0, cells);
+    int64_t next_row = -1;
+    if (item + step < items) {
+        item_coords(p, item + step, nb, nh, nvb);
+        next_row = state_row(p, nb);
+    }
+    int tok = 0;
+    for (; item < items; item += step) {
+        const int64_t next = item + step;
+        const bool padding = row_is_padding(p, row);
+        if (!padding)
+            rows_stage<KP, BV>(p, b, h, vb, 0, M, smem_rows + (tok & 1) * rows_stage_floats(M, KP, BV));
+        float st[R][4];
+        if (!padding) {
+            cp_async_wait_all();
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const float *cell = cells + 4 * (i * ROWS_THREADS + tid);
+                if constexpr (sizeof(Bits) == 4) {
+                    const float4 x = *reinterpret_cast<const float4 *>(cell);
+                    st[i][0] = x.x, st[i][1] = x.y, st[i][2] = x.z, st[i][3] = x.w;
+                } else {
+                    load_columns<SDT, 4>(reinterpret_cast<const Bits *>(cell), st[i]);
+                }
+            }
+        }
+        /* the next item: its state into the cells just read, its inputs into L2, and the
+         * slot of the one after it */
+        int64_t after_row = -1, ab = 0;
+        int ah = 0, avb = 0;
+        if (next < items) {
+            if (!row_is_padding(p, next_row)) {
+                rows_issue_state<SDT, R, BV, G::ROUND>(p, next_row, nh, nvb, rbase, c0, cells);
+                if (tid < 3 * p.T) {
+                    const int t = tid / 3, which = tid - 3 * t;
+                    const int es = gdp_dtype_size_device(p.qkv_dtype);
+                    const int64_t bth = (nb * p.T + t) * p.H + nh;
+                    if (which == 2)
+                        prefetch_l2(static_cast<const char *>(p.v) + (bth * p.V + nvb * BV) * es, BV * es);
+                    else
+                        prefetch_l2(static_cast<const char *>(which == 0 ? p.q : p.k) + bth * p.K * es,
+                                    (int64_t)p.K * es);
+                }
+            }
+            if (next + step < items) {
+                item_coords(p, next + step, ab, ah, avb);
+                after_row = state_row(p, ab);
+            }
+        }
+        if (padding) { /* -1: zero outputs of the slice, no slot read or written */
+            for (int x = tid; x < p.T * BV; x += ROWS_THREADS) {
+                const int t = x / BV, c = x - t * BV;
+                store_from_float(p.o, p.o_dtype, ((b * p.T + t) * p.H + h) * p.V + vb * BV + c, 0.0f);
+            }
+        } else {
+            rows_item<SDT, R, LPR>(p, b, h, vb, row, st, tok, smem_rows);
+        }
+        b = nb, h = nh, vb = nvb, row = next_row;
+        nb = ab, nh = ah, nvb = avb, next_row = after_row;
     }
 }
