@@ -28,6 +28,11 @@
  *         S <- P(-1,M-1) S + sum_j k_j (P(j,M-1) f_j d_j)^T;
  *   - the norms are never applied to q and k themselves: the sums use the raw vectors and
  *     the factors scale the sums (a zero query, GDP's copies < M-1, skips its sums: o = 0);
+ *   - a resident grid (2 blocks per SM) whose blocks walk the items: while an item computes,
+ *     the next item's state streams into each thread's own shared-memory cells and its token-0
+ *     inputs into the block's raw area by cp.async (each thread reads back and converts only
+ *     what it copied, so neither needs a barrier), and the slot of the item after it is loaded
+ *     a whole item ahead: a block's loads overlap its previous item's compute;
  *   - S tokens of a request (drafts) run one after another with the state in registers,
  *     their inputs staged into alternate shared buffers, the snapshot of each written after
  *     its update; an fp32 state stays fp32 between tokens, so S tokens in one call equal S
@@ -383,6 +388,97 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
     }
 }
 
+/* Token 0 of an item as raw 4-byte words, copied by cp.async into the block's raw area while
+ * the item before computes: q, k rows [M][K es / 4], the v slice [M][BV es / 4], g [M] (when
+ * present). Thread tid copies words tid + ROWS_THREADS j and later converts exactly those, so
+ * no barrier guards the raw area (rows_inputs_fit: 4-byte aligned rows). */
+constexpr int ROWS_RAW_UNROLL = 5; /* words a thread: 2 M K + M BV + M <= 1155 fp32 words at M 3, K = BV = 128 */
+__host__ __device__ constexpr int rows_raw_words(int m, int k, int bv, int es, bool has_g) {
+    return m * (2 * (k * es / 4) + bv * es / 4) + (has_g ? m : 0);
+}
+
+__device__ __forceinline__ void cp_async_4(void *smem_dst, const void *gmem_src) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem_src) : "memory");
+}
+
+template <int BV>
+__device__ __forceinline__ void rows_issue_inputs(const RecurrentParams &p, int64_t b, int h, int vb, int M,
+                                                  uint32_t *raw) {
+    const int es = gdp_dtype_size_device(p.qkv_dtype);
+    const int qkw = p.K * es / 4, vw = BV * es / 4;
+    const int total = rows_raw_words(M, p.K, BV, es, p.g != nullptr);
+    const int64_t bth0 = (b * p.T) * p.H + h; /* token 0 of the item: step t at bth0 + t H */
+#pragma unroll
+    for (int j = 0; j < ROWS_RAW_UNROLL; j++) {
+        const int w = (int)threadIdx.x + j * ROWS_THREADS;
+        if (w >= total)
+            break;
+        const char *src;
+        if (w < 2 * M * qkw) {
+            const int wq = w < M * qkw ? w : w - M * qkw, t = wq / qkw, x = wq - t * qkw;
+            src = static_cast<const char *>(w < M * qkw ? p.q : p.k) + (bth0 + t * p.H) * p.K * es + 4 * x;
+        } else if (w < M * (2 * qkw + vw)) {
+            const int wv = w - 2 * M * qkw, t = wv / vw, x = wv - t * vw;
+            src = static_cast<const char *>(p.v) + ((bth0 + t * p.H) * p.V + vb * BV) * es + 4 * x;
+        } else {
+            src = reinterpret_cast<const char *>(p.g + bth0 + (w - M * (2 * qkw + vw)) * p.H);
+        }
+        cp_async_4(raw + w, src);
+    }
+}
+
+/* The words this thread copied, as fp32 into the stage buffer; beta (loaded an item ahead into
+ * a register) and exp(0) = 1 without g by the first M threads. */
+template <int KP, int BV>
+__device__ __forceinline__ void rows_convert_inputs(const RecurrentParams &p, int M, const uint32_t *raw,
+                                                    float beta, float *buf) {
+    const int es = gdp_dtype_size_device(p.qkv_dtype);
+    const int qkw = p.K * es / 4, vw = BV * es / 4;
+    const int total = rows_raw_words(M, p.K, BV, es, p.g != nullptr);
+    float *qs = buf, *ks = buf + M * KP, *vs = buf + 2 * M * KP, *decay = vs + M * BV, *betas = decay + M;
+#pragma unroll
+    for (int j = 0; j < ROWS_RAW_UNROLL; j++) {
+        const int w = (int)threadIdx.x + j * ROWS_THREADS;
+        if (w >= total)
+            break;
+        const uint32_t word = raw[w];
+        float lo, hi;
+        if (p.qkv_dtype == GDP_DTYPE_FP32) {
+            lo = __uint_as_float(word), hi = 0.0f;
+        } else if (p.qkv_dtype == GDP_DTYPE_BF16) {
+            lo = __uint_as_float(word << 16), hi = __uint_as_float(word & 0xffff0000u);
+        } else {
+            lo = __half2float(__ushort_as_half((unsigned short)(word & 0xffffu)));
+            hi = __half2float(__ushort_as_half((unsigned short)(word >> 16)));
+        }
+        float *dst;
+        if (w < 2 * M * qkw) {
+            const int wq = w < M * qkw ? w : w - M * qkw, t = wq / qkw, x = wq - t * qkw;
+            dst = (w < M * qkw ? qs : ks) + t * KP + x * (4 / es);
+        } else if (w < M * (2 * qkw + vw)) {
+            const int wv = w - 2 * M * qkw, t = wv / vw, x = wv - t * vw;
+            dst = vs + t * BV + x * (4 / es);
+        } else {
+            decay[w - M * (2 * qkw + vw)] = expf(lo);
+            continue;
+        }
+        dst[0] = lo;
+        if (es == 2)
+            dst[1] = hi;
+    }
+    if ((int)threadIdx.x < M) {
+        betas[threadIdx.x] = beta;
+        if (p.g == nullptr)
+            decay[threadIdx.x] = 1.0f;
+    }
+}
+
+/* beta of step t of item (b, h)'s token 0 (1 without beta). */
+__device__ __forceinline__ float rows_beta(const RecurrentParams &p, int64_t b, int h, int t) {
+    return p.beta != nullptr ? load_as_float(p.beta, p.beta_dtype, (b * p.T + t) * p.H + h) : 1.0f;
+}
+
 /* A resident grid: block j takes items j, j + grid, ... While an item computes, the next
  * item's state streams into the thread's own shared-memory cells by cp.async (no registers
  * held, no barrier: each thread reads back only what it copied), and its q, k, v rows into L2;
@@ -399,17 +495,29 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
     const int c0 = 4 * (lane % LPR);
     const int rbase = warp * G::RPW + lane / LPR;
     float *cells = smem_rows + rows_smem_floats(M, KP, BV); /* [R][threads] 16-byte cells */
+    uint32_t *raw = reinterpret_cast<uint32_t *>(cells + R * ROWS_THREADS * 4); /* token 0's raw words */
+    const int stage_floats = rows_stage_floats(M, KP, BV);
     const int64_t items = p.B * p.H * p.n_vblocks;
     const int64_t step = gridDim.x;
     int64_t item = blockIdx.x;
     if (item >= items)
         return;
+    /* Both stage buffers zeroed once: the conversions write only real elements, so the rows
+     * of q and k past K stay 0. */
+    for (int x = tid; x < 2 * stage_floats; x += ROWS_THREADS)
+        smem_rows[x] = 0.0f;
+    __syncthreads();
     int64_t b, nb = 0;
     int h, vb, nh = 0, nvb = 0;
     item_coords(p, item, b, h, vb);
     int64_t row = state_row(p, b);
-    if (!row_is_padding(p, row))
+    float beta = 1.0f, next_beta = 1.0f;
+    if (!row_is_padding(p, row)) {
+        rows_issue_inputs<BV>(p, b, h, vb, M, raw);
         rows_issue_state<SDT, R, BV, G::ROUND>(p, row, h, vb, rbase, c0, cells);
+        if (tid < M)
+            beta = rows_beta(p, b, h, tid);
+    }
     int64_t next_row = -1;
     if (item + step < items) {
         item_coords(p, item + step, nb, nh, nvb);
@@ -419,8 +527,6 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
     for (; item < items; item += step) {
         const int64_t next = item + step;
         const bool padding = row_is_padding(p, row);
-        if (!padding)
-            rows_stage<KP, BV>(p, b, h, vb, 0, M, smem_rows + (tok & 1) * rows_stage_floats(M, KP, BV));
         float st[R][4];
         if (!padding) {
             cp_async_wait_all();
@@ -434,24 +540,18 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
                     load_columns<SDT, 4>(reinterpret_cast<const Bits *>(cell), st[i]);
                 }
             }
+            rows_convert_inputs<KP, BV>(p, M, raw, beta, smem_rows + (tok & 1) * stage_floats);
         }
-        /* the next item: its state into the cells just read, its inputs into L2, and the
-         * slot of the one after it */
+        /* the next item: its inputs and state into the words and cells just read, and the slot
+         * of the one after it */
         int64_t after_row = -1, ab = 0;
         int ah = 0, avb = 0;
         if (next < items) {
             if (!row_is_padding(p, next_row)) {
+                rows_issue_inputs<BV>(p, nb, nh, nvb, M, raw);
                 rows_issue_state<SDT, R, BV, G::ROUND>(p, next_row, nh, nvb, rbase, c0, cells);
-                if (tid < 3 * p.T) {
-                    const int t = tid / 3, which = tid - 3 * t;
-                    const int es = gdp_dtype_size_device(p.qkv_dtype);
-                    const int64_t bth = (nb * p.T + t) * p.H + nh;
-                    if (which == 2)
-                        prefetch_l2(static_cast<const char *>(p.v) + (bth * p.V + nvb * BV) * es, BV * es);
-                    else
-                        prefetch_l2(static_cast<const char *>(which == 0 ? p.q : p.k) + bth * p.K * es,
-                                    (int64_t)p.K * es);
-                }
+                if (tid < M)
+                    next_beta = rows_beta(p, nb, nh, tid);
             }
             if (next + step < items) {
                 item_coords(p, next + step, ab, ah, avb);
@@ -466,7 +566,7 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
         } else {
             rows_item<SDT, R, LPR>(p, b, h, vb, row, st, tok, smem_rows);
         }
-        b = nb, h = nh, vb = nvb, row = next_row;
+        b = nb, h = nh, vb = nvb, row = next_row, beta = next_beta;
         nb = ab, nh = ah, nvb = avb, next_row = after_row;
     }
 }
