@@ -958,9 +958,17 @@ int decode_state_choice() {
     return gdp_env_choice("GDP_DECODE_STATE", spell, value, 5, DECODE_AUTO, nullptr);
 }
 
-/* The default: the shared-memory kernel for 16-bit states and for fp32 from
- * REC_SMEM_MIN_PAIRS (request, head) pairs, the register kernel below. */
+/* The default: the row kernel where it holds the shape with whole 128-column rows and the
+ * batch has at least REC_ROWS_MIN_PAIRS (request, head) pairs (measured on the H200, gdp-bench
+ * ops, NOTES-ops.md v9: B=64 53.6 vs 57.0 us, B=256 173.6 vs 185.4, B=1024 654.5 vs 702.3, bf16
+ * B=256 166.8 vs 192.1; it lost at B=1, 11.2 vs 8.7, and at V = 64, 247.3 vs 227.1, and B=8 to 32
+ * are not measured); else the shared-memory kernel for 16-bit states and for fp32 from
+ * REC_SMEM_MIN_PAIRS pairs, the register kernel below. */
+constexpr int64_t REC_ROWS_MIN_PAIRS = 1024;
+
 DecodeKernel decode_kernel_auto(const RecurrentParams &p, int state_dtype) {
+    if (p.V % 128 == 0 && p.B * p.H >= REC_ROWS_MIN_PAIRS && rows_fit(p, state_dtype))
+        return DECODE_ROWS;
     return state_dtype != GDP_DTYPE_FP32 || p.B * p.H >= REC_SMEM_MIN_PAIRS ? DECODE_SMEM : DECODE_REGS;
 }
 
