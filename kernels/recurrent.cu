@@ -958,13 +958,14 @@ int decode_state_choice() {
     return gdp_env_choice("GDP_DECODE_STATE", spell, value, 5, DECODE_AUTO, nullptr);
 }
 
-/* The default: the row kernel where it holds the shape with whole 128-column rows and the
- * batch has at least REC_ROWS_MIN_PAIRS (request, head) pairs (measured on the H200, gdp-bench
- * ops, NOTES-ops.md v9: B=64 53.6 vs 57.0 us, B=256 173.6 vs 185.4, B=1024 654.5 vs 702.3, bf16
- * B=256 166.8 vs 192.1; it lost at B=1, 11.2 vs 8.7, and at V = 64, 247.3 vs 227.1, and B=8 to 32
- * are not measured); else the shared-memory kernel for 16-bit states and for fp32 from
- * REC_SMEM_MIN_PAIRS pairs, the register kernel below. */
-constexpr int64_t REC_ROWS_MIN_PAIRS = 1024;
+/* The default: the shared-memory kernel for 16-bit states and for fp32 from
+ * REC_SMEM_MIN_PAIRS (request, head) pairs, the register kernel below. The row kernel is not
+ * the default (REC_ROWS_MIN_PAIRS = no batch): alone (gdp-bench ops) its tested version beat
+ * smem from B=64 (B=256 173.6 vs 185.4 us), but inside the layer step it did not (ncu of the
+ * layer at B=256: 190 vs 184 us a launch, DRAM 56 vs 62 % of peak), and the version with its
+ * inputs by cp.async failed test_recurrent_gpu on the H200 (g read in q's dtype; fixed since,
+ * not rerun). NOTES-ops.md v9. */
+constexpr int64_t REC_ROWS_MIN_PAIRS = INT64_MAX;
 
 DecodeKernel decode_kernel_auto(const RecurrentParams &p, int state_dtype) {
     if (p.V % 128 == 0 && p.B * p.H >= REC_ROWS_MIN_PAIRS && rows_fit(p, state_dtype))

@@ -460,7 +460,7 @@ __device__ __forceinline__ void rows_convert_inputs(const RecurrentParams &p, in
             const int wv = w - 2 * M * qkw, t = wv / vw, x = wv - t * vw;
             dst = vs + t * BV + x * (4 / es);
         } else {
-            decay[w - M * (2 * qkw + vw)] = expf(lo);
+            decay[w - M * (2 * qkw + vw)] = expf(__uint_as_float(word)); /* g is fp32 whatever q's dtype */
             continue;
         }
         dst[0] = lo;
