@@ -879,7 +879,7 @@ cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStre
     const int64_t items = p.B * p.H * q.n_vblocks;
     if (items > INT32_MAX)
         return cudaErrorInvalidConfiguration;
-    /* the step area (at most 45 KB: M = 4, K = V = 128) and the state cells (64 KB at R = 16) */
+    /* the step area (at most 34 KB: M = ROWS_MAX_M = 3, K = V = 128) and the state cells (64 KB at R = 16) */
     const size_t cells = (size_t)R * ROWS_THREADS * 4 + ROWS_RAW_UNROLL * ROWS_THREADS; /* + token 0's raw words */
     const size_t bytes = ((size_t)rows_smem_floats(p.steps_per_token, G::ROUND * R, G::BV) + cells) * sizeof(float);
     const size_t most = ((size_t)rows_smem_floats(ROWS_MAX_M, G::ROUND * R, G::BV) + cells) * sizeof(float);
@@ -911,7 +911,7 @@ cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStre
 bool rows_fit(const RecurrentParams &p, int state_dtype) {
     const size_t es = gdp_dtype_size(p.qkv_dtype);
     const auto aligned4 = [](const void *x) { return ((uintptr_t)x & 3u) == 0; };
-    return (p.V % 128 == 0 || p.V % 64 == 0) && p.K <= 128 && p.steps_per_token <= ROWS_MAX_M &&
+    return p.V % 64 == 0 && p.K <= 128 && p.steps_per_token <= ROWS_MAX_M &&
            (state_dtype == GDP_DTYPE_FP32 || state_dtype == GDP_DTYPE_BF16) && !p.norm_on && (p.K * es) % 4 == 0 &&
            aligned4(p.q) && aligned4(p.k) && aligned4(p.v) && aligned4(p.g);
 }

@@ -123,7 +123,7 @@ if [ "$stage" = chunk ]; then
 fi
 if [ "$stage" = decode ]; then
     # the decode op's short loop (issue 14): its GPU test (every kernel), then the decode rows of
-    # the ops table under each GDP_DECODE_STATE kernel and the default
+    # the ops table under the default, smem and rows
     (cd "$build" && ctest -R '^test_recurrent_gpu$' --output-on-failure --timeout 300) 2>&1 |
         tee "$out/decode_test.log" | grep -E "FAIL|fail|Passed|tests passed|Error|error" | head -60 || rc=1
     for v in auto smem rows; do
