@@ -871,7 +871,7 @@ cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStre
 
 #include "recurrent_rows.cuh" /* v9, the row kernel: GDP_DECODE_STATE=rows */
 
-template <int SDT, int R, int LPR>
+template <int SDT, int R, int LPR, int MT, int DT>
 cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStream_t stream) {
     using G = RowsGeom<LPR>;
     RecurrentParams q = p;
@@ -888,20 +888,20 @@ cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStre
     if (device < 0 || device >= 64)
         return cudaErrorInvalidDevice;
     if (!configured[device]) {
-        cudaError_t err = cudaFuncSetAttribute(recurrent_rows_kernel<SDT, R, LPR>,
+        cudaError_t err = cudaFuncSetAttribute(recurrent_rows_kernel<SDT, R, LPR, MT, DT>,
                                                cudaFuncAttributePreferredSharedMemoryCarveout,
                                                (int)cudaSharedmemCarveoutMaxShared);
         if (err == cudaSuccess)
-            err = cudaFuncSetAttribute(recurrent_rows_kernel<SDT, R, LPR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            err = cudaFuncSetAttribute(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)most);
         if (err != cudaSuccess)
             return err;
         configured[device] = 1;
     }
     /* a resident grid: every block loops over items (recurrent_rows.cuh) */
-    const int64_t resident = resident_blocks(recurrent_rows_kernel<SDT, R, LPR>, cache, device, most, ROWS_THREADS);
+    const int64_t resident = resident_blocks(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, cache, device, most, ROWS_THREADS);
     const int64_t grid = resident > 0 && resident < items ? resident : items;
-    recurrent_rows_kernel<SDT, R, LPR><<<(unsigned)grid, ROWS_THREADS, bytes, stream>>>(q);
+    recurrent_rows_kernel<SDT, R, LPR, MT, DT><<<(unsigned)grid, ROWS_THREADS, bytes, stream>>>(q);
     return cudaGetLastError();
 }
 
@@ -916,20 +916,36 @@ bool rows_fit(const RecurrentParams &p, int state_dtype) {
            aligned4(p.q) && aligned4(p.k) && aligned4(p.v) && aligned4(p.g);
 }
 
+/* K = 128 with bf16 q, k, v and o (the layer's decode) compiles M and the dtypes in
+ * (recurrent_rows.cuh, rows_m / rows_qdt / rows_k); any other shape reads them at run time. */
+template <int SDT, int R, int LPR>
+cudaError_t launch_rows_spec(const RecurrentParams &p, int device, cudaStream_t stream) {
+    constexpr int KP = RowsGeom<LPR>::ROUND * R;
+    if (p.K == KP && p.qkv_dtype == GDP_DTYPE_BF16 && p.o_dtype == GDP_DTYPE_BF16 && aligned16(p.o)) {
+        switch (p.steps_per_token) {
+        case 1: return launch_recurrent_rows<SDT, R, LPR, 1, GDP_DTYPE_BF16>(p, device, stream);
+        case 2: return launch_recurrent_rows<SDT, R, LPR, 2, GDP_DTYPE_BF16>(p, device, stream);
+        case 3: return launch_recurrent_rows<SDT, R, LPR, 3, GDP_DTYPE_BF16>(p, device, stream);
+        default: break;
+        }
+    }
+    return launch_recurrent_rows<SDT, R, LPR, 0, -1>(p, device, stream);
+}
+
 /* Whole 128-column rows when V allows (LPR 32), else 64 (LPR 16); R the fewest rows a thread. */
 template <int SDT> cudaError_t dispatch_rows_kernel(const RecurrentParams &p, int device, cudaStream_t stream) {
     if (p.V % 128 == 0) {
         if (p.K <= 32)
-            return launch_recurrent_rows<SDT, 4, 32>(p, device, stream);
+            return launch_recurrent_rows<SDT, 4, 32, 0, -1>(p, device, stream);
         if (p.K <= 64)
-            return launch_recurrent_rows<SDT, 8, 32>(p, device, stream);
-        return launch_recurrent_rows<SDT, 16, 32>(p, device, stream);
+            return launch_recurrent_rows<SDT, 8, 32, 0, -1>(p, device, stream);
+        return launch_rows_spec<SDT, 16, 32>(p, device, stream);
     }
     if (p.K <= 32)
-        return launch_recurrent_rows<SDT, 2, 16>(p, device, stream);
+        return launch_recurrent_rows<SDT, 2, 16, 0, -1>(p, device, stream);
     if (p.K <= 64)
-        return launch_recurrent_rows<SDT, 4, 16>(p, device, stream);
-    return launch_recurrent_rows<SDT, 8, 16>(p, device, stream);
+        return launch_recurrent_rows<SDT, 4, 16, 0, -1>(p, device, stream);
+    return launch_rows_spec<SDT, 8, 16>(p, device, stream);
 }
 
 /* Which kernel runs. GDP_DECODE_STATE=regs | smem | head forces the register kernel, the
@@ -958,17 +974,17 @@ int decode_state_choice() {
     return gdp_env_choice("GDP_DECODE_STATE", spell, value, 5, DECODE_AUTO, nullptr);
 }
 
-/* The default: the shared-memory kernel for 16-bit states and for fp32 from
- * REC_SMEM_MIN_PAIRS (request, head) pairs, the register kernel below. The row kernel is not
- * the default (REC_ROWS_MIN_PAIRS = no batch): alone (gdp-bench ops) its tested version beat
- * smem from B=64 (B=256 173.6 vs 185.4 us), but inside the layer step it did not (ncu of the
- * layer at B=256: 190 vs 184 us a launch, DRAM 56 vs 62 % of peak), and the version with its
- * inputs by cp.async failed test_recurrent_gpu on the H200 (g read in q's dtype; fixed since,
- * not rerun). NOTES-ops.md v9. */
-constexpr int64_t REC_ROWS_MIN_PAIRS = INT64_MAX;
+/* The default: the row kernel wherever it fits (rows_fit) from REC_ROWS_MIN_PAIRS (request,
+ * head) pairs; below that, or where it does not fit, the shared-memory kernel for 16-bit states
+ * and for fp32 from REC_SMEM_MIN_PAIRS pairs, the register kernel below. Measured on the H200
+ * (gdp-bench ops --op decode, NOTES-ops.md v10; us, rows vs smem): fp32 B=64 49.3 vs 56.9,
+ * B=256 166.1 vs 186.7, B=1024 629.6 vs 701.1, H 32 V 64 M 3 196.8 vs 226.4; bf16 state B=256
+ * 128.6 vs 192.5; B=1 (16 pairs) 9.4 against the register kernel's 8.7. The layer step
+ * (gdp-bench layer, 2 layers, graph-replayed) B=64 172 vs 191, B=256 437 vs 475. */
+constexpr int64_t REC_ROWS_MIN_PAIRS = 256;
 
 DecodeKernel decode_kernel_auto(const RecurrentParams &p, int state_dtype) {
-    if (p.V % 128 == 0 && p.B * p.H >= REC_ROWS_MIN_PAIRS && rows_fit(p, state_dtype))
+    if (p.B * p.H >= REC_ROWS_MIN_PAIRS && rows_fit(p, state_dtype))
         return DECODE_ROWS;
     return state_dtype != GDP_DTYPE_FP32 || p.B * p.H >= REC_SMEM_MIN_PAIRS ? DECODE_SMEM : DECODE_REGS;
 }

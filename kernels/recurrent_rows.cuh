@@ -56,6 +56,22 @@ template <int LPR> struct RowsGeom {
     static constexpr int ROUND = ROWS_WARPS * RPW;   /* consecutive rows the block covers */
 };
 
+/* What a launch fixes at compile time. MT > 0: M = MT steps a token; DT >= 0: q, k, v and o in
+ * dtype DT and K = KP (the padded rows are real), so the index arithmetic of the staging, the
+ * raw-word copies and the conversions folds to constants (NOTES-ops.md v10: v9's generic
+ * launch executed 2,500 warp instructions an item where the work needs about 800). MT = 0 and
+ * DT = -1 read them from p (every other shape). */
+template <int MT> __device__ __forceinline__ int rows_m(const RecurrentParams &p) {
+    return MT > 0 ? MT : p.steps_per_token;
+}
+template <int DT> __device__ __forceinline__ gdp_dtype_t rows_qdt(const RecurrentParams &p) {
+    return DT >= 0 ? static_cast<gdp_dtype_t>(DT) : p.qkv_dtype;
+}
+template <int DT> __device__ __forceinline__ gdp_dtype_t rows_odt(const RecurrentParams &p) {
+    return DT >= 0 ? static_cast<gdp_dtype_t>(DT) : p.o_dtype;
+}
+template <int DT, int KP> __device__ __forceinline__ int rows_k(const RecurrentParams &p) { return DT >= 0 ? KP : p.K; }
+
 /* Shared floats of one token's inputs: q, k [M][KP], v [M][BV], exp(g) [M], beta [M], padded
  * to 4 floats. */
 __host__ __device__ constexpr int rows_stage_floats(int m, int kp, int bv) {
@@ -70,9 +86,10 @@ __host__ __device__ constexpr int64_t rows_smem_floats(int m, int kp, int bv) {
 
 /* Stages token s's M steps (raw q, k, v of the slice, exp(g), beta) into buf; every load of
  * the thread before its first store. */
-template <int KP, int BV>
-__device__ __forceinline__ void rows_stage(const RecurrentParams &p, int64_t b, int h, int vb, int s, int M,
-                                           float *buf) {
+template <int KP, int BV, int MT, int DT>
+__device__ __forceinline__ void rows_stage(const RecurrentParams &p, int64_t b, int h, int vb, int s, float *buf) {
+    const int M = rows_m<MT>(p), K = rows_k<DT, KP>(p);
+    const gdp_dtype_t qdt = rows_qdt<DT>(p);
     static_assert(ROWS_MAX_M * KP <= ROWS_STAGE_UNROLL * ROWS_THREADS, "one round stages q and k");
     static_assert(ROWS_MAX_M * BV <= ROWS_STAGE_UNROLL * ROWS_THREADS, "one round stages v");
     const int tid = threadIdx.x;
@@ -83,12 +100,12 @@ __device__ __forceinline__ void rows_stage(const RecurrentParams &p, int64_t b, 
     for (int u = 0; u < ROWS_STAGE_UNROLL; u++) {
         const int idx = tid + u * ROWS_THREADS;
         const int j = idx / KP, kk = idx - j * KP;
-        const bool ok = j < M && kk < p.K;
-        const int64_t off = bth0 * p.K + (j * p.H * p.K + kk);
-        rq[u] = ok ? load_as_float(p.q, p.qkv_dtype, off) : 0.0f;
-        rk[u] = ok ? load_as_float(p.k, p.qkv_dtype, off) : 0.0f;
+        const bool ok = j < M && kk < K;
+        const int64_t off = bth0 * K + (j * p.H * K + kk);
+        rq[u] = ok ? load_as_float(p.q, qdt, off) : 0.0f;
+        rk[u] = ok ? load_as_float(p.k, qdt, off) : 0.0f;
         const int jv = idx / BV, c = idx - jv * BV;
-        rv[u] = jv < M ? load_as_float(p.v, p.qkv_dtype, bth0 * p.V + (jv * p.H * p.V + vb * BV + c)) : 0.0f;
+        rv[u] = jv < M ? load_as_float(p.v, qdt, bth0 * p.V + (jv * p.H * p.V + vb * BV + c)) : 0.0f;
     }
     float g_raw = 0.0f, beta = 1.0f;
     if (tid < M) {
@@ -115,12 +132,26 @@ __device__ __forceinline__ void rows_stage(const RecurrentParams &p, int64_t b, 
     }
 }
 
-/* This warp's partial sums of NV reduction vectors over its R rows, combined over the RPW
- * lanes that share columns, stored as float4 at out + v BV + 4 (lane % LPR). */
+/* ROWS_VEC consecutive floats of a staged vector from row r (a thread's rows are consecutive,
+ * rbase + i, so the entries it needs of q and k come 4 to a 16-byte load, not one each). */
+template <int R> __host__ __device__ constexpr int rows_vec() { return R % 4 == 0 ? 4 : 2; }
+template <int N> __device__ __forceinline__ void rows_load_vec(const float *x, float (&out)[N]) {
+    if constexpr (N == 4) {
+        const float4 a = *reinterpret_cast<const float4 *>(x);
+        out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    } else {
+        const float2 a = *reinterpret_cast<const float2 *>(x);
+        out[0] = a.x, out[1] = a.y;
+    }
+}
+
+/* This warp's partial sums of NV reduction vectors over its R rows (rbase + i), combined over
+ * the RPW lanes that share columns, stored as float4 at out + v BV + 4 (lane % LPR). */
 template <int R, int LPR, int NV>
 __device__ __forceinline__ void rows_partials(const float (&st)[R][4], const float *const *vec, int rbase, float *out,
                                               int lane) {
     using G = RowsGeom<LPR>;
+    constexpr int N = rows_vec<R>();
     float s[NV][4];
 #pragma unroll
     for (int v = 0; v < NV; v++)
@@ -128,14 +159,16 @@ __device__ __forceinline__ void rows_partials(const float (&st)[R][4], const flo
         for (int c = 0; c < 4; c++)
             s[v][c] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < R; i++) {
-        const int r = rbase + G::ROUND * i;
+    for (int i0 = 0; i0 < R; i0 += N) {
 #pragma unroll
         for (int v = 0; v < NV; v++) {
-            const float x = vec[v][r];
+            float x[N];
+            rows_load_vec<N>(vec[v] + rbase + i0, x);
 #pragma unroll
-            for (int c = 0; c < 4; c++)
-                s[v][c] = fmaf(st[i][c], x, s[v][c]);
+            for (int ii = 0; ii < N; ii++)
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    s[v][c] = fmaf(st[i0 + ii][c], x[ii], s[v][c]);
         }
     }
 #pragma unroll
@@ -176,13 +209,33 @@ __device__ __forceinline__ void rows_sum(const float *red, int M, int v, int c0,
     }
 }
 
+/* Stage 2 of the cross-warp sum: each of the nvec vectors' BV / 4 column groups summed over the
+ * 8 warps once (rows_sum's order, so the same bits), into warp 0's slots, by nvec BV / 4 <=
+ * 2 ROWS_MAX_M 32 threads; after the next barrier every thread reads its totals with one
+ * 16-byte load a vector (v9 had every thread sum all 8 warps' partials itself: 8x the shared
+ * reads, about a quarter of the item's shared-memory wavefronts). */
+template <int BV> __device__ __forceinline__ void rows_reduce(float *red, int M, int nvec) {
+    for (int x = threadIdx.x; x < nvec * (BV / 4); x += ROWS_THREADS) {
+        const int v = x / (BV / 4), c0 = 4 * (x - v * (BV / 4));
+        float s[4];
+        rows_sum<BV>(red, M, v, c0, s);
+        *reinterpret_cast<float4 *>(red + v * BV + c0) = make_float4(s[0], s[1], s[2], s[3]);
+    }
+}
+/* Vector v's total for this thread's 4 columns (after rows_reduce and a barrier). */
+template <int BV> __device__ __forceinline__ void rows_total(const float *red, int v, int c0, float (&out)[4]) {
+    const float4 x = *reinterpret_cast<const float4 *>(red + v * BV + c0);
+    out[0] = x.x, out[1] = x.y, out[2] = x.z, out[3] = x.w;
+}
+
 template <int R> constexpr int rows_min_blocks() { return 2; }
 
 /* The thread's state cells in shared memory: row i of its R rows at cell i * ROWS_THREADS +
  * tid (16 bytes each; a 16-bit state uses the first 8), so a warp's accesses are contiguous. */
-template <int SDT, int R, int BV, int ROUND>
+template <int SDT, int R, int BV, int ROUND, int DT>
 __device__ __forceinline__ void rows_issue_state(const RecurrentParams &p, int64_t row, int h, int vb, int rbase,
                                                  int c0, float *cells) {
+    const int K = rows_k<DT, ROUND * R>(p);
     using Bits = typename StateStorage<SDT>::Bits;
     const Bits *in = p.state_in == nullptr
                          ? nullptr
@@ -190,9 +243,9 @@ __device__ __forceinline__ void rows_issue_state(const RecurrentParams &p, int64
     const int col = vb * BV + c0;
 #pragma unroll
     for (int i = 0; i < R; i++) {
-        const int r = rbase + ROUND * i;
+        const int r = rbase + i;
         float *cell = cells + 4 * (i * ROWS_THREADS + (int)threadIdx.x);
-        if (in == nullptr || r >= p.K)
+        if (in == nullptr || r >= K)
             *reinterpret_cast<float4 *>(cell) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         else if constexpr (sizeof(Bits) == 4)
             cp_async_16(cell, in + r * p.V + col);
@@ -204,20 +257,21 @@ __device__ __forceinline__ void rows_issue_state(const RecurrentParams &p, int64
 
 /* One item's tokens from the state in st (registers): see the file comment. tok counts the
  * block's tokens (it picks the stage buffer); the first token's inputs are staged already. */
-template <int SDT, int R, int LPR>
+template <int SDT, int R, int LPR, int MT, int DT>
 __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, int h, int vb, int64_t row,
                                           float (&st)[R][4], int &tok, float *smem_rows) {
     using G = RowsGeom<LPR>;
     using Bits = typename StateStorage<SDT>::Bits;
     constexpr int BV = G::BV, KP = G::ROUND * R;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int M = p.steps_per_token;
+    const int M = rows_m<MT>(p), K = rows_k<DT, KP>(p);
+    const gdp_dtype_t odt = rows_odt<DT>(p);
     const int c0 = 4 * (lane % LPR), col = vb * BV + c0;
-    const int rbase = warp * G::RPW + lane / LPR;
+    const int rbase = (warp * G::RPW + lane / LPR) * R; /* the thread's rows: rbase + i, i < R */
     const int stage_floats = rows_stage_floats(M, KP, BV);
     float *red = smem_rows + 2 * stage_floats;   /* [warps][2M][BV] */
     float *dots = red + ROWS_WARPS * 2 * M * BV; /* kk [M][M], kq [M][M], qq [M] */
-    const int64_t KV = (int64_t)p.K * p.V;
+    const int64_t KV = (int64_t)K * p.V;
     const float eps = (float)GDP_L2NORM_EPS;
 
     for (int s = 0; s < p.S; s++, tok++) {
@@ -226,7 +280,7 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
         const float *qs = buf, *ks = buf + M * KP, *vs = buf + 2 * M * KP, *decay = vs + M * BV, *betas = decay + M;
         __syncthreads(); /* B1: token staged; every thread is past the block's previous token */
         if (s + 1 < p.S) /* the next token into the other buffer, read last by the token before */
-            rows_stage<KP, BV>(p, b, h, vb, s + 1, M, smem_rows + ((tok + 1) & 1) * stage_floats);
+            rows_stage<KP, BV, MT, DT>(p, b, h, vb, s + 1, smem_rows + ((tok + 1) & 1) * stage_floats);
 
         /* Which queries are nonzero (the same answer in every warp). */
         unsigned qmask = 0;
@@ -281,6 +335,8 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
                 dots[f] = acc;
         }
         __syncthreads(); /* B2: partials and dots complete */
+        rows_reduce<BV>(red, M, nvec);
+        __syncthreads(); /* B3: the totals complete */
 
         /* Per column: deltas and outputs in closed form (every thread for its 4 columns). */
         const float *kk = dots, *kq = dots + M * M, *qq = dots + 2 * M * M;
@@ -299,7 +355,7 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
             pj[t] = 1.0f;
             fk[t] = p.l2norm ? 1.0f / sqrtf(kk[t * M + t] + eps) : 1.0f;
             float u[4];
-            rows_sum<BV>(red, M, t, c0, u);
+            rows_total<BV>(red, t, c0, u);
             const float cu = p0 * fk[t];
 #pragma unroll
             for (int c = 0; c < 4; c++)
@@ -318,7 +374,7 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
             float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if ((qmask >> t) & 1u) {
                 const float ht = (p.l2norm ? 1.0f / sqrtf(qq[t] + eps) : 1.0f) * p.scale;
-                rows_sum<BV>(red, M, M + qrank, c0, o);
+                rows_total<BV>(red, M + qrank, c0, o);
                 qrank++;
                 const float cw = p0 * ht;
 #pragma unroll
@@ -334,9 +390,12 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
             }
             if (warp == t % ROWS_WARPS && lane < LPR) {
                 const int64_t o_off = ((b * p.T + s * M + t) * p.H + h) * p.V + col;
+                if (DT >= 0) /* o 16-byte aligned (rows_fit), col a multiple of 4 */
+                    store_vec_from_float<4>(p.o, odt, o_off, o);
+                else
 #pragma unroll
-                for (int c = 0; c < 4; c++)
-                    store_from_float(p.o, p.o_dtype, o_off + c, o[c]);
+                    for (int c = 0; c < 4; c++)
+                        store_from_float(p.o, odt, o_off + c, o[c]);
             }
         }
         /* The rank-M update: S <- P(-1, M-1) S + sum_j k_j e_j^T, e_j = P(j, M-1) f_j d_j. */
@@ -351,24 +410,32 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
         }
         const bool decayed = p0 != 1.0f;
         Bits *snap = p.inter != nullptr ? static_cast<Bits *>(p.inter) + ((row * p.S + s) * p.H + h) * KV : nullptr;
+        constexpr int N = rows_vec<R>();
 #pragma unroll
-        for (int i = 0; i < R; i++) {
-            const int r = rbase + G::ROUND * i;
-            if (decayed)
+        for (int i0 = 0; i0 < R; i0 += N) {
+            float kv[ROWS_MAX_M][N]; /* k_j of the group's N rows, one load a step */
 #pragma unroll
-                for (int c = 0; c < 4; c++)
-                    st[i][c] *= p0;
+            for (int j = 0; j < ROWS_MAX_M; j++)
+                if (j < M)
+                    rows_load_vec<N>(ks + j * KP + rbase + i0, kv[j]);
 #pragma unroll
-            for (int j = 0; j < ROWS_MAX_M; j++) {
-                if (j >= M)
-                    break;
-                const float kv = ks[j * KP + r];
+            for (int ii = 0; ii < N; ii++) {
+                const int i = i0 + ii, r = rbase + i;
+                if (decayed)
 #pragma unroll
-                for (int c = 0; c < 4; c++)
-                    st[i][c] = fmaf(kv, d[j][c], st[i][c]);
+                    for (int c = 0; c < 4; c++)
+                        st[i][c] *= p0;
+#pragma unroll
+                for (int j = 0; j < ROWS_MAX_M; j++) {
+                    if (j >= M)
+                        break;
+#pragma unroll
+                    for (int c = 0; c < 4; c++)
+                        st[i][c] = fmaf(kv[j][ii], d[j][c], st[i][c]);
+                }
+                if (snap != nullptr && r < K)
+                    store_columns<SDT, 4>(snap + (int64_t)r * p.V + col, st[i]);
             }
-            if (snap != nullptr && r < p.K)
-                store_columns<SDT, 4>(snap + (int64_t)r * p.V + col, st[i]);
         }
     }
 
@@ -376,8 +443,8 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
     if (p.state_out != nullptr) {
 #pragma unroll
         for (int i = 0; i < R; i++) {
-            const int r = rbase + G::ROUND * i;
-            if (r >= p.K)
+            const int r = rbase + i;
+            if (r >= K)
                 continue;
             const int64_t off = row * p.out_stride_row + h * p.out_stride_head + (int64_t)r * p.V + col;
             if (SDT == GDP_DTYPE_FP32 || p.out_fp32)
@@ -402,12 +469,12 @@ __device__ __forceinline__ void cp_async_4(void *smem_dst, const void *gmem_src)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem_src) : "memory");
 }
 
-template <int BV>
-__device__ __forceinline__ void rows_issue_inputs(const RecurrentParams &p, int64_t b, int h, int vb, int M,
-                                                  uint32_t *raw) {
-    const int es = gdp_dtype_size_device(p.qkv_dtype);
-    const int qkw = p.K * es / 4, vw = BV * es / 4;
-    const int total = rows_raw_words(M, p.K, BV, es, p.g != nullptr);
+template <int BV, int KP, int MT, int DT>
+__device__ __forceinline__ void rows_issue_inputs(const RecurrentParams &p, int64_t b, int h, int vb, uint32_t *raw) {
+    const int M = rows_m<MT>(p), K = rows_k<DT, KP>(p);
+    const int es = gdp_dtype_size_device(rows_qdt<DT>(p));
+    const int qkw = K * es / 4, vw = BV * es / 4;
+    const int total = rows_raw_words(M, K, BV, es, p.g != nullptr);
     const int64_t bth0 = (b * p.T) * p.H + h; /* token 0 of the item: step t at bth0 + t H */
 #pragma unroll
     for (int j = 0; j < ROWS_RAW_UNROLL; j++) {
@@ -417,7 +484,7 @@ __device__ __forceinline__ void rows_issue_inputs(const RecurrentParams &p, int6
         const char *src;
         if (w < 2 * M * qkw) {
             const int wq = w < M * qkw ? w : w - M * qkw, t = wq / qkw, x = wq - t * qkw;
-            src = static_cast<const char *>(w < M * qkw ? p.q : p.k) + (bth0 + t * p.H) * p.K * es + 4 * x;
+            src = static_cast<const char *>(w < M * qkw ? p.q : p.k) + (bth0 + t * p.H) * K * es + 4 * x;
         } else if (w < M * (2 * qkw + vw)) {
             const int wv = w - 2 * M * qkw, t = wv / vw, x = wv - t * vw;
             src = static_cast<const char *>(p.v) + ((bth0 + t * p.H) * p.V + vb * BV) * es + 4 * x;
@@ -430,12 +497,14 @@ __device__ __forceinline__ void rows_issue_inputs(const RecurrentParams &p, int6
 
 /* The words this thread copied, as fp32 into the stage buffer; beta (loaded an item ahead into
  * a register) and exp(0) = 1 without g by the first M threads. */
-template <int KP, int BV>
-__device__ __forceinline__ void rows_convert_inputs(const RecurrentParams &p, int M, const uint32_t *raw,
-                                                    float beta, float *buf) {
-    const int es = gdp_dtype_size_device(p.qkv_dtype);
-    const int qkw = p.K * es / 4, vw = BV * es / 4;
-    const int total = rows_raw_words(M, p.K, BV, es, p.g != nullptr);
+template <int KP, int BV, int MT, int DT>
+__device__ __forceinline__ void rows_convert_inputs(const RecurrentParams &p, const uint32_t *raw, float beta,
+                                                    float *buf) {
+    const int M = rows_m<MT>(p), K = rows_k<DT, KP>(p);
+    const gdp_dtype_t qdt = rows_qdt<DT>(p);
+    const int es = gdp_dtype_size_device(qdt);
+    const int qkw = K * es / 4, vw = BV * es / 4;
+    const int total = rows_raw_words(M, K, BV, es, p.g != nullptr);
     float *qs = buf, *ks = buf + M * KP, *vs = buf + 2 * M * KP, *decay = vs + M * BV, *betas = decay + M;
 #pragma unroll
     for (int j = 0; j < ROWS_RAW_UNROLL; j++) {
@@ -444,9 +513,9 @@ __device__ __forceinline__ void rows_convert_inputs(const RecurrentParams &p, in
             break;
         const uint32_t word = raw[w];
         float lo, hi;
-        if (p.qkv_dtype == GDP_DTYPE_FP32) {
+        if (qdt == GDP_DTYPE_FP32) {
             lo = __uint_as_float(word), hi = 0.0f;
-        } else if (p.qkv_dtype == GDP_DTYPE_BF16) {
+        } else if (qdt == GDP_DTYPE_BF16) {
             lo = __uint_as_float(word << 16), hi = __uint_as_float(word & 0xffff0000u);
         } else {
             lo = __half2float(__ushort_as_half((unsigned short)(word & 0xffffu)));
@@ -484,16 +553,16 @@ __device__ __forceinline__ float rows_beta(const RecurrentParams &p, int64_t b, 
  * held, no barrier: each thread reads back only what it copied), and its q, k, v rows into L2;
  * the slot of the item after that is loaded a whole item ahead. So a block's state load
  * overlaps its previous item's compute instead of following it. */
-template <int SDT, int R, int LPR>
+template <int SDT, int R, int LPR, int MT, int DT>
 __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_rows_kernel(const RecurrentParams p) {
     using G = RowsGeom<LPR>;
     using Bits = typename StateStorage<SDT>::Bits;
     constexpr int BV = G::BV, KP = G::ROUND * R;
     extern __shared__ __align__(16) float smem_rows[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int M = p.steps_per_token;
+    const int M = rows_m<MT>(p);
     const int c0 = 4 * (lane % LPR);
-    const int rbase = warp * G::RPW + lane / LPR;
+    const int rbase = (warp * G::RPW + lane / LPR) * R; /* the thread's rows: rbase + i, i < R */
     float *cells = smem_rows + rows_smem_floats(M, KP, BV); /* [R][threads] 16-byte cells */
     uint32_t *raw = reinterpret_cast<uint32_t *>(cells + R * ROWS_THREADS * 4); /* token 0's raw words */
     const int stage_floats = rows_stage_floats(M, KP, BV);
@@ -513,8 +582,8 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
     int64_t row = state_row(p, b);
     float beta = 1.0f, next_beta = 1.0f;
     if (!row_is_padding(p, row)) {
-        rows_issue_inputs<BV>(p, b, h, vb, M, raw);
-        rows_issue_state<SDT, R, BV, G::ROUND>(p, row, h, vb, rbase, c0, cells);
+        rows_issue_inputs<BV, KP, MT, DT>(p, b, h, vb, raw);
+        rows_issue_state<SDT, R, BV, G::ROUND, DT>(p, row, h, vb, rbase, c0, cells);
         if (tid < M)
             beta = rows_beta(p, b, h, tid);
     }
@@ -540,7 +609,7 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
                     load_columns<SDT, 4>(reinterpret_cast<const Bits *>(cell), st[i]);
                 }
             }
-            rows_convert_inputs<KP, BV>(p, M, raw, beta, smem_rows + (tok & 1) * stage_floats);
+            rows_convert_inputs<KP, BV, MT, DT>(p, raw, beta, smem_rows + (tok & 1) * stage_floats);
         }
         /* the next item: its inputs and state into the words and cells just read, and the slot
          * of the one after it */
@@ -548,8 +617,8 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
         int ah = 0, avb = 0;
         if (next < items) {
             if (!row_is_padding(p, next_row)) {
-                rows_issue_inputs<BV>(p, nb, nh, nvb, M, raw);
-                rows_issue_state<SDT, R, BV, G::ROUND>(p, next_row, nh, nvb, rbase, c0, cells);
+                rows_issue_inputs<BV, KP, MT, DT>(p, nb, nh, nvb, raw);
+                rows_issue_state<SDT, R, BV, G::ROUND, DT>(p, next_row, nh, nvb, rbase, c0, cells);
                 if (tid < M)
                     next_beta = rows_beta(p, nb, nh, tid);
             }
@@ -564,7 +633,7 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
                 store_from_float(p.o, p.o_dtype, ((b * p.T + t) * p.H + h) * p.V + vb * BV + c, 0.0f);
             }
         } else {
-            rows_item<SDT, R, LPR>(p, b, h, vb, row, st, tok, smem_rows);
+            rows_item<SDT, R, LPR, MT, DT>(p, b, h, vb, row, st, tok, smem_rows);
         }
         b = nb, h = nh, vb = nvb, row = next_row, beta = next_beta;
         nb = ab, nh = ah, nvb = avb, next_row = after_row;

@@ -690,6 +690,11 @@ static void decode_tests(test_rng *r) {
          * inside a 64-column slice; M = 1 with three tokens over two 128-column slices. */
         {4, 2, 2, 3, 100, 64, 6, F32, F32, F32, false, false, false, true, false, true, false, false, false, 0.4, 2},
         {3, 3, 1, 2, 128, 256, 0, BF, F32, F32, true, true, true, false, false, false, true, true, false, 0, 0},
+        /* The row kernel's compiled-in shapes (K = 128, bf16 q/k/v and o; M = 1, 2, 3 on 128- and
+         * 64-column slices): M = 1 both widths, M = 3 on whole rows with a bf16 cache and drafts. */
+        {7, 1, 1, 4, 128, 128, 10, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 2},
+        {6, 1, 1, 3, 128, 64, 9, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 2},
+        {5, 2, 3, 2, 128, 128, 8, BF, BF, BF, true, true, true, true, false, true, false, false, true, 0, 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         decode_vs_cpu(r, &cases[i]);
@@ -728,15 +733,16 @@ static void decode_tests(test_rng *r) {
         {17, 1, 2, 8, 128, 128, 20, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 5},
     };
     decode_end_vs_chain(r, &ends[0], 4, true, NULL, "fused");
-    decode_end_vs_chain(r, &ends[1], 2, true, NULL, "fused");
+    /* B=37 x 8 heads (296 pairs) and B=64 x 16: the default op there is the row kernel, whose
+     * bits differ from the fused end's shared-memory kernel; the chain under smem or head is
+     * the same arithmetic. */
+    decode_end_vs_chain(r, &ends[1], 2, true, "smem", "fused");
     decode_end_vs_chain(r, &ends[1], 2, true, "head", "fused");
     decode_end_vs_chain(r, &ends[2], 4, true, NULL, "fused");
     decode_end_vs_chain(r, &ends[2], 4, true, "head", "fused");
     decode_end_vs_chain(r, &ends[3], 1, true, NULL, "fused");
     decode_end_vs_chain(r, &ends[4], 8, false, NULL, "fused"); /* 8 x 128 = 1024 elements a group */
     decode_end_vs_chain(r, &ends[5], 4, false, NULL, "fused"); /* two tokens a request */
-    /* B=64 x 16 heads: the default op there is the row kernel, whose bits differ from the
-     * fused end's shared-memory kernel; the chain under smem is the same arithmetic. */
     decode_end_vs_chain(r, &ends[6], 4, true, "smem", "fused");
     /* split never fuses (the two ops, the same bits); auto (unset, empty or "auto") fuses up
      * to REC_FUSED_END_MAX_BATCH requests (recurrent.cu), which is 0 since the one launch
