@@ -9,8 +9,9 @@
  * beta absent, L2 norm on/off) vs the CPU at 1e-3 (1e-4 with fp32 inputs and state) plus one
  * ulp of a 16-bit output; graph replay with new data and a new padding pattern == eager;
  * determinism; the decode kernels regs and head bitwise equal to smem on every random case,
- * rows (v9) within the same bar and deterministic, and under rows the graph and the S-token
- * checks below too; S tokens in one call == S one-token calls bitwise (o, every snapshot,
+ * rows (recurrent_rows.cuh, the default from 256 (request, head) pairs; its compiled-in
+ * K = 128 bf16 shapes for M = 1, 2, 3 among the cases) within the same bar and deterministic,
+ * and under rows the graph and the S-token checks below too; S tokens in one call == S one-token calls bitwise (o, every snapshot,
  * the final fp32 cache); the fused decode end (decode op + grouped gated RMSNorm in one
  * launch, src/decode_core.h) bitwise equal to the two ops, whether it fused asserted, graph
  * replays (the arrival counters reset between them); GDP_DECODE_END: fused fuses whatever
@@ -295,7 +296,7 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
     /* Every decode kernel from the same inputs. GDP_DECODE_STATE=regs | smem | head (the
      * register kernel, the shared-memory one with a block per 32 value columns, or with a
      * block per (request, head); the last two for 16-byte columns) run the same arithmetic:
-     * regs and head give smem's bits. rows (v9, recurrent_rows.cuh: one reduction round a
+     * regs and head give smem's bits. rows (recurrent_rows.cuh: one reduction round a
      * token, a closed form of the M steps) rounds differently: the CPU's bar, and its own
      * bits again on a second run. A kernel that does not hold the shape runs the default. */
     static const char *const kernels[5] = {"smem", "regs", "head", "rows", "rows"};
