@@ -13,7 +13,7 @@
 # compute-sanitizer, which takes far longer; chunk is the chunk op's short loop: its test under
 # every kernel path, the prefill rows under each, the fused kernel's phase cycles and the
 # staged stages' times); decode likewise for the decode op: its test, then its ops rows under
-# each decode kernel).
+# each decode kernel, then the memory ceiling of the row kernel's scheme).
 #   GDP_BUILD_DIR            build folder (default build)
 #   GDP_SANITIZE_TOOLS       sanitizer tools, in order (default "memcheck racecheck")
 #   GDP_SANITIZE_TESTS       ctest -R regex of the gpu tests to sanitize (default: all of them)
@@ -41,8 +41,8 @@ build=${GDP_BUILD_DIR:-build}
 
 targets=()
 [ "$stage" = chunk ] && targets=(--target test_chunk_gpu gdp-bench bench_chunk_stages) # what the short loop runs
-[ "$stage" = decode ] && targets=(--target test_recurrent_gpu gdp-bench)
-if ! { cmake -B "$build" -DCMAKE_BUILD_TYPE=Release -DGDP_BUILD_CHUNK_DEV=ON "${extra[@]}" >"$out/configure.log" 2>&1 &&
+[ "$stage" = decode ] && targets=(--target test_recurrent_gpu gdp-bench bench_decode_ceiling)
+if ! { cmake -B "$build" -DCMAKE_BUILD_TYPE=Release -DGDP_BUILD_CHUNK_DEV=ON -DGDP_BUILD_DECODE_DEV=ON "${extra[@]}" >"$out/configure.log" 2>&1 &&
        cmake --build "$build" -j"$(nproc)" "${targets[@]}" >"$out/build.log" 2>&1; }; then
     tail -40 "$out/configure.log" "$out/build.log"
     exit 1
@@ -130,6 +130,8 @@ if [ "$stage" = decode ]; then
         echo "## GDP_DECODE_STATE=$v"
         GDP_DECODE_STATE=$v "./$build/examples/gdp-bench" ops --op decode 2>&1 | grep -E "^decode|Out of"
     done 2>&1 | tee "$out/decode_bench.log"
+    # the memory ceiling of the row kernel's access scheme (kernels/dev/decode_ceiling.cu)
+    "./$build/examples/bench_decode_ceiling" 2>&1 | tee "$out/decode_ceiling.log" || rc=1
 fi
 if [ "$stage" = profile ]; then
     # ncu's duration of every kernel of the layer bench (one warm-up and one timed step per shape,
