@@ -11,13 +11,15 @@
  * Design:
  *   - one block of 8 warps per (request, head, slice of BV = 4 LPR value columns; LPR = 32
  *     lanes a row: the whole 128-column row). Lane l holds 4 adjacent columns 4 (l % LPR) of
- *     rows warp RPW + l / LPR + 8 RPW i (i < R; RPW = 32 / LPR rows a warp load): one warp
- *     load is RPW whole rows of the slice, the block's 8 warps read 8 RPW consecutive rows,
- *     so an item's state arrives as one contiguous stream, read once and written once, in
- *     registers in between;
+ *     the R consecutive rows (warp RPW + l / LPR) R + i (i < R; RPW = 32 / LPR rows a warp
+ *     load): one warp load is RPW whole rows of the slice and the block reads the item's rows
+ *     all together, so the state arrives as one stream, read once and written once, in
+ *     registers in between; consecutive rows let a thread read its q and k entries 4 to a
+ *     16-byte load;
  *   - one reduction round per token, not per step: every S^T k_t and S^T q_t of the token's
  *     M steps is taken from the state at the token's start (in-thread over the R rows, then
- *     the 8 warps' partials summed in a fixed order through shared memory: one barrier); the
+ *     the 8 warps' partials summed in a fixed order through shared memory, once per column
+ *     group by a few threads, then read back by all: two barriers); the
  *     raw dot products the steps need (|k_t|^2, |q_t|^2, k_j . k_t, k_j . q_t) alongside, one
  *     warp each; then per column the deltas and outputs in closed form,
  *         a_t S_{t-1}^T k^_t = P(-1,t) f_t S^T k_t + sum_{j<t} P(j,t) f_j f_t (k_j . k_t) d_j
