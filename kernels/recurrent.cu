@@ -869,7 +869,7 @@ cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStre
     return cudaGetLastError();
 }
 
-#include "recurrent_rows.cuh" /* v9, the row kernel: GDP_DECODE_STATE=rows */
+#include "recurrent_rows.cuh" /* the row kernel (v10): the default from REC_ROWS_MIN_PAIRS, GDP_DECODE_STATE=rows */
 
 template <int SDT, int R, int LPR, int MT, int DT>
 cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStream_t stream) {

@@ -134,8 +134,8 @@ __device__ __forceinline__ void rows_stage(const RecurrentParams &p, int64_t b, 
     }
 }
 
-/* ROWS_VEC consecutive floats of a staged vector from row r (a thread's rows are consecutive,
- * rbase + i, so the entries it needs of q and k come 4 to a 16-byte load, not one each). */
+/* N = rows_vec<R>() consecutive floats of a staged q or k vector (a thread's rows are
+ * consecutive, rbase + i, so the entries it needs come 4 to a 16-byte load, not one each). */
 template <int R> __host__ __device__ constexpr int rows_vec() { return R % 4 == 0 ? 4 : 2; }
 template <int N> __device__ __forceinline__ void rows_load_vec(const float *x, float (&out)[N]) {
     if constexpr (N == 4) {
@@ -392,7 +392,7 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
             }
             if (warp == t % ROWS_WARPS && lane < LPR) {
                 const int64_t o_off = ((b * p.T + s * M + t) * p.H + h) * p.V + col;
-                if (DT >= 0) /* o 16-byte aligned (rows_fit), col a multiple of 4 */
+                if (DT >= 0) /* o 16-byte aligned (launch_rows_spec), col a multiple of 4 */
                     store_vec_from_float<4>(p.o, odt, o_off, o);
                 else
 #pragma unroll
