@@ -81,9 +81,12 @@ __host__ __device__ constexpr int rows_stage_floats(int m, int kp, int bv) {
 }
 /* Dot products a token needs: k_j . k_t and k_j . q_t at [j][t] (j <= t), |q_t|^2 at [t]. */
 __host__ __device__ constexpr int rows_dot_floats(int m) { return (2 * m * m + m + 3) & ~3; }
-/* The whole dynamic area: two stage buffers, the partials [warps][2M][BV], the dots. */
+/* The whole dynamic area: two stage buffers, the partials [warps][2M][BV], then by token
+ * parity two sets of totals [2M][BV] and of dots (so a token's partials and dots may be
+ * written while slow warps still read the previous token's totals: no barrier between). */
 __host__ __device__ constexpr int64_t rows_smem_floats(int m, int kp, int bv) {
-    return 2 * (int64_t)rows_stage_floats(m, kp, bv) + (int64_t)ROWS_WARPS * 2 * m * bv + rows_dot_floats(m);
+    return 2 * (int64_t)rows_stage_floats(m, kp, bv) + (int64_t)ROWS_WARPS * 2 * m * bv + 2 * (2 * m * bv) +
+           2 * rows_dot_floats(m);
 }
 
 /* Stages token s's M steps (raw q, k, v of the slice, exp(g), beta) into buf; every load of
@@ -212,21 +215,21 @@ __device__ __forceinline__ void rows_sum(const float *red, int M, int v, int c0,
 }
 
 /* Stage 2 of the cross-warp sum: each of the nvec vectors' BV / 4 column groups summed over the
- * 8 warps once (rows_sum's order, so the same bits), into warp 0's slots, by nvec BV / 4 <=
+ * 8 warps once (rows_sum's order, so the same bits), into the totals tot, by nvec BV / 4 <=
  * 2 ROWS_MAX_M 32 threads; after the next barrier every thread reads its totals with one
  * 16-byte load a vector (v9 had every thread sum all 8 warps' partials itself: 8x the shared
  * reads, about a quarter of the item's shared-memory wavefronts). */
-template <int BV> __device__ __forceinline__ void rows_reduce(float *red, int M, int nvec) {
+template <int BV> __device__ __forceinline__ void rows_reduce(const float *red, float *tot, int M, int nvec) {
     for (int x = threadIdx.x; x < nvec * (BV / 4); x += ROWS_THREADS) {
         const int v = x / (BV / 4), c0 = 4 * (x - v * (BV / 4));
         float s[4];
         rows_sum<BV>(red, M, v, c0, s);
-        *reinterpret_cast<float4 *>(red + v * BV + c0) = make_float4(s[0], s[1], s[2], s[3]);
+        *reinterpret_cast<float4 *>(tot + v * BV + c0) = make_float4(s[0], s[1], s[2], s[3]);
     }
 }
 /* Vector v's total for this thread's 4 columns (after rows_reduce and a barrier). */
-template <int BV> __device__ __forceinline__ void rows_total(const float *red, int v, int c0, float (&out)[4]) {
-    const float4 x = *reinterpret_cast<const float4 *>(red + v * BV + c0);
+template <int BV> __device__ __forceinline__ void rows_total(const float *tot, int v, int c0, float (&out)[4]) {
+    const float4 x = *reinterpret_cast<const float4 *>(tot + v * BV + c0);
     out[0] = x.x, out[1] = x.y, out[2] = x.z, out[3] = x.w;
 }
 
@@ -257,11 +260,105 @@ __device__ __forceinline__ void rows_issue_state(const RecurrentParams &p, int64
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
+/* Token 0 of an item as raw 4-byte words, copied by cp.async into the block's raw area while
+ * the item before computes: q, k rows [M][K es / 4], the v slice [M][BV es / 4], g [M] (when
+ * present). Thread tid copies words tid + ROWS_THREADS j and later converts exactly those, so
+ * no barrier guards the raw area (rows_inputs_fit: 4-byte aligned rows). */
+constexpr int ROWS_RAW_UNROLL = 5; /* words a thread: 2 M K + M BV + M <= 1155 fp32 words at M 3, K = BV = 128 */
+__host__ __device__ constexpr int rows_raw_words(int m, int k, int bv, int es, bool has_g) {
+    return m * (2 * (k * es / 4) + bv * es / 4) + (has_g ? m : 0);
+}
+
+__device__ __forceinline__ void cp_async_4(void *smem_dst, const void *gmem_src) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem_src) : "memory");
+}
+
+template <int BV, int KP, int MT, int DT>
+__device__ __forceinline__ void rows_issue_inputs(const RecurrentParams &p, int64_t b, int h, int vb, uint32_t *raw) {
+    const int M = rows_m<MT>(p), K = rows_k<DT, KP>(p);
+    const int es = gdp_dtype_size_device(rows_qdt<DT>(p));
+    const int qkw = K * es / 4, vw = BV * es / 4;
+    const int total = rows_raw_words(M, K, BV, es, p.g != nullptr);
+    const int64_t bth0 = (b * p.T) * p.H + h; /* token 0 of the item: step t at bth0 + t H */
+#pragma unroll
+    for (int j = 0; j < ROWS_RAW_UNROLL; j++) {
+        const int w = (int)threadIdx.x + j * ROWS_THREADS;
+        if (w >= total)
+            break;
+        const char *src;
+        if (w < 2 * M * qkw) {
+            const int wq = w < M * qkw ? w : w - M * qkw, t = wq / qkw, x = wq - t * qkw;
+            src = static_cast<const char *>(w < M * qkw ? p.q : p.k) + (bth0 + t * p.H) * K * es + 4 * x;
+        } else if (w < M * (2 * qkw + vw)) {
+            const int wv = w - 2 * M * qkw, t = wv / vw, x = wv - t * vw;
+            src = static_cast<const char *>(p.v) + ((bth0 + t * p.H) * p.V + vb * BV) * es + 4 * x;
+        } else {
+            src = reinterpret_cast<const char *>(p.g + bth0 + (w - M * (2 * qkw + vw)) * p.H);
+        }
+        cp_async_4(raw + w, src);
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory"); /* its own group: rows_item waits for it alone */
+}
+
+/* The words this thread copied, as fp32 into the stage buffer; beta (loaded an item ahead into
+ * a register) and exp(0) = 1 without g by the first M threads. */
+template <int KP, int BV, int MT, int DT>
+__device__ __forceinline__ void rows_convert_inputs(const RecurrentParams &p, const uint32_t *raw, float beta,
+                                                    float *buf) {
+    const int M = rows_m<MT>(p), K = rows_k<DT, KP>(p);
+    const gdp_dtype_t qdt = rows_qdt<DT>(p);
+    const int es = gdp_dtype_size_device(qdt);
+    const int qkw = K * es / 4, vw = BV * es / 4;
+    const int total = rows_raw_words(M, K, BV, es, p.g != nullptr);
+    float *qs = buf, *ks = buf + M * KP, *vs = buf + 2 * M * KP, *decay = vs + M * BV, *betas = decay + M;
+#pragma unroll
+    for (int j = 0; j < ROWS_RAW_UNROLL; j++) {
+        const int w = (int)threadIdx.x + j * ROWS_THREADS;
+        if (w >= total)
+            break;
+        const uint32_t word = raw[w];
+        float lo, hi;
+        if (qdt == GDP_DTYPE_FP32) {
+            lo = __uint_as_float(word), hi = 0.0f;
+        } else if (qdt == GDP_DTYPE_BF16) {
+            lo = __uint_as_float(word << 16), hi = __uint_as_float(word & 0xffff0000u);
+        } else {
+            lo = __half2float(__ushort_as_half((unsigned short)(word & 0xffffu)));
+            hi = __half2float(__ushort_as_half((unsigned short)(word >> 16)));
+        }
+        float *dst;
+        if (w < 2 * M * qkw) {
+            const int wq = w < M * qkw ? w : w - M * qkw, t = wq / qkw, x = wq - t * qkw;
+            dst = (w < M * qkw ? qs : ks) + t * KP + x * (4 / es);
+        } else if (w < M * (2 * qkw + vw)) {
+            const int wv = w - 2 * M * qkw, t = wv / vw, x = wv - t * vw;
+            dst = vs + t * BV + x * (4 / es);
+        } else {
+            decay[w - M * (2 * qkw + vw)] = expf(__uint_as_float(word)); /* g is fp32 whatever q's dtype */
+            continue;
+        }
+        dst[0] = lo;
+        if (es == 2)
+            dst[1] = hi;
+    }
+    if ((int)threadIdx.x < M) {
+        betas[threadIdx.x] = beta;
+        if (p.g == nullptr)
+            decay[threadIdx.x] = 1.0f;
+    }
+}
+
 /* One item's tokens from the state in st (registers): see the file comment. tok counts the
- * block's tokens (it picks the stage buffer); the first token's inputs are staged already. */
+ * block's tokens (it picks the stage buffer and the totals' set); the first token's inputs are
+ * staged already, and published by a barrier of the item before when published is set (then
+ * its first barrier is skipped). ahead: the next item's token-0 inputs sit in raw (their own
+ * cp.async group) and are converted into the other stage buffer before this item's last
+ * barrier, which publishes them (S = 1 only). */
 template <int SDT, int R, int LPR, int MT, int DT>
 __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, int h, int vb, int64_t row,
-                                          float (&st)[R][4], int &tok, float *smem_rows) {
+                                          float (&st)[R][4], int &tok, float *smem_rows, bool published, bool ahead,
+                                          const uint32_t *raw, float next_beta) {
     using G = RowsGeom<LPR>;
     using Bits = typename StateStorage<SDT>::Bits;
     constexpr int BV = G::BV, KP = G::ROUND * R;
@@ -271,8 +368,9 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
     const int c0 = 4 * (lane % LPR), col = vb * BV + c0;
     const int rbase = (warp * G::RPW + lane / LPR) * R; /* the thread's rows: rbase + i, i < R */
     const int stage_floats = rows_stage_floats(M, KP, BV);
-    float *red = smem_rows + 2 * stage_floats;   /* [warps][2M][BV] */
-    float *dots = red + ROWS_WARPS * 2 * M * BV; /* kk [M][M], kq [M][M], qq [M] */
+    float *red = smem_rows + 2 * stage_floats; /* [warps][2M][BV] */
+    float *const tots = red + ROWS_WARPS * 2 * M * BV; /* [2][2M][BV] by token parity */
+    float *const dotss = tots + 2 * (2 * M * BV);      /* [2][kk [M][M], kq [M][M], qq [M]] */
     const int64_t KV = (int64_t)K * p.V;
     const float eps = (float)GDP_L2NORM_EPS;
 
@@ -280,7 +378,9 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
         /* an offset, not an array of two pointers: a runtime index would put it in local memory */
         const float *buf = smem_rows + (tok & 1) * stage_floats;
         const float *qs = buf, *ks = buf + M * KP, *vs = buf + 2 * M * KP, *decay = vs + M * BV, *betas = decay + M;
-        __syncthreads(); /* B1: token staged; every thread is past the block's previous token */
+        float *tot = tots + (tok & 1) * (2 * M * BV), *dots = dotss + (tok & 1) * rows_dot_floats(M);
+        if (s > 0 || !published)
+            __syncthreads(); /* B1: token staged; every thread is past the block's previous token */
         if (s + 1 < p.S) /* the next token into the other buffer, read last by the token before */
             rows_stage<KP, BV, MT, DT>(p, b, h, vb, s + 1, smem_rows + ((tok + 1) & 1) * stage_floats);
 
@@ -336,9 +436,13 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
             if (lane == 0)
                 dots[f] = acc;
         }
-        __syncthreads(); /* B2: partials and dots complete */
-        rows_reduce<BV>(red, M, nvec);
-        __syncthreads(); /* B3: the totals complete */
+        __syncthreads(); /* B2: partials and dots complete (and every thread past the last token) */
+        rows_reduce<BV>(red, tot, M, nvec);
+        if (ahead && s + 1 == p.S) { /* the other stage buffer was read last by the token before */
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory"); /* the inputs, not the state after them */
+            rows_convert_inputs<KP, BV, MT, DT>(p, raw, next_beta, smem_rows + ((tok + 1) & 1) * stage_floats);
+        }
+        __syncthreads(); /* B3: the totals complete (and the next item's inputs staged) */
 
         /* Per column: deltas and outputs in closed form (every thread for its 4 columns). */
         const float *kk = dots, *kq = dots + M * M, *qq = dots + 2 * M * M;
@@ -357,7 +461,7 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
             pj[t] = 1.0f;
             fk[t] = p.l2norm ? 1.0f / sqrtf(kk[t * M + t] + eps) : 1.0f;
             float u[4];
-            rows_total<BV>(red, t, c0, u);
+            rows_total<BV>(tot, t, c0, u);
             const float cu = p0 * fk[t];
 #pragma unroll
             for (int c = 0; c < 4; c++)
@@ -376,7 +480,7 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
             float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if ((qmask >> t) & 1u) {
                 const float ht = (p.l2norm ? 1.0f / sqrtf(qq[t] + eps) : 1.0f) * p.scale;
-                rows_total<BV>(red, M + qrank, c0, o);
+                rows_total<BV>(tot, M + qrank, c0, o);
                 qrank++;
                 const float cw = p0 * ht;
 #pragma unroll
@@ -457,94 +561,6 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
     }
 }
 
-/* Token 0 of an item as raw 4-byte words, copied by cp.async into the block's raw area while
- * the item before computes: q, k rows [M][K es / 4], the v slice [M][BV es / 4], g [M] (when
- * present). Thread tid copies words tid + ROWS_THREADS j and later converts exactly those, so
- * no barrier guards the raw area (rows_inputs_fit: 4-byte aligned rows). */
-constexpr int ROWS_RAW_UNROLL = 5; /* words a thread: 2 M K + M BV + M <= 1155 fp32 words at M 3, K = BV = 128 */
-__host__ __device__ constexpr int rows_raw_words(int m, int k, int bv, int es, bool has_g) {
-    return m * (2 * (k * es / 4) + bv * es / 4) + (has_g ? m : 0);
-}
-
-__device__ __forceinline__ void cp_async_4(void *smem_dst, const void *gmem_src) {
-    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem_src) : "memory");
-}
-
-template <int BV, int KP, int MT, int DT>
-__device__ __forceinline__ void rows_issue_inputs(const RecurrentParams &p, int64_t b, int h, int vb, uint32_t *raw) {
-    const int M = rows_m<MT>(p), K = rows_k<DT, KP>(p);
-    const int es = gdp_dtype_size_device(rows_qdt<DT>(p));
-    const int qkw = K * es / 4, vw = BV * es / 4;
-    const int total = rows_raw_words(M, K, BV, es, p.g != nullptr);
-    const int64_t bth0 = (b * p.T) * p.H + h; /* token 0 of the item: step t at bth0 + t H */
-#pragma unroll
-    for (int j = 0; j < ROWS_RAW_UNROLL; j++) {
-        const int w = (int)threadIdx.x + j * ROWS_THREADS;
-        if (w >= total)
-            break;
-        const char *src;
-        if (w < 2 * M * qkw) {
-            const int wq = w < M * qkw ? w : w - M * qkw, t = wq / qkw, x = wq - t * qkw;
-            src = static_cast<const char *>(w < M * qkw ? p.q : p.k) + (bth0 + t * p.H) * K * es + 4 * x;
-        } else if (w < M * (2 * qkw + vw)) {
-            const int wv = w - 2 * M * qkw, t = wv / vw, x = wv - t * vw;
-            src = static_cast<const char *>(p.v) + ((bth0 + t * p.H) * p.V + vb * BV) * es + 4 * x;
-        } else {
-            src = reinterpret_cast<const char *>(p.g + bth0 + (w - M * (2 * qkw + vw)) * p.H);
-        }
-        cp_async_4(raw + w, src);
-    }
-}
-
-/* The words this thread copied, as fp32 into the stage buffer; beta (loaded an item ahead into
- * a register) and exp(0) = 1 without g by the first M threads. */
-template <int KP, int BV, int MT, int DT>
-__device__ __forceinline__ void rows_convert_inputs(const RecurrentParams &p, const uint32_t *raw, float beta,
-                                                    float *buf) {
-    const int M = rows_m<MT>(p), K = rows_k<DT, KP>(p);
-    const gdp_dtype_t qdt = rows_qdt<DT>(p);
-    const int es = gdp_dtype_size_device(qdt);
-    const int qkw = K * es / 4, vw = BV * es / 4;
-    const int total = rows_raw_words(M, K, BV, es, p.g != nullptr);
-    float *qs = buf, *ks = buf + M * KP, *vs = buf + 2 * M * KP, *decay = vs + M * BV, *betas = decay + M;
-#pragma unroll
-    for (int j = 0; j < ROWS_RAW_UNROLL; j++) {
-        const int w = (int)threadIdx.x + j * ROWS_THREADS;
-        if (w >= total)
-            break;
-        const uint32_t word = raw[w];
-        float lo, hi;
-        if (qdt == GDP_DTYPE_FP32) {
-            lo = __uint_as_float(word), hi = 0.0f;
-        } else if (qdt == GDP_DTYPE_BF16) {
-            lo = __uint_as_float(word << 16), hi = __uint_as_float(word & 0xffff0000u);
-        } else {
-            lo = __half2float(__ushort_as_half((unsigned short)(word & 0xffffu)));
-            hi = __half2float(__ushort_as_half((unsigned short)(word >> 16)));
-        }
-        float *dst;
-        if (w < 2 * M * qkw) {
-            const int wq = w < M * qkw ? w : w - M * qkw, t = wq / qkw, x = wq - t * qkw;
-            dst = (w < M * qkw ? qs : ks) + t * KP + x * (4 / es);
-        } else if (w < M * (2 * qkw + vw)) {
-            const int wv = w - 2 * M * qkw, t = wv / vw, x = wv - t * vw;
-            dst = vs + t * BV + x * (4 / es);
-        } else {
-            decay[w - M * (2 * qkw + vw)] = expf(__uint_as_float(word)); /* g is fp32 whatever q's dtype */
-            continue;
-        }
-        dst[0] = lo;
-        if (es == 2)
-            dst[1] = hi;
-    }
-    if ((int)threadIdx.x < M) {
-        betas[threadIdx.x] = beta;
-        if (p.g == nullptr)
-            decay[threadIdx.x] = 1.0f;
-    }
-}
-
 /* beta of step t of item (b, h)'s token 0 (1 without beta). */
 __device__ __forceinline__ float rows_beta(const RecurrentParams &p, int64_t b, int h, int t) {
     return p.beta != nullptr ? load_as_float(p.beta, p.beta_dtype, (b * p.T + t) * p.H + h) : 1.0f;
@@ -595,6 +611,7 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
         next_row = state_row(p, nb);
     }
     int tok = 0;
+    bool published = false; /* this item's token-0 inputs staged and published by the item before */
     for (; item < items; item += step) {
         const int64_t next = item + step;
         const bool padding = row_is_padding(p, row);
@@ -611,12 +628,14 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
                     load_columns<SDT, 4>(reinterpret_cast<const Bits *>(cell), st[i]);
                 }
             }
-            rows_convert_inputs<KP, BV, MT, DT>(p, raw, beta, smem_rows + (tok & 1) * stage_floats);
+            if (!published)
+                rows_convert_inputs<KP, BV, MT, DT>(p, raw, beta, smem_rows + (tok & 1) * stage_floats);
         }
         /* the next item: its inputs and state into the words and cells just read, and the slot
          * of the one after it */
         int64_t after_row = -1, ab = 0;
         int ah = 0, avb = 0;
+        const bool ahead = !padding && p.S == 1 && next < items && !row_is_padding(p, next_row);
         if (next < items) {
             if (!row_is_padding(p, next_row)) {
                 rows_issue_inputs<BV, KP, MT, DT>(p, nb, nh, nvb, raw);
@@ -635,8 +654,9 @@ __global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_
                 store_from_float(p.o, p.o_dtype, ((b * p.T + t) * p.H + h) * p.V + vb * BV + c, 0.0f);
             }
         } else {
-            rows_item<SDT, R, LPR, MT, DT>(p, b, h, vb, row, st, tok, smem_rows);
+            rows_item<SDT, R, LPR, MT, DT>(p, b, h, vb, row, st, tok, smem_rows, published, ahead, raw, next_beta);
         }
+        published = ahead;
         b = nb, h = nh, vb = nvb, row = next_row, beta = next_beta;
         nb = ab, nh = ah, nvb = avb, next_row = after_row;
     }
