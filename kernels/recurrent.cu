@@ -869,7 +869,7 @@ cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStre
     return cudaGetLastError();
 }
 
-#include "recurrent_rows.cuh" /* the row kernel (v10): the default from REC_ROWS_MIN_PAIRS, GDP_DECODE_STATE=rows */
+#include "recurrent_rows.cuh" /* the row kernel (v10b): the default from REC_ROWS_MIN_PAIRS, GDP_DECODE_STATE=rows */
 
 template <int SDT, int R, int LPR, int MT, int DT>
 cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStream_t stream) {
@@ -977,10 +977,10 @@ int decode_state_choice() {
 /* The default: the row kernel wherever it fits (rows_fit) from REC_ROWS_MIN_PAIRS (request,
  * head) pairs; below that, or where it does not fit, the shared-memory kernel for 16-bit states
  * and for fp32 from REC_SMEM_MIN_PAIRS pairs, the register kernel below. Measured on the H200
- * (gdp-bench ops --op decode, NOTES-ops.md v10; us, rows vs smem): fp32 B=64 49.3 vs 56.9,
- * B=256 166.1 vs 186.7, B=1024 629.6 vs 701.1, H 32 V 64 M 3 196.8 vs 226.4; bf16 state B=256
- * 128.6 vs 192.5; B=1 (16 pairs) 9.4 against the register kernel's 8.7. The layer step
- * (gdp-bench layer, 2 layers, graph-replayed) B=64 172 vs 191, B=256 437 vs 475. */
+ * (gdp-bench ops --op decode, NOTES-ops.md v10 and v10b; us, rows vs smem): fp32 B=64 43.6
+ * vs 56.9, B=256 149.2 vs 186.7, B=1024 570.2 vs 701.1, H 32 V 64 M 3 182.0 vs 226.4; bf16 state
+ * B=256 128.8 vs 192.5; B=1 (16 pairs) 9.4 against the register kernel's 8.7. The layer step
+ * (gdp-bench layer, 2 layers, graph-replayed; v10) B=64 172 vs 191, B=256 437 vs 475. */
 constexpr int64_t REC_ROWS_MIN_PAIRS = 256;
 
 DecodeKernel decode_kernel_auto(const RecurrentParams &p, int state_dtype) {

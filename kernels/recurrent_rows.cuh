@@ -1,5 +1,6 @@
 /*
- * recurrent_rows.cuh: v9 of the decode kernel, the row kernel (GDP_DECODE_STATE=rows), included
+ * recurrent_rows.cuh: the row kernel of the decode op (v9, v10, v10b of NOTES-ops.md; the default from
+ * REC_ROWS_MIN_PAIRS pairs, GDP_DECODE_STATE=rows forces it), included
  * by recurrent.cu inside its anonymous namespace (it uses RecurrentParams, StateStorage and the
  * column load/store helpers there).
  *
@@ -34,7 +35,10 @@
  *     the next item's state streams into each thread's own shared-memory cells and its token-0
  *     inputs into the block's raw area by cp.async (each thread reads back and converts only
  *     what it copied, so neither needs a barrier), and the slot of the item after it is loaded
- *     a whole item ahead: a block's loads overlap its previous item's compute;
+ *     a whole item ahead: a block's loads overlap its previous item's compute; with one token
+ *     an item (S = 1) the inputs are converted into the other stage buffer before the item's
+ *     last barrier, which publishes them, so the next item skips its first barrier (v10b; the
+ *     totals and dots alternate by token parity so that no barrier is needed between tokens);
  *   - S tokens of a request (drafts) run one after another with the state in registers,
  *     their inputs staged into alternate shared buffers, the snapshot of each written after
  *     its update; an fp32 state stays fp32 between tokens, so S tokens in one call equal S

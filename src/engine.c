@@ -33,9 +33,15 @@ _Static_assert((int)GDP_PHASE_GEMM == GDP_MARK_GEMM && (int)GDP_PHASE_GDP_OPS ==
                    (int)GDP_PHASE_HOST == GDP_MARK_NUM,
                "the engine's phases and the phase recorder's marks must line up");
 
-/* Device phases are split by their marks every PHASE_SAMPLE-th replay of a graph (reading
- * every mark costs host time each step); every step's device total is always measured. */
+/* Device phases are split by their marks every PHASE_SAMPLE-th launch of a step shape's
+ * graph (its marked graph: the event nodes between phases cost device time, about 0.1 ms of
+ * an 8-layer decode step, and reading them host time); every step's device total is always
+ * measured (the events around it, outside the graph). An eager step is always marked. */
 #define PHASE_SAMPLE 8
+
+/* Whether the next launch of graph g is a sampled one (the marked graph). The first launches
+ * are not: a shape used fewer than PHASE_SAMPLE times is captured once. */
+static bool next_launch_sampled(const graph_entry *g) { return g->launches % PHASE_SAMPLE == PHASE_SAMPLE - 1; }
 
 /* Waits for the backend's queued work (CUDA). With a comm the wait is bounded by the comm's
  * watchdog (gdp_comm_stream_wait): a hung GPU, or NCCL kernels waiting for a stalled peer,
@@ -323,38 +329,44 @@ static gdp_status_t step_tail(struct gdp_engine *e, const gdp_step_metadata *m, 
     return GDP_STATUS_SUCCESS;
 }
 
-/* The device step recorded into `marks`. */
+/* The device step recorded into `marks` (NULL: no marks). */
 static gdp_status_t recorded_step(struct gdp_engine *e, const gdp_step_metadata *m, gdp_tensor *x,
                                   gdp_phase_list *marks) {
+    if (marks == NULL)
+        return device_step(e, m, x);
     GDP_CHECK(gdp_phase_begin(e->ctx, marks, GDP_MARK_OPS));
     const gdp_status_t st = device_step(e, m, x);
     const gdp_status_t end = gdp_phase_end(e->ctx);
     return st != GDP_STATUS_SUCCESS ? st : end;
 }
 
-/* The device step, eagerly or as the bucket's graph (captured on the bucket's first step,
- * replayed after). *graph_out: the graph that ran (its marks are read once the step
- * finished), NULL for an eager step (e->eager_marks). */
+/* The device step, eagerly or as one of the bucket's graphs (each captured on its first
+ * use, replayed after). *graph_out: the graph entry that ran, NULL for an eager step (marked
+ * into e->eager_marks); *sampled: whether it ran marked (its marks split the device time once
+ * it finished): every eager step, and a graph step every PHASE_SAMPLE-th launch of its shape. */
 static gdp_status_t run_device_step(struct gdp_engine *e, const gdp_step_metadata *m, gdp_tensor *x,
-                                    const graph_entry **graph_out) {
+                                    const graph_entry **graph_out, int *sampled) {
     graph_entry *g = &e->graphs[m->bucket];
     *graph_out = NULL;
+    *sampled = 1;
     const bool graph = e->cfg.cuda_graphs && m->save_count == 0; /* a snapshot save adds launches */
 #ifdef GDP_HAVE_CUDA
     if (graph && e->graphs_live) {
         cudaStream_t s = (cudaStream_t)e->ctx->stream;
-        if (g->exec == NULL) {
+        const bool marked = next_launch_sampled(g);
+        cudaGraphExec_t *exec = marked ? &g->exec_marked : &g->exec;
+        if (*exec == NULL) {
             cudaGraph_t cg = NULL;
             const cudaError_t begin = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
             if (begin != cudaSuccess)
                 GDP_CUDA_FAIL(begin, "engine: cudaStreamBeginCapture failed for bucket %d", m->bucket);
-            const gdp_status_t st = recorded_step(e, m, x, &g->marks);
+            const gdp_status_t st = recorded_step(e, m, x, marked ? &g->marks : NULL);
             const cudaError_t end = cudaStreamEndCapture(s, &cg);
-            if (st != GDP_STATUS_SUCCESS || end != cudaSuccess || cudaGraphInstantiate(&g->exec, cg, 0) != cudaSuccess) {
+            if (st != GDP_STATUS_SUCCESS || end != cudaSuccess || cudaGraphInstantiate(exec, cg, 0) != cudaSuccess) {
                 const cudaError_t why = cudaGetLastError();
                 if (cg != NULL)
                     cudaGraphDestroy(cg);
-                g->exec = NULL;
+                *exec = NULL;
                 if (st != GDP_STATUS_SUCCESS)
                     return st;
                 GDP_CUDA_FAIL(end != cudaSuccess ? end : why,
@@ -362,16 +374,19 @@ static gdp_status_t run_device_step(struct gdp_engine *e, const gdp_step_metadat
                               m->bucket);
             }
             cudaGraphDestroy(cg);
+            if (!g->captured)
+                e->report.graph_captures++;
             g->captured = 1;
-            e->report.graph_captures++;
         } else {
             g->replays++;
             e->report.graph_replays++;
         }
-        const cudaError_t launched = cudaGraphLaunch(g->exec, s);
+        g->launches++;
+        const cudaError_t launched = cudaGraphLaunch(*exec, s);
         if (launched != cudaSuccess)
             GDP_CUDA_FAIL(launched, "engine: cudaGraphLaunch of bucket %d failed", m->bucket);
         *graph_out = g;
+        *sampled = marked;
         return GDP_STATUS_SUCCESS;
     }
 #endif
@@ -385,18 +400,19 @@ static gdp_status_t run_device_step(struct gdp_engine *e, const gdp_step_metadat
             g->replays++;
             e->report.graph_replays++;
         }
+        *sampled = next_launch_sampled(g);
+        g->launches++;
     }
     return recorded_step(e, m, x, &e->eager_marks);
 }
 
-/* After the step finished: its device time, split by phase every PHASE_SAMPLE-th replay of
- * graph g (always for an eager step, g NULL). Returns the step's device seconds. */
-static double read_phases(struct gdp_engine *e, const graph_entry *g, bool record) {
-    const gdp_phase_list *marks = g != NULL ? &g->marks : &e->eager_marks;
+/* After the step finished: its device time from its marks (every mark when split, else the
+ * first and the last). Returns the step's device seconds. */
+static double read_phases(struct gdp_engine *e, const gdp_phase_list *marks, bool split, bool record) {
     if (marks->n < 2)
         return 0;
     double sums[GDP_MARK_NUM] = {0}, total = 0;
-    if (g == NULL || g->replays % PHASE_SAMPLE == 0) {
+    if (split) {
         if (gdp_phase_sum(e->ctx, marks, sums, &total) != GDP_STATUS_SUCCESS)
             return 0;
         if (record) {
@@ -480,6 +496,8 @@ static void engine_destroy(struct gdp_engine *e) {
                 if (evs[j] != NULL)
                     (void)cudaEventDestroy((cudaEvent_t)evs[j]);
         }
+        if (e->trace_ev != NULL)
+            (void)cudaEventDestroy((cudaEvent_t)e->trace_ev);
     }
 #endif
     eng_run_free(&e->main);
@@ -489,6 +507,8 @@ static void engine_destroy(struct gdp_engine *e) {
 #ifdef GDP_HAVE_CUDA
         if (e->graphs[b].exec != NULL)
             (void)cudaGraphExecDestroy(e->graphs[b].exec);
+        if (e->graphs[b].exec_marked != NULL)
+            (void)cudaGraphExecDestroy(e->graphs[b].exec_marked);
 #endif
         gdp_phase_list_free(&e->graphs[b].marks);
     }
@@ -705,11 +725,71 @@ typedef struct pending {
     int                live;
     int32_t            k;           /* its buffer parity                                   */
     const graph_entry *graph;       /* the graph that ran (NULL: eager)                    */
+    int                sampled;     /* it ran marked: its marks split its device time      */
     step_plan         *sp;          /* the root's plan of it                               */
     int                phases_read; /* its device time is taken (CPU: at once)             */
     double             device_s;
     gdp_status_t       launch_st;   /* this rank's launch status, agreed at its wait      */
+    double             t_loop, t_composed, t_planned, t_launched; /* the trace's host times */
 } pending;
+
+/* ---- the step trace (GDP_ENGINE_TRACE=path, the root) -------------------------------------
+ * One CSV line a device step (its bucket, decode requests, prefill slices, whether it ran the
+ * marked graph), times in us since the run's start: the host's loop start,
+ * composed, planned (plan and cache applied), launched, the wait for it begun and ended, its
+ * tokens consumed; the device's start and end of the step (its events, on the host's clock
+ * through an event recorded and waited for at the start: within a few us). The gaps say
+ * whether the device waited for the host (gpu_start after the previous gpu_end) and which
+ * host stage was slow. */
+static void trace_open(struct gdp_engine *e, double t0) {
+    const char *path = getenv("GDP_ENGINE_TRACE");
+    e->trace = NULL;
+    if (e->rank != 0 || path == NULL || path[0] == '\0')
+        return;
+    e->trace = fopen(path, "w");
+    if (e->trace == NULL) {
+        fprintf(stderr, "gdp engine: cannot write the step trace %s; running without it\n", path);
+        return;
+    }
+    fprintf(e->trace, "step,bucket,decode,prefill,marked,t_loop,t_composed,t_planned,t_launched,t_wait_begin,t_wait_end,"
+                      "t_consumed,gpu_start,gpu_end\n");
+#ifdef GDP_HAVE_CUDA
+    if (on_cuda(e) && e->trace_ev == NULL && cudaEventCreate((cudaEvent_t *)&e->trace_ev) != cudaSuccess)
+        e->trace_ev = NULL;
+    if (e->trace_ev != NULL && cudaEventRecord((cudaEvent_t)e->trace_ev, (cudaStream_t)e->ctx->stream) == cudaSuccess)
+        (void)cudaEventSynchronize((cudaEvent_t)e->trace_ev);
+#endif
+    e->trace_zero_s = eng_elapsed(t0);
+}
+
+/* The device time (since t0) of event ev of a finished step; -1 without one. */
+static double trace_device_time(const struct gdp_engine *e, void *ev) {
+#ifdef GDP_HAVE_CUDA
+    float ms = 0;
+    if (e->trace_ev != NULL && cudaEventElapsedTime(&ms, (cudaEvent_t)e->trace_ev, (cudaEvent_t)ev) == cudaSuccess)
+        return e->trace_zero_s + 1e-3 * ms;
+    (void)cudaGetLastError();
+#else
+    (void)e, (void)ev;
+#endif
+    return -1;
+}
+
+static void trace_step(const struct gdp_engine *e, const pending *p, int64_t step_no, double wait_begin,
+                       double wait_end, double consumed) {
+    const double g0 = trace_device_time(e, e->ev_start[p->k]), g1 = trace_device_time(e, e->ev_done[p->k]);
+    const double us = 1e6;
+    fprintf(e->trace, "%lld,%d,%d,%d,%d,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f\n", (long long)step_no,
+            p->sp->desc.bucket, p->sp->desc.decode_count, p->sp->desc.prefill_count, p->sampled, us * p->t_loop,
+            us * p->t_composed, us * p->t_planned, us * p->t_launched, us * wait_begin, us * wait_end, us * consumed,
+            g0 < 0 ? -1 : us * g0, g1 < 0 ? -1 : us * g1);
+}
+
+static void trace_close(struct gdp_engine *e) {
+    if (e->trace != NULL)
+        fclose(e->trace);
+    e->trace = NULL;
+}
 
 /* Waits for device step k's event (CUDA; bounded by the comm's watchdog). Local. */
 static gdp_status_t wait_step(const struct gdp_engine *e, int32_t k) {
@@ -734,18 +814,16 @@ static gdp_status_t wait_step(const struct gdp_engine *e, int32_t k) {
     return GDP_STATUS_SUCCESS;
 }
 
-static bool phases_sampled(const graph_entry *g) { return g == NULL || g->replays % PHASE_SAMPLE == 0; }
-
-/* The pending step's device time, once it finished. Its marks are re-recorded by the next
- * launch, so a step whose phases are split is read before that launch (the CPU always: its
- * step ran at launch); otherwise (CUDA) its own events give the total. */
+/* The pending step's device time, once it finished: a marked step's from its marks (an eager
+ * step's are re-recorded by the next launch, so they are read before it; the CPU's at once,
+ * its step ran at launch), an unmarked graph step's from the events around it (CUDA). */
 static void take_phases(struct gdp_engine *e, pending *p, bool record) {
     if (p->phases_read)
         return;
     p->phases_read = 1;
     p->device_s = 0;
 #ifdef GDP_HAVE_CUDA
-    if (on_cuda(e) && !phases_sampled(p->graph)) {
+    if (on_cuda(e) && !p->sampled) {
         float ms = 0;
         if (cudaEventElapsedTime(&ms, (cudaEvent_t)e->ev_start[p->k], (cudaEvent_t)e->ev_done[p->k]) != cudaSuccess) {
             (void)cudaGetLastError();
@@ -757,7 +835,8 @@ static void take_phases(struct gdp_engine *e, pending *p, bool record) {
         return;
     }
 #endif
-    p->device_s = read_phases(e, p->graph, record);
+    p->device_s = read_phases(e, p->graph != NULL && on_cuda(e) ? &p->graph->marks : &e->eager_marks, p->sampled,
+                              record);
 }
 
 /* Every rank: the pending step's wait (after `local`, this rank's status of what it did
@@ -767,8 +846,10 @@ static gdp_status_t finish_pending(struct gdp_engine *e, run *r, pending *p, gdp
                                    bool record, int64_t step_no, double *last_progress, double *device_s) {
     if (local == GDP_STATUS_SUCCESS)
         local = p->launch_st;
+    const double wait_begin = e->trace != NULL ? eng_elapsed(t0) : 0;
     if (local == GDP_STATUS_SUCCESS)
         local = wait_step(e, p->k);
+    const double wait_end = e->trace != NULL ? eng_elapsed(t0) : 0;
     /* a rank whose device step failed must not leave the others in the next collective */
     gdp_status_t st = e->comm != NULL ? gdp_comm_agree(e->comm, local) : local;
     if (st != GDP_STATUS_SUCCESS)
@@ -781,6 +862,8 @@ static gdp_status_t finish_pending(struct gdp_engine *e, run *r, pending *p, gdp
     st = eng_consume(e, r, p->sp, e->out_host[p->k], t0);
     if (st != GDP_STATUS_SUCCESS)
         return send_failure(e, st);
+    if (e->trace != NULL && record)
+        trace_step(e, p, step_no, wait_begin, wait_end, eng_elapsed(t0));
     if (record) {
         gdp_engine_report *rep = &e->report;
         rep->steps++;
@@ -803,7 +886,7 @@ static void drain(const struct gdp_engine *e) { (void)backend_sync(e); }
 
 /* Every rank: fill the step buffer, launch the device step, its tail (records, event). */
 static gdp_status_t launch_step(struct gdp_engine *e, const gdp_step_metadata *m, int32_t k,
-                                const graph_entry **graph) {
+                                const graph_entry **graph, int *sampled) {
     gdp_tensor x;
     GDP_CHECK(gdp_tensor_init(&x, e->x, GDP_DTYPE_FP32, 2, (const int64_t[]){m->padded_token_count, e->D}));
     GDP_CHECK(fill_step(e, m, k));
@@ -811,7 +894,7 @@ static gdp_status_t launch_step(struct gdp_engine *e, const gdp_step_metadata *m
     if (on_cuda(e))
         GDP_CHECK(record_event(e, e->ev_start[k], "the step buffer"));
 #endif
-    GDP_CHECK(run_device_step(e, m, &x, graph));
+    GDP_CHECK(run_device_step(e, m, &x, graph, sampled));
     return step_tail(e, m, k);
 }
 
@@ -834,6 +917,8 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
     double last_progress = 0;
     int64_t step_no = 0;
     pending pend = {0};
+    if (record)
+        trace_open(e, t0);
     e->dev_steps = 0, e->prev_head = 0;
     for (;;) {
         const double ts = eng_now();
@@ -853,6 +938,7 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
             e->frame[F_WAIT_NOW] = !overlap;
         }
         const double idle = root ? sp->idle_s : 0;
+        const double t_composed = e->trace != NULL ? eng_elapsed(t0) : 0;
         if (record)
             rep->idle_s += idle;
         if (e->comm != NULL) {
@@ -892,6 +978,7 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
             st = gdp_cache_apply_step(e->cache, m);
         if (st != GDP_STATUS_SUCCESS)
             break; /* build errors are the same on every rank; apply only fails on misuse */
+        const double t_planned = e->trace != NULL ? eng_elapsed(t0) : 0;
         if (e->frame[F_RELEASE_ONLY]) { /* slot work but no tokens: no device step */
             if (root && record)
                 rep->steps++;
@@ -899,10 +986,11 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
                 rep->phase_s[GDP_PHASE_HOST] += fmax(0.0, eng_now() - ts - idle);
             continue;
         }
-        /* 3. the device step: the pending step's marks are read before they are re-recorded,
-         *    and its kept logits (check mode) before its activations are */
+        /* 3. the device step: an eager pending step's marks are read before this launch
+         *    re-records them, and its kept logits (check mode) before its activations are
+         *    (a graph's marks are its own: a marked graph is not launched twice in a row) */
         local = GDP_STATUS_SUCCESS;
-        if (pend.live && !pend.phases_read && (!on_cuda(e) || phases_sampled(pend.graph)) &&
+        if (pend.live && !pend.phases_read && pend.sampled && pend.graph == NULL &&
             wait_step(e, pend.k) == GDP_STATUS_SUCCESS)
             take_phases(e, &pend, record);
         if (root && pend.live && pend.sp->n_logit > 0 && !pend.sp->logits_done) {
@@ -916,8 +1004,10 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
         }
         const int32_t k = (int32_t)(e->dev_steps & 1);
         const graph_entry *graph = NULL;
+        int sampled = 1;
         if (local == GDP_STATUS_SUCCESS)
-            local = launch_step(e, m, k, &graph);
+            local = launch_step(e, m, k, &graph, &sampled);
+        const double t_launched = e->trace != NULL ? eng_elapsed(t0) : 0;
         e->dev_steps++;
         e->prev_head = e->frame[F_HEAD];
         if (record && !e->bucket_seen[m->bucket]) {
@@ -934,7 +1024,9 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
             if (st != GDP_STATUS_SUCCESS)
                 break;
         }
-        pend = (pending){.live = 1, .k = k, .graph = graph, .sp = sp, .launch_st = local};
+        pend = (pending){.live = 1, .k = k, .graph = graph, .sampled = sampled, .sp = sp, .launch_st = local,
+                         .t_loop = ts - t0,
+                         .t_composed = t_composed, .t_planned = t_planned, .t_launched = t_launched};
         if (!on_cuda(e)) /* the CPU step ran at launch: its clocks now, before the next one */
             take_phases(e, &pend, record);
         if (e->frame[F_WAIT_NOW]) {
@@ -954,6 +1046,7 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
     }
     if (st == GDP_STATUS_SUCCESS)
         gdp_watchdog_set_step(-1); /* between runs: no step (a failure keeps the step it failed in) */
+    trace_close(e);
     eng_step_plan_free(sps[0]), eng_step_plan_free(sps[1]);
     return st;
 }

@@ -120,13 +120,17 @@ typedef struct step_plan {
     double               idle_s;     /* time the root slept waiting for arrivals            */
 } step_plan;
 
-/* A captured step shape. */
+/* A captured step shape: two graphs of the same launches, one without phase marks (most
+ * steps: an event node between phases costs device time) and one with them, replayed for
+ * every PHASE_SAMPLE-th launch of the shape (engine.c), whose marks split the device time by
+ * phase. Each is captured on its first use. */
 typedef struct graph_entry {
     int32_t        captured;
     int64_t        replays;
-    gdp_phase_list marks;   /* the phase marks recorded into the graph (re-recorded per replay) */
+    int64_t        launches; /* of either graph: picks the marked one (engine.c)          */
+    gdp_phase_list marks;    /* the marked graph's marks (re-recorded at its every replay) */
 #ifdef GDP_HAVE_CUDA
-    cudaGraphExec_t exec;
+    cudaGraphExec_t exec, exec_marked;
 #endif
 } graph_entry;
 
@@ -190,6 +194,10 @@ struct gdp_engine {
     gdp_phase_list    eager_marks;
     double            dev_all_s, dev_sampled_s, dev_phase_s[GDP_MARK_NUM];
     double            floor_bytes_per_token, floor_bytes_per_state, floor_flops_per_token;
+    /* the step trace (root, GDP_ENGINE_TRACE=path): one CSV line a step, host and device times */
+    FILE             *trace;
+    void             *trace_ev;     /* CUDA: recorded at the run's start, the device clock's zero */
+    double            trace_zero_s; /* the host time (since t0) at which trace_ev completed */
     /* results */
     run               main;
     int               have_run;
