@@ -338,6 +338,8 @@ static void usage(FILE *f) {
             "                          order (2000)\n"
             "  --max-candidates N      sampling candidates per rank and row: the largest top_k, top-p's reach (256)\n"
             "  --no-graphs             run every step eagerly (no CUDA graphs)\n"
+            "  --lazy-graphs           capture each step shape's graph at its first step (default: every\n"
+            "                          shape at start-up, so no step waits for a capture)\n"
             "  --no-overlap            compose each step after the last one finished (default: the\n"
             "                          host composes step n + 1 while the device runs step n)\n"
             "  --progress S            seconds between progress lines on stderr, 0 = none (1)\n"
@@ -539,6 +541,7 @@ static int parse_args(int argc, char **argv, options *o) {
         if (!strcmp(a, "--no-arrivals")) { o->engine.honor_arrivals = 0; continue; }
         if (!strcmp(a, "--no-preempt")) { o->engine.preempt = 0; continue; }
         if (!strcmp(a, "--no-graphs")) { o->engine.cuda_graphs = 0; continue; }
+        if (!strcmp(a, "--lazy-graphs")) { o->engine.graphs_at_init = 0; continue; }
         if (!strcmp(a, "--no-overlap")) { o->engine.overlap = 0; continue; }
         if (!strcmp(a, "--debug-check")) { o->engine.debug_check = 1; continue; }
         if (!strcmp(a, "--check")) {

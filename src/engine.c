@@ -99,7 +99,7 @@ gdp_status_t gdp_engine_config_default(gdp_engine_config *cfg) {
                                .preempt_after = 16, .preempt_wait_ms = 2000, .schedule = GDP_SCHEDULE_SHORTEST,
                                .schedule_age_ms = 2000, .max_candidates = 256,
                                .cuda_graphs = 1, .honor_arrivals = 1, .progress = 1, .check_requests = 0,
-                               .debug_check = 0, .overlap = 1};
+                               .debug_check = 0, .overlap = 1, .graphs_at_init = 1};
     return GDP_STATUS_SUCCESS;
 }
 
@@ -340,6 +340,39 @@ static gdp_status_t recorded_step(struct gdp_engine *e, const gdp_step_metadata 
     return st != GDP_STATUS_SUCCESS ? st : end;
 }
 
+#ifdef GDP_HAVE_CUDA
+/* Captures bucket m->bucket's graph, marked (its marks into the entry's list) or not; nothing
+ * runs. The graph is uploaded, so its first launch costs no more than a replay. */
+static gdp_status_t capture_graph(struct gdp_engine *e, const gdp_step_metadata *m, gdp_tensor *x, bool marked) {
+    graph_entry *g = &e->graphs[m->bucket];
+    cudaGraphExec_t *exec = marked ? &g->exec_marked : &g->exec;
+    cudaStream_t s = (cudaStream_t)e->ctx->stream;
+    cudaGraph_t cg = NULL;
+    const cudaError_t begin = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+    if (begin != cudaSuccess)
+        GDP_CUDA_FAIL(begin, "engine: cudaStreamBeginCapture failed for bucket %d", m->bucket);
+    *exec = NULL;
+    const gdp_status_t st = recorded_step(e, m, x, marked ? &g->marks : NULL);
+    const cudaError_t end = cudaStreamEndCapture(s, &cg);
+    cudaError_t why = end;
+    if (st == GDP_STATUS_SUCCESS && end == cudaSuccess && (why = cudaGraphInstantiate(exec, cg, 0)) == cudaSuccess)
+        why = cudaGraphUpload(*exec, s);
+    if (cg != NULL)
+        cudaGraphDestroy(cg);
+    if (st != GDP_STATUS_SUCCESS || why != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (*exec != NULL)
+            cudaGraphExecDestroy(*exec);
+        *exec = NULL;
+        if (st != GDP_STATUS_SUCCESS)
+            return st;
+        GDP_CUDA_FAIL(why, "engine: capturing the step of bucket %d as a CUDA graph failed (rerun with --no-graphs)",
+                      m->bucket);
+    }
+    return GDP_STATUS_SUCCESS;
+}
+#endif
+
 /* The device step, eagerly or as one of the bucket's graphs (each captured on its first
  * use, replayed after). *graph_out: the graph entry that ran, NULL for an eager step (marked
  * into e->eager_marks); *sampled: whether it ran marked (its marks split the device time once
@@ -356,24 +389,7 @@ static gdp_status_t run_device_step(struct gdp_engine *e, const gdp_step_metadat
         const bool marked = next_launch_sampled(g);
         cudaGraphExec_t *exec = marked ? &g->exec_marked : &g->exec;
         if (*exec == NULL) {
-            cudaGraph_t cg = NULL;
-            const cudaError_t begin = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
-            if (begin != cudaSuccess)
-                GDP_CUDA_FAIL(begin, "engine: cudaStreamBeginCapture failed for bucket %d", m->bucket);
-            const gdp_status_t st = recorded_step(e, m, x, marked ? &g->marks : NULL);
-            const cudaError_t end = cudaStreamEndCapture(s, &cg);
-            if (st != GDP_STATUS_SUCCESS || end != cudaSuccess || cudaGraphInstantiate(exec, cg, 0) != cudaSuccess) {
-                const cudaError_t why = cudaGetLastError();
-                if (cg != NULL)
-                    cudaGraphDestroy(cg);
-                *exec = NULL;
-                if (st != GDP_STATUS_SUCCESS)
-                    return st;
-                GDP_CUDA_FAIL(end != cudaSuccess ? end : why,
-                              "engine: capturing the step of bucket %d as a CUDA graph failed (rerun with --no-graphs)",
-                              m->bucket);
-            }
-            cudaGraphDestroy(cg);
+            GDP_CHECK(capture_graph(e, m, x, marked));
             if (!g->captured)
                 e->report.graph_captures++;
             g->captured = 1;
@@ -481,6 +497,41 @@ static gdp_status_t warm_up(struct gdp_engine *e) {
     GDP_CHECK(gdp_plan_build(e->plan, e->cache, e->comm, &m));
     GDP_CHECK(gdp_cache_apply_step(e->cache, m));
     return backend_sync(e);
+}
+
+/* With graphs_at_init: both graphs of every bucket, captured from an empty step of the bucket
+ * (a step's launches depend only on its bucket, so any step of it is the graph of all), before
+ * any run, so no step waits for a capture. Collective: every rank builds the same plans and
+ * agrees after each bucket. */
+static gdp_status_t capture_all(struct gdp_engine *e) {
+#ifdef GDP_HAVE_CUDA
+    if (!on_cuda(e) || !e->graphs_live || !e->cfg.graphs_at_init)
+        return GDP_STATUS_SUCCESS;
+    const double t0 = eng_now();
+    for (int32_t b = 0; b < e->n_buckets; b++) {
+        const gdp_step_desc d = {.decode_tokens = e->bucket_S[b], .bucket = b};
+        const gdp_step_metadata *m = NULL;
+        GDP_CHECK(gdp_plan_bcast(e->plan, e->comm, 0, &d));
+        GDP_CHECK(gdp_plan_build(e->plan, e->cache, e->comm, &m));
+        GDP_CHECK(gdp_cache_apply_step(e->cache, m));
+        gdp_tensor x;
+        gdp_status_t st = gdp_tensor_init(&x, e->x, GDP_DTYPE_FP32, 2, (const int64_t[]){m->padded_token_count, e->D});
+        if (st == GDP_STATUS_SUCCESS)
+            st = capture_graph(e, m, &x, false);
+        if (st == GDP_STATUS_SUCCESS)
+            st = capture_graph(e, m, &x, true);
+        if (e->comm != NULL)
+            st = gdp_comm_agree(e->comm, st);
+        if (st != GDP_STATUS_SUCCESS)
+            return st;
+        e->graphs[b].captured = 1;
+    }
+    e->graphs_at_init = e->n_buckets;
+    e->graphs_init_s = eng_now() - t0;
+#else
+    (void)e;
+#endif
+    return GDP_STATUS_SUCCESS;
 }
 
 /* ---- init / free ----------------------------------------------------------------------- */
@@ -691,6 +742,8 @@ gdp_status_t gdp_engine_init(gdp_engine_t *out, gdp_ctx_t ctx, gdp_comm_t comm, 
      * tests' graphs-on vs graphs-off comparison shows the warm-up leaves no trace. */
     if (st == GDP_STATUS_SUCCESS)
         st = warm_up(e); /* collective */
+    if (st == GDP_STATUS_SUCCESS)
+        st = capture_all(e); /* collective */
     if (st != GDP_STATUS_SUCCESS) {
         if (e != NULL)
             engine_destroy(e);
@@ -1079,6 +1132,7 @@ gdp_status_t gdp_engine_run(gdp_engine_t engine, const gdp_workload *workload) {
     e->dev_all_s = e->dev_sampled_s = 0;
     memset(e->dev_phase_s, 0, sizeof e->dev_phase_s);
     e->report.tp_size = e->shard.tp_size;
+    e->report.graphs_at_init = e->graphs_at_init, e->report.graphs_init_s = e->graphs_init_s;
     for (int32_t b = 0; b < e->n_buckets; b++)
         e->bucket_seen[b] = 0;
     if (e->rank == 0) {

@@ -165,6 +165,8 @@ struct gdp_engine {
     int32_t          *bucket_seen;
     graph_entry      *graphs;
     int               graphs_live;  /* graphs really captured (CUDA with NCCL or tp = 1)  */
+    int32_t           graphs_at_init; /* buckets captured at init (capture_all), and how long */
+    double            graphs_init_s;
     /* step buffers */
     int32_t          *frame;
     size_t            frame_words;

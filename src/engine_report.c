@@ -207,7 +207,11 @@ gdp_status_t gdp_engine_print_report(gdp_engine_t engine, FILE *out, const char 
         fprintf(out, "%-22s proposed %lld, accepted %lld (%.1f%%)\n", "draft tokens", (long long)r->drafts_proposed,
                 (long long)r->drafts_accepted,
                 r->drafts_proposed ? 100.0 * (double)r->drafts_accepted / (double)r->drafts_proposed : 0.0);
-    if (e->graphs_live)
+    if (e->graphs_live && r->graphs_at_init > 0)
+        fprintf(out, "%-22s %d shapes captured at init (%.2f s), %lld captured in the run, %lld replays\n",
+                "graphs (step shapes)", r->graphs_at_init, r->graphs_init_s, (long long)r->graph_captures,
+                (long long)r->graph_replays);
+    else if (e->graphs_live)
         fprintf(out, "%-22s %lld captured, %lld replays\n", "graphs (step shapes)", (long long)r->graph_captures,
                 (long long)r->graph_replays);
     else /* CPU backend or MPI comm: the bucket hooks run, no CUDA graph is captured */

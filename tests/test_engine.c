@@ -619,7 +619,7 @@ static void run_variant(const char *ckpt_path, MPI_Comm group, const variant *v,
         out->valid = 1;
         out->requests = rep.requests, out->generated = rep.generated_tokens, out->preemptions = rep.preemptions;
         out->resumes = rep.resumes, out->drafts_proposed = rep.drafts_proposed;
-        out->drafts_accepted = rep.drafts_accepted, out->captures = rep.graph_captures;
+        out->drafts_accepted = rep.drafts_accepted, out->captures = rep.graph_captures + rep.graphs_at_init;
         out->replays = rep.graph_replays, out->tp = rep.tp_size, out->overlapped = rep.overlapped_steps;
         for (int i = 0; i < NREQ; i++) {
             gdp_request_result r;

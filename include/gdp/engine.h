@@ -107,13 +107,17 @@ typedef struct gdp_engine_config {
                                      first. 0: one step at a time. Tokens are the same either way */
     gdp_engine_result_fn on_result; /* NULL: none                                                */
     void   *on_result_user;
+    int32_t graphs_at_init;       /* with cuda_graphs where graphs are captured: 1 captures every
+                                     bucket's graph at init (a capture costs 2-13 ms of host time
+                                     that would stall the first steps of each shape, the device
+                                     idle meanwhile); 0 captures each on the bucket's first step */
 } gdp_engine_config;
 
 /* gdp-run's defaults: 16 slots, 512 tokens per step, prefill chunk 256, no drafts (ngram 3),
  * preemption of requests that ran 16 decode steps for waiters that waited 2 s, shortest
  * prompt first with a 2 s age bound, 256
- * sampling candidates, graphs on, arrivals honored, progress every second, no check, no
- * debug check, overlap on. */
+ * sampling candidates, graphs on (captured at init), arrivals honored, progress every second,
+ * no check, no debug check, overlap on. */
 GDP_API gdp_status_t gdp_engine_config_default(gdp_engine_config *cfg);
 
 /* Creates an engine over a model (gdp_model_init with the same ctx and comm): the state
@@ -165,7 +169,7 @@ typedef struct gdp_engine_report {
     int32_t buckets_used;
     int64_t preemptions, resumes;
     int64_t drafts_proposed, drafts_accepted;
-    int64_t graph_captures, graph_replays;
+    int64_t graph_captures, graph_replays; /* in the run (a shape's first capture)         */
     int64_t overlapped_steps;         /* device steps composed while the previous one ran     */
     double  phase_s[GDP_PHASE_NUM];   /* this rank, summed over the steps: device phases from
                                          CUDA events on the stream (clocks on the CPU), split
@@ -177,6 +181,8 @@ typedef struct gdp_engine_report {
                                          FLOPs / peak) at GDP_FLOOR_BANDWIDTH / GDP_FLOOR_PEAK */
     double  floor_bytes, floor_flops; /* what the floor counts, summed over the steps         */
     size_t  weight_bytes, cache_bytes, swap_peak_bytes, peak_rss_bytes, device_bytes;
+    int32_t graphs_at_init;           /* buckets whose graphs init captured (graphs_at_init)  */
+    double  graphs_init_s;            /* the host time those captures took                   */
 } gdp_engine_report;
 
 /* The report of the last run (collective: it gathers nothing, but call it on every rank
