@@ -5,9 +5,9 @@
  * window is carried through the cache). Accumulation is fp32 in the CPU reference's
  * order (bias, then w_0 win_0 ... w_{W-1} win_{W-1}), SiLU as x / (1 + exp(-x)).
  *
- * Work split: one thread per (request, CONV_UPDATE_CH channels) or (token tile, channel), the
- * W-wide windows in registers; consecutive threads take consecutive channels, so every row
- * access of x, y and the state is coalesced. The varlen op is two launches: the outputs first (they read
+ * Work split: one thread per (request or token tile, channel), the W-wide window in
+ * registers; consecutive threads take consecutive channels, so every row access of x, y
+ * and the state is coalesced. The varlen op is two launches: the outputs first (they read
  * the incoming states), then the state write-back, so no block can overwrite a window
  * another block still reads. Slots are device values the host cannot check without a
  * sync: a slot outside [0, slots) is treated like -1 (no slot read or written).
@@ -75,59 +75,30 @@ template <int W> __device__ __forceinline__ void load_params(const ConvCommon &p
     bias = p.bias.data != nullptr ? load_as_float(p.bias.data, p.bias.dtype, ch) : 0.0f;
 }
 
-/* Block (request b, group of CONV_UPDATE_CH x CONV_THREADS channels); thread t takes channels
- * group + t + j CONV_THREADS (j < CONV_UPDATE_CH: consecutive threads, consecutive channels, so
- * every access stays coalesced). Each thread's windows, weights and inputs are all loaded
- * before the first is used: with one (request, channel) a thread, a B=128 layer step ran 2.7
- * waves of threads each waiting on a slot load and then a window load, at about half the copy
- * rate (kernels/NOTES-ops.md, "Conv update and varlen outputs"). The slot is one load a block.
- * The same arithmetic per (request, channel), so the same bits. */
-constexpr int CONV_UPDATE_CH = 4;
+/* One thread per (request b, channel c): the slot's window walks the S tokens. */
 template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_update_kernel(const ConvUpdateParams p) {
-    constexpr int NC = CONV_UPDATE_CH;
-    const int64_t b = blockIdx.x, C = p.c.C;
-    const int64_t ch0 = (int64_t)blockIdx.y * (CONV_THREADS * NC) + threadIdx.x;
+    const int64_t idx = (int64_t)blockIdx.x * CONV_THREADS + threadIdx.x;
+    if (idx >= p.B * p.c.C)
+        return;
+    const int64_t ch = idx % p.c.C, b = idx / p.c.C;
     const int64_t slot = p.c.indices != nullptr ? p.c.indices[b] : b;
     if (slot < 0 || slot >= p.c.slots) {
         for (int s = 0; s < p.S; s++)
-#pragma unroll
-            for (int j = 0; j < NC; j++)
-                if (ch0 + j * CONV_THREADS < C)
-                    store_from_float(p.c.y.data, p.c.y.dtype, (b * p.S + s) * C + ch0 + j * CONV_THREADS, 0.0f);
+            store_from_float(p.c.y.data, p.c.y.dtype, (b * p.S + s) * p.c.C + ch, 0.0f);
         return;
     }
-    float w[NC][W], win[NC][W], bias[NC], x_in[NC];
-#pragma unroll
-    for (int j = 0; j < NC; j++) {
-        const int64_t ch = ch0 + j * CONV_THREADS;
-        if (ch < C) {
-            load_params<W>(p.c, ch, w[j], bias[j]);
-            load_window<W>(p.c.state.data, p.c.state.dtype, (slot * C + ch) * W, p.c.state_vec, win[j]);
-        }
-    }
+    float w[W], win[W], bias;
+    load_params<W>(p.c, ch, w, bias);
+    const int64_t st_off = (slot * p.c.C + ch) * W;
+    load_window<W>(p.c.state.data, p.c.state.dtype, st_off, p.c.state_vec, win);
     for (int s = 0; s < p.S; s++) {
-#pragma unroll
-        for (int j = 0; j < NC; j++) {
-            const int64_t ch = ch0 + j * CONV_THREADS;
-            x_in[j] = ch < C ? load_as_float(p.c.x.data, p.c.x.dtype, b * p.c.x_stride_b + s * p.c.x_stride_s + ch) : 0.0f;
-        }
-#pragma unroll
-        for (int j = 0; j < NC; j++) {
-            const int64_t ch = ch0 + j * CONV_THREADS;
-            if (ch >= C)
-                continue;
-            const float out = conv_step<W>(win[j], w[j], bias[j], p.c.silu, x_in[j]);
-            store_from_float(p.c.y.data, p.c.y.dtype, (b * p.S + s) * C + ch, out);
-            if (p.inter.data != nullptr)
-                store_window<W>(p.inter.data, p.inter.dtype, ((slot * p.S + s) * C + ch) * W, p.inter_vec, win[j]);
-        }
+        const float x_in = load_as_float(p.c.x.data, p.c.x.dtype, b * p.c.x_stride_b + s * p.c.x_stride_s + ch);
+        const float out = conv_step<W>(win, w, bias, p.c.silu, x_in);
+        store_from_float(p.c.y.data, p.c.y.dtype, (b * p.S + s) * p.c.C + ch, out);
+        if (p.inter.data != nullptr)
+            store_window<W>(p.inter.data, p.inter.dtype, ((slot * p.S + s) * p.c.C + ch) * W, p.inter_vec, win);
     }
-#pragma unroll
-    for (int j = 0; j < NC; j++) {
-        const int64_t ch = ch0 + j * CONV_THREADS;
-        if (ch < C)
-            store_window<W>(p.c.state.data, p.c.state.dtype, (slot * C + ch) * W, p.c.state_vec, win[j]);
-    }
+    store_window<W>(p.c.state.data, p.c.state.dtype, st_off, p.c.state_vec, win);
 }
 
 /* The window just before local token tau of sequence `seq` (start `start`): positions
@@ -175,20 +146,7 @@ template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out
         varlen_window<W>(p, ch, seq, p.cu_seqlens[seq], t_begin - p.cu_seqlens[seq], win);
     }
     int64_t seq_end = seq >= 0 ? p.cu_seqlens[seq + 1] : 0;
-    /* the tile's inputs all loaded first, CONV_TOKEN_TILE loads in flight: the loop below
-     * stores y between them, which the compiler may not move loads of x across (y may alias
-     * x as far as it knows), so one load a token was waited for at a time (4x the copy time) */
-    float xs[CONV_TOKEN_TILE];
-#pragma unroll
-    for (int i = 0; i < CONV_TOKEN_TILE; i++)
-        xs[i] = t_begin + i < t_end && t_begin + i < total
-                    ? load_as_float(p.c.x.data, p.c.x.dtype, (t_begin + i) * p.c.x_stride_b + ch)
-                    : 0.0f;
-#pragma unroll
-    for (int i = 0; i < CONV_TOKEN_TILE; i++) {
-        const int64_t t = t_begin + i;
-        if (t >= t_end)
-            break;
+    for (int64_t t = t_begin; t < t_end; t++) {
         if (t >= total) {
             store_from_float(p.c.y.data, p.c.y.dtype, t * p.c.C + ch, 0.0f); /* padding rows */
             continue;
@@ -200,7 +158,8 @@ template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out
             seq_end = p.cu_seqlens[seq + 1];
             varlen_window<W>(p, ch, seq, t, 0, win);
         }
-        store_from_float(p.c.y.data, p.c.y.dtype, t * p.c.C + ch, conv_step<W>(win, w, bias, p.c.silu, xs[i]));
+        const float x_in = load_as_float(p.c.x.data, p.c.x.dtype, t * p.c.x_stride_b + ch);
+        store_from_float(p.c.y.data, p.c.y.dtype, t * p.c.C + ch, conv_step<W>(win, w, bias, p.c.silu, x_in));
     }
 }
 
@@ -228,12 +187,10 @@ template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_sta
 }
 
 template <int W> cudaError_t launch_update(const ConvUpdateParams &p, cudaStream_t stream) {
-    const int64_t groups = (p.c.C + CONV_THREADS * CONV_UPDATE_CH - 1) / (CONV_THREADS * CONV_UPDATE_CH);
-    if (p.B > INT32_MAX || groups > 65535)
+    const int64_t blocks = (p.B * p.c.C + CONV_THREADS - 1) / CONV_THREADS;
+    if (blocks > INT32_MAX)
         return cudaErrorInvalidConfiguration;
-    if (p.B == 0 || groups == 0)
-        return cudaSuccess;
-    conv_update_kernel<W><<<dim3((unsigned)p.B, (unsigned)groups), CONV_THREADS, 0, stream>>>(p);
+    conv_update_kernel<W><<<(unsigned)blocks, CONV_THREADS, 0, stream>>>(p);
     return cudaGetLastError();
 }
 
