@@ -329,6 +329,11 @@ static gdp_status_t step_tail(struct gdp_engine *e, const gdp_step_metadata *m, 
     return GDP_STATUS_SUCCESS;
 }
 
+/* The step's activations x: [padded rows, D] fp32 over e->x. */
+static gdp_status_t step_x(const struct gdp_engine *e, const gdp_step_metadata *m, gdp_tensor *x) {
+    return gdp_tensor_init(x, e->x, GDP_DTYPE_FP32, 2, (const int64_t[]){m->padded_token_count, e->D});
+}
+
 /* The device step recorded into `marks` (NULL: no marks). */
 static gdp_status_t recorded_step(struct gdp_engine *e, const gdp_step_metadata *m, gdp_tensor *x,
                                   gdp_phase_list *marks) {
@@ -482,7 +487,7 @@ static gdp_status_t warm_up(struct gdp_engine *e) {
     frame_tokens(e)[0] = 0;
     e->frame[F_HEAD] = 0; /* every head row padding */
     gdp_tensor x;
-    GDP_CHECK(gdp_tensor_init(&x, e->x, GDP_DTYPE_FP32, 2, (const int64_t[]){m->padded_token_count, e->D}));
+    GDP_CHECK(step_x(e, m, &x));
     gdp_status_t st = fill_step(e, m, 0);
     if (e->comm != NULL)
         st = gdp_comm_agree(e->comm, st);
@@ -515,7 +520,7 @@ static gdp_status_t capture_all(struct gdp_engine *e) {
         GDP_CHECK(gdp_plan_build(e->plan, e->cache, e->comm, &m));
         GDP_CHECK(gdp_cache_apply_step(e->cache, m));
         gdp_tensor x;
-        gdp_status_t st = gdp_tensor_init(&x, e->x, GDP_DTYPE_FP32, 2, (const int64_t[]){m->padded_token_count, e->D});
+        gdp_status_t st = step_x(e, m, &x);
         if (st == GDP_STATUS_SUCCESS)
             st = capture_graph(e, m, &x, false);
         if (st == GDP_STATUS_SUCCESS)
@@ -815,6 +820,9 @@ static void trace_open(struct gdp_engine *e, double t0) {
     e->trace_zero_s = eng_elapsed(t0);
 }
 
+/* The host time (since t0) for the trace; 0 when there is none (no clock read). */
+static double trace_now(const struct gdp_engine *e, double t0) { return e->trace != NULL ? eng_elapsed(t0) : 0; }
+
 /* The device time (since t0) of event ev of a finished step; -1 without one. */
 static double trace_device_time(const struct gdp_engine *e, void *ev) {
 #ifdef GDP_HAVE_CUDA
@@ -888,8 +896,7 @@ static void take_phases(struct gdp_engine *e, pending *p, bool record) {
         return;
     }
 #endif
-    p->device_s = read_phases(e, p->graph != NULL && on_cuda(e) ? &p->graph->marks : &e->eager_marks, p->sampled,
-                              record);
+    p->device_s = read_phases(e, p->graph != NULL ? &p->graph->marks : &e->eager_marks, p->sampled, record);
 }
 
 /* Every rank: the pending step's wait (after `local`, this rank's status of what it did
@@ -899,10 +906,10 @@ static gdp_status_t finish_pending(struct gdp_engine *e, run *r, pending *p, gdp
                                    bool record, int64_t step_no, double *last_progress, double *device_s) {
     if (local == GDP_STATUS_SUCCESS)
         local = p->launch_st;
-    const double wait_begin = e->trace != NULL ? eng_elapsed(t0) : 0;
+    const double wait_begin = trace_now(e, t0);
     if (local == GDP_STATUS_SUCCESS)
         local = wait_step(e, p->k);
-    const double wait_end = e->trace != NULL ? eng_elapsed(t0) : 0;
+    const double wait_end = trace_now(e, t0);
     /* a rank whose device step failed must not leave the others in the next collective */
     gdp_status_t st = e->comm != NULL ? gdp_comm_agree(e->comm, local) : local;
     if (st != GDP_STATUS_SUCCESS)
@@ -941,7 +948,7 @@ static void drain(const struct gdp_engine *e) { (void)backend_sync(e); }
 static gdp_status_t launch_step(struct gdp_engine *e, const gdp_step_metadata *m, int32_t k,
                                 const graph_entry **graph, int *sampled) {
     gdp_tensor x;
-    GDP_CHECK(gdp_tensor_init(&x, e->x, GDP_DTYPE_FP32, 2, (const int64_t[]){m->padded_token_count, e->D}));
+    GDP_CHECK(step_x(e, m, &x));
     GDP_CHECK(fill_step(e, m, k));
 #ifdef GDP_HAVE_CUDA
     if (on_cuda(e))
@@ -991,7 +998,7 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
             e->frame[F_WAIT_NOW] = !overlap;
         }
         const double idle = root ? sp->idle_s : 0;
-        const double t_composed = e->trace != NULL ? eng_elapsed(t0) : 0;
+        const double t_composed = trace_now(e, t0);
         if (record)
             rep->idle_s += idle;
         if (e->comm != NULL) {
@@ -1031,7 +1038,7 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
             st = gdp_cache_apply_step(e->cache, m);
         if (st != GDP_STATUS_SUCCESS)
             break; /* build errors are the same on every rank; apply only fails on misuse */
-        const double t_planned = e->trace != NULL ? eng_elapsed(t0) : 0;
+        const double t_planned = trace_now(e, t0);
         if (e->frame[F_RELEASE_ONLY]) { /* slot work but no tokens: no device step */
             if (root && record)
                 rep->steps++;
@@ -1060,7 +1067,7 @@ static gdp_status_t run_loop(struct gdp_engine *e, run *r, bool record) {
         int sampled = 1;
         if (local == GDP_STATUS_SUCCESS)
             local = launch_step(e, m, k, &graph, &sampled);
-        const double t_launched = e->trace != NULL ? eng_elapsed(t0) : 0;
+        const double t_launched = trace_now(e, t0);
         e->dev_steps++;
         e->prev_head = e->frame[F_HEAD];
         if (record && !e->bucket_seen[m->bucket]) {

@@ -123,7 +123,7 @@ typedef struct step_plan {
 /* A captured step shape: two graphs of the same launches, one without phase marks (most
  * steps: an event node between phases costs device time) and one with them, replayed for
  * every PHASE_SAMPLE-th launch of the shape (engine.c), whose marks split the device time by
- * phase. Each is captured on its first use. */
+ * phase. Each is captured at init (graphs_at_init) or on its first use. */
 typedef struct graph_entry {
     int32_t        captured;
     int64_t        replays;

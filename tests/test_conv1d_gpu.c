@@ -435,7 +435,7 @@ static void conv_tests(test_rng *r) {
         {5, 3, 40, 4, 8, 8, 2, false, true, true, true, F32, F32, F32},
         {3, 2, 130, 8, 3, 0, 0, true, true, false, false, BF, F32, F32},
         {4, 4, 33, 2, 6, 1, 4, false, true, true, true, F16, F16, F16},
-        /* channels over three groups of CONV_UPDATE_CH x 128 (the last partial), -1 rows */
+        /* channels over many 128-thread blocks (the last partial), -1 rows */
         {9, 1, 1100, 4, 12, 0, 4, false, false, true, true, BF, F32, BF},
         {3, 2, 1537, 3, 4, 2, 0, true, true, true, false, F32, F32, F32},
     };

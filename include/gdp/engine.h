@@ -91,8 +91,9 @@ typedef struct gdp_engine_config {
     int32_t max_candidates;       /* sampling candidates per rank and row (sampling.h): the largest
                                      top_k a request may ask for, and top-p's reach (1 .. 1024)   */
     int32_t cuda_graphs;          /* 1: each step runs its layers as the CUDA graph of its bucket
-                                     (decode requests, prefill tokens, S), captured on the
-                                     bucket's first step and replayed after (CUDA with NCCL or
+                                     (decode requests, prefill tokens, S), captured at init
+                                     (graphs_at_init) or on the bucket's first step and
+                                     replayed after (CUDA with NCCL or
                                      tp = 1; init runs one eager step of the largest bucket first
                                      so the layers' workspaces never move). On the CPU, or over a
                                      host-staged MPI comm, the hooks only count captures and
