@@ -22,14 +22,18 @@
  * Chunk states (fp32, entering each token chunk = expanded chunk c with c % M == 0), the final
  * state or the cache slot are written as the staged sweep does.
  *
- * Warp specialization (named barriers, two stages of per-chunk buffers):
- *   warps 0-3 (aux), one chunk ahead: the cp.async loads of K, V, Q, g and beta, Gk, the
- *     norms, A, the in-place inverse, Ai and P: everything that does not depend on S, including
- *     the chunk's serial part (the triangular inverse);
- *   warps 4-11 (state): X', v_new, the outputs and the state update, the state in registers.
- * Barriers: FULL[b] (aux arrives when stage b is ready, state waits), EMPTY[b] (state arrives
- * when it is done with stage b, aux waits before refilling it), AUX and STATE for each group's
- * own phases. Shared memory: two stages of K, V, Q, Ai, P and Gk plus S16, v_new, its decayed
+ * Warp specialization (two stages of per-chunk buffers):
+ *   warps 0-3 (aux), one chunk ahead: Gk, K's norms, A, the inverse and Ai (wy_invert_ai, tf32
+ *     tensor cores off the diagonal blocks): the chunk's serial part, which does not depend on
+ *     S; on the way they start the
+ *     cp.async loads of the NEXT chunk's K, V, Q, g and beta into the other stage, as soon as the
+ *     state warps have released it, so the copies land while this chunk is inverted;
+ *   warps 4-11 (state): Q's norms and P (which also do not depend on S, but the state warps
+ *     would otherwise wait: f4 in kernels/NOTES-chunk.md), X', v_new, the outputs and the state
+ *     update, the state in registers.
+ * Barriers: FULL[b] (named; aux arrives when stage b is ready, state waits), EMPTY[b] (an
+ * mbarrier; state arrives when it is done with stage b, aux tests it without blocking until it
+ * has nothing else to do), AUX and STATE (named) for each group's own phases. Shared memory: two stages of K, V, Q, Ai, P and Gk plus S16, v_new, its decayed
  * copy and the fp32 A: 224.5 KB at K = V = 128, one block per SM.
  * Deterministic: fixed-order sums everywhere, no atomics.
  */
@@ -59,13 +63,30 @@ constexpr int FUSED_AUX_THREADS = 128;   /* warps 0-3  */
 constexpr int FUSED_STATE_THREADS = 256; /* warps 4-11 */
 constexpr int FUSED_THREADS = FUSED_AUX_THREADS + FUSED_STATE_THREADS;
 /* named barriers (0 is __syncthreads, unused here) */
-constexpr int BAR_FULL0 = 1, BAR_EMPTY0 = 3, BAR_AUX = 5, BAR_STATE = 6;
+constexpr int BAR_FULL0 = 1, BAR_AUX = 5, BAR_STATE = 6;
 
 __device__ __forceinline__ void bar_sync(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 __device__ __forceinline__ void bar_arrive(int id, int count) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+/* The EMPTY signals are mbarriers, not named barriers, so that the aux warps can test them
+ * without blocking and start the next chunk's loads as soon as their stage is free. */
+__device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+/* true once the phase of the given parity has completed (acquire: the arrivers' reads are done) */
+__device__ __forceinline__ bool mbar_test(uint64_t *bar, int parity) {
+    uint32_t ok;
+    asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(ok)
+                 : "r"(smem_u32(bar)), "r"(parity)
+                 : "memory");
+    return ok != 0;
 }
 
 /* One stage: what the aux warps prepare for one chunk. */
@@ -84,10 +105,11 @@ template <typename T, int KP, int VB> struct FusedSmem {
     T s[KP][VB + PAD];         /* S16: the state entering the chunk                */
     T vn[CHUNK][VB + PAD];     /* v_new                                            */
     T vd[CHUNK][VB + PAD];     /* 2^(gl - Gk) v_new, the state update's operand    */
-    float a[CHUNK][CHUNK + 4]; /* A, then (I + A)^-1 in place (aux only)           */
+    float a[CHUNK][CHUNK + 4]; /* A, then X = (I + A)^-1 (aux only; wy_invert_ai)   */
+    uint64_t empty[2];         /* EMPTY[b]: the state warps are done with stage b  */
 };
-static_assert(sizeof(float) * 16 * WY_TMP_LD <= sizeof(__nv_bfloat16) * CHUNK * (CHUNK + PAD),
-              "the inverse's scratch must fit in a stage's score tile");
+static_assert(sizeof(float) * WY_INV_SCRATCH <= sizeof(__nv_bfloat16) * 16 * (CHUNK + PAD),
+              "each aux warp's inverse scratch must fit in its own 16 rows of a stage's score tile");
 
 /* The rows of chunk c of a sequence: n expanded rows from local row lo; the nq tokens from tf
  * whose last copy lies in them. */
@@ -110,65 +132,75 @@ __device__ __forceinline__ int fused_query_row(const FusedChunk &ch, int qi, int
     return qi < ch.nq ? (int)((int64_t)(ch.tf + qi) * M + M - 1 - ch.lo) : -1;
 }
 
-/* ---- the aux warps: stage b for chunk c ---- */
+/* ---- the aux warps ---- */
+
+/* Starts chunk c's loads into stage st: K, V and Q by cp.async (one group, zero-filled past the
+ * chunk; plain loads where 16-byte copies are not allowed), g and beta by plain loads, and the
+ * chunk after it into L2. The aux warps issue it one chunk ahead (fused_aux_chunk), so the
+ * copies land while the chunk before is inverted. */
 template <typename T, int KP, int VB>
-__device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<T, KP, VB> &s, int b, int c,
-                                                int64_t bos, int64_t len, int hd, int nchunks) {
-    constexpr int NTH = FUSED_AUX_THREADS, NW = NTH / 32;
-    FusedStage<T, KP, VB> &st = s.st[b];
-    float(*tmp)[WY_TMP_LD] = reinterpret_cast<float(*)[WY_TMP_LD]>(&st.p[0][0]);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, t4 = lane & 3;
+__device__ __forceinline__ void fused_aux_issue_loads(const ChunkParams &p, FusedStage<T, KP, VB> &st, int c,
+                                                      int64_t bos, int64_t len, int hd, int nchunks) {
+    constexpr int NTH = FUSED_AUX_THREADS;
+    const int tid = threadIdx.x;
     const int H = p.H, M = p.M;
     const FusedChunk ch = fused_chunk(c, len, M);
     const int n = ch.n, nq = ch.nq;
     const int64_t rowc = bos * M + ch.lo;
     const int64_t ld_k = (int64_t)H * p.K, ld_v = (int64_t)H * p.V;
-
-    /* loads (one group), g and beta by plain loads, and the next chunk's rows into L2 */
-    {
-        const T *ksrc = static_cast<const T *>(p.k) + (rowc * H + hd) * p.K;
-        const T *vsrc = static_cast<const T *>(p.v) + (rowc * H + hd) * p.V;
-        const T *qsrc = static_cast<const T *>(p.q) + ((bos + ch.tf) * H + hd) * p.K;
-        if (p.k_vec)
-            tile_async<T, NTH>(&st.k[0][0], KP + PAD, ksrc, ld_k, n, KP, p.K, tid);
-        else
-            tile_scalar<T, NTH>(&st.k[0][0], KP + PAD, ksrc, ld_k, n, KP, p.K, tid);
-        if (p.v_vec)
-            tile_async<T, NTH>(&st.v[0][0], VB + PAD, vsrc, ld_v, n, VB, p.V, tid);
-        else
-            tile_scalar<T, NTH>(&st.v[0][0], VB + PAD, vsrc, ld_v, n, VB, p.V, tid);
-        if (p.q_vec)
-            tile_async<T, NTH>(&st.q[0][0], KP + PAD, qsrc, ld_k, nq, KP, p.K, tid);
-        else
-            tile_scalar<T, NTH>(&st.q[0][0], KP + PAD, qsrc, ld_k, nq, KP, p.K, tid);
-        cp_async_commit();
-        if (tid < CHUNK) {
-            float gr = 0.0f, be = 0.0f;
-            if (tid < n) {
-                const int64_t lr = ch.lo + tid;
-                if (p.g_raw != nullptr && lr % M == 0)
-                    gr = p.g_raw[(bos + lr / M) * H + hd];
-                be = load_any(p.beta, p.beta_dtype, (rowc + tid) * H + hd);
-            }
-            st.gk[tid] = gr;
-            st.beta[tid] = be;
-        }
-        if (c + 1 < nchunks) {
-            const FusedChunk nx = fused_chunk(c + 1, len, M);
-            const int64_t rown = bos * M + nx.lo;
-            const int es = (int)sizeof(T);
-            if (tid < nx.n) {
-                prefetch_l2(static_cast<const T *>(p.k) + ((rown + tid) * H + hd) * p.K, p.K * es);
-                prefetch_l2(static_cast<const T *>(p.v) + ((rown + tid) * H + hd) * p.V, p.V * es);
-            } else if (tid >= 64 && tid - 64 < nx.nq) {
-                prefetch_l2(static_cast<const T *>(p.q) + ((bos + nx.tf + tid - 64) * H + hd) * p.K, p.K * es);
-            }
-        }
-        cp_async_wait<0>();
-        bar_sync(BAR_AUX, NTH);
-        GDP_FUSED_PHASE_MARK(0, 1); /* aux 1: loads */
+    float gr = 0.0f, be = 0.0f; /* loaded first, stored last: their latency hides behind the copies */
+    if (tid < n) {
+        const int64_t lr = ch.lo + tid;
+        if (p.g_raw != nullptr && lr % M == 0)
+            gr = p.g_raw[(bos + lr / M) * H + hd];
+        be = load_any(p.beta, p.beta_dtype, (rowc + tid) * H + hd);
     }
+    const T *ksrc = static_cast<const T *>(p.k) + (rowc * H + hd) * p.K;
+    const T *vsrc = static_cast<const T *>(p.v) + (rowc * H + hd) * p.V;
+    const T *qsrc = static_cast<const T *>(p.q) + ((bos + ch.tf) * H + hd) * p.K;
+    if (p.k_vec)
+        tile_async<T, NTH>(&st.k[0][0], KP + PAD, ksrc, ld_k, n, KP, p.K, tid);
+    else
+        tile_scalar<T, NTH>(&st.k[0][0], KP + PAD, ksrc, ld_k, n, KP, p.K, tid);
+    if (p.v_vec)
+        tile_async<T, NTH>(&st.v[0][0], VB + PAD, vsrc, ld_v, n, VB, p.V, tid);
+    else
+        tile_scalar<T, NTH>(&st.v[0][0], VB + PAD, vsrc, ld_v, n, VB, p.V, tid);
+    if (p.q_vec)
+        tile_async<T, NTH>(&st.q[0][0], KP + PAD, qsrc, ld_k, nq, KP, p.K, tid);
+    else
+        tile_scalar<T, NTH>(&st.q[0][0], KP + PAD, qsrc, ld_k, nq, KP, p.K, tid);
+    cp_async_commit();
+    if (c + 1 < nchunks) {
+        const FusedChunk nx = fused_chunk(c + 1, len, M);
+        const int64_t rown = bos * M + nx.lo;
+        const int es = (int)sizeof(T);
+        if (tid < nx.n) {
+            prefetch_l2(static_cast<const T *>(p.k) + ((rown + tid) * H + hd) * p.K, p.K * es);
+            prefetch_l2(static_cast<const T *>(p.v) + ((rown + tid) * H + hd) * p.V, p.V * es);
+        } else if (tid >= 64 && tid - 64 < nx.nq) {
+            prefetch_l2(static_cast<const T *>(p.q) + ((bos + nx.tf + tid - 64) * H + hd) * p.K, p.K * es);
+        }
+    }
+    if (tid < CHUNK) {
+        st.gk[tid] = gr;
+        st.beta[tid] = be;
+    }
+}
+
+/* Stage b for chunk c, whose loads were started by the chunk before (or the prologue); on the
+ * way, chunk c + 1's loads into the other stage once the state warps have released it. */
+template <typename T, int KP, int VB>
+__device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<T, KP, VB> &s, int b, int c,
+                                                int64_t bos, int64_t len, int hd, int nchunks) {
+    constexpr int NTH = FUSED_AUX_THREADS, NW = NTH / 32;
+    FusedStage<T, KP, VB> &st = s.st[b];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n = fused_chunk(c, len, p.M).n;
+
+    cp_async_wait<0>();
+    bar_sync(BAR_AUX, NTH);
+    GDP_FUSED_PHASE_MARK(0, 1); /* aux 1: waiting for the chunk's loads */
 
     /* Gk: a warp scan over the 64 rows (two per lane), base 2 as the cumsum kernel; the norms */
     if (warp == 0) {
@@ -190,49 +222,44 @@ __device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<
         st.gam[2 * lane + 1] = exp2f(g1);
     }
     if (p.l2norm) {
-        l2norm_rows<T, KP, NW, 4>(&st.k[0][0], KP + PAD, n, warp, lane);
-        l2norm_rows<T, KP, NW, 4>(&st.q[0][0], KP + PAD, nq, warp, lane);
+        l2norm_rows<T, KP, NW, 4>(&st.k[0][0], KP + PAD, n, warp, lane); /* Q: the state warps */
     }
     bar_sync(BAR_AUX, NTH);
-    GDP_FUSED_PHASE_MARK(0, 2); /* aux 2: Gk and the norms */
+    GDP_FUSED_PHASE_MARK(0, 2); /* aux 2: Gk and K's norms */
 
     /* A[r][s] = beta_r 2^(Gk_r - Gk_s) <k_r, k_s> for s < r < n, else 0 (wy_math.cuh) */
-    const int r0 = warp * 16;
     wy_build_a<T, KP>(s.a, &st.k[0][0], KP + PAD, st.gk, st.beta, n, warp, lane);
     bar_sync(BAR_AUX, NTH);
     GDP_FUSED_PHASE_MARK(0, 3); /* aux 3: A */
 
-    /* (I + A)^-1 in place (wy_math.cuh) */
-    wy_invert<true>(s.a, s.a, tmp, tid, [] { bar_sync(BAR_AUX, FUSED_AUX_THREADS); });
-    GDP_FUSED_PHASE_MARK(0, 4); /* aux 4: the inverse */
-    /* Ai = X diag(beta), rounded once */
-    for (int e = tid; e < CHUNK * CHUNK / 4; e += NTH) {
-        const int r = e >> 4, cc = (e & 15) * 4;
-        const float4 xv = *reinterpret_cast<const float4 *>(&s.a[r][cc]);
-        *reinterpret_cast<uint2 *>(&st.ai[r][cc]) = make_uint2(Elem<T>::pack(xv.x * st.beta[cc], xv.y * st.beta[cc + 1]),
-                                                               Elem<T>::pack(xv.z * st.beta[cc + 2], xv.w * st.beta[cc + 3]));
-    }
-    /* P: the scores of query rows r0.. against key rows <= r_t, masked, decayed, rounded; every
-     * element of the warp's 16 rows written (zeros outside the mask), over the inverse's
-     * scratch, which the last barrier above retired */
-    {
-        const int ra = fused_query_row(ch, r0 + g, M), rb_ = fused_query_row(ch, r0 + g + 8, M);
-        const int rmax = r0 < nq ? fused_query_row(ch, min(r0 + 15, nq - 1), M) : -1;
-        const float ga = ra >= 0 ? st.gk[ra] : 0.0f, gb = rb_ >= 0 ? st.gk[rb_] : 0.0f;
-        float sc[8][4];
-        zero_tiles(sc);
-        mma_rows_nk<T, KP>(sc, &st.q[0][0], KP + PAD, r0, &st.k[0][0], KP + PAD, rmax >= 0 ? rmax / 16 : -1, lane);
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int row = hh ? rb_ : ra, cc = nt * 8 + 2 * t4;
-                const float gt = hh ? gb : ga;
-                const float p0 = cc <= row ? sc[nt][2 * hh] * exp2f(gt - st.gk[cc]) : 0.0f;
-                const float p1 = cc + 1 <= row ? sc[nt][2 * hh + 1] * exp2f(gt - st.gk[cc + 1]) : 0.0f;
-                *reinterpret_cast<uint32_t *>(&st.p[r0 + g + hh * 8][cc]) = Elem<T>::pack(p0, p1);
+    /* chunk c + 1's loads go into the other stage once the state warps are done with chunk c - 1
+     * there: tested here without blocking, again after the inverse, waited for only after P. Each
+     * thread issues its own copies when it sees the stage free (the next chunk's cp_async_wait and
+     * barrier gather them), so the threads need not agree on the moment. */
+    bool next_pending = c + 1 < nchunks;
+    const int empty_parity = ((c - 1) >> 1) & 1; /* chunk c - 1 is stage b^1's ((c - 1) / 2)-th use */
+    auto issue_next_if_free = [&](bool block) {
+        if (!next_pending)
+            return;
+        if (c >= 1) {
+            if (!block && !mbar_test(&s.empty[b ^ 1], empty_parity))
+                return;
+            while (!mbar_test(&s.empty[b ^ 1], empty_parity)) {
             }
-    }
+        }
+        fused_aux_issue_loads<T, KP, VB>(p, s.st[b ^ 1], c + 1, bos, len, hd, nchunks);
+        next_pending = false;
+    };
+    issue_next_if_free(false);
+    GDP_FUSED_PHASE_MARK(0, 6); /* aux 6: testing (and maybe issuing) the next chunk's loads */
+
+    /* Ai = bf16((I + A)^-1 diag beta), the off-diagonal blocks on tf32 tensor cores (wy_math.cuh);
+     * its scratch is the stage's score tile, which the state warps write only after FULL */
+    wy_invert_ai<T>(s.a, &st.ai[0][0], CHUNK + PAD, st.beta, reinterpret_cast<float *>(&st.p[warp * 16][0]), tid,
+                    [] { bar_sync(BAR_AUX, FUSED_AUX_THREADS); });
+    issue_next_if_free(false);
+    GDP_FUSED_PHASE_MARK(0, 4); /* aux 4: the inverse and Ai */
+    issue_next_if_free(true);
 }
 
 template <typename T, int KP, int VB>
@@ -251,15 +278,19 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
     const int64_t len = (int64_t)p.cu[i + 1] - bos;
     const int nchunks = (int)((len * M + CHUNK - 1) / CHUNK);
 
+    if (threadIdx.x == 0) {
+        mbar_init(&s.empty[0], FUSED_STATE_THREADS);
+        mbar_init(&s.empty[1], FUSED_STATE_THREADS);
+    }
+    __syncthreads(); /* the mbarriers are initialized before any thread uses them */
     if (threadIdx.x < FUSED_AUX_THREADS) {
+        if (nchunks > 0)
+            fused_aux_issue_loads<T, KP, VB>(p, s.st[0], 0, bos, len, hd, nchunks);
         for (int c = 0; c < nchunks; c++) {
             const int b = c & 1;
             GDP_FUSED_PHASE_MARK(0, 7); /* aux 7: the arrive and the loop */
-            if (c >= 2)
-                bar_sync(BAR_EMPTY0 + b, FUSED_THREADS); /* the state warps are done with chunk c - 2 */
-            GDP_FUSED_PHASE_MARK(0, 0); /* aux 0: waiting for a free stage */
             fused_aux_chunk<T, KP, VB>(p, s, b, c, bos, len, hd, nchunks);
-            GDP_FUSED_PHASE_MARK(0, 5); /* aux 5: Ai and P */
+            GDP_FUSED_PHASE_MARK(0, 5); /* aux 5: waiting to start the next chunk's loads */
             bar_arrive(BAR_FULL0 + b, FUSED_THREADS);
         }
         return;
@@ -306,6 +337,35 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
         GDP_FUSED_PHASE_MARK(1, 7); /* state 7: S16, chunk states and the loop */
         bar_sync(BAR_FULL0 + b, FUSED_THREADS); /* stage b holds chunk c (and S16 is complete) */
         GDP_FUSED_PHASE_MARK(1, 0); /* state 0: waiting for the aux warps */
+
+        /* Q's norms, then P: the scores of query rows r0.. against key rows <= r_t over the warp's
+         * 32 key columns c0 / 4.., masked, decayed, rounded; every element of the rows written
+         * (zeros outside the mask). Done here, not by the aux warps, because the state warps
+         * would otherwise wait for them (kernels/NOTES-chunk.md, f4). */
+        if (p.l2norm) {
+            l2norm_rows<T, KP, NTH / 32, 2>(&st.q[0][0], KP + PAD, nq, warp, lane);
+            bar_sync(BAR_STATE, NTH);
+        }
+        if (r0 < nq) {
+            const int ra = fused_query_row(ch, r0 + g, M), rb_ = fused_query_row(ch, r0 + g + 8, M);
+            const int rmax = fused_query_row(ch, min(r0 + 15, nq - 1), M);
+            const float ga = ra >= 0 ? st.gk[ra] : 0.0f, gb = rb_ >= 0 ? st.gk[rb_] : 0.0f;
+            const int k0 = (warp >> 2) * 32;
+            float sc[4][4];
+            zero_tiles(sc);
+            mma_rows_nk<T, KP>(sc, &st.q[0][0], KP + PAD, r0, &st.k[0][0], KP + PAD, k0 / 16, rmax / 16, lane);
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int row = hh ? rb_ : ra, cc = k0 + nt * 8 + 2 * t4;
+                    const float gt = hh ? gb : ga;
+                    const float p0 = cc <= row ? sc[nt][2 * hh] * exp2f(gt - st.gk[cc]) : 0.0f;
+                    const float p1 = cc + 1 <= row ? sc[nt][2 * hh + 1] * exp2f(gt - st.gk[cc + 1]) : 0.0f;
+                    *reinterpret_cast<uint32_t *>(&st.p[r0 + g + hh * 8][cc]) = Elem<T>::pack(p0, p1);
+                }
+        }
+        GDP_FUSED_PHASE_MARK(1, 5); /* state 5: Q's norms and P (complete at the X' barrier) */
 
         /* X' = V - 2^Gk (K S16) over rows r0.., columns c0.., in place over V */
         {
@@ -385,7 +445,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
         bar_sync(BAR_STATE, NTH);
         GDP_FUSED_PHASE_MARK(1, 4); /* state 4: the state update */
         if (c + 2 < nchunks)
-            bar_arrive(BAR_EMPTY0 + b, FUSED_THREADS);
+            mbar_arrive(&s.empty[b]);
     }
 
     /* final state: the cache slot (in place, cache dtype) or the dense final_state */

@@ -143,20 +143,22 @@ __device__ __forceinline__ void mma_rows_kn(float (&acc)[NT][4], const T *a, int
     }
 }
 
-/* acc += A[r0 : r0 + 16, 0 : KP] B^T over the 64 columns of B rows [0, 16 (pmax + 1)) (B row-major
- * [n][k], as keys in Q K^T): column pairs past pmax, right of a causal diagonal, are skipped. */
-template <typename T, int KP>
-__device__ __forceinline__ void mma_rows_nk(float (&acc)[8][4], const T *a, int lda, int r0, const T *b, int ldb,
-                                            int pmax, int lane) {
+/* acc += A[r0 : r0 + 16, 0 : KP] B^T over the 8 NT columns of B rows from 16 pp0 (B row-major
+ * [n][k], as keys in Q K^T; NT = 8: all 64 rows from pp0 = 0): column pairs past pmax, right of a
+ * causal diagonal, are skipped. */
+template <typename T, int KP, int NT>
+__device__ __forceinline__ void mma_rows_nk(float (&acc)[NT][4], const T *a, int lda, int r0, const T *b, int ldb,
+                                            int pp0, int pmax, int lane) {
+    static_assert(NT % 2 == 0, "pairs of n8 tiles");
 #pragma unroll
     for (int kk = 0; kk < KP; kk += 16) {
         uint32_t af[4];
         frag_a(af, a, lda, r0, kk, lane);
 #pragma unroll
-        for (int pp = 0; pp < 4; pp++) {
-            if (pp <= pmax) {
+        for (int pp = 0; pp < NT / 2; pp++) {
+            if (pp0 + pp <= pmax) {
                 uint32_t bf[4];
-                frag_b_nk(bf, b, ldb, kk, pp * 16, lane);
+                frag_b_nk(bf, b, ldb, kk, (pp0 + pp) * 16, lane);
                 Elem<T>::mma(acc[2 * pp], af, bf[0], bf[1]);
                 Elem<T>::mma(acc[2 * pp + 1], af, bf[2], bf[3]);
             }

@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(256, KP <= 128 ? 2 : 1) chunk_out_kernel(const
             /* scores of this warp's rows against token columns < 16 (rg + 1) */
             float sc[8][4];
             zero_tiles(sc);
-            mma_rows_nk<T, KP>(sc, sq, KP + PAD, r0, sk, KP + PAD, rg, lane);
+            mma_rows_nk<T, KP>(sc, sq, KP + PAD, r0, sk, KP + PAD, 0, rg, lane);
             /* token-causal mask and decay ratio, rounded to T as the A operand of P V; tiles
              * entirely right of the diagonal block stay zero */
             uint32_t pa[4][4];

@@ -1,7 +1,9 @@
 /*
  * wy_math.cuh: the chunk's WY algebra both the WY stage (wy.cuh) and the fused kernel's aux
  * warps (fused.cuh) run, once: A = beta K K^T with decay (masked strictly lower) on tensor
- * cores, and (I + A)^-1 in fp32 on CUDA cores, in place or into its own tile.
+ * cores, and (I + A)^-1 in fp32 on CUDA cores, in place or into its own tile (the WY stage);
+ * the fused kernel's Ai = bf16((I + A)^-1 diag beta) with its off-diagonal blocks on tf32
+ * tensor cores (wy_invert_ai).
  */
 #ifndef GDP_CHUNK_WY_MATH_CUH
 #define GDP_CHUNK_WY_MATH_CUH
@@ -22,7 +24,7 @@ __device__ __forceinline__ void wy_build_a(float (*a)[CHUNK + 4], const T *k, in
     const int g = lane >> 2, t4 = lane & 3, r0 = warp * 16;
     float acc[8][4];
     zero_tiles(acc);
-    mma_rows_nk<T, KP>(acc, k, ldk, r0, k, ldk, warp, lane); /* columns past the diagonal block are masked */
+    mma_rows_nk<T, KP>(acc, k, ldk, r0, k, ldk, 0, warp, lane); /* columns past the diagonal block are masked */
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)
 #pragma unroll
@@ -100,6 +102,121 @@ __device__ __forceinline__ void wy_invert(float (*a)[CHUNK + 4], float (*x)[CHUN
                 make_float4(-acc[1][0], -acc[1][1], -acc[1][2], -acc[1][3]);
         }
         sync();
+    }
+}
+
+/* ---- the fused kernel's inverse on tensor cores (tf32) ---- */
+
+__device__ __forceinline__ uint32_t tf32_bits(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+/* c += a b, m16n8k8 on tf32 with fp32 accumulation. g = lane / 4, t = lane % 4: a holds the
+ * 16 x 8 tile's (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4); b the 8 x 8 tile's (t, g), (t + 4, g);
+ * c the 16 x 8 result's (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1) as in m16n8k16. */
+__device__ __forceinline__ void mma_tf32(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* The A operand of m16n8k8 from rows [r0, r0 + 16), columns [k0, k0 + 8) of the fp32 tile. */
+__device__ __forceinline__ void frag_a_tf32(uint32_t af[4], const float (*a)[CHUNK + 4], int r0, int k0, int g, int t4) {
+    af[0] = tf32_bits(a[r0 + g][k0 + t4]);
+    af[1] = tf32_bits(a[r0 + g + 8][k0 + t4]);
+    af[2] = tf32_bits(a[r0 + g][k0 + t4 + 4]);
+    af[3] = tf32_bits(a[r0 + g + 8][k0 + t4 + 4]);
+}
+
+constexpr int WY_INV_SCRATCH_LD = 9;                   /* a warp's 16 x 8 product tile, padded */
+constexpr int WY_INV_SCRATCH = 16 * WY_INV_SCRATCH_LD; /* floats of scratch a warp             */
+
+/* Ai = bf16((I + A)^-1 diag(beta)) for the strictly lower 64 x 64 A in a (fp32), by the four warps
+ * of a group whose barrier is sync() (the caller's barrier after A is complete comes first); the
+ * fused kernel's aux warps. Three steps where wy_invert takes seven barriers:
+ *  - the 16 x 16 diagonal blocks X_bb by forward substitution, one thread a column, in fp32 and
+ *    in the same order as wy_invert (threads 0-63; warps 2-3 zero Ai above the diagonal blocks);
+ *  - block rows rb = 1, 2, 3 in turn: X_rb,c = -X_rr (A_rb,<rb X_<rb,c), each 8-column tile of it
+ *    by one warp on tf32 tensor cores (fp32 accumulation), the inner product through the warp's
+ *    own scratch sc (WY_INV_SCRATCH floats, each warp its own) and a __syncwarp, no block barrier.
+ * X's off-diagonal blocks are stored transposed in a's upper triangle (a[c][r] = X[r][c]), which
+ * nothing reads as A, so A's lower blocks stay intact for the later block rows and each block
+ * row needs one barrier, not two. tf32 keeps 11 significant bits where Ai is rounded to 8 (bf16),
+ * so its products move Ai by well under Ai's own rounding (kernels/NOTES-chunk.md, f4). */
+template <typename T, typename Sync>
+__device__ __forceinline__ void wy_invert_ai(float (*a)[CHUNK + 4], T *ai, int ldai, const float *beta, float *sc,
+                                             int tid, Sync sync) {
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    if (tid < 64) {
+        const int b = tid >> 4, c = tid & 15, base = b * 16;
+        float xc[16];
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            float v = (r == c) ? 1.0f : 0.0f;
+#pragma unroll
+            for (int q = 0; q < 16; q++)
+                if (q < r)
+                    v -= a[base + r][base + q] * xc[q];
+            xc[r] = v;
+        }
+        __syncwarp(); /* the warp's two blocks have read the A they overwrite */
+        const float bc = beta[base + c];
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            a[base + r][base + c] = xc[r];
+            ai[(base + r) * ldai + base + c] = Elem<T>::from_f(xc[r] * bc);
+        }
+    } else {
+        /* Ai's blocks right of the diagonal blocks are zero: rows 0-47, 8 columns a store */
+        for (int e = tid - 64; e < 48 * 8; e += 64) {
+            const int r = e >> 3, c8 = (e & 7) * 8;
+            if (c8 >= ((r >> 4) + 1) * 16)
+                *reinterpret_cast<uint4 *>(&ai[r * ldai + c8]) = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    sync();
+#pragma unroll
+    for (int rb = 1; rb < 4; rb++) {
+        const int r0 = rb * 16;
+        for (int j = warp; j < 2 * rb; j += 4) { /* the block row's 8-column tiles left of the diagonal */
+            const int n0 = j * 8, cb = j >> 1;
+            /* Y = A[r0 .., k] X[k, n0 ..] over k in [16 cb, r0): X is zero above its diagonal */
+            float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int kk = 16 * cb; kk < r0; kk += 8) {
+                uint32_t af[4];
+                frag_a_tf32(af, a, r0, kk, g, t4);
+                const bool diag = (kk >> 4) == cb; /* X's diagonal block sits in place, the others transposed */
+                const float x0 = diag ? a[kk + t4][n0 + g] : a[n0 + g][kk + t4];
+                const float x1 = diag ? a[kk + t4 + 4][n0 + g] : a[n0 + g][kk + t4 + 4];
+                mma_tf32(y, af, tf32_bits(x0), tf32_bits(x1));
+            }
+            sc[g * WY_INV_SCRATCH_LD + 2 * t4] = y[0];
+            sc[g * WY_INV_SCRATCH_LD + 2 * t4 + 1] = y[1];
+            sc[(g + 8) * WY_INV_SCRATCH_LD + 2 * t4] = y[2];
+            sc[(g + 8) * WY_INV_SCRATCH_LD + 2 * t4 + 1] = y[3];
+            __syncwarp();
+            /* X[r0 .., n0 ..] = -X_rr Y */
+            float xr[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int k0 = 0; k0 < 16; k0 += 8) {
+                uint32_t af[4];
+                frag_a_tf32(af, a, r0, r0 + k0, g, t4);
+                mma_tf32(xr, af, tf32_bits(sc[(k0 + t4) * WY_INV_SCRATCH_LD + g]),
+                         tf32_bits(sc[(k0 + t4 + 4) * WY_INV_SCRATCH_LD + g]));
+            }
+            __syncwarp(); /* the scratch is free for the warp's next tile */
+            const int cc = n0 + 2 * t4;
+            a[cc][r0 + g] = -xr[0];
+            a[cc + 1][r0 + g] = -xr[1];
+            a[cc][r0 + g + 8] = -xr[2];
+            a[cc + 1][r0 + g + 8] = -xr[3];
+            const float b0 = beta[cc], b1 = beta[cc + 1];
+            *reinterpret_cast<uint32_t *>(&ai[(r0 + g) * ldai + cc]) = Elem<T>::pack(-xr[0] * b0, -xr[1] * b1);
+            *reinterpret_cast<uint32_t *>(&ai[(r0 + g + 8) * ldai + cc]) = Elem<T>::pack(-xr[2] * b0, -xr[3] * b1);
+        }
+        if (rb < 3)
+            sync(); /* block row rb of X is complete before the next one reads it */
     }
 }
 

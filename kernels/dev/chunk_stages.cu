@@ -257,8 +257,8 @@ int main(int argc, char **argv) {
     if (phases) {
         setenv("GDP_CHUNK_PATH", "fused", 1);
         std::printf("# fused kernel, block (0, 0, 0): clock64 cycles per chunk of each phase, one thread of each role\n"
-                    "# aux:   wait(free stage) loads gk+norms A inverse Ai+P arrive\n"
-                    "# state: wait(aux) X' v_new outputs state-update S16+loop\n");
+                    "# aux:   wait(loads) gk+K-norms A next-loads(test) inverse+Ai next-loads(wait) arrive\n"
+                    "# state: wait(aux) Q-norms+P X' v_new outputs state-update S16+loop\n");
     } else {
         std::printf("%-28s %9s %9s %9s %9s %9s %9s\n", "# shape (median us)", "cumsum", "wy", "state", "out", "tail",
                     "total");
@@ -324,7 +324,7 @@ int main(int argc, char **argv) {
             DEV_CHECK(cudaDeviceSynchronize());
             DEV_CHECK(cudaMemcpyFromSymbol(cyc, g_fused_cycles, sizeof cyc));
             const double chunks = (double)((row.lens[0] * M + 63) / 64);
-            static const int aux_order[7] = {0, 1, 2, 3, 4, 5, 7}, state_order[6] = {0, 1, 2, 3, 4, 7};
+            static const int aux_order[7] = {1, 2, 3, 6, 4, 5, 7}, state_order[7] = {0, 5, 1, 2, 3, 4, 7};
             std::printf("%-28s aux  ", row.label);
             double sum = 0;
             for (int ph : aux_order) {
@@ -337,7 +337,7 @@ int main(int argc, char **argv) {
                 std::printf(" %7.0f", cyc[1][ph] / chunks);
                 sum += cyc[1][ph] / chunks;
             }
-            std::printf("          = %7.0f\n", sum);
+            std::printf("  = %7.0f\n", sum);
         } else { /* per-stage times, median of 20 after 3 warm-ups */
             const int iters = 20;
             std::vector<float> t[6];
