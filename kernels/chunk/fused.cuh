@@ -54,6 +54,11 @@
 #ifndef GDP_FUSED_PHASE_MARK
 #define GDP_FUSED_PHASE_MARK(role, phase) ((void)0)
 #endif
+/* Developer hook (chunk_stages.cu --fused-alone): true leaves out a role's math, keeping its
+ * loads and barriers, so the other role's time can be measured alone; the library: never. */
+#ifndef GDP_FUSED_DEV_SKIP
+#define GDP_FUSED_DEV_SKIP(role) false
+#endif
 
 namespace {
 
@@ -198,9 +203,33 @@ __device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n = fused_chunk(c, len, p.M).n;
 
+    /* chunk c + 1's loads go into the other stage once the state warps are done with chunk c - 1
+     * there: tested without blocking after A and after the inverse, waited for only at the end
+     * (testing after each of the inverse's barriers measured slower: f5 in kernels/NOTES-chunk.md).
+     * Each thread issues its own copies when it sees the stage free (the next chunk's
+     * cp_async_wait and barrier gather them), so the threads need not agree on the moment. */
+    bool next_pending = c + 1 < nchunks;
+    const int empty_parity = ((c - 1) >> 1) & 1; /* chunk c - 1 is stage b^1's ((c - 1) / 2)-th use */
+    auto issue_next_if_free = [&](bool block) {
+        if (!next_pending)
+            return;
+        if (c >= 1) {
+            if (!block && !mbar_test(&s.empty[b ^ 1], empty_parity))
+                return;
+            while (!mbar_test(&s.empty[b ^ 1], empty_parity)) {
+            }
+        }
+        fused_aux_issue_loads<T, KP, VB>(p, s.st[b ^ 1], c + 1, bos, len, hd, nchunks);
+        next_pending = false;
+    };
+
     cp_async_wait<0>();
     bar_sync(BAR_AUX, NTH);
     GDP_FUSED_PHASE_MARK(0, 1); /* aux 1: waiting for the chunk's loads */
+    if (GDP_FUSED_DEV_SKIP(0)) { /* developer lab only: the aux warps' math left out */
+        issue_next_if_free(true);
+        return;
+    }
 
     /* Gk: a warp scan over the 64 rows (two per lane), base 2 as the cumsum kernel; the norms */
     if (warp == 0) {
@@ -232,24 +261,6 @@ __device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<
     bar_sync(BAR_AUX, NTH);
     GDP_FUSED_PHASE_MARK(0, 3); /* aux 3: A */
 
-    /* chunk c + 1's loads go into the other stage once the state warps are done with chunk c - 1
-     * there: tested here without blocking, again after the inverse, waited for only after P. Each
-     * thread issues its own copies when it sees the stage free (the next chunk's cp_async_wait and
-     * barrier gather them), so the threads need not agree on the moment. */
-    bool next_pending = c + 1 < nchunks;
-    const int empty_parity = ((c - 1) >> 1) & 1; /* chunk c - 1 is stage b^1's ((c - 1) / 2)-th use */
-    auto issue_next_if_free = [&](bool block) {
-        if (!next_pending)
-            return;
-        if (c >= 1) {
-            if (!block && !mbar_test(&s.empty[b ^ 1], empty_parity))
-                return;
-            while (!mbar_test(&s.empty[b ^ 1], empty_parity)) {
-            }
-        }
-        fused_aux_issue_loads<T, KP, VB>(p, s.st[b ^ 1], c + 1, bos, len, hd, nchunks);
-        next_pending = false;
-    };
     issue_next_if_free(false);
     GDP_FUSED_PHASE_MARK(0, 6); /* aux 6: testing (and maybe issuing) the next chunk's loads */
 
@@ -257,8 +268,9 @@ __device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<
      * its scratch is the stage's score tile, which the state warps write only after FULL */
     wy_invert_ai<T>(s.a, &st.ai[0][0], CHUNK + PAD, st.beta, reinterpret_cast<float *>(&st.p[warp * 16][0]), tid,
                     [] { bar_sync(BAR_AUX, FUSED_AUX_THREADS); });
-    issue_next_if_free(false);
     GDP_FUSED_PHASE_MARK(0, 4); /* aux 4: the inverse and Ai */
+    issue_next_if_free(false);
+    GDP_FUSED_PHASE_MARK(0, 0); /* aux 0: testing (and maybe issuing) the next chunk's loads */
     issue_next_if_free(true);
 }
 
@@ -337,6 +349,11 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
         GDP_FUSED_PHASE_MARK(1, 7); /* state 7: S16, chunk states and the loop */
         bar_sync(BAR_FULL0 + b, FUSED_THREADS); /* stage b holds chunk c (and S16 is complete) */
         GDP_FUSED_PHASE_MARK(1, 0); /* state 0: waiting for the aux warps */
+        if (GDP_FUSED_DEV_SKIP(1)) { /* developer lab only: the state warps' math left out */
+            if (c + 2 < nchunks)
+                mbar_arrive(&s.empty[b]);
+            continue;
+        }
 
         /* Q's norms, then P: the scores of query rows r0.. against key rows <= r_t over the warp's
          * 32 key columns c0 / 4.., masked, decayed, rounded; every element of the rows written

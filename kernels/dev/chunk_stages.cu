@@ -5,6 +5,9 @@
  * recording a CUDA event after each stage, and links the rest of libgdp statically.
  * With --fused-phases it runs GDP_CHUNK_PATH=fused and prints, per row, the clock64 cycles per
  * chunk of each phase of the fused kernel's aux and state warps (block 0; fused.cuh's marks).
+ * With --fused-alone it times the fused kernel (median of 10, us) whole, with the aux warps' math
+ * left out and with the state warps' math left out (outputs then wrong): what each role costs
+ * alone beside the other's loads and barriers.
  * With --dump DIR it instead writes inputs, outputs and the workspace intermediates of two small
  * shapes (DIR/dump_k128.safetensors, DIR/dump_k100.safetensors) for offline stage-by-stage checks.
  * Build: cmake -DGDP_BUILD_CHUNK_DEV=ON ... && cmake --build <dir> --target bench_chunk_stages
@@ -33,6 +36,9 @@ __device__ unsigned long long g_fused_last[2];
             g_fused_last[(role)] = t_;                                                               \
         }                                                                                            \
     } while (0)
+/* --fused-alone: 1 leaves out the aux warps' math, 2 the state warps' (fused.cuh's skip hook) */
+__device__ int g_fused_skip;
+#define GDP_FUSED_DEV_SKIP(role) (g_fused_skip == (role) + 1)
 #include "../chunk/launch.cu"
 #include "src/workspace.h"
 
@@ -253,11 +259,15 @@ int main(int argc, char **argv) {
         return 0;
     }
     const bool phases = argc >= 2 && !std::strcmp(argv[1], "--fused-phases");
+    const bool alone = argc >= 2 && !std::strcmp(argv[1], "--fused-alone");
     const int only_row = argc == 3 && !std::strcmp(argv[1], "--row") ? std::atoi(argv[2]) : 0;
-    if (phases) {
+    if (alone) {
+        setenv("GDP_CHUNK_PATH", "fused", 1);
+        std::printf("# fused kernel, median of 10 (us): whole / aux math left out (state alone) / state math left out (aux alone)\n");
+    } else if (phases) {
         setenv("GDP_CHUNK_PATH", "fused", 1);
         std::printf("# fused kernel, block (0, 0, 0): clock64 cycles per chunk of each phase, one thread of each role\n"
-                    "# aux:   wait(loads) gk+K-norms A next-loads(test) inverse+Ai next-loads(wait) arrive\n"
+                    "# aux:   wait(loads) gk+K-norms A next-loads(test) inverse+Ai(+tests) next-loads(test) next-loads(wait) arrive\n"
                     "# state: wait(aux) Q-norms+P X' v_new outputs state-update S16+loop\n");
     } else {
         std::printf("%-28s %9s %9s %9s %9s %9s %9s\n", "# shape (median us)", "cumsum", "wy", "state", "out", "tail",
@@ -313,7 +323,26 @@ int main(int argc, char **argv) {
         a.chunk_offsets = view(d_co, GDP_DTYPE_INT32, 1, N + 1);
         a.o = view(o, GDP_DTYPE_BF16, 4, 1, T, H, V);
         a.final_state = view(fs, GDP_DTYPE_FP32, 4, N, H, K, V);
-        if (phases) {
+        if (alone) {
+            std::printf("%-28s", row.label);
+            for (int mode = 0; mode < 3; mode++) {
+                DEV_CHECK(cudaMemcpyToSymbol(g_fused_skip, &mode, sizeof mode));
+                std::vector<float> t;
+                for (int it = 0; it < 13; it++) {
+                    DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a)); /* records stage events 0 and 5 */
+                    DEV_CHECK(cudaDeviceSynchronize());
+                    float ms = 0;
+                    DEV_CHECK(cudaEventElapsedTime(&ms, g_stage_events[0], g_stage_events[5]));
+                    if (it >= 3)
+                        t.push_back(ms * 1000.0f);
+                }
+                std::sort(t.begin(), t.end());
+                std::printf(" %9.1f", t[t.size() / 2]);
+            }
+            const int zero = 0;
+            DEV_CHECK(cudaMemcpyToSymbol(g_fused_skip, &zero, sizeof zero));
+            std::printf("\n");
+        } else if (phases) {
             for (int it = 0; it < 3; it++)
                 DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
             DEV_CHECK(cudaDeviceSynchronize());
@@ -324,7 +353,7 @@ int main(int argc, char **argv) {
             DEV_CHECK(cudaDeviceSynchronize());
             DEV_CHECK(cudaMemcpyFromSymbol(cyc, g_fused_cycles, sizeof cyc));
             const double chunks = (double)((row.lens[0] * M + 63) / 64);
-            static const int aux_order[7] = {1, 2, 3, 6, 4, 5, 7}, state_order[7] = {0, 5, 1, 2, 3, 4, 7};
+            static const int aux_order[8] = {1, 2, 3, 6, 4, 0, 5, 7}, state_order[7] = {0, 5, 1, 2, 3, 4, 7};
             std::printf("%-28s aux  ", row.label);
             double sum = 0;
             for (int ph : aux_order) {
