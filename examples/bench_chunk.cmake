@@ -2,7 +2,7 @@
 # (see examples/bench_chunk.c). With -DGDP_BUILD_CHUNK_DEV=ON also bench_chunk_stages, the
 # per-stage timing lab of kernels/dev/chunk_stages.cu (a GPU-only developer tool).
 add_executable(bench_chunk ${CMAKE_CURRENT_LIST_DIR}/bench_chunk.c)
-target_link_libraries(bench_chunk PRIVATE gdp_bench_common gdp gdp_options m)
+target_link_libraries(bench_chunk PRIVATE gdp_bench_common gdp_static gdp_options m)
 option(GDP_BUILD_CHUNK_DEV "Build kernels/dev/chunk_stages.cu (per-stage timings of the chunk op)" OFF)
 if(GDP_WITH_CUDA AND GDP_BUILD_CHUNK_DEV)
   add_executable(bench_chunk_stages ${PROJECT_SOURCE_DIR}/kernels/dev/chunk_stages.cu)

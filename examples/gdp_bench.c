@@ -4,7 +4,7 @@
  * nccl-tests-style table: '#' header lines (version, device, method, bounds), fixed-width
  * rows, and a footer with the count of wrong values.
  *
- *   gdp-bench ops [-o|--op all|prefill|decode|decode-key|prepare] [-i|--iters N] [-w|--warmup N]
+ *   gdp-bench ops [-o|--op all|prefill|decode|decode-key|prepare|gemm] [-i|--iters N] [-w|--warmup N]
  *   mpirun -n N gdp-bench layer|coll [options]   (examples/bench_layer.c)
  *
  * Per row: the median, min and max over N calls (CUDA events around each call; decode and
@@ -14,7 +14,8 @@
  * peer/ours. Bounds: decode 2 K V bytes per (request, head) of state element size (fp32 8 KV,
  * bf16 4 KV; plus S K V for the snapshots of S > 1 draft tokens) over 4.17e12 B/s;
  * prefill F = M (6CK + 4CV + 2C^2/3 + 4KV) + 2KV FLOP per token and head over 7.9e14 FLOP/s;
- * prepare the bytes it must move over 4.17e12 B/s.
+ * prepare and gemm the bytes they must move over 4.17e12 B/s (gemm: the projection GEMM of a
+ * decode step, src/backend.h, on its two paths: GDP_GEMM_SKINNY off (cuBLASLt) and on).
  * Checks (#wrong): decode compares request 0 of the last call with the CPU backend (atol =
  * rtol = 1e-3) and counts non-finite outputs; prepare compares every output with the CPU
  * backend (q, k, v bitwise, beta and g within 4 ulp); prefill counts non-finite or unwritten
@@ -27,6 +28,7 @@
 #include <string.h>
 
 #include "bench_common.h"
+#include "backend.h" /* gdp_gemm_nt_ex, the layer's projection GEMM (internal) */
 #include "gdp/gdp.h"
 
 #define COPY_BW 4.17e12   /* measured device-to-device copy, bytes read + written per second */
@@ -47,7 +49,7 @@ static const char *const OPS_SYNOPSIS = "ops [options]\n"
 static int ops_table(ops_opts *o, bench_opt *t) {
     const bench_opt opts[] = {
         {"op", 'o', BENCH_OPT_CHOICE, "all", "which rows to run (decode-key: the four decode target rows)", &o->op, 0, 0,
-         "all|prefill|decode|decode-key|prepare"},
+         "all|prefill|decode|decode-key|prepare|gemm"},
         {"iters", 'i', BENCH_OPT_INT, "20", "timed calls per row", &o->iters, 10, 1000000, NULL},
         {"warmup", 'w', BENCH_OPT_INT, "3", "untimed calls before timing", &o->warmup, 0, 1000000, NULL},
     };
@@ -503,6 +505,78 @@ static void bench_prepare(bench_env *e, int decode, int64_t n, int64_t T, int64_
     free(hx), free(hba), free(halog), free(hdt);
 }
 
+/* ---- the projection GEMM (src/backend.h; internal: gdp-bench links gdp_static) ------------- */
+
+typedef struct gemm_job {
+    int64_t rows, n, k;
+    const void *a, *b;
+    void *c;
+    gdp_dtype_t c_dtype;
+    float beta;
+} gemm_job;
+
+static gdp_status_t gemm_fn(void *p) {
+    const gemm_job *j = p;
+    return gdp_gemm_nt_ex(g_env->gpu, j->rows, j->n, j->k, j->a, j->k, j->b, GDP_DTYPE_BF16, j->beta, j->c, j->n,
+                          j->c_dtype);
+}
+
+/* One GEMM shape of a decode step (bf16 A and weight, fp32 accumulation) under
+ * GDP_GEMM_SKINNY=mode ("on": the skinny kernel where it fits, "off": cuBLASLt), graph-replayed,
+ * L2 flushed. Bound: the weight, A and C bytes once over the copy bandwidth. #wrong: elements
+ * whose difference from the other path's result exceeds 1e-2 of the output's largest value. */
+static void bench_gemm(bench_env *e, const char *what, int64_t rows, int64_t n, int64_t k, gdp_dtype_t c_dtype,
+                       float beta) {
+    static const char *const modes[2] = {"off", "on"};
+    const int64_t as[2] = {rows, k}, bs[2] = {n, k}, cs[2] = {rows, n};
+    double one = 1.0, small = 1.0 / sqrt((double)k);
+    void *ha = host_fill(GDP_DTYPE_BF16, rows * k, gen_normal, &one);
+    void *hb = host_fill(GDP_DTYPE_BF16, n * k, gen_normal, &small);
+    void *hc = host_fill(c_dtype, rows * n, gen_normal, &one);
+    gdp_tensor da = dev_tensor(GDP_DTYPE_BF16, 2, as, ha), db = dev_tensor(GDP_DTYPE_BF16, 2, bs, hb);
+    gdp_tensor dc = dev_tensor(c_dtype, 2, cs, hc);
+    gemm_job j = {.rows = rows, .n = n, .k = k, .a = da.data, .b = db.data, .c = dc.data, .c_dtype = c_dtype,
+                  .beta = beta};
+    const double bytes = (double)(tensor_bytes(&da) + tensor_bytes(&db) + tensor_bytes(&dc) * (beta != 0.0f ? 2 : 1));
+    void *result[2] = {NULL, NULL};
+    for (int m = 0; m < 2; m++) {
+        row_stats rs = {0};
+        char shape[64];
+        snprintf(shape, sizeof shape, "%s rows=%lld n=%lld k=%lld %s", what, (long long)rows, (long long)n,
+                 (long long)k, modes[m]);
+        const char *prev = getenv("GDP_GEMM_SKINNY");
+        char *saved = prev != NULL ? strdup(prev) : NULL;
+        setenv("GDP_GEMM_SKINNY", modes[m], 1);
+        time_calls(e, gemm_fn, &j, 1, bytes < 2.0 * (double)e->l2_bytes, &rs);
+        if (rs.ran) { /* one call from the starting C (beta 1 accumulates across the timed calls) */
+            CUDA_TRY(cudaMemcpy(dc.data, hc, tensor_bytes(&dc), cudaMemcpyHostToDevice));
+            if (gemm_fn(&j) != GDP_STATUS_SUCCESS)
+                rs.wrong++;
+            CUDA_TRY(cudaStreamSynchronize(e->stream));
+            result[m] = download(&dc);
+        }
+        if (saved != NULL) {
+            setenv("GDP_GEMM_SKINNY", saved, 1);
+            free(saved);
+        } else {
+            unsetenv("GDP_GEMM_SKINNY");
+        }
+        if (m == 1 && result[0] != NULL && result[1] != NULL) {
+            double peak = 0.0;
+            for (int64_t i = 0; i < rows * n; i++)
+                peak = fmax(peak, fabs(elem(result[0], c_dtype, i)));
+            for (int64_t i = 0; i < rows * n; i++) {
+                const double d = fabs(elem(result[1], c_dtype, i) - elem(result[0], c_dtype, i));
+                rs.wrong += !(d <= 1e-2 * peak);
+            }
+        }
+        print_row("gemm", shape, (double)rows, bytes, 2.0 * (double)(rows * n * k), bytes / COPY_BW * 1e6, 0.0, &rs);
+    }
+    free(result[0]), free(result[1]);
+    dev_free(&da), dev_free(&db), dev_free(&dc);
+    free(ha), free(hb), free(hc);
+}
+
 /* ---- prefill (chunk op) ------------------------------------------------------------------- */
 
 static gdp_status_t chunk_fn(void *a) { return gdp_chunk_gated_delta_product_varlen(g_env->gpu, a); }
@@ -659,6 +733,22 @@ static int run_ops(const char *which, int iters, int warmup) {
         bench_decode(&e, 256, 16, 128, 128, 2, 1, F32, 234.0);
         bench_decode(&e, 256, 32, 128, 64, 3, 1, F32, 273.0);
         bench_decode(&e, 256, 16, 128, 128, 2, 1, BF16, 0);
+    }
+    if (all || strcmp(which, "gemm") == 0) {
+        /* a decode step's projections at D 2048, H 16, G 4, P = N 128, M 2 (in_proj 7728 wide) and
+         * the LM head (vocab 32000, fp32 logits) */
+        if (gdp_gemm_acquire(e.gpu) != GDP_STATUS_SUCCESS) {
+            fprintf(stderr, "gdp-bench: %s\n", gdp_last_error());
+            g_errors++;
+        } else {
+            static const int64_t batch[4] = {1, 4, 8, 64};
+            for (int i = 0; i < 4; i++) {
+                bench_gemm(&e, "in_proj", batch[i], 7728, 2048, BF16, 0.0f);
+                bench_gemm(&e, "out_proj", batch[i], 2048, 2048, F32, 1.0f);
+                bench_gemm(&e, "head", batch[i], 32000, 2048, F32, 0.0f);
+            }
+            gdp_gemm_release(e.gpu);
+        }
     }
     if (all || strcmp(which, "prepare") == 0) {
         bench_prepare(&e, 0, 1, 16384, 2, 16, 4, 128, 128);

@@ -8,3 +8,6 @@ endforeach()
 # The bf16 ssm cache against the fp32 one over 1,000 decode steps of a two-layer stack
 # (relative RMS of outputs and states at steps 1, 10, 100, 1000; docs/performance.md).
 gdp_add_test(test_decode_drift_gpu LABEL gpu)
+# The projection GEMM's two CUDA paths (the skinny kernel for a few rows, cuBLASLt) against a
+# double-precision product (tests/test_gemm_gpu.c).
+gdp_add_test(test_gemm_gpu LABEL gpu)
