@@ -37,6 +37,22 @@ __device__ __forceinline__ void wy_build_a(float (*a)[CHUNK + 4], const T *k, in
         }
 }
 
+/* Column c = tid % 16 of the inverse of the unit lower-triangular diagonal block b = tid / 16
+ * (threads 0-63, one a column) of I + A, by forward substitution in fp32 in index order: x[r] for
+ * rows r of the block. Both inverses below start with it, so their diagonal blocks are the same bits. */
+__device__ __forceinline__ void wy_diag_column(const float (*a)[CHUNK + 4], int tid, float (&x)[16]) {
+    const int base = (tid >> 4) * 16, c = tid & 15;
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+        float v = (r == c) ? 1.0f : 0.0f;
+#pragma unroll
+        for (int q = 0; q < 16; q++)
+            if (q < r)
+                v -= a[base + r][base + q] * x[q];
+        x[r] = v;
+    }
+}
+
 /* X = (I + A)^-1 for the strictly lower 64 x 64 A, by threads [0, 96) of a group whose barrier
  * is sync() (the caller's barrier after A is complete comes first): the 16 x 16 diagonal blocks
  * by forward substitution (one thread a column), then block row by block row, X_rc = -X_rr
@@ -50,17 +66,9 @@ template <bool IN_PLACE, typename Sync>
 __device__ __forceinline__ void wy_invert(float (*a)[CHUNK + 4], float (*x)[CHUNK + 4], float (*tmp)[WY_TMP_LD],
                                           int tid, Sync sync) {
     if (tid < 64) {
-        const int b = tid >> 4, c = tid & 15, base = b * 16;
+        const int c = tid & 15, base = (tid >> 4) * 16;
         float xc[16];
-#pragma unroll
-        for (int r = 0; r < 16; r++) {
-            float v = (r == c) ? 1.0f : 0.0f;
-#pragma unroll
-            for (int q = 0; q < 16; q++)
-                if (q < r)
-                    v -= a[base + r][base + q] * xc[q];
-            xc[r] = v;
-        }
+        wy_diag_column(a, tid, xc);
         if (IN_PLACE)
             __syncwarp();
 #pragma unroll
@@ -149,17 +157,9 @@ __device__ __forceinline__ void wy_invert_ai(float (*a)[CHUNK + 4], T *ai, int l
                                              int tid, Sync sync) {
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
     if (tid < 64) {
-        const int b = tid >> 4, c = tid & 15, base = b * 16;
+        const int c = tid & 15, base = (tid >> 4) * 16;
         float xc[16];
-#pragma unroll
-        for (int r = 0; r < 16; r++) {
-            float v = (r == c) ? 1.0f : 0.0f;
-#pragma unroll
-            for (int q = 0; q < 16; q++)
-                if (q < r)
-                    v -= a[base + r][base + q] * xc[q];
-            xc[r] = v;
-        }
+        wy_diag_column(a, tid, xc);
         __syncwarp(); /* the warp's two blocks have read the A they overwrite */
         const float bc = beta[base + c];
 #pragma unroll
