@@ -932,9 +932,19 @@ cudaError_t launch_rows_spec(const RecurrentParams &p, int device, cudaStream_t 
     return launch_recurrent_rows<SDT, R, LPR, 0, -1>(p, device, stream);
 }
 
-/* Whole 128-column rows when V allows (LPR 32), else 64 (LPR 16); R the fewest rows a thread. */
+/* The row kernel's value slice: GDP_DECODE_ROWS_COLS = 64 | 128 forces one (128 where V is not a
+ * multiple of 128 runs 64); unset, empty or auto: whole 128-column rows wherever V allows. Read at
+ * every launch; -1 for any other value (refused by recurrent_run). */
+int rows_cols_choice() {
+    static const char *const spell[3] = {"auto", "64", "128"};
+    static const int value[3] = {0, 64, 128};
+    return gdp_env_choice("GDP_DECODE_ROWS_COLS", spell, value, 3, 0, nullptr);
+}
+
+/* Whole 128-column rows when V allows (LPR 32) and GDP_DECODE_ROWS_COLS does not ask for 64,
+ * else 64 (LPR 16); R the fewest rows a thread. */
 template <int SDT> cudaError_t dispatch_rows_kernel(const RecurrentParams &p, int device, cudaStream_t stream) {
-    if (p.V % 128 == 0) {
+    if (p.V % 128 == 0 && rows_cols_choice() != 64) {
         if (p.K <= 32)
             return launch_recurrent_rows<SDT, 4, 32, 0, -1>(p, device, stream);
         if (p.K <= 64)
@@ -1172,6 +1182,11 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
                  "gdp_decode_recurrent_norm: GDP_DECODE_END=%s is not known; use auto (or leave it unset or empty), "
                  "fused or split",
                  getenv("GDP_DECODE_END"));
+    if (rows_cols_choice() == -1)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "%s: GDP_DECODE_ROWS_COLS=%s is not known; use 64 or 128 (or leave it unset, empty or auto: "
+                 "whole 128-column rows where V allows)",
+                 fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_ROWS_COLS"));
     if (decode_state_choice() == -1)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
                  "%s: GDP_DECODE_STATE=%s is not known; use regs, smem, head or rows (or leave it unset, empty or auto: "

@@ -299,27 +299,37 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
      * regs and head give smem's bits. rows (recurrent_rows.cuh: one reduction round a
      * token, a closed form of the M steps) rounds differently: the CPU's bar, and its own
      * bits again on a second run. A kernel that does not hold the shape runs the default. */
-    static const char *const kernels[5] = {"smem", "regs", "head", "rows", "rows"};
+    /* rows64 (GDP_DECODE_ROWS_COLS=64: 64-column slices where V would allow whole rows) sums in
+     * another order again: the CPU's bar, then its own bits on a second run. */
+    static const char *const kernels[7] = {"smem", "regs", "head", "rows", "rows", "rows64", "rows64"};
     gdp_recurrent_args base = {0};
-    for (int kk = 0; kk < 5; kk++) {
-        char *saved = test_env_swap("GDP_DECODE_STATE", kernels[kk]);
+    for (int kk = 0; kk < 7; kk++) {
+        const bool cols64 = kk >= 5;
+        char *saved = test_env_swap("GDP_DECODE_STATE", cols64 ? "rows" : kernels[kk]);
+        char *saved_cols = test_env_swap("GDP_DECODE_ROWS_COLS", cols64 ? "64" : NULL);
         if (c->cache)
             test_dev_put(&d.state, &before.state);
         CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &d));
+        test_env_restore("GDP_DECODE_ROWS_COLS", saved_cols);
         test_env_restore("GDP_DECODE_STATE", saved);
         gdp_recurrent_args other = dec_host_clone(&before);
         dec_fetch(&other, &d);
-        if (kk == 0 || kk == 3) { /* smem, the first rows run: what the next ones must equal */
-            if (kk == 3) {
-                test_compare_bar("decode kernel rows: o vs CPU", &other.o, &h.o, tol, tol, c->o_dt);
+        if (kk == 0 || kk == 3 || kk == 5) { /* smem, the first rows and rows64 runs: what the next ones must equal */
+            if (kk >= 3) {
+                char what[64];
+                snprintf(what, sizeof what, "decode kernel %s", kernels[kk]);
+                char w2[96];
+                snprintf(w2, sizeof w2, "%s: o vs CPU", what);
+                test_compare_bar(w2, &other.o, &h.o, tol, tol, c->o_dt);
+                snprintf(w2, sizeof w2, "%s: state vs CPU", what);
                 if (c->cache)
-                    test_compare_bar("decode kernel rows: state vs CPU", &other.state, &h.state, tol, tol, c->state_dt);
+                    test_compare_bar(w2, &other.state, &h.state, tol, tol, c->state_dt);
+                snprintf(w2, sizeof w2, "%s: snapshots vs CPU", what);
                 if (c->cache && c->inter)
-                    test_compare_bar("decode kernel rows: snapshots vs CPU", &other.intermediate_states,
-                                     &h.intermediate_states, tol, tol, c->state_dt);
+                    test_compare_bar(w2, &other.intermediate_states, &h.intermediate_states, tol, tol, c->state_dt);
+                snprintf(w2, sizeof w2, "%s: final_state vs CPU", what);
                 if (c->final && !c->cache)
-                    test_compare_bar("decode kernel rows: final_state vs CPU", &other.final_state, &h.final_state, tol,
-                                     tol, GDP_DTYPE_FP32);
+                    test_compare_bar(w2, &other.final_state, &h.final_state, tol, tol, GDP_DTYPE_FP32);
                 dec_free(&base, false);
             }
             base = other;
@@ -344,8 +354,8 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
     }
     dec_free(&base, false);
     printf("  %s\n", g_test_failures == before_failures
-                          ? "ok (a second run bitwise equal; regs, head = smem bitwise; rows within the bar, "
-                            "twice the same bits)"
+                          ? "ok (a second run bitwise equal; regs, head = smem bitwise; rows and rows64 within "
+                            "the bar, each twice the same bits)"
                           : "FAILED");
     dec_free(&again, false);
     dec_free(&got, false);
@@ -584,28 +594,32 @@ static void decode_end_vs_chain(test_rng *r, const dec_cfg *c, int64_t hpg, bool
 
 /* GDP_DECODE_END=sometimes: both entry points return INVALID_USAGE naming the variable and
  * the value, *fused stays false, and o, the cache and the norm output keep their bytes. */
-/* GDP_DECODE_STATE=fastest: the plain op is refused with INVALID_USAGE naming the variable, the
- * value and the accepted ones, and writes nothing (o and the state keep their bytes). */
-static void decode_state_bad_value(test_rng *r, const dec_cfg *c) {
+/* A decode switch with an unknown value (GDP_DECODE_STATE=fastest, GDP_DECODE_ROWS_COLS=96): the
+ * plain op is refused with INVALID_USAGE naming the variable, the value and an accepted one, and
+ * writes nothing (o and the state keep their bytes). */
+static void decode_env_bad_value(test_rng *r, const dec_cfg *c, const char *var, const char *value,
+                                 const char *accepted) {
     gdp_recurrent_args h = dec_random(r, c);
     gdp_recurrent_args dv = dec_to_device(&h);
     gdp_recurrent_args was = dec_host_clone(&h), now = dec_host_clone(&h);
     dec_fetch(&was, &dv);
     const int before = g_test_failures;
-    char *saved = test_env_swap("GDP_DECODE_STATE", "fastest");
+    char *saved = test_env_swap(var, value);
     const gdp_status_t st = gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &dv);
     const char *msg = gdp_last_error();
-    CHECK(st == GDP_STATUS_INVALID_USAGE, "decode under GDP_DECODE_STATE=fastest: status %d (%s), expected INVALID_USAGE",
+    CHECK(st == GDP_STATUS_INVALID_USAGE, "decode under %s=%s: status %d (%s), expected INVALID_USAGE", var, value,
           (int)st, gdp_status_string(st));
-    CHECK(msg != NULL && strstr(msg, "GDP_DECODE_STATE") != NULL && strstr(msg, "fastest") != NULL &&
-              strstr(msg, "smem") != NULL,
+    CHECK(msg != NULL && strstr(msg, var) != NULL && strstr(msg, value) != NULL && strstr(msg, accepted) != NULL,
           "the message names the variable, the value and the accepted values: %s", msg ? msg : "(null)");
-    test_env_restore("GDP_DECODE_STATE", saved);
+    test_env_restore(var, saved);
     dec_fetch(&now, &dv);
-    test_same_bytes("GDP_DECODE_STATE refused: o unchanged", &now.o, &was.o);
+    char what[96];
+    snprintf(what, sizeof what, "%s refused: o unchanged", var);
+    test_same_bytes(what, &now.o, &was.o);
+    snprintf(what, sizeof what, "%s refused: state unchanged", var);
     if (c->cache)
-        test_same_bytes("GDP_DECODE_STATE refused: state unchanged", &now.state, &was.state);
-    printf("decode GDP_DECODE_STATE=fastest: %s\n", g_test_failures == before ? "INVALID_USAGE, nothing written" : "FAILED");
+        test_same_bytes(what, &now.state, &was.state);
+    printf("decode %s=%s: %s\n", var, value, g_test_failures == before ? "INVALID_USAGE, nothing written" : "FAILED");
     dec_free(&was, false), dec_free(&now, false), dec_free(&dv, true), dec_free(&h, false);
 }
 
@@ -757,7 +771,8 @@ static void decode_tests(test_rng *r) {
     decode_end_vs_chain(r, &ends[6], 4, false, NULL, NULL);
     decode_end_bad_value(r, &ends[0], 4);
     decode_end_bad_value(r, &ends[6], 4);
-    decode_state_bad_value(r, &cases[0]);
+    decode_env_bad_value(r, &cases[0], "GDP_DECODE_STATE", "fastest", "smem");
+    decode_env_bad_value(r, &cases[0], "GDP_DECODE_ROWS_COLS", "96", "128");
 }
 
 #endif /* GDP_HAVE_CUDA */
