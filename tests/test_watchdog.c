@@ -117,16 +117,23 @@ static int run_idle(void) {
     gdp_comm_rank(comm, &rank);
     gdp_watchdog_set_step(7);
 
-    /* normal agreements: the bounded wait costs next to nothing */
-    const int n = 2000;
+    /* normal agreements: the bounded wait costs next to nothing. The best of 5 batches: a batch
+     * during which another process holds the CPU the peer needs (2 cores, an ASan build beside
+     * other jobs) measured just over the 2 ms spin window per call once; a wait that naps on
+     * every call is slow in every batch. */
+    const int n = 400, batches = 5;
     GDP_FATAL_IF_ERROR(comm, gdp_comm_agree(comm, GDP_STATUS_SUCCESS));
-    double t0 = now_s();
-    for (int i = 0; i < n; i++)
-        GDP_FATAL_IF_ERROR(comm, gdp_comm_agree(comm, GDP_STATUS_SUCCESS));
-    const double per = (now_s() - t0) / n;
+    double per = 1e9, t0 = 0;
+    for (int bt = 0; bt < batches; bt++) {
+        t0 = now_s();
+        for (int i = 0; i < n; i++)
+            GDP_FATAL_IF_ERROR(comm, gdp_comm_agree(comm, GDP_STATUS_SUCCESS));
+        const double batch = (now_s() - t0) / n;
+        per = batch < per ? batch : per;
+    }
     if (rank == 0)
-        printf("gdp_comm_agree: %.1f us per call (%d calls, 2 ranks)\n", per * 1e6, n);
-    CHECK(per < 2e-3, "an agreement takes %.3f ms", per * 1e3);
+        printf("gdp_comm_agree: %.1f us per call (best of %d batches of %d calls, 2 ranks)\n", per * 1e6, batches, n);
+    CHECK(per < 2e-3, "an agreement takes %.3f ms in the best of %d batches", per * 1e3, batches);
 
     /* an idle peer (gdp_comm_sleep) longer than the timeout, then a short plain sleep */
     t0 = now_s();
