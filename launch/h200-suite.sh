@@ -4,7 +4,7 @@
 # its dev files), run every ctest labelled gpu (gpu;mpi included), the Python torch tests,
 # the ops benchmark and the main program. Logs go to $OUT (or ./h200-out) when set.
 # Golden vectors: $GDP_GOLDEN_DIR, else ./.golden (an ignored copy of ../shared/golden).
-# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk|decode]
+# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk|chunkprof|decode]
 # (default all; the others are not part of all: serve times gdp-run at the serving shape,
 # loop and alone repeat the gpu tests GDP_LOOP_RUNS times under ctest -j4 and one at a time,
 # experiments times each measured switch every way, profile lists the layer step's kernels
@@ -12,7 +12,7 @@
 # Systems (CUDA API and kernel summaries), sanitize runs every gpu test under
 # compute-sanitizer, which takes far longer; chunk is the chunk op's short loop: its test under
 # every kernel path, the prefill rows under each, the fused kernel's phase cycles and the
-# staged stages' times); decode likewise for the decode op: its test, then its ops rows under
+# staged stages' times; chunkprof its ncu stall card); decode likewise for the decode op: its test, then its ops rows under
 # each decode kernel, then the memory ceiling of the row kernel's scheme).
 #   GDP_BUILD_DIR            build folder (default build)
 #   GDP_SANITIZE_TOOLS       sanitizer tools, in order (default "memcheck racecheck")
@@ -41,6 +41,7 @@ build=${GDP_BUILD_DIR:-build}
 
 targets=()
 [ "$stage" = chunk ] && targets=(--target test_chunk_gpu gdp-bench bench_chunk_stages) # what the short loop runs
+[ "$stage" = chunkprof ] && targets=(--target gdp-bench)
 [ "$stage" = decode ] && targets=(--target test_recurrent_gpu gdp-bench bench_decode_ceiling)
 if ! { cmake -B "$build" -DCMAKE_BUILD_TYPE=Release -DGDP_BUILD_CHUNK_DEV=ON -DGDP_BUILD_DECODE_DEV=ON "${extra[@]}" >"$out/configure.log" 2>&1 &&
        cmake --build "$build" -j"$(nproc)" "${targets[@]}" >"$out/build.log" 2>&1; }; then
@@ -156,6 +157,16 @@ print(f"{'kernel':70s} {'count':>6s} {'median us':>10s}")
 for k, v in sorted(by.items(), key=lambda kv: -statistics.median(kv[1]) * len(kv[1])):
     print(f"{k:70s} {len(v):6d} {statistics.median(v):10.1f}")
 PY
+fi
+if [ "$stage" = chunkprof ]; then
+    # the fused chunk kernel's stall card (kernels/NOTES-chunk.md, "Where f4's instructions go"):
+    # one launch on the first prefill row under ncu, warp states (dependency, barrier and
+    # no-instruction stalls), instruction mix and scheduler issue rate
+    command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
+    GDP_CHUNK_PATH=fused ncu --clock-control none --section WarpStateStats --section InstructionStats \
+        --section SchedulerStats --section LaunchStats --kernel-name regex:chunk_fused --launch-count 1 \
+        "./$build/examples/gdp-bench" ops --op prefill -i 2 -w 1 2>&1 | grep -v "^==PROF==" |
+        tee "$out/chunkprof.log" | grep -vE "^prefill|^#" || rc=1
 fi
 if [ "$stage" = hostprof ]; then
     # Where the decode-heavy serving step's wall time goes beyond the device's (the report's
