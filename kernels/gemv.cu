@@ -11,6 +11,7 @@
 
 #include <type_traits>
 
+#include "dtype_access.cuh" /* aligned16 */
 #include "gemv.h"
 #include "src/cuda_check.h"
 #include "src/internal.h"
@@ -160,8 +161,6 @@ cudaError_t launch_typed(int rows, int64_t n, int64_t k, const void *A, int64_t 
         return launch_rows<T, TC, 4>(rows, n, k, A, lda, B, beta, C, ldc, stream);
     return launch_rows<T, TC, 8>(rows, n, k, A, lda, B, beta, C, ldc, stream);
 }
-
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 } // namespace
 

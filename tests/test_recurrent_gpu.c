@@ -317,19 +317,17 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
         if (kk == 0 || kk == 3 || kk == 5) { /* smem, the first rows and rows64 runs: what the next ones must equal */
             if (kk >= 3) {
                 char what[64];
-                snprintf(what, sizeof what, "decode kernel %s", kernels[kk]);
-                char w2[96];
-                snprintf(w2, sizeof w2, "%s: o vs CPU", what);
-                test_compare_bar(w2, &other.o, &h.o, tol, tol, c->o_dt);
-                snprintf(w2, sizeof w2, "%s: state vs CPU", what);
+                snprintf(what, sizeof what, "decode kernel %s: o vs CPU", kernels[kk]);
+                test_compare_bar(what, &other.o, &h.o, tol, tol, c->o_dt);
+                snprintf(what, sizeof what, "decode kernel %s: state vs CPU", kernels[kk]);
                 if (c->cache)
-                    test_compare_bar(w2, &other.state, &h.state, tol, tol, c->state_dt);
-                snprintf(w2, sizeof w2, "%s: snapshots vs CPU", what);
+                    test_compare_bar(what, &other.state, &h.state, tol, tol, c->state_dt);
+                snprintf(what, sizeof what, "decode kernel %s: snapshots vs CPU", kernels[kk]);
                 if (c->cache && c->inter)
-                    test_compare_bar(w2, &other.intermediate_states, &h.intermediate_states, tol, tol, c->state_dt);
-                snprintf(w2, sizeof w2, "%s: final_state vs CPU", what);
+                    test_compare_bar(what, &other.intermediate_states, &h.intermediate_states, tol, tol, c->state_dt);
+                snprintf(what, sizeof what, "decode kernel %s: final_state vs CPU", kernels[kk]);
                 if (c->final && !c->cache)
-                    test_compare_bar(w2, &other.final_state, &h.final_state, tol, tol, GDP_DTYPE_FP32);
+                    test_compare_bar(what, &other.final_state, &h.final_state, tol, tol, GDP_DTYPE_FP32);
                 dec_free(&base, false);
             }
             base = other;
