@@ -871,7 +871,7 @@ cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStre
 
 #include "recurrent_rows.cuh" /* the row kernel (v10b): the default from REC_ROWS_MIN_PAIRS, GDP_DECODE_STATE=rows */
 
-template <int SDT, int R, int LPR, int MT, int DT>
+template <int SDT, int R, int LPR, int MT, int DT, int MINB = ROWS_MIN_BLOCKS>
 cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStream_t stream) {
     using G = RowsGeom<LPR>;
     RecurrentParams q = p;
@@ -888,20 +888,20 @@ cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStre
     if (device < 0 || device >= 64)
         return cudaErrorInvalidDevice;
     if (!configured[device]) {
-        cudaError_t err = cudaFuncSetAttribute(recurrent_rows_kernel<SDT, R, LPR, MT, DT>,
+        cudaError_t err = cudaFuncSetAttribute(recurrent_rows_kernel<SDT, R, LPR, MT, DT, MINB>,
                                                cudaFuncAttributePreferredSharedMemoryCarveout,
                                                (int)cudaSharedmemCarveoutMaxShared);
         if (err == cudaSuccess)
-            err = cudaFuncSetAttribute(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            err = cudaFuncSetAttribute(recurrent_rows_kernel<SDT, R, LPR, MT, DT, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)most);
         if (err != cudaSuccess)
             return err;
         configured[device] = 1;
     }
     /* a resident grid: every block loops over items (recurrent_rows.cuh) */
-    const int64_t resident = resident_blocks(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, cache, device, most, ROWS_THREADS);
+    const int64_t resident = resident_blocks(recurrent_rows_kernel<SDT, R, LPR, MT, DT, MINB>, cache, device, most, ROWS_THREADS);
     const int64_t grid = resident > 0 && resident < items ? resident : items;
-    recurrent_rows_kernel<SDT, R, LPR, MT, DT><<<(unsigned)grid, ROWS_THREADS, bytes, stream>>>(q);
+    recurrent_rows_kernel<SDT, R, LPR, MT, DT, MINB><<<(unsigned)grid, ROWS_THREADS, bytes, stream>>>(q);
     return cudaGetLastError();
 }
 
@@ -918,43 +918,67 @@ bool rows_fit(const RecurrentParams &p, int state_dtype) {
 
 /* K = 128 with bf16 q, k, v and o (the layer's decode) compiles M and the dtypes in
  * (recurrent_rows.cuh, rows_m / rows_qdt / rows_k); any other shape reads them at run time. */
-template <int SDT, int R, int LPR>
+template <int SDT, int R, int LPR, int MINB = ROWS_MIN_BLOCKS>
 cudaError_t launch_rows_spec(const RecurrentParams &p, int device, cudaStream_t stream) {
     constexpr int KP = RowsGeom<LPR>::ROUND * R;
     if (p.K == KP && p.qkv_dtype == GDP_DTYPE_BF16 && p.o_dtype == GDP_DTYPE_BF16 && aligned16(p.o)) {
         switch (p.steps_per_token) {
-        case 1: return launch_recurrent_rows<SDT, R, LPR, 1, GDP_DTYPE_BF16>(p, device, stream);
-        case 2: return launch_recurrent_rows<SDT, R, LPR, 2, GDP_DTYPE_BF16>(p, device, stream);
-        case 3: return launch_recurrent_rows<SDT, R, LPR, 3, GDP_DTYPE_BF16>(p, device, stream);
+        case 1: return launch_recurrent_rows<SDT, R, LPR, 1, GDP_DTYPE_BF16, MINB>(p, device, stream);
+        case 2: return launch_recurrent_rows<SDT, R, LPR, 2, GDP_DTYPE_BF16, MINB>(p, device, stream);
+        case 3: return launch_recurrent_rows<SDT, R, LPR, 3, GDP_DTYPE_BF16, MINB>(p, device, stream);
         default: break;
         }
     }
-    return launch_recurrent_rows<SDT, R, LPR, 0, -1>(p, device, stream);
+    return launch_recurrent_rows<SDT, R, LPR, 0, -1, MINB>(p, device, stream);
 }
 
-/* The row kernel's value slice: GDP_DECODE_ROWS_COLS = 64 | 128 forces one (128 where V is not a
- * multiple of 128 runs 64); unset, empty or auto: whole 128-column rows wherever V allows. Read at
- * every launch; -1 for any other value (refused by recurrent_run). */
+/* The row kernel's value slice: GDP_DECODE_ROWS_COLS = 16 | 32 | 64 | 128 asks for one, unset,
+ * empty or auto lets rows_cols pick. Read at every launch; -1 for any other value (refused by
+ * recurrent_run). */
 int rows_cols_choice() {
-    static const char *const spell[3] = {"auto", "64", "128"};
-    static const int value[3] = {0, 64, 128};
-    return gdp_env_choice("GDP_DECODE_ROWS_COLS", spell, value, 3, 0, nullptr);
+    static const char *const spell[5] = {"auto", "16", "32", "64", "128"};
+    static const int value[5] = {0, 16, 32, 64, 128};
+    return gdp_env_choice("GDP_DECODE_ROWS_COLS", spell, value, 5, 0, nullptr);
 }
 
-/* Whole 128-column rows when V allows (LPR 32) and GDP_DECODE_ROWS_COLS does not ask for 64,
- * else 64 (LPR 16); R the fewest rows a thread. */
+/* Resident blocks of the 64-column slices at K > 64 (R = 8 rows a thread): GDP_DECODE_ROWS_BLOCKS
+ * = 2 (128 registers a thread) | 3 (80, with spills; three blocks' 60 KB of shared memory fit
+ * an SM) | auto (2). Read at every launch; -1 for any other value (refused by recurrent_run). */
+int rows_blocks_choice() {
+    static const char *const spell[3] = {"auto", "2", "3"};
+    static const int value[3] = {0, 2, 3};
+    return gdp_env_choice("GDP_DECODE_ROWS_BLOCKS", spell, value, 3, 0, nullptr);
+}
+
+/* The value columns of a row kernel item: the asked slice where V is a multiple of it (16 and 32
+ * also need 64 < K <= 128: their R of 2 and 4 rows cover 128 rows), else whole 128-column rows
+ * where V allows, else 64. */
+int rows_cols(const RecurrentParams &p) {
+    const int asked = rows_cols_choice();
+    if (asked > 0 && p.V % asked == 0 && (asked >= 64 || (p.K > 64 && p.K <= 128)))
+        return asked;
+    return p.V % 128 == 0 ? 128 : 64;
+}
+
+/* Slices of 4 LPR columns (LPR lanes a row); R the fewest rows a thread. */
 template <int SDT> cudaError_t dispatch_rows_kernel(const RecurrentParams &p, int device, cudaStream_t stream) {
-    if (p.V % 128 == 0 && rows_cols_choice() != 64) {
+    switch (rows_cols(p)) {
+    case 16: return launch_rows_spec<SDT, 2, 4>(p, device, stream);
+    case 32: return launch_rows_spec<SDT, 4, 8>(p, device, stream);
+    case 128:
         if (p.K <= 32)
             return launch_recurrent_rows<SDT, 4, 32, 0, -1>(p, device, stream);
         if (p.K <= 64)
             return launch_recurrent_rows<SDT, 8, 32, 0, -1>(p, device, stream);
         return launch_rows_spec<SDT, 16, 32>(p, device, stream);
+    default: break;
     }
     if (p.K <= 32)
         return launch_recurrent_rows<SDT, 2, 16, 0, -1>(p, device, stream);
     if (p.K <= 64)
         return launch_recurrent_rows<SDT, 4, 16, 0, -1>(p, device, stream);
+    if (rows_blocks_choice() == 3)
+        return launch_rows_spec<SDT, 8, 16, 3>(p, device, stream);
     return launch_rows_spec<SDT, 8, 16>(p, device, stream);
 }
 
@@ -1184,9 +1208,13 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
                  getenv("GDP_DECODE_END"));
     if (rows_cols_choice() == -1)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
-                 "%s: GDP_DECODE_ROWS_COLS=%s is not known; use 64 or 128 (or leave it unset, empty or auto: "
-                 "whole 128-column rows where V allows)",
+                 "%s: GDP_DECODE_ROWS_COLS=%s is not known; use 16, 32, 64 or 128 (or leave it unset, empty or auto: "
+                 "the op chooses)",
                  fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_ROWS_COLS"));
+    if (rows_blocks_choice() == -1)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "%s: GDP_DECODE_ROWS_BLOCKS=%s is not known; use 2 or 3 (or leave it unset, empty or auto: 2)",
+                 fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_ROWS_BLOCKS"));
     if (decode_state_choice() == -1)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
                  "%s: GDP_DECODE_STATE=%s is not known; use regs, smem, head or rows (or leave it unset, empty or auto: "

@@ -237,7 +237,10 @@ template <int BV> __device__ __forceinline__ void rows_total(const float *tot, i
     out[0] = x.x, out[1] = x.y, out[2] = x.z, out[3] = x.w;
 }
 
-template <int R> constexpr int rows_min_blocks() { return 2; }
+/* Resident blocks a launch bound asks for: 2 (128 registers a thread: the 16 state rows of
+ * K = 128 without spills), or 3 (80 registers) where the rows fit in fewer registers and the
+ * shared memory holds three blocks (GDP_DECODE_ROWS_BLOCKS, recurrent.cu). */
+constexpr int ROWS_MIN_BLOCKS = 2;
 
 /* The thread's state cells in shared memory: row i of its R rows at cell i * ROWS_THREADS +
  * tid (16 bytes each; a 16-bit state uses the first 8), so a warp's accesses are contiguous. */
@@ -575,8 +578,8 @@ __device__ __forceinline__ float rows_beta(const RecurrentParams &p, int64_t b, 
  * held, no barrier: each thread reads back only what it copied), and its q, k, v rows into L2;
  * the slot of the item after that is loaded a whole item ahead. So a block's state load
  * overlaps its previous item's compute instead of following it. */
-template <int SDT, int R, int LPR, int MT, int DT>
-__global__ void __launch_bounds__(ROWS_THREADS, rows_min_blocks<R>()) recurrent_rows_kernel(const RecurrentParams p) {
+template <int SDT, int R, int LPR, int MT, int DT, int MINB>
+__global__ void __launch_bounds__(ROWS_THREADS, MINB) recurrent_rows_kernel(const RecurrentParams p) {
     using G = RowsGeom<LPR>;
     using Bits = typename StateStorage<SDT>::Bits;
     constexpr int BV = G::BV, KP = G::ROUND * R;

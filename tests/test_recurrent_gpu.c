@@ -299,33 +299,45 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
      * regs and head give smem's bits. rows (recurrent_rows.cuh: one reduction round a
      * token, a closed form of the M steps) rounds differently: the CPU's bar, and its own
      * bits again on a second run. A kernel that does not hold the shape runs the default. */
-    /* rows64 (GDP_DECODE_ROWS_COLS=64: 64-column slices where V would allow whole rows) sums in
-     * another order again: the CPU's bar, then its own bits on a second run. */
-    static const char *const kernels[7] = {"smem", "regs", "head", "rows", "rows", "rows64", "rows64"};
+    /* rows64, rows32 and rows16 (GDP_DECODE_ROWS_COLS: 64-, 32- or 16-column slices where V
+     * and K allow them; a shape that does not runs the default slice) sum in other orders
+     * again: the CPU's bar, then their own bits on a second run; rows64b3 is rows64 at three
+     * resident blocks (GDP_DECODE_ROWS_BLOCKS=3: other registers, the same arithmetic), so it
+     * must give rows64's bits. */
+    static const struct {
+        const char *name, *state, *cols, *blocks;
+        bool first; /* the reference of the runs after it: held to the CPU bar */
+    } kernels[] = {{"smem", "smem", NULL, NULL, true},    {"regs", "regs", NULL, NULL, false},
+                   {"head", "head", NULL, NULL, false},   {"rows", "rows", NULL, NULL, true},
+                   {"rows", "rows", NULL, NULL, false},   {"rows64", "rows", "64", NULL, true},
+                   {"rows64", "rows", "64", NULL, false}, {"rows64b3", "rows", "64", "3", false},
+                   {"rows32", "rows", "32", NULL, true},  {"rows32", "rows", "32", NULL, false},
+                   {"rows16", "rows", "16", NULL, true},  {"rows16", "rows", "16", NULL, false}};
     gdp_recurrent_args base = {0};
-    for (int kk = 0; kk < 7; kk++) {
-        const bool cols64 = kk >= 5;
-        char *saved = test_env_swap("GDP_DECODE_STATE", cols64 ? "rows" : kernels[kk]);
-        char *saved_cols = test_env_swap("GDP_DECODE_ROWS_COLS", cols64 ? "64" : NULL);
+    for (int kk = 0; kk < (int)(sizeof kernels / sizeof kernels[0]); kk++) {
+        char *saved = test_env_swap("GDP_DECODE_STATE", kernels[kk].state);
+        char *saved_cols = test_env_swap("GDP_DECODE_ROWS_COLS", kernels[kk].cols);
+        char *saved_blocks = test_env_swap("GDP_DECODE_ROWS_BLOCKS", kernels[kk].blocks);
         if (c->cache)
             test_dev_put(&d.state, &before.state);
         CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &d));
+        test_env_restore("GDP_DECODE_ROWS_BLOCKS", saved_blocks);
         test_env_restore("GDP_DECODE_ROWS_COLS", saved_cols);
         test_env_restore("GDP_DECODE_STATE", saved);
         gdp_recurrent_args other = dec_host_clone(&before);
         dec_fetch(&other, &d);
-        if (kk == 0 || kk == 3 || kk == 5) { /* smem, the first rows and rows64 runs: what the next ones must equal */
-            if (kk >= 3) {
+        if (kernels[kk].first) { /* smem and the first run of each row slice: what the next ones must equal */
+            if (kk > 0) {
                 char what[64];
-                snprintf(what, sizeof what, "decode kernel %s: o vs CPU", kernels[kk]);
+                snprintf(what, sizeof what, "decode kernel %s: o vs CPU", kernels[kk].name);
                 test_compare_bar(what, &other.o, &h.o, tol, tol, c->o_dt);
-                snprintf(what, sizeof what, "decode kernel %s: state vs CPU", kernels[kk]);
+                snprintf(what, sizeof what, "decode kernel %s: state vs CPU", kernels[kk].name);
                 if (c->cache)
                     test_compare_bar(what, &other.state, &h.state, tol, tol, c->state_dt);
-                snprintf(what, sizeof what, "decode kernel %s: snapshots vs CPU", kernels[kk]);
+                snprintf(what, sizeof what, "decode kernel %s: snapshots vs CPU", kernels[kk].name);
                 if (c->cache && c->inter)
                     test_compare_bar(what, &other.intermediate_states, &h.intermediate_states, tol, tol, c->state_dt);
-                snprintf(what, sizeof what, "decode kernel %s: final_state vs CPU", kernels[kk]);
+                snprintf(what, sizeof what, "decode kernel %s: final_state vs CPU", kernels[kk].name);
                 if (c->final && !c->cache)
                     test_compare_bar(what, &other.final_state, &h.final_state, tol, tol, GDP_DTYPE_FP32);
                 dec_free(&base, false);
@@ -334,26 +346,26 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
             continue;
         }
         char what[64];
-        snprintf(what, sizeof what, "decode kernel %s: o", kernels[kk]);
+        snprintf(what, sizeof what, "decode kernel %s: o", kernels[kk].name);
         test_same_bytes(what, &other.o, &base.o);
         if (c->cache) {
-            snprintf(what, sizeof what, "decode kernel %s: state", kernels[kk]);
+            snprintf(what, sizeof what, "decode kernel %s: state", kernels[kk].name);
             test_same_bytes(what, &other.state, &base.state);
             if (c->inter) {
-                snprintf(what, sizeof what, "decode kernel %s: snapshots", kernels[kk]);
+                snprintf(what, sizeof what, "decode kernel %s: snapshots", kernels[kk].name);
                 test_same_bytes(what, &other.intermediate_states, &base.intermediate_states);
             }
         }
         if (c->final && !c->cache) {
-            snprintf(what, sizeof what, "decode kernel %s: final_state", kernels[kk]);
+            snprintf(what, sizeof what, "decode kernel %s: final_state", kernels[kk].name);
             test_same_bytes(what, &other.final_state, &base.final_state);
         }
         dec_free(&other, false);
     }
     dec_free(&base, false);
     printf("  %s\n", g_test_failures == before_failures
-                          ? "ok (a second run bitwise equal; regs, head = smem bitwise; rows and rows64 within "
-                            "the bar, each twice the same bits)"
+                          ? "ok (a second run bitwise equal; regs, head = smem bitwise; rows, rows64, rows32 and "
+                            "rows16 within the bar, each twice the same bits; rows64b3 = rows64 bitwise)"
                           : "FAILED");
     dec_free(&again, false);
     dec_free(&got, false);
@@ -728,6 +740,13 @@ static void decode_tests(test_rng *r) {
         decode_graph(r, &cases[12]);
         for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++)
             decode_tokens_vs_single(r, &multi[i]);
+        /* and on 16-column slices, the small-batch tile */
+        char *saved_cols = test_env_swap("GDP_DECODE_ROWS_COLS", "16");
+        printf("GDP_DECODE_STATE=rows GDP_DECODE_ROWS_COLS=16:\n");
+        decode_graph(r, &cases[0]);
+        for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++)
+            decode_tokens_vs_single(r, &multi[i]);
+        test_env_restore("GDP_DECODE_ROWS_COLS", saved_cols);
         test_env_restore("GDP_DECODE_STATE", saved);
     }
     /* The fused decode end under GDP_DECODE_END=fused (fuse whatever fits): the layer's
@@ -771,6 +790,7 @@ static void decode_tests(test_rng *r) {
     decode_end_bad_value(r, &ends[6], 4);
     decode_env_bad_value(r, &cases[0], "GDP_DECODE_STATE", "fastest", "smem");
     decode_env_bad_value(r, &cases[0], "GDP_DECODE_ROWS_COLS", "96", "128");
+    decode_env_bad_value(r, &cases[0], "GDP_DECODE_ROWS_BLOCKS", "4", "3");
 }
 
 #endif /* GDP_HAVE_CUDA */
