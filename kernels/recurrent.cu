@@ -869,9 +869,9 @@ cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStre
     return cudaGetLastError();
 }
 
-#include "recurrent_rows.cuh" /* the row kernel (v10b): the default from REC_ROWS_MIN_PAIRS, GDP_DECODE_STATE=rows */
+#include "recurrent_rows.cuh" /* the row kernel (v10b): the default wherever it fits, GDP_DECODE_STATE=rows forces it */
 
-template <int SDT, int R, int LPR, int MT, int DT, int MINB = ROWS_MIN_BLOCKS>
+template <int SDT, int R, int LPR, int MT, int DT>
 cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStream_t stream) {
     using G = RowsGeom<LPR>;
     RecurrentParams q = p;
@@ -880,7 +880,8 @@ cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStre
     if (items > INT32_MAX)
         return cudaErrorInvalidConfiguration;
     /* the step area (at most 34 KB: M = ROWS_MAX_M = 3, K = V = 128) and the state cells (64 KB at R = 16) */
-    const size_t cells = (size_t)R * ROWS_THREADS * 4 + ROWS_RAW_UNROLL * ROWS_THREADS; /* + token 0's raw words */
+    /* + token 0's raw words and the warps' slot words */
+    const size_t cells = (size_t)R * ROWS_THREADS * 4 + ROWS_RAW_UNROLL * ROWS_THREADS + ROWS_SLOT_WORDS;
     const size_t bytes = ((size_t)rows_smem_floats(p.steps_per_token, G::ROUND * R, G::BV) + cells) * sizeof(float);
     const size_t most = ((size_t)rows_smem_floats(ROWS_MAX_M, G::ROUND * R, G::BV) + cells) * sizeof(float);
     static int cache[64];
@@ -888,20 +889,20 @@ cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStre
     if (device < 0 || device >= 64)
         return cudaErrorInvalidDevice;
     if (!configured[device]) {
-        cudaError_t err = cudaFuncSetAttribute(recurrent_rows_kernel<SDT, R, LPR, MT, DT, MINB>,
+        cudaError_t err = cudaFuncSetAttribute(recurrent_rows_kernel<SDT, R, LPR, MT, DT>,
                                                cudaFuncAttributePreferredSharedMemoryCarveout,
                                                (int)cudaSharedmemCarveoutMaxShared);
         if (err == cudaSuccess)
-            err = cudaFuncSetAttribute(recurrent_rows_kernel<SDT, R, LPR, MT, DT, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            err = cudaFuncSetAttribute(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)most);
         if (err != cudaSuccess)
             return err;
         configured[device] = 1;
     }
     /* a resident grid: every block loops over items (recurrent_rows.cuh) */
-    const int64_t resident = resident_blocks(recurrent_rows_kernel<SDT, R, LPR, MT, DT, MINB>, cache, device, most, ROWS_THREADS);
+    const int64_t resident = resident_blocks(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, cache, device, most, ROWS_THREADS);
     const int64_t grid = resident > 0 && resident < items ? resident : items;
-    recurrent_rows_kernel<SDT, R, LPR, MT, DT, MINB><<<(unsigned)grid, ROWS_THREADS, bytes, stream>>>(q);
+    recurrent_rows_kernel<SDT, R, LPR, MT, DT><<<(unsigned)grid, ROWS_THREADS, bytes, stream>>>(q);
     return cudaGetLastError();
 }
 
@@ -918,18 +919,18 @@ bool rows_fit(const RecurrentParams &p, int state_dtype) {
 
 /* K = 128 with bf16 q, k, v and o (the layer's decode) compiles M and the dtypes in
  * (recurrent_rows.cuh, rows_m / rows_qdt / rows_k); any other shape reads them at run time. */
-template <int SDT, int R, int LPR, int MINB = ROWS_MIN_BLOCKS>
+template <int SDT, int R, int LPR>
 cudaError_t launch_rows_spec(const RecurrentParams &p, int device, cudaStream_t stream) {
     constexpr int KP = RowsGeom<LPR>::ROUND * R;
     if (p.K == KP && p.qkv_dtype == GDP_DTYPE_BF16 && p.o_dtype == GDP_DTYPE_BF16 && aligned16(p.o)) {
         switch (p.steps_per_token) {
-        case 1: return launch_recurrent_rows<SDT, R, LPR, 1, GDP_DTYPE_BF16, MINB>(p, device, stream);
-        case 2: return launch_recurrent_rows<SDT, R, LPR, 2, GDP_DTYPE_BF16, MINB>(p, device, stream);
-        case 3: return launch_recurrent_rows<SDT, R, LPR, 3, GDP_DTYPE_BF16, MINB>(p, device, stream);
+        case 1: return launch_recurrent_rows<SDT, R, LPR, 1, GDP_DTYPE_BF16>(p, device, stream);
+        case 2: return launch_recurrent_rows<SDT, R, LPR, 2, GDP_DTYPE_BF16>(p, device, stream);
+        case 3: return launch_recurrent_rows<SDT, R, LPR, 3, GDP_DTYPE_BF16>(p, device, stream);
         default: break;
         }
     }
-    return launch_recurrent_rows<SDT, R, LPR, 0, -1, MINB>(p, device, stream);
+    return launch_recurrent_rows<SDT, R, LPR, 0, -1>(p, device, stream);
 }
 
 /* The row kernel's value slice: GDP_DECODE_ROWS_COLS = 16 | 32 | 64 | 128 asks for one, unset,
@@ -941,28 +942,48 @@ int rows_cols_choice() {
     return gdp_env_choice("GDP_DECODE_ROWS_COLS", spell, value, 5, 0, nullptr);
 }
 
-/* Resident blocks of the 64-column slices at K > 64 (R = 8 rows a thread): GDP_DECODE_ROWS_BLOCKS
- * = 2 (128 registers a thread) | 3 (80, with spills; three blocks' 60 KB of shared memory fit
- * an SM) | auto (2). Read at every launch; -1 for any other value (refused by recurrent_run). */
-int rows_blocks_choice() {
-    static const char *const spell[3] = {"auto", "2", "3"};
-    static const int value[3] = {0, 2, 3};
-    return gdp_env_choice("GDP_DECODE_ROWS_BLOCKS", spell, value, 3, 0, nullptr);
+/* Streaming multiprocessors of a device (cached; 132 on the H200). */
+int sm_count(int device) {
+    static int count[64];
+    if (device < 0 || device >= 64)
+        return 0;
+    if (count[device] == 0 && cudaDeviceGetAttribute(&count[device], cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+        count[device] = 0;
+    return count[device];
 }
 
-/* The value columns of a row kernel item: the asked slice where V is a multiple of it (16 and 32
- * also need 64 < K <= 128: their R of 2 and 4 rows cover 128 rows), else whole 128-column rows
- * where V allows, else 64. */
-int rows_cols(const RecurrentParams &p) {
+/* Whether a slice of cols value columns holds the shape: V a multiple of it, and for 16 and 32
+ * 64 < K <= 128 (their R of 2 and 4 rows a thread cover 128 rows). */
+bool rows_cols_fit(const RecurrentParams &p, int cols) {
+    return p.V % cols == 0 && (cols >= 64 || (p.K > 64 && p.K <= 128));
+}
+
+/* The value columns of a row kernel item: the asked slice where it fits; else (auto, or an asked
+ * slice that does not fit) the widest slice whose items fill the SMs once, down to the narrowest
+ * that fits. Measured (gdp-bench ops --op decode, H 16, K = V = 128, M 2, session 11; us, slices
+ * 128 / 64 / 32 / 16): B=1 (16 pairs) - / 7.7 / 7.6 / 7.5 (the register kernel 8.8), B=64 43.8 /
+ * 49.6 / 69.2 / 118.1: narrow slices repeat an item's per-token work for less state, so they pay
+ * only where whole rows leave SMs idle. */
+int rows_cols(const RecurrentParams &p, int device) {
     const int asked = rows_cols_choice();
-    if (asked > 0 && p.V % asked == 0 && (asked >= 64 || (p.K > 64 && p.K <= 128)))
+    if (asked > 0 && rows_cols_fit(p, asked))
         return asked;
-    return p.V % 128 == 0 ? 128 : 64;
+    static const int widest_first[4] = {128, 64, 32, 16};
+    const int64_t sms = sm_count(device);
+    int cols = 64; /* rows_fit: V is a multiple of 64 */
+    for (int i = 0; i < 4; i++) {
+        if (!rows_cols_fit(p, widest_first[i]))
+            continue;
+        cols = widest_first[i];
+        if (p.B * p.H * (p.V / cols) >= sms)
+            break;
+    }
+    return cols;
 }
 
 /* Slices of 4 LPR columns (LPR lanes a row); R the fewest rows a thread. */
 template <int SDT> cudaError_t dispatch_rows_kernel(const RecurrentParams &p, int device, cudaStream_t stream) {
-    switch (rows_cols(p)) {
+    switch (rows_cols(p, device)) {
     case 16: return launch_rows_spec<SDT, 2, 4>(p, device, stream);
     case 32: return launch_rows_spec<SDT, 4, 8>(p, device, stream);
     case 128:
@@ -977,8 +998,6 @@ template <int SDT> cudaError_t dispatch_rows_kernel(const RecurrentParams &p, in
         return launch_recurrent_rows<SDT, 2, 16, 0, -1>(p, device, stream);
     if (p.K <= 64)
         return launch_recurrent_rows<SDT, 4, 16, 0, -1>(p, device, stream);
-    if (rows_blocks_choice() == 3)
-        return launch_rows_spec<SDT, 8, 16, 3>(p, device, stream);
     return launch_rows_spec<SDT, 8, 16>(p, device, stream);
 }
 
@@ -1008,17 +1027,16 @@ int decode_state_choice() {
     return gdp_env_choice("GDP_DECODE_STATE", spell, value, 5, DECODE_AUTO, nullptr);
 }
 
-/* The default: the row kernel wherever it fits (rows_fit) from REC_ROWS_MIN_PAIRS (request,
- * head) pairs; below that, or where it does not fit, the shared-memory kernel for 16-bit states
- * and for fp32 from REC_SMEM_MIN_PAIRS pairs, the register kernel below. Measured on the H200
- * (gdp-bench ops --op decode, NOTES-ops.md v10 and v10b; us, rows vs smem): fp32 B=64 43.6
- * vs 56.9, B=256 149.2 vs 186.7, B=1024 570.2 vs 701.1, H 32 V 64 M 3 182.0 vs 226.4; bf16 state
- * B=256 128.8 vs 192.5; B=1 (16 pairs) 9.4 against the register kernel's 8.7. The layer step
- * (gdp-bench layer, 2 layers, graph-replayed; v10) B=64 172 vs 191, B=256 437 vs 475. */
-constexpr int64_t REC_ROWS_MIN_PAIRS = 256;
-
+/* The default: the row kernel wherever it fits (rows_fit), at every batch (rows_cols narrows
+ * its slices where whole rows leave SMs idle); elsewhere the shared-memory kernel for 16-bit
+ * states and for fp32 from REC_SMEM_MIN_PAIRS pairs, the register kernel below. Measured on the
+ * H200 (gdp-bench ops --op decode, NOTES-ops.md v10, v10b and session 11; us, rows vs smem):
+ * fp32 B=64 43.6 vs 56.9, B=256 149.2 vs 186.7, B=1024 570.2 vs 701.1, H 32 V 64 M 3 182.0 vs
+ * 226.4; bf16 state B=256 128.8 vs 192.5; B=1 (16 pairs) 7.5 on 16-column slices against the
+ * register kernel's 8.8 (bf16 state 7.9 against smem's 10.1). The layer step (gdp-bench layer,
+ * 2 layers, graph-replayed; v10) B=64 172 vs 191, B=256 437 vs 475. */
 DecodeKernel decode_kernel_auto(const RecurrentParams &p, int state_dtype) {
-    if (p.B * p.H >= REC_ROWS_MIN_PAIRS && rows_fit(p, state_dtype))
+    if (rows_fit(p, state_dtype))
         return DECODE_ROWS;
     return state_dtype != GDP_DTYPE_FP32 || p.B * p.H >= REC_SMEM_MIN_PAIRS ? DECODE_SMEM : DECODE_REGS;
 }
@@ -1211,10 +1229,7 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
                  "%s: GDP_DECODE_ROWS_COLS=%s is not known; use 16, 32, 64 or 128 (or leave it unset, empty or auto: "
                  "the op chooses)",
                  fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_ROWS_COLS"));
-    if (rows_blocks_choice() == -1)
-        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
-                 "%s: GDP_DECODE_ROWS_BLOCKS=%s is not known; use 2 or 3 (or leave it unset, empty or auto: 2)",
-                 fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_ROWS_BLOCKS"));
+
     if (decode_state_choice() == -1)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
                  "%s: GDP_DECODE_STATE=%s is not known; use regs, smem, head or rows (or leave it unset, empty or auto: "

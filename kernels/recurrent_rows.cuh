@@ -1,6 +1,6 @@
 /*
- * recurrent_rows.cuh: the row kernel of the decode op (v9, v10, v10b of NOTES-ops.md; the default from
- * REC_ROWS_MIN_PAIRS pairs, GDP_DECODE_STATE=rows forces it), included
+ * recurrent_rows.cuh: the row kernel of the decode op (v9, v10, v10b and session 11 of NOTES-ops.md;
+ * the default wherever it fits, GDP_DECODE_STATE=rows forces it), included
  * by recurrent.cu inside its anonymous namespace (it uses RecurrentParams, StateStorage and the
  * column load/store helpers there).
  *
@@ -237,9 +237,9 @@ template <int BV> __device__ __forceinline__ void rows_total(const float *tot, i
     out[0] = x.x, out[1] = x.y, out[2] = x.z, out[3] = x.w;
 }
 
-/* Resident blocks a launch bound asks for: 2 (128 registers a thread: the 16 state rows of
- * K = 128 without spills), or 3 (80 registers) where the rows fit in fewer registers and the
- * shared memory holds three blocks (GDP_DECODE_ROWS_BLOCKS, recurrent.cu). */
+/* Resident blocks a launch bound asks for: 2, 128 registers a thread (the 16 state rows of
+ * K = 128 without spills). Three (80 registers) for the 64-column slices measured slower at every
+ * row of gdp-bench ops (NOTES-ops.md, session 11: the spills cost more than the third block gave). */
 constexpr int ROWS_MIN_BLOCKS = 2;
 
 /* The thread's state cells in shared memory: row i of its R rows at cell i * ROWS_THREADS +
@@ -265,6 +265,44 @@ __device__ __forceinline__ void rows_issue_state(const RecurrentParams &p, int64
             cp_async_8(cell, in + r * p.V + col);
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/* Loads whose first use is an item later. The compiler put each use right after its load
+ * (the slot index of the item after next went straight into a uniform register, beta was
+ * widened at once), so every warp waited a DRAM latency an item for values it needed a whole
+ * item later: ncu's source page of v10b at B=256 put 12 % of the fp32 launch's stall samples on
+ * that one R2UR, and beta's widening held warp 0 (and so the block at its next barrier).
+ * beta (a per-thread value of the first M threads) keeps its raw bits, and rows_late() at the
+ * load and again at the use hides them from the compiler until there (an empty asm emits no
+ * instruction, so nothing waits before the first real use). The slot index, loaded at one
+ * address by every thread, ptxas still moved into a uniform register at once, and under
+ * register pressure spilled it at once (a store that waits for the load), so it takes no
+ * register: lane 0 of each warp copies it by cp.async into the warp's word of the block's
+ * shared memory, and the warp reads it back after the next item's wait. */
+__device__ __forceinline__ uint32_t rows_late(uint32_t x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+constexpr int ROWS_SLOT_WORDS = 2 * ROWS_WARPS; /* a warp's two words (by item parity) */
+/* beta of step t of item (b, h)'s token 0 as loaded (its dtype's bits), converted by
+ * rows_beta_value at its use (1 without beta). */
+__device__ __forceinline__ uint32_t rows_beta_bits(const RecurrentParams &p, int64_t b, int h, int t) {
+    if (p.beta == nullptr)
+        return 0u;
+    const int64_t at = (b * p.T + t) * p.H + h;
+    if (p.beta_dtype == GDP_DTYPE_FP32)
+        return rows_late(static_cast<const uint32_t *>(p.beta)[at]);
+    return rows_late(static_cast<const uint16_t *>(p.beta)[at]);
+}
+__device__ __forceinline__ float rows_beta_value(const RecurrentParams &p, uint32_t bits) {
+    if (p.beta == nullptr)
+        return 1.0f;
+    bits = rows_late(bits);
+    if (p.beta_dtype == GDP_DTYPE_FP32)
+        return __uint_as_float(bits);
+    if (p.beta_dtype == GDP_DTYPE_BF16)
+        return __uint_as_float(bits << 16);
+    return __half2float(__ushort_as_half((unsigned short)bits));
 }
 
 /* Token 0 of an item as raw 4-byte words, copied by cp.async into the block's raw area while
@@ -311,7 +349,7 @@ __device__ __forceinline__ void rows_issue_inputs(const RecurrentParams &p, int6
 /* The words this thread copied, as fp32 into the stage buffer; beta (loaded an item ahead into
  * a register) and exp(0) = 1 without g by the first M threads. */
 template <int KP, int BV, int MT, int DT>
-__device__ __forceinline__ void rows_convert_inputs(const RecurrentParams &p, const uint32_t *raw, float beta,
+__device__ __forceinline__ void rows_convert_inputs(const RecurrentParams &p, const uint32_t *raw, uint32_t beta_bits,
                                                     float *buf) {
     const int M = rows_m<MT>(p), K = rows_k<DT, KP>(p);
     const gdp_dtype_t qdt = rows_qdt<DT>(p);
@@ -350,7 +388,7 @@ __device__ __forceinline__ void rows_convert_inputs(const RecurrentParams &p, co
             dst[1] = hi;
     }
     if ((int)threadIdx.x < M) {
-        betas[threadIdx.x] = beta;
+        betas[threadIdx.x] = rows_beta_value(p, beta_bits);
         if (p.g == nullptr)
             decay[threadIdx.x] = 1.0f;
     }
@@ -365,7 +403,7 @@ __device__ __forceinline__ void rows_convert_inputs(const RecurrentParams &p, co
 template <int SDT, int R, int LPR, int MT, int DT>
 __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, int h, int vb, int64_t row,
                                           float (&st)[R][4], int &tok, float *smem_rows, bool published, bool ahead,
-                                          const uint32_t *raw, float next_beta) {
+                                          const uint32_t *raw, uint32_t next_beta) {
     using G = RowsGeom<LPR>;
     using Bits = typename StateStorage<SDT>::Bits;
     constexpr int BV = G::BV, KP = G::ROUND * R;
@@ -552,34 +590,34 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
         }
     }
 
-    /* The final state: back into the slot (its dtype), or dense fp32. */
+    /* The final state: back into the slot (its dtype), or dense fp32. One 64-bit base and the
+     * dtype branch outside the row loop (ncu: the per-row 64-bit offsets were 288 instructions
+     * a warp and item of the bf16 launch). */
     if (p.state_out != nullptr) {
+        const int64_t base = row * p.out_stride_row + h * p.out_stride_head + (int64_t)rbase * p.V + col;
+        if (SDT == GDP_DTYPE_FP32 || p.out_fp32) {
+            float *out = static_cast<float *>(p.state_out) + base;
 #pragma unroll
-        for (int i = 0; i < R; i++) {
-            const int r = rbase + i;
-            if (r >= K)
-                continue;
-            const int64_t off = row * p.out_stride_row + h * p.out_stride_head + (int64_t)r * p.V + col;
-            if (SDT == GDP_DTYPE_FP32 || p.out_fp32)
-                store_columns_f32<4>(static_cast<float *>(p.state_out) + off, st[i]);
-            else
-                store_columns<SDT, 4>(static_cast<Bits *>(p.state_out) + off, st[i]);
+            for (int i = 0; i < R; i++)
+                if (rbase + i < K)
+                    store_columns_f32<4>(out + i * p.V, st[i]);
+        } else {
+            Bits *out = static_cast<Bits *>(p.state_out) + base;
+#pragma unroll
+            for (int i = 0; i < R; i++)
+                if (rbase + i < K)
+                    store_columns<SDT, 4>(out + i * p.V, st[i]);
         }
     }
-}
-
-/* beta of step t of item (b, h)'s token 0 (1 without beta). */
-__device__ __forceinline__ float rows_beta(const RecurrentParams &p, int64_t b, int h, int t) {
-    return p.beta != nullptr ? load_as_float(p.beta, p.beta_dtype, (b * p.T + t) * p.H + h) : 1.0f;
 }
 
 /* A resident grid: block j takes items j, j + grid, ... While an item computes, the next
  * item's state streams into the thread's own shared-memory cells by cp.async (no registers
  * held, no barrier: each thread reads back only what it copied), and its q, k, v rows into L2;
- * the slot of the item after that is loaded a whole item ahead. So a block's state load
+ * the slot of the item after that is copied a whole item ahead. So a block's state load
  * overlaps its previous item's compute instead of following it. */
-template <int SDT, int R, int LPR, int MT, int DT, int MINB>
-__global__ void __launch_bounds__(ROWS_THREADS, MINB) recurrent_rows_kernel(const RecurrentParams p) {
+template <int SDT, int R, int LPR, int MT, int DT>
+__global__ void __launch_bounds__(ROWS_THREADS, ROWS_MIN_BLOCKS) recurrent_rows_kernel(const RecurrentParams p) {
     using G = RowsGeom<LPR>;
     using Bits = typename StateStorage<SDT>::Bits;
     constexpr int BV = G::BV, KP = G::ROUND * R;
@@ -590,6 +628,8 @@ __global__ void __launch_bounds__(ROWS_THREADS, MINB) recurrent_rows_kernel(cons
     const int rbase = (warp * G::RPW + lane / LPR) * R; /* the thread's rows: rbase + i, i < R */
     float *cells = smem_rows + rows_smem_floats(M, KP, BV); /* [R][threads] 16-byte cells */
     uint32_t *raw = reinterpret_cast<uint32_t *>(cells + R * ROWS_THREADS * 4); /* token 0's raw words */
+    uint32_t *slot_words = raw + ROWS_RAW_UNROLL * ROWS_THREADS + 2 * (tid >> 5); /* the warp's two slot words */
+    const bool slots_copied = p.cache && p.indices != nullptr; /* else the state row is the request */
     const int stage_floats = rows_stage_floats(M, KP, BV);
     const int64_t items = p.B * p.H * p.n_vblocks;
     const int64_t step = gridDim.x;
@@ -605,12 +645,12 @@ __global__ void __launch_bounds__(ROWS_THREADS, MINB) recurrent_rows_kernel(cons
     int h, vb, nh = 0, nvb = 0;
     item_coords(p, item, b, h, vb);
     int64_t row = state_row(p, b);
-    float beta = 1.0f, next_beta = 1.0f;
+    uint32_t beta = 0u, next_beta = 0u; /* rows_beta_bits */
     if (!row_is_padding(p, row)) {
         rows_issue_inputs<BV, KP, MT, DT>(p, b, h, vb, raw);
         rows_issue_state<SDT, R, BV, G::ROUND, DT>(p, row, h, vb, rbase, c0, cells);
         if (tid < M)
-            beta = rows_beta(p, b, h, tid);
+            beta = rows_beta_bits(p, b, h, tid);
     }
     int64_t next_row = -1;
     if (item + step < items) {
@@ -618,7 +658,9 @@ __global__ void __launch_bounds__(ROWS_THREADS, MINB) recurrent_rows_kernel(cons
         next_row = state_row(p, nb);
     }
     int tok = 0;
-    bool published = false; /* this item's token-0 inputs staged and published by the item before */
+    bool published = false;    /* this item's token-0 inputs staged and published by the item before */
+    int parity = 0;            /* the slot word the next copy goes to, and the next read comes from */
+    bool next_in_word = false; /* next_row still sits in slot_words[parity] (copied an item ago) */
     for (; item < items; item += step) {
         const int64_t next = item + step;
         const bool padding = row_is_padding(p, row);
@@ -638,21 +680,35 @@ __global__ void __launch_bounds__(ROWS_THREADS, MINB) recurrent_rows_kernel(cons
             if (!published)
                 rows_convert_inputs<KP, BV, MT, DT>(p, raw, beta, smem_rows + (tok & 1) * stage_floats);
         }
+        if (next_in_word) { /* the next item's slot, copied by lane 0 an item ago: complete after its wait */
+            if (padding && (tid & 31) == 0)
+                cp_async_wait_all();
+            __syncwarp(); /* also orders every lane's read before lane 0's next copy into the other word */
+            /* lane 0's word through a shuffle: a value the compiler knows to be warp-uniform keeps
+             * the row's address arithmetic in uniform registers (a plain shared read spilled) */
+            const uint32_t word = *reinterpret_cast<volatile const uint32_t *>(slot_words + parity);
+            next_row = (int64_t)(int32_t)__shfl_sync(0xffffffffu, word, 0);
+            parity ^= 1;
+        }
         /* the next item: its inputs and state into the words and cells just read, and the slot
-         * of the one after it */
-        int64_t after_row = -1, ab = 0;
+         * of the one after it into the warp's other slot word (issued first: the inputs' group
+         * commits it) */
+        int64_t ab = 0;
         int ah = 0, avb = 0;
+        bool has_after = false;
         const bool ahead = !padding && p.S == 1 && next < items && !row_is_padding(p, next_row);
         if (next < items) {
+            if (next + step < items) {
+                item_coords(p, next + step, ab, ah, avb);
+                has_after = true;
+                if (slots_copied && (tid & 31) == 0)
+                    cp_async_4(slot_words + parity, p.indices + ab);
+            }
             if (!row_is_padding(p, next_row)) {
                 rows_issue_inputs<BV, KP, MT, DT>(p, nb, nh, nvb, raw);
                 rows_issue_state<SDT, R, BV, G::ROUND, DT>(p, next_row, nh, nvb, rbase, c0, cells);
                 if (tid < M)
-                    next_beta = rows_beta(p, nb, nh, tid);
-            }
-            if (next + step < items) {
-                item_coords(p, next + step, ab, ah, avb);
-                after_row = state_row(p, ab);
+                    next_beta = rows_beta_bits(p, nb, nh, tid);
             }
         }
         if (padding) { /* -1: zero outputs of the slice, no slot read or written */
@@ -665,6 +721,8 @@ __global__ void __launch_bounds__(ROWS_THREADS, MINB) recurrent_rows_kernel(cons
         }
         published = ahead;
         b = nb, h = nh, vb = nvb, row = next_row, beta = next_beta;
-        nb = ab, nh = ah, nvb = avb, next_row = after_row;
+        nb = ab, nh = ah, nvb = avb;
+        next_in_word = has_after && slots_copied;
+        next_row = has_after && !slots_copied ? ab : -1;
     }
 }

@@ -301,27 +301,21 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
      * bits again on a second run. A kernel that does not hold the shape runs the default. */
     /* rows64, rows32 and rows16 (GDP_DECODE_ROWS_COLS: 64-, 32- or 16-column slices where V
      * and K allow them; a shape that does not runs the default slice) sum in other orders
-     * again: the CPU's bar, then their own bits on a second run; rows64b3 is rows64 at three
-     * resident blocks (GDP_DECODE_ROWS_BLOCKS=3: other registers, the same arithmetic), so it
-     * must give rows64's bits. */
+     * again: the CPU's bar, then their own bits on a second run. */
     static const struct {
-        const char *name, *state, *cols, *blocks;
+        const char *name, *state, *cols;
         bool first; /* the reference of the runs after it: held to the CPU bar */
-    } kernels[] = {{"smem", "smem", NULL, NULL, true},    {"regs", "regs", NULL, NULL, false},
-                   {"head", "head", NULL, NULL, false},   {"rows", "rows", NULL, NULL, true},
-                   {"rows", "rows", NULL, NULL, false},   {"rows64", "rows", "64", NULL, true},
-                   {"rows64", "rows", "64", NULL, false}, {"rows64b3", "rows", "64", "3", false},
-                   {"rows32", "rows", "32", NULL, true},  {"rows32", "rows", "32", NULL, false},
-                   {"rows16", "rows", "16", NULL, true},  {"rows16", "rows", "16", NULL, false}};
+    } kernels[] = {{"smem", "smem", NULL, true},    {"regs", "regs", NULL, false},  {"head", "head", NULL, false},
+                   {"rows", "rows", "128", true},   {"rows", "rows", "128", false}, {"rows64", "rows", "64", true},
+                   {"rows64", "rows", "64", false}, {"rows32", "rows", "32", true},  {"rows32", "rows", "32", false},
+                   {"rows16", "rows", "16", true},  {"rows16", "rows", "16", false}};
     gdp_recurrent_args base = {0};
     for (int kk = 0; kk < (int)(sizeof kernels / sizeof kernels[0]); kk++) {
         char *saved = test_env_swap("GDP_DECODE_STATE", kernels[kk].state);
         char *saved_cols = test_env_swap("GDP_DECODE_ROWS_COLS", kernels[kk].cols);
-        char *saved_blocks = test_env_swap("GDP_DECODE_ROWS_BLOCKS", kernels[kk].blocks);
         if (c->cache)
             test_dev_put(&d.state, &before.state);
         CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &d));
-        test_env_restore("GDP_DECODE_ROWS_BLOCKS", saved_blocks);
         test_env_restore("GDP_DECODE_ROWS_COLS", saved_cols);
         test_env_restore("GDP_DECODE_STATE", saved);
         gdp_recurrent_args other = dec_host_clone(&before);
@@ -365,7 +359,7 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
     dec_free(&base, false);
     printf("  %s\n", g_test_failures == before_failures
                           ? "ok (a second run bitwise equal; regs, head = smem bitwise; rows, rows64, rows32 and "
-                            "rows16 within the bar, each twice the same bits; rows64b3 = rows64 bitwise)"
+                            "rows16 within the bar, each twice the same bits)"
                           : "FAILED");
     dec_free(&again, false);
     dec_free(&got, false);
@@ -764,15 +758,16 @@ static void decode_tests(test_rng *r) {
         {16, 1, 2, 8, 128, 128, 20, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 5},
         {17, 1, 2, 8, 128, 128, 20, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 5},
     };
-    decode_end_vs_chain(r, &ends[0], 4, true, NULL, "fused");
-    /* B=37 x 8 heads (296 pairs) and B=64 x 16: the default op there is the row kernel, whose
-     * bits differ from the fused end's shared-memory kernel; the chain under smem or head is
-     * the same arithmetic. */
+    /* The default op is the row kernel wherever it fits (every batch), whose bits differ from
+     * the fused end's shared-memory kernel; the chain under smem, head or regs is the same
+     * arithmetic as the fused end. */
+    decode_end_vs_chain(r, &ends[0], 4, true, "smem", "fused");
+    decode_end_vs_chain(r, &ends[0], 4, true, "regs", "fused");
     decode_end_vs_chain(r, &ends[1], 2, true, "smem", "fused");
     decode_end_vs_chain(r, &ends[1], 2, true, "head", "fused");
-    decode_end_vs_chain(r, &ends[2], 4, true, NULL, "fused");
+    decode_end_vs_chain(r, &ends[2], 4, true, "smem", "fused");
     decode_end_vs_chain(r, &ends[2], 4, true, "head", "fused");
-    decode_end_vs_chain(r, &ends[3], 1, true, NULL, "fused");
+    decode_end_vs_chain(r, &ends[3], 1, true, "smem", "fused");
     decode_end_vs_chain(r, &ends[4], 8, false, NULL, "fused"); /* 8 x 128 = 1024 elements a group */
     decode_end_vs_chain(r, &ends[5], 4, false, NULL, "fused"); /* two tokens a request */
     decode_end_vs_chain(r, &ends[6], 4, true, "smem", "fused");
@@ -790,7 +785,6 @@ static void decode_tests(test_rng *r) {
     decode_end_bad_value(r, &ends[6], 4);
     decode_env_bad_value(r, &cases[0], "GDP_DECODE_STATE", "fastest", "smem");
     decode_env_bad_value(r, &cases[0], "GDP_DECODE_ROWS_COLS", "96", "128");
-    decode_env_bad_value(r, &cases[0], "GDP_DECODE_ROWS_BLOCKS", "4", "3");
 }
 
 #endif /* GDP_HAVE_CUDA */
