@@ -284,30 +284,22 @@ __device__ __forceinline__ uint32_t rows_late(uint32_t x) {
     return x;
 }
 constexpr int ROWS_SLOT_WORDS = 2 * ROWS_WARPS; /* a warp's two words (by item parity) */
-/* Measured (H200, gdp-bench ops --op decode, session 11; us, v10b -> late loads): bf16 state B=64
- * 37.6 -> 35.2, B=256 131.2 -> 120.1, B=1024 492.1 -> 452.4; the fp32 state, already within 8 %
- * of its memory ceiling at B=256, B=256 150.9 -> 153.4, B=1024 574.0 -> 591.0: so the 16-bit
- * states take them and fp32 keeps v10b's loads. */
-template <int SDT> __host__ __device__ constexpr bool rows_late_loads() { return SDT != GDP_DTYPE_FP32; }
 /* beta of step t of item (b, h)'s token 0 as loaded (its dtype's bits), converted by
  * rows_beta_value at its use (1 without beta). */
-template <bool LATE>
 __device__ __forceinline__ uint32_t rows_beta_bits(const RecurrentParams &p, int64_t b, int h, int t) {
     if (p.beta == nullptr)
         return 0u;
     const int64_t at = (b * p.T + t) * p.H + h;
-    if (!LATE) /* v10b: widened at once (the fp32 state's launch, measured faster so) */
-        return __float_as_uint(load_as_float(p.beta, p.beta_dtype, at));
     if (p.beta_dtype == GDP_DTYPE_FP32)
         return rows_late(static_cast<const uint32_t *>(p.beta)[at]);
     return rows_late(static_cast<const uint16_t *>(p.beta)[at]);
 }
-template <bool LATE> __device__ __forceinline__ float rows_beta_value(const RecurrentParams &p, uint32_t bits) {
+__device__ __forceinline__ float rows_beta_value(const RecurrentParams &p, uint32_t bits) {
     if (p.beta == nullptr)
         return 1.0f;
-    if (!LATE || p.beta_dtype == GDP_DTYPE_FP32)
-        return __uint_as_float(LATE ? rows_late(bits) : bits);
     bits = rows_late(bits);
+    if (p.beta_dtype == GDP_DTYPE_FP32)
+        return __uint_as_float(bits);
     if (p.beta_dtype == GDP_DTYPE_BF16)
         return __uint_as_float(bits << 16);
     return __half2float(__ushort_as_half((unsigned short)bits));
@@ -356,7 +348,7 @@ __device__ __forceinline__ void rows_issue_inputs(const RecurrentParams &p, int6
 
 /* The words this thread copied, as fp32 into the stage buffer; beta (loaded an item ahead into
  * a register) and exp(0) = 1 without g by the first M threads. */
-template <int KP, int BV, int MT, int DT, bool LATE>
+template <int KP, int BV, int MT, int DT>
 __device__ __forceinline__ void rows_convert_inputs(const RecurrentParams &p, const uint32_t *raw, uint32_t beta_bits,
                                                     float *buf) {
     const int M = rows_m<MT>(p), K = rows_k<DT, KP>(p);
@@ -396,7 +388,7 @@ __device__ __forceinline__ void rows_convert_inputs(const RecurrentParams &p, co
             dst[1] = hi;
     }
     if ((int)threadIdx.x < M) {
-        betas[threadIdx.x] = rows_beta_value<LATE>(p, beta_bits);
+        betas[threadIdx.x] = rows_beta_value(p, beta_bits);
         if (p.g == nullptr)
             decay[threadIdx.x] = 1.0f;
     }
@@ -493,7 +485,7 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
         rows_reduce<BV>(red, tot, M, nvec);
         if (ahead && s + 1 == p.S) { /* the other stage buffer was read last by the token before */
             asm volatile("cp.async.wait_group 1;\n" ::: "memory"); /* the inputs, not the state after them */
-            rows_convert_inputs<KP, BV, MT, DT, rows_late_loads<SDT>()>(p, raw, next_beta, smem_rows + ((tok + 1) & 1) * stage_floats);
+            rows_convert_inputs<KP, BV, MT, DT>(p, raw, next_beta, smem_rows + ((tok + 1) & 1) * stage_floats);
         }
         __syncthreads(); /* B3: the totals complete (and the next item's inputs staged) */
 
@@ -637,8 +629,7 @@ __global__ void __launch_bounds__(ROWS_THREADS, ROWS_MIN_BLOCKS) recurrent_rows_
     float *cells = smem_rows + rows_smem_floats(M, KP, BV); /* [R][threads] 16-byte cells */
     uint32_t *raw = reinterpret_cast<uint32_t *>(cells + R * ROWS_THREADS * 4); /* token 0's raw words */
     uint32_t *slot_words = raw + ROWS_RAW_UNROLL * ROWS_THREADS + 2 * (tid >> 5); /* the warp's two slot words */
-    constexpr bool LATE = rows_late_loads<SDT>();
-    const bool slots_copied = LATE && p.cache && p.indices != nullptr; /* else a plain load (or the request) */
+    const bool slots_copied = p.cache && p.indices != nullptr; /* else the state row is the request */
     const int stage_floats = rows_stage_floats(M, KP, BV);
     const int64_t items = p.B * p.H * p.n_vblocks;
     const int64_t step = gridDim.x;
@@ -659,7 +650,7 @@ __global__ void __launch_bounds__(ROWS_THREADS, ROWS_MIN_BLOCKS) recurrent_rows_
         rows_issue_inputs<BV, KP, MT, DT>(p, b, h, vb, raw);
         rows_issue_state<SDT, R, BV, G::ROUND, DT>(p, row, h, vb, rbase, c0, cells);
         if (tid < M)
-            beta = rows_beta_bits<LATE>(p, b, h, tid);
+            beta = rows_beta_bits(p, b, h, tid);
     }
     int64_t next_row = -1;
     if (item + step < items) {
@@ -687,7 +678,7 @@ __global__ void __launch_bounds__(ROWS_THREADS, ROWS_MIN_BLOCKS) recurrent_rows_
                 }
             }
             if (!published)
-                rows_convert_inputs<KP, BV, MT, DT, LATE>(p, raw, beta, smem_rows + (tok & 1) * stage_floats);
+                rows_convert_inputs<KP, BV, MT, DT>(p, raw, beta, smem_rows + (tok & 1) * stage_floats);
         }
         if (next_in_word) { /* the next item's slot, copied by lane 0 an item ago: complete after its wait */
             if (padding && (tid & 31) == 0)
@@ -705,22 +696,19 @@ __global__ void __launch_bounds__(ROWS_THREADS, ROWS_MIN_BLOCKS) recurrent_rows_
         int64_t ab = 0;
         int ah = 0, avb = 0;
         bool has_after = false;
-        int64_t after_row = -1; /* the item after next's state row, when not copied into a slot word */
         const bool ahead = !padding && p.S == 1 && next < items && !row_is_padding(p, next_row);
         if (next < items) {
             if (next + step < items) {
                 item_coords(p, next + step, ab, ah, avb);
                 has_after = true;
-                if (!slots_copied)
-                    after_row = state_row(p, ab);
-                else if ((tid & 31) == 0)
+                if (slots_copied && (tid & 31) == 0)
                     cp_async_4(slot_words + parity, p.indices + ab);
             }
             if (!row_is_padding(p, next_row)) {
                 rows_issue_inputs<BV, KP, MT, DT>(p, nb, nh, nvb, raw);
                 rows_issue_state<SDT, R, BV, G::ROUND, DT>(p, next_row, nh, nvb, rbase, c0, cells);
                 if (tid < M)
-                    next_beta = rows_beta_bits<LATE>(p, nb, nh, tid);
+                    next_beta = rows_beta_bits(p, nb, nh, tid);
             }
         }
         if (padding) { /* -1: zero outputs of the slice, no slot read or written */
@@ -735,6 +723,6 @@ __global__ void __launch_bounds__(ROWS_THREADS, ROWS_MIN_BLOCKS) recurrent_rows_
         b = nb, h = nh, vb = nvb, row = next_row, beta = next_beta;
         nb = ab, nh = ah, nvb = avb;
         next_in_word = has_after && slots_copied;
-        next_row = has_after && !slots_copied ? after_row : -1;
+        next_row = has_after && !slots_copied ? ab : -1;
     }
 }
