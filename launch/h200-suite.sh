@@ -4,7 +4,7 @@
 # its dev files), run every ctest labelled gpu (gpu;mpi included), the Python torch tests,
 # the ops benchmark and the main program. Logs go to $OUT (or ./h200-out) when set.
 # Golden vectors: $GDP_GOLDEN_DIR, else ./.golden (an ignored copy of ../shared/golden).
-# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk|chunkprof|decode]
+# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk|chunkprof|decode|decodeprof]
 # (default all; the others are not part of all: serve times gdp-run at the serving shape,
 # loop and alone repeat the gpu tests GDP_LOOP_RUNS times under ctest -j4 and one at a time,
 # experiments times each measured switch every way, profile lists the layer step's kernels
@@ -13,7 +13,8 @@
 # compute-sanitizer, which takes far longer; chunk is the chunk op's short loop: its test under
 # every kernel path, the prefill rows under each, the fused kernel's phase cycles and the
 # staged stages' times; chunkprof its ncu stall card); decode likewise for the decode op: its test, then its ops rows under
-# each decode kernel, then the memory ceiling of the row kernel's scheme).
+# each decode kernel, then the memory ceiling of the row kernel's scheme; decodeprof the row kernel's
+# ncu card at B=256, fp32 and bf16 state, by source line through launch/ncu_lines.py).
 #   GDP_BUILD_DIR            build folder (default build)
 #   GDP_SANITIZE_TOOLS       sanitizer tools, in order (default "memcheck racecheck")
 #   GDP_SANITIZE_TESTS       ctest -R regex of the gpu tests to sanitize (default: all of them)
@@ -42,6 +43,7 @@ build=${GDP_BUILD_DIR:-build}
 targets=()
 [ "$stage" = chunk ] && targets=(--target test_chunk_gpu gdp-bench bench_chunk_stages) # what the short loop runs
 [ "$stage" = chunkprof ] && targets=(--target gdp-bench)
+[ "$stage" = decodeprof ] && targets=(--target gdp-bench)
 [ "$stage" = decode ] && targets=(--target test_recurrent_gpu gdp-bench bench_decode_ceiling)
 if ! { cmake -B "$build" -DCMAKE_BUILD_TYPE=Release -DGDP_BUILD_CHUNK_DEV=ON -DGDP_BUILD_DECODE_DEV=ON "${extra[@]}" >"$out/configure.log" 2>&1 &&
        cmake --build "$build" -j"$(nproc)" "${targets[@]}" >"$out/build.log" 2>&1; }; then
@@ -167,6 +169,28 @@ if [ "$stage" = chunkprof ]; then
         --section SchedulerStats --section LaunchStats --kernel-name regex:chunk_fused --launch-count 1 \
         "./$build/examples/gdp-bench" ops --op prefill -i 2 -w 1 2>&1 | grep -v "^==PROF==" |
         tee "$out/chunkprof.log" | grep -vE "^prefill|^#" || rc=1
+fi
+if [ "$stage" = decodeprof ]; then
+    # the decode row kernel's stall card by source line (kernels/NOTES-ops.md, eleventh session):
+    # one launch of the B=256 row (fp32 state, then bf16) under ncu --set full with the source
+    # counters, its source page as CSV, the SASS of the same build with line marks (the cubin of
+    # recurrent.cu out of libgdp.so, nvdisasm -g), joined by launch/ncu_lines.py
+    command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
+    work=$(mktemp -d)
+    (cd "$work" && cuobjdump -xelf all "$root/$build/libgdp.so" >/dev/null)
+    cubin=$(grep -l recurrent_rows_kernel "$work"/*.cubin | head -1)
+    nvdisasm -g -c "$cubin" >"$work/recurrent.sass"
+    for sdt in 0 1; do
+        ncu --clock-control none --set full --import-source yes --kernel-name-base demangled \
+            --kernel-name "regex:recurrent_rows_kernel<\\(int\\)$sdt, \\(int\\)16" --launch-skip 2 --launch-count 1 \
+            -o "$work/rows$sdt" -f "./$build/examples/gdp-bench" ops --op decode-key -i 10 -w 1 >"$work/ncu$sdt.log" 2>&1 || rc=1
+        ncu -i "$work/rows$sdt.ncu-rep" --page source --csv --print-source sass >"$work/rows$sdt.csv" 2>&1
+        ncu -i "$work/rows$sdt.ncu-rep" --page details >"$out/decodeprof_details_$sdt.txt" 2>&1
+        echo "## row kernel, state dtype $sdt (0 fp32, 1 bf16), B=256, H 16, K = V = 128, M 2"
+        python3 launch/ncu_lines.py "$work/rows$sdt.csv" "$work/recurrent.sass" \
+            "recurrent_rows_kernelILi${sdt}ELi16ELi32ELi2ELi1EE" --top 12 || rc=1
+    done 2>&1 | tee "$out/decodeprof.log"
+    rm -rf "$work"
 fi
 if [ "$stage" = hostprof ]; then
     # Where the decode-heavy serving step's wall time goes beyond the device's (the report's
