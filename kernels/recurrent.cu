@@ -869,7 +869,7 @@ cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStre
     return cudaGetLastError();
 }
 
-#include "recurrent_rows.cuh" /* the row kernel (v10b): the default wherever it fits, GDP_DECODE_STATE=rows forces it */
+#include "recurrent_rows.cuh" /* the row kernel (v10c): the default wherever it fits, GDP_DECODE_STATE=rows forces it */
 
 template <int SDT, int R, int LPR, int MT, int DT>
 cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStream_t stream) {
@@ -1229,7 +1229,6 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
                  "%s: GDP_DECODE_ROWS_COLS=%s is not known; use 16, 32, 64 or 128 (or leave it unset, empty or auto: "
                  "the op chooses)",
                  fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_ROWS_COLS"));
-
     if (decode_state_choice() == -1)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
                  "%s: GDP_DECODE_STATE=%s is not known; use regs, smem, head or rows (or leave it unset, empty or auto: "
