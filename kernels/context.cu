@@ -1,9 +1,12 @@
 /*
  * context.cu: CUDA backend set-up: device selection and validation for a gdp ctx,
- * and the device memory the ctx owns (workspace, the fused decode norm's counters).
+ * the device memory the ctx owns (workspace, the fused decode norm's counters), and the
+ * cached device facts of device_info.h.
  */
 #include <cuda_runtime.h>
+#include <atomic>
 
+#include "device_info.h"
 #include "gdp_kernels.h"
 #include "src/cuda_check.h"
 #include "src/internal.h"
@@ -35,4 +38,17 @@ extern "C" gdp_status_t gdp_cuda_ctx_free(struct gdp_ctx *ctx) {
         ctx->workspace_bytes = 0;
     }
     return GDP_STATUS_SUCCESS;
+}
+
+cudaError_t gdp_device_sm_count(int device, int *sms) {
+    constexpr int MAX_DEVICES = 64;
+    static std::atomic<int> cache[MAX_DEVICES]; /* 0: not queried yet */
+    const bool cacheable = device >= 0 && device < MAX_DEVICES;
+    if (cacheable && (*sms = cache[device].load(std::memory_order_relaxed)) > 0)
+        return cudaSuccess;
+    *sms = 0;
+    const cudaError_t err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+    if (err == cudaSuccess && cacheable && *sms > 0)
+        cache[device].store(*sms, std::memory_order_relaxed);
+    return err;
 }

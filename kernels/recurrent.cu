@@ -35,6 +35,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "device_info.h"
 #include "dtype_access.cuh"
 #include "gdp_kernels.h"
 #include "norm_math.cuh"
@@ -795,7 +796,7 @@ int64_t resident_blocks(Kernel kernel, int *cache, int device, size_t smem, int 
     if (cache[device] == 0) { /* 0: not computed yet; -1: unknown */
         int per_sm = 0, sms = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess ||
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || per_sm * sms <= 0) {
+            gdp_device_sm_count(device, &sms) != cudaSuccess || per_sm * sms <= 0) {
             (void)cudaGetLastError();
             cache[device] = -1;
         } else {
@@ -942,16 +943,6 @@ int rows_cols_choice() {
     return gdp_env_choice("GDP_DECODE_ROWS_COLS", spell, value, 5, 0, nullptr);
 }
 
-/* Streaming multiprocessors of a device (cached; 132 on the H200). */
-int sm_count(int device) {
-    static int count[64];
-    if (device < 0 || device >= 64)
-        return 0;
-    if (count[device] == 0 && cudaDeviceGetAttribute(&count[device], cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-        count[device] = 0;
-    return count[device];
-}
-
 /* Whether a slice of cols value columns holds the shape: V a multiple of it, and for 16 and 32
  * 64 < K <= 128 (their R of 2 and 4 rows a thread cover 128 rows). */
 bool rows_cols_fit(const RecurrentParams &p, int cols) {
@@ -969,7 +960,9 @@ int rows_cols(const RecurrentParams &p, int device) {
     if (asked > 0 && rows_cols_fit(p, asked))
         return asked;
     static const int widest_first[4] = {128, 64, 32, 16};
-    const int64_t sms = sm_count(device);
+    int sms = 0; /* 0 if unknown: then the widest slice that fits */
+    if (gdp_device_sm_count(device, &sms) != cudaSuccess)
+        (void)cudaGetLastError();
     int cols = 64; /* rows_fit: V is a multiple of 64 */
     for (int i = 0; i < 4; i++) {
         if (!rows_cols_fit(p, widest_first[i]))

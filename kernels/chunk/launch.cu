@@ -40,12 +40,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <atomic>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/device_info.h"
 #include "kernels/dtype_access.cuh" /* aligned16 */
 #include "kernels/gdp_kernels.h"
 #include "src/cuda_check.h"
@@ -55,21 +55,6 @@
 #include "stages.cuh"
 
 namespace {
-
-/* Multiprocessors of `device` into *sms, queried once per device and cached (the grid choice
- * of the state sweep needs it on every call; the attribute never changes). */
-cudaError_t device_sm_count(int device, int *sms) {
-    constexpr int MAX_DEVICES = 64;
-    static std::atomic<int> cache[MAX_DEVICES]; /* 0: not queried yet */
-    const bool cacheable = device >= 0 && device < MAX_DEVICES;
-    if (cacheable && (*sms = cache[device].load(std::memory_order_relaxed)) > 0)
-        return cudaSuccess;
-    *sms = 0;
-    const cudaError_t err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
-    if (err == cudaSuccess && cacheable && *sms > 0)
-        cache[device].store(*sms, std::memory_order_relaxed);
-    return err;
-}
 
 /* GDP_CHUNK_STATE_VB = 64, 32 or 16 forces the state sweep's value-column block width (for
  * measurement and the bitwise test across widths); unset, empty or 0 lets stages.cuh choose.
@@ -183,7 +168,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
 
     cudaStream_t stream = (cudaStream_t)ctx->stream;
     int sms = 0;
-    cudaError_t err = device_sm_count(ctx->device, &sms);
+    cudaError_t err = gdp_device_sm_count(ctx->device, &sms);
     if (err != cudaSuccess)
         GDP_CUDA_FAIL(err, "%s: reading the multiprocessor count", op);
     int64_t num_chunks, num_chunks_dp;

@@ -1,0 +1,15 @@
+/*
+ * device_info.h: facts of a CUDA device that the launchers size their grids by, queried once
+ * per device and cached (kernels/context.cu). C++ (the .cu files of kernels/) only.
+ */
+#ifndef GDP_DEVICE_INFO_H
+#define GDP_DEVICE_INFO_H
+
+#include <cuda_runtime_api.h>
+
+/* Multiprocessors of `device` into *sms, queried once per device and cached (the grid choices
+ * of the chunk op's state sweep and of the decode row kernel need it on every call; the
+ * attribute never changes). The runtime's error, with *sms = 0, when the query fails. */
+cudaError_t gdp_device_sm_count(int device, int *sms);
+
+#endif /* GDP_DEVICE_INFO_H */
