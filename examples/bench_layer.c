@@ -208,6 +208,7 @@ _Static_assert(MAX_CASES <= BENCH_MAX_LIST, "a case list holds MAX_CASES entries
 
 typedef struct layer_opts {
     const char      *backend;
+    const char      *conv_state; /* act | fp32: the cache's conv state dtype */
     gdp_layer_config cfg;
     bench_list       decode, prefill;
     int              warmup, iters, check;
@@ -230,7 +231,7 @@ typedef struct stack {
 
 static void stack_init(stack *s, const bench_env *e, gdp_comm_t comm, gdp_comm_t tp_comm, gdp_comm_t cp_comm,
                        gdp_ctx_t ctx, const char *path, const gdp_step_bucket *buckets, int n_buckets,
-                       int32_t n_slots) {
+                       int32_t n_slots, bool conv_fp32) {
     memset(s, 0, sizeof *s);
     s->comm = comm;
     s->cp_comm = cp_comm;
@@ -264,6 +265,9 @@ static void stack_init(stack *s, const bench_env *e, gdp_comm_t comm, gdp_comm_t
     GDP_FATAL_IF_ERROR(e->comm, gdp_layer_get_cp_shard(s->layers[0], &cs));
     gdp_cache_config cc;
     GDP_FATAL_IF_ERROR(e->comm, gdp_cache_config_init_cp(&cc, &cs, n_slots));
+    /* conv windows in the act dtype: the same values as fp32 ones, half the bytes (as gdp-run) */
+    if (!conv_fp32)
+        GDP_FATAL_IF_ERROR(e->comm, gdp_layer_get_act_dtype(s->layers[0], &cc.conv_dtype));
     GDP_FATAL_IF_ERROR(e->comm, gdp_cache_init(&s->cache, ctx, &cc));
     gdp_plan_config pc = {.num_householder = cfg.num_householder, .n_slots = n_slots, .max_decode_tokens = 1,
                           .n_buckets = n_buckets, .buckets = buckets};
@@ -412,6 +416,9 @@ static int layer_table(layer_opts *o, bench_opt *t) {
         {"prefill", 'P', BENCH_OPT_LIST, "64,256,1024", "prefill tokens, e.g. 64,1024", &o->prefill, 1, big, NULL},
         {"warmup", 'w', BENCH_OPT_INT, "2", "untimed steps before timing", &o->warmup, 0, 1000000, NULL},
         {"iters", 'i', BENCH_OPT_INT, "10", "timed steps (median)", &o->iters, 1, 1000000, NULL},
+        {"conv-state", 's', BENCH_OPT_CHOICE, "act",
+         "the cache's conv state dtype (act: the layers' activation dtype, bf16 on CUDA; the same bits as fp32)",
+         &o->conv_state, 0, 0, "act|fp32"},
         {"check", 'c', BENCH_OPT_INT, "1", "compare with a TP = 1 stack (#wrong)", &o->check, 0, 1, NULL},
         {"cp", 'C', BENCH_OPT_INT, "1",
          "context parallelism: tp = ranks / C, each rank's layer core on H/(tp*C) heads of every row, its block of "
@@ -517,9 +524,10 @@ int gdp_bench_layer_main(int argc, char **argv) {
     }
 #undef ROWS
     stack tp, ref;
-    stack_init(&tp, &e, e.comm, tp_comm, cp_comm, e.ctx, path, buckets, nb, max_batch + 1);
+    const bool conv_fp32 = strcmp(o.conv_state, "fp32") == 0;
+    stack_init(&tp, &e, e.comm, tp_comm, cp_comm, e.ctx, path, buckets, nb, max_batch + 1, conv_fp32);
     if (o.check)
-        stack_init(&ref, &e, NULL, NULL, NULL, e.ctx, path, buckets, nb, max_batch + 1);
+        stack_init(&ref, &e, NULL, NULL, NULL, e.ctx, path, buckets, nb, max_batch + 1, conv_fp32);
     MPI_Barrier(MPI_COMM_WORLD);
     if (local == 0)
         remove(path);

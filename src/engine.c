@@ -632,6 +632,9 @@ static gdp_status_t engine_build(struct gdp_engine *e) {
 
     gdp_cache_config cc;
     GDP_CHECK(gdp_cache_config_init_cp(&cc, &e->cp, c->n_slots));
+    /* the conv windows hold pre-conv inputs, already in the act dtype: exact in it, and half
+     * the conv state's bytes of an fp32 one on CUDA (gdp_layer_get_act_dtype) */
+    cc.conv_dtype = gdp_backend_act_dtype(e->ctx->backend);
     cc.max_draft_tokens = e->S_max > 1 ? e->S_max : 0;
     GDP_CHECK(gdp_cache_init(&e->cache, e->ctx, &cc));
     GDP_CHECK(gdp_cache_swap_bytes(e->cache, &e->swap_bytes));

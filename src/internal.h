@@ -80,6 +80,12 @@ gdp_status_t gdp_ctx_check(gdp_ctx_t ctx, const char *op);
 #define GDP_DT_HALF      (GDP_DT(GDP_DTYPE_BF16) | GDP_DT(GDP_DTYPE_FP16))
 #define GDP_DT_INT32     GDP_DT(GDP_DTYPE_INT32)
 
+/* The layers' activation and GEMM weight dtype on a backend: fp32 on the CPU reference, bf16
+ * with fp32 accumulation on CUDA (as upstream). The conv state holds pre-conv inputs, which are
+ * in this dtype, so a conv state of this dtype holds them exactly (gdp_layer_get_act_dtype). */
+static inline gdp_dtype_t gdp_backend_act_dtype(gdp_backend_t backend) {
+    return backend == GDP_BACKEND_CPU ? GDP_DTYPE_FP32 : GDP_DTYPE_BF16;
+}
 static inline bool gdp_tensor_present(const gdp_tensor *t) { return t != NULL && t->data != NULL; }
 
 /* Checks that `t` (named `name` in the message of op `op`) is present, has

@@ -237,8 +237,7 @@ gdp_status_t gdp_layer_init_cp(gdp_layer_t *out, gdp_ctx_t ctx, gdp_comm_t comm,
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
                  "%s: mode %d is not a gdp_tp_mode_t (GDP_TP_MODE_ALLREDUCE or GDP_TP_MODE_SEQUENCE_PARALLEL)", op,
                  (int)mode);
-    /* fp32 on the CPU reference; bf16 with fp32 accumulation on CUDA (as upstream). */
-    const gdp_dtype_t act = ctx->backend == GDP_BACKEND_CPU ? GDP_DTYPE_FP32 : GDP_DTYPE_BF16;
+    const gdp_dtype_t act = gdp_backend_act_dtype(ctx->backend);
     const gdp_dtype_t res = GDP_DTYPE_FP32;
     const char *why = NULL;
     if (!gdp_gemm_supported_ex(ctx, act, act, &why) || !gdp_gemm_supported_ex(ctx, act, res, &why))
@@ -341,6 +340,14 @@ gdp_status_t gdp_layer_get_shard(gdp_layer_t layer, gdp_tp_shard *shard) {
     if (shard == NULL)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_layer_get_shard: shard out-pointer is NULL");
     *shard = layer->shard;
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_layer_get_act_dtype(gdp_layer_t layer, gdp_dtype_t *dtype) {
+    GDP_CHECK(check_layer(layer, "gdp_layer_get_act_dtype"));
+    if (dtype == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "gdp_layer_get_act_dtype: dtype out-pointer is NULL");
+    *dtype = layer->act;
     return GDP_STATUS_SUCCESS;
 }
 

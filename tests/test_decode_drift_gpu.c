@@ -8,8 +8,13 @@
  * delta (x_out - x_in) and of the ssm states of every layer, at decode steps 1, 10, 100 and
  * 1000 (docs/performance.md quotes the table). Asserted: every output and state finite; at
  * step 1 the bf16 cache within the GPU backend's layer bars of gdp-math.md 8.1 (outputs
- * 2e-2, states 8e-3); the drift at the later steps is a measurement, not a bar. Exit 77
- * without a GPU (or without the CUDA backend).
+ * 2e-2, states 8e-3); the drift at the later steps is a measurement, not a bar.
+ * A third stack keeps the fp32 ssm cache but holds its conv windows in the activation dtype
+ * (gdp_layer_get_act_dtype, bf16: what gdp-run and gdp-bench layer use). The windows hold
+ * pre-conv inputs, already bf16, so that stack must be the fp32 stack bit for bit: asserted
+ * on every step's output rows (the prompts run as two chunks of 32 tokens, so the second
+ * chunk's varlen conv reads the carried windows) and, at the printed steps, on the ssm and
+ * conv states of every layer. Exit 77 without a GPU (or without the CUDA backend).
  */
 #include <math.h>
 #include <stdio.h>
@@ -36,7 +41,8 @@ typedef struct stack {
     gdp_plan_t plan;
 } stack;
 
-static bool stack_init(stack *s, gdp_ctx_t ctx, const char *path, gdp_dtype_t ssm_dtype,
+/* conv_act: the conv state in the layers' activation dtype, else fp32. */
+static bool stack_init(stack *s, gdp_ctx_t ctx, const char *path, gdp_dtype_t ssm_dtype, bool conv_act,
                        const gdp_step_bucket *buckets, int32_t n_buckets) {
     memset(s, 0, sizeof *s);
     gdp_checkpoint_t ck = NULL;
@@ -60,6 +66,8 @@ static bool stack_init(stack *s, gdp_ctx_t ctx, const char *path, gdp_dtype_t ss
     gdp_cache_config cc;
     CHECK_OK(gdp_cache_config_init(&cc, &shard, N_REQ));
     cc.ssm_dtype = ssm_dtype;
+    if (conv_act)
+        CHECK_OK(gdp_layer_get_act_dtype(s->layers[0], &cc.conv_dtype));
     CHECK_OK(gdp_cache_init(&s->cache, ctx, &cc));
     gdp_plan_config pc = {.num_householder = cfg.num_householder, .n_slots = N_REQ, .max_decode_tokens = 1,
                           .n_buckets = n_buckets, .buckets = buckets};
@@ -94,11 +102,15 @@ static void fill_rows(float *x, int64_t n, uint64_t seed) {
         x[i] = (float)(0.05 * test_normal(&r));
 }
 
-/* The ssm states of `slots` of one layer as doubles [n_slots_named, H*K*V]. */
-static double *download_states(stack *s, int32_t layer, const int32_t *slots, int n, int64_t *count) {
-    gdp_tensor ssm;
-    CHECK_OK(gdp_cache_state_views(s->cache, layer, &ssm, NULL));
-    const int64_t per_slot = ssm.shape[1] * ssm.shape[2] * ssm.shape[3];
+/* The ssm (or, with conv, the conv) states of `slots` of one layer as doubles
+ * [n_slots_named, H*K*V] ([n, conv_dim*W]). */
+static double *download_states(stack *s, int32_t layer, const int32_t *slots, int n, bool conv, int64_t *count) {
+    gdp_tensor views[2];
+    CHECK_OK(gdp_cache_state_views(s->cache, layer, &views[0], &views[1]));
+    const gdp_tensor ssm = views[conv ? 1 : 0];
+    int64_t per_slot = 1;
+    for (int32_t d = 1; d < ssm.ndim; d++)
+        per_slot *= ssm.shape[d];
     const size_t es = gdp_dtype_size(ssm.dtype);
     void *host = malloc((size_t)per_slot * es);
     double *out = malloc(sizeof(double) * (size_t)(per_slot * n));
@@ -114,6 +126,21 @@ static double *download_states(stack *s, int32_t layer, const int32_t *slots, in
     free(host);
     *count = per_slot * n;
     return out;
+}
+
+/* Elements where a and b differ in value (doubles of the downloaded bits). */
+static int64_t count_unequal(const double *a, const double *b, int64_t n) {
+    int64_t diff = 0;
+    for (int64_t i = 0; i < n; i++)
+        diff += a[i] != b[i];
+    return diff;
+}
+
+/* Rows of the fp32 stack and the act-dtype-conv stack that differ: 0 or the element count. */
+static int64_t rows_unequal(const float *x_a, const float *x_b, int64_t n, float *host_a, float *host_b) {
+    cudaMemcpy(host_a, x_a, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost);
+    cudaMemcpy(host_b, x_b, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost);
+    return memcmp(host_a, host_b, sizeof(float) * (size_t)n) == 0 ? 0 : n;
 }
 
 static int64_t count_nonfinite(const double *a, int64_t n) {
@@ -149,38 +176,57 @@ int main(void) {
         {.decode_count = 0, .prefill_count = N_REQ, .token_count = N_REQ * PROMPT},
         {.decode_count = N_REQ, .prefill_count = 0, .token_count = N_REQ},
     };
-    stack s32, s16;
-    const bool ok = stack_init(&s32, ctx, path, GDP_DTYPE_FP32, buckets, 2) &&
-                    stack_init(&s16, ctx, path, GDP_DTYPE_BF16, buckets, 2);
+    stack s32, s16, sc;
+    const bool ok = stack_init(&s32, ctx, path, GDP_DTYPE_FP32, false, buckets, 2) &&
+                    stack_init(&s16, ctx, path, GDP_DTYPE_BF16, false, buckets, 2) &&
+                    stack_init(&sc, ctx, path, GDP_DTYPE_FP32, true, buckets, 2);
     remove(path);
     if (!ok)
         return test_finish(name);
 
     const int64_t rows_max = N_REQ * PROMPT;
-    float *host_in = malloc(sizeof(float) * (size_t)(rows_max * D));
-    float *out32 = malloc(sizeof(float) * (size_t)(rows_max * D)), *out16 = malloc(sizeof(float) * (size_t)(rows_max * D));
-    float *x32 = NULL, *x16 = NULL;
-    cudaMalloc((void **)&x32, sizeof(float) * (size_t)(rows_max * D));
-    cudaMalloc((void **)&x16, sizeof(float) * (size_t)(rows_max * D));
+    const size_t rows_bytes = sizeof(float) * (size_t)(rows_max * D);
+    float *host_in = malloc(rows_bytes), *out32 = malloc(rows_bytes), *out16 = malloc(rows_bytes);
+    float *x32 = NULL, *x16 = NULL, *xc = NULL;
+    cudaMalloc((void **)&x32, rows_bytes);
+    cudaMalloc((void **)&x16, rows_bytes);
+    cudaMalloc((void **)&xc, rows_bytes);
+    cudaMemset(x32, 0, rows_bytes); /* a first chunk's padding rows: the same (zero) rows in every stack */
+    cudaMemset(x16, 0, rows_bytes);
+    cudaMemset(xc, 0, rows_bytes);
+    int64_t conv_act_diff = 0; /* elements where the act-dtype-conv stack left the fp32 one */
 
-    /* Prefill: 8 prompts of 64 tokens claim the slots. */
-    gdp_prefill_request pre[N_REQ];
-    for (int i = 0; i < N_REQ; i++)
-        pre[i] = (gdp_prefill_request){.slot = GDP_SLOT_AUTO, .n_tokens = PROMPT, .flags = GDP_PREFILL_NEW};
-    gdp_step_desc dp = {.prefill_count = N_REQ, .prefill = pre, .decode_tokens = 1, .bucket = GDP_BUCKET_AUTO};
-    fill_rows(host_in, rows_max, 7);
-    cudaMemcpy(x32, host_in, sizeof(float) * (size_t)(rows_max * D), cudaMemcpyHostToDevice);
-    cudaMemcpy(x16, host_in, sizeof(float) * (size_t)(rows_max * D), cudaMemcpyHostToDevice);
-    const gdp_step_metadata *m32 = stack_step(&s32, &dp, x32, D);
+    /* Prefill: 8 prompts of 64 tokens claim the slots, in two chunks of 32 (the second chunk's
+     * conv reads the windows the first one left in the cache). */
     int32_t slots[N_REQ];
-    for (int i = 0; i < N_REQ && m32 != NULL; i++)
-        slots[i] = m32->step->prefill[i].slot;
-    const gdp_step_metadata *m16 = stack_step(&s16, &dp, x16, D);
-    CHECK(m32 != NULL && m16 != NULL, "prefill step failed: %s", gdp_last_error());
-    if (m32 == NULL || m16 == NULL)
-        return test_finish(name);
-    for (int i = 0; i < N_REQ; i++)
-        CHECK(m16->step->prefill[i].slot == slots[i], "the two stacks claimed different slots for request %d", i);
+    gdp_prefill_request pre[N_REQ];
+    for (int chunk = 0; chunk < 2; chunk++) {
+        for (int i = 0; i < N_REQ; i++)
+            pre[i] = chunk == 0 ? (gdp_prefill_request){.slot = GDP_SLOT_AUTO, .n_tokens = PROMPT / 2,
+                                                        .flags = GDP_PREFILL_NEW}
+                                : (gdp_prefill_request){.slot = slots[i], .n_tokens = PROMPT / 2};
+        gdp_step_desc dp = {.prefill_count = N_REQ, .prefill = pre, .decode_tokens = 1, .bucket = GDP_BUCKET_AUTO};
+        const int64_t rows = N_REQ * (PROMPT / 2);
+        fill_rows(host_in, rows * D, 7 + (uint64_t)chunk);
+        float *const xs[3] = {x32, x16, xc};
+        stack *const ss[3] = {&s32, &s16, &sc};
+        const gdp_step_metadata *ms[3];
+        for (int k = 0; k < 3; k++) {
+            cudaMemcpy(xs[k], host_in, sizeof(float) * (size_t)(rows * D), cudaMemcpyHostToDevice);
+            ms[k] = stack_step(ss[k], &dp, xs[k], D);
+        }
+        CHECK(ms[0] != NULL && ms[1] != NULL && ms[2] != NULL, "prefill chunk %d failed: %s", chunk, gdp_last_error());
+        if (ms[0] == NULL || ms[1] == NULL || ms[2] == NULL)
+            return test_finish(name);
+        for (int i = 0; i < N_REQ; i++) {
+            if (chunk == 0)
+                slots[i] = ms[0]->step->prefill[i].slot;
+            CHECK(ms[1]->step->prefill[i].slot == slots[i] && ms[2]->step->prefill[i].slot == slots[i],
+                  "the stacks claimed different slots for request %d", i);
+        }
+        cudaStreamSynchronize(stream);
+        conv_act_diff += rows_unequal(x32, xc, rows * D, out32, out16);
+    }
 
     printf("# bf16 vs fp32 ssm cache, %d requests after %d-token prompts, D=%lld L=%d H=%lld G=%lld P=N=%lld M=%d\n",
            N_REQ, PROMPT, (long long)D, cfg.num_layers, (long long)cfg.num_heads, (long long)cfg.num_groups,
@@ -195,12 +241,15 @@ int main(void) {
         fill_rows(host_in, N_REQ * D, 1000 + (uint64_t)step);
         cudaMemcpyAsync(x32, host_in, sizeof(float) * (size_t)(N_REQ * D), cudaMemcpyHostToDevice, stream);
         cudaMemcpyAsync(x16, host_in, sizeof(float) * (size_t)(N_REQ * D), cudaMemcpyHostToDevice, stream);
+        cudaMemcpyAsync(xc, host_in, sizeof(float) * (size_t)(N_REQ * D), cudaMemcpyHostToDevice, stream);
         const gdp_step_metadata *a = stack_step(&s32, &dd, x32, D), *b = stack_step(&s16, &dd, x16, D);
-        if (a == NULL || b == NULL)
+        const gdp_step_metadata *c = stack_step(&sc, &dd, xc, D);
+        if (a == NULL || b == NULL || c == NULL)
             break;
+        cudaStreamSynchronize(stream);
+        conv_act_diff += rows_unequal(x32, xc, N_REQ * D, out32, out16);
         if (step != 1 && step != 10 && step != 100 && step != STEPS)
             continue;
-        cudaStreamSynchronize(stream);
         cudaMemcpy(out32, x32, sizeof(float) * (size_t)(N_REQ * D), cudaMemcpyDeviceToHost);
         cudaMemcpy(out16, x16, sizeof(float) * (size_t)(N_REQ * D), cudaMemcpyDeviceToHost);
         const int64_t n = N_REQ * D;
@@ -215,11 +264,13 @@ int main(void) {
         const double out_rms = test_rel_rms(d16, d32, n);
         double st_rms[2] = {0, 0}, st_norm = 0;
         for (int32_t l = 0; l < 2; l++) {
-            int64_t c32, c16;
-            double *a32 = download_states(&s32, l, slots, N_REQ, &c32);
-            double *a16 = download_states(&s16, l, slots, N_REQ, &c16);
+            int64_t c32, c16, cc;
+            double *a32 = download_states(&s32, l, slots, N_REQ, false, &c32);
+            double *a16 = download_states(&s16, l, slots, N_REQ, false, &c16);
+            double *ac = download_states(&sc, l, slots, N_REQ, false, &cc);
             nonfinite += count_nonfinite(a32, c32) + count_nonfinite(a16, c16);
             st_rms[l] = test_rel_rms(a16, a32, c32);
+            conv_act_diff += count_unequal(a32, ac, c32);
             if (l == 1) {
                 for (int64_t i = 0; i < c32; i++)
                     st_norm += a32[i] * a32[i];
@@ -227,6 +278,14 @@ int main(void) {
             }
             free(a32);
             free(a16);
+            free(ac);
+            double *w32 = download_states(&s32, l, slots, N_REQ, true, &c32);
+            double *wc = download_states(&sc, l, slots, N_REQ, true, &cc);
+            CHECK(cc == c32, "layer %d: %lld conv state elements in the act-dtype cache, %lld in the fp32 one", l,
+                  (long long)cc, (long long)c32);
+            conv_act_diff += count_unequal(w32, wc, c32 < cc ? c32 : cc);
+            free(w32);
+            free(wc);
         }
         printf("  %6d %14.3e %14.3e %14.3e %14.3e %14.3e\n", step, out_rms, st_rms[0], st_rms[1],
                sqrt(norm / (double)n), st_norm);
@@ -242,14 +301,20 @@ int main(void) {
           "%.3e (bar 2e-2)", first_out);
     CHECK(first_state >= 0 && first_state <= 8e-3, "step 1: bf16 ssm states off the fp32 ones by relative RMS %.3e "
           "(bar 8e-3)", first_state);
+    CHECK(conv_act_diff == 0, "conv state in the act dtype: %lld output or state elements differ from the fp32 conv "
+          "state's (the windows hold bf16 inputs, so they must be bitwise equal)", (long long)conv_act_diff);
+    printf("conv state in the act dtype vs fp32: outputs of 2 prefill chunks and %d decode steps, states at the "
+           "printed steps: %s\n", STEPS, conv_act_diff == 0 ? "bitwise equal" : "DIFFER");
 
     cudaFree(x32);
     cudaFree(x16);
+    cudaFree(xc);
     free(host_in);
     free(out32);
     free(out16);
     stack_free(&s32);
     stack_free(&s16);
+    stack_free(&sc);
     cudaStreamDestroy(stream);
     gdp_ctx_free(ctx);
     return test_finish(name);

@@ -88,6 +88,14 @@ static void stack_init(lh_stack *s, const char *name, const char *path, gdp_ctx_
         gdp_layer_weights_free(&w);
     }
     gdp_checkpoint_free(ck);
+    /* the activation dtype it reports (what a cache's conv_dtype may take to hold the windows exactly) */
+    gdp_backend_t backend = GDP_BACKEND_CPU;
+    gdp_dtype_t act = GDP_DTYPE_INT32;
+    CHECK_OK(gdp_ctx_get_backend(ctx, &backend));
+    CHECK_OK(gdp_layer_get_act_dtype(s->layers[0], &act));
+    CHECK(act == (backend == GDP_BACKEND_CPU ? GDP_DTYPE_FP32 : GDP_DTYPE_BF16), "%s: gdp_layer_get_act_dtype gave %s",
+          name, gdp_dtype_name(act));
+    CHECK_STATUS(gdp_layer_get_act_dtype(s->layers[0], NULL), GDP_STATUS_INVALID_ARGUMENT);
     /* the state it holds: a head range, and each conv section's slice */
     s->head_begin = shard.head_begin, s->num_heads = shard.num_heads;
     CHECK(shard.num_conv_sections <= LH_MAX_CONV_RANGES, "%d conv sections", shard.num_conv_sections);

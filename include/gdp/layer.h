@@ -78,6 +78,12 @@ GDP_API gdp_status_t gdp_layer_init_cp(gdp_layer_t *out, gdp_ctx_t ctx, gdp_comm
 GDP_API gdp_status_t gdp_layer_free(gdp_layer_t layer);
 /* The shard the layer runs (config, tp rank and size, TP-local sizes). */
 GDP_API gdp_status_t gdp_layer_get_shard(gdp_layer_t layer, gdp_tp_shard *shard);
+/* The dtype of its activations and GEMM weights: bf16 on CUDA, fp32 on the CPU backend. The
+ * conv state holds the layer's pre-conv inputs, which are in this dtype: a cache whose
+ * conv_dtype is this dtype (gdp_cache_config) holds the same values as an fp32 one in the
+ * fewest bytes, and the layer's outputs and states are bitwise the same (half the conv
+ * state's traffic of a decode step on CUDA; gdp-run and gdp-bench layer do so). */
+GDP_API gdp_status_t gdp_layer_get_act_dtype(gdp_layer_t layer, gdp_dtype_t *dtype);
 /* Its CP shard: the heads and groups its mixer core runs (cp_size 1 without context
  * parallelism: the TP shard's own), for gdp_cache_config_init_cp. */
 GDP_API gdp_status_t gdp_layer_get_cp_shard(gdp_layer_t layer, gdp_cp_shard *shard);
