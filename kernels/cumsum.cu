@@ -57,42 +57,25 @@ __global__ void __launch_bounds__(256) chunk_local_cumsum_kernel(float *__restri
     if (local & (GDP_CHUNK_SIZE - 1))
         return; /* written by the thread at this chunk's first row */
     int n = (int)min((int64_t)GDP_CHUNK_SIZE, ((int64_t)cu_seqlens[i + 1] - bos) * scale - local);
-    /* The chunk's decays are loaded into registers before the scan, every load issued at once:
-     * a scan that loads as it goes pays one memory latency per few positions (ncu, a 2048-token
-     * prefill: 6.4 and 10.5 us for the two launches). The sum order is unchanged. */
-    float gv[GDP_CHUNK_SIZE];
+    float sum = 0.0f;
     if (!EXPANDED) {
-#pragma unroll
-        for (int j = 0; j < GDP_CHUNK_SIZE; j++)
-            gv[j] = j < n ? g[(r + j) * heads + h] : 0.0f;
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < GDP_CHUNK_SIZE; j++) {
-            sum += gv[j];
-            if (j < n)
-                out[(r + j) * heads + h] = sum * GDP_RCP_LN2;
+#pragma unroll 8
+        for (int j = 0; j < n; j++) {
+            sum += g[(r + j) * heads + h];
+            out[(r + j) * heads + h] = sum * GDP_RCP_LN2;
         }
     } else {
-        /* Only copy 0 of each token carries its decay: local positions that are multiples of M.
-         * Position j holds token first + (copy0 + j) / m, whose decay enters at copy 0. */
-        const int copy0 = (int)(local % m);
-        const int64_t first = bos + local / m;
-        const int tokens = (copy0 + n + m - 1) / m; /* tokens the chunk's positions touch */
-#pragma unroll
-        for (int k = 0; k < GDP_CHUNK_SIZE; k++)
-            gv[k] = k < tokens && (k > 0 || copy0 == 0) ? g[(first + k) * heads + h] : 0.0f;
-        /* token by token (k a constant of the unrolled loop, so gv stays in registers), each
-         * writing its copies' positions; gv[0] is 0 when the chunk starts past token first's
-         * copy 0, and +0 + +0 is the +0 the position-by-position scan kept there */
-        float sum = 0.0f;
-#pragma unroll
-        for (int k = 0; k < GDP_CHUNK_SIZE; k++) {
-            if (k >= tokens)
-                break;
-            sum += gv[k];
-            const int j_end = min(n, (k + 1) * m - copy0);
-            for (int j = max(0, k * m - copy0); j < j_end; j++)
-                out[(r + j) * heads + h] = sum * GDP_RCP_LN2;
+        /* Only copy 0 of each token carries its decay: local positions that are multiples of M. */
+        int copy = (int)(local % m);
+        int64_t token = bos + local / m;
+        for (int j = 0; j < n; j++) {
+            if (copy == 0)
+                sum += g[token * heads + h];
+            out[(r + j) * heads + h] = sum * GDP_RCP_LN2;
+            if (++copy == m) {
+                copy = 0;
+                token++;
+            }
         }
     }
 }
