@@ -293,7 +293,10 @@ gdp_status_t gdp_layer_init_cp(gdp_layer_t *out, gdp_ctx_t ctx, gdp_comm_t comm,
         return GDP_STATUS_SYSTEM_ERROR;
     l->magic = l->magic_end = GDP_LAYER_MAGIC;
     l->ctx = ctx;
-    l->comm = comm;
+    /* A group of one rank is no group: the out_proj GEMM then adds into x in place, instead of
+     * a zeroed partial, a copy of x into it and a one-rank all-reduce back (three device
+     * operations a layer that gdp-run, whose comm always exists, paid at tp = 1). */
+    l->comm = size > 1 ? comm : NULL;
     l->cp_comm = cp_size > 1 ? cp_comm : NULL;
     l->mode = mode;
     l->shard = *sh;

@@ -46,7 +46,8 @@ typedef struct gdp_layer *gdp_layer_t;
  * so *weights may be freed afterwards. On CUDA the layers of a ctx share one cuBLASLt
  * handle and workspace (32 MiB), created by the first layer and freed with the last.
  *   comm : the tensor-parallel group (its rank and size must be the shard's tp_rank and
- *          tp_size); NULL for tp = 1.
+ *          tp_size); NULL or a comm of size 1 for tp = 1, which are the same: the layer then
+ *          adds its output into x in place, with no collective and no staging copy.
  *   mode : GDP_TP_MODE_ALLREDUCE (x holds every token on every rank) or
  *          GDP_TP_MODE_SEQUENCE_PARALLEL (x holds this rank's token_count / tp rows).
  * Errors (nothing allocated): INVALID_ARGUMENT naming the field (a weight tensor of the
@@ -56,7 +57,7 @@ typedef struct gdp_layer *gdp_layer_t;
 GDP_API gdp_status_t gdp_layer_init(gdp_layer_t *out, gdp_ctx_t ctx, gdp_comm_t comm,
                                     const gdp_layer_weights *weights, gdp_tp_mode_t mode);
 /* The same for a context-parallel stack of tp x cp ranks (gdp-layer.md 3.1; ../../docs/cp.md):
- *   comm    : the TP group, as above (NULL for tp = 1);
+ *   comm    : the TP group, as above (NULL or a comm of size 1 for tp = 1);
  *   cp_comm : the CP group (the ranks of the job with this rank's tp_rank; config.h's rank
  *             layout rank = tp_rank + tp * cp_rank); NULL or a comm of size 1 for cp = 1, which
  *             is exactly gdp_layer_init.
