@@ -107,18 +107,18 @@ static void fill_rows(float *x, int64_t n, uint64_t seed) {
 static double *download_states(stack *s, int32_t layer, const int32_t *slots, int n, bool conv, int64_t *count) {
     gdp_tensor views[2];
     CHECK_OK(gdp_cache_state_views(s->cache, layer, &views[0], &views[1]));
-    const gdp_tensor ssm = views[conv ? 1 : 0];
+    const gdp_tensor state = views[conv ? 1 : 0];
     int64_t per_slot = 1;
-    for (int32_t d = 1; d < ssm.ndim; d++)
-        per_slot *= ssm.shape[d];
-    const size_t es = gdp_dtype_size(ssm.dtype);
+    for (int32_t d = 1; d < state.ndim; d++)
+        per_slot *= state.shape[d];
+    const size_t es = gdp_dtype_size(state.dtype);
     void *host = malloc((size_t)per_slot * es);
     double *out = malloc(sizeof(double) * (size_t)(per_slot * n));
     for (int i = 0; i < n; i++) {
-        cudaMemcpy(host, (char *)ssm.data + (size_t)slots[i] * (size_t)per_slot * es, (size_t)per_slot * es,
+        cudaMemcpy(host, (char *)state.data + (size_t)slots[i] * (size_t)per_slot * es, (size_t)per_slot * es,
                    cudaMemcpyDeviceToHost);
         gdp_tensor t;
-        gdp_tensor_init(&t, host, ssm.dtype, 1, (const int64_t[]){per_slot});
+        gdp_tensor_init(&t, host, state.dtype, 1, (const int64_t[]){per_slot});
         double *d = test_tensor_f64(&t);
         memcpy(out + (int64_t)i * per_slot, d, sizeof(double) * (size_t)per_slot);
         free(d);
@@ -136,7 +136,8 @@ static int64_t count_unequal(const double *a, const double *b, int64_t n) {
     return diff;
 }
 
-/* Rows of the fp32 stack and the act-dtype-conv stack that differ: 0 or the element count. */
+/* 0 when the device rows x_a and x_b are bitwise equal, else n; leaves x_a in host_a and x_b
+ * in host_b. */
 static int64_t rows_unequal(const float *x_a, const float *x_b, int64_t n, float *host_a, float *host_b) {
     cudaMemcpy(host_a, x_a, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost);
     cudaMemcpy(host_b, x_b, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost);
@@ -250,7 +251,7 @@ int main(void) {
         conv_act_diff += rows_unequal(x32, xc, N_REQ * D, out32, out16);
         if (step != 1 && step != 10 && step != 100 && step != STEPS)
             continue;
-        cudaMemcpy(out32, x32, sizeof(float) * (size_t)(N_REQ * D), cudaMemcpyDeviceToHost);
+        /* out32 holds x32 already (rows_unequal); out16 held xc and takes x16 */
         cudaMemcpy(out16, x16, sizeof(float) * (size_t)(N_REQ * D), cudaMemcpyDeviceToHost);
         const int64_t n = N_REQ * D;
         double *d32 = malloc(sizeof(double) * (size_t)n), *d16 = malloc(sizeof(double) * (size_t)n);
