@@ -58,8 +58,72 @@ struct CoreParams {
     int32_t conv_units, gate_units; /* per request: C / VEC, 2 M H */
 };
 
-template <int VEC> __global__ void __launch_bounds__(CORE_THREADS) decode_core_kernel(const CoreParams p) {
+/* The 16-bit value of element e of raw words (little-endian halves) as float, for a
+ * compile-time 16-bit dtype DT. */
+template <int DT> __device__ __forceinline__ float half_bits_as_float(uint32_t word, int half) {
+    const uint32_t bits = half ? word >> 16 : word & 0xffffu;
+    if constexpr (DT == GDP_DTYPE_BF16)
+        return __uint_as_float(bits << 16);
+    else
+        return __half2float(__ushort_as_half((unsigned short)bits));
+}
+
+/* The fast conv of one thread's VEC = 8 channels when x, the weight, the bias, the state and
+ * the act dtype are one 16-bit dtype DT and every run is 16-byte aligned (runs_vec): raw
+ * 16-byte loads, all issued before the first use, converted at their use (40 registers of raw
+ * words instead of 80 of floats), and the new windows formed from the old ones' bits (a shift
+ * of 16-bit halves: the chain stores the same values, rounded exactly). The arithmetic is
+ * conv_step's, in its order, so y and the state are the chain's bits. ncu of the chain at 128
+ * requests (H200, 2026-12-03): the conv update executed 258 instructions a channel, most of
+ * them runtime dtype switches and 64-bit index division, and was issue-bound (10.1 us, DRAM
+ * 0.6 %: everything in L2). */
+template <int DT>
+__device__ __forceinline__ void fast_conv8(const CoreParams &p, int64_t b, int64_t ch0, int64_t slot, float (&y)[8]) {
+    constexpr int W = CORE_W, VEC = 8, WORDS = VEC * W / 2; /* 16 words: 4 x 16 bytes */
+    const uint4 *wq = reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(p.conv_w) + ch0 * W);
+    uint4 *sq = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(p.state) + (slot * p.C + ch0) * W);
+    uint32_t wr[WORDS], sr[WORDS], xr[VEC / 2], br[VEC / 2];
+#pragma unroll
+    for (int k = 0; k < WORDS / 4; k++) {
+        const uint4 a = wq[k], c = sq[k];
+        wr[4 * k] = a.x, wr[4 * k + 1] = a.y, wr[4 * k + 2] = a.z, wr[4 * k + 3] = a.w;
+        sr[4 * k] = c.x, sr[4 * k + 1] = c.y, sr[4 * k + 2] = c.z, sr[4 * k + 3] = c.w;
+    }
+    const uint4 xv = *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(p.x) + b * p.x_row + ch0);
+    xr[0] = xv.x, xr[1] = xv.y, xr[2] = xv.z, xr[3] = xv.w;
+    if (p.conv_b != nullptr) {
+        const uint4 bv = *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(p.conv_b) + ch0);
+        br[0] = bv.x, br[1] = bv.y, br[2] = bv.z, br[3] = bv.w;
+    } else {
+        br[0] = br[1] = br[2] = br[3] = 0u; /* +0.0 in both 16-bit dtypes */
+    }
+    uint32_t nr[WORDS]; /* the new windows */
+#pragma unroll
+    for (int c = 0; c < VEC; c++) {
+        float w[W], win[W];
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+            w[j] = half_bits_as_float<DT>(wr[(c * W + j) / 2], j & 1);
+            win[j] = half_bits_as_float<DT>(sr[(c * W + j) / 2], j & 1);
+        }
+        y[c] = conv_step<W>(win, w, half_bits_as_float<DT>(br[c / 2], c & 1), p.silu,
+                            half_bits_as_float<DT>(xr[c / 2], c & 1));
+        /* taps (1, 2) and (3, x): byte_perm picks bytes 2-3 of its first word and 0-1 (or 2-3)
+         * of its second */
+        const uint32_t w0 = sr[2 * c], w1 = sr[2 * c + 1];
+        nr[2 * c] = __byte_perm(w0, w1, 0x5432);
+        nr[2 * c + 1] = __byte_perm(w1, xr[c / 2], (c & 1) ? 0x7632 : 0x5432);
+    }
+#pragma unroll
+    for (int k = 0; k < WORDS / 4; k++)
+        sq[k] = make_uint4(nr[4 * k], nr[4 * k + 1], nr[4 * k + 2], nr[4 * k + 3]);
+}
+
+/* DT < 0: every dtype read from p (any combination the op allows); DT = a 16-bit dtype: the
+ * fast conv above and that dtype compiled into every load and store. */
+template <int VEC, int DT> __global__ void __launch_bounds__(CORE_THREADS) decode_core_kernel(const CoreParams p) {
     constexpr int W = CORE_W;
+    const gdp_dtype_t act = DT >= 0 ? static_cast<gdp_dtype_t>(DT) : p.act_dtype;
     const int64_t b = blockIdx.y;
     const int32_t u = (int32_t)(blockIdx.x * CORE_THREADS + threadIdx.x);
     if (u >= p.conv_units + p.gate_units)
@@ -92,7 +156,15 @@ template <int VEC> __global__ void __launch_bounds__(CORE_THREADS) decode_core_k
      * loads wait for the previous channel's store (one memory latency per channel; ncu,
      * decode B=1: 8.0 us for about 20 KB). */
     float y[VEC];
-    if (has_slot) {
+    if constexpr (DT >= 0) {
+        static_assert(VEC == 8, "the fast conv moves 16-byte runs of 16-bit values");
+        if (has_slot)
+            fast_conv8<DT>(p, b, ch0, slot, y);
+        else
+#pragma unroll
+            for (int c = 0; c < VEC; c++)
+                y[c] = 0.0f; /* the chain's padding row: y = 0 */
+    } else if (has_slot) {
         float w[VEC][W], win[VEC][W], x_in[VEC], bias[VEC];
         const int64_t st0 = (slot * p.C + ch0) * W;
         if (p.runs_vec) { /* the VEC channels' weights and windows are VEC * W consecutive elements */
@@ -138,20 +210,23 @@ template <int VEC> __global__ void __launch_bounds__(CORE_THREADS) decode_core_k
             y[c] = 0.0f; /* the chain's padding row: y = 0 */
     }
 
-    /* prepare's copies of those channels (y in the act dtype: store_vec rounds as the chain's store did) */
+    /* prepare's copies of those channels (y in the act dtype: store_vec rounds as the chain's
+     * store did). Offsets within a request in 32 bits (a request's q, k and v elements are far
+     * below 2^31; 64-bit division was a software loop per thread). */
     const int64_t value_elems = (int64_t)M * H * p.P, kq_elems = (int64_t)M * H * N;
-    if (ch0 < p.k_base) { /* value[(m), h, :] = x[(m*H + h)*P + :] */
-        store_vec_from_float<VEC>(p.value, p.act_dtype, b * value_elems + ch0, y);
-    } else if (ch0 < p.q_base) { /* key[(m), h, c] = x[K_BASE + (m*G + h/hpg)*N + c] for each h of the group */
-        const int64_t kk = ch0 - p.k_base;
-        const int32_t c = (int32_t)(kk % N), mg = (int32_t)(kk / N), grp = mg % p.G, m = mg / p.G;
+    const int32_t ch = u * VEC;
+    if (ch < (int32_t)p.k_base) { /* value[(m), h, :] = x[(m*H + h)*P + :] */
+        store_vec_from_float<VEC>(p.value, act, b * value_elems + ch, y);
+    } else if (ch < (int32_t)p.q_base) { /* key[(m), h, c] = x[K_BASE + (m*G + h/hpg)*N + c] for each h of the group */
+        const int32_t kk = ch - (int32_t)p.k_base;
+        const int32_t c = kk % N, mg = kk / N, grp = mg % p.G, m = mg / p.G;
         for (int32_t i = 0; i < p.hpg; i++) {
             const int32_t h = grp * p.hpg + i;
-            store_vec_from_float<VEC>(p.key, p.act_dtype, b * kq_elems + ((int64_t)m * H + h) * N + c, y);
+            store_vec_from_float<VEC>(p.key, act, b * kq_elems + ((m * H + h) * N + c), y);
         }
     } else { /* query[(M-1), h, c] = x[Q_BASE + (h/hpg)*N + c]; zeros on the other copies */
-        const int64_t qq = ch0 - p.q_base;
-        const int32_t c = (int32_t)(qq % N), grp = (int32_t)(qq / N);
+        const int32_t qq = ch - (int32_t)p.q_base;
+        const int32_t c = qq % N, grp = qq / N;
         float zero[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; k++)
@@ -159,11 +234,11 @@ template <int VEC> __global__ void __launch_bounds__(CORE_THREADS) decode_core_k
         for (int32_t i = 0; i < p.hpg; i++) {
             const int32_t h = grp * p.hpg + i;
             for (int32_t m = 0; m < M; m++) { /* two calls, not a choice of arrays: that would put both on the stack */
-                const int64_t at = b * kq_elems + ((int64_t)m * H + h) * N + c;
+                const int64_t at = b * kq_elems + ((m * H + h) * N + c);
                 if (m == M - 1)
-                    store_vec_from_float<VEC>(p.query, p.act_dtype, at, y);
+                    store_vec_from_float<VEC>(p.query, act, at, y);
                 else
-                    store_vec_from_float<VEC>(p.query, p.act_dtype, at, zero);
+                    store_vec_from_float<VEC>(p.query, act, at, zero);
             }
         }
     }
@@ -173,20 +248,46 @@ template <int VEC> __global__ void __launch_bounds__(CORE_THREADS) decode_core_k
 
 // kernel launchers
 
-/* Rows up to which the fused launch runs; above, the two ops. Measured on the H200 (ncu over
- * gdp-bench layer, H 16, G 4, P = N = 128, M 2, bf16): B=1 fused 5.9 us vs the chain's 7.6
- * (conv 4.0 + prepare 3.6), B=64 11.4 us (the chain not measured there; about 12 by the
- * conv's line between B=1 and 256), B=256 33 us vs 25.6 (conv 20.2 + prepare 5.4): one thread
- * per 8 channels with 94 registers keeps too little in flight once the batch fills the GPU;
- * kernels/NOTES-ops.md. */
+/* Rows up to which the generic fused launch runs; above, the two ops. Measured on the H200
+ * (ncu over gdp-bench layer, H 16, G 4, P = N = 128, M 2, bf16): B=1 fused 5.9 us vs the
+ * chain's 7.6 (conv 4.0 + prepare 3.6), B=64 11.4 us (the chain not measured there; about 12
+ * by the conv's line between B=1 and 256), B=256 33 us vs 25.6 (conv 20.2 + prepare 5.4): one
+ * thread per 8 channels with 94 registers and runtime dtypes keeps too little in flight once
+ * the batch fills the GPU; kernels/NOTES-ops.md. The fast variant (one compiled 16-bit dtype,
+ * fast_conv8) runs at every batch. */
 constexpr int64_t CORE_MAX_ROWS = 64;
 
-extern "C" bool gdp_cuda_decode_core_fits(const gdp_conv1d_update_args *conv, const gdp_prepare_args *prep) {
+/* Whether every run of a thread's VEC channels is whole aligned 16-byte accesses: 16-byte
+ * aligned bases, rows of x that keep the alignment, contiguous x channels (the weight's and
+ * the state's [C, W] rows are contiguous by the op's front end). */
+static bool core_runs_vec(const gdp_conv1d_update_args *conv) {
+    const int64_t xs = (int64_t)gdp_dtype_size(conv->x.dtype);
+    return aligned16(conv->x.data) && (gdp_tensor_stride(&conv->x, 0) * xs) % 16 == 0 &&
+           gdp_tensor_stride(&conv->x, 2) == 1 && aligned16(conv->weight.data) && aligned16(conv->conv_state.data) &&
+           aligned16(gdp_tensor_present(&conv->bias) ? conv->bias.data : nullptr);
+}
+
+/* The fast variant's 16-bit dtype, or -1: x, weight, bias (when present), conv state and the
+ * activations all in one 16-bit dtype, with 16-byte runs. */
+static int core_fast_dtype(const gdp_conv1d_update_args *conv, const gdp_prepare_args *prep) {
+    const gdp_dtype_t dt = prep->query.dtype;
+    if (dt != GDP_DTYPE_BF16 && dt != GDP_DTYPE_FP16)
+        return -1;
+    const bool same = conv->x.dtype == dt && conv->weight.dtype == dt && conv->conv_state.dtype == dt &&
+                      (!gdp_tensor_present(&conv->bias) || conv->bias.dtype == dt);
+    return same && core_runs_vec(conv) ? (int)dt : -1;
+}
+
+extern "C" bool gdp_cuda_decode_core_fits(const gdp_conv1d_update_args *conv, const gdp_prepare_args *prep,
+                                          gdp_decode_front_mode mode) {
     const int64_t es = (int64_t)gdp_dtype_size(prep->query.dtype), vec = 16 / es;
-    return conv->x.shape[1] == 1 && !gdp_tensor_present(&conv->intermediate_conv_states) &&
-           conv->weight.shape[1] == CORE_W && conv->y.dtype == prep->query.dtype && prep->head_dim % vec == 0 &&
-           prep->state_dim % vec == 0 && aligned16(prep->query.data) && aligned16(prep->key.data) &&
-           aligned16(prep->value.data) && conv->x.shape[0] <= CORE_MAX_ROWS;
+    const bool can = conv->x.shape[1] == 1 && !gdp_tensor_present(&conv->intermediate_conv_states) &&
+                     conv->weight.shape[1] == CORE_W && conv->y.dtype == prep->query.dtype &&
+                     prep->head_dim % vec == 0 && prep->state_dim % vec == 0 && aligned16(prep->query.data) &&
+                     aligned16(prep->key.data) && aligned16(prep->value.data);
+    if (!can || mode == GDP_DECODE_FRONT_CHAIN)
+        return false;
+    return mode == GDP_DECODE_FRONT_FUSED || core_fast_dtype(conv, prep) >= 0 || conv->x.shape[0] <= CORE_MAX_ROWS;
 }
 
 extern "C" gdp_status_t gdp_cuda_decode_core(struct gdp_ctx *ctx, const gdp_conv1d_update_args *conv,
@@ -216,10 +317,7 @@ extern "C" gdp_status_t gdp_cuda_decode_core(struct gdp_ctx *ctx, const gdp_conv
      * aligned bases, a row stride of x that keeps rows aligned, and contiguous [C, W] rows of
      * weight and state (checked by the op's front end), every run is one or more aligned
      * 16-byte accesses. */
-    const int64_t xs = (int64_t)gdp_dtype_size(conv->x.dtype);
-    p.runs_vec = aligned16(conv->x.data) && (p.x_row * xs) % 16 == 0 && gdp_tensor_stride(&conv->x, 2) == 1 &&
-                 aligned16(conv->weight.data) && aligned16(conv->conv_state.data) &&
-                 aligned16(p.conv_b);
+    p.runs_vec = core_runs_vec(conv);
     p.silu = conv->silu;
     p.ba = prep->ba.data;
     p.ba_row = gdp_tensor_stride(&prep->ba, 0);
@@ -242,10 +340,15 @@ extern "C" gdp_status_t gdp_cuda_decode_core(struct gdp_ctx *ctx, const gdp_conv
     const int64_t units = (int64_t)p.conv_units + p.gate_units;
     const dim3 grid((unsigned)((units + CORE_THREADS - 1) / CORE_THREADS), (unsigned)n);
     cudaStream_t stream = static_cast<cudaStream_t>(ctx->stream);
-    if (vec == 8)
-        decode_core_kernel<8><<<grid, CORE_THREADS, 0, stream>>>(p);
+    const int fast = core_fast_dtype(conv, prep);
+    if (fast == GDP_DTYPE_BF16)
+        decode_core_kernel<8, GDP_DTYPE_BF16><<<grid, CORE_THREADS, 0, stream>>>(p);
+    else if (fast == GDP_DTYPE_FP16)
+        decode_core_kernel<8, GDP_DTYPE_FP16><<<grid, CORE_THREADS, 0, stream>>>(p);
+    else if (vec == 8)
+        decode_core_kernel<8, -1><<<grid, CORE_THREADS, 0, stream>>>(p);
     else
-        decode_core_kernel<4><<<grid, CORE_THREADS, 0, stream>>>(p);
+        decode_core_kernel<4, -1><<<grid, CORE_THREADS, 0, stream>>>(p);
     GDP_CUDA_LAUNCH_CHECK(op, cudaGetLastError(), "%lld requests, %lld channels", (long long)n, (long long)p.C);
     return GDP_STATUS_SUCCESS;
 }

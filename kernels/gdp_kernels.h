@@ -42,8 +42,12 @@ gdp_status_t gdp_cuda_recurrent_norm(struct gdp_ctx *ctx, const gdp_recurrent_ar
 gdp_status_t gdp_cuda_conv1d_update(struct gdp_ctx *ctx, const gdp_conv1d_update_args *args);
 gdp_status_t gdp_cuda_conv1d_varlen(struct gdp_ctx *ctx, const gdp_conv1d_varlen_args *args);
 /* kernels/decode_core.cu: the conv update and the decode prepare in one launch, for the
- * steps that fit it (one token per request, width 4, 16-byte runs; src/decode_core.c). */
-bool gdp_cuda_decode_core_fits(const gdp_conv1d_update_args *conv, const gdp_prepare_args *prep);
+ * steps that fit it (one token per request, width 4, 16-byte runs; src/decode_core.c).
+ * mode (GDP_DECODE_FRONT): auto takes the launch where it is measured faster, fused wherever
+ * the call fits, chain never. */
+typedef enum { GDP_DECODE_FRONT_AUTO, GDP_DECODE_FRONT_FUSED, GDP_DECODE_FRONT_CHAIN } gdp_decode_front_mode;
+bool gdp_cuda_decode_core_fits(const gdp_conv1d_update_args *conv, const gdp_prepare_args *prep,
+                               gdp_decode_front_mode mode);
 gdp_status_t gdp_cuda_decode_core(struct gdp_ctx *ctx, const gdp_conv1d_update_args *conv,
                                   const gdp_prepare_args *prep);
 gdp_status_t gdp_cuda_gated_rmsnorm(struct gdp_ctx *ctx, gdp_tensor *out, const gdp_tensor *y,

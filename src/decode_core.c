@@ -21,8 +21,20 @@ gdp_status_t gdp_decode_conv_prepare(gdp_ctx_t ctx, const gdp_conv1d_update_args
     GDP_CHECK(gdp_conv1d_update_check(ctx, conv, "gdp_causal_conv1d_update"));
     GDP_CHECK(gdp_prepare_check(ctx, prep, 1, "gdp_decode_prepare"));
 #ifdef GDP_HAVE_CUDA
-    if (ctx->backend == GDP_BACKEND_CUDA && gdp_cuda_decode_core_fits(conv, prep))
-        return gdp_cuda_decode_core(ctx, conv, prep);
+    if (ctx->backend == GDP_BACKEND_CUDA) {
+        /* GDP_DECODE_FRONT, read at every call (a getenv, far below a launch) so that a test or
+         * a benchmark can compare the two in one process */
+        static const char *const spell[3] = {"auto", "fused", "chain"};
+        static const int value[3] = {GDP_DECODE_FRONT_AUTO, GDP_DECODE_FRONT_FUSED, GDP_DECODE_FRONT_CHAIN};
+        const char *text = NULL;
+        const int mode = gdp_env_choice("GDP_DECODE_FRONT", spell, value, 3, GDP_DECODE_FRONT_AUTO, &text);
+        if (mode < 0)
+            GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                     "%s: GDP_DECODE_FRONT=%s is not known; use auto (or leave it unset or empty), fused or chain", op,
+                     text);
+        if (gdp_cuda_decode_core_fits(conv, prep, (gdp_decode_front_mode)mode))
+            return gdp_cuda_decode_core(ctx, conv, prep);
+    }
 #endif
     GDP_CHECK(gdp_causal_conv1d_update(ctx, conv));
     return gdp_decode_prepare(ctx, prep);

@@ -337,7 +337,7 @@ static void decode_core_vs_chain(test_rng *r, const fuse_cfg *c) {
     gdp_tensor A_log = test_tensor_alloc(GDP_DTYPE_FP32, 1, h_shape), dtb = test_tensor_alloc(c->act, 1, h_shape);
     test_fill_normal(&w, r, 0.5), test_fill_normal(&b, r, 0.1), test_fill_normal(&st, r, 1.0);
     test_fill_uniform(&A_log, r, -1.0, 1.0), test_fill_uniform(&dtb, r, -0.5, 0.5);
-    int32_t idx[64];
+    int32_t idx[256];
     for (int64_t i = 0; i < c->n; i++)
         idx[i] = i % 3 == 2 ? -1 : (int32_t)((i * 7 + 1) % c->slots); /* 7 is prime to every case's slots: distinct */
     gdp_tensor dproj = test_dev_clone(&proj), dw = test_dev_clone(&w), db = test_dev_clone(&b), dA = test_dev_clone(&A_log);
@@ -411,6 +411,8 @@ static void conv_tests(test_rng *r) {
     const fuse_cfg fcases[] = {
         /* n, S, M, H, G, P, N, slots, act, state, bias */
         {1, 1, 2, 16, 4, 128, 128, 4, FB, FB, false},   /* the layer's decode shape at B = 1 */
+        {128, 1, 2, 16, 4, 128, 128, 160, FB, FB, true}, /* at B = 128 with a bias: the fast bf16 launch */
+        {40, 1, 2, 8, 2, 64, 64, 48, FH, FH, true},     /* the fast fp16 launch (16-byte rows of x) */
         {37, 1, 3, 8, 2, 64, 32, 40, FB, FF, true},     /* GQA 4, M 3, fp32 conv state, -1 slots */
         {9, 1, 1, 4, 4, 16, 16, 12, FF, FF, true},      /* fp32 activations (4-element runs) */
         {6, 1, 2, 6, 3, 24, 40, 8, FH, FH, false},      /* fp16 */
