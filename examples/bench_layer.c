@@ -209,6 +209,7 @@ _Static_assert(MAX_CASES <= BENCH_MAX_LIST, "a case list holds MAX_CASES entries
 typedef struct layer_opts {
     const char      *backend;
     const char      *conv_state; /* act | fp32: the cache's conv state dtype */
+    const char      *ssm_state;  /* fp32 | bf16: the cache's recurrent state dtype */
     gdp_layer_config cfg;
     bench_list       decode, prefill;
     int              warmup, iters, check;
@@ -231,7 +232,7 @@ typedef struct stack {
 
 static void stack_init(stack *s, const bench_env *e, gdp_comm_t comm, gdp_comm_t tp_comm, gdp_comm_t cp_comm,
                        gdp_ctx_t ctx, const char *path, const gdp_step_bucket *buckets, int n_buckets,
-                       int32_t n_slots, bool conv_fp32) {
+                       int32_t n_slots, bool conv_fp32, gdp_dtype_t ssm_dtype) {
     memset(s, 0, sizeof *s);
     s->comm = comm;
     s->cp_comm = cp_comm;
@@ -268,6 +269,7 @@ static void stack_init(stack *s, const bench_env *e, gdp_comm_t comm, gdp_comm_t
     /* conv windows in the act dtype: the same values as fp32 ones, half the bytes (as gdp-run) */
     if (!conv_fp32)
         GDP_FATAL_IF_ERROR(e->comm, gdp_layer_get_act_dtype(s->layers[0], &cc.conv_dtype));
+    cc.ssm_dtype = ssm_dtype;
     GDP_FATAL_IF_ERROR(e->comm, gdp_cache_init(&s->cache, ctx, &cc));
     gdp_plan_config pc = {.num_householder = cfg.num_householder, .n_slots = n_slots, .max_decode_tokens = 1,
                           .n_buckets = n_buckets, .buckets = buckets};
@@ -419,6 +421,8 @@ static int layer_table(layer_opts *o, bench_opt *t) {
         {"conv-state", 's', BENCH_OPT_CHOICE, "act",
          "the cache's conv state dtype (act: the layers' activation dtype, bf16 on CUDA; the same bits as fp32)",
          &o->conv_state, 0, 0, "act|fp32"},
+        {"ssm-state", 'S', BENCH_OPT_CHOICE, "fp32", "the cache's recurrent state dtype (as gdp-run --ssm-state)",
+         &o->ssm_state, 0, 0, "fp32|bf16"},
         {"check", 'c', BENCH_OPT_INT, "1", "compare with a TP = 1 stack (#wrong)", &o->check, 0, 1, NULL},
         {"cp", 'C', BENCH_OPT_INT, "1",
          "context parallelism: tp = ranks / C, each rank's layer core on H/(tp*C) heads of every row, its block of "
@@ -525,9 +529,10 @@ int gdp_bench_layer_main(int argc, char **argv) {
 #undef ROWS
     stack tp, ref;
     const bool conv_fp32 = strcmp(o.conv_state, "fp32") == 0;
-    stack_init(&tp, &e, e.comm, tp_comm, cp_comm, e.ctx, path, buckets, nb, max_batch + 1, conv_fp32);
+    const gdp_dtype_t ssm_dtype = strcmp(o.ssm_state, "bf16") == 0 ? GDP_DTYPE_BF16 : GDP_DTYPE_FP32;
+    stack_init(&tp, &e, e.comm, tp_comm, cp_comm, e.ctx, path, buckets, nb, max_batch + 1, conv_fp32, ssm_dtype);
     if (o.check)
-        stack_init(&ref, &e, NULL, NULL, NULL, e.ctx, path, buckets, nb, max_batch + 1, conv_fp32);
+        stack_init(&ref, &e, NULL, NULL, NULL, e.ctx, path, buckets, nb, max_batch + 1, conv_fp32, ssm_dtype);
     MPI_Barrier(MPI_COMM_WORLD);
     if (local == 0)
         remove(path);

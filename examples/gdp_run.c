@@ -337,6 +337,8 @@ static void usage(FILE *f) {
             "  --schedule-age-ms MS    with shortest: a request that waited this long goes first, in arrival\n"
             "                          order (2000)\n"
             "  --max-candidates N      sampling candidates per rank and row: the largest top_k, top-p's reach (256)\n"
+            "  --ssm-state fp32|bf16   the cache's recurrent state dtype: bf16 halves the decode step's state\n"
+            "                          bytes and adds a drift (docs/gdp-run.md, \"The state dtype\") (fp32)\n"
             "  --no-graphs             run every step eagerly (no CUDA graphs)\n"
             "  --lazy-graphs           capture each step shape's graph at its first step (default: every\n"
             "                          shape at start-up, so no step waits for a capture)\n"
@@ -455,6 +457,16 @@ static int parse_args(int argc, char **argv, options *o) {
             }
             if (g_rank == 0)
                 fprintf(stderr, "gdp-run: --schedule %s: expected fcfs or shortest\n", v);
+            return 2;
+        }
+        if (!strcmp(a, "--ssm-state")) {
+            NEED_VALUE();
+            if (!strcmp(v, "fp32") || !strcmp(v, "bf16")) {
+                o->engine.ssm_dtype = !strcmp(v, "fp32") ? GDP_DTYPE_FP32 : GDP_DTYPE_BF16;
+                continue;
+            }
+            if (g_rank == 0)
+                fprintf(stderr, "gdp-run: --ssm-state %s: expected fp32 or bf16\n", v);
             return 2;
         }
         INT_OPT("--max-candidates", 1, GDP_SAMPLING_MAX_CANDIDATES, o->engine.max_candidates)

@@ -15,6 +15,8 @@
  * of a request are its beta and g, as prepare computes them (prepare_math.cuh). Every
  * output element is written by one thread, in the chain's bits.
  */
+#include <stdlib.h>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -68,18 +70,19 @@ template <int DT> __device__ __forceinline__ float half_bits_as_float(uint32_t w
         return __half2float(__ushort_as_half((unsigned short)bits));
 }
 
-/* The fast conv of one thread's VEC = 8 channels when x, the weight, the bias, the state and
- * the act dtype are one 16-bit dtype DT and every run is 16-byte aligned (runs_vec): raw
- * 16-byte loads, all issued before the first use, converted at their use (40 registers of raw
- * words instead of 80 of floats), and the new windows formed from the old ones' bits (a shift
- * of 16-bit halves: the chain stores the same values, rounded exactly). The arithmetic is
- * conv_step's, in its order, so y and the state are the chain's bits. ncu of the chain at 128
- * requests (H200, 2026-12-03): the conv update executed 258 instructions a channel, most of
- * them runtime dtype switches and 64-bit index division, and was issue-bound (10.1 us, DRAM
- * 0.6 %: everything in L2). */
-template <int DT>
-__device__ __forceinline__ void fast_conv8(const CoreParams &p, int64_t b, int64_t ch0, int64_t slot, float (&y)[8]) {
-    constexpr int W = CORE_W, VEC = 8, WORDS = VEC * W / 2; /* 16 words: 4 x 16 bytes */
+/* The fast conv of one thread's VEC (4 or 8) channels when x, the weight, the bias, the state
+ * and the act dtype are one 16-bit dtype DT and every run is aligned (runs_vec): raw 8- or
+ * 16-byte loads, all issued before the first use, converted at their use (raw words instead of
+ * floats in registers), and the new windows formed from the old ones' bits (a shift of 16-bit
+ * halves: the chain stores the same values, rounded exactly). The arithmetic is conv_step's,
+ * in its order, so y and the state are the chain's bits. ncu of the chain at 128 requests
+ * (H200, 2026-12-03): the conv update executed 258 instructions a channel, most of them
+ * runtime dtype switches and 64-bit index division, and was issue-bound (10.1 us, DRAM 0.6 %:
+ * everything in L2). */
+template <int DT, int VEC>
+__device__ __forceinline__ void fast_conv(const CoreParams &p, int64_t b, int64_t ch0, int64_t slot, float (&y)[VEC]) {
+    static_assert(VEC == 4 || VEC == 8, "8- or 16-byte runs of x");
+    constexpr int W = CORE_W, WORDS = VEC * W / 2; /* 8 or 16 words: 2 or 4 x 16 bytes */
     const uint4 *wq = reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(p.conv_w) + ch0 * W);
     uint4 *sq = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(p.state) + (slot * p.C + ch0) * W);
     uint32_t wr[WORDS], sr[WORDS], xr[VEC / 2], br[VEC / 2];
@@ -89,13 +92,26 @@ __device__ __forceinline__ void fast_conv8(const CoreParams &p, int64_t b, int64
         wr[4 * k] = a.x, wr[4 * k + 1] = a.y, wr[4 * k + 2] = a.z, wr[4 * k + 3] = a.w;
         sr[4 * k] = c.x, sr[4 * k + 1] = c.y, sr[4 * k + 2] = c.z, sr[4 * k + 3] = c.w;
     }
-    const uint4 xv = *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(p.x) + b * p.x_row + ch0);
-    xr[0] = xv.x, xr[1] = xv.y, xr[2] = xv.z, xr[3] = xv.w;
-    if (p.conv_b != nullptr) {
-        const uint4 bv = *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(p.conv_b) + ch0);
-        br[0] = bv.x, br[1] = bv.y, br[2] = bv.z, br[3] = bv.w;
+    const uint16_t *xp = static_cast<const uint16_t *>(p.x) + b * p.x_row + ch0;
+    const uint16_t *bp = static_cast<const uint16_t *>(p.conv_b) + ch0;
+    if constexpr (VEC == 8) {
+        const uint4 xv = *reinterpret_cast<const uint4 *>(xp);
+        xr[0] = xv.x, xr[1] = xv.y, xr[2] = xv.z, xr[3] = xv.w;
     } else {
-        br[0] = br[1] = br[2] = br[3] = 0u; /* +0.0 in both 16-bit dtypes */
+        const uint2 xv = *reinterpret_cast<const uint2 *>(xp);
+        xr[0] = xv.x, xr[1] = xv.y;
+    }
+#pragma unroll
+    for (int k = 0; k < VEC / 2; k++)
+        br[k] = 0u; /* +0.0 in both 16-bit dtypes */
+    if (p.conv_b != nullptr) {
+        if constexpr (VEC == 8) {
+            const uint4 bv = *reinterpret_cast<const uint4 *>(bp);
+            br[0] = bv.x, br[1] = bv.y, br[2] = bv.z, br[3] = bv.w;
+        } else {
+            const uint2 bv = *reinterpret_cast<const uint2 *>(bp);
+            br[0] = bv.x, br[1] = bv.y;
+        }
     }
     uint32_t nr[WORDS]; /* the new windows */
 #pragma unroll
@@ -157,9 +173,8 @@ template <int VEC, int DT> __global__ void __launch_bounds__(CORE_THREADS) decod
      * decode B=1: 8.0 us for about 20 KB). */
     float y[VEC];
     if constexpr (DT >= 0) {
-        static_assert(VEC == 8, "the fast conv moves 16-byte runs of 16-bit values");
         if (has_slot)
-            fast_conv8<DT>(p, b, ch0, slot, y);
+            fast_conv<DT, VEC>(p, b, ch0, slot, y);
         else
 #pragma unroll
             for (int c = 0; c < VEC; c++)
@@ -254,7 +269,7 @@ template <int VEC, int DT> __global__ void __launch_bounds__(CORE_THREADS) decod
  * by the conv's line between B=1 and 256), B=256 33 us vs 25.6 (conv 20.2 + prepare 5.4): one
  * thread per 8 channels with 94 registers and runtime dtypes keeps too little in flight once
  * the batch fills the GPU; kernels/NOTES-ops.md. The fast variant (one compiled 16-bit dtype,
- * fast_conv8) runs at every batch. */
+ * fast_conv) runs at every batch. */
 constexpr int64_t CORE_MAX_ROWS = 64;
 
 /* Whether every run of a thread's VEC channels is whole aligned 16-byte accesses: 16-byte
@@ -276,6 +291,16 @@ static int core_fast_dtype(const gdp_conv1d_update_args *conv, const gdp_prepare
     const bool same = conv->x.dtype == dt && conv->weight.dtype == dt && conv->conv_state.dtype == dt &&
                       (!gdp_tensor_present(&conv->bias) || conv->bias.dtype == dt);
     return same && core_runs_vec(conv) ? (int)dt : -1;
+}
+
+/* Channels a thread of the fast launch takes: 8 (16-byte runs) or 4 (8-byte runs: twice the
+ * warps, each with half the chain; ncu at 128 requests put the 8-channel launch at 28 %
+ * achieved occupancy and 75 % of cycles with no eligible warp). GDP_DECODE_FRONT_VEC=4|8
+ * picks for the A/B; unset: FAST_VEC. */
+constexpr int FAST_VEC = 4;
+static int fast_vec(void) {
+    const char *e = getenv("GDP_DECODE_FRONT_VEC");
+    return e != nullptr && e[0] == '8' && e[1] == '\0' ? 8 : e != nullptr && e[0] == '4' && e[1] == '\0' ? 4 : FAST_VEC;
 }
 
 extern "C" bool gdp_cuda_decode_core_fits(const gdp_conv1d_update_args *conv, const gdp_prepare_args *prep,
@@ -334,15 +359,19 @@ extern "C" gdp_status_t gdp_cuda_decode_core(struct gdp_ctx *ctx, const gdp_conv
     p.N = prep->state_dim, p.hpg = p.H / p.G;
     p.k_base = (int64_t)p.M * p.H * p.P;
     p.q_base = p.k_base + (int64_t)p.M * p.G * p.N;
-    const int vec = 16 / (int)gdp_dtype_size(p.act_dtype);
+    const int fast = core_fast_dtype(conv, prep);
+    const int vec = fast >= 0 ? fast_vec() : 16 / (int)gdp_dtype_size(p.act_dtype);
     p.conv_units = (int32_t)(p.C / vec);
     p.gate_units = 2 * p.M * p.H;
     const int64_t units = (int64_t)p.conv_units + p.gate_units;
     const dim3 grid((unsigned)((units + CORE_THREADS - 1) / CORE_THREADS), (unsigned)n);
     cudaStream_t stream = static_cast<cudaStream_t>(ctx->stream);
-    const int fast = core_fast_dtype(conv, prep);
-    if (fast == GDP_DTYPE_BF16)
+    if (fast == GDP_DTYPE_BF16 && vec == 4)
+        decode_core_kernel<4, GDP_DTYPE_BF16><<<grid, CORE_THREADS, 0, stream>>>(p);
+    else if (fast == GDP_DTYPE_BF16)
         decode_core_kernel<8, GDP_DTYPE_BF16><<<grid, CORE_THREADS, 0, stream>>>(p);
+    else if (fast == GDP_DTYPE_FP16 && vec == 4)
+        decode_core_kernel<4, GDP_DTYPE_FP16><<<grid, CORE_THREADS, 0, stream>>>(p);
     else if (fast == GDP_DTYPE_FP16)
         decode_core_kernel<8, GDP_DTYPE_FP16><<<grid, CORE_THREADS, 0, stream>>>(p);
     else if (vec == 8)

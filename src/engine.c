@@ -99,7 +99,8 @@ gdp_status_t gdp_engine_config_default(gdp_engine_config *cfg) {
                                .preempt_after = 16, .preempt_wait_ms = 2000, .schedule = GDP_SCHEDULE_SHORTEST,
                                .schedule_age_ms = 2000, .max_candidates = 256,
                                .cuda_graphs = 1, .honor_arrivals = 1, .progress = 1, .check_requests = 0,
-                               .debug_check = 0, .overlap = 1, .graphs_at_init = 1};
+                               .debug_check = 0, .overlap = 1, .graphs_at_init = 1,
+                               .ssm_dtype = GDP_DTYPE_FP32};
     return GDP_STATUS_SUCCESS;
 }
 
@@ -635,6 +636,7 @@ static gdp_status_t engine_build(struct gdp_engine *e) {
     /* the conv windows hold pre-conv inputs, already in the act dtype: exact in it, and half
      * the conv state's bytes of an fp32 one on CUDA (gdp_layer_get_act_dtype) */
     cc.conv_dtype = gdp_backend_act_dtype(e->ctx->backend);
+    cc.ssm_dtype = c->ssm_dtype; /* gdp_cache_init refuses what is neither fp32 nor bf16 */
     cc.max_draft_tokens = e->S_max > 1 ? e->S_max : 0;
     GDP_CHECK(gdp_cache_init(&e->cache, e->ctx, &cc));
     GDP_CHECK(gdp_cache_swap_bytes(e->cache, &e->swap_bytes));

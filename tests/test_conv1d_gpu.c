@@ -418,8 +418,14 @@ static void conv_tests(test_rng *r) {
         {6, 1, 2, 6, 3, 24, 40, 8, FH, FH, false},      /* fp16 */
         {5, 2, 2, 8, 2, 32, 32, 8, FB, FB, true},       /* two tokens: the chain itself (fallback) */
     };
-    for (size_t i = 0; i < sizeof fcases / sizeof fcases[0]; i++)
-        decode_core_vs_chain(r, &fcases[i]);
+    /* the fast launch with 4 and with 8 channels a thread (GDP_DECODE_FRONT_VEC, kernels/decode_core.cu) */
+    for (int v = 0; v < 2; v++) {
+        setenv("GDP_DECODE_FRONT_VEC", v == 0 ? "4" : "8", 1);
+        printf("GDP_DECODE_FRONT_VEC=%s\n", v == 0 ? "4" : "8");
+        for (size_t i = 0; i < sizeof fcases / sizeof fcases[0]; i++)
+            decode_core_vs_chain(r, &fcases[i]);
+    }
+    unsetenv("GDP_DECODE_FRONT_VEC");
     const gdp_dtype_t F32 = GDP_DTYPE_FP32, BF = GDP_DTYPE_BF16, F16 = GDP_DTYPE_FP16;
     const varlen_cfg vcases[] = {
         /* C, W, slots, pad tokens, x pad, nseq, lens, slots, x, w, state, y, bias, silu */

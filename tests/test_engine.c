@@ -500,8 +500,11 @@ static void make_workloads(void) {
     make_sampled(&g_wl_sampled), make_sampled(&g_wl_sampled_timed), make_stops(&g_wl_stops);
 }
 
+static gdp_dtype_t g_ssm_dtype = GDP_DTYPE_FP32; /* the cache's recurrent state of the next runs */
+
 static void engine_config(const variant *v, gdp_engine_config *c) {
     gdp_engine_config_default(c);
+    c->ssm_dtype = g_ssm_dtype;
     c->n_slots = v->slots, c->max_step_tokens = BUDGET, c->prefill_chunk = v->chunk, c->draft_tokens = v->draft;
     c->preempt = v->preempt, c->preempt_after = 2, c->preempt_wait_ms = 0, c->cuda_graphs = v->graphs;
     c->honor_arrivals = v->timed;
@@ -826,6 +829,23 @@ static void mpi_variants(const char *path) {
           (long long)g_compared, (long long)g_total);
 }
 
+/* The base run with a bf16 recurrent state (gdp_engine_config.ssm_dtype, gdp-run --ssm-state)
+ * on this rank alone: it must run to the end as the fp32 run does, and its greedy tokens must
+ * follow the fp32 run's under the margin rule with the bf16 bar (BAR_GPU: the state rounded to
+ * bf16 after every token is an error of the bf16 activations' size, not of the CPU's fp32). */
+static void ssm_bf16_vs_fp32(const char *path, gdp_backend_t backend, const result *fp32) {
+    result r;
+    g_ssm_dtype = GDP_DTYPE_BF16;
+    run_variant(path, MPI_COMM_NULL, &k_variants[0], backend, &r);
+    g_ssm_dtype = GDP_DTYPE_FP32;
+    check_result("base, bf16 ssm state", &k_variants[0], &r);
+    const double bar = g_bar;
+    g_bar = BAR_GPU;
+    compare(backend == GDP_BACKEND_CPU ? "cpu tp 1: fp32 vs bf16 ssm state" : "cuda tp 1: fp32 vs bf16 ssm state",
+            fp32, &r, MATCH_MARGIN);
+    g_bar = bar;
+}
+
 /* Bad input at TP = all ranks: errors on every rank, and the engine runs afterwards. */
 static void mpi_bad_input(const char *path) {
     gdp_comm_t comm = NULL;
@@ -923,6 +943,7 @@ static void gpu_variants(const char *path) {
     }
     compare("cuda tp 1 vs cuda tp n (base)", &cuda1, &cuda[0], MATCH_MARGIN);
     compare("cpu tp 1 vs cuda tp n (base)", &cpu1, &cuda[0], MATCH_MARGIN);
+    ssm_bf16_vs_fp32(path, GDP_BACKEND_CUDA, g_size > 1 ? &cuda1 : &cuda[0]);
 }
 
 int main(int argc, char **argv) {
@@ -968,8 +989,10 @@ int main(int argc, char **argv) {
     } else {
         mpi_variants(path);
         mpi_bad_input(path);
-        if (g_rank == 0)
+        if (g_rank == 0) {
             schedule_order(path);
+            ssm_bf16_vs_fp32(path, GDP_BACKEND_CPU, &g_res[0][0]);
+        }
     }
     MPI_Barrier(MPI_COMM_WORLD);
     if (g_rank == 0)

@@ -112,13 +112,16 @@ typedef struct gdp_engine_config {
                                      bucket's graph at init (a capture costs 2-13 ms of host time
                                      that would stall the first steps of each shape, the device
                                      idle meanwhile); 0 captures each on the bucket's first step */
+    gdp_dtype_t ssm_dtype;        /* the cache's recurrent state: GDP_DTYPE_FP32 (the default) or
+                                     GDP_DTYPE_BF16 (half the decode step's state bytes; the
+                                     drift it adds: docs/gdp-run.md, "The state dtype")          */
 } gdp_engine_config;
 
 /* gdp-run's defaults: 16 slots, 512 tokens per step, prefill chunk 256, no drafts (ngram 3),
  * preemption of requests that ran 16 decode steps for waiters that waited 2 s, shortest
  * prompt first with a 2 s age bound, 256
  * sampling candidates, graphs on (captured at init), arrivals honored, progress every second,
- * no check, no debug check, overlap on. */
+ * no check, no debug check, overlap on, an fp32 recurrent state. */
 GDP_API gdp_status_t gdp_engine_config_default(gdp_engine_config *cfg);
 
 /* Creates an engine over a model (gdp_model_init with the same ctx and comm): the state
