@@ -754,7 +754,8 @@ static void check_result(const char *what, const variant *v, const result *r) {
     else
         CHECK(r->captures == 0 && r->replays == 0, "%s: graphs off but %lld captures", what, (long long)r->captures);
     if (!strcmp(v->name, "base"))
-        CHECK(r->check_checked == 3 && r->check_worst <= (g_cuda ? BAR_GPU : BAR_CPU) && r->check_mismatches == 0,
+        CHECK(r->check_checked == 3 && r->check_worst <= (g_cuda || g_ssm_dtype != GDP_DTYPE_FP32 ? BAR_GPU : BAR_CPU) &&
+                  r->check_mismatches == 0,
               "%s: decode vs recompute: %d checked, worst %.2e, %d mismatches", what, r->check_checked,
               r->check_worst, r->check_mismatches);
 }
@@ -832,13 +833,14 @@ static void mpi_variants(const char *path) {
 /* The base run with a bf16 recurrent state (gdp_engine_config.ssm_dtype, gdp-run --ssm-state)
  * on this rank alone: it must run to the end as the fp32 run does, and its greedy tokens must
  * follow the fp32 run's under the margin rule with the bf16 bar (BAR_GPU: the state rounded to
- * bf16 after every token is an error of the bf16 activations' size, not of the CPU's fp32). */
+ * bf16 after every token is an error of the bf16 activations' size, not of the CPU's fp32); its
+ * decode-vs-recompute self check is held to that bar too (measured on the CPU: 5.7e-3). */
 static void ssm_bf16_vs_fp32(const char *path, gdp_backend_t backend, const result *fp32) {
     result r;
     g_ssm_dtype = GDP_DTYPE_BF16;
     run_variant(path, MPI_COMM_NULL, &k_variants[0], backend, &r);
+    check_result("base, bf16 ssm state", &k_variants[0], &r); /* its self check at the bf16 bar */
     g_ssm_dtype = GDP_DTYPE_FP32;
-    check_result("base, bf16 ssm state", &k_variants[0], &r);
     const double bar = g_bar;
     g_bar = BAR_GPU;
     compare(backend == GDP_BACKEND_CPU ? "cpu tp 1: fp32 vs bf16 ssm state" : "cuda tp 1: fp32 vs bf16 ssm state",
