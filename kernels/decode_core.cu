@@ -14,6 +14,12 @@
  * each of its group's heads on copy M-1 and zeros on the other copies. The last 2 M H units
  * of a request are its beta and g, as prepare computes them (prepare_math.cuh). Every
  * output element is written by one thread, in the chain's bits.
+ *
+ * Two variants: the generic one reads every dtype at run time (any combination the ops
+ * allow; up to CORE_MAX_ROWS requests, the two ops above that), and a fast one compiled for
+ * one 16-bit dtype of x, weight, bias, conv state and activations (the layer on CUDA), with
+ * 4 channels a thread (FAST_VEC), raw loads widened at their use and the windows shifted in
+ * their bits (fast_conv), which takes every batch (kernels/NOTES-ops.md, thirteenth session).
  */
 #include <stdlib.h>
 

@@ -176,8 +176,9 @@ gdp_status_t gdp_engine_print_report(gdp_engine_t engine, FILE *out, const char 
         snprintf(prefill, sizeof prefill, "in slices of %d tokens", c->prefill_chunk);
     else
         snprintf(prefill, sizeof prefill, "of whole prompts");
-    fprintf(out, "#   engine   : %d slots, step budget %d tokens, prefill %s, cuda graphs %s\n", c->n_slots,
-            c->max_step_tokens, prefill, c->cuda_graphs ? (e->graphs_live ? "on" : "on (hooks only)") : "off");
+    fprintf(out, "#   engine   : %d slots, step budget %d tokens, prefill %s, cuda graphs %s, %s ssm state\n",
+            c->n_slots, c->max_step_tokens, prefill,
+            c->cuda_graphs ? (e->graphs_live ? "on" : "on (hooks only)") : "off", gdp_dtype_name(c->ssm_dtype));
     if (c->draft_tokens)
         fprintf(out, "#   drafts   : up to %d per step from %d..2-gram prompt lookup\n", c->draft_tokens, c->ngram);
     else
