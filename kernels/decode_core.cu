@@ -21,8 +21,6 @@
  * 4 channels a thread (FAST_VEC), raw loads widened at their use and the windows shifted in
  * their bits (fast_conv), which takes every batch (kernels/NOTES-ops.md, thirteenth session).
  */
-#include <stdlib.h>
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -301,12 +299,14 @@ static int core_fast_dtype(const gdp_conv1d_update_args *conv, const gdp_prepare
 
 /* Channels a thread of the fast launch takes: 8 (16-byte runs) or 4 (8-byte runs: twice the
  * warps, each with half the chain; ncu at 128 requests put the 8-channel launch at 28 %
- * achieved occupancy and 75 % of cycles with no eligible warp). GDP_DECODE_FRONT_VEC=4|8
- * picks for the A/B; unset: FAST_VEC. */
+ * achieved occupancy and 75 % of cycles with no eligible warp; the layer bench then gained 1-2 %
+ * with 4). GDP_DECODE_FRONT_VEC=4|8 picks for the A/B; unset, empty or auto: FAST_VEC; -1 for
+ * any other value (refused by gdp_decode_conv_prepare before anything runs). */
 constexpr int FAST_VEC = 4;
-static int fast_vec(void) {
-    const char *e = getenv("GDP_DECODE_FRONT_VEC");
-    return e != nullptr && e[0] == '8' && e[1] == '\0' ? 8 : e != nullptr && e[0] == '4' && e[1] == '\0' ? 4 : FAST_VEC;
+extern "C" int gdp_cuda_decode_front_vec(void) {
+    static const char *const spell[3] = {"auto", "4", "8"};
+    static const int value[3] = {FAST_VEC, 4, 8};
+    return gdp_env_choice("GDP_DECODE_FRONT_VEC", spell, value, 3, FAST_VEC, nullptr);
 }
 
 extern "C" bool gdp_cuda_decode_core_fits(const gdp_conv1d_update_args *conv, const gdp_prepare_args *prep,
@@ -366,7 +366,7 @@ extern "C" gdp_status_t gdp_cuda_decode_core(struct gdp_ctx *ctx, const gdp_conv
     p.k_base = (int64_t)p.M * p.H * p.P;
     p.q_base = p.k_base + (int64_t)p.M * p.G * p.N;
     const int fast = core_fast_dtype(conv, prep);
-    const int vec = fast >= 0 ? fast_vec() : 16 / (int)gdp_dtype_size(p.act_dtype);
+    const int vec = fast >= 0 ? gdp_cuda_decode_front_vec() : 16 / (int)gdp_dtype_size(p.act_dtype);
     p.conv_units = (int32_t)(p.C / vec);
     p.gate_units = 2 * p.M * p.H;
     const int64_t units = (int64_t)p.conv_units + p.gate_units;

@@ -48,6 +48,8 @@ gdp_status_t gdp_cuda_conv1d_varlen(struct gdp_ctx *ctx, const gdp_conv1d_varlen
 typedef enum { GDP_DECODE_FRONT_AUTO, GDP_DECODE_FRONT_FUSED, GDP_DECODE_FRONT_CHAIN } gdp_decode_front_mode;
 bool gdp_cuda_decode_core_fits(const gdp_conv1d_update_args *conv, const gdp_prepare_args *prep,
                                gdp_decode_front_mode mode);
+/* The fast front's channels a thread from GDP_DECODE_FRONT_VEC (4 or 8), -1 for a value it does not know. */
+int gdp_cuda_decode_front_vec(void);
 gdp_status_t gdp_cuda_decode_core(struct gdp_ctx *ctx, const gdp_conv1d_update_args *conv,
                                   const gdp_prepare_args *prep);
 gdp_status_t gdp_cuda_gated_rmsnorm(struct gdp_ctx *ctx, gdp_tensor *out, const gdp_tensor *y,

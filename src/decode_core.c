@@ -32,6 +32,10 @@ gdp_status_t gdp_decode_conv_prepare(gdp_ctx_t ctx, const gdp_conv1d_update_args
             GDP_FAIL(GDP_STATUS_INVALID_USAGE,
                      "%s: GDP_DECODE_FRONT=%s is not known; use auto (or leave it unset or empty), fused or chain", op,
                      text);
+        if (gdp_cuda_decode_front_vec() < 0)
+            GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                     "%s: GDP_DECODE_FRONT_VEC=%s is not known; use 4 or 8 (or leave it unset, empty or auto)", op,
+                     getenv("GDP_DECODE_FRONT_VEC"));
         if (gdp_cuda_decode_core_fits(conv, prep, (gdp_decode_front_mode)mode))
             return gdp_cuda_decode_core(ctx, conv, prep);
     }

@@ -372,6 +372,20 @@ static void decode_core_vs_chain(test_rng *r, const fuse_cfg *c) {
             CHECK_OK(gdp_causal_conv1d_update(g_test_gpu, &cu));
             CHECK_OK(gdp_decode_prepare(g_test_gpu, &pr));
         } else {
+            /* a switch value it does not know is refused before anything runs (the state
+             * compared below would show a partial write) */
+            const char *names[2] = {"GDP_DECODE_FRONT", "GDP_DECODE_FRONT_VEC"};
+            for (int e = 0; e < 2 && c->n == 1; e++) {
+                char *saved = getenv(names[e]) != NULL ? strdup(getenv(names[e])) : NULL;
+                setenv(names[e], "sideways", 1);
+                CHECK(gdp_decode_conv_prepare(g_test_gpu, &cu, &pr) == GDP_STATUS_INVALID_USAGE,
+                      "%s=sideways: gdp_decode_conv_prepare must refuse it", names[e]);
+                if (saved != NULL)
+                    setenv(names[e], saved, 1);
+                else
+                    unsetenv(names[e]);
+                free(saved);
+            }
             CHECK_OK(gdp_decode_conv_prepare(g_test_gpu, &cu, &pr));
         }
     }
