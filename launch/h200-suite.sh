@@ -215,8 +215,8 @@ fi
 if [ "$stage" = serve ]; then
     # gdp-run at the serving shape of docs/performance.md (8 layers, D 2048, H 16, G 4, P = N = 128,
     # M 2, vocab 32000; one rank, CUDA + NCCL, graphs on): the decode-heavy and the mixed workload
-    # (the preemption policy and the old one: swap at once), a 2-rank MPI run on the one GPU, and the
-    # layer-step benchmark with its graph-replayed column.
+    # (the preemption policy and the old one: swap at once), both with a bf16 ssm state, a 2-rank MPI
+    # run on the one GPU, and the layer-step benchmark with its graph-replayed column.
     model=(--layers 8 --hidden 2048 --heads 16 --groups 4 --head-dim 128 --state-dim 128 --householder 2
            --vocab 32000)
     ckpt=${TMPDIR:-/tmp}/gdp_serve_model.safetensors
@@ -231,6 +231,9 @@ if [ "$stage" = serve ]; then
         tee "$out/serve_check.log"
     { echo "## decode-heavy, no overlap (the step loop waits for each step)"; run1 "${decode[@]}" --no-overlap; } 2>&1 |
         tee "$out/serve_decode_nooverlap.log" || rc=1
+    { echo "## decode-heavy, bf16 ssm state (docs/gdp-run.md, \"The state dtype\")"; run1 "${decode[@]}" --ssm-state bf16; } \
+        2>&1 | tee "$out/serve_decode_bf16.log" || rc=1
+    { echo "## mixed, bf16 ssm state"; run1 "${mixed[@]}" --ssm-state bf16; } 2>&1 | tee "$out/serve_mixed_bf16.log" || rc=1
     { echo "## mixed, preemption policy (default)"; run1 "${mixed[@]}"; } 2>&1 | tee "$out/serve_mixed.log" || rc=1
     { echo "## mixed, admission in arrival order (--schedule fcfs; the default is shortest first)";
       run1 "${mixed[@]}" --schedule fcfs; } 2>&1 | tee "$out/serve_mixed_fcfs.log" || rc=1
