@@ -215,8 +215,8 @@ fi
 if [ "$stage" = serve ]; then
     # gdp-run at the serving shape of docs/performance.md (8 layers, D 2048, H 16, G 4, P = N = 128,
     # M 2, vocab 32000; one rank, CUDA + NCCL, graphs on): the decode-heavy and the mixed workload
-    # (the preemption policy and the old one: swap at once), both with a bf16 ssm state, a 2-rank MPI
-    # run on the one GPU, and the layer-step benchmark with its graph-replayed column.
+    # (the preemption policy and the old one: swap at once), each also with a bf16 ssm state, a
+    # 2-rank MPI run on the one GPU, and the layer-step benchmark with its graph-replayed column.
     model=(--layers 8 --hidden 2048 --heads 16 --groups 4 --head-dim 128 --state-dim 128 --householder 2
            --vocab 32000)
     ckpt=${TMPDIR:-/tmp}/gdp_serve_model.safetensors
