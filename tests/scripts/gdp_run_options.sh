@@ -6,7 +6,8 @@
 #   a JSONL prompt_len of 2^31 - 1 and an arrival of 1e9 s fail at once naming the limit and the
 #   option; --max-arrival raises the horizon, --no-arrivals ignores it; --max-prompt-len and
 #   --max-new-tokens lower the limits; a synthetic rate of 1e-9/s fails naming the horizon;
-#   --schedule fcfs|shortest and --schedule-age-ms run, a bad value of either is refused.
+#   --schedule fcfs|shortest and --schedule-age-ms run, a bad value of either is refused;
+#   --ssm-state bf16 runs and the report names the state dtype, a bad value is refused.
 set -uo pipefail
 mpiexec=$1 run=$2 poison=$3 dir=$4/gdp_run_options_$$
 mkdir -p "$dir"
@@ -43,6 +44,10 @@ gdp $small --schedule lifo
 expect 2 "--schedule lifo: expected fcfs or shortest" "--schedule lifo"
 gdp $small --schedule-age-ms -1
 expect 2 "--schedule-age-ms -1: expected an integer" "--schedule-age-ms -1"
+gdp $small --workload synthetic:n=3,prompt=8-40,new=2 --ssm-state bf16 --check 0
+expect 0 "engine   : .*, bf16 ssm state" "--ssm-state bf16"
+gdp $small --ssm-state fp16
+expect 2 "--ssm-state fp16: expected fp32 or bf16" "--ssm-state fp16"
 
 model=$dir/model.safetensors bad=$dir/poisoned.safetensors
 gdp $small --write-model "$model"
