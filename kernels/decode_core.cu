@@ -74,6 +74,17 @@ template <int DT> __device__ __forceinline__ float half_bits_as_float(uint32_t w
         return __half2float(__ushort_as_half((unsigned short)bits));
 }
 
+/* VEC (4 or 8) 16-bit elements as raw words, in one 8- or 16-byte load (src aligned to it). */
+template <int VEC> __device__ __forceinline__ void load_half_words(const uint16_t *src, uint32_t (&dst)[VEC / 2]) {
+    if constexpr (VEC == 8) {
+        const uint4 v = *reinterpret_cast<const uint4 *>(src);
+        dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+    } else {
+        const uint2 v = *reinterpret_cast<const uint2 *>(src);
+        dst[0] = v.x, dst[1] = v.y;
+    }
+}
+
 /* The fast conv of one thread's VEC (4 or 8) channels when x, the weight, the bias, the state
  * and the act dtype are one 16-bit dtype DT and every run is aligned (runs_vec): raw 8- or
  * 16-byte loads, all issued before the first use, converted at their use (raw words instead of
@@ -96,27 +107,13 @@ __device__ __forceinline__ void fast_conv(const CoreParams &p, int64_t b, int64_
         wr[4 * k] = a.x, wr[4 * k + 1] = a.y, wr[4 * k + 2] = a.z, wr[4 * k + 3] = a.w;
         sr[4 * k] = c.x, sr[4 * k + 1] = c.y, sr[4 * k + 2] = c.z, sr[4 * k + 3] = c.w;
     }
-    const uint16_t *xp = static_cast<const uint16_t *>(p.x) + b * p.x_row + ch0;
-    const uint16_t *bp = static_cast<const uint16_t *>(p.conv_b) + ch0;
-    if constexpr (VEC == 8) {
-        const uint4 xv = *reinterpret_cast<const uint4 *>(xp);
-        xr[0] = xv.x, xr[1] = xv.y, xr[2] = xv.z, xr[3] = xv.w;
-    } else {
-        const uint2 xv = *reinterpret_cast<const uint2 *>(xp);
-        xr[0] = xv.x, xr[1] = xv.y;
-    }
+    load_half_words<VEC>(static_cast<const uint16_t *>(p.x) + b * p.x_row + ch0, xr);
+    if (p.conv_b != nullptr)
+        load_half_words<VEC>(static_cast<const uint16_t *>(p.conv_b) + ch0, br);
+    else
 #pragma unroll
-    for (int k = 0; k < VEC / 2; k++)
-        br[k] = 0u; /* +0.0 in both 16-bit dtypes */
-    if (p.conv_b != nullptr) {
-        if constexpr (VEC == 8) {
-            const uint4 bv = *reinterpret_cast<const uint4 *>(bp);
-            br[0] = bv.x, br[1] = bv.y, br[2] = bv.z, br[3] = bv.w;
-        } else {
-            const uint2 bv = *reinterpret_cast<const uint2 *>(bp);
-            br[0] = bv.x, br[1] = bv.y;
-        }
-    }
+        for (int k = 0; k < VEC / 2; k++)
+            br[k] = 0u; /* +0.0 in both 16-bit dtypes */
     uint32_t nr[WORDS]; /* the new windows */
 #pragma unroll
     for (int c = 0; c < VEC; c++) {
