@@ -7,11 +7,15 @@
  *
  * Work split: one thread per (request or token tile, channel), the W-wide window in
  * registers; consecutive threads take consecutive channels, so every row access of x, y
- * and the state is coalesced. The varlen op is two launches: the outputs first (they read
+ * and the state is coalesced. The varlen outputs of 16-bit activations take the vector kernel
+ * (thread: 8 tokens x 8 channels, 16-byte accesses; GDP_CONV_KERNEL=scalar turns it off). The
+ * varlen op is two launches: the outputs first (they read
  * the incoming states), then the state write-back, so no block can overwrite a window
  * another block still reads. Slots are device values the host cannot check without a
  * sync: a slot outside [0, slots) is treated like -1 (no slot read or written).
  */
+#include <stdlib.h>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -29,6 +33,11 @@ namespace {
 constexpr int CONV_THREADS = 128;
 constexpr int CONV_TOKEN_TILE = 32; /* tokens per thread in the varlen output kernel */
 constexpr int CONV_MAX_WIDTH = 8;
+constexpr int CONV_VEC = 8;          /* channels a thread of the vector output kernel takes  */
+constexpr int CONV_VEC_TILE = 8;     /* tokens a thread of the vector output kernel takes    */
+constexpr int CONV_VEC_MAX_WIDTH = 4; /* widths it takes (registers: 2 W + 1 floats a channel) */
+/* (ptxas, sm_90, W = 4: 156 registers, 3 blocks an SM, no spills; asking for 4 blocks, or a tile
+ * of 4 tokens at 4 blocks, spills 96-288 bytes a thread) */
 
 
 /* A tensor pointer with its dtype. */
@@ -67,6 +76,7 @@ struct ConvVarlenParams {
     const int32_t *cu_seqlens; /* [N + 1], device */
     int64_t T;
     int32_t N;
+    bool vec; /* the vector output kernel fits (varlen_vec_fits) */
 };
 
 
@@ -163,6 +173,137 @@ template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out
     }
 }
 
+/* The vector output kernel (16-bit x and y, C a multiple of CONV_VEC, W <= CONV_VEC_MAX_WIDTH,
+ * 16-byte aligned rows): thread (tile of CONV_VEC_TILE tokens, CONV_VEC consecutive channels).
+ * The scalar kernel above moves 2 bytes an access and is instruction-bound (ncu, 2048-token
+ * prefill: 64 % of the issue slots busy, DRAM 13.6 %); here one 16-byte load and one 16-byte
+ * store serve 8 channels of a token, and each channel's conv is conv_step, so the bits are the
+ * scalar kernel's. */
+
+/* The windows of channels ch0 .. ch0 + CONV_VEC - 1 before local token tau of sequence seq
+ * (first token `start`): the slot's W columns (zeros for a -1 request) shifted by the
+ * sequence's first tau tokens of x, as varlen_window builds them one channel at a time. */
+template <int W>
+__device__ __forceinline__ void varlen_window_vec(const ConvVarlenParams &p, int64_t ch0, int seq, int64_t start,
+                                                  int64_t tau, float (&win)[CONV_VEC][W]) {
+#pragma unroll
+    for (int c = 0; c < CONV_VEC; c++)
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            win[c][j] = 0.0f;
+    if (tau < W) {
+        const int64_t slot = p.c.indices != nullptr ? p.c.indices[seq] : seq;
+        if (slot >= 0 && slot < p.c.slots) { /* the CONV_VEC channels' windows: CONV_VEC W consecutive elements */
+            float flat[CONV_VEC * W];
+#pragma unroll
+            for (int k = 0; k < W; k++)
+                load_vec_as_float<CONV_VEC>(p.c.state.data, p.c.state.dtype, (slot * p.c.C + ch0) * W + k * CONV_VEC,
+                                            *reinterpret_cast<float(*)[CONV_VEC]>(flat + k * CONV_VEC));
+#pragma unroll
+            for (int c = 0; c < CONV_VEC; c++)
+#pragma unroll
+                for (int j = 0; j < W; j++)
+                    win[c][j] = flat[c * W + j];
+        }
+    }
+    const int64_t first = tau > W ? tau - W : 0; /* only the last W tokens stay in the window */
+#pragma unroll
+    for (int s = 0; s < W; s++) {
+        const int64_t u = first + s;
+        if (u < tau) {
+            float xv[CONV_VEC];
+            load_vec_as_float<CONV_VEC>(p.c.x.data, p.c.x.dtype, (start + u) * p.c.x_stride_b + ch0, xv);
+#pragma unroll
+            for (int c = 0; c < CONV_VEC; c++) {
+#pragma unroll
+                for (int j = 0; j < W - 1; j++)
+                    win[c][j] = win[c][j + 1];
+                win[c][W - 1] = xv[c];
+            }
+        }
+    }
+}
+
+template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out_vec_kernel(const ConvVarlenParams p) {
+    const int64_t ch0 = ((int64_t)blockIdx.y * CONV_THREADS + threadIdx.x) * CONV_VEC;
+    if (ch0 >= p.c.C)
+        return;
+    const int64_t t_begin = (int64_t)blockIdx.x * CONV_VEC_TILE;
+    const int64_t t_end = min(p.T, t_begin + CONV_VEC_TILE);
+    const int64_t total = p.cu_seqlens[p.N];
+    const int64_t t_in = min(t_end, total); /* tokens of the tile that belong to a sequence */
+    /* The tile's inputs first, as raw 16-byte words converted at their use: every load is in
+     * flight before the first store (y may alias x as far as the compiler can tell, so a load
+     * after a store would wait for it). */
+    uint32_t raw[CONV_VEC_TILE][CONV_VEC / 2];
+#pragma unroll
+    for (int k = 0; k < CONV_VEC_TILE; k++) {
+        const int64_t t = t_begin + k;
+        uint4 u = make_uint4(0u, 0u, 0u, 0u);
+        if (t < t_in)
+            u = *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(p.c.x.data) + t * p.c.x_stride_b + ch0);
+        raw[k][0] = u.x, raw[k][1] = u.y, raw[k][2] = u.z, raw[k][3] = u.w;
+    }
+    int seq = -1;
+    int64_t seq_end = 0;
+    float w[CONV_VEC][W], bias[CONV_VEC], win[CONV_VEC][W];
+    if (t_begin < total) {
+        int lo = 0, hi = p.N; /* cu[lo] <= t_begin < cu[hi] */
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (p.cu_seqlens[mid] <= t_begin)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        seq = lo;
+        float flat[CONV_VEC * W];
+#pragma unroll
+        for (int k = 0; k < W; k++)
+            load_vec_as_float<CONV_VEC>(p.c.weight.data, p.c.weight.dtype, ch0 * W + k * CONV_VEC,
+                                        *reinterpret_cast<float(*)[CONV_VEC]>(flat + k * CONV_VEC));
+#pragma unroll
+        for (int c = 0; c < CONV_VEC; c++)
+#pragma unroll
+            for (int j = 0; j < W; j++)
+                w[c][j] = flat[c * W + j];
+        if (p.c.bias.data != nullptr)
+            load_vec_as_float<CONV_VEC>(p.c.bias.data, p.c.bias.dtype, ch0, bias);
+        else
+#pragma unroll
+            for (int c = 0; c < CONV_VEC; c++)
+                bias[c] = 0.0f;
+        const int64_t start = p.cu_seqlens[seq];
+        seq_end = p.cu_seqlens[seq + 1];
+        varlen_window_vec<W>(p, ch0, seq, start, t_begin - start, win);
+    }
+#pragma unroll
+    for (int k = 0; k < CONV_VEC_TILE; k++) {
+        const int64_t t = t_begin + k;
+        if (t >= t_end)
+            break;
+        float out[CONV_VEC];
+        if (t >= total) {
+#pragma unroll
+            for (int c = 0; c < CONV_VEC; c++)
+                out[c] = 0.0f; /* padding rows */
+        } else {
+            if (t >= seq_end) { /* the next non-empty sequence starts at t: its window from its slot */
+                while (p.cu_seqlens[seq + 1] <= t)
+                    seq++;
+                seq_end = p.cu_seqlens[seq + 1];
+                varlen_window_vec<W>(p, ch0, seq, t, 0, win);
+            }
+            float xv[CONV_VEC];
+            halves_to_float<CONV_VEC>(p.c.x.dtype, raw[k], xv);
+#pragma unroll
+            for (int c = 0; c < CONV_VEC; c++)
+                out[c] = conv_step<W>(win[c], w[c], bias[c], p.c.silu, xv[c]);
+        }
+        store_vec_from_float<CONV_VEC>(p.c.y.data, p.c.y.dtype, t * p.c.C + ch0, out);
+    }
+}
+
 /* New states: thread (sequence, channel). Column j of the new state is element L + j of
  * (old state ++ the L tokens): old columns carry over when L < W; L == 0 keeps the state. */
 template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_state_kernel(const ConvVarlenParams p) {
@@ -200,6 +341,24 @@ template <int W> cudaError_t launch_varlen(const ConvVarlenParams &p, cudaStream
     const int64_t st_blocks = ((int64_t)p.N * p.c.C + CONV_THREADS - 1) / CONV_THREADS;
     if (tiles > INT32_MAX || ch_blocks > 65535 || st_blocks > INT32_MAX)
         return cudaErrorInvalidConfiguration;
+    if constexpr (W <= CONV_VEC_MAX_WIDTH) {
+        if (p.vec) {
+            const int64_t vec_tiles = (p.T + CONV_VEC_TILE - 1) / CONV_VEC_TILE;
+            const int64_t vec_blocks = (p.c.C / CONV_VEC + CONV_THREADS - 1) / CONV_THREADS;
+            if (vec_tiles > INT32_MAX)
+                return cudaErrorInvalidConfiguration;
+            if (vec_tiles > 0) {
+                conv_varlen_out_vec_kernel<W>
+                    <<<dim3((unsigned)vec_tiles, (unsigned)vec_blocks), CONV_THREADS, 0, stream>>>(p);
+                const cudaError_t err = cudaGetLastError();
+                if (err != cudaSuccess)
+                    return err;
+            }
+            if (st_blocks > 0)
+                conv_varlen_state_kernel<W><<<(unsigned)st_blocks, CONV_THREADS, 0, stream>>>(p);
+            return cudaGetLastError();
+        }
+    }
     if (tiles > 0) {
         conv_varlen_out_kernel<W><<<dim3((unsigned)tiles, (unsigned)ch_blocks), CONV_THREADS, 0, stream>>>(p);
         const cudaError_t err = cudaGetLastError();
@@ -246,6 +405,29 @@ ConvCommon common_params(const gdp_tensor &x, const gdp_tensor &weight, const gd
     c.weight_vec = window_aligned(weight);
     c.state_vec = window_aligned(state);
     return c;
+}
+
+/* GDP_CONV_KERNEL: auto (unset or empty: the vector output kernel where it fits), vec (the same),
+ * scalar (never it: the A/B and the tests of both), -1 for any other value. Read at every call. */
+enum ConvKernel { CONV_AUTO, CONV_SCALAR };
+int conv_kernel_choice() {
+    static const char *const spell[3] = {"auto", "vec", "scalar"};
+    static const int value[3] = {CONV_AUTO, CONV_AUTO, CONV_SCALAR};
+    return gdp_env_choice("GDP_CONV_KERNEL", spell, value, 3, CONV_AUTO, nullptr);
+}
+
+/* Whether the vector output kernel takes the call: 16-bit x and y, C a multiple of CONV_VEC, a
+ * width it holds, 16-byte aligned x and y rows, weight, bias and state (each CONV_VEC channels'
+ * W-element windows are then 16-byte multiples). */
+bool varlen_vec_fits(const gdp_conv1d_varlen_args &a, int64_t W) {
+    const bool x16 = a.x.dtype == GDP_DTYPE_BF16 || a.x.dtype == GDP_DTYPE_FP16;
+    const bool y16 = a.y.dtype == GDP_DTYPE_BF16 || a.y.dtype == GDP_DTYPE_FP16;
+    const int64_t C = a.x.shape[1];
+    return x16 && y16 && W <= CONV_VEC_MAX_WIDTH && C % CONV_VEC == 0 && gdp_tensor_stride(&a.x, 1) == 1 &&
+           (gdp_tensor_stride(&a.x, 0) * 2) % 16 == 0 && aligned16(a.x.data) && aligned16(a.y.data) &&
+           aligned16(a.weight.data) && gdp_tensor_is_contiguous(&a.weight) &&
+           (!gdp_tensor_present(&a.bias) || aligned16(a.bias.data)) && aligned16(a.conv_state.data) &&
+           gdp_tensor_is_contiguous(&a.conv_state);
 }
 
 } // namespace
@@ -296,6 +478,11 @@ extern "C" gdp_status_t gdp_cuda_conv1d_varlen(struct gdp_ctx *ctx, const gdp_co
     p.cu_seqlens = static_cast<const int32_t *>(a->cu_seqlens.data);
     p.T = a->x.shape[0];
     p.N = (int32_t)N;
+    const int kernel = conv_kernel_choice();
+    if (kernel < 0)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: GDP_CONV_KERNEL is \"%s\"; use auto, vec or scalar (or leave it unset)",
+                 op, getenv("GDP_CONV_KERNEL"));
+    p.vec = kernel != CONV_SCALAR && varlen_vec_fits(*a, W);
     if (N == 0) {
         /* No sequence: every row is padding. */
         if (p.T * p.c.C > 0) {

@@ -36,6 +36,22 @@ __device__ __forceinline__ void store_from_float(void *base, gdp_dtype_t dtype, 
  * tensor does not constrain the access width). */
 static inline bool aligned16(const void *ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
+/* N 16-bit elements of dtype (bf16 or fp16), packed two to a word as loaded, as floats. */
+template <int N>
+__device__ __forceinline__ void halves_to_float(gdp_dtype_t dtype, const uint32_t (&w)[N / 2], float (&v)[N]) {
+#pragma unroll
+    for (int j = 0; j < N / 2; j++) {
+        const uint16_t lo = (uint16_t)(w[j] & 0xffffu), hi = (uint16_t)(w[j] >> 16);
+        if (dtype == GDP_DTYPE_BF16) {
+            v[2 * j] = __bfloat162float(__ushort_as_bfloat16(lo));
+            v[2 * j + 1] = __bfloat162float(__ushort_as_bfloat16(hi));
+        } else {
+            v[2 * j] = __half2float(__ushort_as_half(lo));
+            v[2 * j + 1] = __half2float(__ushort_as_half(hi));
+        }
+    }
+}
+
 /* N (4 or 8) elements from element i of base, aligned to their N * size bytes. L2_ONLY:
  * loaded through L2 only (ld.global.cg), for data other blocks of the same kernel wrote
  * (the SM's L1 is not coherent with them). */
@@ -61,17 +77,7 @@ __device__ __forceinline__ void load_vec_as_float(const void *base, gdp_dtype_t 
         const uint2 u = L2_ONLY ? __ldcg(q) : *q;
         w[0] = u.x, w[1] = u.y;
     }
-#pragma unroll
-    for (int j = 0; j < N / 2; j++) {
-        const uint16_t lo = (uint16_t)(w[j] & 0xffffu), hi = (uint16_t)(w[j] >> 16);
-        if (dtype == GDP_DTYPE_BF16) {
-            v[2 * j] = __bfloat162float(__ushort_as_bfloat16(lo));
-            v[2 * j + 1] = __bfloat162float(__ushort_as_bfloat16(hi));
-        } else {
-            v[2 * j] = __half2float(__ushort_as_half(lo));
-            v[2 * j + 1] = __half2float(__ushort_as_half(hi));
-        }
-    }
+    halves_to_float<N>(dtype, w, v);
 }
 
 __device__ __forceinline__ uint16_t round_to_half_bits(gdp_dtype_t dtype, float v) {

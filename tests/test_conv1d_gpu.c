@@ -7,7 +7,9 @@
  * 2..8) and update (S tokens, snapshots, -1 rows) vs the CPU: states bitwise, fp32 y within
  * 1e-5, 16-bit y within one ulp; graph replay; determinism; the fused decode front (conv
  * update + decode prepare in one launch, src/decode_core.h) bitwise equal to the two ops in
- * order.
+ * order; the varlen op's vector output kernel (16-bit activations, GDP_CONV_KERNEL unset) bitwise
+ * equal to the scalar one (GDP_CONV_KERNEL=scalar) on the same inputs, sequences starting inside
+ * and across its 8-token tiles; GDP_CONV_KERNEL set to anything else refused.
  * Device helpers: test_gpu.h. Without a CUDA build or a visible GPU it prints why and exits
  * 77 (skip).
  */
@@ -147,7 +149,19 @@ static void conv_varlen_vs_cpu(test_rng *r, const varlen_cfg *c) {
     test_dev_fetch(&state2, &d.conv_state);
     test_same_bytes("conv varlen determinism: y", &y2, &y);
     test_same_bytes("conv varlen determinism: states", &state2, &state);
-    printf("  %s\n", g_test_failures == before ? "ok (states bitwise equal to the CPU's; second run bitwise equal)"
+    /* The scalar output kernel on the same inputs: the same bits (where the vector kernel took
+     * the call above; elsewhere both runs are the scalar kernel's). */
+    setenv("GDP_CONV_KERNEL", "scalar", 1);
+    test_dev_put(&d.conv_state, &state0);
+    CUDA_OK(cudaMemset(d.y.data, TEST_SENTINEL_BYTE, test_span_bytes(&d.y)));
+    CHECK_OK(gdp_causal_conv1d_varlen(g_test_gpu, &d));
+    unsetenv("GDP_CONV_KERNEL");
+    test_dev_fetch(&y2, &d.y);
+    test_dev_fetch(&state2, &d.conv_state);
+    test_same_bytes("conv varlen: scalar output kernel vs the default: y", &y2, &y);
+    test_same_bytes("conv varlen: scalar output kernel vs the default: states", &state2, &state);
+    printf("  %s\n", g_test_failures == before ? "ok (states bitwise equal to the CPU's; second run and the scalar "
+                                                 "kernel's bitwise equal)"
                                                : "FAILED");
     test_host_free(&y), test_host_free(&state), test_host_free(&state0), test_host_free(&y2), test_host_free(&state2);
     varlen_free(&d, true);
@@ -448,6 +462,13 @@ static void conv_tests(test_rng *r) {
         {64, 2, 3, 31, 0, 3, {1, 0, 70}, {1, 2, 0}, BF, F32, BF, F32, true, false},
         {40, 8, 6, 2, 3, 5, {7, 8, 9, 0, 200}, {5, 4, -1, 3, 2}, F16, F16, F32, F16, false, true},
         {16, 3, 2, 40, 0, 1, {0}, {1}, F32, F32, F32, F32, false, true}, /* only padding tokens */
+        /* the vector output kernel (16-bit x and y, C a multiple of 8, W <= 4): sequences starting
+         * inside and across its 8-token tiles (tau < W at a tile start), -1 requests, empty ones,
+         * strided rows, fp32 and 16-bit states, widths 2..4 */
+        {176, 4, 10, 5, 8, 9, {1, 7, 8, 9, 3, 0, 17, 64, 2}, {4, 0, -1, 9, 2, 7, 1, -1, 3}, BF, BF, F32, BF, true, true},
+        {32, 3, 4, 0, 0, 3, {2, 5, 11}, {1, 3, 0}, F16, F16, F16, F16, false, true},
+        {1104, 2, 3, 3, 16, 2, {1, 300}, {2, 0}, BF, F32, BF, BF, true, false},
+        {8, 4, 2, 0, 0, 1, {13}, {-1}, BF, BF, BF, BF, true, true},
     };
     for (size_t i = 0; i < sizeof vcases / sizeof vcases[0]; i++)
         conv_varlen_vs_cpu(r, &vcases[i]);
@@ -464,6 +485,16 @@ static void conv_tests(test_rng *r) {
     for (size_t i = 0; i < sizeof ucases / sizeof ucases[0]; i++)
         conv_update_vs_cpu(r, &ucases[i]);
     conv_graphs(r, &ucases[1], &vcases[0]);
+    /* GDP_CONV_KERNEL other than auto, vec or scalar: refused before any launch */
+    gdp_conv1d_varlen_args h = varlen_random(r, &vcases[0]);
+    gdp_conv1d_varlen_args d = varlen_to_device(&h);
+    setenv("GDP_CONV_KERNEL", "fast", 1);
+    CHECK_STATUS(gdp_causal_conv1d_varlen(g_test_gpu, &d), GDP_STATUS_INVALID_USAGE);
+    unsetenv("GDP_CONV_KERNEL");
+    CHECK(strstr(gdp_last_error(), "GDP_CONV_KERNEL") != NULL, "the refusal names GDP_CONV_KERNEL: %s",
+          gdp_last_error());
+    varlen_free(&d, true);
+    varlen_free(&h, false);
 }
 
 #endif /* GDP_HAVE_CUDA */
