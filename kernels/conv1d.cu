@@ -7,11 +7,10 @@
  *
  * Work split: one thread per (request or token tile, channel), the W-wide window in
  * registers; consecutive threads take consecutive channels, so every row access of x, y
- * and the state is coalesced. The varlen outputs of 16-bit activations take the vector kernel
- * (thread: 8 tokens x 8 channels, 16-byte accesses; GDP_CONV_KERNEL=scalar turns it off). The
- * varlen op is two launches: the outputs first (they read
- * the incoming states), then the state write-back, so no block can overwrite a window
- * another block still reads. Slots are device values the host cannot check without a
+ * and the state is coalesced. The varlen outputs of 16-bit activations take the row kernel
+ * (thread: a tile of tokens x 8 channels, 16-byte accesses; GDP_CONV_KERNEL picks another for an
+ * A/B). The varlen op is two launches: the outputs first (they read the incoming states), then
+ * the state write-back, so no block can overwrite a window another block still reads. Slots are device values the host cannot check without a
  * sync: a slot outside [0, slots) is treated like -1 (no slot read or written).
  */
 #include <stdlib.h>
@@ -36,6 +35,9 @@ constexpr int CONV_MAX_WIDTH = 8;
 constexpr int CONV_VEC = 8;          /* channels a thread of the vector output kernel takes  */
 constexpr int CONV_VEC_TILE = 8;     /* tokens a thread of the vector output kernel takes    */
 constexpr int CONV_VEC_MAX_WIDTH = 4; /* widths it takes (registers: 2 W + 1 floats a channel) */
+/* The varlen op's output kernels: one channel a thread (any dtype), and for 16-bit x and y the
+ * vector kernel (8 tokens x 8 channels) and the row kernel (TILE tokens x 8 channels). */
+enum ConvOut { OUT_SCALAR, OUT_VEC, OUT_ROWS8, OUT_ROWS16 };
 /* (ptxas, sm_90, W = 4: 156 registers, 3 blocks an SM, no spills; asking for 4 blocks, or a tile
  * of 4 tokens at 4 blocks, spills 96-288 bytes a thread) */
 
@@ -76,7 +78,7 @@ struct ConvVarlenParams {
     const int32_t *cu_seqlens; /* [N + 1], device */
     int64_t T;
     int32_t N;
-    bool vec; /* the vector output kernel fits (varlen_vec_fits) */
+    int out_kernel; /* ConvOut: which output kernel takes the call */
 };
 
 
@@ -304,6 +306,136 @@ template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out
     }
 }
 
+/* The row output kernel (x and y of one 16-bit dtype DT, C a multiple of CONV_VEC, W <=
+ * CONV_VEC_MAX_WIDTH, 16-byte aligned rows): thread (tile of TILE tokens, CONV_VEC consecutive
+ * channels). A tile whose tokens and their W - 1 predecessors all lie in one sequence (every tile
+ * of a long prefill but its first) loads its TILE + W - 1 rows of x as raw 16-byte words, all
+ * before the first store, and reads each token's window from them: no window is shifted and no
+ * sequence bound is tested per token. Other tiles (a sequence's start, padding, short varlen
+ * sequences) go token by token, each window position from x or from the slot's columns. Each
+ * output is conv_step's sum in its order (bias, then w[j] x[t - W + 1 + j] by fmaf for j = 0 ..
+ * W - 1, then SiLU), so the bits are the scalar kernel's. */
+/* Token t's CONV_VEC sums through SiLU (when on), stored as one 16-byte row of y. */
+template <int DT>
+__device__ __forceinline__ void rows_out_store(const ConvVarlenParams &p, int64_t t, int64_t ch0, float (&acc)[CONV_VEC]) {
+#pragma unroll
+    for (int c = 0; c < CONV_VEC; c++)
+        if (p.c.silu)
+            acc[c] = __fdiv_rn(acc[c], __fadd_rn(1.0f, expf(-acc[c])));
+    store_vec_from_float<CONV_VEC>(p.c.y.data, static_cast<gdp_dtype_t>(DT), t * p.c.C + ch0, acc);
+}
+
+template <int W, int DT, int TILE>
+__global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out_rows_kernel(const ConvVarlenParams p) {
+    const int64_t ch0 = ((int64_t)blockIdx.y * CONV_THREADS + threadIdx.x) * CONV_VEC;
+    if (ch0 >= p.c.C)
+        return;
+    const int64_t t_begin = (int64_t)blockIdx.x * TILE;
+    const int64_t t_end = min(p.T, t_begin + TILE);
+    const int64_t total = p.cu_seqlens[p.N];
+    const uint16_t *x = static_cast<const uint16_t *>(p.c.x.data) + ch0;
+    int seq = 0;
+    int64_t seq_start = 0, seq_end = 0;
+    if (t_begin < total) { /* the sequence holding t_begin: the last i with cu[i] <= t_begin */
+        int lo = 0, hi = p.N;
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (p.cu_seqlens[mid] <= t_begin)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        seq = lo;
+        seq_start = p.cu_seqlens[seq];
+        seq_end = p.cu_seqlens[seq + 1];
+    }
+    const bool inside = t_begin < total && t_begin - (W - 1) >= seq_start && t_begin + TILE <= seq_end;
+    uint4 rows[TILE + W - 1];
+    if (inside) /* issued before anything else: the tile's whole input */
+#pragma unroll
+        for (int r = 0; r < TILE + W - 1; r++)
+            rows[r] = *reinterpret_cast<const uint4 *>(x + (t_begin - (W - 1) + r) * p.c.x_stride_b);
+    float w[CONV_VEC][W], bias[CONV_VEC];
+    {
+        float flat[CONV_VEC * W];
+#pragma unroll
+        for (int k = 0; k < W; k++)
+            load_vec_as_float<CONV_VEC>(p.c.weight.data, p.c.weight.dtype, ch0 * W + k * CONV_VEC,
+                                        *reinterpret_cast<float(*)[CONV_VEC]>(flat + k * CONV_VEC));
+#pragma unroll
+        for (int c = 0; c < CONV_VEC; c++)
+#pragma unroll
+            for (int j = 0; j < W; j++)
+                w[c][j] = flat[c * W + j];
+    }
+    if (p.c.bias.data != nullptr)
+        load_vec_as_float<CONV_VEC>(p.c.bias.data, p.c.bias.dtype, ch0, bias);
+    else
+#pragma unroll
+        for (int c = 0; c < CONV_VEC; c++)
+            bias[c] = 0.0f;
+    if (inside) {
+#pragma unroll
+        for (int k = 0; k < TILE; k++) {
+            float acc[CONV_VEC];
+#pragma unroll
+            for (int c = 0; c < CONV_VEC; c++) {
+                acc[c] = bias[c];
+#pragma unroll
+                for (int j = 0; j < W; j++) {
+                    const uint4 &r = rows[k + j];
+                    const uint32_t word = (c >> 1) == 0 ? r.x : (c >> 1) == 1 ? r.y : (c >> 1) == 2 ? r.z : r.w;
+                    acc[c] = fmaf(w[c][j], half_bits_as_float<DT>(word, c & 1), acc[c]);
+                }
+            }
+            rows_out_store<DT>(p, t_begin + k, ch0, acc);
+        }
+        return;
+    }
+    /* token by token: position u of the window of token t in [seq_start, seq_end) is x's row
+     * when u >= seq_start, else the slot's column W + u - seq_start (zeros for a -1 request) */
+    for (int64_t t = t_begin; t < t_end; t++) {
+        float acc[CONV_VEC];
+        if (t >= total) {
+#pragma unroll
+            for (int c = 0; c < CONV_VEC; c++)
+                acc[c] = 0.0f; /* padding rows: y = 0 */
+            store_vec_from_float<CONV_VEC>(p.c.y.data, static_cast<gdp_dtype_t>(DT), t * p.c.C + ch0, acc);
+            continue;
+        }
+        while (p.cu_seqlens[seq + 1] <= t) /* skips empty sequences too */
+            seq++;
+        seq_start = p.cu_seqlens[seq];
+        const int64_t slot = p.c.indices != nullptr ? p.c.indices[seq] : seq;
+        const bool has_slot = slot >= 0 && slot < p.c.slots;
+#pragma unroll
+        for (int c = 0; c < CONV_VEC; c++)
+            acc[c] = bias[c];
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+            const int64_t u = t - (W - 1) + j;
+            float v[CONV_VEC];
+            if (u >= seq_start) {
+                uint32_t word[CONV_VEC / 2];
+                load_half_words<CONV_VEC>(x + u * p.c.x_stride_b, word);
+#pragma unroll
+                for (int c = 0; c < CONV_VEC; c++)
+                    v[c] = half_bits_as_float<DT>(word[c >> 1], c & 1);
+            } else {
+#pragma unroll
+                for (int c = 0; c < CONV_VEC; c++)
+                    v[c] = has_slot ? load_as_float(p.c.state.data, p.c.state.dtype,
+                                                    (slot * p.c.C + ch0 + c) * W + W + (u - seq_start))
+                                    : 0.0f;
+            }
+#pragma unroll
+            for (int c = 0; c < CONV_VEC; c++)
+                acc[c] = fmaf(w[c][j], v[c], acc[c]);
+        }
+        rows_out_store<DT>(p, t, ch0, acc);
+    }
+}
+
 /* New states: thread (sequence, channel). Column j of the new state is element L + j of
  * (old state ++ the L tokens): old columns carry over when L < W; L == 0 keeps the state. */
 template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_state_kernel(const ConvVarlenParams p) {
@@ -335,33 +467,45 @@ template <int W> cudaError_t launch_update(const ConvUpdateParams &p, cudaStream
     return cudaGetLastError();
 }
 
-template <int W> cudaError_t launch_varlen(const ConvVarlenParams &p, cudaStream_t stream) {
-    const int64_t tiles = (p.T + CONV_TOKEN_TILE - 1) / CONV_TOKEN_TILE;
-    const int64_t ch_blocks = (p.c.C + CONV_THREADS - 1) / CONV_THREADS;
-    const int64_t st_blocks = ((int64_t)p.N * p.c.C + CONV_THREADS - 1) / CONV_THREADS;
-    if (tiles > INT32_MAX || ch_blocks > 65535 || st_blocks > INT32_MAX)
-        return cudaErrorInvalidConfiguration;
+template <int W, int DT> cudaError_t launch_varlen_rows(const ConvVarlenParams &p, dim3 grid8, dim3 grid16, cudaStream_t stream) {
+    if (p.out_kernel == OUT_ROWS16)
+        conv_varlen_out_rows_kernel<W, DT, 16><<<grid16, CONV_THREADS, 0, stream>>>(p);
+    else
+        conv_varlen_out_rows_kernel<W, DT, 8><<<grid8, CONV_THREADS, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+template <int W> cudaError_t launch_varlen_out(const ConvVarlenParams &p, cudaStream_t stream) {
     if constexpr (W <= CONV_VEC_MAX_WIDTH) {
-        if (p.vec) {
-            const int64_t vec_tiles = (p.T + CONV_VEC_TILE - 1) / CONV_VEC_TILE;
-            const int64_t vec_blocks = (p.c.C / CONV_VEC + CONV_THREADS - 1) / CONV_THREADS;
-            if (vec_tiles > INT32_MAX)
+        if (p.out_kernel != OUT_SCALAR) {
+            const int64_t tiles8 = (p.T + 7) / 8, tiles16 = (p.T + 15) / 16;
+            const int64_t blocks = (p.c.C / CONV_VEC + CONV_THREADS - 1) / CONV_THREADS;
+            if (tiles8 > INT32_MAX || blocks > 65535)
                 return cudaErrorInvalidConfiguration;
-            if (vec_tiles > 0) {
-                conv_varlen_out_vec_kernel<W>
-                    <<<dim3((unsigned)vec_tiles, (unsigned)vec_blocks), CONV_THREADS, 0, stream>>>(p);
-                const cudaError_t err = cudaGetLastError();
-                if (err != cudaSuccess)
-                    return err;
+            const dim3 grid8((unsigned)tiles8, (unsigned)blocks), grid16((unsigned)tiles16, (unsigned)blocks);
+            if (p.out_kernel == OUT_VEC) {
+                static_assert(CONV_VEC_TILE == 8, "the vector kernel's grid");
+                conv_varlen_out_vec_kernel<W><<<grid8, CONV_THREADS, 0, stream>>>(p);
+                return cudaGetLastError();
             }
-            if (st_blocks > 0)
-                conv_varlen_state_kernel<W><<<(unsigned)st_blocks, CONV_THREADS, 0, stream>>>(p);
-            return cudaGetLastError();
+            return p.c.x.dtype == GDP_DTYPE_BF16 ? launch_varlen_rows<W, GDP_DTYPE_BF16>(p, grid8, grid16, stream)
+                                                 : launch_varlen_rows<W, GDP_DTYPE_FP16>(p, grid8, grid16, stream);
         }
     }
-    if (tiles > 0) {
-        conv_varlen_out_kernel<W><<<dim3((unsigned)tiles, (unsigned)ch_blocks), CONV_THREADS, 0, stream>>>(p);
-        const cudaError_t err = cudaGetLastError();
+    const int64_t tiles = (p.T + CONV_TOKEN_TILE - 1) / CONV_TOKEN_TILE;
+    const int64_t ch_blocks = (p.c.C + CONV_THREADS - 1) / CONV_THREADS;
+    if (tiles > INT32_MAX || ch_blocks > 65535)
+        return cudaErrorInvalidConfiguration;
+    conv_varlen_out_kernel<W><<<dim3((unsigned)tiles, (unsigned)ch_blocks), CONV_THREADS, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+template <int W> cudaError_t launch_varlen(const ConvVarlenParams &p, cudaStream_t stream) {
+    const int64_t st_blocks = ((int64_t)p.N * p.c.C + CONV_THREADS - 1) / CONV_THREADS;
+    if (st_blocks > INT32_MAX)
+        return cudaErrorInvalidConfiguration;
+    if (p.T > 0) {
+        const cudaError_t err = launch_varlen_out<W>(p, stream);
         if (err != cudaSuccess)
             return err;
     }
@@ -407,13 +551,13 @@ ConvCommon common_params(const gdp_tensor &x, const gdp_tensor &weight, const gd
     return c;
 }
 
-/* GDP_CONV_KERNEL: auto (unset or empty: the vector output kernel where it fits), vec (the same),
- * scalar (never it: the A/B and the tests of both), -1 for any other value. Read at every call. */
-enum ConvKernel { CONV_AUTO, CONV_SCALAR };
+/* GDP_CONV_KERNEL: auto (unset or empty: the row kernel where a 16-bit kernel fits), rows (the
+ * same), rows16 (its 16-token tiles), vec (the vector kernel), scalar (never a 16-bit kernel: the
+ * A/B and the tests of each), -1 for any other value. Read at every call. */
 int conv_kernel_choice() {
-    static const char *const spell[3] = {"auto", "vec", "scalar"};
-    static const int value[3] = {CONV_AUTO, CONV_AUTO, CONV_SCALAR};
-    return gdp_env_choice("GDP_CONV_KERNEL", spell, value, 3, CONV_AUTO, nullptr);
+    static const char *const spell[5] = {"auto", "rows", "rows16", "vec", "scalar"};
+    static const int value[5] = {OUT_ROWS8, OUT_ROWS8, OUT_ROWS16, OUT_VEC, OUT_SCALAR};
+    return gdp_env_choice("GDP_CONV_KERNEL", spell, value, 5, OUT_ROWS8, nullptr);
 }
 
 /* Whether the vector output kernel takes the call: 16-bit x and y, C a multiple of CONV_VEC, a
@@ -480,9 +624,12 @@ extern "C" gdp_status_t gdp_cuda_conv1d_varlen(struct gdp_ctx *ctx, const gdp_co
     p.N = (int32_t)N;
     const int kernel = conv_kernel_choice();
     if (kernel < 0)
-        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: GDP_CONV_KERNEL is \"%s\"; use auto, vec or scalar (or leave it unset)",
-                 op, getenv("GDP_CONV_KERNEL"));
-    p.vec = kernel != CONV_SCALAR && varlen_vec_fits(*a, W);
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "%s: GDP_CONV_KERNEL is \"%s\"; use auto, rows, rows16, vec or scalar (or leave it unset)", op,
+                 getenv("GDP_CONV_KERNEL"));
+    /* the row kernel compiles one 16-bit dtype for x and y; the vector kernel reads each's own */
+    const bool rows_fit = a->x.dtype == a->y.dtype;
+    p.out_kernel = !varlen_vec_fits(*a, W) ? OUT_SCALAR : kernel == OUT_SCALAR || kernel == OUT_VEC || rows_fit ? kernel : OUT_VEC;
     if (N == 0) {
         /* No sequence: every row is padding. */
         if (p.T * p.c.C > 0) {

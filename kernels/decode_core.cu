@@ -64,27 +64,6 @@ struct CoreParams {
     int32_t conv_units, gate_units; /* per request: C / VEC, 2 M H */
 };
 
-/* The 16-bit value of element e of raw words (little-endian halves) as float, for a
- * compile-time 16-bit dtype DT. */
-template <int DT> __device__ __forceinline__ float half_bits_as_float(uint32_t word, int half) {
-    const uint32_t bits = half ? word >> 16 : word & 0xffffu;
-    if constexpr (DT == GDP_DTYPE_BF16)
-        return __uint_as_float(bits << 16);
-    else
-        return __half2float(__ushort_as_half((unsigned short)bits));
-}
-
-/* VEC (4 or 8) 16-bit elements as raw words, in one 8- or 16-byte load (src aligned to it). */
-template <int VEC> __device__ __forceinline__ void load_half_words(const uint16_t *src, uint32_t (&dst)[VEC / 2]) {
-    if constexpr (VEC == 8) {
-        const uint4 v = *reinterpret_cast<const uint4 *>(src);
-        dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
-    } else {
-        const uint2 v = *reinterpret_cast<const uint2 *>(src);
-        dst[0] = v.x, dst[1] = v.y;
-    }
-}
-
 /* The fast conv of one thread's VEC (4 or 8) channels when x, the weight, the bias, the state
  * and the act dtype are one 16-bit dtype DT and every run is aligned (runs_vec): raw 8- or
  * 16-byte loads, all issued before the first use, converted at their use (raw words instead of

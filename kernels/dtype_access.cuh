@@ -52,6 +52,27 @@ __device__ __forceinline__ void halves_to_float(gdp_dtype_t dtype, const uint32_
     }
 }
 
+/* Half `half` (0: the low 16 bits, 1: the high) of a raw word of two 16-bit elements as float,
+ * for a compile-time 16-bit dtype DT. */
+template <int DT> __device__ __forceinline__ float half_bits_as_float(uint32_t word, int half) {
+    const uint32_t bits = half ? word >> 16 : word & 0xffffu;
+    if constexpr (DT == GDP_DTYPE_BF16)
+        return __uint_as_float(bits << 16);
+    else
+        return __half2float(__ushort_as_half((unsigned short)bits));
+}
+
+/* VEC (4 or 8) 16-bit elements as raw words, in one 8- or 16-byte load (src aligned to it). */
+template <int VEC> __device__ __forceinline__ void load_half_words(const uint16_t *src, uint32_t (&dst)[VEC / 2]) {
+    if constexpr (VEC == 8) {
+        const uint4 v = *reinterpret_cast<const uint4 *>(src);
+        dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+    } else {
+        const uint2 v = *reinterpret_cast<const uint2 *>(src);
+        dst[0] = v.x, dst[1] = v.y;
+    }
+}
+
 /* N (4 or 8) elements from element i of base, aligned to their N * size bytes. L2_ONLY:
  * loaded through L2 only (ld.global.cg), for data other blocks of the same kernel wrote
  * (the SM's L1 is not coherent with them). */

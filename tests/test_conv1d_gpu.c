@@ -7,9 +7,10 @@
  * 2..8) and update (S tokens, snapshots, -1 rows) vs the CPU: states bitwise, fp32 y within
  * 1e-5, 16-bit y within one ulp; graph replay; determinism; the fused decode front (conv
  * update + decode prepare in one launch, src/decode_core.h) bitwise equal to the two ops in
- * order; the varlen op's vector output kernel (16-bit activations, GDP_CONV_KERNEL unset) bitwise
- * equal to the scalar one (GDP_CONV_KERNEL=scalar) on the same inputs, sequences starting inside
- * and across its 8-token tiles; GDP_CONV_KERNEL set to anything else refused.
+ * order; the varlen op's 16-bit output kernels (the row kernel by default, GDP_CONV_KERNEL=rows16
+ * and vec) bitwise equal to the scalar one (GDP_CONV_KERNEL=scalar) on the same inputs, sequences
+ * starting inside and across their 8- and 16-token tiles; GDP_CONV_KERNEL set to anything else
+ * refused.
  * Device helpers: test_gpu.h. Without a CUDA build or a visible GPU it prints why and exits
  * 77 (skip).
  */
@@ -149,19 +150,25 @@ static void conv_varlen_vs_cpu(test_rng *r, const varlen_cfg *c) {
     test_dev_fetch(&state2, &d.conv_state);
     test_same_bytes("conv varlen determinism: y", &y2, &y);
     test_same_bytes("conv varlen determinism: states", &state2, &state);
-    /* The scalar output kernel on the same inputs: the same bits (where the vector kernel took
-     * the call above; elsewhere both runs are the scalar kernel's). */
-    setenv("GDP_CONV_KERNEL", "scalar", 1);
-    test_dev_put(&d.conv_state, &state0);
-    CUDA_OK(cudaMemset(d.y.data, TEST_SENTINEL_BYTE, test_span_bytes(&d.y)));
-    CHECK_OK(gdp_causal_conv1d_varlen(g_test_gpu, &d));
-    unsetenv("GDP_CONV_KERNEL");
-    test_dev_fetch(&y2, &d.y);
-    test_dev_fetch(&state2, &d.conv_state);
-    test_same_bytes("conv varlen: scalar output kernel vs the default: y", &y2, &y);
-    test_same_bytes("conv varlen: scalar output kernel vs the default: states", &state2, &state);
-    printf("  %s\n", g_test_failures == before ? "ok (states bitwise equal to the CPU's; second run and the scalar "
-                                                 "kernel's bitwise equal)"
+    /* Each other output kernel on the same inputs: the same bits (where a 16-bit kernel took the
+     * call above; elsewhere every run is the scalar kernel's). */
+    static const char *const kernels[3] = {"rows16", "vec", "scalar"};
+    for (int k = 0; k < 3; k++) {
+        setenv("GDP_CONV_KERNEL", kernels[k], 1);
+        test_dev_put(&d.conv_state, &state0);
+        CUDA_OK(cudaMemset(d.y.data, TEST_SENTINEL_BYTE, test_span_bytes(&d.y)));
+        CHECK_OK(gdp_causal_conv1d_varlen(g_test_gpu, &d));
+        unsetenv("GDP_CONV_KERNEL");
+        test_dev_fetch(&y2, &d.y);
+        test_dev_fetch(&state2, &d.conv_state);
+        char what[96];
+        snprintf(what, sizeof what, "conv varlen: GDP_CONV_KERNEL=%s vs the default: y", kernels[k]);
+        test_same_bytes(what, &y2, &y);
+        snprintf(what, sizeof what, "conv varlen: GDP_CONV_KERNEL=%s vs the default: states", kernels[k]);
+        test_same_bytes(what, &state2, &state);
+    }
+    printf("  %s\n", g_test_failures == before ? "ok (states bitwise equal to the CPU's; second run and the rows16, "
+                                                 "vec and scalar kernels' bitwise equal)"
                                                : "FAILED");
     test_host_free(&y), test_host_free(&state), test_host_free(&state0), test_host_free(&y2), test_host_free(&state2);
     varlen_free(&d, true);
@@ -469,6 +476,9 @@ static void conv_tests(test_rng *r) {
         {32, 3, 4, 0, 0, 3, {2, 5, 11}, {1, 3, 0}, F16, F16, F16, F16, false, true},
         {1104, 2, 3, 3, 16, 2, {1, 300}, {2, 0}, BF, F32, BF, BF, true, false},
         {8, 4, 2, 0, 0, 1, {13}, {-1}, BF, BF, BF, BF, true, true},
+        /* the row kernel's whole tiles: long sequences (tiles inside them) after short ones */
+        {64, 4, 4, 7, 0, 4, {3, 100, 1, 61}, {2, 0, 3, -1}, F16, F16, F16, F16, true, true},
+        {40, 3, 3, 0, 8, 2, {50, 77}, {1, 2}, BF, F32, BF, BF, false, true},
     };
     for (size_t i = 0; i < sizeof vcases / sizeof vcases[0]; i++)
         conv_varlen_vs_cpu(r, &vcases[i]);
@@ -485,7 +495,7 @@ static void conv_tests(test_rng *r) {
     for (size_t i = 0; i < sizeof ucases / sizeof ucases[0]; i++)
         conv_update_vs_cpu(r, &ucases[i]);
     conv_graphs(r, &ucases[1], &vcases[0]);
-    /* GDP_CONV_KERNEL other than auto, vec or scalar: refused before any launch */
+    /* GDP_CONV_KERNEL other than auto, rows, rows16, vec or scalar: refused before any launch */
     gdp_conv1d_varlen_args h = varlen_random(r, &vcases[0]);
     gdp_conv1d_varlen_args d = varlen_to_device(&h);
     setenv("GDP_CONV_KERNEL", "fast", 1);
