@@ -32,14 +32,11 @@ namespace {
 constexpr int CONV_THREADS = 128;
 constexpr int CONV_TOKEN_TILE = 32; /* tokens per thread in the varlen output kernel */
 constexpr int CONV_MAX_WIDTH = 8;
-constexpr int CONV_VEC = 8;          /* channels a thread of the vector output kernel takes  */
-constexpr int CONV_VEC_TILE = 8;     /* tokens a thread of the vector output kernel takes    */
-constexpr int CONV_VEC_MAX_WIDTH = 4; /* widths it takes (registers: 2 W + 1 floats a channel) */
+constexpr int CONV_VEC = 8;            /* the row kernel's widest channel run (its fit needs C % CONV_VEC == 0) */
+constexpr int CONV_ROWS_MAX_WIDTH = 4; /* widths the row kernel takes */
 /* The varlen op's output kernels: one channel a thread (any dtype), and for 16-bit x and y the
- * vector kernel (8 tokens x 8 channels) and the row kernel (TILE tokens x 8 channels). */
-enum ConvOut { OUT_SCALAR, OUT_VEC, OUT_ROWS8, OUT_ROWS16 };
-/* (ptxas, sm_90, W = 4: 156 registers, 3 blocks an SM, no spills; asking for 4 blocks, or a tile
- * of 4 tokens at 4 blocks, spills 96-288 bytes a thread) */
+ * row kernel, VEC channels x TILE tokens a thread: OUT_ROWS<VEC>X<TILE>. */
+enum ConvOut { OUT_SCALAR, OUT_ROWS8X8, OUT_ROWS8X16, OUT_ROWS4X8, OUT_ROWS4X16 };
 
 
 /* A tensor pointer with its dtype. */
@@ -175,159 +172,29 @@ template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out
     }
 }
 
-/* The vector output kernel (16-bit x and y, C a multiple of CONV_VEC, W <= CONV_VEC_MAX_WIDTH,
- * 16-byte aligned rows): thread (tile of CONV_VEC_TILE tokens, CONV_VEC consecutive channels).
- * The scalar kernel above moves 2 bytes an access and is instruction-bound (ncu, 2048-token
- * prefill: 64 % of the issue slots busy, DRAM 13.6 %); here one 16-byte load and one 16-byte
- * store serve 8 channels of a token, and each channel's conv is conv_step, so the bits are the
- * scalar kernel's. */
-
-/* The windows of channels ch0 .. ch0 + CONV_VEC - 1 before local token tau of sequence seq
- * (first token `start`): the slot's W columns (zeros for a -1 request) shifted by the
- * sequence's first tau tokens of x, as varlen_window builds them one channel at a time. */
-template <int W>
-__device__ __forceinline__ void varlen_window_vec(const ConvVarlenParams &p, int64_t ch0, int seq, int64_t start,
-                                                  int64_t tau, float (&win)[CONV_VEC][W]) {
-#pragma unroll
-    for (int c = 0; c < CONV_VEC; c++)
-#pragma unroll
-        for (int j = 0; j < W; j++)
-            win[c][j] = 0.0f;
-    if (tau < W) {
-        const int64_t slot = p.c.indices != nullptr ? p.c.indices[seq] : seq;
-        if (slot >= 0 && slot < p.c.slots) { /* the CONV_VEC channels' windows: CONV_VEC W consecutive elements */
-            float flat[CONV_VEC * W];
-#pragma unroll
-            for (int k = 0; k < W; k++)
-                load_vec_as_float<CONV_VEC>(p.c.state.data, p.c.state.dtype, (slot * p.c.C + ch0) * W + k * CONV_VEC,
-                                            *reinterpret_cast<float(*)[CONV_VEC]>(flat + k * CONV_VEC));
-#pragma unroll
-            for (int c = 0; c < CONV_VEC; c++)
-#pragma unroll
-                for (int j = 0; j < W; j++)
-                    win[c][j] = flat[c * W + j];
-        }
-    }
-    const int64_t first = tau > W ? tau - W : 0; /* only the last W tokens stay in the window */
-#pragma unroll
-    for (int s = 0; s < W; s++) {
-        const int64_t u = first + s;
-        if (u < tau) {
-            float xv[CONV_VEC];
-            load_vec_as_float<CONV_VEC>(p.c.x.data, p.c.x.dtype, (start + u) * p.c.x_stride_b + ch0, xv);
-#pragma unroll
-            for (int c = 0; c < CONV_VEC; c++) {
-#pragma unroll
-                for (int j = 0; j < W - 1; j++)
-                    win[c][j] = win[c][j + 1];
-                win[c][W - 1] = xv[c];
-            }
-        }
-    }
-}
-
-template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out_vec_kernel(const ConvVarlenParams p) {
-    const int64_t ch0 = ((int64_t)blockIdx.y * CONV_THREADS + threadIdx.x) * CONV_VEC;
-    if (ch0 >= p.c.C)
-        return;
-    const int64_t t_begin = (int64_t)blockIdx.x * CONV_VEC_TILE;
-    const int64_t t_end = min(p.T, t_begin + CONV_VEC_TILE);
-    const int64_t total = p.cu_seqlens[p.N];
-    const int64_t t_in = min(t_end, total); /* tokens of the tile that belong to a sequence */
-    /* The tile's inputs first, as raw 16-byte words converted at their use: every load is in
-     * flight before the first store (y may alias x as far as the compiler can tell, so a load
-     * after a store would wait for it). */
-    uint32_t raw[CONV_VEC_TILE][CONV_VEC / 2];
-#pragma unroll
-    for (int k = 0; k < CONV_VEC_TILE; k++) {
-        const int64_t t = t_begin + k;
-        uint4 u = make_uint4(0u, 0u, 0u, 0u);
-        if (t < t_in)
-            u = *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(p.c.x.data) + t * p.c.x_stride_b + ch0);
-        raw[k][0] = u.x, raw[k][1] = u.y, raw[k][2] = u.z, raw[k][3] = u.w;
-    }
-    int seq = -1;
-    int64_t seq_end = 0;
-    float w[CONV_VEC][W], bias[CONV_VEC], win[CONV_VEC][W];
-    if (t_begin < total) {
-        int lo = 0, hi = p.N; /* cu[lo] <= t_begin < cu[hi] */
-        while (hi - lo > 1) {
-            const int mid = (lo + hi) >> 1;
-            if (p.cu_seqlens[mid] <= t_begin)
-                lo = mid;
-            else
-                hi = mid;
-        }
-        seq = lo;
-        float flat[CONV_VEC * W];
-#pragma unroll
-        for (int k = 0; k < W; k++)
-            load_vec_as_float<CONV_VEC>(p.c.weight.data, p.c.weight.dtype, ch0 * W + k * CONV_VEC,
-                                        *reinterpret_cast<float(*)[CONV_VEC]>(flat + k * CONV_VEC));
-#pragma unroll
-        for (int c = 0; c < CONV_VEC; c++)
-#pragma unroll
-            for (int j = 0; j < W; j++)
-                w[c][j] = flat[c * W + j];
-        if (p.c.bias.data != nullptr)
-            load_vec_as_float<CONV_VEC>(p.c.bias.data, p.c.bias.dtype, ch0, bias);
-        else
-#pragma unroll
-            for (int c = 0; c < CONV_VEC; c++)
-                bias[c] = 0.0f;
-        const int64_t start = p.cu_seqlens[seq];
-        seq_end = p.cu_seqlens[seq + 1];
-        varlen_window_vec<W>(p, ch0, seq, start, t_begin - start, win);
-    }
-#pragma unroll
-    for (int k = 0; k < CONV_VEC_TILE; k++) {
-        const int64_t t = t_begin + k;
-        if (t >= t_end)
-            break;
-        float out[CONV_VEC];
-        if (t >= total) {
-#pragma unroll
-            for (int c = 0; c < CONV_VEC; c++)
-                out[c] = 0.0f; /* padding rows */
-        } else {
-            if (t >= seq_end) { /* the next non-empty sequence starts at t: its window from its slot */
-                while (p.cu_seqlens[seq + 1] <= t)
-                    seq++;
-                seq_end = p.cu_seqlens[seq + 1];
-                varlen_window_vec<W>(p, ch0, seq, t, 0, win);
-            }
-            float xv[CONV_VEC];
-            halves_to_float<CONV_VEC>(p.c.x.dtype, raw[k], xv);
-#pragma unroll
-            for (int c = 0; c < CONV_VEC; c++)
-                out[c] = conv_step<W>(win[c], w[c], bias[c], p.c.silu, xv[c]);
-        }
-        store_vec_from_float<CONV_VEC>(p.c.y.data, p.c.y.dtype, t * p.c.C + ch0, out);
-    }
-}
-
 /* The row output kernel (x and y of one 16-bit dtype DT, C a multiple of CONV_VEC, W <=
- * CONV_VEC_MAX_WIDTH, 16-byte aligned rows): thread (tile of TILE tokens, CONV_VEC consecutive
- * channels). A tile whose tokens and their W - 1 predecessors all lie in one sequence (every tile
- * of a long prefill but its first) loads its TILE + W - 1 rows of x as raw 16-byte words, all
- * before the first store, and reads each token's window from them: no window is shifted and no
- * sequence bound is tested per token. Other tiles (a sequence's start, padding, short varlen
- * sequences) go token by token, each window position from x or from the slot's columns. Each
- * output is conv_step's sum in its order (bias, then w[j] x[t - W + 1 + j] by fmaf for j = 0 ..
- * W - 1, then SiLU), so the bits are the scalar kernel's. */
-/* Token t's CONV_VEC sums through SiLU (when on), stored as one 16-byte row of y. */
-template <int DT>
-__device__ __forceinline__ void rows_out_store(const ConvVarlenParams &p, int64_t t, int64_t ch0, float (&acc)[CONV_VEC]) {
+ * CONV_ROWS_MAX_WIDTH, aligned rows): thread (tile of TILE tokens, VEC consecutive channels). A
+ * tile whose tokens and their W - 1 predecessors all lie in one sequence (every tile of a long
+ * prefill but its first) loads its TILE + W - 1 rows of x as raw 2 VEC-byte words, all before
+ * the first store, and reads each token's window from them: no window is shifted and no sequence
+ * bound is tested per token. Other tiles (a sequence's start, padding, short varlen sequences) go
+ * token by token, each window position from x or from the slot's columns. Each output is
+ * conv_step's sum in its order (bias, then w[j] x[t - W + 1 + j] by fmaf for j = 0 .. W - 1,
+ * then SiLU), so the bits are the scalar kernel's. */
+
+/* Token t's VEC sums through SiLU (when on), stored as one row segment of y. */
+template <int DT, int VEC>
+__device__ __forceinline__ void rows_out_store(const ConvVarlenParams &p, int64_t t, int64_t ch0, float (&acc)[VEC]) {
 #pragma unroll
-    for (int c = 0; c < CONV_VEC; c++)
+    for (int c = 0; c < VEC; c++)
         if (p.c.silu)
             acc[c] = __fdiv_rn(acc[c], __fadd_rn(1.0f, expf(-acc[c])));
-    store_vec_from_float<CONV_VEC>(p.c.y.data, static_cast<gdp_dtype_t>(DT), t * p.c.C + ch0, acc);
+    store_vec_from_float<VEC>(p.c.y.data, static_cast<gdp_dtype_t>(DT), t * p.c.C + ch0, acc);
 }
 
-template <int W, int DT, int TILE>
+template <int W, int DT, int VEC, int TILE>
 __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out_rows_kernel(const ConvVarlenParams p) {
-    const int64_t ch0 = ((int64_t)blockIdx.y * CONV_THREADS + threadIdx.x) * CONV_VEC;
+    const int64_t ch0 = ((int64_t)blockIdx.y * CONV_THREADS + threadIdx.x) * VEC;
     if (ch0 >= p.c.C)
         return;
     const int64_t t_begin = (int64_t)blockIdx.x * TILE;
@@ -350,57 +217,54 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out_rows_kernel(cons
         seq_end = p.cu_seqlens[seq + 1];
     }
     const bool inside = t_begin < total && t_begin - (W - 1) >= seq_start && t_begin + TILE <= seq_end;
-    uint4 rows[TILE + W - 1];
+    uint32_t rows[TILE + W - 1][VEC / 2];
     if (inside) /* issued before anything else: the tile's whole input */
 #pragma unroll
         for (int r = 0; r < TILE + W - 1; r++)
-            rows[r] = *reinterpret_cast<const uint4 *>(x + (t_begin - (W - 1) + r) * p.c.x_stride_b);
-    float w[CONV_VEC][W], bias[CONV_VEC];
+            load_half_words<VEC>(x + (t_begin - (W - 1) + r) * p.c.x_stride_b, rows[r]);
+    float w[VEC][W], bias[VEC];
     {
-        float flat[CONV_VEC * W];
+        float flat[VEC * W];
 #pragma unroll
         for (int k = 0; k < W; k++)
-            load_vec_as_float<CONV_VEC>(p.c.weight.data, p.c.weight.dtype, ch0 * W + k * CONV_VEC,
-                                        *reinterpret_cast<float(*)[CONV_VEC]>(flat + k * CONV_VEC));
+            load_vec_as_float<VEC>(p.c.weight.data, p.c.weight.dtype, ch0 * W + k * VEC,
+                                   *reinterpret_cast<float(*)[VEC]>(flat + k * VEC));
 #pragma unroll
-        for (int c = 0; c < CONV_VEC; c++)
+        for (int c = 0; c < VEC; c++)
 #pragma unroll
             for (int j = 0; j < W; j++)
                 w[c][j] = flat[c * W + j];
     }
     if (p.c.bias.data != nullptr)
-        load_vec_as_float<CONV_VEC>(p.c.bias.data, p.c.bias.dtype, ch0, bias);
+        load_vec_as_float<VEC>(p.c.bias.data, p.c.bias.dtype, ch0, bias);
     else
 #pragma unroll
-        for (int c = 0; c < CONV_VEC; c++)
+        for (int c = 0; c < VEC; c++)
             bias[c] = 0.0f;
     if (inside) {
 #pragma unroll
         for (int k = 0; k < TILE; k++) {
-            float acc[CONV_VEC];
+            float acc[VEC];
 #pragma unroll
-            for (int c = 0; c < CONV_VEC; c++) {
+            for (int c = 0; c < VEC; c++) {
                 acc[c] = bias[c];
 #pragma unroll
-                for (int j = 0; j < W; j++) {
-                    const uint4 &r = rows[k + j];
-                    const uint32_t word = (c >> 1) == 0 ? r.x : (c >> 1) == 1 ? r.y : (c >> 1) == 2 ? r.z : r.w;
-                    acc[c] = fmaf(w[c][j], half_bits_as_float<DT>(word, c & 1), acc[c]);
-                }
+                for (int j = 0; j < W; j++)
+                    acc[c] = fmaf(w[c][j], half_bits_as_float<DT>(rows[k + j][c >> 1], c & 1), acc[c]);
             }
-            rows_out_store<DT>(p, t_begin + k, ch0, acc);
+            rows_out_store<DT, VEC>(p, t_begin + k, ch0, acc);
         }
         return;
     }
     /* token by token: position u of the window of token t in [seq_start, seq_end) is x's row
      * when u >= seq_start, else the slot's column W + u - seq_start (zeros for a -1 request) */
     for (int64_t t = t_begin; t < t_end; t++) {
-        float acc[CONV_VEC];
+        float acc[VEC];
         if (t >= total) {
 #pragma unroll
-            for (int c = 0; c < CONV_VEC; c++)
+            for (int c = 0; c < VEC; c++)
                 acc[c] = 0.0f; /* padding rows: y = 0 */
-            store_vec_from_float<CONV_VEC>(p.c.y.data, static_cast<gdp_dtype_t>(DT), t * p.c.C + ch0, acc);
+            store_vec_from_float<VEC>(p.c.y.data, static_cast<gdp_dtype_t>(DT), t * p.c.C + ch0, acc);
             continue;
         }
         while (p.cu_seqlens[seq + 1] <= t) /* skips empty sequences too */
@@ -409,30 +273,30 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out_rows_kernel(cons
         const int64_t slot = p.c.indices != nullptr ? p.c.indices[seq] : seq;
         const bool has_slot = slot >= 0 && slot < p.c.slots;
 #pragma unroll
-        for (int c = 0; c < CONV_VEC; c++)
+        for (int c = 0; c < VEC; c++)
             acc[c] = bias[c];
 #pragma unroll
         for (int j = 0; j < W; j++) {
             const int64_t u = t - (W - 1) + j;
-            float v[CONV_VEC];
+            float v[VEC];
             if (u >= seq_start) {
-                uint32_t word[CONV_VEC / 2];
-                load_half_words<CONV_VEC>(x + u * p.c.x_stride_b, word);
+                uint32_t word[VEC / 2];
+                load_half_words<VEC>(x + u * p.c.x_stride_b, word);
 #pragma unroll
-                for (int c = 0; c < CONV_VEC; c++)
+                for (int c = 0; c < VEC; c++)
                     v[c] = half_bits_as_float<DT>(word[c >> 1], c & 1);
             } else {
 #pragma unroll
-                for (int c = 0; c < CONV_VEC; c++)
+                for (int c = 0; c < VEC; c++)
                     v[c] = has_slot ? load_as_float(p.c.state.data, p.c.state.dtype,
                                                     (slot * p.c.C + ch0 + c) * W + W + (u - seq_start))
                                     : 0.0f;
             }
 #pragma unroll
-            for (int c = 0; c < CONV_VEC; c++)
+            for (int c = 0; c < VEC; c++)
                 acc[c] = fmaf(w[c][j], v[c], acc[c]);
         }
-        rows_out_store<DT>(p, t, ch0, acc);
+        rows_out_store<DT, VEC>(p, t, ch0, acc);
     }
 }
 
@@ -467,30 +331,29 @@ template <int W> cudaError_t launch_update(const ConvUpdateParams &p, cudaStream
     return cudaGetLastError();
 }
 
-template <int W, int DT> cudaError_t launch_varlen_rows(const ConvVarlenParams &p, dim3 grid8, dim3 grid16, cudaStream_t stream) {
-    if (p.out_kernel == OUT_ROWS16)
-        conv_varlen_out_rows_kernel<W, DT, 16><<<grid16, CONV_THREADS, 0, stream>>>(p);
-    else
-        conv_varlen_out_rows_kernel<W, DT, 8><<<grid8, CONV_THREADS, 0, stream>>>(p);
+template <int W, int DT, int VEC, int TILE> cudaError_t launch_varlen_rows(const ConvVarlenParams &p, cudaStream_t stream) {
+    const int64_t tiles = (p.T + TILE - 1) / TILE;
+    const int64_t blocks = (p.c.C / VEC + CONV_THREADS - 1) / CONV_THREADS;
+    if (tiles > INT32_MAX || blocks > 65535)
+        return cudaErrorInvalidConfiguration;
+    conv_varlen_out_rows_kernel<W, DT, VEC, TILE><<<dim3((unsigned)tiles, (unsigned)blocks), CONV_THREADS, 0, stream>>>(p);
     return cudaGetLastError();
 }
 
+template <int W, int DT> cudaError_t launch_varlen_rows_dt(const ConvVarlenParams &p, cudaStream_t stream) {
+    switch (p.out_kernel) {
+    case OUT_ROWS8X16: return launch_varlen_rows<W, DT, 8, 16>(p, stream);
+    case OUT_ROWS4X8: return launch_varlen_rows<W, DT, 4, 8>(p, stream);
+    case OUT_ROWS4X16: return launch_varlen_rows<W, DT, 4, 16>(p, stream);
+    default: return launch_varlen_rows<W, DT, 8, 8>(p, stream);
+    }
+}
+
 template <int W> cudaError_t launch_varlen_out(const ConvVarlenParams &p, cudaStream_t stream) {
-    if constexpr (W <= CONV_VEC_MAX_WIDTH) {
-        if (p.out_kernel != OUT_SCALAR) {
-            const int64_t tiles8 = (p.T + 7) / 8, tiles16 = (p.T + 15) / 16;
-            const int64_t blocks = (p.c.C / CONV_VEC + CONV_THREADS - 1) / CONV_THREADS;
-            if (tiles8 > INT32_MAX || blocks > 65535)
-                return cudaErrorInvalidConfiguration;
-            const dim3 grid8((unsigned)tiles8, (unsigned)blocks), grid16((unsigned)tiles16, (unsigned)blocks);
-            if (p.out_kernel == OUT_VEC) {
-                static_assert(CONV_VEC_TILE == 8, "the vector kernel's grid");
-                conv_varlen_out_vec_kernel<W><<<grid8, CONV_THREADS, 0, stream>>>(p);
-                return cudaGetLastError();
-            }
-            return p.c.x.dtype == GDP_DTYPE_BF16 ? launch_varlen_rows<W, GDP_DTYPE_BF16>(p, grid8, grid16, stream)
-                                                 : launch_varlen_rows<W, GDP_DTYPE_FP16>(p, grid8, grid16, stream);
-        }
+    if constexpr (W <= CONV_ROWS_MAX_WIDTH) {
+        if (p.out_kernel != OUT_SCALAR)
+            return p.c.x.dtype == GDP_DTYPE_BF16 ? launch_varlen_rows_dt<W, GDP_DTYPE_BF16>(p, stream)
+                                                 : launch_varlen_rows_dt<W, GDP_DTYPE_FP16>(p, stream);
     }
     const int64_t tiles = (p.T + CONV_TOKEN_TILE - 1) / CONV_TOKEN_TILE;
     const int64_t ch_blocks = (p.c.C + CONV_THREADS - 1) / CONV_THREADS;
@@ -551,27 +414,25 @@ ConvCommon common_params(const gdp_tensor &x, const gdp_tensor &weight, const gd
     return c;
 }
 
-/* GDP_CONV_KERNEL: auto (unset or empty: the row kernel where a 16-bit kernel fits), rows (the
- * same), rows16 (its 16-token tiles), vec (the vector kernel), scalar (never a 16-bit kernel: the
- * A/B and the tests of each), -1 for any other value. Read at every call. */
+/* GDP_CONV_KERNEL: auto (unset or empty: the row kernel where it fits, 8 channels x 8 tokens a
+ * thread), rows4x8, rows4x16, rows8x8, rows8x16 (the row kernel's other tiles, for the A/B), scalar
+ * (never the row kernel: the A/B and the tests of both), -1 for any other value. Read at every call. */
 int conv_kernel_choice() {
-    static const char *const spell[5] = {"auto", "rows", "rows16", "vec", "scalar"};
-    static const int value[5] = {OUT_ROWS8, OUT_ROWS8, OUT_ROWS16, OUT_VEC, OUT_SCALAR};
-    return gdp_env_choice("GDP_CONV_KERNEL", spell, value, 5, OUT_ROWS8, nullptr);
+    static const char *const spell[6] = {"auto", "rows8x8", "rows8x16", "rows4x8", "rows4x16", "scalar"};
+    static const int value[6] = {OUT_ROWS8X8, OUT_ROWS8X8, OUT_ROWS8X16, OUT_ROWS4X8, OUT_ROWS4X16, OUT_SCALAR};
+    return gdp_env_choice("GDP_CONV_KERNEL", spell, value, 6, OUT_ROWS8X8, nullptr);
 }
 
-/* Whether the vector output kernel takes the call: 16-bit x and y, C a multiple of CONV_VEC, a
- * width it holds, 16-byte aligned x and y rows, weight, bias and state (each CONV_VEC channels'
- * W-element windows are then 16-byte multiples). */
-bool varlen_vec_fits(const gdp_conv1d_varlen_args &a, int64_t W) {
+/* Whether the row output kernel takes the call: x and y of one 16-bit dtype, C a multiple of
+ * CONV_VEC, a width it holds, 16-byte aligned x and y rows, weight and bias (each thread's VEC
+ * channels' W-element weight runs are then aligned to their size), contiguous weight and state. */
+bool varlen_rows_fit(const gdp_conv1d_varlen_args &a, int64_t W) {
     const bool x16 = a.x.dtype == GDP_DTYPE_BF16 || a.x.dtype == GDP_DTYPE_FP16;
-    const bool y16 = a.y.dtype == GDP_DTYPE_BF16 || a.y.dtype == GDP_DTYPE_FP16;
     const int64_t C = a.x.shape[1];
-    return x16 && y16 && W <= CONV_VEC_MAX_WIDTH && C % CONV_VEC == 0 && gdp_tensor_stride(&a.x, 1) == 1 &&
-           (gdp_tensor_stride(&a.x, 0) * 2) % 16 == 0 && aligned16(a.x.data) && aligned16(a.y.data) &&
-           aligned16(a.weight.data) && gdp_tensor_is_contiguous(&a.weight) &&
-           (!gdp_tensor_present(&a.bias) || aligned16(a.bias.data)) && aligned16(a.conv_state.data) &&
-           gdp_tensor_is_contiguous(&a.conv_state);
+    return x16 && a.y.dtype == a.x.dtype && W <= CONV_ROWS_MAX_WIDTH && C % CONV_VEC == 0 &&
+           gdp_tensor_stride(&a.x, 1) == 1 && (gdp_tensor_stride(&a.x, 0) * 2) % 16 == 0 && aligned16(a.x.data) &&
+           aligned16(a.y.data) && aligned16(a.weight.data) && gdp_tensor_is_contiguous(&a.weight) &&
+           (!gdp_tensor_present(&a.bias) || aligned16(a.bias.data)) && gdp_tensor_is_contiguous(&a.conv_state);
 }
 
 } // namespace
@@ -625,11 +486,9 @@ extern "C" gdp_status_t gdp_cuda_conv1d_varlen(struct gdp_ctx *ctx, const gdp_co
     const int kernel = conv_kernel_choice();
     if (kernel < 0)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
-                 "%s: GDP_CONV_KERNEL is \"%s\"; use auto, rows, rows16, vec or scalar (or leave it unset)", op,
-                 getenv("GDP_CONV_KERNEL"));
-    /* the row kernel compiles one 16-bit dtype for x and y; the vector kernel reads each's own */
-    const bool rows_fit = a->x.dtype == a->y.dtype;
-    p.out_kernel = !varlen_vec_fits(*a, W) ? OUT_SCALAR : kernel == OUT_SCALAR || kernel == OUT_VEC || rows_fit ? kernel : OUT_VEC;
+                 "%s: GDP_CONV_KERNEL is \"%s\"; use auto, rows8x8, rows8x16, rows4x8, rows4x16 or scalar (or leave "
+                 "it unset)", op, getenv("GDP_CONV_KERNEL"));
+    p.out_kernel = varlen_rows_fit(*a, W) ? kernel : OUT_SCALAR;
     if (N == 0) {
         /* No sequence: every row is padding. */
         if (p.T * p.c.C > 0) {

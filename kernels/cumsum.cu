@@ -30,17 +30,17 @@ __device__ __forceinline__ int find_sequence(const int32_t *__restrict__ cu_seql
     return lo;
 }
 
+constexpr int CUMSUM_THREADS = 256;
+
 /* Work split: one thread per (stream position, head) of the launch grid, but only the thread
  * at a chunk's first row works: it scans that chunk's (at most 64) positions in index order and
  * writes all of them. Every output therefore has one fixed summation order (deterministic, and
  * the same bits whichever grid computes it); threads past cu_seqlens[N] write 0. g == NULL
  * means no decay (zeros). */
 template <bool EXPANDED>
-__global__ void __launch_bounds__(256) chunk_local_cumsum_kernel(float *__restrict__ out,
-                                                                 const float *__restrict__ g,
-                                                                 const int32_t *__restrict__ cu_seqlens,
-                                                                 int n_seq, int64_t rows, int heads, int m) {
-    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+__device__ __forceinline__ void chunk_local_cumsum_at(int64_t idx, float *__restrict__ out, const float *__restrict__ g,
+                                                      const int32_t *__restrict__ cu_seqlens, int n_seq, int64_t rows,
+                                                      int heads, int m) {
     if (idx >= rows * heads)
         return;
     int64_t r = idx / heads;
@@ -78,6 +78,22 @@ __global__ void __launch_bounds__(256) chunk_local_cumsum_kernel(float *__restri
             }
         }
     }
+}
+
+/* Both streams in one launch (they are independent; two launches cost a second ramp and drain
+ * of a kernel whose working threads are one in 64): the first q_blocks blocks write Gq (when
+ * gq is not NULL), the rest Gk (when gk is not NULL). */
+__global__ void __launch_bounds__(CUMSUM_THREADS) chunk_local_cumsum_kernel(float *__restrict__ gq, float *__restrict__ gk,
+                                                                            const float *__restrict__ g,
+                                                                            const int32_t *__restrict__ cu_seqlens,
+                                                                            int n_seq, int64_t tokens, int heads, int m,
+                                                                            unsigned q_blocks) {
+    if (blockIdx.x < q_blocks)
+        chunk_local_cumsum_at<false>((int64_t)blockIdx.x * CUMSUM_THREADS + threadIdx.x, gq, g, cu_seqlens, n_seq,
+                                     tokens, heads, m);
+    else
+        chunk_local_cumsum_at<true>((int64_t)(blockIdx.x - q_blocks) * CUMSUM_THREADS + threadIdx.x, gk, g,
+                                    cu_seqlens, n_seq, tokens * m, heads, m);
 }
 
 } // namespace
@@ -125,17 +141,16 @@ extern "C" gdp_status_t gdp_cuda_chunk_local_cumsum(struct gdp_ctx *ctx, gdp_ten
     const int n_seq = (int)(cu_seqlens->shape[0] - 1);
     const float *gp = have_g ? (const float *)g->data : nullptr;
     const int32_t *cu = (const int32_t *)cu_seqlens->data;
-    const int threads = 256;
-    if (gdp_tensor_present(g_cumsum) && T > 0) {
-        int64_t n = T * H;
-        chunk_local_cumsum_kernel<false><<<(unsigned)((n + threads - 1) / threads), threads, 0, stream>>>(
-            (float *)g_cumsum->data, gp, cu, n_seq, T, (int)H, num_householder);
-    }
-    if (gdp_tensor_present(g_cumsum_dp) && T > 0) {
-        int64_t n = T * num_householder * H;
-        chunk_local_cumsum_kernel<true><<<(unsigned)((n + threads - 1) / threads), threads, 0, stream>>>(
-            (float *)g_cumsum_dp->data, gp, cu, n_seq, T * num_householder, (int)H, num_householder);
-    }
+    const bool want_q = gdp_tensor_present(g_cumsum), want_k = gdp_tensor_present(g_cumsum_dp);
+    const int64_t q_blocks = want_q ? (T * H + CUMSUM_THREADS - 1) / CUMSUM_THREADS : 0;
+    const int64_t k_blocks = want_k ? (T * num_householder * H + CUMSUM_THREADS - 1) / CUMSUM_THREADS : 0;
+    if (q_blocks + k_blocks > INT32_MAX)
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: %lld tokens x %lld heads x M %d exceed one launch's grid", op,
+                 (long long)T, (long long)H, num_householder);
+    if (q_blocks + k_blocks > 0)
+        chunk_local_cumsum_kernel<<<(unsigned)(q_blocks + k_blocks), CUMSUM_THREADS, 0, stream>>>(
+            want_q ? (float *)g_cumsum->data : nullptr, want_k ? (float *)g_cumsum_dp->data : nullptr, gp, cu, n_seq, T,
+            (int)H, num_householder, (unsigned)q_blocks);
     GDP_CUDA_LAUNCH_CHECK(op, cudaGetLastError(), "T %lld, H %lld", (long long)T, (long long)H);
     return GDP_STATUS_SUCCESS;
 }

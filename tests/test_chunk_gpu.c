@@ -812,7 +812,19 @@ static void test_cumsum(gdp_ctx_t cpu, gdp_ctx_t gpu) {
     CHECK(bytes_all((float *)gq.data + end * in.H, (size_t)((in.T - end) * in.H) * 4, 0) &&
               bytes_all((float *)gk.data + end * in.M * in.H, (size_t)((in.T - end) * in.M * in.H) * 4, 0),
           "cumsum rows past cu_seqlens[N] are not 0");
-    printf("  chunk-local cumsums (M=3, lengths 130,0,64,1,200, 20 padded rows) vs the CPU backend\n");
+    /* one stream at a time (the launch then holds only that stream's blocks): the same bits */
+    CUDA_OK(cudaMemset(dq.data, 0xff, (size_t)(in.T * in.H) * 4));
+    CUDA_OK(cudaMemset(dk.data, 0xff, (size_t)(in.T * in.M * in.H) * 4));
+    CHECK_OK(gdp_chunk_local_cumsum(gpu, NULL, &dk, &dg, &dcu, in.M));
+    CHECK_OK(gdp_chunk_local_cumsum(gpu, &dq, NULL, &dg, &dcu, in.M));
+    CUDA_OK(cudaDeviceSynchronize());
+    gdp_tensor gq1 = test_dev_download(&dq), gk1 = test_dev_download(&dk);
+    CHECK(memcmp(gq1.data, gq.data, (size_t)(in.T * in.H) * 4) == 0 &&
+              memcmp(gk1.data, gk.data, (size_t)(in.T * in.M * in.H) * 4) == 0,
+          "cumsum: each stream alone differs from both in one call");
+    test_host_free(&gq1), test_host_free(&gk1);
+    printf("  chunk-local cumsums (M=3, lengths 130,0,64,1,200, 20 padded rows) vs the CPU backend; each stream "
+           "alone the same bits\n");
     gdp_tensor *hs[] = {&cq, &ck, &gq, &gk};
     for (size_t i = 0; i < 4; i++)
         test_host_free(hs[i]);

@@ -7,10 +7,9 @@
  * 2..8) and update (S tokens, snapshots, -1 rows) vs the CPU: states bitwise, fp32 y within
  * 1e-5, 16-bit y within one ulp; graph replay; determinism; the fused decode front (conv
  * update + decode prepare in one launch, src/decode_core.h) bitwise equal to the two ops in
- * order; the varlen op's 16-bit output kernels (the row kernel by default, GDP_CONV_KERNEL=rows16
- * and vec) bitwise equal to the scalar one (GDP_CONV_KERNEL=scalar) on the same inputs, sequences
- * starting inside and across their 8- and 16-token tiles; GDP_CONV_KERNEL set to anything else
- * refused.
+ * order; the varlen op's row output kernel (16-bit x and y; every tile GDP_CONV_KERNEL offers)
+ * bitwise equal to the scalar one (GDP_CONV_KERNEL=scalar) on the same inputs, sequences starting
+ * inside and across its 8- and 16-token tiles; GDP_CONV_KERNEL set to anything else refused.
  * Device helpers: test_gpu.h. Without a CUDA build or a visible GPU it prints why and exits
  * 77 (skip).
  */
@@ -152,8 +151,8 @@ static void conv_varlen_vs_cpu(test_rng *r, const varlen_cfg *c) {
     test_same_bytes("conv varlen determinism: states", &state2, &state);
     /* Each other output kernel on the same inputs: the same bits (where a 16-bit kernel took the
      * call above; elsewhere every run is the scalar kernel's). */
-    static const char *const kernels[3] = {"rows16", "vec", "scalar"};
-    for (int k = 0; k < 3; k++) {
+    static const char *const kernels[4] = {"rows8x16", "rows4x8", "rows4x16", "scalar"};
+    for (int k = 0; k < 4; k++) {
         setenv("GDP_CONV_KERNEL", kernels[k], 1);
         test_dev_put(&d.conv_state, &state0);
         CUDA_OK(cudaMemset(d.y.data, TEST_SENTINEL_BYTE, test_span_bytes(&d.y)));
@@ -167,8 +166,8 @@ static void conv_varlen_vs_cpu(test_rng *r, const varlen_cfg *c) {
         snprintf(what, sizeof what, "conv varlen: GDP_CONV_KERNEL=%s vs the default: states", kernels[k]);
         test_same_bytes(what, &state2, &state);
     }
-    printf("  %s\n", g_test_failures == before ? "ok (states bitwise equal to the CPU's; second run and the rows16, "
-                                                 "vec and scalar kernels' bitwise equal)"
+    printf("  %s\n", g_test_failures == before ? "ok (states bitwise equal to the CPU's; second run and the other row "
+                                                 "kernels' and the scalar kernel's bitwise equal)"
                                                : "FAILED");
     test_host_free(&y), test_host_free(&state), test_host_free(&state0), test_host_free(&y2), test_host_free(&state2);
     varlen_free(&d, true);
@@ -469,7 +468,7 @@ static void conv_tests(test_rng *r) {
         {64, 2, 3, 31, 0, 3, {1, 0, 70}, {1, 2, 0}, BF, F32, BF, F32, true, false},
         {40, 8, 6, 2, 3, 5, {7, 8, 9, 0, 200}, {5, 4, -1, 3, 2}, F16, F16, F32, F16, false, true},
         {16, 3, 2, 40, 0, 1, {0}, {1}, F32, F32, F32, F32, false, true}, /* only padding tokens */
-        /* the vector output kernel (16-bit x and y, C a multiple of 8, W <= 4): sequences starting
+        /* the row output kernel (16-bit x and y, C a multiple of 8, W <= 4): sequences starting
          * inside and across its 8-token tiles (tau < W at a tile start), -1 requests, empty ones,
          * strided rows, fp32 and 16-bit states, widths 2..4 */
         {176, 4, 10, 5, 8, 9, {1, 7, 8, 9, 3, 0, 17, 64, 2}, {4, 0, -1, 9, 2, 7, 1, -1, 3}, BF, BF, F32, BF, true, true},
@@ -495,7 +494,7 @@ static void conv_tests(test_rng *r) {
     for (size_t i = 0; i < sizeof ucases / sizeof ucases[0]; i++)
         conv_update_vs_cpu(r, &ucases[i]);
     conv_graphs(r, &ucases[1], &vcases[0]);
-    /* GDP_CONV_KERNEL other than auto, rows, rows16, vec or scalar: refused before any launch */
+    /* a GDP_CONV_KERNEL the op does not know: refused before any launch */
     gdp_conv1d_varlen_args h = varlen_random(r, &vcases[0]);
     gdp_conv1d_varlen_args d = varlen_to_device(&h);
     setenv("GDP_CONV_KERNEL", "fast", 1);
