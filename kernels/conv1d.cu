@@ -8,9 +8,10 @@
  * Work split: one thread per (request or token tile, channel), the W-wide window in
  * registers; consecutive threads take consecutive channels, so every row access of x, y
  * and the state is coalesced. The varlen outputs of 16-bit activations take the row kernel
- * (thread: a tile of tokens x 8 channels, 16-byte accesses; GDP_CONV_KERNEL picks another for an
- * A/B). The varlen op is two launches: the outputs first (they read the incoming states), then
- * the state write-back, so no block can overwrite a window another block still reads. Slots are device values the host cannot check without a
+ * (thread: 8 tokens x 4 channels, 8-byte accesses, the tile's rows loaded before the first
+ * store; GDP_CONV_KERNEL=scalar for the A/B). The varlen op is two launches: the outputs first
+ * (they read the incoming states), then the state write-back, so no block can overwrite a
+ * window another block still reads. Slots are device values the host cannot check without a
  * sync: a slot outside [0, slots) is treated like -1 (no slot read or written).
  */
 #include <stdlib.h>
@@ -32,11 +33,16 @@ namespace {
 constexpr int CONV_THREADS = 128;
 constexpr int CONV_TOKEN_TILE = 32; /* tokens per thread in the varlen output kernel */
 constexpr int CONV_MAX_WIDTH = 8;
-constexpr int CONV_VEC = 8;            /* the row kernel's widest channel run (its fit needs C % CONV_VEC == 0) */
+/* The row kernel's thread: CONV_ROWS_VEC channels x CONV_ROWS_TILE tokens. Measured on the H200
+ * (kernels/NOTES-ops.md, fourteenth session; ncu with warm caches, the layer's 2048- and
+ * 16384-token prefill): 4 x 8 25.4 / 134 us, 4 x 16 32.6 / 147, 8 x 8 34.8 / 169, 8 x 16 51 / 194,
+ * the scalar kernel 47.4 / 281 (62, 78, 106 and 138 registers: the fewer, the more warps hide
+ * the loads' latency). */
+constexpr int CONV_ROWS_VEC = 4, CONV_ROWS_TILE = 8;
 constexpr int CONV_ROWS_MAX_WIDTH = 4; /* widths the row kernel takes */
-/* The varlen op's output kernels: one channel a thread (any dtype), and for 16-bit x and y the
- * row kernel, VEC channels x TILE tokens a thread: OUT_ROWS<VEC>X<TILE>. */
-enum ConvOut { OUT_SCALAR, OUT_ROWS8X8, OUT_ROWS8X16, OUT_ROWS4X8, OUT_ROWS4X16 };
+constexpr int CONV_ROWS_MIN_C = 8;     /* its fit: C a multiple of this (16-byte runs of 8 channels) */
+/* The varlen op's output kernels: one channel a thread (any dtype), and for 16-bit x and y the row kernel. */
+enum ConvOut { OUT_SCALAR, OUT_ROWS };
 
 
 /* A tensor pointer with its dtype. */
@@ -172,7 +178,7 @@ template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out
     }
 }
 
-/* The row output kernel (x and y of one 16-bit dtype DT, C a multiple of CONV_VEC, W <=
+/* The row output kernel (x and y of one 16-bit dtype DT, C a multiple of CONV_ROWS_MIN_C, W <=
  * CONV_ROWS_MAX_WIDTH, aligned rows): thread (tile of TILE tokens, VEC consecutive channels). A
  * tile whose tokens and their W - 1 predecessors all lie in one sequence (every tile of a long
  * prefill but its first) loads its TILE + W - 1 rows of x as raw 2 VEC-byte words, all before
@@ -340,20 +346,12 @@ template <int W, int DT, int VEC, int TILE> cudaError_t launch_varlen_rows(const
     return cudaGetLastError();
 }
 
-template <int W, int DT> cudaError_t launch_varlen_rows_dt(const ConvVarlenParams &p, cudaStream_t stream) {
-    switch (p.out_kernel) {
-    case OUT_ROWS8X16: return launch_varlen_rows<W, DT, 8, 16>(p, stream);
-    case OUT_ROWS4X8: return launch_varlen_rows<W, DT, 4, 8>(p, stream);
-    case OUT_ROWS4X16: return launch_varlen_rows<W, DT, 4, 16>(p, stream);
-    default: return launch_varlen_rows<W, DT, 8, 8>(p, stream);
-    }
-}
-
 template <int W> cudaError_t launch_varlen_out(const ConvVarlenParams &p, cudaStream_t stream) {
     if constexpr (W <= CONV_ROWS_MAX_WIDTH) {
         if (p.out_kernel != OUT_SCALAR)
-            return p.c.x.dtype == GDP_DTYPE_BF16 ? launch_varlen_rows_dt<W, GDP_DTYPE_BF16>(p, stream)
-                                                 : launch_varlen_rows_dt<W, GDP_DTYPE_FP16>(p, stream);
+            return p.c.x.dtype == GDP_DTYPE_BF16
+                       ? launch_varlen_rows<W, GDP_DTYPE_BF16, CONV_ROWS_VEC, CONV_ROWS_TILE>(p, stream)
+                       : launch_varlen_rows<W, GDP_DTYPE_FP16, CONV_ROWS_VEC, CONV_ROWS_TILE>(p, stream);
     }
     const int64_t tiles = (p.T + CONV_TOKEN_TILE - 1) / CONV_TOKEN_TILE;
     const int64_t ch_blocks = (p.c.C + CONV_THREADS - 1) / CONV_THREADS;
@@ -414,22 +412,21 @@ ConvCommon common_params(const gdp_tensor &x, const gdp_tensor &weight, const gd
     return c;
 }
 
-/* GDP_CONV_KERNEL: auto (unset or empty: the row kernel where it fits, 8 channels x 8 tokens a
- * thread), rows4x8, rows4x16, rows8x8, rows8x16 (the row kernel's other tiles, for the A/B), scalar
+/* GDP_CONV_KERNEL: auto (unset or empty: the row kernel where it fits), rows (the same), scalar
  * (never the row kernel: the A/B and the tests of both), -1 for any other value. Read at every call. */
 int conv_kernel_choice() {
-    static const char *const spell[6] = {"auto", "rows8x8", "rows8x16", "rows4x8", "rows4x16", "scalar"};
-    static const int value[6] = {OUT_ROWS8X8, OUT_ROWS8X8, OUT_ROWS8X16, OUT_ROWS4X8, OUT_ROWS4X16, OUT_SCALAR};
-    return gdp_env_choice("GDP_CONV_KERNEL", spell, value, 6, OUT_ROWS8X8, nullptr);
+    static const char *const spell[3] = {"auto", "rows", "scalar"};
+    static const int value[3] = {OUT_ROWS, OUT_ROWS, OUT_SCALAR};
+    return gdp_env_choice("GDP_CONV_KERNEL", spell, value, 3, OUT_ROWS, nullptr);
 }
 
 /* Whether the row output kernel takes the call: x and y of one 16-bit dtype, C a multiple of
- * CONV_VEC, a width it holds, 16-byte aligned x and y rows, weight and bias (each thread's VEC
+ * CONV_ROWS_MIN_C, a width it holds, 16-byte aligned x and y rows, weight and bias (each thread's VEC
  * channels' W-element weight runs are then aligned to their size), contiguous weight and state. */
 bool varlen_rows_fit(const gdp_conv1d_varlen_args &a, int64_t W) {
     const bool x16 = a.x.dtype == GDP_DTYPE_BF16 || a.x.dtype == GDP_DTYPE_FP16;
     const int64_t C = a.x.shape[1];
-    return x16 && a.y.dtype == a.x.dtype && W <= CONV_ROWS_MAX_WIDTH && C % CONV_VEC == 0 &&
+    return x16 && a.y.dtype == a.x.dtype && W <= CONV_ROWS_MAX_WIDTH && C % CONV_ROWS_MIN_C == 0 &&
            gdp_tensor_stride(&a.x, 1) == 1 && (gdp_tensor_stride(&a.x, 0) * 2) % 16 == 0 && aligned16(a.x.data) &&
            aligned16(a.y.data) && aligned16(a.weight.data) && gdp_tensor_is_contiguous(&a.weight) &&
            (!gdp_tensor_present(&a.bias) || aligned16(a.bias.data)) && gdp_tensor_is_contiguous(&a.conv_state);
@@ -486,8 +483,8 @@ extern "C" gdp_status_t gdp_cuda_conv1d_varlen(struct gdp_ctx *ctx, const gdp_co
     const int kernel = conv_kernel_choice();
     if (kernel < 0)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
-                 "%s: GDP_CONV_KERNEL is \"%s\"; use auto, rows8x8, rows8x16, rows4x8, rows4x16 or scalar (or leave "
-                 "it unset)", op, getenv("GDP_CONV_KERNEL"));
+                 "%s: GDP_CONV_KERNEL is \"%s\"; use auto, rows or scalar (or leave it unset)", op,
+                 getenv("GDP_CONV_KERNEL"));
     p.out_kernel = varlen_rows_fit(*a, W) ? kernel : OUT_SCALAR;
     if (N == 0) {
         /* No sequence: every row is padding. */
