@@ -413,7 +413,9 @@ static gdp_status_t run_device_step(struct gdp_engine *e, const gdp_step_metadat
     }
 #endif
     /* No device graph (CPU backend, graphs off or unavailable): the hook records the shape's
-     * captures and replays and runs the same launches eagerly, so the math is identical. */
+     * captures and replays and runs the same launches eagerly, so the math is identical. The
+     * step is marked like every eager step, so its marks always split it (sampling them like a
+     * graph's left a CPU run's phases at 0 wherever no shape ran PHASE_SAMPLE times). */
     if (graph) {
         if (!g->captured) {
             g->captured = 1;
@@ -422,7 +424,6 @@ static gdp_status_t run_device_step(struct gdp_engine *e, const gdp_step_metadat
             g->replays++;
             e->report.graph_replays++;
         }
-        *sampled = next_launch_sampled(g);
         g->launches++;
     }
     return recorded_step(e, m, x, &e->eager_marks);

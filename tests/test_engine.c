@@ -458,6 +458,7 @@ typedef struct result {
     int64_t generated, preemptions, resumes, drafts_proposed, drafts_accepted, captures, replays, overlapped;
     double  check_worst;
     int32_t check_checked, check_mismatches;
+    double  phase_s[GDP_PHASE_NUM], device_s; /* the report's step phases and device time */
 } result;
 
 static gdp_workload g_wl, g_wl_timed, g_wl_sampled, g_wl_sampled_timed, g_wl_stops;
@@ -624,6 +625,8 @@ static void run_variant(const char *ckpt_path, MPI_Comm group, const variant *v,
         out->resumes = rep.resumes, out->drafts_proposed = rep.drafts_proposed;
         out->drafts_accepted = rep.drafts_accepted, out->captures = rep.graph_captures + rep.graphs_at_init;
         out->replays = rep.graph_replays, out->tp = rep.tp_size, out->overlapped = rep.overlapped_steps;
+        memcpy(out->phase_s, rep.phase_s, sizeof out->phase_s);
+        out->device_s = rep.device_s;
         for (int i = 0; i < NREQ; i++) {
             gdp_request_result r;
             GDP_FATAL_IF_ERROR(comm, gdp_engine_get_result(e, i, &r));
@@ -788,6 +791,23 @@ static void mpi_variants(const char *path) {
             char what[96];
             snprintf(what, sizeof what, "tp %d %s", k_tps[ti], k_variants[k].name);
             check_result(what, &k_variants[k], &g_res[ti][k]);
+        }
+    /* The report's phases on the CPU (clocks, every step split by its marks): the GEMMs, the GDP
+     * ops and the head ran in every run, and the device phases add up to the device time. */
+    for (int ti = 0; ti < 3; ti++)
+        for (int k = 0; k < N_VARIANTS; k++) {
+            const result *r = &g_res[ti][k];
+            if (!r->valid)
+                continue;
+            double sum = 0;
+            for (int p = 0; p < GDP_PHASE_HOST; p++)
+                sum += r->phase_s[p];
+            CHECK(r->phase_s[GDP_PHASE_GEMM] > 0 && r->phase_s[GDP_PHASE_GDP_OPS] > 0 && r->phase_s[GDP_PHASE_HEAD] > 0 &&
+                      r->device_s > 0 && fabs(sum - r->device_s) <= 1e-6 * r->device_s,
+                  "tp %d %s: report phases GEMM %.3g s, GDP ops %.3g s, head %.3g s, their sum with the collectives "
+                  "%.6g s against a device time of %.6g s",
+                  k_tps[ti], k_variants[k].name, r->phase_s[GDP_PHASE_GEMM], r->phase_s[GDP_PHASE_GDP_OPS],
+                  r->phase_s[GDP_PHASE_HEAD], sum, r->device_s);
         }
     /* The model must not be degenerate, or identical tokens prove nothing: a random model
      * repeats tokens in runs, and where a run ends is up to the recurrent state. */

@@ -177,8 +177,10 @@ typedef struct gdp_engine_report {
     int64_t overlapped_steps;         /* device steps composed while the previous one ran     */
     double  phase_s[GDP_PHASE_NUM];   /* this rank, summed over the steps: device phases from
                                          CUDA events on the stream (clocks on the CPU), split
-                                         by the marks of every phase_sample-th step; host =
-                                         step wall time minus device time                     */
+                                         by the marks of every eager step (every step on the
+                                         CPU) and of every 8th launch of a CUDA graph, scaled
+                                         to the device time; host = step wall time minus
+                                         device time                                          */
     double  step_s;                   /* sum of the phases                                    */
     double  device_s;                 /* device time of the steps (events; CPU: layers+head)  */
     double  floor_s;                  /* the steps' floor: per step max(bytes / bandwidth,
