@@ -40,7 +40,7 @@ constexpr int CONV_MAX_WIDTH = 8;
  * the loads' latency). */
 constexpr int CONV_ROWS_VEC = 4, CONV_ROWS_TILE = 8;
 constexpr int CONV_ROWS_MAX_WIDTH = 4; /* widths the row kernel takes */
-constexpr int CONV_ROWS_MIN_C = 8;     /* its fit: C a multiple of this (16-byte runs of 8 channels) */
+constexpr int CONV_ROWS_MIN_C = 8;     /* its fit: C a multiple of this (the kernel needs CONV_ROWS_VEC; 8 is what the tests cover) */
 /* The varlen op's output kernels: one channel a thread (any dtype), and for 16-bit x and y the row kernel. */
 enum ConvOut { OUT_SCALAR, OUT_ROWS };
 
