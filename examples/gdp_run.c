@@ -419,6 +419,18 @@ static int parse_args(int argc, char **argv, options *o) {
         dst = n;                                                                          \
         continue;                                                                         \
     }
+/* An option of two spellings, s0 (value v0) and s1 (v1); anything else is refused naming both. */
+#define CHOICE_OPT(name, s0, v0, s1, v1, dst)                                             \
+    if (!strcmp(a, name)) {                                                               \
+        NEED_VALUE();                                                                     \
+        if (!strcmp(v, s0) || !strcmp(v, s1)) {                                           \
+            dst = !strcmp(v, s0) ? (v0) : (v1);                                           \
+            continue;                                                                     \
+        }                                                                                 \
+        if (g_rank == 0)                                                                  \
+            fprintf(stderr, "gdp-run: %s %s: expected %s or %s\n", a, v, s0, s1);         \
+        return 2;                                                                         \
+    }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             if (g_rank == 0)
                 usage(stdout);
@@ -449,26 +461,8 @@ static int parse_args(int argc, char **argv, options *o) {
         INT_OPT("--preempt-after", 1, 1 << 20, o->engine.preempt_after)
         INT_OPT("--preempt-wait-ms", 0, 1 << 30, o->engine.preempt_wait_ms)
         INT_OPT("--schedule-age-ms", 0, 1 << 30, o->engine.schedule_age_ms)
-        if (!strcmp(a, "--schedule")) {
-            NEED_VALUE();
-            if (!strcmp(v, "fcfs") || !strcmp(v, "shortest")) {
-                o->engine.schedule = !strcmp(v, "fcfs") ? GDP_SCHEDULE_FCFS : GDP_SCHEDULE_SHORTEST;
-                continue;
-            }
-            if (g_rank == 0)
-                fprintf(stderr, "gdp-run: --schedule %s: expected fcfs or shortest\n", v);
-            return 2;
-        }
-        if (!strcmp(a, "--ssm-state")) {
-            NEED_VALUE();
-            if (!strcmp(v, "fp32") || !strcmp(v, "bf16")) {
-                o->engine.ssm_dtype = !strcmp(v, "fp32") ? GDP_DTYPE_FP32 : GDP_DTYPE_BF16;
-                continue;
-            }
-            if (g_rank == 0)
-                fprintf(stderr, "gdp-run: --ssm-state %s: expected fp32 or bf16\n", v);
-            return 2;
-        }
+        CHOICE_OPT("--schedule", "fcfs", GDP_SCHEDULE_FCFS, "shortest", GDP_SCHEDULE_SHORTEST, o->engine.schedule)
+        CHOICE_OPT("--ssm-state", "fp32", GDP_DTYPE_FP32, "bf16", GDP_DTYPE_BF16, o->engine.ssm_dtype)
         INT_OPT("--max-candidates", 1, GDP_SAMPLING_MAX_CANDIDATES, o->engine.max_candidates)
         INT_OPT("--progress", 0, 3600, o->engine.progress)
         INT_OPT("--cp", 1, 1 << 16, o->cp)
@@ -578,6 +572,7 @@ static int parse_args(int argc, char **argv, options *o) {
         if (g_rank == 0)
             fprintf(stderr, "gdp-run: unknown argument '%s' (try --help)\n", a);
         return 2;
+#undef CHOICE_OPT
 #undef INT_OPT
 #undef NEED_VALUE
     }
