@@ -135,6 +135,20 @@ __device__ __forceinline__ void varlen_window(const ConvVarlenParams &p, int64_t
     }
 }
 
+/* The sequence holding token t (t < cu_seqlens[N]): the last i with cu[i] <= t, so that
+ * cu[i + 1] > t; empty sequences before it are skipped. */
+__device__ __forceinline__ int varlen_sequence_of(const ConvVarlenParams &p, int64_t t) {
+    int lo = 0, hi = p.N; /* cu[lo] <= t < cu[hi] */
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (p.cu_seqlens[mid] <= t)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* Outputs: thread (tile of CONV_TOKEN_TILE tokens, channel). Reads incoming states only. */
 template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out_kernel(const ConvVarlenParams p) {
     const int64_t ch = (int64_t)blockIdx.y * CONV_THREADS + threadIdx.x;
@@ -147,16 +161,7 @@ template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out
     int seq = -1;
     float w[W], win[W], bias = 0.0f;
     if (t_begin < total) {
-        /* The sequence holding t_begin: the last i with cu[i] <= t_begin (then cu[i+1] > t_begin). */
-        int lo = 0, hi = p.N; /* cu[lo] <= t_begin < cu[hi] */
-        while (hi - lo > 1) {
-            const int mid = (lo + hi) >> 1;
-            if (p.cu_seqlens[mid] <= t_begin)
-                lo = mid;
-            else
-                hi = mid;
-        }
-        seq = lo;
+        seq = varlen_sequence_of(p, t_begin);
         load_params<W>(p.c, ch, w, bias);
         varlen_window<W>(p, ch, seq, p.cu_seqlens[seq], t_begin - p.cu_seqlens[seq], win);
     }
@@ -209,16 +214,8 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out_rows_kernel(cons
     const uint16_t *x = static_cast<const uint16_t *>(p.c.x.data) + ch0;
     int seq = 0;
     int64_t seq_start = 0, seq_end = 0;
-    if (t_begin < total) { /* the sequence holding t_begin: the last i with cu[i] <= t_begin */
-        int lo = 0, hi = p.N;
-        while (hi - lo > 1) {
-            const int mid = (lo + hi) >> 1;
-            if (p.cu_seqlens[mid] <= t_begin)
-                lo = mid;
-            else
-                hi = mid;
-        }
-        seq = lo;
+    if (t_begin < total) {
+        seq = varlen_sequence_of(p, t_begin);
         seq_start = p.cu_seqlens[seq];
         seq_end = p.cu_seqlens[seq + 1];
     }
