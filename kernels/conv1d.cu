@@ -76,12 +76,22 @@ struct ConvUpdateParams {
     int32_t S;
 };
 
+/* The prefill front (gdp_cuda_prefill_front): the row kernel's outputs go straight to the
+ * prefill prepare's value, key and query (gdp-math.md 6), GQA-expanded, instead of y. */
+struct PrepRoute {
+    void *value, *key, *query; /* NULL value: outputs to y */
+    int32_t H, G, N, heads_per_group;
+    int64_t k_base, q_base; /* first key and query channel (M H P, M H P + M G N) */
+    int64_t key_row;        /* key elements a token: M H N */
+};
+
 struct ConvVarlenParams {
     ConvCommon c;
     const int32_t *cu_seqlens; /* [N + 1], device */
     int64_t T;
     int32_t N;
     int out_kernel; /* ConvOut: which output kernel takes the call */
+    PrepRoute route;
 };
 
 
@@ -193,14 +203,56 @@ template <int W> __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out
  * conv_step's sum in its order (bias, then w[j] x[t - W + 1 + j] by fmaf for j = 0 .. W - 1,
  * then SiLU), so the bits are the scalar kernel's. */
 
-/* Token t's VEC sums through SiLU (when on), stored as one row segment of y. */
+/* Where a thread's outputs go: token t's run of VEC channels lands at element t * stride of out,
+ * and again `copies - 1` more times `step` elements apart (the heads of a key or query group). */
+struct RowDest {
+    uint16_t *out;
+    int64_t stride;
+    int32_t copies, step;
+};
+
+/* y (no route), or the prepare's layouts for channels [ch0, ch0 + VEC) (a run never crosses a
+ * head: P and N are multiples of VEC, checked by the launcher):
+ *   value[(t M + m), h, p] = y[t, (m H + h) P + p]: element t M H P + ch0;
+ *   key[(t M + m), h, c]   = y[t, k_base + (m G + h / hpg) N + c], every h of the group;
+ *   query[t, h, c]         = y[t, q_base + (h / hpg) N + c], every h of the group. */
+__device__ __forceinline__ RowDest row_dest(const ConvVarlenParams &p, int64_t ch0) {
+    const PrepRoute &r = p.route;
+    if (r.value == nullptr)
+        return {static_cast<uint16_t *>(p.c.y.data) + ch0, p.c.C, 1, 0};
+    if (ch0 < r.k_base)
+        return {static_cast<uint16_t *>(r.value) + ch0, r.k_base, 1, 0};
+    const int32_t gn = r.G * r.N;
+    if (ch0 < r.q_base) {
+        const int32_t kc = (int32_t)(ch0 - r.k_base), m = kc / gn, grp = (kc - m * gn) / r.N;
+        const int32_t c = kc - m * gn - grp * r.N;
+        return {static_cast<uint16_t *>(r.key) + ((int64_t)m * r.H + (int64_t)grp * r.heads_per_group) * r.N + c,
+                r.key_row, r.heads_per_group, r.N};
+    }
+    const int32_t qc = (int32_t)(ch0 - r.q_base), grp = qc / r.N, c = qc - grp * r.N;
+    return {static_cast<uint16_t *>(r.query) + (int64_t)grp * r.heads_per_group * r.N + c, (int64_t)r.H * r.N,
+            r.heads_per_group, r.N};
+}
+
+/* Token t's VEC values rounded to DT (nearest even, as store_vec_from_float) to every copy of d. */
+template <int DT, int VEC> __device__ __forceinline__ void rows_put(const RowDest &d, int64_t t, const float (&v)[VEC]) {
+    static_assert(VEC == 4, "8-byte runs");
+    const gdp_dtype_t dt = static_cast<gdp_dtype_t>(DT);
+    const uint2 w = make_uint2((uint32_t)round_to_half_bits(dt, v[0]) | ((uint32_t)round_to_half_bits(dt, v[1]) << 16),
+                               (uint32_t)round_to_half_bits(dt, v[2]) | ((uint32_t)round_to_half_bits(dt, v[3]) << 16));
+    uint16_t *o = d.out + t * d.stride;
+    for (int32_t i = 0; i < d.copies; i++)
+        *reinterpret_cast<uint2 *>(o + (int64_t)i * d.step) = w;
+}
+
+/* Token t's VEC sums through SiLU (when on), to d. */
 template <int DT, int VEC>
-__device__ __forceinline__ void rows_out_store(const ConvVarlenParams &p, int64_t t, int64_t ch0, float (&acc)[VEC]) {
+__device__ __forceinline__ void rows_out_store(const ConvVarlenParams &p, const RowDest &d, int64_t t, float (&acc)[VEC]) {
 #pragma unroll
     for (int c = 0; c < VEC; c++)
         if (p.c.silu)
             acc[c] = __fdiv_rn(acc[c], __fadd_rn(1.0f, expf(-acc[c])));
-    store_vec_from_float<VEC>(p.c.y.data, static_cast<gdp_dtype_t>(DT), t * p.c.C + ch0, acc);
+    rows_put<DT, VEC>(d, t, acc);
 }
 
 template <int W, int DT, int VEC, int TILE>
@@ -244,6 +296,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out_rows_kernel(cons
 #pragma unroll
         for (int c = 0; c < VEC; c++)
             bias[c] = 0.0f;
+    const RowDest dest = row_dest(p, ch0);
     if (inside) {
 #pragma unroll
         for (int k = 0; k < TILE; k++) {
@@ -255,7 +308,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out_rows_kernel(cons
                 for (int j = 0; j < W; j++)
                     acc[c] = fmaf(w[c][j], half_bits_as_float<DT>(rows[k + j][c >> 1], c & 1), acc[c]);
             }
-            rows_out_store<DT, VEC>(p, t_begin + k, ch0, acc);
+            rows_out_store<DT, VEC>(p, dest, t_begin + k, acc);
         }
         return;
     }
@@ -267,7 +320,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out_rows_kernel(cons
 #pragma unroll
             for (int c = 0; c < VEC; c++)
                 acc[c] = 0.0f; /* padding rows: y = 0 */
-            store_vec_from_float<VEC>(p.c.y.data, static_cast<gdp_dtype_t>(DT), t * p.c.C + ch0, acc);
+            rows_put<DT, VEC>(dest, t, acc);
             continue;
         }
         while (p.cu_seqlens[seq + 1] <= t) /* skips empty sequences too */
@@ -299,7 +352,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_varlen_out_rows_kernel(cons
             for (int c = 0; c < VEC; c++)
                 acc[c] = fmaf(w[c][j], v[c], acc[c]);
         }
-        rows_out_store<DT, VEC>(p, t, ch0, acc);
+        rows_out_store<DT, VEC>(p, dest, t, acc);
     }
 }
 
@@ -460,6 +513,21 @@ extern "C" gdp_status_t gdp_cuda_conv1d_update(struct gdp_ctx *ctx, const gdp_co
     return GDP_STATUS_SUCCESS;
 }
 
+/* The varlen launch's parameters from the op's arguments (widths and sequence counts checked by
+ * the callers), with the output kernel GDP_CONV_KERNEL and the fit allow. */
+static ConvVarlenParams varlen_params(const gdp_conv1d_varlen_args *a, int kernel) {
+    ConvVarlenParams p = {};
+    p.c = common_params(a->x, a->weight, a->bias, a->conv_state, a->state_indices, a->y, a->silu);
+    p.c.C = a->x.shape[1];
+    p.c.x_stride_b = gdp_tensor_stride(&a->x, 0);
+    p.c.x_stride_s = 0;
+    p.cu_seqlens = static_cast<const int32_t *>(a->cu_seqlens.data);
+    p.T = a->x.shape[0];
+    p.N = (int32_t)(a->cu_seqlens.shape[0] - 1);
+    p.out_kernel = varlen_rows_fit(*a, a->weight.shape[1]) ? kernel : OUT_SCALAR;
+    return p;
+}
+
 extern "C" gdp_status_t gdp_cuda_conv1d_varlen(struct gdp_ctx *ctx, const gdp_conv1d_varlen_args *a) {
     static const char *op = "gdp_causal_conv1d_varlen";
     const int64_t W = a->weight.shape[1];
@@ -469,20 +537,12 @@ extern "C" gdp_status_t gdp_cuda_conv1d_varlen(struct gdp_ctx *ctx, const gdp_co
     const int64_t N = a->cu_seqlens.shape[0] - 1;
     if (N > INT32_MAX - 1)
         GDP_FAIL(GDP_STATUS_UNSUPPORTED, "%s: %lld sequences exceed int32", op, (long long)N);
-    ConvVarlenParams p = {};
-    p.c = common_params(a->x, a->weight, a->bias, a->conv_state, a->state_indices, a->y, a->silu);
-    p.c.C = a->x.shape[1];
-    p.c.x_stride_b = gdp_tensor_stride(&a->x, 0);
-    p.c.x_stride_s = 0;
-    p.cu_seqlens = static_cast<const int32_t *>(a->cu_seqlens.data);
-    p.T = a->x.shape[0];
-    p.N = (int32_t)N;
     const int kernel = conv_kernel_choice();
     if (kernel < 0)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
                  "%s: GDP_CONV_KERNEL is \"%s\"; use auto, rows or scalar (or leave it unset)", op,
                  getenv("GDP_CONV_KERNEL"));
-    p.out_kernel = varlen_rows_fit(*a, W) ? kernel : OUT_SCALAR;
+    const ConvVarlenParams p = varlen_params(a, kernel);
     if (N == 0) {
         /* No sequence: every row is padding. */
         if (p.T * p.c.C > 0) {
@@ -496,4 +556,41 @@ extern "C" gdp_status_t gdp_cuda_conv1d_varlen(struct gdp_ctx *ctx, const gdp_co
     GDP_CUDA_LAUNCH_CHECK(op, err, "T %lld, C %lld, N %lld, W %lld", (long long)p.T, (long long)p.c.C, (long long)N,
                           (long long)W);
     return GDP_STATUS_SUCCESS;
+}
+
+extern "C" bool gdp_cuda_prefill_front_fits(const gdp_conv1d_varlen_args *cv, const gdp_prepare_args *pr) {
+    const int64_t M = pr->num_householder, H = pr->num_heads, G = pr->num_groups, P = pr->head_dim,
+                  N = pr->state_dim;
+    const int64_t C = cv->x.shape[1], R = cv->x.shape[0];
+    const gdp_dtype_t dt = cv->y.dtype;
+    const auto same_dense = [dt](const gdp_tensor &t) {
+        return t.dtype == dt && gdp_tensor_is_contiguous(&t) && aligned16(t.data);
+    };
+    return conv_kernel_choice() == OUT_ROWS && varlen_rows_fit(*cv, cv->weight.shape[1]) &&
+           cv->cu_seqlens.shape[0] >= 2 && pr->x.ndim == 3 && pr->x.shape[0] == 1 && pr->x.shape[1] == R &&
+           C == M * H * P + (M + 1) * G * N && P % CONV_ROWS_VEC == 0 && N % CONV_ROWS_VEC == 0 &&
+           same_dense(pr->value) && same_dense(pr->key) && same_dense(pr->query);
+}
+
+extern "C" gdp_status_t gdp_cuda_prefill_front(struct gdp_ctx *ctx, const gdp_conv1d_varlen_args *cv,
+                                               const gdp_prepare_args *pr) {
+    static const char *op = "gdp_prefill_conv_prepare";
+    const int64_t M = pr->num_householder, H = pr->num_heads, G = pr->num_groups, P = pr->head_dim,
+                  N = pr->state_dim;
+    if (!gdp_cuda_prefill_front_fits(cv, pr))
+        GDP_FAIL(GDP_STATUS_INTERNAL_ERROR, "%s: called for arguments gdp_cuda_prefill_front_fits refuses", op);
+    ConvVarlenParams p = varlen_params(cv, OUT_ROWS);
+    p.route.value = pr->value.data;
+    p.route.key = pr->key.data;
+    p.route.query = pr->query.data;
+    p.route.H = (int32_t)H, p.route.G = (int32_t)G, p.route.N = (int32_t)N;
+    p.route.heads_per_group = (int32_t)(H / G);
+    p.route.k_base = M * H * P;
+    p.route.q_base = M * H * P + M * G * N;
+    p.route.key_row = M * H * N;
+    const cudaError_t err =
+        dispatch_width<ConvVarlenParams, VarlenLauncher>(cv->weight.shape[1], p, static_cast<cudaStream_t>(ctx->stream));
+    GDP_CUDA_LAUNCH_CHECK(op, err, "T %lld, C %lld, N %lld", (long long)p.T, (long long)p.c.C, (long long)p.N);
+    /* beta and g: the prefill prepare's gate units alone */
+    return gdp_cuda_prepare_gates(ctx, pr);
 }

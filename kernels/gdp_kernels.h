@@ -25,6 +25,8 @@ gdp_status_t gdp_cuda_ctx_free(struct gdp_ctx *ctx);
  * shape and dtype rule that holds on all backends; a launcher adds the CUDA-only rules
  * (e.g. fp32 q in the chunk op: GDP_STATUS_UNSUPPORTED) and enqueues on ctx->stream. */
 gdp_status_t gdp_cuda_prepare(struct gdp_ctx *ctx, const gdp_prepare_args *args, int decode);
+/* The prefill prepare's beta and g alone (the prefill front writes q, k and v). */
+gdp_status_t gdp_cuda_prepare_gates(struct gdp_ctx *ctx, const gdp_prepare_args *args);
 gdp_status_t gdp_cuda_l2norm(struct gdp_ctx *ctx, gdp_tensor *y, const gdp_tensor *x);
 gdp_status_t gdp_cuda_chunk_local_cumsum(struct gdp_ctx *ctx, gdp_tensor *g_cumsum, gdp_tensor *g_cumsum_dp,
                                          const gdp_tensor *g, const gdp_tensor *cu_seqlens,
@@ -41,6 +43,13 @@ gdp_status_t gdp_cuda_recurrent_norm(struct gdp_ctx *ctx, const gdp_recurrent_ar
                                      int64_t group_size, double eps, bool *fused);
 gdp_status_t gdp_cuda_conv1d_update(struct gdp_ctx *ctx, const gdp_conv1d_update_args *args);
 gdp_status_t gdp_cuda_conv1d_varlen(struct gdp_ctx *ctx, const gdp_conv1d_varlen_args *args);
+/* kernels/conv1d.cu: the prefill front, the varlen conv with its outputs written straight into
+ * the prefill prepare's value, key and query (the row kernel), then the prepare's beta and g;
+ * fits: the row kernel takes the conv, GDP_CONV_KERNEL allows it, prep->x is [1, T, C] with C
+ * the layer's conv channels, and value, key and query are contiguous, aligned and of y's dtype. */
+bool gdp_cuda_prefill_front_fits(const gdp_conv1d_varlen_args *conv, const gdp_prepare_args *prep);
+gdp_status_t gdp_cuda_prefill_front(struct gdp_ctx *ctx, const gdp_conv1d_varlen_args *conv,
+                                    const gdp_prepare_args *prep);
 /* kernels/decode_core.cu: the conv update and the decode prepare in one launch, for the
  * steps that fit it (one token per request, width 4, 16-byte runs; src/decode_core.c).
  * mode (GDP_DECODE_FRONT): auto takes the launch where it is measured faster, fused wherever

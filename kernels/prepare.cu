@@ -138,7 +138,8 @@ cudaError_t launch_prepare(const PrepareParams &p, int decode, dim3 grid, cudaSt
 
 // kernel launchers
 
-extern "C" gdp_status_t gdp_cuda_prepare(struct gdp_ctx *ctx, const gdp_prepare_args *a, int decode) {
+/* gates_only: beta and g alone (the prefill front wrote q, k and v from the conv). */
+static gdp_status_t prepare_launch(struct gdp_ctx *ctx, const gdp_prepare_args *a, int decode, bool gates_only) {
     const char *op = decode ? "gdp_decode_prepare" : "gdp_prefill_prepare";
     const int64_t n = a->x.shape[0], T = a->x.shape[1];
     const int64_t M = a->num_householder, H = a->num_heads, G = a->num_groups, P = a->head_dim,
@@ -189,9 +190,9 @@ extern "C" gdp_status_t gdp_cuda_prepare(struct gdp_ctx *ctx, const gdp_prepare_
     const bool vector_ok = P % vec == 0 && N % vec == 0 && p.x_stride_n % vec == 0 && p.x_stride_t % vec == 0 &&
                            aligned16(p.x) && aligned16(p.query) && aligned16(p.key) && aligned16(p.value);
     const int unit = vector_ok ? vec : 1;
-    p.value_units = (int32_t)(value_elems / unit);
-    p.key_units = (int32_t)(key_elems / unit);
-    p.query_units = (int32_t)(query_elems / unit);
+    p.value_units = gates_only ? 0 : (int32_t)(value_elems / unit);
+    p.key_units = gates_only ? 0 : (int32_t)(key_elems / unit);
+    p.query_units = gates_only ? 0 : (int32_t)(query_elems / unit);
     p.beta_units = (int32_t)beta_elems;
     p.g_units = (int32_t)g_elems;
 
@@ -211,4 +212,12 @@ extern "C" gdp_status_t gdp_cuda_prepare(struct gdp_ctx *ctx, const gdp_prepare_
         err = vector_ok ? launch_prepare<4, 4>(p, decode, grid, stream) : launch_prepare<4, 1>(p, decode, grid, stream);
     GDP_CUDA_LAUNCH_CHECK(op, err, "grid %lld x %lld", (long long)rows, (long long)slices);
     return GDP_STATUS_SUCCESS;
+}
+
+extern "C" gdp_status_t gdp_cuda_prepare(struct gdp_ctx *ctx, const gdp_prepare_args *a, int decode) {
+    return prepare_launch(ctx, a, decode, false);
+}
+
+extern "C" gdp_status_t gdp_cuda_prepare_gates(struct gdp_ctx *ctx, const gdp_prepare_args *a) {
+    return prepare_launch(ctx, a, 0, true);
 }

@@ -1,9 +1,9 @@
 /*
- * decode_core.c: the layer's fused decode ops (decode_core.h): gdp_decode_conv_prepare (the
- * front) and gdp_decode_recurrent_norm (the end). Both ops' front-end checks run first, so a
- * refused call is refused exactly as the two ops would refuse it and modifies nothing; then
- * one CUDA launch (kernels/decode_core.cu, kernels/recurrent.cu) when the step fits it, else
- * the two ops in order.
+ * decode_core.c: the layer's fused ops (decode_core.h): gdp_decode_conv_prepare (the decode
+ * front), gdp_decode_recurrent_norm (the decode end) and gdp_prefill_conv_prepare (the prefill
+ * front). Both ops' front-end checks run first, so a refused call is refused exactly as the two
+ * ops would refuse it and modifies nothing; then the fused CUDA launches (kernels/decode_core.cu,
+ * kernels/recurrent.cu, kernels/conv1d.cu) when the step fits them, else the two ops in order.
  */
 #include "decode_core.h"
 #include "internal.h"
@@ -42,6 +42,46 @@ gdp_status_t gdp_decode_conv_prepare(gdp_ctx_t ctx, const gdp_conv1d_update_args
 #endif
     GDP_CHECK(gdp_causal_conv1d_update(ctx, conv));
     return gdp_decode_prepare(ctx, prep);
+}
+
+/* GDP_PREFILL_FRONT: 1 for auto or fused (and unset or empty), 0 for chain, -1 for anything else. */
+static int prefill_front_choice(const char **text) {
+    static const char *const spell[3] = {"auto", "fused", "chain"};
+    static const int value[3] = {1, 1, 0};
+    return gdp_env_choice("GDP_PREFILL_FRONT", spell, value, 3, 1, text);
+}
+
+bool gdp_prefill_conv_prepare_fuses(gdp_ctx_t ctx, const gdp_conv1d_varlen_args *conv, const gdp_prepare_args *prep) {
+#ifdef GDP_HAVE_CUDA
+    return ctx != NULL && ctx->backend == GDP_BACKEND_CUDA && !ctx->debug_checks && conv != NULL && prep != NULL &&
+           prefill_front_choice(NULL) == 1 && gdp_cuda_prefill_front_fits(conv, prep);
+#else
+    (void)ctx, (void)conv, (void)prep;
+    return false;
+#endif
+}
+
+gdp_status_t gdp_prefill_conv_prepare(gdp_ctx_t ctx, const gdp_conv1d_varlen_args *conv, const gdp_prepare_args *prep) {
+    static const char *op = "gdp_prefill_conv_prepare";
+    if (conv == NULL || prep == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: conv or prep is NULL; pass both argument structs", op);
+    if (prep->x.data != conv->y.data || prep->x.dtype != conv->y.dtype)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: prep->x must be conv->y (the prepare reads the conv's output)", op);
+    const char *text = NULL;
+    if (prefill_front_choice(&text) < 0)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "%s: GDP_PREFILL_FRONT=%s is not known; use auto (or leave it unset or empty), fused or chain", op,
+                 text);
+    GDP_CHECK(gdp_conv1d_varlen_check(ctx, conv, "gdp_causal_conv1d_varlen"));
+    /* with debug checks the prepare's value checks read conv->y, so it must exist: the two ops */
+    if (!ctx->debug_checks)
+        GDP_CHECK(gdp_prepare_check(ctx, prep, 0, "gdp_prefill_prepare"));
+#ifdef GDP_HAVE_CUDA
+    if (gdp_prefill_conv_prepare_fuses(ctx, conv, prep))
+        return gdp_cuda_prefill_front(ctx, conv, prep);
+#endif
+    GDP_CHECK(gdp_causal_conv1d_varlen(ctx, conv));
+    return gdp_prefill_prepare(ctx, prep);
 }
 
 gdp_status_t gdp_decode_recurrent_norm(gdp_ctx_t ctx, const gdp_recurrent_args *rec, gdp_tensor *out,

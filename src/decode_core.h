@@ -1,7 +1,8 @@
 /*
- * decode_core.h: the layer's fused decode ops (src/decode_core.c): the front (the conv
- * update and the decode prepare of one step's decode rows as one op) and the end (the decode
- * op and the grouped gated RMSNorm of its outputs as one op).
+ * decode_core.h: the layer's fused ops (src/decode_core.c): the decode front (the conv update
+ * and the decode prepare of one step's decode rows as one op), the decode end (the decode op and
+ * the grouped gated RMSNorm of its outputs as one op), and the prefill front (the varlen conv and
+ * the prefill prepare as one op).
  */
 #ifndef GDP_DECODE_CORE_H
 #define GDP_DECODE_CORE_H
@@ -17,6 +18,7 @@ extern "C" {
 /* The front-end checks of the two ops it fuses (src/ops_conv1d.c, src/ops_prepare.c): every
  * rule the op itself applies, without running it. */
 gdp_status_t gdp_conv1d_update_check(gdp_ctx_t ctx, const gdp_conv1d_update_args *args, const char *op);
+gdp_status_t gdp_conv1d_varlen_check(gdp_ctx_t ctx, const gdp_conv1d_varlen_args *args, const char *op);
 gdp_status_t gdp_prepare_check(gdp_ctx_t ctx, const gdp_prepare_args *args, int decode, const char *op);
 /* The same for the decode op (src/ops_recurrent.c) and the gated norm (src/ops_norm.c). */
 gdp_status_t gdp_recurrent_check(gdp_ctx_t ctx, const gdp_recurrent_args *args);
@@ -29,6 +31,22 @@ gdp_status_t gdp_gated_rmsnorm_check(gdp_ctx_t ctx, const gdp_tensor *out, const
  * requests (measured: faster there, slower at 256; kernels/decode_core.cu), one launch
  * that never writes conv->y (its contents are then unspecified); otherwise the two ops. */
 gdp_status_t gdp_decode_conv_prepare(gdp_ctx_t ctx, const gdp_conv1d_update_args *conv, const gdp_prepare_args *prep);
+
+/* gdp_causal_conv1d_varlen(conv) then gdp_prefill_prepare(prep), where prep->x is conv->y
+ * viewed as [1, T, C]: the same outputs (query, key, value, beta, g and the conv state) bit for
+ * bit. On CUDA, when the conv's row kernel takes the call (x and y of one 16-bit dtype, width <=
+ * 4, aligned rows; kernels/conv1d.cu) and value, key and query are contiguous in y's dtype, the
+ * conv writes its outputs straight into value, key and query (GQA-expanded) and never writes
+ * conv->y (its contents are then unspecified), and one launch more computes beta and g; otherwise,
+ * and with debug checks on, the two ops. GDP_PREFILL_FRONT=auto|fused|chain, read at every call:
+ * chain forces the two ops (the A/B), auto and fused (and unset or empty) take the one pass
+ * where it fits; any other value is GDP_STATUS_INVALID_USAGE before anything runs. Both ops'
+ * checks run first, so a refused call writes nothing (with debug checks on, the prepare's run
+ * after the conv: its value checks read conv->y). */
+gdp_status_t gdp_prefill_conv_prepare(gdp_ctx_t ctx, const gdp_conv1d_varlen_args *conv, const gdp_prepare_args *prep);
+/* Whether gdp_prefill_conv_prepare(ctx, conv, prep) would take the one pass (the tests assert it
+ * where they expect it). */
+bool gdp_prefill_conv_prepare_fuses(gdp_ctx_t ctx, const gdp_conv1d_varlen_args *conv, const gdp_prepare_args *prep);
 
 /* gdp_fused_recurrent_gated_delta_rule_update(rec) then gdp_gated_rmsnorm(out, y, z, weight,
  * group_size, eps), where y is a row view [B, H*V] of rec->o's last Householder copy of each

@@ -671,8 +671,6 @@ static gdp_status_t run_prefill(struct gdp_layer *l, struct gdp_cache *cache, co
         .silu = 1,
         .y = view(ws->p_conv, a, 2, SHAPE(R, C), NULL),
     };
-    GDP_CHECK(gdp_causal_conv1d_varlen(l->ctx, &cv));
-
     gdp_prepare_args pr = {
         .x = view(ws->p_conv, a, 3, SHAPE(1, R, C), NULL),
         .ba = view(proj_rows + (size_t)io->ba_col * es, a, 3, SHAPE(1, R, l->c_ba), SHAPE(R * WT, WT, 1)),
@@ -686,7 +684,8 @@ static gdp_status_t run_prefill(struct gdp_layer *l, struct gdp_cache *cache, co
         .beta = view(ws->p_beta, a, 3, SHAPE(1, R * M, H), NULL),
         .g = view(ws->p_g, GDP_DTYPE_FP32, 3, SHAPE(1, R, H), NULL),
     };
-    GDP_CHECK(gdp_prefill_prepare(l->ctx, &pr));
+    /* on CUDA one pass writes q, k and v from the conv (p_conv stays unwritten; decode_core.h) */
+    GDP_CHECK(gdp_prefill_conv_prepare(l->ctx, &cv, &pr));
 
     const int want_chunk_states = m->chunk_state_saves > 0;
     gdp_chunk_args ch = {

@@ -98,8 +98,7 @@ gdp_status_t gdp_causal_conv1d_update(gdp_ctx_t ctx, const gdp_conv1d_update_arg
     return gdp_cpu_conv1d_update(args);
 }
 
-gdp_status_t gdp_causal_conv1d_varlen(gdp_ctx_t ctx, const gdp_conv1d_varlen_args *args) {
-    static const char *op = "gdp_causal_conv1d_varlen";
+gdp_status_t gdp_conv1d_varlen_check(gdp_ctx_t ctx, const gdp_conv1d_varlen_args *args, const char *op) {
     GDP_CHECK(gdp_ctx_check(ctx, op));
     if (args == NULL)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: args is NULL; pass a filled gdp_conv1d_varlen_args", op);
@@ -116,6 +115,12 @@ gdp_status_t gdp_causal_conv1d_varlen(gdp_ctx_t ctx, const gdp_conv1d_varlen_arg
     GDP_CHECK(gdp_check_aliasing(op, bufs, (int32_t)(sizeof bufs / sizeof bufs[0])));
     for (int i = 0; i < 3; i++)
         GDP_CHECK(gdp_debug_check_values(ctx, op, bufs[i].name, bufs[i].t, false));
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_causal_conv1d_varlen(gdp_ctx_t ctx, const gdp_conv1d_varlen_args *args) {
+    static const char *op = "gdp_causal_conv1d_varlen";
+    GDP_CHECK(gdp_conv1d_varlen_check(ctx, args, op));
     if (ctx->backend == GDP_BACKEND_CUDA) {
         GDP_CUDA_OP(op, gdp_cuda_conv1d_varlen(ctx, args));
     }

@@ -7,7 +7,8 @@
  * 2..8) and update (S tokens, snapshots, -1 rows) vs the CPU: states bitwise, fp32 y within
  * 1e-5, 16-bit y within one ulp; graph replay; determinism; the fused decode front (conv
  * update + decode prepare in one launch, src/decode_core.h) bitwise equal to the two ops in
- * order; the varlen op's row output kernel (16-bit x and y, the default) bitwise equal to the
+ * order, and the prefill front (varlen conv + prefill prepare as one op) bitwise equal to the two
+ * ops in order; the varlen op's row output kernel (16-bit x and y, the default) bitwise equal to the
  * scalar one (GDP_CONV_KERNEL=scalar) on the same inputs, sequences starting inside and across
  * its 8-token tiles; GDP_CONV_KERNEL set to anything else refused.
  * Device helpers: test_gpu.h. Without a CUDA build or a visible GPU it prints why and exits
@@ -439,6 +440,127 @@ static void decode_core_vs_chain(test_rng *r, const fuse_cfg *c) {
     test_host_free(&hidx), test_host_free(&hy), test_host_free(&hq), test_host_free(&hv), test_host_free(&hbeta), test_host_free(&hg);
 }
 
+/* The prefill front (gdp_prefill_conv_prepare, src/decode_core.h): the varlen conv and the
+ * prefill prepare as one op against the two ops in order, on the layer's layout (x and ba strided
+ * views of one projection row, sequences with a -1 slot, an empty one and padding rows): query,
+ * key, value, beta, g and the conv state bitwise equal; `fuses` says whether the one pass must
+ * take the call. */
+typedef struct front_cfg {
+    int64_t M, H, G, P, N, slots, pad_rows;
+    int nseq;
+    int32_t lens[6];
+    int32_t slot[6];
+    gdp_dtype_t act, state;
+    bool bias, fuses;
+} front_cfg;
+
+static void prefill_front_vs_chain(test_rng *r, const front_cfg *c) {
+    const int64_t C = c->M * c->H * c->P + (c->M + 1) * c->G * c->N, BA = c->M * c->H + c->H;
+    const int64_t pitch = (C + BA + 24 + 7) / 8 * 8; /* 16-byte rows of 16-bit x, as the layer's */
+    int32_t cu[7] = {0};
+    for (int i = 0; i < c->nseq; i++)
+        cu[i + 1] = cu[i] + c->lens[i];
+    const int64_t R = cu[c->nseq] + c->pad_rows;
+    const int64_t proj_shape[1] = {R * pitch};
+    gdp_tensor proj = test_tensor_alloc(c->act, 1, proj_shape);
+    test_fill_normal(&proj, r, 1.0);
+    const int64_t w_shape[2] = {C, 4}, c_shape[1] = {C}, st_shape[3] = {c->slots, C, 4}, h_shape[1] = {c->H};
+    gdp_tensor w = test_tensor_alloc(c->act, 2, w_shape), b = test_tensor_alloc(c->act, 1, c_shape);
+    gdp_tensor st = test_tensor_alloc(c->state, 3, st_shape);
+    gdp_tensor A_log = test_tensor_alloc(GDP_DTYPE_FP32, 1, h_shape), dtb = test_tensor_alloc(c->act, 1, h_shape);
+    test_fill_normal(&w, r, 0.5), test_fill_normal(&b, r, 0.1), test_fill_normal(&st, r, 1.0);
+    test_fill_uniform(&A_log, r, -1.0, 1.0), test_fill_uniform(&dtb, r, -0.5, 0.5);
+    gdp_tensor hcu = test_int_tensor(cu, c->nseq + 1), hidx = test_int_tensor(c->slot, c->nseq);
+    gdp_tensor dproj = test_dev_clone(&proj), dw = test_dev_clone(&w), db = test_dev_clone(&b), dA = test_dev_clone(&A_log);
+    gdp_tensor ddt = test_dev_clone(&dtb), dcu = test_dev_clone(&hcu), didx = test_dev_clone(&hidx);
+    gdp_tensor dst[2] = {test_dev_clone(&st), test_dev_clone(&st)};
+    const int64_t y_shape[2] = {R, C}, q_shape[4] = {1, R, c->H, c->N}, k_shape[4] = {1, R * c->M, c->H, c->N};
+    const int64_t v_shape[4] = {1, R * c->M, c->H, c->P}, beta_shape[3] = {1, R * c->M, c->H}, g_shape[3] = {1, R, c->H};
+    gdp_tensor hy = test_tensor_alloc(c->act, 2, y_shape), hq = test_tensor_alloc(c->act, 4, q_shape);
+    gdp_tensor hk = test_tensor_alloc(c->act, 4, k_shape), hv = test_tensor_alloc(c->act, 4, v_shape);
+    gdp_tensor hbeta = test_tensor_alloc(c->act, 3, beta_shape), hg = test_tensor_alloc(GDP_DTYPE_FP32, 3, g_shape);
+    const gdp_tensor *likes[5] = {&hq, &hk, &hv, &hbeta, &hg};
+    gdp_tensor out[2][6]; /* chain, one op: q, k, v, beta, g, y */
+    for (int f = 0; f < 2; f++) {
+        for (int i = 0; i < 5; i++)
+            out[f][i] = test_dev_poisoned(likes[i]);
+        out[f][5] = test_dev_poisoned(&hy);
+    }
+    for (int f = 0; f < 2; f++) {
+        gdp_conv1d_varlen_args cv = {
+            .x = {.data = dproj.data, .dtype = c->act, .ndim = 2, .shape = {R, C}, .stride = {pitch, 1}},
+            .weight = dw, .conv_state = dst[f], .state_indices = didx, .cu_seqlens = dcu, .silu = 1,
+            .y = out[f][5]};
+        if (c->bias)
+            cv.bias = db;
+        gdp_tensor px = out[f][5];
+        px.ndim = 3, px.shape[0] = 1, px.shape[1] = R, px.shape[2] = C, px.stride[0] = R * C, px.stride[1] = C,
+        px.stride[2] = 1;
+        gdp_prepare_args pr = {
+            .x = px,
+            .ba = {.data = (char *)dproj.data + (size_t)C * gdp_dtype_size(c->act), .dtype = c->act, .ndim = 3,
+                   .shape = {1, R, BA}, .stride = {R * pitch, pitch, 1}},
+            .A_log = dA, .dt_bias = ddt, .num_householder = (int32_t)c->M, .num_heads = (int32_t)c->H,
+            .num_groups = (int32_t)c->G, .head_dim = (int32_t)c->P, .state_dim = (int32_t)c->N,
+            .query = out[f][0], .key = out[f][1], .value = out[f][2], .beta = out[f][3], .g = out[f][4]};
+        if (f == 0) {
+            CHECK_OK(gdp_causal_conv1d_varlen(g_test_gpu, &cv));
+            CHECK_OK(gdp_prefill_prepare(g_test_gpu, &pr));
+            continue;
+        }
+        /* a GDP_PREFILL_FRONT it does not know is refused before anything runs (the state
+         * compared below would show a partial write); chain never takes the one pass */
+        char *saved = getenv("GDP_PREFILL_FRONT") != NULL ? strdup(getenv("GDP_PREFILL_FRONT")) : NULL;
+        setenv("GDP_PREFILL_FRONT", "sideways", 1);
+        CHECK(gdp_prefill_conv_prepare(g_test_gpu, &cv, &pr) == GDP_STATUS_INVALID_USAGE,
+              "GDP_PREFILL_FRONT=sideways: gdp_prefill_conv_prepare must refuse it");
+        setenv("GDP_PREFILL_FRONT", "chain", 1);
+        CHECK(!gdp_prefill_conv_prepare_fuses(g_test_gpu, &cv, &pr), "GDP_PREFILL_FRONT=chain still fuses");
+        if (saved != NULL)
+            setenv("GDP_PREFILL_FRONT", saved, 1);
+        else
+            unsetenv("GDP_PREFILL_FRONT");
+        free(saved);
+        CHECK(gdp_prefill_conv_prepare_fuses(g_test_gpu, &cv, &pr) == c->fuses, "the one pass %s the call",
+              c->fuses ? "must take" : "must not take");
+        CHECK_OK(gdp_prefill_conv_prepare(g_test_gpu, &cv, &pr));
+    }
+    printf("prefill conv + prepare as one op vs the chain (lens");
+    for (int i = 0; i < c->nseq; i++)
+        printf(" %d", c->lens[i]);
+    printf(", %lld padding rows, M %lld, H %lld, G %lld, P %lld, N %lld, act %s, state %s%s; %s):\n",
+           (long long)c->pad_rows, (long long)c->M, (long long)c->H, (long long)c->G, (long long)c->P, (long long)c->N,
+           gdp_dtype_name(c->act), gdp_dtype_name(c->state), c->bias ? ", bias" : "",
+           c->fuses ? "one pass" : "the two ops");
+    const char *names[5] = {"query", "key", "value", "beta", "g"};
+    int same = 0;
+    for (int i = 0; i < 5; i++) {
+        gdp_tensor a = test_host_clone(likes[i]), bb = test_host_clone(likes[i]);
+        test_dev_fetch(&a, &out[0][i]);
+        test_dev_fetch(&bb, &out[1][i]);
+        char what[64];
+        snprintf(what, sizeof what, "prefill front vs chain: %s", names[i]);
+        same += test_same_bytes(what, &bb, &a);
+        test_host_free(&a), test_host_free(&bb);
+    }
+    gdp_tensor sa = test_host_clone(&st), sb = test_host_clone(&st);
+    test_dev_fetch(&sa, &dst[0]);
+    test_dev_fetch(&sb, &dst[1]);
+    same += test_same_bytes("prefill front vs chain: conv state", &sb, &sa);
+    printf("  %d of 6 outputs bitwise equal\n", same);
+    test_host_free(&sa), test_host_free(&sb);
+    for (int f = 0; f < 2; f++) {
+        for (int i = 0; i < 6; i++)
+            test_dev_free(&out[f][i]);
+        test_dev_free(&dst[f]);
+    }
+    test_dev_free(&dproj), test_dev_free(&dw), test_dev_free(&db), test_dev_free(&dA), test_dev_free(&ddt);
+    test_dev_free(&dcu), test_dev_free(&didx);
+    test_host_free(&proj), test_host_free(&w), test_host_free(&b), test_host_free(&st), test_host_free(&A_log);
+    test_host_free(&dtb), test_host_free(&hcu), test_host_free(&hidx), test_host_free(&hy), test_host_free(&hq);
+    test_host_free(&hk), test_host_free(&hv), test_host_free(&hbeta), test_host_free(&hg);
+}
+
 static void conv_tests(test_rng *r) {
     conv_golden();
     const gdp_dtype_t FB = GDP_DTYPE_BF16, FF = GDP_DTYPE_FP32, FH = GDP_DTYPE_FP16;
@@ -494,6 +616,16 @@ static void conv_tests(test_rng *r) {
     for (size_t i = 0; i < sizeof ucases / sizeof ucases[0]; i++)
         conv_update_vs_cpu(r, &ucases[i]);
     conv_graphs(r, &ucases[1], &vcases[0]);
+    const gdp_dtype_t BF16 = GDP_DTYPE_BF16, FP16 = GDP_DTYPE_FP16, FP32 = GDP_DTYPE_FP32;
+    const front_cfg front[] = {
+        /* M, H, G, P, N, slots, pad rows, nseq, lens, slots, act, state, bias, fuses */
+        {2, 8, 2, 32, 32, 6, 11, 4, {100, 37, 0, 64}, {2, -1, 0, 5}, BF16, BF16, true, true}, /* the layer's form */
+        {3, 4, 4, 16, 16, 4, 0, 3, {9, 1, 40}, {3, 1, 0}, FP16, FP32, false, true},          /* M 3, no GQA */
+        {2, 16, 4, 128, 128, 2, 5, 1, {300}, {1}, BF16, BF16, true, true},                     /* the layer's heads */
+        {1, 2, 1, 8, 8, 2, 3, 2, {20, 6}, {0, 1}, FP32, FP32, true, false},                   /* fp32: the two ops */
+    };
+    for (size_t i = 0; i < sizeof front / sizeof front[0]; i++)
+        prefill_front_vs_chain(r, &front[i]);
     /* a GDP_CONV_KERNEL the op does not know: refused before any launch */
     gdp_conv1d_varlen_args h = varlen_random(r, &vcases[0]);
     gdp_conv1d_varlen_args d = varlen_to_device(&h);
