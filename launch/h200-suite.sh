@@ -4,7 +4,7 @@
 # its dev files), run every ctest labelled gpu (gpu;mpi included), the Python torch tests,
 # the ops benchmark and the main program. Logs go to $OUT (or ./h200-out) when set.
 # Golden vectors: $GDP_GOLDEN_DIR, else ./.golden (an ignored copy of ../shared/golden).
-# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk|chunkprof|decode|decodeprof]
+# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk|chunkprof|decode|decodeprof|prefront]
 # (default all; the others are not part of all: serve times gdp-run at the serving shape,
 # loop and alone repeat the gpu tests GDP_LOOP_RUNS times under ctest -j4 and one at a time,
 # experiments times each measured switch every way, profile lists the layer step's kernels
@@ -45,6 +45,7 @@ targets=()
 [ "$stage" = chunkprof ] && targets=(--target gdp-bench)
 [ "$stage" = decodeprof ] && targets=(--target gdp-bench)
 [ "$stage" = decode ] && targets=(--target test_recurrent_gpu gdp-bench bench_decode_ceiling)
+[ "$stage" = prefront ] && targets=(--target test_conv1d_gpu gdp-bench)
 if ! { cmake -B "$build" -DCMAKE_BUILD_TYPE=Release -DGDP_BUILD_CHUNK_DEV=ON -DGDP_BUILD_DECODE_DEV=ON "${extra[@]}" >"$out/configure.log" 2>&1 &&
        cmake --build "$build" -j"$(nproc)" "${targets[@]}" >"$out/build.log" 2>&1; }; then
     tail -40 "$out/configure.log" "$out/build.log"
@@ -123,6 +124,21 @@ if [ "$stage" = chunk ]; then
     # where the fused kernel's time goes: cycles per chunk of each phase of both roles (block 0),
     # and the staged chain's per-stage times for comparison
     { "./$build/examples/bench_chunk_stages" --fused-phases; "./$build/examples/bench_chunk_stages"; } 2>&1 | tee "$out/chunk_phases.log"
+fi
+if [ "$stage" = prefront ]; then
+    # the prefill front (gdp_prefill_conv_prepare, branch next-session-prefill-front): its test
+    # (one pass against the two ops, bitwise), memcheck of it, then the layer bench's prefill rows
+    # with GDP_PREFILL_FRONT=chain and auto alternated
+    "./$build/tests/test_conv1d_gpu" >"$out/prefront_test.log" 2>&1 || rc=1
+    grep -E "FAIL|prefill conv|of 6|checks" "$out/prefront_test.log" | head -20
+    command -v compute-sanitizer >/dev/null || PATH=$PATH:/usr/local/cuda/bin
+    compute-sanitizer --tool memcheck --error-exitcode 86 "./$build/tests/test_conv1d_gpu" >"$out/prefront_memcheck.log" 2>&1 || rc=1
+    tail -1 "$out/prefront_memcheck.log"
+    for v in chain auto chain auto; do
+        echo "## GDP_PREFILL_FRONT=$v"
+        GDP_PREFILL_FRONT=$v mpirun -n 1 "./$build/examples/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 \
+            -n 128 -m 2 -D 1 -P 2048,16384 2>&1 | grep -E "^ +prefill|rror"
+    done 2>&1 | tee "$out/prefront_layer.log"
 fi
 if [ "$stage" = decode ]; then
     # the decode op's short loop (issue 14): its GPU test (every kernel), then the decode rows of

@@ -340,6 +340,33 @@ static void conv_graphs(test_rng *r, const update_cfg *uc, const varlen_cfg *vc)
  * value, beta, g and the conv state bit for bit. x and ba are row views of one wider
  * projection row, as in the layer; every third request is a -1 slot and the others name
  * distinct slots (two rows naming one slot race on it; the CPU backend refuses them). */
+/* A fused op against the chain it replaces: query, key, value, beta, g (host shapes `likes`) and
+ * the conv state (host shape st) fetched from both runs' device buffers and compared bytewise.
+ * Prints and returns how many of the 6 are equal. */
+static int fused_outputs_same(const char *what, const gdp_tensor *const likes[5], const gdp_tensor chain[5],
+                              const gdp_tensor fused[5], const gdp_tensor *st, const gdp_tensor *st_chain,
+                              const gdp_tensor *st_fused) {
+    static const char *const names[5] = {"query", "key", "value", "beta", "g"};
+    int same = 0;
+    char label[96];
+    for (int i = 0; i < 5; i++) {
+        gdp_tensor a = test_host_clone(likes[i]), b = test_host_clone(likes[i]);
+        test_dev_fetch(&a, &chain[i]);
+        test_dev_fetch(&b, &fused[i]);
+        snprintf(label, sizeof label, "%s: %s", what, names[i]);
+        same += test_same_bytes(label, &b, &a);
+        test_host_free(&a), test_host_free(&b);
+    }
+    gdp_tensor sa = test_host_clone(st), sb = test_host_clone(st);
+    test_dev_fetch(&sa, st_chain);
+    test_dev_fetch(&sb, st_fused);
+    snprintf(label, sizeof label, "%s: conv state", what);
+    same += test_same_bytes(label, &sb, &sa);
+    test_host_free(&sa), test_host_free(&sb);
+    printf("  %d of 6 outputs bitwise equal\n", same);
+    return same;
+}
+
 typedef struct fuse_cfg {
     int64_t n, S, M, H, G, P, N, slots;
     gdp_dtype_t act, state;
@@ -413,24 +440,8 @@ static void decode_core_vs_chain(test_rng *r, const fuse_cfg *c) {
     printf("decode conv + prepare fused vs the chain (n %lld, S %lld, M %lld, H %lld, G %lld, P %lld, N %lld, act %s, "
            "state %s%s):\n", (long long)c->n, (long long)c->S, (long long)c->M, (long long)c->H, (long long)c->G,
            (long long)c->P, (long long)c->N, gdp_dtype_name(c->act), gdp_dtype_name(c->state), c->bias ? ", bias" : "");
-    const char *names[5] = {"query", "key", "value", "beta", "g"};
     const gdp_tensor *likes[5] = {&hq, &hq, &hv, &hbeta, &hg};
-    int same = 0;
-    for (int i = 0; i < 5; i++) {
-        gdp_tensor a = test_host_clone(likes[i]), bb = test_host_clone(likes[i]);
-        test_dev_fetch(&a, &out[0][i]);
-        test_dev_fetch(&bb, &out[1][i]);
-        char what[64];
-        snprintf(what, sizeof what, "fused vs chain: %s", names[i]);
-        same += test_same_bytes(what, &bb, &a);
-        test_host_free(&a), test_host_free(&bb);
-    }
-    gdp_tensor sa = test_host_clone(&st), sb = test_host_clone(&st);
-    test_dev_fetch(&sa, &dst_chain);
-    test_dev_fetch(&sb, &dst_fused);
-    same += test_same_bytes("fused vs chain: conv state", &sb, &sa);
-    printf("  %d of 6 outputs bitwise equal\n", same);
-    test_host_free(&sa), test_host_free(&sb);
+    (void)fused_outputs_same("fused vs chain", likes, out[0], out[1], &st, &dst_chain, &dst_fused);
     for (int f = 0; f < 2; f++)
         for (int i = 0; i < 6; i++)
             test_dev_free(&out[f][i]);
@@ -532,23 +543,7 @@ static void prefill_front_vs_chain(test_rng *r, const front_cfg *c) {
            (long long)c->pad_rows, (long long)c->M, (long long)c->H, (long long)c->G, (long long)c->P, (long long)c->N,
            gdp_dtype_name(c->act), gdp_dtype_name(c->state), c->bias ? ", bias" : "",
            c->fuses ? "one pass" : "the two ops");
-    const char *names[5] = {"query", "key", "value", "beta", "g"};
-    int same = 0;
-    for (int i = 0; i < 5; i++) {
-        gdp_tensor a = test_host_clone(likes[i]), bb = test_host_clone(likes[i]);
-        test_dev_fetch(&a, &out[0][i]);
-        test_dev_fetch(&bb, &out[1][i]);
-        char what[64];
-        snprintf(what, sizeof what, "prefill front vs chain: %s", names[i]);
-        same += test_same_bytes(what, &bb, &a);
-        test_host_free(&a), test_host_free(&bb);
-    }
-    gdp_tensor sa = test_host_clone(&st), sb = test_host_clone(&st);
-    test_dev_fetch(&sa, &dst[0]);
-    test_dev_fetch(&sb, &dst[1]);
-    same += test_same_bytes("prefill front vs chain: conv state", &sb, &sa);
-    printf("  %d of 6 outputs bitwise equal\n", same);
-    test_host_free(&sa), test_host_free(&sb);
+    (void)fused_outputs_same("prefill front vs chain", likes, out[0], out[1], &st, &dst[0], &dst[1]);
     for (int f = 0; f < 2; f++) {
         for (int i = 0; i < 6; i++)
             test_dev_free(&out[f][i]);
