@@ -417,6 +417,10 @@ static void test_state_widths(gdp_ctx_t cpu, gdp_ctx_t gpu) {
          0.1},
         {"widths: m1 k100 v96 padded K and V", 1, 2, 100, 96, 2, {90, 200}, 320, BF, BF, F32, 1, 0.1, 0.3},
         {"widths: m2 k128 v128 fp16", 2, 2, 128, 128, 2, {190, 77}, 300, F16, F16, F32, 1, 0, 0.1},
+        /* 320 to 1,280 state blocks: more than an H200's 132 SMs at every width, so the sweep's
+         * two-stage pipeline (the cases above take the four-stage one) */
+        {"widths: m2 k128 v128 10 sequences x 16 heads", 2, 16, 128, 128, 10,
+         {70, 130, 64, 1, 200, 90, 65, 33, 128, 150}, 960, BF, BF, F32, 1, 0, 0.1},
     };
     printf("state sweep column blocks %d, %d, %d and the op's choice: bitwise equal, each vs the CPU backend:\n",
            STATE_VBS[0], STATE_VBS[1], STATE_VBS[2]);
