@@ -367,6 +367,32 @@ static int fused_outputs_same(const char *what, const gdp_tensor *const likes[5]
     return same;
 }
 
+/* The conv and prepare parameters both fused fronts take, host and device: conv weights [C, 4]
+ * and bias [C], a conv-state cache [slots, C, 4] in the state dtype, A_log and dt_bias [H]. */
+typedef struct front_params {
+    gdp_tensor w, b, st, A_log, dtb; /* host */
+    gdp_tensor dw, db, dA, ddt;      /* device copies (the cache is cloned per run by the caller) */
+} front_params;
+
+static front_params front_params_make(test_rng *r, int64_t C, int64_t H, int64_t slots, gdp_dtype_t act,
+                                      gdp_dtype_t state) {
+    front_params f;
+    const int64_t w_shape[2] = {C, 4}, c_shape[1] = {C}, st_shape[3] = {slots, C, 4}, h_shape[1] = {H};
+    f.w = test_tensor_alloc(act, 2, w_shape), f.b = test_tensor_alloc(act, 1, c_shape);
+    f.st = test_tensor_alloc(state, 3, st_shape);
+    f.A_log = test_tensor_alloc(GDP_DTYPE_FP32, 1, h_shape), f.dtb = test_tensor_alloc(act, 1, h_shape);
+    test_fill_normal(&f.w, r, 0.5), test_fill_normal(&f.b, r, 0.1), test_fill_normal(&f.st, r, 1.0);
+    test_fill_uniform(&f.A_log, r, -1.0, 1.0), test_fill_uniform(&f.dtb, r, -0.5, 0.5);
+    f.dw = test_dev_clone(&f.w), f.db = test_dev_clone(&f.b), f.dA = test_dev_clone(&f.A_log), f.ddt = test_dev_clone(&f.dtb);
+    return f;
+}
+
+static void front_params_free(front_params *f) {
+    test_dev_free(&f->dw), test_dev_free(&f->db), test_dev_free(&f->dA), test_dev_free(&f->ddt);
+    test_host_free(&f->w), test_host_free(&f->b), test_host_free(&f->st), test_host_free(&f->A_log);
+    test_host_free(&f->dtb);
+}
+
 typedef struct fuse_cfg {
     int64_t n, S, M, H, G, P, N, slots;
     gdp_dtype_t act, state;
@@ -379,17 +405,11 @@ static void decode_core_vs_chain(test_rng *r, const fuse_cfg *c) {
     const int64_t proj_shape[1] = {rows * pitch};
     gdp_tensor proj = test_tensor_alloc(c->act, 1, proj_shape);
     test_fill_normal(&proj, r, 1.0);
-    const int64_t w_shape[2] = {C, 4}, c_shape[1] = {C}, st_shape[3] = {c->slots, C, 4}, h_shape[1] = {c->H};
-    gdp_tensor w = test_tensor_alloc(c->act, 2, w_shape), b = test_tensor_alloc(c->act, 1, c_shape);
-    gdp_tensor st = test_tensor_alloc(c->state, 3, st_shape);
-    gdp_tensor A_log = test_tensor_alloc(GDP_DTYPE_FP32, 1, h_shape), dtb = test_tensor_alloc(c->act, 1, h_shape);
-    test_fill_normal(&w, r, 0.5), test_fill_normal(&b, r, 0.1), test_fill_normal(&st, r, 1.0);
-    test_fill_uniform(&A_log, r, -1.0, 1.0), test_fill_uniform(&dtb, r, -0.5, 0.5);
+    front_params fp = front_params_make(r, C, c->H, c->slots, c->act, c->state);
     int32_t idx[256];
     for (int64_t i = 0; i < c->n; i++)
         idx[i] = i % 3 == 2 ? -1 : (int32_t)((i * 7 + 1) % c->slots); /* 7 is prime to every case's slots: distinct */
-    gdp_tensor dproj = test_dev_clone(&proj), dw = test_dev_clone(&w), db = test_dev_clone(&b), dA = test_dev_clone(&A_log);
-    gdp_tensor ddt = test_dev_clone(&dtb), dst_chain = test_dev_clone(&st), dst_fused = test_dev_clone(&st);
+    gdp_tensor dproj = test_dev_clone(&proj), dst_chain = test_dev_clone(&fp.st), dst_fused = test_dev_clone(&fp.st);
     gdp_tensor hidx = test_int_tensor(idx, c->n), didx = test_dev_clone(&hidx);
     const int64_t y_shape[3] = {c->n, c->S, C}, q_shape[4] = {c->n, E, c->H, c->N}, v_shape[4] = {c->n, E, c->H, c->P};
     const int64_t g_shape[3] = {c->n, E, c->H};
@@ -405,15 +425,15 @@ static void decode_core_vs_chain(test_rng *r, const fuse_cfg *c) {
         gdp_conv1d_update_args cu = {
             .x = {.data = (char *)dproj.data, .dtype = c->act, .ndim = 3, .shape = {c->n, c->S, C},
                   .stride = {c->S * pitch, pitch, 1}},
-            .weight = dw, .conv_state = f == 0 ? dst_chain : dst_fused, .conv_state_indices = didx, .silu = 1,
+            .weight = fp.dw, .conv_state = f == 0 ? dst_chain : dst_fused, .conv_state_indices = didx, .silu = 1,
             .y = out[f][5]};
         if (c->bias)
-            cu.bias = db;
+            cu.bias = fp.db;
         gdp_prepare_args pr = {
             .x = cu.y,
             .ba = {.data = (char *)dproj.data + (size_t)C * gdp_dtype_size(c->act), .dtype = c->act, .ndim = 3,
                    .shape = {c->n, c->S, BA}, .stride = {c->S * pitch, pitch, 1}},
-            .A_log = dA, .dt_bias = ddt, .num_householder = (int32_t)c->M, .num_heads = (int32_t)c->H,
+            .A_log = fp.dA, .dt_bias = fp.ddt, .num_householder = (int32_t)c->M, .num_heads = (int32_t)c->H,
             .num_groups = (int32_t)c->G, .head_dim = (int32_t)c->P, .state_dim = (int32_t)c->N,
             .query = out[f][0], .key = out[f][1], .value = out[f][2], .beta = out[f][3], .g = out[f][4]};
         if (f == 0) {
@@ -441,13 +461,13 @@ static void decode_core_vs_chain(test_rng *r, const fuse_cfg *c) {
            "state %s%s):\n", (long long)c->n, (long long)c->S, (long long)c->M, (long long)c->H, (long long)c->G,
            (long long)c->P, (long long)c->N, gdp_dtype_name(c->act), gdp_dtype_name(c->state), c->bias ? ", bias" : "");
     const gdp_tensor *likes[5] = {&hq, &hq, &hv, &hbeta, &hg};
-    (void)fused_outputs_same("fused vs chain", likes, out[0], out[1], &st, &dst_chain, &dst_fused);
+    (void)fused_outputs_same("fused vs chain", likes, out[0], out[1], &fp.st, &dst_chain, &dst_fused);
     for (int f = 0; f < 2; f++)
         for (int i = 0; i < 6; i++)
             test_dev_free(&out[f][i]);
-    test_dev_free(&dproj), test_dev_free(&dw), test_dev_free(&db), test_dev_free(&dA), test_dev_free(&ddt), test_dev_free(&dst_chain);
-    test_dev_free(&dst_fused), test_dev_free(&didx);
-    test_host_free(&proj), test_host_free(&w), test_host_free(&b), test_host_free(&st), test_host_free(&A_log), test_host_free(&dtb);
+    test_dev_free(&dproj), test_dev_free(&dst_chain), test_dev_free(&dst_fused), test_dev_free(&didx);
+    front_params_free(&fp);
+    test_host_free(&proj);
     test_host_free(&hidx), test_host_free(&hy), test_host_free(&hq), test_host_free(&hv), test_host_free(&hbeta), test_host_free(&hg);
 }
 
@@ -475,16 +495,10 @@ static void prefill_front_vs_chain(test_rng *r, const front_cfg *c) {
     const int64_t proj_shape[1] = {R * pitch};
     gdp_tensor proj = test_tensor_alloc(c->act, 1, proj_shape);
     test_fill_normal(&proj, r, 1.0);
-    const int64_t w_shape[2] = {C, 4}, c_shape[1] = {C}, st_shape[3] = {c->slots, C, 4}, h_shape[1] = {c->H};
-    gdp_tensor w = test_tensor_alloc(c->act, 2, w_shape), b = test_tensor_alloc(c->act, 1, c_shape);
-    gdp_tensor st = test_tensor_alloc(c->state, 3, st_shape);
-    gdp_tensor A_log = test_tensor_alloc(GDP_DTYPE_FP32, 1, h_shape), dtb = test_tensor_alloc(c->act, 1, h_shape);
-    test_fill_normal(&w, r, 0.5), test_fill_normal(&b, r, 0.1), test_fill_normal(&st, r, 1.0);
-    test_fill_uniform(&A_log, r, -1.0, 1.0), test_fill_uniform(&dtb, r, -0.5, 0.5);
+    front_params fp = front_params_make(r, C, c->H, c->slots, c->act, c->state);
     gdp_tensor hcu = test_int_tensor(cu, c->nseq + 1), hidx = test_int_tensor(c->slot, c->nseq);
-    gdp_tensor dproj = test_dev_clone(&proj), dw = test_dev_clone(&w), db = test_dev_clone(&b), dA = test_dev_clone(&A_log);
-    gdp_tensor ddt = test_dev_clone(&dtb), dcu = test_dev_clone(&hcu), didx = test_dev_clone(&hidx);
-    gdp_tensor dst[2] = {test_dev_clone(&st), test_dev_clone(&st)};
+    gdp_tensor dproj = test_dev_clone(&proj), dcu = test_dev_clone(&hcu), didx = test_dev_clone(&hidx);
+    gdp_tensor dst[2] = {test_dev_clone(&fp.st), test_dev_clone(&fp.st)};
     const int64_t y_shape[2] = {R, C}, q_shape[4] = {1, R, c->H, c->N}, k_shape[4] = {1, R * c->M, c->H, c->N};
     const int64_t v_shape[4] = {1, R * c->M, c->H, c->P}, beta_shape[3] = {1, R * c->M, c->H}, g_shape[3] = {1, R, c->H};
     gdp_tensor hy = test_tensor_alloc(c->act, 2, y_shape), hq = test_tensor_alloc(c->act, 4, q_shape);
@@ -500,10 +514,10 @@ static void prefill_front_vs_chain(test_rng *r, const front_cfg *c) {
     for (int f = 0; f < 2; f++) {
         gdp_conv1d_varlen_args cv = {
             .x = {.data = dproj.data, .dtype = c->act, .ndim = 2, .shape = {R, C}, .stride = {pitch, 1}},
-            .weight = dw, .conv_state = dst[f], .state_indices = didx, .cu_seqlens = dcu, .silu = 1,
+            .weight = fp.dw, .conv_state = dst[f], .state_indices = didx, .cu_seqlens = dcu, .silu = 1,
             .y = out[f][5]};
         if (c->bias)
-            cv.bias = db;
+            cv.bias = fp.db;
         gdp_tensor px = out[f][5];
         px.ndim = 3, px.shape[0] = 1, px.shape[1] = R, px.shape[2] = C, px.stride[0] = R * C, px.stride[1] = C,
         px.stride[2] = 1;
@@ -511,7 +525,7 @@ static void prefill_front_vs_chain(test_rng *r, const front_cfg *c) {
             .x = px,
             .ba = {.data = (char *)dproj.data + (size_t)C * gdp_dtype_size(c->act), .dtype = c->act, .ndim = 3,
                    .shape = {1, R, BA}, .stride = {R * pitch, pitch, 1}},
-            .A_log = dA, .dt_bias = ddt, .num_householder = (int32_t)c->M, .num_heads = (int32_t)c->H,
+            .A_log = fp.dA, .dt_bias = fp.ddt, .num_householder = (int32_t)c->M, .num_heads = (int32_t)c->H,
             .num_groups = (int32_t)c->G, .head_dim = (int32_t)c->P, .state_dim = (int32_t)c->N,
             .query = out[f][0], .key = out[f][1], .value = out[f][2], .beta = out[f][3], .g = out[f][4]};
         if (f == 0) {
@@ -543,16 +557,15 @@ static void prefill_front_vs_chain(test_rng *r, const front_cfg *c) {
            (long long)c->pad_rows, (long long)c->M, (long long)c->H, (long long)c->G, (long long)c->P, (long long)c->N,
            gdp_dtype_name(c->act), gdp_dtype_name(c->state), c->bias ? ", bias" : "",
            c->fuses ? "one pass" : "the two ops");
-    (void)fused_outputs_same("prefill front vs chain", likes, out[0], out[1], &st, &dst[0], &dst[1]);
+    (void)fused_outputs_same("prefill front vs chain", likes, out[0], out[1], &fp.st, &dst[0], &dst[1]);
     for (int f = 0; f < 2; f++) {
         for (int i = 0; i < 6; i++)
             test_dev_free(&out[f][i]);
         test_dev_free(&dst[f]);
     }
-    test_dev_free(&dproj), test_dev_free(&dw), test_dev_free(&db), test_dev_free(&dA), test_dev_free(&ddt);
-    test_dev_free(&dcu), test_dev_free(&didx);
-    test_host_free(&proj), test_host_free(&w), test_host_free(&b), test_host_free(&st), test_host_free(&A_log);
-    test_host_free(&dtb), test_host_free(&hcu), test_host_free(&hidx), test_host_free(&hy), test_host_free(&hq);
+    test_dev_free(&dproj), test_dev_free(&dcu), test_dev_free(&didx);
+    front_params_free(&fp);
+    test_host_free(&proj), test_host_free(&hcu), test_host_free(&hidx), test_host_free(&hy), test_host_free(&hq);
     test_host_free(&hk), test_host_free(&hv), test_host_free(&hbeta), test_host_free(&hg);
 }
 
