@@ -12,12 +12,19 @@
 #include "kernels/gdp_kernels.h"
 #endif
 
+/* Both fronts' pairing rule: two argument structs, and the prepare reading the conv's output
+ * (conv_y: the conv's y, NULL when the conv struct is missing). */
+static gdp_status_t front_pair_check(const char *op, const gdp_tensor *conv_y, const gdp_prepare_args *prep) {
+    if (conv_y == NULL || prep == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: conv or prep is NULL; pass both argument structs", op);
+    if (prep->x.data != conv_y->data || prep->x.dtype != conv_y->dtype)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: prep->x must be conv->y (the prepare reads the conv's output)", op);
+    return GDP_STATUS_SUCCESS;
+}
+
 gdp_status_t gdp_decode_conv_prepare(gdp_ctx_t ctx, const gdp_conv1d_update_args *conv, const gdp_prepare_args *prep) {
     static const char *op = "gdp_decode_conv_prepare";
-    if (conv == NULL || prep == NULL)
-        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: conv or prep is NULL; pass both argument structs", op);
-    if (prep->x.data != conv->y.data || prep->x.dtype != conv->y.dtype)
-        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: prep->x must be conv->y (the prepare reads the conv's output)", op);
+    GDP_CHECK(front_pair_check(op, conv != NULL ? &conv->y : NULL, prep));
     GDP_CHECK(gdp_conv1d_update_check(ctx, conv, "gdp_causal_conv1d_update"));
     GDP_CHECK(gdp_prepare_check(ctx, prep, 1, "gdp_decode_prepare"));
 #ifdef GDP_HAVE_CUDA
@@ -63,10 +70,7 @@ bool gdp_prefill_conv_prepare_fuses(gdp_ctx_t ctx, const gdp_conv1d_varlen_args 
 
 gdp_status_t gdp_prefill_conv_prepare(gdp_ctx_t ctx, const gdp_conv1d_varlen_args *conv, const gdp_prepare_args *prep) {
     static const char *op = "gdp_prefill_conv_prepare";
-    if (conv == NULL || prep == NULL)
-        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: conv or prep is NULL; pass both argument structs", op);
-    if (prep->x.data != conv->y.data || prep->x.dtype != conv->y.dtype)
-        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: prep->x must be conv->y (the prepare reads the conv's output)", op);
+    GDP_CHECK(front_pair_check(op, conv != NULL ? &conv->y : NULL, prep));
     const char *text = NULL;
     if (prefill_front_choice(&text) < 0)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
