@@ -15,7 +15,8 @@
  *                       token chunk, chunk states, the final state or the cache slot
  *   chunk_out_kernel    per (token chunk, head, 128 value columns): o = scale (2^Gq (Q h) +
  *                       sum_m ((Q K_m^T) . D) V_new,m) with the token-causal mask D
- *   zero_tail_kernel    output rows past cu_seqlens[N] = 0
+ *   zero_tail_kernel    output rows past cu_seqlens[N] = 0 (on the staged path with chunks, the
+ *                       output stage's blocks do it: one launch fewer)
  * Intermediates live in the ctx workspace (src/workspace.h), padded to the tile sizes. With
  * descriptors given nothing is allocated and nothing waits for the host, and the grids
  * depend only on (num_chunks, num_chunks_dp, T, N, H) and, for the state sweep's column blocks,
@@ -290,13 +291,14 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
         GDP_CHECK(gdp_cuda_chunk_local_cumsum(ctx, &gq_view, &gk_view, gdp_tensor_present(&a->g) ? &a->g : NULL,
                                               &a->cu_seqlens, M));
         GDP_CHUNK_STAGE_MARK(1, stream);
+        p.zero_tail = num_chunks > 0; /* the output stage's grid then covers every head and column */
         err = a->q.dtype == GDP_DTYPE_BF16
                   ? launch_stages<__nv_bfloat16>(p, num_chunks, num_chunks_dp, sms, state_vb, stream)
                   : launch_stages<__half>(p, num_chunks, num_chunks_dp, sms, state_vb, stream);
         GDP_CUDA_LAUNCH_CHECK(op, err, "the chunk stages: %lld chunks, H %lld, K %lld, V %lld",
                               (long long)num_chunks, (long long)H, (long long)K, (long long)V);
     }
-    if (T > 0) {
+    if (T > 0 && !p.zero_tail) {
         zero_tail_kernel<<<(unsigned)(T < 256 ? T : 256), 256, 0, stream>>>((uint16_t *)a->o.data, p.cu, p.N, T,
                                                                             H * V);
         GDP_CUDA_LAUNCH_CHECK(op, cudaGetLastError(), "the tail zero-fill: T %lld", (long long)T);

@@ -1,8 +1,9 @@
 /*
  * out.cuh: stage 3 of the chunk op, chunk_out_kernel: outputs per (token chunk, head, 128 value
  * columns), o = scale (2^Gq (Q h) + sum_m ((Q K_m^T) . D) V_new,m) with the token-causal mask D
- * (gdp-math.md 3.6); and zero_tail_kernel, which zeroes the output rows past cu_seqlens[N]
- * that no chunk owns.
+ * (gdp-math.md 3.6), which also zeroes the output rows past cu_seqlens[N] that no chunk owns
+ * (ChunkParams.zero_tail); and zero_tail_kernel, which does only that, for the fused path and a
+ * call without chunks.
  */
 #ifndef GDP_CHUNK_OUT_CUH
 #define GDP_CHUNK_OUT_CUH
@@ -53,6 +54,18 @@ __global__ void __launch_bounds__(256, KP <= 128 ? 2 : 1) chunk_out_kernel(const
     const int zc = blockIdx.z * OB;           /* first value column of this block */
     const int cols_blk = min(OB, p.VP - zc);  /* 64 or 128 padded columns          */
     const bool has_cols = vh * OW < cols_blk; /* this warp's 64 columns exist      */
+    if (p.zero_tail) {
+        /* the output rows past cu_seqlens[N], which no chunk owns: block (x, hd, z) zeroes rows
+         * end + x, end + x + gridDim.x, ... of head hd over its value columns (the grid covers
+         * every head and column once), instead of a launch of its own */
+        const int64_t end = p.N > 0 ? p.cu[p.N] : 0;
+        const int vcols = min(OB, p.V - zc);
+        for (int64_t t = end + blockIdx.x; t < p.T; t += gridDim.x) {
+            uint16_t *row = static_cast<uint16_t *>(p.o) + (t * H + hd) * p.V + zc;
+            for (int c = tid; c < vcols; c += NTH)
+                row[c] = 0;
+        }
+    }
     const int i = p.cidx[2 * blockIdx.x], j = p.cidx[2 * blockIdx.x + 1];
     if (i < 0 || i >= p.N || j < 0)
         return;
