@@ -37,6 +37,7 @@ struct ChunkParams {
     float scale;
     int l2norm;
     int q_vec, k_vec, v_vec; /* 16-byte loads allowed for the input tiles */
+    int o_vec;               /* 16-byte stores allowed for the output rows (V % 8 == 0, o aligned) */
     int zero_tail;           /* the output stage zeroes o's rows past cu_seqlens[N] (out.cuh) */
 };
 

@@ -272,6 +272,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     p.q_vec = (K % 8 == 0) && aligned16(a->q.data);
     p.k_vec = (K % 8 == 0) && aligned16(a->k.data);
     p.v_vec = (V % 8 == 0) && aligned16(a->v.data);
+    p.o_vec = (V % 8 == 0) && aligned16(a->o.data);
     p.g_raw = gdp_tensor_present(&a->g) ? (const float *)a->g.data : nullptr;
     /* exact_log2e is a CPU-reference knob: in fp32 1/ln 2 rounds to GDP_RCP_LN2 anyway. */
 

@@ -213,8 +213,16 @@ __global__ void __launch_bounds__(256, KP <= 128 ? 2 : 1) chunk_out_kernel(const
     }
     cp_async_wait<0>();
 
-    /* o = scale * acc, rows < n, columns < V */
-    if (has_cols) {
+    /* o = scale * acc, rows < n, columns < V: staged in region B (every warp is past its last
+     * read of it, and no copy is in flight), then 16-byte stores; else element by element */
+    if (p.o_vec) {
+        T *so = reinterpret_cast<T *>(buf_b);
+        if (has_cols)
+            stage_acc_tile<8>(so, OB + PAD, acc, 0, p.scale, r0, c0, lane);
+        __syncthreads();
+        tile_store<T, NTH>(static_cast<T *>(p.o) + (t0 * H + hd) * p.V + zc, (int64_t)H * p.V, so, OB + PAD, n, OB,
+                           min(OB, p.V - zc), tid);
+    } else if (has_cols) {
         T *o = static_cast<T *>(p.o) + (t0 * H + hd) * p.V;
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)

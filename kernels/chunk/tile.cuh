@@ -1,7 +1,8 @@
 /*
  * tile.cuh: block-wide tile helpers of the chunk op shared by the WY and output stages: a
  * 64-row input tile into shared memory (cp.async or plain loads, zero-filled past the valid
- * rows and columns) and the deterministic in-place L2 norm of its rows.
+ * rows and columns), the deterministic in-place L2 norm of its rows, and the coalesced store of
+ * warps' accumulator tiles through shared memory.
  */
 #ifndef GDP_CHUNK_TILE_CUH
 #define GDP_CHUNK_TILE_CUH
@@ -86,6 +87,43 @@ __device__ __forceinline__ void l2norm_rows(T *s, int ld, int nrows, int warp, i
                 }
             }
         }
+    }
+}
+
+/* ---- coalesced tile stores: a warp's accumulators through shared memory ----
+ * The m16n8 accumulator layout gives each thread two adjacent columns of a row, so storing
+ * straight from registers takes one 4-byte (or 2-byte) store per pair, eight rows apart across the
+ * warp: many store instructions, each touching a few bytes of eight rows (the LG-throttle stalls
+ * of the output stage's profile). Staging the tile in shared memory first lets the block write
+ * whole 16-byte vectors of consecutive columns. The rounding is the same expression as a direct
+ * store (Elem<T>::pack of acc * scale), so the stored bits do not change. */
+
+/* NTS of one warp's accumulator tiles from acc[nt0] on (tile nt0 + j: rows r0 + g + {0, 8},
+ * columns c0 + 8 j + 2 t4 + {0, 1}), times scale and rounded to T, into the row-major smem tile s
+ * (row stride ld elements). */
+template <int NTS, typename T, int NT>
+__device__ __forceinline__ void stage_acc_tile(T *s, int ld, const float (&acc)[NT][4], int nt0, float scale, int r0,
+                                               int c0, int lane) {
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NTS; j++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+            *reinterpret_cast<uint32_t *>(s + (r0 + g + hh * 8) * ld + c0 + j * 8 + 2 * t4) =
+                Elem<T>::pack(acc[nt0 + j][2 * hh] * scale, acc[nt0 + j][2 * hh + 1] * scale);
+}
+
+/* Rows [0, nrows) x columns [0, ncols) of a 64-row smem tile (row stride ld_s; ncols a multiple
+ * of 8, at most cols) to global memory at dst (row stride ld_g elements, 16-byte aligned rows),
+ * 16-byte vectors spread over the block's NTH threads. */
+template <typename T, int NTH>
+__device__ __forceinline__ void tile_store(T *dst, int64_t ld_g, const T *src, int ld_s, int nrows, int cols,
+                                           int ncols, int tid) {
+    const int vpr = cols >> 3;
+    for (int e = tid; e < CHUNK * vpr; e += NTH) {
+        const int r = e / vpr, c = (e - r * vpr) * 8;
+        if (r < nrows && c < ncols)
+            *reinterpret_cast<uint4 *>(dst + r * ld_g + c) = *reinterpret_cast<const uint4 *>(src + r * ld_s + c);
     }
 }
 

@@ -20,11 +20,13 @@ namespace {
 
 // CUDA kernels
 
+/* 55 KB at K = V = 128 (bf16), so four blocks share an SM (three while the inverse had a tile of
+ * its own: the stage is latency-bound, kernels/NOTES-chunk.md, sixteenth session). */
 template <typename T, int KP> struct WySmem {
-    T k[CHUNK][KP + PAD];      /* keys, then beta 2^Gk K                                    */
-    float a[CHUNK][CHUNK + 4]; /* A; after the solve the same bytes hold Ai in T           */
-    float x[CHUNK][CHUNK + 4]; /* (I + A)^-1 in fp32                                       */
-    float tmp[16][WY_TMP_LD]; /* one block row of sum_q A_rq X_qc, all its column blocks */
+    T k[CHUNK][KP + PAD];      /* keys, then beta 2^Gk K                                       */
+    float a[CHUNK][CHUNK + 4]; /* A, then (I + A)^-1 in place (fp32), then Ai in T and the      *
+                                * warps' store staging tiles (WY_STAGE_*) over the same bytes  */
+    float tmp[16][WY_TMP_LD];  /* one block row of sum_q A_rq X_qc, all its column blocks    */
     float beta[CHUNK];
     float fk[CHUNK]; /* beta 2^Gk: the row factor of w's right-hand side */
     float gk[CHUNK];
@@ -32,8 +34,14 @@ template <typename T, int KP> struct WySmem {
 static_assert(sizeof(WySmem<__nv_bfloat16, 64>) % 16 == 0 && sizeof(WySmem<__half, 128>) % 16 == 0 &&
                   sizeof(WySmem<__nv_bfloat16, 256>) % 16 == 0,
               "the V tile after WySmem needs 16-byte alignment");
-static_assert(sizeof(float) * CHUNK * (CHUNK + 4) >= sizeof(__nv_bfloat16) * CHUNK * (CHUNK + PAD),
-              "Ai in T must fit in A's storage");
+/* After the solve, A's bytes hold Ai in T ([64][64 + PAD]) and behind it one staging tile a warp
+ * for the coalesced stores of w and u: 16 rows x 32 columns (+ PAD), one half of a 64-column block. */
+constexpr int WY_STAGE_COLS = 32, WY_STAGE_LD = WY_STAGE_COLS + PAD, WY_STAGE_ELEMS = 16 * WY_STAGE_LD;
+static_assert(sizeof(float) * CHUNK * (CHUNK + 4) >=
+                  sizeof(__nv_bfloat16) * (CHUNK * (CHUNK + PAD) + 4 * WY_STAGE_ELEMS),
+              "Ai and the four staging tiles in T must fit in A's storage");
+static_assert((sizeof(__nv_bfloat16) * CHUNK * (CHUNK + PAD)) % 16 == 0 && (WY_STAGE_LD * 2) % 16 == 0,
+              "the staging tiles need 16-byte aligned rows");
 
 /* Work split: one 128-thread block per (expanded chunk descriptor, head); warp w owns rows
  * [16w, 16w+16) of A, w and u; the 64x64 triangular inverse runs on CUDA cores in fp32.
@@ -47,7 +55,6 @@ __global__ void __launch_bounds__(128) chunk_wy_kernel(const ChunkParams p) {
     T(*ai)[CHUNK + PAD] = reinterpret_cast<T(*)[CHUNK + PAD]>(&s.a[0][0]);
     const int ldv = p.VP + PAD;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, t4 = lane & 3;
     const int hd = blockIdx.y, H = p.H;
 
     const int i = p.cidx_dp[2 * blockIdx.x], j = p.cidx_dp[2 * blockIdx.x + 1];
@@ -99,22 +106,22 @@ __global__ void __launch_bounds__(128) chunk_wy_kernel(const ChunkParams p) {
         }
     }
 
-    /* A[r][s] = beta_r 2^(Gk_r - Gk_s) <k_r, k_s> for s < r < n, else 0 (wy_math.cuh) */
+    /* A[r][s] = beta_r 2^(Gk_r - Gk_s) <k_r, k_s> for s < r < n, else 0, the whole tile written:
+     * its blocks above the diagonal are zero, as the in-place inverse needs (wy_math.cuh) */
     wy_build_a<T, KP>(s.a, &s.k[0][0], KP + PAD, s.gk, s.beta, n, warp, lane);
-    /* the inverse's blocks above the diagonal are zero: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3) */
-    for (int e = tid; e < 6 * 256; e += NTH) {
-        const int blk = e >> 8, rb = (blk >= 3) + (blk >= 5), cb = blk + 1 - (blk >= 3) * 2 - (blk >= 5);
-        s.x[rb * 16 + ((e >> 4) & 15)][cb * 16 + (e & 15)] = 0.0f;
-    }
     __syncthreads();
 
-    /* (I + A)^-1 into X, 16x16 blocks (wy_math.cuh) */
-    wy_invert<false>(s.a, s.x, s.tmp, tid, [] { __syncthreads(); });
-    /* Ai rounded to T (over A's dead storage); K becomes beta 2^Gk K and V beta V (rounded to T). */
-    for (int e = tid; e < CHUNK * CHUNK / 4; e += NTH) {
-        const int r = e >> 4, c = (e & 15) * 4;
-        const float4 xv = *reinterpret_cast<const float4 *>(&s.x[r][c]);
-        *reinterpret_cast<uint2 *>(&ai[r][c]) = make_uint2(Elem<T>::pack(xv.x, xv.y), Elem<T>::pack(xv.z, xv.w));
+    /* (I + A)^-1 in place, 16x16 blocks (wy_math.cuh): the same sums in the same order as into a
+     * tile of its own, so the same bits */
+    wy_invert<true>(s.a, s.a, s.tmp, tid, [] { __syncthreads(); });
+    /* Ai rounded to T over the same bytes: every thread reads its X values before any Ai is written.
+     * K becomes beta 2^Gk K and V beta V (rounded to T) in between. */
+    constexpr int XV = CHUNK * CHUNK / 4 / NTH; /* float4 of X per thread */
+    float4 xv[XV];
+#pragma unroll
+    for (int q = 0; q < XV; q++) {
+        const int e = tid + q * NTH, r = e >> 4, c = (e & 15) * 4;
+        xv[q] = *reinterpret_cast<const float4 *>(&s.a[r][c]);
     }
     {
         constexpr int VPR = KP / 8;
@@ -140,11 +147,19 @@ __global__ void __launch_bounds__(128) chunk_wy_kernel(const ChunkParams p) {
             *reinterpret_cast<uint4 *>(sv + r * ldv + c) = val;
         }
     }
+    __syncthreads(); /* X is read */
+#pragma unroll
+    for (int q = 0; q < XV; q++) {
+        const int e = tid + q * NTH, r = e >> 4, c = (e & 15) * 4;
+        *reinterpret_cast<uint2 *>(&ai[r][c]) =
+            make_uint2(Elem<T>::pack(xv[q].x, xv[q].y), Elem<T>::pack(xv[q].z, xv[q].w));
+    }
     __syncthreads();
 
     /* w = Ai (beta 2^Gk K), u = Ai (beta V), 64 columns at a time; Ai is lower triangular, so
      * only k-steps up to the warp's rows. */
     const int r0 = warp * 16;
+    T *stage = &ai[0][0] + CHUNK * (CHUNK + PAD) + warp * WY_STAGE_ELEMS;
     const int nblk_w = KP / 64, nblk = nblk_w + p.VP / 64;
     for (int cb = 0; cb < nblk; cb++) {
         const bool is_w = cb < nblk_w;
@@ -157,15 +172,21 @@ __global__ void __launch_bounds__(128) chunk_wy_kernel(const ChunkParams p) {
         const int64_t ldg = is_w ? (int64_t)H * KP : (int64_t)H * p.VP;
         T *dst = is_w ? static_cast<T *>(p.w) + (row0 * H + hd) * KP + col0
                       : static_cast<T *>(p.u) + (row0 * H + hd) * p.VP + col0;
+        /* rows r0 .. r0 + 15 through the warp's own staging tile, 32 columns at a time, then
+         * 16-byte stores: lane l writes row l / 4 (and + 8), vector l % 4 */
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+        for (int half = 0; half < 2; half++) {
+            stage_acc_tile<4>(stage, WY_STAGE_LD, acc, 4 * half, 1.0f, 0, 0, lane);
+            __syncwarp();
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
-                const int r = r0 + g + hh * 8, c = nt * 8 + 2 * t4;
-                if (r < n)
-                    *reinterpret_cast<uint32_t *>(dst + (int64_t)r * ldg + c) =
-                        Elem<T>::pack(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
+                const int r = (lane >> 2) + hh * 8, c = (lane & 3) * 8;
+                if (r0 + r < n)
+                    *reinterpret_cast<uint4 *>(dst + (int64_t)(r0 + r) * ldg + half * WY_STAGE_COLS + c) =
+                        *reinterpret_cast<const uint4 *>(stage + r * WY_STAGE_LD + c);
             }
+            __syncwarp(); /* the tile is free for the next half */
+        }
     }
 }
 
