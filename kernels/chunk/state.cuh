@@ -32,6 +32,12 @@
 #include "common.cuh"
 #include "mma.cuh"
 
+/* Developer hook: kernels/dev/chunk_stages.cu (--state-phases) defines it to add up clock64 cycles
+ * per phase of one thread's chunk steps; empty in the library. */
+#ifndef GDP_STATE_PHASE_MARK
+#define GDP_STATE_PHASE_MARK(phase) ((void)0)
+#endif
+
 namespace {
 
 // CUDA kernels
@@ -161,12 +167,16 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
         if (store_h && p.chunk_states != nullptr && hrow < p.cs_rows)
             store_state_tile(p.chunk_states, p.cs_dtype, S, sr0, vb * VB, p.K, p.V, lane,
                              [&](int r, int c) { return ((hrow * H + hd) * p.K + r) * p.V + c; });
+        GDP_STATE_PHASE_MARK(0); /* 16-bit state, chunk states */
         cp_async_wait<STAGES - 2>();
+        GDP_STATE_PHASE_MARK(1); /* waiting for chunk ct's copies */
         __syncthreads(); /* chunk ct landed, s.s complete, every warp done with chunk ct - 1 */
+        GDP_STATE_PHASE_MARK(2); /* barrier */
         if (ct + STAGES - 1 < nt_dp)
             issue(ct + STAGES - 1, (ct + STAGES - 1) % STAGES); /* the stage chunk ct - 1 used */
         else
             cp_async_commit();
+        GDP_STATE_PHASE_MARK(3); /* next copies issued */
         if (store_h && hrow < p.h_rows) {
             T *hs = static_cast<T *>(p.hs) + ((hrow * H + hd) * KP) * p.VP + vb * VB;
             for (int e = tid; e < KP * (VB / 8); e += NTH) {
@@ -175,6 +185,7 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
             }
         }
 
+        GDP_STATE_PHASE_MARK(4); /* chunk-entry state stored */
         /* v_new = u - w S over this warp's 16 x (VB / CGV) piece */
         const float gl = s.g[b][nc - 1];
         if (vnew_warp) {
@@ -220,10 +231,13 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
                 }
             }
         }
+        GDP_STATE_PHASE_MARK(5); /* v_new */
         __syncthreads(); /* decayed v_new complete */
+        GDP_STATE_PHASE_MARK(6); /* barrier */
 
         /* S = 2^gl S + K^T (decayed v_new) */
         state_decay_update<T>(S, exp2f(gl), &s.k[b][0][0], KP + PAD, sr0, nc, &s.u[b][0][0], VB + PAD, 0, lane);
+        GDP_STATE_PHASE_MARK(7); /* state update */
     }
     cp_async_wait<0>(); /* no copy may land after the block exits */
 

@@ -8,6 +8,9 @@
  * With --fused-alone it times the fused kernel (median of 10, us) whole, with the aux warps' math
  * left out and with the state warps' math left out (outputs then wrong): what each role costs
  * alone beside the other's loads and barriers.
+ * With --state-phases it runs the staged path and prints, per row, the clock64 cycles per chunk
+ * step of each phase of the state sweep (block 0, thread 0 and thread 224: warps 0 and 7; state.cuh's
+ * marks), with the column block the op chose or GDP_CHUNK_STATE_VB.
  * With --dump DIR it instead writes inputs, outputs and the workspace intermediates of two small
  * shapes (DIR/dump_k128.safetensors, DIR/dump_k100.safetensors) for offline stage-by-stage checks.
  * Build: cmake -DGDP_BUILD_CHUNK_DEV=ON ... && cmake --build <dir> --target bench_chunk_stages
@@ -34,6 +37,21 @@ __device__ unsigned long long g_fused_last[2];
             if (g_fused_last[(role)] != 0)                                                           \
                 g_fused_cycles[(role)][(phase)] += t_ - g_fused_last[(role)];                        \
             g_fused_last[(role)] = t_;                                                               \
+        }                                                                                            \
+    } while (0)
+/* --state-phases: threads 0 and 224 (warps 0 and 7) of block (0, 0, 0) of the state sweep add up
+ * the clock64 cycles of each phase of their chunk steps (state.cuh's marks) */
+__device__ unsigned long long g_state_cycles[2][8];
+__device__ unsigned long long g_state_last[2];
+#define GDP_STATE_PHASE_MARK(phase)                                                                  \
+    do {                                                                                             \
+        if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 &&                                 \
+            (threadIdx.x == 0 || threadIdx.x == 224)) {                                              \
+            const int w_ = threadIdx.x != 0;                                                         \
+            const unsigned long long t_ = clock64();                                                 \
+            if (g_state_last[w_] != 0)                                                               \
+                g_state_cycles[w_][(phase)] += t_ - g_state_last[w_];                                \
+            g_state_last[w_] = t_;                                                                   \
         }                                                                                            \
     } while (0)
 /* --fused-alone: 1 leaves out the aux warps' math, 2 the state warps' (fused.cuh's skip hook) */
@@ -260,10 +278,15 @@ int main(int argc, char **argv) {
     }
     const bool phases = argc >= 2 && !std::strcmp(argv[1], "--fused-phases");
     const bool alone = argc >= 2 && !std::strcmp(argv[1], "--fused-alone");
+    const bool sphases = argc >= 2 && !std::strcmp(argv[1], "--state-phases");
     const int only_row = argc == 3 && !std::strcmp(argv[1], "--row") ? std::atoi(argv[2]) : 0;
     if (alone) {
         setenv("GDP_CHUNK_PATH", "fused", 1);
         std::printf("# fused kernel, median of 10 (us): whole / aux math left out (state alone) / state math left out (aux alone)\n");
+    } else if (sphases) {
+        setenv("GDP_CHUNK_PATH", "staged", 1);
+        std::printf("# state sweep, block (0, 0, 0): clock64 cycles per chunk step of each phase, warp 0 then warp 7\n"
+                    "# S16+cs wait(copies) barrier issue(next) h-store v_new barrier update = total\n");
     } else if (phases) {
         setenv("GDP_CHUNK_PATH", "fused", 1);
         std::printf("# fused kernel, block (0, 0, 0): clock64 cycles per chunk of each phase, one thread of each role\n"
@@ -342,6 +365,26 @@ int main(int argc, char **argv) {
             const int zero = 0;
             DEV_CHECK(cudaMemcpyToSymbol(g_fused_skip, &zero, sizeof zero));
             std::printf("\n");
+        } else if (sphases) {
+            for (int it = 0; it < 3; it++)
+                DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
+            DEV_CHECK(cudaDeviceSynchronize());
+            const double steps = (double)((row.lens[0] * M + 63) / 64);
+            unsigned long long zero[18] = {0}, cyc[2][8];
+            DEV_CHECK(cudaMemcpyToSymbol(g_state_cycles, zero, sizeof cyc));
+            DEV_CHECK(cudaMemcpyToSymbol(g_state_last, zero, 2 * sizeof zero[0]));
+            DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
+            DEV_CHECK(cudaDeviceSynchronize());
+            DEV_CHECK(cudaMemcpyFromSymbol(cyc, g_state_cycles, sizeof cyc));
+            for (int w = 0; w < 2; w++) {
+                std::printf("%-28s w%d", w == 0 ? row.label : "", w == 0 ? 0 : 7);
+                double sum = 0;
+                for (int ph = 0; ph < 8; ph++) {
+                    std::printf(" %6.0f", cyc[w][ph] / steps);
+                    sum += cyc[w][ph] / steps;
+                }
+                std::printf("  = %6.0f\n", sum);
+            }
         } else if (phases) {
             for (int it = 0; it < 3; it++)
                 DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
