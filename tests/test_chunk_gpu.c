@@ -370,6 +370,8 @@ static void test_random(gdp_ctx_t cpu, gdp_ctx_t gpu) {
         {"m2 k256 v128", 2, 2, 256, 128, 2, {100, 150}, 256, BF, BF, F32, 1, 0, 0.1},
         {"m2 k128 v64 fp16", 2, 2, 128, 64, 2, {90, 170}, 300, F16, F16, F32, 1, 0, 0.1},
         {"m3 k72 v96 unit keys, fp32 beta", 3, 2, 72, 96, 2, {50, 129}, 200, BF, F32, F32, 0, 0, 0.3},
+        /* V % 8 != 0: element-wise value loads and output stores (no 16-byte vectors) */
+        {"m2 k64 v60 element-wise output rows", 2, 2, 64, 60, 2, {70, 129}, 210, BF, BF, F32, 1, 0, 0.1},
         {"m1 k128 v128 long, bf16 initial state", 1, 2, 128, 128, 1, {700}, 704, BF, BF, BF, 1, 0, 0.02},
         /* more state-sweep blocks than SMs: the two-stage pipeline (few blocks take the deep one) */
         {"m2 k128 v128 10 heads x 8 seqs", 2, 10, 128, 128, 8, {70, 3, 130, 64, 0, 99, 1, 40}, 420, BF, BF, F32, 1, 0,
