@@ -32,10 +32,13 @@
 #include "common.cuh"
 #include "mma.cuh"
 
-/* Developer hook: kernels/dev/chunk_stages.cu (--state-phases) defines it to add up clock64 cycles
- * per phase of one thread's chunk steps; empty in the library. */
+/* Developer hooks: kernels/dev/chunk_stages.cu (--state-phases) defines them to add up clock64
+ * cycles per phase of two threads' chunk steps in registers (DECL at the kernel's start, MARK at
+ * each phase's end, FLUSH once after the loop); empty in the library. */
 #ifndef GDP_STATE_PHASE_MARK
+#define GDP_STATE_PHASE_DECL() ((void)0)
 #define GDP_STATE_PHASE_MARK(phase) ((void)0)
+#define GDP_STATE_PHASE_FLUSH() ((void)0)
 #endif
 
 namespace {
@@ -82,6 +85,7 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
     const int vc0 = (warp >> 2) * (VB / CGV); /* v_new tile columns of this warp */
     const bool vnew_warp = CGV == CG || (warp >> 2) < CGV; /* this warp has a v_new piece */
     const int sr0 = warp * 16;                /* state rows of this warp         */
+    GDP_STATE_PHASE_DECL();
 
     /* state in registers: S[nt] covers rows sr0 + {g, g+8}, cols 8 nt + 2 t4 + {0, 1} */
     float S[SNT][4];
@@ -239,6 +243,7 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
         state_decay_update<T>(S, exp2f(gl), &s.k[b][0][0], KP + PAD, sr0, nc, &s.u[b][0][0], VB + PAD, 0, lane);
         GDP_STATE_PHASE_MARK(7); /* state update */
     }
+    GDP_STATE_PHASE_FLUSH();
     cp_async_wait<0>(); /* no copy may land after the block exits */
 
     /* final state: the cache slot (in place, cache dtype) or the dense final_state */

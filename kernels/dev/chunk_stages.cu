@@ -40,19 +40,29 @@ __device__ unsigned long long g_fused_last[2];
         }                                                                                            \
     } while (0)
 /* --state-phases: threads 0 and 224 (warps 0 and 7) of block (0, 0, 0) of the state sweep add up
- * the clock64 cycles of each phase of their chunk steps (state.cuh's marks) */
+ * the clock64 cycles of each phase of their chunk steps in registers and store the sums once at
+ * the end (state.cuh's marks; a global store per mark made block 0, and so the stage, about 70 %
+ * slower at 1 x 16384). Off unless g_state_phases_on: the stage times then pay one load a block. */
 __device__ unsigned long long g_state_cycles[2][8];
-__device__ unsigned long long g_state_last[2];
+__device__ int g_state_phases_on;
+#define GDP_STATE_PHASE_DECL()                                                                       \
+    unsigned long long sp_cyc_[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sp_last_ = 0;                          \
+    const bool sp_on_ = g_state_phases_on && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && \
+                        (threadIdx.x == 0 || threadIdx.x == 224)
 #define GDP_STATE_PHASE_MARK(phase)                                                                  \
     do {                                                                                             \
-        if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 &&                                 \
-            (threadIdx.x == 0 || threadIdx.x == 224)) {                                              \
-            const int w_ = threadIdx.x != 0;                                                         \
+        if (sp_on_) {                                                                                \
             const unsigned long long t_ = clock64();                                                 \
-            if (g_state_last[w_] != 0)                                                               \
-                g_state_cycles[w_][(phase)] += t_ - g_state_last[w_];                                \
-            g_state_last[w_] = t_;                                                                   \
+            if (sp_last_ != 0)                                                                       \
+                sp_cyc_[(phase)] += t_ - sp_last_;                                                   \
+            sp_last_ = t_;                                                                           \
         }                                                                                            \
+    } while (0)
+#define GDP_STATE_PHASE_FLUSH()                                                                      \
+    do {                                                                                             \
+        if (sp_on_)                                                                                  \
+            for (int p_ = 0; p_ < 8; p_++)                                                           \
+                g_state_cycles[threadIdx.x != 0][p_] = sp_cyc_[p_];                                  \
     } while (0)
 /* --fused-alone: 1 leaves out the aux warps' math, 2 the state warps' (fused.cuh's skip hook) */
 __device__ int g_fused_skip;
@@ -370,11 +380,13 @@ int main(int argc, char **argv) {
                 DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
             DEV_CHECK(cudaDeviceSynchronize());
             const double steps = (double)((row.lens[0] * M + 63) / 64);
-            unsigned long long zero[18] = {0}, cyc[2][8];
+            unsigned long long zero[16] = {0}, cyc[2][8];
+            const int on = 1, off = 0;
             DEV_CHECK(cudaMemcpyToSymbol(g_state_cycles, zero, sizeof cyc));
-            DEV_CHECK(cudaMemcpyToSymbol(g_state_last, zero, 2 * sizeof zero[0]));
+            DEV_CHECK(cudaMemcpyToSymbol(g_state_phases_on, &on, sizeof on));
             DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
             DEV_CHECK(cudaDeviceSynchronize());
+            DEV_CHECK(cudaMemcpyToSymbol(g_state_phases_on, &off, sizeof off));
             DEV_CHECK(cudaMemcpyFromSymbol(cyc, g_state_cycles, sizeof cyc));
             for (int w = 0; w < 2; w++) {
                 std::printf("%-28s w%d", w == 0 ? row.label : "", w == 0 ? 0 : 7);
