@@ -424,7 +424,8 @@ static void test_state_widths(gdp_ctx_t cpu, gdp_ctx_t gpu) {
         {"widths: m2 k128 v128 10 sequences x 16 heads", 2, 16, 128, 128, 10,
          {70, 130, 64, 1, 200, 90, 65, 33, 128, 150}, 960, BF, BF, F32, 1, 0, 0.1},
     };
-    printf("state sweep column blocks %d, %d, %d and the op's choice: bitwise equal, each vs the CPU backend:\n",
+    printf("state sweep column blocks %d, %d, %d and the op's choice, copies by every warp and by a producer warp: "
+           "bitwise equal, each vs the CPU backend:\n",
            STATE_VBS[0], STATE_VBS[1], STATE_VBS[2]);
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const chunk_case *c = &cases[ci];
@@ -432,12 +433,14 @@ static void test_state_widths(gdp_ctx_t cpu, gdp_ctx_t gpu) {
         make_inputs(c, 5000 + ci, &in);
         outputs ref, first;
         cpu_run(cpu, &in, GDP_DTYPE_FP32, &ref);
-        for (int wi = 0; wi < 4; wi++) {
+        /* each width with the copies issued by every warp, then by the producer warp (state.cuh's PW) */
+        for (int wi = 0; wi < 8; wi++) {
             outputs out;
-            set_state_vb(STATE_VBS[wi]);
+            set_state_vb(STATE_VBS[wi % 4]);
+            setenv("GDP_CHUNK_STATE_COPY", wi < 4 ? "warps" : "producer", 1);
             gpu_run(gpu, &in, true, GDP_DTYPE_FP32, &out);
             char w[160];
-            snprintf(w, sizeof w, "%s, VB %d", c->name, STATE_VBS[wi]);
+            snprintf(w, sizeof w, "%s, VB %d%s", c->name, STATE_VBS[wi % 4], wi < 4 ? "" : ", producer warp");
             compare_runs(w, &in, &out, &ref, true);
             if (wi == 0) {
                 first = out;
@@ -447,6 +450,7 @@ static void test_state_widths(gdp_ctx_t cpu, gdp_ctx_t gpu) {
                   STATE_VBS[0]);
             free_outputs(&out);
         }
+        unsetenv("GDP_CHUNK_STATE_COPY");
         set_state_vb(0);
         free_outputs(&first);
         free_outputs(&ref);

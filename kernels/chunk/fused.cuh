@@ -70,30 +70,6 @@ constexpr int FUSED_THREADS = FUSED_AUX_THREADS + FUSED_STATE_THREADS;
 /* named barriers (0 is __syncthreads, unused here) */
 constexpr int BAR_FULL0 = 1, BAR_AUX = 5, BAR_STATE = 6;
 
-__device__ __forceinline__ void bar_sync(int id, int count) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(int id, int count) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-/* The EMPTY signals are mbarriers, not named barriers, so that the aux warps can test them
- * without blocking and start the next chunk's loads as soon as their stage is free. */
-__device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
-    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
-    asm volatile("mbarrier.arrive.shared.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-/* true once the phase of the given parity has completed (acquire: the arrivers' reads are done) */
-__device__ __forceinline__ bool mbar_test(uint64_t *bar, int parity) {
-    uint32_t ok;
-    asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(ok)
-                 : "r"(smem_u32(bar)), "r"(parity)
-                 : "memory");
-    return ok != 0;
-}
-
 /* One stage: what the aux warps prepare for one chunk. */
 template <typename T, int KP, int VB> struct FusedStage {
     T k[CHUNK][KP + PAD];     /* keys (normalized)                                          */

@@ -79,6 +79,15 @@ int chunk_path_from_env(const char **text) {
     return gdp_env_choice("GDP_CHUNK_PATH", spell, value, 3, 2, text);
 }
 
+/* Who issues the state sweep's copies: every warp (warps, the default) or one producer warp
+ * (producer: experimental, state.cuh's PW). GDP_CHUNK_STATE_COPY; returns 0, 1, or -1 for any
+ * other value. */
+int state_copy_from_env(const char **text) {
+    static const char *const spell[2] = {"warps", "producer"};
+    static const int value[2] = {0, 1};
+    return gdp_env_choice("GDP_CHUNK_STATE_COPY", spell, value, 2, 0, text);
+}
+
 } // namespace
 
 // kernel launchers
@@ -151,6 +160,11 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
                  "%s: GDP_CHUNK_STATE_VB is \"%s\"; it takes 64, 32 or 16 (the state sweep's value-column block), "
                  "or 0 / unset to let the op choose",
                  op, vb_text);
+    const char *copy_text = nullptr;
+    const int state_copy = state_copy_from_env(&copy_text);
+    if (state_copy < 0)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: GDP_CHUNK_STATE_COPY is \"%s\"; it takes warps or producer (unset: warps)",
+                 op, copy_text);
     const char *path_text = nullptr;
     const int path = chunk_path_from_env(&path_text);
     if (path < 0)
@@ -294,8 +308,8 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
         GDP_CHUNK_STAGE_MARK(1, stream);
         p.zero_tail = num_chunks > 0; /* the output stage's grid then covers every head and column */
         err = a->q.dtype == GDP_DTYPE_BF16
-                  ? launch_stages<__nv_bfloat16>(p, num_chunks, num_chunks_dp, sms, state_vb, stream)
-                  : launch_stages<__half>(p, num_chunks, num_chunks_dp, sms, state_vb, stream);
+                  ? launch_stages<__nv_bfloat16>(p, num_chunks, num_chunks_dp, sms, state_vb, state_copy == 1, stream)
+                  : launch_stages<__half>(p, num_chunks, num_chunks_dp, sms, state_vb, state_copy == 1, stream);
         GDP_CUDA_LAUNCH_CHECK(op, err, "the chunk stages: %lld chunks, H %lld, K %lld, V %lld",
                               (long long)num_chunks, (long long)H, (long long)K, (long long)V);
     }

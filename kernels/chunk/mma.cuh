@@ -83,6 +83,49 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+/* 4-byte copy; valid == false writes zeros and reads nothing. */
+__device__ __forceinline__ void cp_async4z(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 4 : 0)
+                 : "memory");
+}
+
+/* ---- named barriers and mbarriers (the fused kernel's roles, the state sweep's producer warp) ---- */
+__device__ __forceinline__ void bar_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int count) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+/* mbarriers: the fused kernel's EMPTY signals (the aux warps test them without blocking and
+ * start the next chunk's loads as soon as their stage is free); the state sweep's FULL and EMPTY. */
+__device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+/* true once the phase of the given parity has completed (acquire: the arrivers' reads are done) */
+__device__ __forceinline__ bool mbar_test(uint64_t *bar, int parity) {
+    uint32_t ok;
+    asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(ok)
+                 : "r"(smem_u32(bar)), "r"(parity)
+                 : "memory");
+    return ok != 0;
+}
+
+/* Blocks until the phase of the given parity has completed. */
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity) {
+    while (!mbar_test(bar, parity)) {
+    }
+}
+/* The mbarrier's arrival of this thread once all its earlier cp.async copies have landed (counted
+ * against the barrier's expected arrivals: .noinc). */
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
 
 /* ---- warp-level fragments (m16n8k16; g = lane / 4 is the row, t = lane % 4 the column pair) ----
  * A fragment of rows [r0, r0+16) x cols [k0, k0+16) of a row-major smem matrix. */

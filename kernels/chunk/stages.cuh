@@ -50,30 +50,34 @@ template <typename T, int KP> struct Stages {
     static size_t wy_smem(int vp) { return sizeof(WySmem<T, KP>) + (size_t)CHUNK * (vp + PAD) * sizeof(T); }
     static size_t out_smem() { return OutLayout<T, KP>::total; }
 
-    template <int STAGES, int VB> static cudaError_t launch_state(const ChunkParams &p, cudaStream_t st) {
+    template <int STAGES, int VB, bool PW> static cudaError_t launch_state(const ChunkParams &p, cudaStream_t st) {
         const size_t smem = sizeof(StateSmem<T, KP, STAGES, VB>);
-        cudaError_t err = cudaFuncSetAttribute(chunk_state_kernel<T, KP, STAGES, VB>,
+        cudaError_t err = cudaFuncSetAttribute(chunk_state_kernel<T, KP, STAGES, VB, PW>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (err != cudaSuccess)
             return err;
-        chunk_state_kernel<T, KP, STAGES, VB><<<dim3((unsigned)(p.VP / VB), (unsigned)p.H, (unsigned)p.N), KP * 2,
-                                                smem, st>>>(p);
+        chunk_state_kernel<T, KP, STAGES, VB, PW><<<dim3((unsigned)(p.VP / VB), (unsigned)p.H, (unsigned)p.N),
+                                                    KP * 2 + (PW ? 32 : 0), smem, st>>>(p);
         return cudaSuccess;
     }
-    template <int STAGES> static cudaError_t launch_state_vb(const ChunkParams &p, int vb, cudaStream_t st) {
+    template <int STAGES, bool PW> static cudaError_t launch_state_vb(const ChunkParams &p, int vb, cudaStream_t st) {
         switch (vb) {
-        case 64: return launch_state<STAGES, 64>(p, st);
-        case 32: return launch_state<STAGES, 32>(p, st);
-        case 16: return launch_state<STAGES, 16>(p, st);
+        case 64: return launch_state<STAGES, 64, PW>(p, st);
+        case 32: return launch_state<STAGES, 32, PW>(p, st);
+        case 16: return launch_state<STAGES, 16, PW>(p, st);
         default: return cudaErrorInvalidValue; /* the launcher passes only these three */
         }
+    }
+    template <int STAGES>
+    static cudaError_t launch_state_copy(const ChunkParams &p, int vb, bool producer, cudaStream_t st) {
+        return producer ? launch_state_vb<STAGES, true>(p, vb, st) : launch_state_vb<STAGES, false>(p, vb, st);
     }
 
     /* sms: multiprocessors of the device; state_vb: the sweep's column block (64, 32, 16) or 0 to
      * choose it here. With at most one state block per SM the deeper pipeline costs no occupancy
      * (K <= 128; K = 256 has room for two stages only). */
     static cudaError_t launch(const ChunkParams &p, int64_t num_chunks, int64_t num_chunks_dp, int sms,
-                              int state_vb, cudaStream_t st) {
+                              int state_vb, bool producer, cudaStream_t st) {
         cudaError_t err;
         if (num_chunks_dp > 0) {
             const size_t smem = wy_smem(p.VP);
@@ -87,9 +91,9 @@ template <typename T, int KP> struct Stages {
             const int vb = state_vb != 0 ? state_vb : choose_state_vb(p.VP, p.H, p.N, sms);
             const int64_t blocks = (int64_t)(p.VP / vb) * p.H * p.N;
             if (KP <= 128 && blocks <= sms)
-                err = launch_state_vb<KP <= 128 ? 4 : 2>(p, vb, st);
+                err = launch_state_copy<KP <= 128 ? 4 : 2>(p, vb, producer, st);
             else
-                err = launch_state_vb<2>(p, vb, st);
+                err = launch_state_copy<2>(p, vb, producer, st);
             if (err != cudaSuccess)
                 return err;
         }
@@ -109,11 +113,11 @@ template <typename T, int KP> struct Stages {
 
 template <typename T>
 cudaError_t launch_stages(const ChunkParams &p, int64_t num_chunks, int64_t num_chunks_dp, int sms, int state_vb,
-                          cudaStream_t st) {
+                          bool producer, cudaStream_t st) {
     switch (p.KP) {
-    case 64: return Stages<T, 64>::launch(p, num_chunks, num_chunks_dp, sms, state_vb, st);
-    case 128: return Stages<T, 128>::launch(p, num_chunks, num_chunks_dp, sms, state_vb, st);
-    case 256: return Stages<T, 256>::launch(p, num_chunks, num_chunks_dp, sms, state_vb, st);
+    case 64: return Stages<T, 64>::launch(p, num_chunks, num_chunks_dp, sms, state_vb, producer, st);
+    case 128: return Stages<T, 128>::launch(p, num_chunks, num_chunks_dp, sms, state_vb, producer, st);
+    case 256: return Stages<T, 256>::launch(p, num_chunks, num_chunks_dp, sms, state_vb, producer, st);
     default: return cudaErrorInvalidValue; /* the workspace plan only produces the three above */
     }
 }

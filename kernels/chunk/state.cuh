@@ -51,6 +51,7 @@ template <typename T, int KP, int STAGES, int VB> struct StateSmem {
     T u[STAGES][CHUNK][VB + PAD]; /* u of the chunk, overwritten by the decayed v_new */
     T s[KP][VB + PAD];            /* 16-bit copy of the running state                */
     float g[STAGES][CHUNK];
+    uint64_t full[STAGES], empty[STAGES]; /* the producer warp's stage signals (PW only) */
 };
 
 /* Work split: one block of KP / 16 warps per (sequence, head, VB value columns), looping over the
@@ -58,8 +59,14 @@ template <typename T, int KP, int STAGES, int VB> struct StateSmem {
  * keeps state rows [16w, 16w+16) x the block's VB columns in fp32 registers and computes a
  * 16-row x (VB / CGV)-column piece of the chunk's v_new (4 row tiles x CGV column groups cover
  * the 64 x VB tile; warps past CGV column groups, KP = 256 with VB = 16 only, skip that product). */
-template <typename T, int KP, int STAGES, int VB>
-__global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p) {
+/* PW (experimental, GDP_CHUNK_STATE_COPY=producer): one more warp, the producer, issues every copy
+ * of the sweep STAGES - 1 chunks ahead (cp.async, completion on the stage's FULL mbarrier) and
+ * waits for the consumer warps' EMPTY mbarrier before it refills a stage; the consumer warps
+ * only compute and sync among themselves by named barriers. Why: the issue of the next chunk's
+ * copies by every warp was the largest phase of a chunk step of one long sequence
+ * (kernels/NOTES-chunk.md, sixteenth session). The arithmetic is the same, so the same bits. */
+template <typename T, int KP, int STAGES, int VB, bool PW>
+__global__ void __launch_bounds__(KP * 2 + (PW ? 32 : 0)) chunk_state_kernel(const ChunkParams p) {
     static_assert(VB == 64 || VB == 32 || VB == 16, "state column blocks of 64, 32 or 16");
     constexpr int NW = KP / 16, NTH = NW * 32;
     constexpr int SNT = VB / 8;     /* n8 tiles of state per warp                            */
@@ -86,6 +93,45 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
     const bool vnew_warp = CGV == CG || (warp >> 2) < CGV; /* this warp has a v_new piece */
     const int sr0 = warp * 16;                /* state rows of this warp         */
     GDP_STATE_PHASE_DECL();
+    constexpr int BAR_S16 = 1, BAR_VNEW = 2; /* the consumer warps' named barriers (PW) */
+    if constexpr (PW) {
+        if (tid == 0)
+            for (int b = 0; b < STAGES; b++) {
+                mbar_init(&s.full[b], 32); /* the producer's 32 lanes, each once its copies landed */
+                mbar_init(&s.empty[b], NW); /* one arrival per consumer warp */
+            }
+        __syncthreads(); /* the only block-wide barrier: the producer leaves after its loop */
+        if (warp == NW) {
+            for (int ct = 0; ct < nt_dp; ct++) {
+                const int b = ct % STAGES;
+                if (ct >= STAGES)
+                    mbar_wait(&s.empty[b], (ct / STAGES - 1) & 1); /* consumers are done with chunk ct - STAGES */
+                const int64_t rowc = bos * p.M + (int64_t)ct * CHUNK;
+                const int nc = (int)min((int64_t)CHUNK, len_dp - (int64_t)ct * CHUNK);
+                const T *wsrc = static_cast<const T *>(p.w) + rowc * H * KP;
+                const T *ksrc = static_cast<const T *>(p.kn) + rowc * H * KP;
+                const T *usrc = static_cast<const T *>(p.u) + rowc * H * p.VP;
+                for (int e = lane; e < CHUNK * VPR; e += 32) {
+                    const int r = e / VPR, c = (e % VPR) * 8;
+                    const bool ok = r < nc;
+                    const int so = r * (KP + PAD) + c, go = ok ? (r * H + hd) * KP + c : 0;
+                    cp_async16(&s.w[b][0][0] + so, wsrc + go, ok);
+                    cp_async16(&s.k[b][0][0] + so, ksrc + go, ok);
+                }
+                for (int e = lane; e < NUV; e += 32) {
+                    const int r = e / (VB / 8), c = (e % (VB / 8)) * 8;
+                    const bool ok = r < nc;
+                    cp_async16(&s.u[b][0][0] + r * (VB + PAD) + c, usrc + (ok ? (r * H + hd) * p.VP + vb * VB + c : 0),
+                               ok);
+                }
+                for (int r = lane; r < CHUNK; r += 32)
+                    cp_async4z(&s.g[b][r], p.gk + (rowc + (r < nc ? r : 0)) * H + hd, r < nc);
+                cp_async_mbar_arrive(&s.full[b]);
+            }
+            cp_async_wait_all();
+            return;
+        }
+    }
 
     /* state in registers: S[nt] covers rows sr0 + {g, g+8}, cols 8 nt + 2 t4 + {0, 1} */
     float S[SNT][4];
@@ -104,14 +150,14 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
      * chunk's first row (the offsets fit int32: 64 rows x H x 256 < 2^31 for H < 2^17) */
     int lk_row[NLK], lk_smem[NLK], lk_glob[NLK], lu_row[NLU], lu_smem[NLU], lu_glob[NLU];
 #pragma unroll
-    for (int q = 0; q < NLK; q++) {
+    for (int q = 0; q < (PW ? 0 : NLK); q++) {
         const int e = tid + q * NTH, r = e / VPR, c = (e % VPR) * 8;
         lk_row[q] = r;
         lk_smem[q] = r * (KP + PAD) + c;
         lk_glob[q] = (r * H + hd) * KP + c;
     }
 #pragma unroll
-    for (int q = 0; q < NLU; q++) { /* NUV < NTH (VB 16 at KP 128; 16, 32 at KP 256): some copy none */
+    for (int q = 0; q < (PW ? 0 : NLU); q++) { /* NUV < NTH (VB 16 at KP 128; 16, 32 at KP 256): some copy none */
         const int e = tid + q * NTH, r = e / (VB / 8), c = (e % (VB / 8)) * 8;
         lu_row[q] = e < NUV ? r : -1;
         lu_smem[q] = r * (VB + PAD) + c;
@@ -149,7 +195,7 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
 
     /* prologue: STAGES - 1 groups in flight (empty groups past the end keep the count uniform) */
 #pragma unroll
-    for (int c = 0; c < STAGES - 1; c++) {
+    for (int c = 0; c < (PW ? 0 : STAGES - 1); c++) {
         if (c < nt_dp)
             issue(c, c);
         else
@@ -172,14 +218,21 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
             store_state_tile(p.chunk_states, p.cs_dtype, S, sr0, vb * VB, p.K, p.V, lane,
                              [&](int r, int c) { return ((hrow * H + hd) * p.K + r) * p.V + c; });
         GDP_STATE_PHASE_MARK(0); /* 16-bit state, chunk states */
-        cp_async_wait<STAGES - 2>();
-        GDP_STATE_PHASE_MARK(1); /* waiting for chunk ct's copies */
-        __syncthreads(); /* chunk ct landed, s.s complete, every warp done with chunk ct - 1 */
-        GDP_STATE_PHASE_MARK(2); /* barrier */
-        if (ct + STAGES - 1 < nt_dp)
-            issue(ct + STAGES - 1, (ct + STAGES - 1) % STAGES); /* the stage chunk ct - 1 used */
-        else
-            cp_async_commit();
+        if constexpr (PW) {
+            mbar_wait(&s.full[b], (ct / STAGES) & 1);
+            GDP_STATE_PHASE_MARK(1); /* waiting for chunk ct's copies */
+            bar_sync(BAR_S16, NTH); /* s.s complete */
+            GDP_STATE_PHASE_MARK(2); /* barrier */
+        } else {
+            cp_async_wait<STAGES - 2>();
+            GDP_STATE_PHASE_MARK(1); /* waiting for chunk ct's copies */
+            __syncthreads(); /* chunk ct landed, s.s complete, every warp done with chunk ct - 1 */
+            GDP_STATE_PHASE_MARK(2); /* barrier */
+            if (ct + STAGES - 1 < nt_dp)
+                issue(ct + STAGES - 1, (ct + STAGES - 1) % STAGES); /* the stage chunk ct - 1 used */
+            else
+                cp_async_commit();
+        }
         GDP_STATE_PHASE_MARK(3); /* next copies issued */
         if (store_h && hrow < p.h_rows) {
             T *hs = static_cast<T *>(p.hs) + ((hrow * H + hd) * KP) * p.VP + vb * VB;
@@ -236,15 +289,24 @@ __global__ void __launch_bounds__(KP * 2) chunk_state_kernel(const ChunkParams p
             }
         }
         GDP_STATE_PHASE_MARK(5); /* v_new */
-        __syncthreads(); /* decayed v_new complete */
+        if constexpr (PW)
+            bar_sync(BAR_VNEW, NTH); /* decayed v_new complete */
+        else
+            __syncthreads(); /* decayed v_new complete */
         GDP_STATE_PHASE_MARK(6); /* barrier */
 
         /* S = 2^gl S + K^T (decayed v_new) */
         state_decay_update<T>(S, exp2f(gl), &s.k[b][0][0], KP + PAD, sr0, nc, &s.u[b][0][0], VB + PAD, 0, lane);
         GDP_STATE_PHASE_MARK(7); /* state update */
+        if constexpr (PW) { /* this warp's last reads of stage b are done */
+            __syncwarp();
+            if (lane == 0)
+                mbar_arrive(&s.empty[b]);
+        }
     }
     GDP_STATE_PHASE_FLUSH();
-    cp_async_wait<0>(); /* no copy may land after the block exits */
+    if constexpr (!PW)
+        cp_async_wait<0>(); /* no copy may land after the block exits */
 
     /* final state: the cache slot (in place, cache dtype) or the dense final_state */
     const StateDest d = final_state_dest(p, i, hd);
