@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "gdp/gdp.h"
+#include "gdp/profile.h"
 
 /* ---- the option table ---------------------------------------------------------------------- */
 
@@ -246,6 +247,19 @@ void bench_print_columns(const char *lead, const bench_col *cols, int n_cols) {
     for (int c = 0; c < n_cols; c++)
         printf(c ? " %*s" : "%*s", cols[c].width, cols[c].title);
     putchar('\n');
+}
+
+void bench_print_chunk_stages(const char *what, const double *us, double row_us) {
+    double sum = 0;
+    for (int s = 0; s < GDP_CHUNK_STAGE_NUM; s++)
+        sum += us[s];
+    if (sum <= 0)
+        return;
+    printf("#   chunk stages (us, %s):", what);
+    for (int s = 0; s < GDP_CHUNK_STAGE_NUM; s++)
+        if (us[s] > 0)
+            printf(" %s %.1f", gdp_chunk_stage_name((gdp_chunk_stage_t)s), us[s]);
+    printf("; sum %.1f of the row's %.1f\n", sum, row_us);
 }
 
 void bench_print_wrong_footer(long long wrong) {

@@ -98,6 +98,11 @@ typedef struct bench_col {
 } bench_col;
 /* lead, then the titles separated by one space, then a newline. */
 void bench_print_columns(const char *lead, const bench_col *cols, int n_cols);
+/* A '#' line under a row: the chunk op's time by stage (us[GDP_CHUNK_STAGE_NUM], gdp/profile.h;
+ * stages at 0 left out), `what` naming how it was measured, and their sum beside the row's
+ * time. Nothing when every stage is 0. */
+void bench_print_chunk_stages(const char *what, const double *us, double row_us);
+
 /* nccl-tests' footers: "# Out of bounds values : N OK|FAILED" and "# Avg bus bandwidth    : X". */
 void bench_print_wrong_footer(long long wrong);
 void bench_print_busbw_footer(double avg_busbw);

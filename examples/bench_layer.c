@@ -18,7 +18,8 @@
  * busbw then uses the TP group's size). Times are medians over the iterations
  * (the host clock around a synchronized call), eager and, where the comm allows, with the
  * step captured as one CUDA graph and replayed (as gdp-run runs it); the phase columns split
- * one eager step by the library's marks (include/gdp/profile.h). gdp-bench (gdp_bench.c) calls
+ * one eager step by the library's marks (include/gdp/profile.h), and under a step that ran the
+ * chunk op a '#' line splits its time by stage (the layers together). gdp-bench (gdp_bench.c) calls
  * the entry points gdp_bench_layer_main and gdp_bench_coll_main; options, timing loops and
  * footers are bench_common.h's.
  */
@@ -666,6 +667,10 @@ int gdp_bench_layer_main(int argc, char **argv) {
                        phase == 0 ? "decode" : "prefill", v, batch, e.backend == GDP_BACKEND_CUDA ? "bf16" : "fp32",
                        t_max * 1e6, graph, (double)v / t_max, algbw, busbw, pt.gemm_s * pct, pt.ops_s * pct,
                        pt.collective_s * pct, (long long)wrong_all);
+                double stage_us[GDP_CHUNK_STAGE_NUM];
+                for (int st = 0; st < GDP_CHUNK_STAGE_NUM; st++)
+                    stage_us[st] = pt.chunk_s[st] * 1e6;
+                bench_print_chunk_stages("the eager step's layers together", stage_us, t_max * 1e6);
             }
             fflush(stdout);
         }

@@ -19,7 +19,9 @@
  * Checks (#wrong): decode compares request 0 of the last call with the CPU backend (atol =
  * rtol = 1e-3) and counts non-finite outputs; prepare compares every output with the CPU
  * backend (q, k, v bitwise, beta and g within 4 ulp); prefill counts non-finite or unwritten
- * outputs. Exit status 0 when every row ran and #wrong is 0, 1 otherwise; without a GPU it
+ * outputs. Under each prefill row a '#' line splits the op's time by stage (gdp/profile.h: the
+ * cumsums, WY, the state sweep, the outputs; the one-kernel path whole): the median of N eager
+ * calls, each profiled alone. Exit status 0 when every row ran and #wrong is 0, 1 otherwise; without a GPU it
  * prints why and exits 0. Options, timing loop, columns and footers: bench_common.h.
  */
 #include <math.h>
@@ -30,6 +32,7 @@
 #include "bench_common.h"
 #include "backend.h" /* gdp_gemm_nt_ex, the layer's projection GEMM (internal) */
 #include "gdp/gdp.h"
+#include "gdp/profile.h"
 
 #define COPY_BW 4.17e12   /* measured device-to-device copy, bytes read + written per second */
 #define BF16_FLOPS 7.9e14 /* measured dense bf16 GEMM rate, FLOP/s */
@@ -581,9 +584,32 @@ static void bench_gemm(bench_env *e, const char *what, int64_t rows, int64_t n, 
 
 static gdp_status_t chunk_fn(void *a) { return gdp_chunk_gated_delta_product_varlen(g_env->gpu, a); }
 
+/* The chunk op's time by stage (gdp/profile.h): into us[GDP_CHUNK_STAGE_NUM] the median over
+ * e->iters eager calls of fn(args), each alone in a profile; 0 if the profile failed. */
+static void chunk_stage_times(bench_env *e, op_fn fn, void *args, double *us) {
+    const int n = e->iters;
+    double *t = calloc((size_t)n * GDP_CHUNK_STAGE_NUM, sizeof(double));
+    for (int i = 0; i < n; i++) {
+        gdp_phase_times pt;
+        if (gdp_profile_begin(e->gpu) != GDP_STATUS_SUCCESS || fn(args) != GDP_STATUS_SUCCESS ||
+            gdp_profile_end(e->gpu, &pt) != GDP_STATUS_SUCCESS) {
+            fprintf(stderr, "gdp-bench: stage profile: %s\n", gdp_last_error());
+            g_errors++;
+            free(t);
+            return;
+        }
+        for (int s = 0; s < GDP_CHUNK_STAGE_NUM; s++)
+            t[s * n + i] = pt.chunk_s[s] * 1e6;
+    }
+    for (int s = 0; s < GDP_CHUNK_STAGE_NUM; s++)
+        us[s] = bench_median(t + s * n, n);
+    free(t);
+}
+
 static void bench_prefill(bench_env *e, int64_t H, int64_t K, int64_t V, int64_t M, const int32_t *lens, int nseq,
                           const char *lens_desc, double peer_us) {
     row_stats rs = {0};
+    double stage_us[GDP_CHUNK_STAGE_NUM] = {0};
     char shape[64];
     snprintf(shape, sizeof shape, "H=%lld K=%lld V=%lld M=%lld %s", (long long)H, (long long)K, (long long)V,
              (long long)M, lens_desc);
@@ -641,6 +667,7 @@ static void bench_prefill(bench_env *e, int64_t H, int64_t K, int64_t V, int64_t
                 rs.wrong++;
             CUDA_TRY(cudaStreamSynchronize(e->stream));
             rs.wrong += count_nonfinite(&a.o) + count_nonfinite(&a.final_state);
+            chunk_stage_times(e, chunk_fn, &a, stage_us);
         }
         gdp_tensor *all[] = {&a.q, &a.k, &a.v, &a.g, &a.beta, &a.cu_seqlens, &a.chunk_indices, &a.chunk_indices_dp,
                              &a.chunk_offsets, &a.o, &a.final_state};
@@ -652,6 +679,8 @@ static void bench_prefill(bench_env *e, int64_t H, int64_t K, int64_t V, int64_t
     const double flops = F * (double)T * (double)H;
     const double bytes = (2 * Kd + 2 * Md * Kd + 2 * Md * Vd + 2 * Vd + 4 * Md + 4) * (double)T * (double)H;
     print_row("prefill", shape, (double)T, bytes, flops, flops / BF16_FLOPS * 1e6, peer_us, &rs);
+    if (rs.ran)
+        bench_print_chunk_stages("eager, median", stage_us, rs.med_us);
     free(cu), free(ci), free(cidp), free(co);
 }
 

@@ -23,6 +23,7 @@
 typedef struct phase_state {
     gdp_ctx_t       ctx;
     gdp_phase_list *list;
+    gdp_phase_list *stages; /* the chunk op's stage marks, or NULL (not recorded) */
     int32_t         locked;
     gdp_status_t    status; /* the first failure of a mark, reported by gdp_phase_end */
 } phase_state;
@@ -68,12 +69,14 @@ static void nvtx_phase(int32_t index, int phase) {
 #endif
 }
 
-static gdp_status_t record(gdp_ctx_t ctx, gdp_phase_list *l, int phase) {
+/* One mark of `phase` into l; `nvtx`: also the NVTX range of a step phase (not for stage marks). */
+static gdp_status_t record_mark(gdp_ctx_t ctx, gdp_phase_list *l, int phase, int nvtx) {
     if (l->n == l->cap)
         GDP_CHECK(grow(l));
     const int32_t i = l->n++;
     l->phase[i] = (int8_t)phase;
-    nvtx_phase(i, phase);
+    if (nvtx)
+        nvtx_phase(i, phase);
 #ifdef GDP_HAVE_CUDA
     if (ctx->backend == GDP_BACKEND_CUDA) {
         if (l->events[i] == NULL) {
@@ -98,7 +101,13 @@ static gdp_status_t record(gdp_ctx_t ctx, gdp_phase_list *l, int phase) {
     return GDP_STATUS_SUCCESS;
 }
 
+static gdp_status_t record(gdp_ctx_t ctx, gdp_phase_list *l, int phase) { return record_mark(ctx, l, phase, 1); }
+
 gdp_status_t gdp_phase_begin(gdp_ctx_t ctx, gdp_phase_list *list, int phase) {
+    return gdp_phase_begin_stages(ctx, list, NULL, phase);
+}
+
+gdp_status_t gdp_phase_begin_stages(gdp_ctx_t ctx, gdp_phase_list *list, gdp_phase_list *stages, int phase) {
     if (g_active != NULL)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE, "phase timing: a recording is already active on this ctx");
     phase_state *s = calloc(1, sizeof *s);
@@ -106,7 +115,10 @@ gdp_status_t gdp_phase_begin(gdp_ctx_t ctx, gdp_phase_list *list, int phase) {
         GDP_FAIL(GDP_STATUS_SYSTEM_ERROR, "phase timing: out of memory");
     s->ctx = ctx;
     s->list = list;
+    s->stages = stages;
     list->n = 0;
+    if (stages != NULL)
+        stages->n = 0;
     g_active = s;
     const gdp_status_t st = record(ctx, list, phase);
     if (st != GDP_STATUS_SUCCESS) {
@@ -130,6 +142,13 @@ void gdp_phase_mark_stream(void *stream, int phase) {
     phase_state *s = g_active;
     if (s != NULL && s->ctx->stream == stream)
         gdp_phase_mark(s->ctx, phase);
+}
+
+void gdp_phase_stage_mark_stream(void *stream, int mark) {
+    phase_state *s = g_active;
+    if (s == NULL || s->stages == NULL || s->ctx->stream != stream || s->status != GDP_STATUS_SUCCESS)
+        return;
+    s->status = record_mark(s->ctx, s->stages, mark, 0);
 }
 
 void gdp_phase_lock(gdp_ctx_t ctx, int phase) {
@@ -161,26 +180,53 @@ gdp_status_t gdp_phase_end(gdp_ctx_t ctx) {
     return st;
 }
 
+/* Seconds between two marks of a list. */
+static gdp_status_t mark_gap(gdp_ctx_t ctx, const gdp_phase_list *list, int32_t i, double *dt) {
+#ifdef GDP_HAVE_CUDA
+    if (ctx->backend == GDP_BACKEND_CUDA) {
+        float ms = 0;
+        const cudaError_t err =
+            cudaEventElapsedTime(&ms, (cudaEvent_t)list->events[i], (cudaEvent_t)list->events[i + 1]);
+        if (err != cudaSuccess)
+            GDP_CUDA_FAIL(err, "phase timing: cudaEventElapsedTime failed (work not finished?)");
+        *dt = ms * 1e-3;
+        return GDP_STATUS_SUCCESS;
+    }
+#endif
+    (void)ctx;
+    *dt = list->t[i + 1] - list->t[i];
+    return GDP_STATUS_SUCCESS;
+}
+
 gdp_status_t gdp_phase_sum(gdp_ctx_t ctx, const gdp_phase_list *list, double *sums, double *total) {
     for (int32_t i = 0; i + 1 < list->n; i++) {
         double dt = 0;
-#ifdef GDP_HAVE_CUDA
-        if (ctx->backend == GDP_BACKEND_CUDA) {
-            float ms = 0;
-            const cudaError_t err =
-                cudaEventElapsedTime(&ms, (cudaEvent_t)list->events[i], (cudaEvent_t)list->events[i + 1]);
-            if (err != cudaSuccess)
-                GDP_CUDA_FAIL(err, "phase timing: cudaEventElapsedTime failed (work not finished?)");
-            dt = ms * 1e-3;
-        } else
-#endif
-            dt = list->t[i + 1] - list->t[i];
+        GDP_CHECK(mark_gap(ctx, list, i, &dt));
         const int p = list->phase[i];
         if (p >= 0 && p < GDP_MARK_NUM)
             sums[p] += dt;
         *total += dt;
     }
-    (void)ctx;
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_phase_stage_sum(gdp_ctx_t ctx, const gdp_phase_list *stages, double *sums) {
+    /* the stage each mark ends; a BEGIN mark ends nothing (the gap before it lies between calls) */
+    static const int8_t stage_of[7] = {-1,
+                                       GDP_CHUNK_STAGE_CUMSUM,
+                                       GDP_CHUNK_STAGE_WY,
+                                       GDP_CHUNK_STAGE_STATE,
+                                       GDP_CHUNK_STAGE_OUT,
+                                       GDP_CHUNK_STAGE_OUT,
+                                       GDP_CHUNK_STAGE_FUSED};
+    for (int32_t i = 0; i + 1 < stages->n; i++) {
+        const int mark = stages->phase[i + 1];
+        if (mark < 0 || mark > GDP_CHUNK_MARK_FUSED || stage_of[mark] < 0)
+            continue;
+        double dt = 0;
+        GDP_CHECK(mark_gap(ctx, stages, i, &dt));
+        sums[stage_of[mark]] += dt;
+    }
     return GDP_STATUS_SUCCESS;
 }
 
@@ -200,11 +246,16 @@ void gdp_phase_list_free(gdp_phase_list *list) {
 
 /* ---- the public profile (include/gdp/profile.h) over the same marks ---------------------- */
 
-static _Thread_local gdp_phase_list g_profile;
+static _Thread_local gdp_phase_list g_profile, g_profile_stages;
+
+const char *gdp_chunk_stage_name(gdp_chunk_stage_t stage) {
+    static const char *const names[GDP_CHUNK_STAGE_NUM] = {"cumsum", "wy", "state", "out", "fused"};
+    return (int)stage >= 0 && stage < GDP_CHUNK_STAGE_NUM ? names[stage] : NULL;
+}
 
 gdp_status_t gdp_profile_begin(gdp_ctx_t ctx) {
     GDP_CHECK(gdp_ctx_check(ctx, "gdp_profile_begin"));
-    return gdp_phase_begin(ctx, &g_profile, GDP_MARK_OPS);
+    return gdp_phase_begin_stages(ctx, &g_profile, &g_profile_stages, GDP_MARK_OPS);
 }
 
 gdp_status_t gdp_profile_end(gdp_ctx_t ctx, gdp_phase_times *times) {
@@ -221,8 +272,11 @@ gdp_status_t gdp_profile_end(gdp_ctx_t ctx, gdp_phase_times *times) {
 #endif
     double sums[GDP_MARK_NUM] = {0}, total = 0;
     GDP_CHECK(gdp_phase_sum(ctx, &g_profile, sums, &total));
+    double stage_sums[GDP_CHUNK_STAGE_NUM] = {0};
+    GDP_CHECK(gdp_phase_stage_sum(ctx, &g_profile_stages, stage_sums));
     *times = (gdp_phase_times){.gemm_s = sums[GDP_MARK_GEMM], .ops_s = sums[GDP_MARK_OPS],
                                .collective_s = sums[GDP_MARK_COLLECTIVE], .head_s = sums[GDP_MARK_HEAD],
                                .total_s = total};
+    memcpy(times->chunk_s, stage_sums, sizeof stage_sums);
     return GDP_STATUS_SUCCESS;
 }

@@ -36,11 +36,31 @@ typedef struct gdp_phase_list {
 /* Starts recording into list (its marks are reused from the start) with a first mark of
  * `phase`. One recording per ctx at a time. */
 gdp_status_t gdp_phase_begin(gdp_ctx_t ctx, gdp_phase_list *list, int phase);
+/* The same, and the chunk op's stage marks (gdp_phase_stage_mark_stream) go to `stages` (NULL:
+ * not recorded). */
+gdp_status_t gdp_phase_begin_stages(gdp_ctx_t ctx, gdp_phase_list *list, gdp_phase_list *stages, int phase);
 /* A mark of `phase` when the ctx records and is not locked; otherwise nothing. */
 void gdp_phase_mark(gdp_ctx_t ctx, int phase);
 /* The same from code that knows only the stream (the collectives): marks when the active
  * recording's ctx runs on `stream`. */
 void gdp_phase_mark_stream(void *stream, int phase);
+/* The chunk op's stage marks (kernels/chunk/launch.cu and stages.cuh): each mark ends the stage
+ * named by its id, from the mark before it; BEGIN opens a call. The profile sums them per stage
+ * (gdp_phase_times.chunk_s). Recorded only when the active recording's ctx runs on `stream` and
+ * asked for stages. */
+enum {
+    GDP_CHUNK_MARK_BEGIN = 0,  /* the call starts                                  */
+    GDP_CHUNK_MARK_CUMSUM = 1, /* the gate cumsums ended                           */
+    GDP_CHUNK_MARK_WY = 2,     /* the WY stage ended                                */
+    GDP_CHUNK_MARK_STATE = 3,  /* the state sweep ended                             */
+    GDP_CHUNK_MARK_OUT = 4,    /* the output stage ended                            */
+    GDP_CHUNK_MARK_END = 5,    /* the call ended (the zero tail, if any, counts as outputs) */
+    GDP_CHUNK_MARK_FUSED = 6,  /* the one-kernel path's kernel ended               */
+};
+void gdp_phase_stage_mark_stream(void *stream, int mark);
+/* After the recorded work finished: seconds per chunk stage added to sums[GDP_CHUNK_STAGE_NUM]
+ * (gdp/profile.h). */
+gdp_status_t gdp_phase_stage_sum(gdp_ctx_t ctx, const gdp_phase_list *stages, double *sums);
 /* Marks `phase` and ignores inner marks until the matching unlock, which marks `after`. */
 void gdp_phase_lock(gdp_ctx_t ctx, int phase);
 void gdp_phase_unlock(gdp_ctx_t ctx, int after);

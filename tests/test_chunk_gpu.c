@@ -20,10 +20,14 @@
  * cache mode with -1 slots; each width's results also against the reference. Every case but
  * the widths runs three times: GDP_CHUNK_PATH=staged, =fused (the one-pass kernel where K, V <=
  * 128) and unset (the op's choice); an unknown path -> INVALID_USAGE naming it, writing nothing.
- * Exits 77 when the library has no CUDA backend or no GPU is present.
+ * The profile's stage split (gdp/profile.h) under each path: a profiled call gives the same bits,
+ * the staged path fills the cumsum, WY, state and output stages and not the fused one, the one-
+ * kernel path the reverse, and the stages add up to no more than the profile's span; a CPU ctx
+ * leaves them 0. Exits 77 when the library has no CUDA backend or no GPU is present.
  */
 #include <string.h>
 
+#include "gdp/profile.h"
 #include "internal.h"
 #include "test_gpu.h"
 
@@ -191,6 +195,9 @@ static void cpu_run(gdp_ctx_t cpu, const inputs *in, gdp_dtype_t cs_dtype, outpu
     CHECK_OK(gdp_chunk_gated_delta_product_varlen(cpu, &a));
 }
 
+/* When set, gpu_run profiles its op call alone (gdp/profile.h) into it. */
+static gdp_phase_times *g_profile_times;
+
 /* The GPU op on device copies; outputs poisoned first (o NaN, states NaN, chunk states 0x7f). */
 static void gpu_run(gdp_ctx_t gpu, const inputs *in, bool with_desc, gdp_dtype_t cs_dtype, outputs *out) {
     gdp_chunk_args a = base_args(in);
@@ -217,7 +224,11 @@ static void gpu_run(gdp_ctx_t gpu, const inputs *in, bool with_desc, gdp_dtype_t
     a.return_chunk_states = 1;
     a.chunk_states = d_cs;
     reserve_for(gpu, in->T, in->N, in->M, in->H, in->K, in->V);
+    if (g_profile_times != NULL)
+        CHECK_OK(gdp_profile_begin(gpu));
     CHECK_OK(gdp_chunk_gated_delta_product_varlen(gpu, &a));
+    if (g_profile_times != NULL)
+        CHECK_OK(gdp_profile_end(gpu, g_profile_times));
     CUDA_OK(cudaDeviceSynchronize());
     out->o = test_dev_download(&d_o);
     out->fs = test_dev_download(&d_fs);
@@ -794,6 +805,51 @@ static void test_rejections(void) {
     free_inputs(&in);
 }
 
+/* ---- the profile's stage split (gdp/profile.h) under the current GDP_CHUNK_PATH ---------------------------- */
+static void test_profile_stages(gdp_ctx_t cpu, gdp_ctx_t gpu, const char *path) {
+    const chunk_case c = {"profile", 2, 4, 128, 128, 3, {300, 64, 130}, 512, GDP_DTYPE_BF16, GDP_DTYPE_BF16,
+                          GDP_DTYPE_FP32, 1, 0, 0.1};
+    inputs in;
+    make_inputs(&c, 4242, &in);
+    outputs plain, profiled, ref;
+    gdp_phase_times pt;
+    gpu_run(gpu, &in, true, GDP_DTYPE_FP32, &plain);
+    g_profile_times = &pt;
+    gpu_run(gpu, &in, true, GDP_DTYPE_FP32, &profiled);
+    g_profile_times = NULL;
+    CHECK(same_outputs(&plain, &profiled, true), "profile (%s): a profiled chunk call gives other bits", path);
+    const double *s = pt.chunk_s;
+    const bool staged = s[GDP_CHUNK_STAGE_CUMSUM] > 0 && s[GDP_CHUNK_STAGE_WY] > 0 && s[GDP_CHUNK_STAGE_STATE] > 0 &&
+                        s[GDP_CHUNK_STAGE_OUT] > 0 && s[GDP_CHUNK_STAGE_FUSED] == 0;
+    const bool fused = s[GDP_CHUNK_STAGE_FUSED] > 0 && s[GDP_CHUNK_STAGE_CUMSUM] == 0 && s[GDP_CHUNK_STAGE_WY] == 0 &&
+                       s[GDP_CHUNK_STAGE_STATE] == 0;
+    double sum = 0;
+    for (int i = 0; i < GDP_CHUNK_STAGE_NUM; i++)
+        sum += s[i];
+    CHECK(staged != fused, "profile (%s): stages cumsum %g wy %g state %g out %g fused %g s: neither the staged nor "
+          "the fused split", path, s[0], s[1], s[2], s[3], s[4]);
+    CHECK(strcmp(path, "staged") != 0 || staged, "profile (staged): the split is not the staged one");
+    CHECK(strcmp(path, "fused") != 0 || fused, "profile (fused): the split is not the one-kernel one");
+    CHECK(sum <= pt.total_s * (1 + 1e-6) && pt.ops_s <= pt.total_s * (1 + 1e-6),
+          "profile (%s): the stages add up to %g s, past the profile's span %g s", path, sum, pt.total_s);
+    /* the CPU backend has no stages: a profiled CPU call leaves them 0 */
+    gdp_phase_times cpt;
+    CHECK_OK(gdp_profile_begin(cpu));
+    cpu_run(cpu, &in, GDP_DTYPE_FP32, &ref);
+    CHECK_OK(gdp_profile_end(cpu, &cpt));
+    for (int i = 0; i < GDP_CHUNK_STAGE_NUM; i++)
+        CHECK(cpt.chunk_s[i] == 0, "profile: the CPU backend reports a %s stage of %g s",
+              gdp_chunk_stage_name((gdp_chunk_stage_t)i), cpt.chunk_s[i]);
+    CHECK(gdp_chunk_stage_name(GDP_CHUNK_STAGE_NUM) == NULL, "gdp_chunk_stage_name names a stage past the last");
+    printf("  profile (%s): cumsum %.1f  wy %.1f  state %.1f  out %.1f  fused %.1f us (span %.1f us); profiled "
+           "call bitwise equal\n",
+           path, s[0] * 1e6, s[1] * 1e6, s[2] * 1e6, s[3] * 1e6, s[4] * 1e6, pt.total_s * 1e6);
+    free_outputs(&plain);
+    free_outputs(&profiled);
+    free_outputs(&ref);
+    free_inputs(&in);
+}
+
 /* ---- the chunk-local cumsum op ---------------------------------------------------------------------------- */
 static void test_cumsum(gdp_ctx_t cpu, gdp_ctx_t gpu) {
     const chunk_case c = {"cumsum", 3, 5, 64, 64, 5, {130, 0, 64, 1, 200}, 420, GDP_DTYPE_BF16, GDP_DTYPE_BF16,
@@ -867,6 +923,7 @@ int main(void) {
         test_padding(gpu);
         test_graph(cpu);
         test_rejections();
+        test_profile_stages(cpu, gpu, paths[pi] != NULL ? paths[pi] : "auto");
     }
     set_chunk_path(NULL);
     test_cumsum(cpu, gpu);

@@ -291,13 +291,12 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     /* exact_log2e is a CPU-reference knob: in fp32 1/ln 2 rounds to GDP_RCP_LN2 anyway. */
 
     /* ---- enqueue: the fused kernel, or the cumsums, WY, state sweep and outputs; then the zero tail ---- */
-    GDP_CHUNK_STAGE_MARK(0, stream);
+    GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_BEGIN, stream);
     if (fused_fits(p) && (path == 1 || (path == 2 && FUSED_BY_DEFAULT))) {
         err = a->q.dtype == GDP_DTYPE_BF16 ? launch_fused<__nv_bfloat16>(p, stream) : launch_fused<__half>(p, stream);
         GDP_CUDA_LAUNCH_CHECK(op, err, "the fused chunk kernel: N %lld, H %lld, K %lld, V %lld", (long long)N,
                               (long long)H, (long long)K, (long long)V);
-        for (int stage = 1; stage <= 4; stage++) /* one kernel: the lab's stages 1-3 are empty */
-            GDP_CHUNK_STAGE_MARK(stage, stream);
+        GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_FUSED, stream);
     } else {
         gdp_tensor gq_view, gk_view;
         int64_t gq_shape[3] = {1, T, H}, gk_shape[3] = {1, T * M, H};
@@ -305,7 +304,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
         gdp_tensor_init(&gk_view, ws + lay.off_gk, GDP_DTYPE_FP32, 3, gk_shape);
         GDP_CHECK(gdp_cuda_chunk_local_cumsum(ctx, &gq_view, &gk_view, gdp_tensor_present(&a->g) ? &a->g : NULL,
                                               &a->cu_seqlens, M));
-        GDP_CHUNK_STAGE_MARK(1, stream);
+        GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_CUMSUM, stream);
         p.zero_tail = num_chunks > 0; /* the output stage's grid then covers every head and column */
         err = a->q.dtype == GDP_DTYPE_BF16
                   ? launch_stages<__nv_bfloat16>(p, num_chunks, num_chunks_dp, sms, state_vb, state_copy == 1, stream)
@@ -318,6 +317,6 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
                                                                             H * V);
         GDP_CUDA_LAUNCH_CHECK(op, cudaGetLastError(), "the tail zero-fill: T %lld", (long long)T);
     }
-    GDP_CHUNK_STAGE_MARK(5, stream);
+    GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_END, stream);
     return GDP_STATUS_SUCCESS;
 }

@@ -18,9 +18,13 @@
 #include "state.cuh"
 #include "wy.cuh"
 
-/* Developer hook: kernels/dev/chunk_stages.cu defines it to record an event after each stage. */
+#include "src/phase.h" /* GDP_CHUNK_MARK_*, the profile's stage marks */
+
+/* A mark after each stage (ids GDP_CHUNK_MARK_*): the profile's stage times (gdp/profile.h; no
+ * cost unless a profile is recording on this stream). kernels/dev/chunk_stages.cu defines it to
+ * record its own events. */
 #ifndef GDP_CHUNK_STAGE_MARK
-#define GDP_CHUNK_STAGE_MARK(stage, stream) ((void)0)
+#define GDP_CHUNK_STAGE_MARK(mark, stream) gdp_phase_stage_mark_stream((void *)(stream), (mark))
 #endif
 
 namespace {
@@ -86,7 +90,7 @@ template <typename T, int KP> struct Stages {
                 return err;
             chunk_wy_kernel<T, KP><<<dim3((unsigned)num_chunks_dp, (unsigned)p.H), 128, smem, st>>>(p);
         }
-        GDP_CHUNK_STAGE_MARK(2, st);
+        GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_WY, st);
         if (p.N > 0) {
             const int vb = state_vb != 0 ? state_vb : choose_state_vb(p.VP, p.H, p.N, sms);
             const int64_t blocks = (int64_t)(p.VP / vb) * p.H * p.N;
@@ -97,7 +101,7 @@ template <typename T, int KP> struct Stages {
             if (err != cudaSuccess)
                 return err;
         }
-        GDP_CHUNK_STAGE_MARK(3, st);
+        GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_STATE, st);
         if (num_chunks > 0) {
             err = cudaFuncSetAttribute(chunk_out_kernel<T, KP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)out_smem());
@@ -106,7 +110,7 @@ template <typename T, int KP> struct Stages {
             chunk_out_kernel<T, KP><<<dim3((unsigned)num_chunks, (unsigned)p.H, (unsigned)((p.VP + OB - 1) / OB)),
                                       256, out_smem(), st>>>(p);
         }
-        GDP_CHUNK_STAGE_MARK(4, st);
+        GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_OUT, st);
         return cudaGetLastError();
     }
 };

@@ -25,7 +25,16 @@
 #include <vector>
 
 static cudaEvent_t g_stage_events[6];
-#define GDP_CHUNK_STAGE_MARK(stage, stream) cudaEventRecord(g_stage_events[(stage)], (stream))
+/* Event s after stage s (launch.cu's GDP_CHUNK_MARK_* ids 0-5); the fused path's one mark
+ * (id 6) records events 1-4 at once: its kernel then counts as stage 1, stages 2-4 are empty. */
+static void lab_stage_mark(int mark, cudaStream_t stream) {
+    if (mark == 6)
+        for (int s = 1; s <= 4; s++)
+            cudaEventRecord(g_stage_events[s], stream);
+    else
+        cudaEventRecord(g_stage_events[mark], stream);
+}
+#define GDP_CHUNK_STAGE_MARK(mark, stream) lab_stage_mark((mark), (stream))
 /* --fused-phases: thread 0 (aux) and thread 128 (state) of block (0, 0, 0) of the fused kernel
  * add up the clock64 cycles of each phase (fused.cuh's marks) */
 __device__ unsigned long long g_fused_cycles[2][8];
