@@ -20,6 +20,9 @@
  * cache mode with -1 slots; each width's results also against the reference. Every case but
  * the widths runs three times: GDP_CHUNK_PATH=staged, =fused (the one-pass kernel where K, V <=
  * 128) and unset (the op's choice); an unknown path -> INVALID_USAGE naming it, writing nothing.
+ * The state sweep's copies by one producer warp (the default) and by every warp
+ * (GDP_CHUNK_STATE_COPY=warps): bitwise equal on every width case; a bad value -> INVALID_USAGE.
+ * GDP_TEST_CHUNK_PATH=staged|fused|auto runs one path only (for the sanitizers).
  * The profile's stage split (gdp/profile.h) under each path: a profiled call gives the same bits,
  * the staged path fills the cumsum, WY, state and output stages and not the fused one, the one-
  * kernel path the reverse, and the stages add up to no more than the profile's span; a CPU ctx
@@ -790,6 +793,13 @@ static void test_rejections(void) {
           "the GDP_CHUNK_PATH refusal names neither the variable nor its value: %s", gdp_last_error());
     printf("  GDP_CHUNK_PATH=fastest: %s\n", gdp_last_error());
     test_env_restore("GDP_CHUNK_PATH", path);
+    /* likewise an unknown state-sweep copy mode */
+    char *copy = test_env_swap("GDP_CHUNK_STATE_COPY", "dma");
+    CHECK_STATUS(gdp_chunk_gated_delta_product_varlen(fresh, &a), GDP_STATUS_INVALID_USAGE);
+    CHECK(strstr(gdp_last_error(), "GDP_CHUNK_STATE_COPY") != NULL && strstr(gdp_last_error(), "dma") != NULL,
+          "the GDP_CHUNK_STATE_COPY refusal names neither the variable nor its value: %s", gdp_last_error());
+    printf("  GDP_CHUNK_STATE_COPY=dma: %s\n", gdp_last_error());
+    test_env_restore("GDP_CHUNK_STATE_COPY", copy);
     CUDA_OK(cudaDeviceSynchronize());
     gdp_tensor ho = test_dev_download(&d_o), ho32 = test_dev_download(&o32);
     CHECK(bytes_all(ho.data, test_tensor_bytes(&ho), 0x5a) && bytes_all(ho32.data, test_tensor_bytes(&ho32), 0x5a),
@@ -910,7 +920,12 @@ int main(void) {
     /* every case under each kernel path: the staged chain, the fused kernel (shapes it does not
      * take, K or V above 128, run staged there too), and the op's own choice */
     static const char *const paths[3] = {"staged", "fused", NULL};
+    /* GDP_TEST_CHUNK_PATH=staged|fused|auto runs that path only (the sanitizer runs, which are
+     * slow, take one path per call) */
+    const char *only = getenv("GDP_TEST_CHUNK_PATH");
     for (int pi = 0; pi < 3; pi++) {
+        if (only != NULL && *only != '\0' && strcmp(only, paths[pi] != NULL ? paths[pi] : "auto") != 0)
+            continue;
         set_chunk_path(paths[pi]);
         printf("== GDP_CHUNK_PATH=%s\n", paths[pi] != NULL ? paths[pi] : "(unset: auto)");
         test_golden(gpu);

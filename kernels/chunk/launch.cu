@@ -79,13 +79,14 @@ int chunk_path_from_env(const char **text) {
     return gdp_env_choice("GDP_CHUNK_PATH", spell, value, 3, 2, text);
 }
 
-/* Who issues the state sweep's copies: every warp (warps, the default) or one producer warp
- * (producer: experimental, state.cuh's PW). GDP_CHUNK_STATE_COPY; returns 0, 1, or -1 for any
- * other value. */
+/* Who issues the state sweep's copies: one producer warp (producer, the default: measured 12 %
+ * faster on one 16384-token sequence, within 1 % elsewhere; kernels/NOTES-chunk.md, seventeenth
+ * session) or every warp (warps, the earlier kernel, kept for A/B runs). GDP_CHUNK_STATE_COPY;
+ * returns 1 (producer), 0 (warps), or -1 for any other value. */
 int state_copy_from_env(const char **text) {
     static const char *const spell[2] = {"warps", "producer"};
     static const int value[2] = {0, 1};
-    return gdp_env_choice("GDP_CHUNK_STATE_COPY", spell, value, 2, 0, text);
+    return gdp_env_choice("GDP_CHUNK_STATE_COPY", spell, value, 2, 1, text);
 }
 
 } // namespace
@@ -163,7 +164,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     const char *copy_text = nullptr;
     const int state_copy = state_copy_from_env(&copy_text);
     if (state_copy < 0)
-        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: GDP_CHUNK_STATE_COPY is \"%s\"; it takes warps or producer (unset: warps)",
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: GDP_CHUNK_STATE_COPY is \"%s\"; it takes producer or warps (unset: producer)",
                  op, copy_text);
     const char *path_text = nullptr;
     const int path = chunk_path_from_env(&path_text);

@@ -59,12 +59,13 @@ template <typename T, int KP, int STAGES, int VB> struct StateSmem {
  * keeps state rows [16w, 16w+16) x the block's VB columns in fp32 registers and computes a
  * 16-row x (VB / CGV)-column piece of the chunk's v_new (4 row tiles x CGV column groups cover
  * the 64 x VB tile; warps past CGV column groups, KP = 256 with VB = 16 only, skip that product). */
-/* PW (experimental, GDP_CHUNK_STATE_COPY=producer): one more warp, the producer, issues every copy
+/* PW (the default; GDP_CHUNK_STATE_COPY=warps turns it off): one more warp, the producer, issues every copy
  * of the sweep STAGES - 1 chunks ahead (cp.async, completion on the stage's FULL mbarrier) and
  * waits for the consumer warps' EMPTY mbarrier before it refills a stage; the consumer warps
  * only compute and sync among themselves by named barriers. Why: the issue of the next chunk's
  * copies by every warp was the largest phase of a chunk step of one long sequence
- * (kernels/NOTES-chunk.md, sixteenth session). The arithmetic is the same, so the same bits. */
+ * (kernels/NOTES-chunk.md, sixteenth session); taking it off them made the 1 x 16384 sweep 12 %
+ * faster (seventeenth session). The arithmetic is the same, so the same bits. */
 template <typename T, int KP, int STAGES, int VB, bool PW>
 __global__ void __launch_bounds__(KP * 2 + (PW ? 32 : 0)) chunk_state_kernel(const ChunkParams p) {
     static_assert(VB == 64 || VB == 32 || VB == 16, "state column blocks of 64, 32 or 16");
