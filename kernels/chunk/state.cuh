@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(KP * 2 + (PW ? 32 : 0)) chunk_state_kernel(con
         if (tid == 0)
             for (int b = 0; b < STAGES; b++) {
                 mbar_init(&s.full[b], 32); /* the producer's 32 lanes, each once its copies landed */
-                mbar_init(&s.empty[b], NW); /* one arrival per consumer warp */
+                mbar_init(&s.empty[b], p.empty_lanes ? NTH : NW); /* per consumer thread / warp */
             }
         __syncthreads(); /* the only block-wide barrier: the producer leaves after its loop */
         if (warp == NW) {
@@ -300,9 +300,13 @@ __global__ void __launch_bounds__(KP * 2 + (PW ? 32 : 0)) chunk_state_kernel(con
         state_decay_update<T>(S, exp2f(gl), &s.k[b][0][0], KP + PAD, sr0, nc, &s.u[b][0][0], VB + PAD, 0, lane);
         GDP_STATE_PHASE_MARK(7); /* state update */
         if constexpr (PW) { /* this warp's last reads of stage b are done */
-            __syncwarp();
-            if (lane == 0)
+            if (p.empty_lanes) {
                 mbar_arrive(&s.empty[b]);
+            } else {
+                __syncwarp();
+                if (lane == 0)
+                    mbar_arrive(&s.empty[b]);
+            }
         }
     }
     GDP_STATE_PHASE_FLUSH();
