@@ -39,8 +39,6 @@ struct ChunkParams {
     int q_vec, k_vec, v_vec; /* 16-byte loads allowed for the input tiles */
     int o_vec;               /* 16-byte stores allowed for the output rows (V % 8 == 0, o aligned) */
     int zero_tail;           /* the output stage zeroes o's rows past cu_seqlens[N] (out.cuh) */
-    int empty_lanes;         /* state sweep PW: every consumer thread arrives on EMPTY (experiment,
-                                GDP_CHUNK_STATE_EMPTY=lanes; else lane 0 of each warp) */
 };
 
 /* ---- element access in any storage dtype ---- */

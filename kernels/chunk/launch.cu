@@ -288,10 +288,6 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     p.k_vec = (K % 8 == 0) && aligned16(a->k.data);
     p.v_vec = (V % 8 == 0) && aligned16(a->v.data);
     p.o_vec = (V % 8 == 0) && aligned16(a->o.data);
-    {
-        const char *e = getenv("GDP_CHUNK_STATE_EMPTY"); /* experiment: lanes | warp (default) */
-        p.empty_lanes = e != NULL && strcmp(e, "lanes") == 0;
-    }
     p.g_raw = gdp_tensor_present(&a->g) ? (const float *)a->g.data : nullptr;
     /* exact_log2e is a CPU-reference knob: in fp32 1/ln 2 rounds to GDP_RCP_LN2 anyway. */
 

@@ -61,7 +61,8 @@ template <typename T, int KP, int STAGES, int VB> struct StateSmem {
  * the 64 x VB tile; warps past CGV column groups, KP = 256 with VB = 16 only, skip that product). */
 /* PW (the default; GDP_CHUNK_STATE_COPY=warps turns it off): one more warp, the producer, issues every copy
  * of the sweep STAGES - 1 chunks ahead (cp.async, completion on the stage's FULL mbarrier) and
- * waits for the consumer warps' EMPTY mbarrier before it refills a stage; the consumer warps
+ * waits for the stage's EMPTY mbarrier (every consumer thread arrives after its last read of the
+ * stage) before it refills it; the consumer warps
  * only compute and sync among themselves by named barriers. Why: the issue of the next chunk's
  * copies by every warp was the largest phase of a chunk step of one long sequence
  * (kernels/NOTES-chunk.md, sixteenth session); taking it off them made the 1 x 16384 sweep 12 %
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(KP * 2 + (PW ? 32 : 0)) chunk_state_kernel(con
         if (tid == 0)
             for (int b = 0; b < STAGES; b++) {
                 mbar_init(&s.full[b], 32); /* the producer's 32 lanes, each once its copies landed */
-                mbar_init(&s.empty[b], p.empty_lanes ? NTH : NW); /* per consumer thread / warp */
+                mbar_init(&s.empty[b], NTH); /* one arrival per consumer thread */
             }
         __syncthreads(); /* the only block-wide barrier: the producer leaves after its loop */
         if (warp == NW) {
@@ -299,15 +300,13 @@ __global__ void __launch_bounds__(KP * 2 + (PW ? 32 : 0)) chunk_state_kernel(con
         /* S = 2^gl S + K^T (decayed v_new) */
         state_decay_update<T>(S, exp2f(gl), &s.k[b][0][0], KP + PAD, sr0, nc, &s.u[b][0][0], VB + PAD, 0, lane);
         GDP_STATE_PHASE_MARK(7); /* state update */
-        if constexpr (PW) { /* this warp's last reads of stage b are done */
-            if (p.empty_lanes) {
-                mbar_arrive(&s.empty[b]);
-            } else {
-                __syncwarp();
-                if (lane == 0)
-                    mbar_arrive(&s.empty[b]);
-            }
-        }
+        /* this thread's last reads of stage b are done. Every consumer thread arrives (a release
+         * of its own reads): lane 0 alone after a __syncwarp orders them too, but racecheck does
+         * not follow that chain and reported the producer's refills as races (150 errors);
+         * with every thread arriving it reports none, at the same speed (NOTES-chunk.md,
+         * seventeenth session). */
+        if constexpr (PW)
+            mbar_arrive(&s.empty[b]);
     }
     GDP_STATE_PHASE_FLUSH();
     if constexpr (!PW)
