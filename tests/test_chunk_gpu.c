@@ -750,6 +750,16 @@ static void test_graph(gdp_ctx_t cpu) {
 }
 
 /* ---- rejected calls write nothing ---------------------------------------------------------------------- */
+/* The op under name=value refuses with INVALID_USAGE, naming both (the env is restored after). */
+static void expect_env_refusal(gdp_ctx_t ctx, const gdp_chunk_args *a, const char *name, const char *value) {
+    char *saved = test_env_swap(name, value);
+    CHECK_STATUS(gdp_chunk_gated_delta_product_varlen(ctx, a), GDP_STATUS_INVALID_USAGE);
+    CHECK(strstr(gdp_last_error(), name) != NULL && strstr(gdp_last_error(), value) != NULL,
+          "the %s refusal names neither the variable nor its value: %s", name, gdp_last_error());
+    printf("  %s=%s: %s\n", name, value, gdp_last_error());
+    test_env_restore(name, saved);
+}
+
 static void test_rejections(void) {
     const chunk_case c = {"reject", 2, 2, 64, 64, 2, {40, 60}, 128, GDP_DTYPE_BF16, GDP_DTYPE_BF16, GDP_DTYPE_NUM,
                           1, 0, 0.1};
@@ -781,25 +791,11 @@ static void test_rejections(void) {
     b.q = q32; b.k = k32; b.v = v32; b.o = o32;
     CHECK_STATUS(gdp_chunk_gated_delta_product_varlen(fresh, &b), GDP_STATUS_UNSUPPORTED);
     printf("  fp32 q: %s\n", gdp_last_error());
-    /* a state column-block width other than 64, 32, 16 (or 0 / unset) is refused before any launch */
-    char *vb = test_env_swap("GDP_CHUNK_STATE_VB", "48");
-    CHECK_STATUS(gdp_chunk_gated_delta_product_varlen(fresh, &a), GDP_STATUS_INVALID_USAGE);
-    printf("  GDP_CHUNK_STATE_VB=48: %s\n", gdp_last_error());
-    test_env_restore("GDP_CHUNK_STATE_VB", vb);
-    /* an unknown kernel path is refused before any launch, whatever path the test runs under */
-    char *path = test_env_swap("GDP_CHUNK_PATH", "fastest");
-    CHECK_STATUS(gdp_chunk_gated_delta_product_varlen(fresh, &a), GDP_STATUS_INVALID_USAGE);
-    CHECK(strstr(gdp_last_error(), "GDP_CHUNK_PATH") != NULL && strstr(gdp_last_error(), "fastest") != NULL,
-          "the GDP_CHUNK_PATH refusal names neither the variable nor its value: %s", gdp_last_error());
-    printf("  GDP_CHUNK_PATH=fastest: %s\n", gdp_last_error());
-    test_env_restore("GDP_CHUNK_PATH", path);
-    /* likewise an unknown state-sweep copy mode */
-    char *copy = test_env_swap("GDP_CHUNK_STATE_COPY", "dma");
-    CHECK_STATUS(gdp_chunk_gated_delta_product_varlen(fresh, &a), GDP_STATUS_INVALID_USAGE);
-    CHECK(strstr(gdp_last_error(), "GDP_CHUNK_STATE_COPY") != NULL && strstr(gdp_last_error(), "dma") != NULL,
-          "the GDP_CHUNK_STATE_COPY refusal names neither the variable nor its value: %s", gdp_last_error());
-    printf("  GDP_CHUNK_STATE_COPY=dma: %s\n", gdp_last_error());
-    test_env_restore("GDP_CHUNK_STATE_COPY", copy);
+    /* an unknown value of each of the op's switches is refused before any launch, naming the
+     * variable and the value, whatever path the test runs under */
+    expect_env_refusal(fresh, &a, "GDP_CHUNK_STATE_VB", "48"); /* widths are 64, 32, 16 or 0 / unset */
+    expect_env_refusal(fresh, &a, "GDP_CHUNK_PATH", "fastest");
+    expect_env_refusal(fresh, &a, "GDP_CHUNK_STATE_COPY", "dma");
     CUDA_OK(cudaDeviceSynchronize());
     gdp_tensor ho = test_dev_download(&d_o), ho32 = test_dev_download(&o32);
     CHECK(bytes_all(ho.data, test_tensor_bytes(&ho), 0x5a) && bytes_all(ho32.data, test_tensor_bytes(&ho32), 0x5a),
