@@ -4,7 +4,7 @@
 # its dev files), run every ctest labelled gpu (gpu;mpi included), the Python torch tests,
 # the ops benchmark and the main program. Logs go to $OUT (or ./h200-out) when set.
 # Golden vectors: $GDP_GOLDEN_DIR, else ./.golden (an ignored copy of ../shared/golden).
-# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk|chunkprof|decode|decodeprof|prefront]
+# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk|chunkprof|stagesprof|decode|decodeprof|prefront]
 # (default all; the others are not part of all: serve times gdp-run at the serving shape,
 # loop and alone repeat the gpu tests GDP_LOOP_RUNS times under ctest -j4 and one at a time,
 # experiments times each measured switch every way, profile lists the layer step's kernels
@@ -12,7 +12,8 @@
 # Systems (CUDA API and kernel summaries), sanitize runs every gpu test under
 # compute-sanitizer, which takes far longer; chunk is the chunk op's short loop: its test under
 # every kernel path, the prefill rows under each, the fused kernel's phase cycles and the
-# staged stages' times; chunkprof its ncu stall card); decode likewise for the decode op: its test, then its ops rows under
+# staged stages' times; chunkprof its ncu stall card; stagesprof the staged path's WY, state
+# sweep and output kernels by source line); decode likewise for the decode op: its test, then its ops rows under
 # each decode kernel, then the memory ceiling of the row kernel's scheme; decodeprof the row kernel's
 # ncu card at B=256, fp32 and bf16 state, by source line through launch/ncu_lines.py).
 #   GDP_BUILD_DIR            build folder (default build)
@@ -43,6 +44,7 @@ build=${GDP_BUILD_DIR:-build}
 targets=()
 [ "$stage" = chunk ] && targets=(--target test_chunk_gpu gdp-bench bench_chunk_stages) # what the short loop runs
 [ "$stage" = chunkprof ] && targets=(--target gdp-bench)
+[ "$stage" = stagesprof ] && targets=(--target gdp-bench)
 [ "$stage" = decodeprof ] && targets=(--target gdp-bench)
 [ "$stage" = decode ] && targets=(--target test_recurrent_gpu gdp-bench bench_decode_ceiling)
 [ "$stage" = prefront ] && targets=(--target test_conv1d_gpu gdp-bench)
@@ -185,6 +187,31 @@ if [ "$stage" = chunkprof ]; then
         --section SchedulerStats --section LaunchStats --kernel-name regex:chunk_fused --launch-count 1 \
         "./$build/examples/gdp-bench" ops --op prefill -i 2 -w 1 2>&1 | grep -v "^==PROF==" |
         tee "$out/chunkprof.log" | grep -vE "^prefill|^#" || rc=1
+fi
+if [ "$stage" = stagesprof ]; then
+    # the staged chunk path's kernels by source line (kernels/NOTES-chunk.md): one launch each
+    # under ncu --set full with source counters, joined with the SASS of the same build by
+    # launch/ncu_lines.py. WY and the outputs on the first prefill row (8x2048 M2); the state
+    # sweep on the 1x16384 row, the 47th chunk call of `ops --op prefill -i 10 -w 1` (each row
+    # makes 23: the first call, 1 warm-up, 10 timed, the check, 10 profiled for the stages).
+    command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
+    work=$(mktemp -d)
+    (cd "$work" && cuobjdump -xelf all "$root/$build/libgdp.so" >/dev/null)
+    cubin=$(grep -l chunk_wy_kernel "$work"/*.cubin | head -1)
+    nvdisasm -g -c "$cubin" >"$work/chunk.sass"
+    for spec in "wy chunk_wy_kernel 0 chunk_wy_kernelI13__nv_bfloat16Li128" \
+                "out chunk_out_kernel 0 chunk_out_kernelI13__nv_bfloat16Li128" \
+                "state chunk_state_kernel 46 chunk_state_kernelI13__nv_bfloat16Li128ELi4ELi16ELb1E"; do
+        set -- $spec
+        ncu --clock-control none --set full --import-source yes --kernel-name-base demangled \
+            --kernel-name "regex:$2" --launch-skip "$3" --launch-count 1 \
+            -o "$work/$1" -f "./$build/examples/gdp-bench" ops --op prefill -i 10 -w 1 >"$work/ncu_$1.log" 2>&1 || rc=1
+        ncu -i "$work/$1.ncu-rep" --page source --csv --print-source sass >"$work/$1.csv" 2>&1
+        ncu -i "$work/$1.ncu-rep" --page details >"$out/stagesprof_details_$1.txt" 2>&1
+        echo "## $2 (launch $3 of its kind)"
+        python3 launch/ncu_lines.py "$work/$1.csv" "$work/chunk.sass" "$4" --top 14 || rc=1
+    done 2>&1 | tee "$out/stagesprof.log"
+    rm -rf "$work"
 fi
 if [ "$stage" = decodeprof ]; then
     # the decode row kernel's stall card by source line (kernels/NOTES-ops.md, eleventh session):
