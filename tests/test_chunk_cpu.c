@@ -14,10 +14,13 @@
  *   4. Bad inputs: every rejected argument returns INVALID_ARGUMENT / UNSUPPORTED with a
  *      fresh message and modifies no output byte.
  *   5. gdp_l2norm and gdp_chunk_local_cumsum against direct double formulas.
+ *   6. The profile (gdp/profile.h) around a CPU chunk call: its time counts as GDP ops and the
+ *      chunk stages stay 0 (the CPU backend has none); the stage names.
  */
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
+#include "gdp/profile.h"
 #include "internal.h"
 #include "test_common.h"
 
@@ -855,6 +858,40 @@ static void test_cumsum(gdp_ctx_t ctx) {
     free(g.data); free(cu.data); free(gq.data); free(gk.data); free(gk2.data);
 }
 
+/* ==== 6. the profile around a CPU chunk call ===================================================== */
+static void test_profile(gdp_ctx_t ctx) {
+    static const batch_spec sp = {"profile", 2, {100, 30}, 2, 2, 2, 64, 32, GDP_DTYPE_FP32, GDP_DTYPE_FP32,
+                                  GDP_DTYPE_FP32, GDP_DTYPE_FP32, true, true, true, 1, 0.0};
+    test_rng r;
+    test_rng_seed(&r, 606);
+    batch b;
+    batch_make(&b, &sp, &r);
+    const int64_t o_shape[4] = {1, b.T, sp.H, sp.V};
+    gdp_tensor o = test_tensor_alloc(GDP_DTYPE_FP32, 4, o_shape);
+    gdp_chunk_args a = batch_args(&b);
+    a.o = o;
+    gdp_phase_times t;
+    memset(&t, 0xff, sizeof t);
+    CHECK_OK(gdp_profile_begin(ctx));
+    CHECK_OK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
+    CHECK_OK(gdp_profile_end(ctx, &t));
+    CHECK(t.ops_s > 0 && t.gemm_s == 0 && t.collective_s == 0 && t.head_s == 0 && t.total_s >= t.ops_s,
+          "profile of a CPU chunk call: ops %g gemm %g coll %g head %g total %g s", t.ops_s, t.gemm_s, t.collective_s,
+          t.head_s, t.total_s);
+    static const char *const names[GDP_CHUNK_STAGE_NUM] = {"cumsum", "wy", "state", "out", "fused"};
+    for (int i = 0; i < GDP_CHUNK_STAGE_NUM; i++) {
+        CHECK(t.chunk_s[i] == 0, "profile: the CPU backend reports a %s stage of %g s", names[i], t.chunk_s[i]);
+        const char *name = gdp_chunk_stage_name((gdp_chunk_stage_t)i);
+        CHECK(name != NULL && strcmp(name, names[i]) == 0, "gdp_chunk_stage_name(%d) is %s, not %s", i,
+              name != NULL ? name : "NULL", names[i]);
+    }
+    CHECK(gdp_chunk_stage_name(GDP_CHUNK_STAGE_NUM) == NULL && gdp_chunk_stage_name((gdp_chunk_stage_t)-1) == NULL,
+          "gdp_chunk_stage_name names a stage out of range");
+    printf("profile: a CPU chunk call is %.3g ms of GDP ops, no chunk stages\n", t.ops_s * 1e3);
+    free(o.data);
+    batch_free(&b);
+}
+
 int main(void) {
     gdp_ctx_t ctx;
     CHECK_OK(gdp_ctx_init(&ctx, GDP_BACKEND_CPU, 0));
@@ -864,6 +901,7 @@ int main(void) {
     test_bad_inputs(ctx);
     test_l2norm(ctx);
     test_cumsum(ctx);
+    test_profile(ctx);
     gdp_ctx_free(ctx);
     return test_finish("test_chunk_cpu");
 }
