@@ -188,51 +188,58 @@ if [ "$stage" = chunkprof ]; then
         "./$build/examples/gdp-bench" ops --op prefill -i 2 -w 1 2>&1 | grep -v "^==PROF==" |
         tee "$out/chunkprof.log" | grep -vE "^prefill|^#" || rc=1
 fi
+# The source-line card of one kernel launch (stagesprof, decodeprof): the cubin holding `kernel`
+# out of libgdp.so, its SASS with line marks (nvdisasm -g) into $work/<sass>.sass once, then
+#   ncu_card NAME REGEX SKIP MANGLED SASS COMMAND...
+# runs COMMAND under ncu --set full with the source counters for launch SKIP + 1 of the kernels
+# matching REGEX, writes the details page to $out/NAME_details.txt and prints the hottest lines
+# of the instance whose mangled name starts with MANGLED (launch/ncu_lines.py). Its status is
+# returned, so the callers keep their loops out of pipelines (rc must survive).
+ncu_sass() { # ncu_sass KERNEL SASS: the SASS of the cubin that holds KERNEL
+    (cd "$work" && cuobjdump -xelf all "$root/$build/libgdp.so" >/dev/null)
+    nvdisasm -g -c "$(grep -l "$1" "$work"/*.cubin | head -1)" >"$work/$2.sass"
+}
+ncu_card() {
+    local name=$1 regex=$2 skip=$3 mangled=$4 sass=$5 status=0
+    shift 5
+    ncu --clock-control none --set full --import-source yes --kernel-name-base demangled --kernel-name "regex:$regex" \
+        --launch-skip "$skip" --launch-count 1 -o "$work/$name" -f "$@" >"$work/ncu_$name.log" 2>&1 || status=1
+    ncu -i "$work/$name.ncu-rep" --page source --csv --print-source sass >"$work/$name.csv" 2>&1
+    ncu -i "$work/$name.ncu-rep" --page details >"$out/${name}_details.txt" 2>&1
+    python3 launch/ncu_lines.py "$work/$name.csv" "$work/$sass.sass" "$mangled" --top 14 || status=1
+    return $status
+}
 if [ "$stage" = stagesprof ]; then
-    # the staged chunk path's kernels by source line (kernels/NOTES-chunk.md): one launch each
-    # under ncu --set full with source counters, joined with the SASS of the same build by
-    # launch/ncu_lines.py. WY and the outputs on the first prefill row (8x2048 M2); the state
-    # sweep on the 1x16384 row, the 47th chunk call of `ops --op prefill -i 10 -w 1` (each row
-    # makes 23: the first call, 1 warm-up, 10 timed, the check, 10 profiled for the stages).
+    # the staged chunk path's kernels by source line (kernels/NOTES-chunk.md): WY and the outputs
+    # on the first prefill row (8x2048 M2); the state sweep on the 1x16384 row, the 47th chunk call
+    # of `ops --op prefill -i 10 -w 1` (each row makes 23: the first call, 1 warm-up, 10 timed,
+    # the check, 10 profiled for the stages)
     command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
     work=$(mktemp -d)
-    (cd "$work" && cuobjdump -xelf all "$root/$build/libgdp.so" >/dev/null)
-    cubin=$(grep -l chunk_wy_kernel "$work"/*.cubin | head -1)
-    nvdisasm -g -c "$cubin" >"$work/chunk.sass"
-    for spec in "wy chunk_wy_kernel 0 chunk_wy_kernelI13__nv_bfloat16Li128" \
-                "out chunk_out_kernel 0 chunk_out_kernelI13__nv_bfloat16Li128" \
-                "state chunk_state_kernel 46 chunk_state_kernelI13__nv_bfloat16Li128ELi4ELi16ELb1E"; do
+    ncu_sass chunk_wy_kernel chunk
+    for spec in "stagesprof_wy chunk_wy_kernel 0 chunk_wy_kernelI13__nv_bfloat16Li128" \
+                "stagesprof_out chunk_out_kernel 0 chunk_out_kernelI13__nv_bfloat16Li128" \
+                "stagesprof_state chunk_state_kernel 46 chunk_state_kernelI13__nv_bfloat16Li128ELi4ELi16ELb1E"; do
         set -- $spec
-        ncu --clock-control none --set full --import-source yes --kernel-name-base demangled \
-            --kernel-name "regex:$2" --launch-skip "$3" --launch-count 1 \
-            -o "$work/$1" -f "./$build/examples/gdp-bench" ops --op prefill -i 10 -w 1 >"$work/ncu_$1.log" 2>&1 || rc=1
-        ncu -i "$work/$1.ncu-rep" --page source --csv --print-source sass >"$work/$1.csv" 2>&1
-        ncu -i "$work/$1.ncu-rep" --page details >"$out/stagesprof_details_$1.txt" 2>&1
         echo "## $2 (launch $3 of its kind)"
-        python3 launch/ncu_lines.py "$work/$1.csv" "$work/chunk.sass" "$4" --top 14 || rc=1
-    done 2>&1 | tee "$out/stagesprof.log"
+        ncu_card "$1" "$2" "$3" "$4" chunk "./$build/examples/gdp-bench" ops --op prefill -i 10 -w 1 || rc=1
+    done >"$out/stagesprof.log" 2>&1
+    cat "$out/stagesprof.log"
     rm -rf "$work"
 fi
 if [ "$stage" = decodeprof ]; then
     # the decode row kernel's stall card by source line (kernels/NOTES-ops.md, eleventh session):
-    # one launch of the B=256 row (fp32 state, then bf16) under ncu --set full with the source
-    # counters, its source page as CSV, the SASS of the same build with line marks (the cubin of
-    # recurrent.cu out of libgdp.so, nvdisasm -g), joined by launch/ncu_lines.py
+    # one launch of the B=256 row (fp32 state, then bf16)
     command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
     work=$(mktemp -d)
-    (cd "$work" && cuobjdump -xelf all "$root/$build/libgdp.so" >/dev/null)
-    cubin=$(grep -l recurrent_rows_kernel "$work"/*.cubin | head -1)
-    nvdisasm -g -c "$cubin" >"$work/recurrent.sass"
+    ncu_sass recurrent_rows_kernel recurrent
     for sdt in 0 1; do
-        ncu --clock-control none --set full --import-source yes --kernel-name-base demangled \
-            --kernel-name "regex:recurrent_rows_kernel<\\(int\\)$sdt, \\(int\\)16" --launch-skip 2 --launch-count 1 \
-            -o "$work/rows$sdt" -f "./$build/examples/gdp-bench" ops --op decode-key -i 10 -w 1 >"$work/ncu$sdt.log" 2>&1 || rc=1
-        ncu -i "$work/rows$sdt.ncu-rep" --page source --csv --print-source sass >"$work/rows$sdt.csv" 2>&1
-        ncu -i "$work/rows$sdt.ncu-rep" --page details >"$out/decodeprof_details_$sdt.txt" 2>&1
         echo "## row kernel, state dtype $sdt (0 fp32, 1 bf16), B=256, H 16, K = V = 128, M 2"
-        python3 launch/ncu_lines.py "$work/rows$sdt.csv" "$work/recurrent.sass" \
-            "recurrent_rows_kernelILi${sdt}ELi16ELi32ELi2ELi1EE" --top 12 || rc=1
-    done 2>&1 | tee "$out/decodeprof.log"
+        ncu_card "decodeprof_$sdt" "recurrent_rows_kernel<\\(int\\)$sdt, \\(int\\)16" 2 \
+            "recurrent_rows_kernelILi${sdt}ELi16ELi32ELi2ELi1EE" recurrent "./$build/examples/gdp-bench" ops --op decode-key \
+            -i 10 -w 1 || rc=1
+    done >"$out/decodeprof.log" 2>&1
+    cat "$out/decodeprof.log"
     rm -rf "$work"
 fi
 if [ "$stage" = hostprof ]; then
