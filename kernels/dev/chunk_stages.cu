@@ -24,12 +24,15 @@
 #include <string>
 #include <vector>
 
-static cudaEvent_t g_stage_events[6];
-/* Event s after stage s (launch.cu's GDP_CHUNK_MARK_* ids 0-5); the fused path's one mark
- * (id 6) records events 1-4 at once: its kernel then counts as stage 1, stages 2-4 are empty. */
+#include "src/phase.h" /* GDP_CHUNK_MARK_* */
+
+static cudaEvent_t g_stage_events[GDP_CHUNK_MARK_END + 1];
+/* Event s after stage s (launch.cu's GDP_CHUNK_MARK_* ids BEGIN to END); the fused path's one
+ * mark records the events of CUMSUM to OUT at once: its kernel then counts as the cumsum stage,
+ * the next three are empty. */
 static void lab_stage_mark(int mark, cudaStream_t stream) {
-    if (mark == 6)
-        for (int s = 1; s <= 4; s++)
+    if (mark == GDP_CHUNK_MARK_FUSED)
+        for (int s = GDP_CHUNK_MARK_CUMSUM; s <= GDP_CHUNK_MARK_OUT; s++)
             cudaEventRecord(g_stage_events[s], stream);
     else
         cudaEventRecord(g_stage_events[mark], stream);
