@@ -22,6 +22,9 @@
  * 128) and unset (the op's choice); an unknown path -> INVALID_USAGE naming it, writing nothing.
  * The state sweep's copies by one producer warp (the default) and by every warp
  * (GDP_CHUNK_STATE_COPY=warps): bitwise equal on every width case; a bad value -> INVALID_USAGE.
+ * WY's inverse on CUDA cores in fp32 (GDP_CHUNK_WY_INVERSE=fp32; the default is tf32 tensor
+ * cores): the golden files and the random shapes again on the staged path, against the same
+ * references; a bad value -> INVALID_USAGE.
  * GDP_TEST_CHUNK_PATH=staged|fused|auto runs one path only (for the sanitizers).
  * The profile's stage split (gdp/profile.h) under each path: a profiled call gives the same bits,
  * the staged path fills the cumsum, WY, state and output stages and not the fused one, the one-
@@ -392,6 +395,7 @@ static void test_random(gdp_ctx_t cpu, gdp_ctx_t gpu) {
          0.1},
         {"m3 k64 v64 20 heads x 8 seqs", 3, 20, 64, 64, 8, {33, 128, 0, 65, 7, 64, 20, 90}, 420, BF, BF, F32, 1, 0,
          0.2},
+        {"m5 k128 v128 varlen 65,1,140", 5, 2, 128, 128, 3, {65, 1, 140}, 256, BF, BF, F32, 1, 0, 0.1},
     };
     printf("random shapes vs the CPU backend (same 16-bit inputs, double math):\n");
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -796,6 +800,7 @@ static void test_rejections(void) {
     expect_env_refusal(fresh, &a, "GDP_CHUNK_STATE_VB", "48"); /* widths are 64, 32, 16 or 0 / unset */
     expect_env_refusal(fresh, &a, "GDP_CHUNK_PATH", "fastest");
     expect_env_refusal(fresh, &a, "GDP_CHUNK_STATE_COPY", "dma");
+    expect_env_refusal(fresh, &a, "GDP_CHUNK_WY_INVERSE", "fp16");
     CUDA_OK(cudaDeviceSynchronize());
     gdp_tensor ho = test_dev_download(&d_o), ho32 = test_dev_download(&o32);
     CHECK(bytes_all(ho.data, test_tensor_bytes(&ho), 0x5a) && bytes_all(ho32.data, test_tensor_bytes(&ho32), 0x5a),
@@ -926,8 +931,16 @@ int main(void) {
         printf("== GDP_CHUNK_PATH=%s\n", paths[pi] != NULL ? paths[pi] : "(unset: auto)");
         test_golden(gpu);
         test_random(cpu, gpu);
-        if (pi == 0) /* the staged sweep's column blocks; the fused kernel has one width */
+        if (pi == 0) { /* the staged sweep's column blocks; the fused kernel has one width */
             test_state_widths(cpu, gpu);
+            /* WY's inverse on CUDA cores in fp32 (the default puts its off-diagonal products on
+             * tf32 tensor cores): other bits, the same bars against the references */
+            setenv("GDP_CHUNK_WY_INVERSE", "fp32", 1);
+            printf("== GDP_CHUNK_WY_INVERSE=fp32 (staged)\n");
+            test_golden(gpu);
+            test_random(cpu, gpu);
+            unsetenv("GDP_CHUNK_WY_INVERSE");
+        }
         printf("cache mode, padding, graphs, rejections:\n");
         test_cache(cpu, gpu, GDP_DTYPE_FP32);
         test_cache(cpu, gpu, GDP_DTYPE_BF16);

@@ -5,8 +5,9 @@
  * accumulation) except the small triangular solve:
  *   cumsum (../cumsum.cu) Gq, Gk: chunk-local base-2 cumulative decays of both streams
  *   chunk_wy_kernel     per expanded chunk: keys (L2-normalized if asked, rounded to the
- *                       input dtype), A = beta K K^T with decay, Ai = (I + A)^-1 in fp32,
- *                       w = Ai (beta 2^Gk K), u = Ai (beta V)
+ *                       input dtype), A = beta K K^T with decay, Ai = (I + A)^-1 in fp32
+ *                       (off-diagonal products on tf32 tensor cores unless
+ *                       GDP_CHUNK_WY_INVERSE=fp32), w = Ai (beta 2^Gk K), u = Ai (beta V)
  *   chunk_state_kernel  per (sequence, head, VB value columns; VB = 64, 32 or 16 so that few
  *                       sequences still fill the device, GDP_CHUNK_STATE_VB forces one): the
  *                       sequential sweep over the sequence's expanded chunks, state in
@@ -89,6 +90,17 @@ int state_copy_from_env(const char **text) {
     return gdp_env_choice("GDP_CHUNK_STATE_COPY", spell, value, 2, 1, text);
 }
 
+/* How WY inverts I + A: the off-diagonal blocks' products on tf32 tensor cores (tf32, the
+ * default: measured 5 % faster WY, kernels/NOTES-chunk.md, nineteenth session; fp32
+ * accumulation, Ai then rounded to the 16-bit input type) or every product on CUDA cores in
+ * fp32 (fp32, the earlier kernel, kept for A/B runs; not the same bits). GDP_CHUNK_WY_INVERSE;
+ * returns 1 (tf32), 0 (fp32), or -1 for any other value. */
+int wy_inverse_from_env(const char **text) {
+    static const char *const spell[2] = {"fp32", "tf32"};
+    static const int value[2] = {0, 1};
+    return gdp_env_choice("GDP_CHUNK_WY_INVERSE", spell, value, 2, 1, text);
+}
+
 } // namespace
 
 // kernel launchers
@@ -166,6 +178,11 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     if (state_copy < 0)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: GDP_CHUNK_STATE_COPY is \"%s\"; it takes producer or warps (unset: producer)",
                  op, copy_text);
+    const char *inverse_text = nullptr;
+    const int wy_inverse = wy_inverse_from_env(&inverse_text);
+    if (wy_inverse < 0)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: GDP_CHUNK_WY_INVERSE is \"%s\"; it takes tf32 or fp32 (unset: tf32)",
+                 op, inverse_text);
     const char *path_text = nullptr;
     const int path = chunk_path_from_env(&path_text);
     if (path < 0)
@@ -307,9 +324,9 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
                                               &a->cu_seqlens, M));
         GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_CUMSUM, stream);
         p.zero_tail = num_chunks > 0; /* the output stage's grid then covers every head and column */
-        err = a->q.dtype == GDP_DTYPE_BF16
-                  ? launch_stages<__nv_bfloat16>(p, num_chunks, num_chunks_dp, sms, state_vb, state_copy == 1, stream)
-                  : launch_stages<__half>(p, num_chunks, num_chunks_dp, sms, state_vb, state_copy == 1, stream);
+        const StageOptions opt = {state_vb, state_copy == 1, wy_inverse == 1};
+        err = a->q.dtype == GDP_DTYPE_BF16 ? launch_stages<__nv_bfloat16>(p, num_chunks, num_chunks_dp, sms, opt, stream)
+                                           : launch_stages<__half>(p, num_chunks, num_chunks_dp, sms, opt, stream);
         GDP_CUDA_LAUNCH_CHECK(op, err, "the chunk stages: %lld chunks, H %lld, K %lld, V %lld",
                               (long long)num_chunks, (long long)H, (long long)K, (long long)V);
     }

@@ -29,13 +29,22 @@ template <typename T, int KP> struct OutLayout {
     /* region A holds h, then (after Q h) the K / V buffer of the odd copies; region B the even ones */
     static constexpr size_t a_bytes = h_bytes > kv_bytes ? h_bytes : kv_bytes;
     static constexpr size_t off_a = q_bytes, off_b = off_a + a_bytes, off_g = off_b + kv_bytes;
-    static constexpr size_t total = off_g + sizeof(float) * CHUNK;
+    /* the masked scores of the current copy in the A-fragment order of P V: per row group, per
+     * 16-column k step, the four 32-bit words of each lane (2 x 16-bit each) */
+    static constexpr size_t off_p = off_g + sizeof(float) * CHUNK;
+    static constexpr size_t p_words = 4 * 4 * 4 * 32;
+    static constexpr size_t total = off_p + sizeof(uint32_t) * p_words;
 };
 
 /* Work split: one 256-thread block per (token chunk descriptor, head, 128 value columns); warp w
- * owns output rows [16 (w % 4), +16) and value columns [64 (w / 4), +64) of the block's slice,
- * and (the mask being causal) only score columns < 16 (w % 4) + 16. The next copy's K_m and
- * V_new,m tiles load while the current one is used (two buffers, the first reusing h's space). */
+ * owns output rows [16 (w % 4), +16) and value columns [64 (w / 4), +64) of the block's slice.
+ * The two warps of a row group (w, w + 4) need the same masked scores P = (Q K_m^T) . D over
+ * score columns < 16 (w % 4) + 16 (the mask is causal): each forms every other 16-column step
+ * of them (w / 4 even or odd; a warp without value columns still does its share), hands it to
+ * the other through shared memory in fragment order and a barrier of the pair, so each score is
+ * computed once with the same sums as before and P V reads the same bits. The next copy's K_m
+ * and V_new,m tiles load while the current one is used (two buffers, the first reusing h's
+ * space). */
 template <typename T, int KP>
 __global__ void __launch_bounds__(256, KP <= 128 ? 2 : 1) chunk_out_kernel(const ChunkParams p) {
     constexpr int NTH = 256;
@@ -47,6 +56,7 @@ __global__ void __launch_bounds__(256, KP <= 128 ? 2 : 1) chunk_out_kernel(const
     T *sq = reinterpret_cast<T *>(smem_raw);
     T *sh = reinterpret_cast<T *>(smem_raw + L::off_a);
     float *sg = reinterpret_cast<float *>(smem_raw + L::off_g);
+    uint32_t *sp = reinterpret_cast<uint32_t *>(smem_raw + L::off_p);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
     const int rg = warp & 3, vh = warp >> 2;
@@ -165,47 +175,54 @@ __global__ void __launch_bounds__(256, KP <= 128 ? 2 : 1) chunk_out_kernel(const
             cp_async_wait<1>(); /* copy m landed (the group after it may still be in flight) */
             __syncthreads();
         }
-        if (has_cols) {
-            /* scores of this warp's rows against token columns < 16 (rg + 1) */
-            float sc[8][4];
+        {
+            /* this warp's half of the row group's scores: 16-column steps ks = vh, vh + 2 (<= rg) */
+            float sc[4][4];
             zero_tiles(sc);
-            mma_rows_nk<T, KP>(sc, sq, KP + PAD, r0, sk, KP + PAD, 0, rg, lane);
-            /* token-causal mask and decay ratio, rounded to T as the A operand of P V; tiles
-             * entirely right of the diagonal block stay zero */
-            uint32_t pa[4][4];
+            mma_rows_nk<T, KP>(sc, sq, KP + PAD, r0, sk, KP + PAD, vh, rg, lane, 2);
+            /* token-causal mask and decay ratio, rounded to T as the A operand of P V, into the row
+             * group's words of sp; steps right of the diagonal block are never read */
+            uint32_t *pw = sp + rg * (4 * 4 * 32);
 #pragma unroll
-            for (int ks = 0; ks < 4; ks++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    pa[ks][e] = 0u;
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
-                if ((nt >> 1) <= rg) {
-                    float pv[4];
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int tau = r0 + g + (e >> 1) * 8, sig = nt * 8 + 2 * t4 + (e & 1);
-                        const float gt = (e >> 1) ? gq_hi : gq_lo;
-                        pv[e] = (sig <= tau && tau < n) ? sc[nt][e] * exp2f(gt - sg[sig]) : 0.0f;
-                    }
-                    pa[nt >> 1][(nt & 1) * 2 + 0] = Elem<T>::pack(pv[0], pv[1]);
-                    pa[nt >> 1][(nt & 1) * 2 + 1] = Elem<T>::pack(pv[2], pv[3]);
-                }
-            }
-#pragma unroll
-            for (int ks = 0; ks < 4; ks++) {
+            for (int lp = 0; lp < 2; lp++) {
+                const int ks = vh + 2 * lp;
                 if (ks <= rg) {
 #pragma unroll
-                    for (int pp = 0; pp < 4; pp++) {
-                        uint32_t bv[4];
-                        frag_b_kn(bv, sv, OB + PAD, ks * 16, c0 + pp * 16, lane);
-                        Elem<T>::mma(acc[2 * pp], pa[ks], bv[0], bv[1]);
-                        Elem<T>::mma(acc[2 * pp + 1], pa[ks], bv[2], bv[3]);
+                    for (int h = 0; h < 2; h++) {
+                        const int nt = 2 * ks + h;
+                        float pv[4];
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int tau = r0 + g + (e >> 1) * 8, sig = nt * 8 + 2 * t4 + (e & 1);
+                            const float gt = (e >> 1) ? gq_hi : gq_lo;
+                            pv[e] = (sig <= tau && tau < n) ? sc[2 * lp + h][e] * exp2f(gt - sg[sig]) : 0.0f;
+                        }
+                        pw[(ks * 4 + h * 2 + 0) * 32 + lane] = Elem<T>::pack(pv[0], pv[1]);
+                        pw[(ks * 4 + h * 2 + 1) * 32 + lane] = Elem<T>::pack(pv[2], pv[3]);
+                    }
+                }
+            }
+            bar_sync(1 + rg, 64); /* the pair's scores are in sp (ids 1-4: one per row group) */
+            if (has_cols) {
+#pragma unroll
+                for (int ks = 0; ks < 4; ks++) {
+                    if (ks <= rg) {
+                        uint32_t pa[4];
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            pa[e] = pw[(ks * 4 + e) * 32 + lane];
+#pragma unroll
+                        for (int pp = 0; pp < 4; pp++) {
+                            uint32_t bv[4];
+                            frag_b_kn(bv, sv, OB + PAD, ks * 16, c0 + pp * 16, lane);
+                            Elem<T>::mma(acc[2 * pp], pa, bv[0], bv[1]);
+                            Elem<T>::mma(acc[2 * pp + 1], pa, bv[2], bv[3]);
+                        }
                     }
                 }
             }
         }
-        __syncthreads(); /* every warp is done with this buffer */
+        __syncthreads(); /* every warp is done with this buffer and with sp */
         if (m + 2 < p.M)
             issue(m + 2, buf);
         else

@@ -49,6 +49,16 @@ inline int choose_state_vb(int vp, int heads, int seqs, int sms) {
     return 16;
 }
 
+/* The launcher's run-time choices for the staged chain (launch.cu reads them from the
+ * environment): state_vb, the sweep's column block (64, 32, 16) or 0 to choose it here;
+ * producer, the sweep's copies by one producer warp (else by every warp); wy_tf32, WY's inverse
+ * with its off-diagonal products on tf32 tensor cores (else all on CUDA cores in fp32). */
+struct StageOptions {
+    int state_vb;
+    bool producer;
+    bool wy_tf32;
+};
+
 /* ---- dispatch of the templated stages over (dtype, padded K, pipeline depth, column block) ---- */
 template <typename T, int KP> struct Stages {
     static size_t wy_smem(int vp) { return sizeof(WySmem<T, KP>) + (size_t)CHUNK * (vp + PAD) * sizeof(T); }
@@ -77,27 +87,34 @@ template <typename T, int KP> struct Stages {
         return producer ? launch_state_vb<STAGES, true>(p, vb, st) : launch_state_vb<STAGES, false>(p, vb, st);
     }
 
-    /* sms: multiprocessors of the device; state_vb: the sweep's column block (64, 32, 16) or 0 to
-     * choose it here. With at most one state block per SM the deeper pipeline costs no occupancy
-     * (K <= 128; K = 256 has room for two stages only). */
+    template <bool TF32> static cudaError_t launch_wy(const ChunkParams &p, int64_t num_chunks_dp, cudaStream_t st) {
+        const size_t smem = wy_smem(p.VP);
+        cudaError_t err =
+            cudaFuncSetAttribute(chunk_wy_kernel<T, KP, TF32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (err != cudaSuccess)
+            return err;
+        chunk_wy_kernel<T, KP, TF32><<<dim3((unsigned)num_chunks_dp, (unsigned)p.H), 128, smem, st>>>(p);
+        return cudaSuccess;
+    }
+
+    /* sms: multiprocessors of the device. With at most one state block per SM the deeper
+     * pipeline costs no occupancy (K <= 128; K = 256 has room for two stages only). */
     static cudaError_t launch(const ChunkParams &p, int64_t num_chunks, int64_t num_chunks_dp, int sms,
-                              int state_vb, bool producer, cudaStream_t st) {
+                              const StageOptions &opt, cudaStream_t st) {
         cudaError_t err;
         if (num_chunks_dp > 0) {
-            const size_t smem = wy_smem(p.VP);
-            err = cudaFuncSetAttribute(chunk_wy_kernel<T, KP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+            err = opt.wy_tf32 ? launch_wy<true>(p, num_chunks_dp, st) : launch_wy<false>(p, num_chunks_dp, st);
             if (err != cudaSuccess)
                 return err;
-            chunk_wy_kernel<T, KP><<<dim3((unsigned)num_chunks_dp, (unsigned)p.H), 128, smem, st>>>(p);
         }
         GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_WY, st);
         if (p.N > 0) {
-            const int vb = state_vb != 0 ? state_vb : choose_state_vb(p.VP, p.H, p.N, sms);
+            const int vb = opt.state_vb != 0 ? opt.state_vb : choose_state_vb(p.VP, p.H, p.N, sms);
             const int64_t blocks = (int64_t)(p.VP / vb) * p.H * p.N;
             if (KP <= 128 && blocks <= sms)
-                err = launch_state_copy<KP <= 128 ? 4 : 2>(p, vb, producer, st);
+                err = launch_state_copy<KP <= 128 ? 4 : 2>(p, vb, opt.producer, st);
             else
-                err = launch_state_copy<2>(p, vb, producer, st);
+                err = launch_state_copy<2>(p, vb, opt.producer, st);
             if (err != cudaSuccess)
                 return err;
         }
@@ -116,12 +133,12 @@ template <typename T, int KP> struct Stages {
 };
 
 template <typename T>
-cudaError_t launch_stages(const ChunkParams &p, int64_t num_chunks, int64_t num_chunks_dp, int sms, int state_vb,
-                          bool producer, cudaStream_t st) {
+cudaError_t launch_stages(const ChunkParams &p, int64_t num_chunks, int64_t num_chunks_dp, int sms,
+                          const StageOptions &opt, cudaStream_t st) {
     switch (p.KP) {
-    case 64: return Stages<T, 64>::launch(p, num_chunks, num_chunks_dp, sms, state_vb, producer, st);
-    case 128: return Stages<T, 128>::launch(p, num_chunks, num_chunks_dp, sms, state_vb, producer, st);
-    case 256: return Stages<T, 256>::launch(p, num_chunks, num_chunks_dp, sms, state_vb, producer, st);
+    case 64: return Stages<T, 64>::launch(p, num_chunks, num_chunks_dp, sms, opt, st);
+    case 128: return Stages<T, 128>::launch(p, num_chunks, num_chunks_dp, sms, opt, st);
+    case 256: return Stages<T, 256>::launch(p, num_chunks, num_chunks_dp, sms, opt, st);
     default: return cudaErrorInvalidValue; /* the workspace plan only produces the three above */
     }
 }

@@ -1,8 +1,9 @@
 /*
  * wy.cuh: stage 1 of the chunk op, chunk_wy_kernel: the WY factors per expanded chunk
  * (gdp-math.md 3.2-3.4). Keys (L2-normalized if asked, rounded to the input dtype) go to the
- * workspace for the later stages; A = beta K K^T with decay, Ai = (I + A)^-1 in fp32 on CUDA
- * cores, then w = Ai (beta 2^Gk K) and u = Ai (beta V) on tensor cores.
+ * workspace for the later stages; A = beta K K^T with decay, Ai = (I + A)^-1 in fp32 with its
+ * off-diagonal blocks on tf32 tensor cores (TF32, the default) or all on CUDA cores, then
+ * w = Ai (beta 2^Gk K) and u = Ai (beta V) on tensor cores.
  */
 #ifndef GDP_CHUNK_WY_CUH
 #define GDP_CHUNK_WY_CUH
@@ -42,11 +43,14 @@ static_assert(sizeof(float) * CHUNK * (CHUNK + 4) >=
               "Ai and the four staging tiles in T must fit in A's storage");
 static_assert((sizeof(__nv_bfloat16) * CHUNK * (CHUNK + PAD)) % 16 == 0 && (WY_STAGE_LD * 2) % 16 == 0,
               "the staging tiles need 16-byte aligned rows");
+static_assert(16 * WY_TMP_LD >= 4 * WY_INV_SCRATCH, "the tf32 inverse's four warp scratches must fit in tmp");
 
 /* Work split: one 128-thread block per (expanded chunk descriptor, head); warp w owns rows
- * [16w, 16w+16) of A, w and u; the 64x64 triangular inverse runs on CUDA cores in fp32.
- * K and V arrive together (cp.async) at the start, so no load waits after the solve. */
-template <typename T, int KP>
+ * [16w, 16w+16) of A, w and u; the 64x64 triangular inverse in fp32, its off-diagonal blocks'
+ * products on tf32 tensor cores (TF32: three block barriers; wy_invert_tf32) or all on CUDA
+ * cores (seven; wy_invert). K and V arrive together (cp.async) at the start, so no load waits
+ * after the solve. */
+template <typename T, int KP, bool TF32>
 __global__ void __launch_bounds__(128) chunk_wy_kernel(const ChunkParams p) {
     constexpr int NTH = 128;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -111,9 +115,18 @@ __global__ void __launch_bounds__(128) chunk_wy_kernel(const ChunkParams p) {
     wy_build_a<T, KP>(s.a, &s.k[0][0], KP + PAD, s.gk, s.beta, n, warp, lane);
     __syncthreads();
 
-    /* (I + A)^-1 in place, 16x16 blocks (wy_math.cuh): the same sums in the same order as into a
-     * tile of its own, so the same bits */
-    wy_invert<true>(s.a, s.a, s.tmp, tid, [] { __syncthreads(); });
+    /* (I + A)^-1 in place, 16x16 blocks (wy_math.cuh). fp32: the same sums in the same order as
+     * into a tile of its own, so the same bits. tf32: X's blocks left of the diagonal land
+     * transposed (wy_x_at), read back below. */
+    if constexpr (TF32) {
+        const auto none = [](int, int, float) {};
+        const auto none_pair = [](int, int, float, float) {};
+        wy_invert_tf32(s.a, &s.tmp[0][0] + warp * WY_INV_SCRATCH, tid, [] { __syncthreads(); }, none, none_pair,
+                       [](int) {});
+        __syncthreads(); /* the last block row of X is complete */
+    } else {
+        wy_invert<true>(s.a, s.a, s.tmp, tid, [] { __syncthreads(); });
+    }
     /* Ai rounded to T over the same bytes: every thread reads its X values before any Ai is written.
      * K becomes beta 2^Gk K and V beta V (rounded to T) in between. */
     constexpr int XV = CHUNK * CHUNK / 4 / NTH; /* float4 of X per thread */
@@ -121,7 +134,12 @@ __global__ void __launch_bounds__(128) chunk_wy_kernel(const ChunkParams p) {
 #pragma unroll
     for (int q = 0; q < XV; q++) {
         const int e = tid + q * NTH, r = e >> 4, c = (e & 15) * 4;
-        xv[q] = *reinterpret_cast<const float4 *>(&s.a[r][c]);
+        if (!TF32 || (r >> 4) == (c >> 4)) /* in place */
+            xv[q] = *reinterpret_cast<const float4 *>(&s.a[r][c]);
+        else if ((c >> 4) < (r >> 4)) /* transposed (tf32) */
+            xv[q] = make_float4(s.a[c][r], s.a[c + 1][r], s.a[c + 2][r], s.a[c + 3][r]);
+        else /* above the diagonal blocks, where the tf32 inverse keeps X's transposed blocks */
+            xv[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     {
         constexpr int VPR = KP / 8;

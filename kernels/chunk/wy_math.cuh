@@ -1,9 +1,9 @@
 /*
  * wy_math.cuh: the chunk's WY algebra both the WY stage (wy.cuh) and the fused kernel's aux
  * warps (fused.cuh) run, once: A = beta K K^T with decay (masked strictly lower) on tensor
- * cores, and (I + A)^-1 in fp32 on CUDA cores, in place or into its own tile (the WY stage);
- * the fused kernel's Ai = bf16((I + A)^-1 diag beta) with its off-diagonal blocks on tf32
- * tensor cores (wy_invert_ai).
+ * cores, and (I + A)^-1: in fp32 on CUDA cores (wy_invert, in place or into its own tile), or
+ * with its off-diagonal blocks on tf32 tensor cores (wy_invert_tf32: the WY stage's default,
+ * and the fused kernel's Ai = T((I + A)^-1 diag beta), wy_invert_ai).
  */
 #ifndef GDP_CHUNK_WY_MATH_CUH
 #define GDP_CHUNK_WY_MATH_CUH
@@ -140,40 +140,38 @@ __device__ __forceinline__ void frag_a_tf32(uint32_t af[4], const float (*a)[CHU
 constexpr int WY_INV_SCRATCH_LD = 9;                   /* a warp's 16 x 8 product tile, padded */
 constexpr int WY_INV_SCRATCH = 16 * WY_INV_SCRATCH_LD; /* floats of scratch a warp             */
 
-/* Ai = bf16((I + A)^-1 diag(beta)) for the strictly lower 64 x 64 A in a (fp32), by the four warps
- * of a group whose barrier is sync() (the caller's barrier after A is complete comes first); the
- * fused kernel's aux warps. Three steps where wy_invert takes seven barriers:
+/* X = (I + A)^-1 for the strictly lower 64 x 64 A in a (fp32), by the four warps of a group whose
+ * barrier is sync() (the caller's barrier after A is complete comes first), in three steps
+ * where wy_invert takes seven barriers:
  *  - the 16 x 16 diagonal blocks X_bb by forward substitution, one thread a column, in fp32 and
- *    in the same order as wy_invert (threads 0-63; warps 2-3 zero Ai above the diagonal blocks);
+ *    in the same order as wy_invert (threads 0-63; meanwhile threads 64-127 run idle(tid));
  *  - block rows rb = 1, 2, 3 in turn: X_rb,c = -X_rr (A_rb,<rb X_<rb,c), each 8-column tile of it
  *    by one warp on tf32 tensor cores (fp32 accumulation), the inner product through the warp's
  *    own scratch sc (WY_INV_SCRATCH floats, each warp its own) and a __syncwarp, no block barrier.
- * X's off-diagonal blocks are stored transposed in a's upper triangle (a[c][r] = X[r][c]), which
- * nothing reads as A, so A's lower blocks stay intact for the later block rows and each block
- * row needs one barrier, not two. tf32 keeps 11 significant bits where Ai is rounded to 8 (bf16),
- * so its products move Ai by well under Ai's own rounding (kernels/NOTES-chunk.md, f4). */
-template <typename T, typename Sync>
-__device__ __forceinline__ void wy_invert_ai(float (*a)[CHUNK + 4], T *ai, int ldai, const float *beta, float *sc,
-                                             int tid, Sync sync) {
+ * X's diagonal blocks replace A's in place; its off-diagonal blocks are stored transposed in a's
+ * upper triangle (a[c][r] = X[r][c]), which nothing reads as A, so A's lower blocks stay intact
+ * for the later block rows and each block row needs one barrier, not two (wy_x_at reads X back).
+ * Each value is also handed to the caller as it is formed: emit_diag(r, c, x) for the diagonal
+ * blocks' elements, emit_pair(r, c, x0, x1) for X[r][c], X[r][c + 1] left of them (c even).
+ * tf32 keeps 11 significant bits where X is then rounded to 8 (bf16) or 11 (fp16), so its
+ * products move Ai by well under Ai's own rounding (kernels/NOTES-chunk.md, f4 and the
+ * nineteenth session). No barrier after the last block row: the caller's comes next. */
+template <typename Sync, typename EmitDiag, typename EmitPair, typename Idle>
+__device__ __forceinline__ void wy_invert_tf32(float (*a)[CHUNK + 4], float *sc, int tid, Sync sync,
+                                               EmitDiag emit_diag, EmitPair emit_pair, Idle idle) {
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
     if (tid < 64) {
         const int c = tid & 15, base = (tid >> 4) * 16;
         float xc[16];
         wy_diag_column(a, tid, xc);
         __syncwarp(); /* the warp's two blocks have read the A they overwrite */
-        const float bc = beta[base + c];
 #pragma unroll
         for (int r = 0; r < 16; r++) {
             a[base + r][base + c] = xc[r];
-            ai[(base + r) * ldai + base + c] = Elem<T>::from_f(xc[r] * bc);
+            emit_diag(base + r, base + c, xc[r]);
         }
     } else {
-        /* Ai's blocks right of the diagonal blocks are zero: rows 0-47, 8 columns a store */
-        for (int e = tid - 64; e < 48 * 8; e += 64) {
-            const int r = e >> 3, c8 = (e & 7) * 8;
-            if (c8 >= ((r >> 4) + 1) * 16)
-                *reinterpret_cast<uint4 *>(&ai[r * ldai + c8]) = make_uint4(0u, 0u, 0u, 0u);
-        }
+        idle(tid);
     }
     sync();
 #pragma unroll
@@ -211,13 +209,40 @@ __device__ __forceinline__ void wy_invert_ai(float (*a)[CHUNK + 4], T *ai, int l
             a[cc + 1][r0 + g] = -xr[1];
             a[cc][r0 + g + 8] = -xr[2];
             a[cc + 1][r0 + g + 8] = -xr[3];
-            const float b0 = beta[cc], b1 = beta[cc + 1];
-            *reinterpret_cast<uint32_t *>(&ai[(r0 + g) * ldai + cc]) = Elem<T>::pack(-xr[0] * b0, -xr[1] * b1);
-            *reinterpret_cast<uint32_t *>(&ai[(r0 + g + 8) * ldai + cc]) = Elem<T>::pack(-xr[2] * b0, -xr[3] * b1);
+            emit_pair(r0 + g, cc, -xr[0], -xr[1]);
+            emit_pair(r0 + g + 8, cc, -xr[2], -xr[3]);
         }
         if (rb < 3)
             sync(); /* block row rb of X is complete before the next one reads it */
     }
+}
+
+/* X[r][c] as wy_invert_tf32 leaves it in a: in place in the diagonal blocks, transposed left of
+ * them, zero right of them. */
+__device__ __forceinline__ float wy_x_at(const float (*a)[CHUNK + 4], int r, int c) {
+    const int rb = r >> 4, cb = c >> 4;
+    return cb == rb ? a[r][c] : cb < rb ? a[c][r] : 0.0f;
+}
+
+/* Ai = T((I + A)^-1 diag(beta)) for the strictly lower 64 x 64 A in a (fp32), by wy_invert_tf32
+ * (same group, same barriers); the fused kernel's aux warps. Warps 2-3 zero Ai right of the
+ * diagonal blocks while warps 0-1 solve those blocks. */
+template <typename T, typename Sync>
+__device__ __forceinline__ void wy_invert_ai(float (*a)[CHUNK + 4], T *ai, int ldai, const float *beta, float *sc,
+                                             int tid, Sync sync) {
+    wy_invert_tf32(
+        a, sc, tid, sync, [&](int r, int c, float x) { ai[r * ldai + c] = Elem<T>::from_f(x * beta[c]); },
+        [&](int r, int c, float x0, float x1) {
+            *reinterpret_cast<uint32_t *>(&ai[r * ldai + c]) = Elem<T>::pack(x0 * beta[c], x1 * beta[c + 1]);
+        },
+        [&](int t) {
+            /* Ai's blocks right of the diagonal blocks are zero: rows 0-47, 8 columns a store */
+            for (int e = t - 64; e < 48 * 8; e += 64) {
+                const int r = e >> 3, c8 = (e & 7) * 8;
+                if (c8 >= ((r >> 4) + 1) * 16)
+                    *reinterpret_cast<uint4 *>(&ai[r * ldai + c8]) = make_uint4(0u, 0u, 0u, 0u);
+            }
+        });
 }
 
 } // namespace
