@@ -69,6 +69,13 @@ __device__ __forceinline__ void ldsm_x2_t(uint32_t r[2], const void *p) {
                  : "r"(smem_u32(p))
                  : "memory");
 }
+/* Two 8x8 16-bit matrices; lanes 0-15 give the row addresses (lanes 16-31 are ignored). */
+__device__ __forceinline__ void ldsm_x2(uint32_t r[2], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(smem_u32(p))
+                 : "memory");
+}
 /* 16-byte global -> shared copy; valid == false writes zeros and reads nothing. */
 __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
@@ -155,6 +162,14 @@ __device__ __forceinline__ void frag_b_kn_x1(uint32_t b[2], const T *s, int ld, 
 template <typename T>
 __device__ __forceinline__ void frag_b_nk(uint32_t b[4], const T *s, int ld, int k0, int n0, int lane) {
     ldsm_x4(b, s + (n0 + (lane >> 4) * 8 + (lane & 7)) * ld + k0 + ((lane >> 3) & 1) * 8);
+}
+
+/* The B fragment of the single n8 tile [n0, n0+8) x k [k0, k0+16) for B row-major [n][k]:
+ * lanes 0-15 address the rows of frag_b_nk's matrices 0 and 1, so b[0], b[1] are bit for bit
+ * frag_b_nk's b[0], b[1] for a pair starting at n0. */
+template <typename T>
+__device__ __forceinline__ void frag_b_nk_x1(uint32_t b[2], const T *s, int ld, int k0, int n0, int lane) {
+    ldsm_x2(b, s + (n0 + (lane & 7)) * ld + k0 + ((lane >> 3) & 1) * 8);
 }
 
 /* ---- warp-level tile products (16 rows of A a warp; the k dimension walked in order, so every

@@ -36,15 +36,37 @@ template <typename T, int KP> struct OutLayout {
     static constexpr size_t total = off_p + sizeof(uint32_t) * p_words;
 };
 
+/* The masked scores P = (Q K_m^T) . D of a copy: row group rg (rows [16 rg, +16)) needs the n8
+ * score tiles nt <= 2 rg + 1 (the mask is causal), 20 tiles in all, numbered row group by row
+ * group (rg 0: tiles 0-1, rg 1: 2-5, rg 2: 6-11, rg 3: 12-19). Warp w forms tiles
+ * [first, first + count) of them, chosen so that every warp does about the same tensor-core work:
+ * a tile costs KP / 16 mma, a row group's P V 8 mma per 16-column step for each warp with value
+ * columns, rg + 1 steps. Both column halves present: warp (rg, half) P V 8 (rg + 1), 4 - rg
+ * tiles: 40 mma each (KP 128). One half (V <= 64): the four warps without columns take 4, 4, 3,
+ * 3 tiles, the others 3, 2, 1, 0. */
+__device__ __forceinline__ int out_score_tile_rg(int t) { return t < 2 ? 0 : t < 6 ? 1 : t < 12 ? 2 : 3; }
+__device__ __forceinline__ void out_score_tiles(int warp, bool both_halves, int &first, int &count) {
+    const int rg = warp & 3, vh = warp >> 2;
+    if (both_halves) { /* warps 0-7: first 0, 4, 7, 9, 10, 14, 17, 19; count 4, 3, 2, 1 twice */
+        first = 10 * vh + rg * (9 - rg) / 2;
+        count = 4 - rg;
+    } else if (vh == 0) { /* warps 0-3: first 0, 3, 5, 6; count 3, 2, 1, 0 */
+        first = rg * (7 - rg) / 2;
+        count = 3 - rg;
+    } else { /* warps 4-7: first 6, 10, 14, 17; count 4, 4, 3, 3 */
+        first = rg < 2 ? 6 + 4 * rg : 14 + 3 * (rg - 2);
+        count = rg < 2 ? 4 : 3;
+    }
+}
+
 /* Work split: one 256-thread block per (token chunk descriptor, head, 128 value columns); warp w
  * owns output rows [16 (w % 4), +16) and value columns [64 (w / 4), +64) of the block's slice.
- * The two warps of a row group (w, w + 4) need the same masked scores P = (Q K_m^T) . D over
- * score columns < 16 (w % 4) + 16 (the mask is causal): each forms every other 16-column step
- * of them (w / 4 even or odd; a warp without value columns still does its share), hands it to
- * the other through shared memory in fragment order and a barrier of the pair, so each score is
- * computed once with the same sums as before and P V reads the same bits. The next copy's K_m
- * and V_new,m tiles load while the current one is used (two buffers, the first reusing h's
- * space). */
+ * Each copy's masked scores are formed once, each n8 tile by one warp (out_score_tiles: balanced
+ * against the P V work, which grows with the row group), rounded to T and left in shared memory
+ * in the A-fragment order of P V; after a block barrier each warp reads its row group's. Every
+ * score has the sums it would have in the warp that uses it, so the bits are those of a warp
+ * forming its own. The next copy's K_m and V_new,m tiles load while the current one is used
+ * (two buffers, the first reusing h's space). */
 template <typename T, int KP>
 __global__ void __launch_bounds__(256, KP <= 128 ? 2 : 1) chunk_out_kernel(const ChunkParams p) {
     constexpr int NTH = 256;
@@ -152,6 +174,8 @@ __global__ void __launch_bounds__(256, KP <= 128 ? 2 : 1) chunk_out_kernel(const
     if (has_cols) /* Q h */
         mma_rows_kn<T, KP>(acc, sq, KP + PAD, r0, sh, OB + PAD, c0, lane);
     const float gq_lo = sg[r0 + g], gq_hi = sg[r0 + g + 8];
+    int score_first, score_count;
+    out_score_tiles(warp, cols_blk > OW, score_first, score_count);
     {
         const float f_lo = exp2f(gq_lo), f_hi = exp2f(gq_hi);
 #pragma unroll
@@ -175,49 +199,47 @@ __global__ void __launch_bounds__(256, KP <= 128 ? 2 : 1) chunk_out_kernel(const
             cp_async_wait<1>(); /* copy m landed (the group after it may still be in flight) */
             __syncthreads();
         }
-        {
-            /* this warp's half of the row group's scores: 16-column steps ks = vh, vh + 2 (<= rg) */
-            float sc[4][4];
-            zero_tiles(sc);
-            mma_rows_nk<T, KP>(sc, sq, KP + PAD, r0, sk, KP + PAD, vh, rg, lane, 2);
-            /* token-causal mask and decay ratio, rounded to T as the A operand of P V, into the row
-             * group's words of sp; steps right of the diagonal block are never read */
-            uint32_t *pw = sp + rg * (4 * 4 * 32);
+        /* this warp's score tiles (out_score_tiles): for tile (row group srg, n8 column tile nt),
+         * the scores of rows [16 srg, +16) against token columns [8 nt, +8), then the
+         * token-causal mask and decay ratio, rounded to T as P V's A operand, into srg's words of sp */
+        for (int t = score_first; t < score_first + score_count; t++) {
+            const int srg = out_score_tile_rg(t), nt = t - srg * (srg + 1), sr0 = srg * 16;
+            float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int lp = 0; lp < 2; lp++) {
-                const int ks = vh + 2 * lp;
-                if (ks <= rg) {
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int nt = 2 * ks + h;
-                        float pv[4];
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int tau = r0 + g + (e >> 1) * 8, sig = nt * 8 + 2 * t4 + (e & 1);
-                            const float gt = (e >> 1) ? gq_hi : gq_lo;
-                            pv[e] = (sig <= tau && tau < n) ? sc[2 * lp + h][e] * exp2f(gt - sg[sig]) : 0.0f;
-                        }
-                        pw[(ks * 4 + h * 2 + 0) * 32 + lane] = Elem<T>::pack(pv[0], pv[1]);
-                        pw[(ks * 4 + h * 2 + 1) * 32 + lane] = Elem<T>::pack(pv[2], pv[3]);
-                    }
-                }
+            for (int kk = 0; kk < KP; kk += 16) {
+                uint32_t af[4], bf[2];
+                frag_a(af, sq, KP + PAD, sr0, kk, lane);
+                frag_b_nk_x1(bf, sk, KP + PAD, kk, nt * 8, lane);
+                Elem<T>::mma(sc, af, bf[0], bf[1]);
             }
-            bar_sync(1 + rg, 64); /* the pair's scores are in sp (ids 1-4: one per row group) */
-            if (has_cols) {
+            const float s_lo = sg[sr0 + g], s_hi = sg[sr0 + g + 8];
+            float pv[4];
 #pragma unroll
-                for (int ks = 0; ks < 4; ks++) {
-                    if (ks <= rg) {
-                        uint32_t pa[4];
+            for (int e = 0; e < 4; e++) {
+                const int tau = sr0 + g + (e >> 1) * 8, sig = nt * 8 + 2 * t4 + (e & 1);
+                const float gt = (e >> 1) ? s_hi : s_lo;
+                pv[e] = (sig <= tau && tau < n) ? sc[e] * exp2f(gt - sg[sig]) : 0.0f;
+            }
+            uint32_t *pw = sp + srg * (4 * 4 * 32) + ((nt >> 1) * 4 + (nt & 1) * 2) * 32 + lane;
+            pw[0] = Elem<T>::pack(pv[0], pv[1]);
+            pw[32] = Elem<T>::pack(pv[2], pv[3]);
+        }
+        __syncthreads(); /* every score tile is in sp */
+        if (has_cols) {
+            const uint32_t *pw = sp + rg * (4 * 4 * 32) + lane;
 #pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            pa[e] = pw[(ks * 4 + e) * 32 + lane];
+            for (int ks = 0; ks < 4; ks++) {
+                if (ks <= rg) {
+                    uint32_t pa[4];
 #pragma unroll
-                        for (int pp = 0; pp < 4; pp++) {
-                            uint32_t bv[4];
-                            frag_b_kn(bv, sv, OB + PAD, ks * 16, c0 + pp * 16, lane);
-                            Elem<T>::mma(acc[2 * pp], pa, bv[0], bv[1]);
-                            Elem<T>::mma(acc[2 * pp + 1], pa, bv[2], bv[3]);
-                        }
+                    for (int e = 0; e < 4; e++)
+                        pa[e] = pw[(ks * 4 + e) * 32];
+#pragma unroll
+                    for (int pp = 0; pp < 4; pp++) {
+                        uint32_t bv[4];
+                        frag_b_kn(bv, sv, OB + PAD, ks * 16, c0 + pp * 16, lane);
+                        Elem<T>::mma(acc[2 * pp], pa, bv[0], bv[1]);
+                        Elem<T>::mma(acc[2 * pp + 1], pa, bv[2], bv[3]);
                     }
                 }
             }
