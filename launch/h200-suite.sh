@@ -97,6 +97,7 @@ if [ "$stage" = experiments ]; then
     # whether a block spans 32 value columns or the whole head; each forces one kernel, the
     # default picks by batch and dtype), GDP_CHUNK_STATE_VB (64 | 32 | 16: value columns per
     # block of the chunk op's state sweep; unset, the launcher picks by SM fill),
+    # GDP_CHUNK_WY_INVERSE (tf32 | fp32: the chunk op's WY inverse on tensor or CUDA cores),
     # GDP_DECODE_END (fused | split: the decode op and the gated norm in one launch or two;
     # unset, auto fuses up to 16 requests) on the layer bench's decode and prefill rows.
     # A switch a build does not know changes nothing, so the lines of its set then agree.
@@ -108,6 +109,10 @@ if [ "$stage" = experiments ]; then
         echo "## GDP_CHUNK_STATE_VB=$v"
         GDP_CHUNK_STATE_VB=$v "./$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^chunk|^prefill|Out of"
     done 2>&1 | tee "$out/exp_chunk.log"
+    for v in tf32 fp32; do
+        echo "## GDP_CHUNK_WY_INVERSE=$v"
+        GDP_CHUNK_WY_INVERSE=$v "./$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^chunk|^prefill|^#|Out of"
+    done 2>&1 | tee -a "$out/exp_chunk.log"
     for v in fused split; do
         echo "## GDP_DECODE_END=$v"
         GDP_DECODE_END=$v mpirun -n 1 "./$build/examples/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 \

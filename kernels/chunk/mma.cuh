@@ -165,8 +165,9 @@ __device__ __forceinline__ void frag_b_nk(uint32_t b[4], const T *s, int ld, int
 }
 
 /* The B fragment of the single n8 tile [n0, n0+8) x k [k0, k0+16) for B row-major [n][k]:
- * lanes 0-15 address the rows of frag_b_nk's matrices 0 and 1, so b[0], b[1] are bit for bit
- * frag_b_nk's b[0], b[1] for a pair starting at n0. */
+ * lanes 0-15 address the rows frag_b_nk's matrices 0 and 1 would for a pair starting at n0, so
+ * b[0], b[1] are bit for bit that pair's b[0], b[1] (or, for a pair starting at n0 - 8, its
+ * b[2], b[3]). */
 template <typename T>
 __device__ __forceinline__ void frag_b_nk_x1(uint32_t b[2], const T *s, int ld, int k0, int n0, int lane) {
     ldsm_x2(b, s + (n0 + (lane & 7)) * ld + k0 + ((lane >> 3) & 1) * 8);
@@ -201,13 +202,12 @@ __device__ __forceinline__ void mma_rows_kn(float (&acc)[NT][4], const T *a, int
     }
 }
 
-/* acc += A[r0 : r0 + 16, 0 : KP] B^T over NT / 2 pairs of n8 columns, pair pp taking B rows
- * [16 (pp0 + pp pstep), +16) (B row-major [n][k], as keys in Q K^T; NT = 8, pstep 1: all 64 rows
- * from pp0 = 0): pairs past pmax, right of a causal diagonal, are skipped. Each pair's sums are
- * the same whichever other pairs a warp takes with it. */
+/* acc += A[r0 : r0 + 16, 0 : KP] B^T over the 8 NT columns of B rows from 16 pp0 (B row-major
+ * [n][k], as keys in Q K^T; NT = 8: all 64 rows from pp0 = 0): column pairs past pmax, right of a
+ * causal diagonal, are skipped. */
 template <typename T, int KP, int NT>
 __device__ __forceinline__ void mma_rows_nk(float (&acc)[NT][4], const T *a, int lda, int r0, const T *b, int ldb,
-                                            int pp0, int pmax, int lane, int pstep = 1) {
+                                            int pp0, int pmax, int lane) {
     static_assert(NT % 2 == 0, "pairs of n8 tiles");
 #pragma unroll
     for (int kk = 0; kk < KP; kk += 16) {
@@ -215,9 +215,9 @@ __device__ __forceinline__ void mma_rows_nk(float (&acc)[NT][4], const T *a, int
         frag_a(af, a, lda, r0, kk, lane);
 #pragma unroll
         for (int pp = 0; pp < NT / 2; pp++) {
-            if (pp0 + pp * pstep <= pmax) {
+            if (pp0 + pp <= pmax) {
                 uint32_t bf[4];
-                frag_b_nk(bf, b, ldb, kk, (pp0 + pp * pstep) * 16, lane);
+                frag_b_nk(bf, b, ldb, kk, (pp0 + pp) * 16, lane);
                 Elem<T>::mma(acc[2 * pp], af, bf[0], bf[1]);
                 Elem<T>::mma(acc[2 * pp + 1], af, bf[2], bf[3]);
             }
