@@ -32,7 +32,8 @@ template <typename T, int KP> struct OutLayout {
     /* the masked scores of the current copy in the A-fragment order of P V: per row group, per
      * 16-column k step, the four 32-bit words of each lane (2 x 16-bit each) */
     static constexpr size_t off_p = off_g + sizeof(float) * CHUNK;
-    static constexpr size_t p_words = 4 * 4 * 4 * 32;
+    static constexpr int p_rg_words = 4 * 4 * 32; /* one row group's: 4 k steps x 4 words x 32 lanes */
+    static constexpr size_t p_words = 4 * p_rg_words;
     static constexpr size_t total = off_p + sizeof(uint32_t) * p_words;
 };
 
@@ -220,13 +221,13 @@ __global__ void __launch_bounds__(256, KP <= 128 ? 2 : 1) chunk_out_kernel(const
                 const float gt = (e >> 1) ? s_hi : s_lo;
                 pv[e] = (sig <= tau && tau < n) ? sc[e] * exp2f(gt - sg[sig]) : 0.0f;
             }
-            uint32_t *pw = sp + srg * (4 * 4 * 32) + ((nt >> 1) * 4 + (nt & 1) * 2) * 32 + lane;
+            uint32_t *pw = sp + srg * L::p_rg_words + ((nt >> 1) * 4 + (nt & 1) * 2) * 32 + lane;
             pw[0] = Elem<T>::pack(pv[0], pv[1]);
             pw[32] = Elem<T>::pack(pv[2], pv[3]);
         }
         __syncthreads(); /* every score tile is in sp */
         if (has_cols) {
-            const uint32_t *pw = sp + rg * (4 * 4 * 32) + lane;
+            const uint32_t *pw = sp + rg * L::p_rg_words + lane;
 #pragma unroll
             for (int ks = 0; ks < 4; ks++) {
                 if (ks <= rg) {

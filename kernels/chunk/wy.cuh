@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(128) chunk_wy_kernel(const ChunkParams p) {
 
     /* (I + A)^-1 in place, 16x16 blocks (wy_math.cuh). fp32: the same sums in the same order as
      * into a tile of its own, so the same bits. tf32: X's blocks left of the diagonal land
-     * transposed (wy_x_at), read back below. */
+     * transposed into the upper triangle (wy_invert_tf32), read back below. */
     if constexpr (TF32) {
         const auto none = [](int, int, float) {};
         const auto none_pair = [](int, int, float, float) {};

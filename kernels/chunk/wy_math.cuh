@@ -150,7 +150,8 @@ constexpr int WY_INV_SCRATCH = 16 * WY_INV_SCRATCH_LD; /* floats of scratch a wa
  *    own scratch sc (WY_INV_SCRATCH floats, each warp its own) and a __syncwarp, no block barrier.
  * X's diagonal blocks replace A's in place; its off-diagonal blocks are stored transposed in a's
  * upper triangle (a[c][r] = X[r][c]), which nothing reads as A, so A's lower blocks stay intact
- * for the later block rows and each block row needs one barrier, not two (wy_x_at reads X back).
+ * for the later block rows and each block row needs one barrier, not two (a reader of X takes
+ * X[r][c] from a[c][r] left of the diagonal blocks, and 0 right of them).
  * Each value is also handed to the caller as it is formed: emit_diag(r, c, x) for the diagonal
  * blocks' elements, emit_pair(r, c, x0, x1) for X[r][c], X[r][c + 1] left of them (c even).
  * tf32 keeps 11 significant bits where X is then rounded to 8 (bf16) or 11 (fp16), so its
@@ -215,13 +216,6 @@ __device__ __forceinline__ void wy_invert_tf32(float (*a)[CHUNK + 4], float *sc,
         if (rb < 3)
             sync(); /* block row rb of X is complete before the next one reads it */
     }
-}
-
-/* X[r][c] as wy_invert_tf32 leaves it in a: in place in the diagonal blocks, transposed left of
- * them, zero right of them. */
-__device__ __forceinline__ float wy_x_at(const float (*a)[CHUNK + 4], int r, int c) {
-    const int rb = r >> 4, cb = c >> 4;
-    return cb == rb ? a[r][c] : cb < rb ? a[c][r] : 0.0f;
 }
 
 /* Ai = T((I + A)^-1 diag(beta)) for the strictly lower 64 x 64 A in a (fp32), by wy_invert_tf32
