@@ -44,8 +44,8 @@ build=${GDP_BUILD_DIR:-build}
 targets=()
 [ "$stage" = chunk ] && targets=(--target test_chunk_gpu gdp-bench bench_chunk_stages) # what the short loop runs
 [ "$stage" = chunkprof ] && targets=(--target gdp-bench)
-[ "$stage" = stagesprof ] && targets=(--target gdp-bench)
-[ "$stage" = decodeprof ] && targets=(--target gdp-bench)
+[ "$stage" = stagesprof ] && targets=(--target gdp-bench gdp) # gdp: libgdp.so, whose cubin ncu_sass disassembles
+[ "$stage" = decodeprof ] && targets=(--target gdp-bench gdp)
 [ "$stage" = decode ] && targets=(--target test_recurrent_gpu gdp-bench bench_decode_ceiling)
 [ "$stage" = prefront ] && targets=(--target test_conv1d_gpu gdp-bench)
 if ! { cmake -B "$build" -DCMAKE_BUILD_TYPE=Release -DGDP_BUILD_CHUNK_DEV=ON -DGDP_BUILD_DECODE_DEV=ON "${extra[@]}" >"$out/configure.log" 2>&1 &&
@@ -222,7 +222,7 @@ if [ "$stage" = stagesprof ]; then
     command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
     work=$(mktemp -d)
     ncu_sass chunk_wy_kernel chunk
-    for spec in "stagesprof_wy chunk_wy_kernel 0 chunk_wy_kernelI13__nv_bfloat16Li128" \
+    for spec in "stagesprof_wy chunk_wy_kernel 0 chunk_wy_kernelI13__nv_bfloat16Li128ELb1E" \
                 "stagesprof_out chunk_out_kernel 0 chunk_out_kernelI13__nv_bfloat16Li128" \
                 "stagesprof_state chunk_state_kernel 46 chunk_state_kernelI13__nv_bfloat16Li128ELi4ELi16ELb1E"; do
         set -- $spec

@@ -192,8 +192,7 @@ __device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<
         if (c >= 1) {
             if (!block && !mbar_test(&s.empty[b ^ 1], empty_parity))
                 return;
-            while (!mbar_test(&s.empty[b ^ 1], empty_parity)) {
-            }
+            mbar_wait(&s.empty[b ^ 1], empty_parity);
         }
         fused_aux_issue_loads<T, KP, VB>(p, s.st[b ^ 1], c + 1, bos, len, hd, nchunks);
         next_pending = false;
