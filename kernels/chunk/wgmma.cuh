@@ -2,8 +2,8 @@
  * wgmma.cuh: Hopper warpgroup MMA (wgmma, sm_90a) for the one-pass chunk kernel to come
  * (kernels/NOTES-chunk.md, "The one-pass Hopper kernel"): 16-bit tiles in shared memory in the
  * 128-byte-swizzled panel layout that TMA's SWIZZLE_128B writes, their matrix descriptors for
- * K-major and MN-major operands, and the m64nNk16 bf16 -> fp32 product with both operands in
- * shared memory. Checked by kernels/dev/wgmma_check.cu against a double-precision product.
+ * K-major and MN-major operands, and the m64n64k16 and m64n128k16 bf16 -> fp32 products with
+ * both operands in shared memory. Checked by kernels/dev/wgmma_check.cu against a double-precision product.
  *
  * The panel layout. A tile of R rows x C 16-bit columns (C a multiple of 64) is C / 64 panels of
  * R rows x 64 columns, each 1024-byte aligned, rows 128 bytes apart; inside a row the 16-byte
@@ -79,6 +79,28 @@ __device__ __forceinline__ void wg_mma_m64n64k16(float (&d)[32], uint64_t da, ui
                    "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
                    "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
                    "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
+}
+
+/* The same for a 64 x 128 x 16 step (d: n8 tile j in d[4j .. 4j + 3], j < 16): the state update's
+ * shape (NOTES-chunk.md, "The one-pass Hopper kernel"). */
+template <int TA, int TB>
+__device__ __forceinline__ void wg_mma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "%64, %65, p, 1, 1, %67, %68;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
 }
 
