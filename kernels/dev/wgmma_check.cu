@@ -6,12 +6,17 @@
  * operand majors (A K- or M-major, B K- or N-major), and compares D with a double-precision
  * product of the same bf16 values; D is poisoned (NaN) first. A wrong descriptor field or swizzle
  * gives errors of the order of the values, far above the fp32 accumulation's (about 1e-6 of the
- * largest value here). Exit 0 when all eight pass, 1 on a failure, 77 without a compute
- * capability 9.0 GPU (sm_90a code runs on no other).
+ * largest value here). Then the copy engine: a 64 x 128 tile loaded by two SWIZZLE_128B tensor-map
+ * copies must land byte for byte where the threads' wg_offset puts it (the design's TMA-loaded
+ * K, V and Q tiles and its thread-written S16, X' and v_new share one layout). Exit 0 when all
+ * pass, 1 on a failure, 77 without a compute capability 9.0 GPU (sm_90a code runs on no other).
  * Build: -DGDP_BUILD_CHUNK_DEV=ON, target wgmma_check (compiled for sm_90a only).
  */
+#include <cuda.h> /* CUtensorMap; the encoder comes through the runtime (no libcuda link) */
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <string.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,6 +67,46 @@ __global__ void __launch_bounds__(128) wgmma_check_kernel(const __nv_bfloat16 *A
     }
 }
 
+/* A [64][128] bf16 tile, row-major in global memory, into shared memory twice: by two tensor-map
+ * copies of 64 x 64 boxes with the 128-byte swizzle (one a panel), and by the threads at
+ * wg_offset; both tiles are copied out for the host to compare byte for byte. */
+__global__ void __launch_bounds__(128) tma_layout_kernel(const __grid_constant__ CUtensorMap map,
+                                                         const __nv_bfloat16 *A, unsigned char *by_tma,
+                                                         unsigned char *by_threads) {
+    extern __shared__ unsigned char smem_raw[];
+    __shared__ __align__(8) uint64_t full;
+    const uint32_t raw = wg_smem_u32(smem_raw), pad = (1024u - (raw & 1023u)) & 1023u;
+    unsigned char *st = smem_raw + pad, *sw = st + WM * WK * 2;
+    const int tid = threadIdx.x;
+    const uint32_t bar = wg_smem_u32(&full);
+    if (tid == 0) {
+        asm volatile("mbarrier.init.shared.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (tid == 0) {
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(WM * WK * 2) : "memory");
+        for (int panel = 0; panel < WK / WG_PANEL_COLS; panel++)
+            asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, "
+                         "{%2, %3}], [%4];\n" ::"r"(wg_smem_u32(st + panel * WM * WG_ROW_BYTES)),
+                         "l"(&map), "r"(panel * WG_PANEL_COLS), "r"(0), "r"(bar)
+                         : "memory");
+    }
+    for (int e = tid; e < WM * WK; e += 128)
+        *reinterpret_cast<__nv_bfloat16 *>(sw + wg_offset(WM, e / WK, e % WK)) = A[e];
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar)
+                     : "memory");
+    __syncthreads();
+    for (int e = tid; e < WM * WK * 2; e += 128) {
+        by_tma[e] = st[e];
+        by_threads[e] = sw[e];
+    }
+}
+
 static int fail(const char *what, cudaError_t err) {
     fprintf(stderr, "wgmma_check: %s: %s\n", what, cudaGetErrorString(err));
     return 1;
@@ -100,6 +145,53 @@ static int check(const __nv_bfloat16 *dA, const __nv_bfloat16 *dB, float *dD, co
     printf("m64n%dk16, A %s-major, B %s-major: max |D - ref| %.3e (largest |ref| %.3e), %d of %d elements off: %s\n",
            WN, TA ? "M" : "K", TB ? "N" : "K", worst, scale, bad, WM * WN, bad ? "FAIL" : "ok");
     return bad != 0;
+}
+
+/* The SWIZZLE_128B tile check above; returns 1 on a failure. */
+static int check_tma_layout(const __nv_bfloat16 *dA) {
+    void *f = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || f == NULL) {
+        printf("tma layout: no cuTensorMapEncodeTiled from the driver: FAIL\n");
+        return 1;
+    }
+    CUtensorMap map;
+    const cuuint64_t dim[2] = {WK, WM}, stride[1] = {WK * 2};
+    const cuuint32_t box[2] = {WG_PANEL_COLS, WM}, elem_stride[2] = {1, 1};
+    const CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)f)(
+        &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)dA, dim, stride, box, elem_stride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        printf("tma layout: cuTensorMapEncodeTiled returned %d: FAIL\n", (int)r);
+        return 1;
+    }
+    const size_t bytes = (size_t)WM * WK * 2, smem = 1024 + 2 * bytes;
+    unsigned char *d_tma = NULL, *d_thr = NULL;
+    cudaError_t err;
+    if ((err = cudaMalloc(&d_tma, bytes)) != cudaSuccess || (err = cudaMalloc(&d_thr, bytes)) != cudaSuccess)
+        return fail("cudaMalloc", err);
+    if ((err = cudaFuncSetAttribute(tma_layout_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) !=
+        cudaSuccess)
+        return fail("cudaFuncSetAttribute", err);
+    tma_layout_kernel<<<1, 128, smem>>>(map, dA, d_tma, d_thr);
+    if ((err = cudaGetLastError()) != cudaSuccess || (err = cudaDeviceSynchronize()) != cudaSuccess)
+        return fail("the tma kernel", err);
+    static unsigned char h_tma[WM * WK * 2], h_thr[WM * WK * 2];
+    if ((err = cudaMemcpy(h_tma, d_tma, bytes, cudaMemcpyDeviceToHost)) != cudaSuccess ||
+        (err = cudaMemcpy(h_thr, d_thr, bytes, cudaMemcpyDeviceToHost)) != cudaSuccess)
+        return fail("cudaMemcpy", err);
+    cudaFree(d_tma);
+    cudaFree(d_thr);
+    size_t off = 0;
+    while (off < bytes && h_tma[off] == h_thr[off])
+        off++;
+    if (off < bytes)
+        printf("tma layout: the tensor-map tile and wg_offset differ first at byte %zu (row %zu of its panel): FAIL\n",
+               off, (off % ((size_t)WM * WG_ROW_BYTES)) / WG_ROW_BYTES);
+    else
+        printf("tma layout: two SWIZZLE_128B tensor-map copies land where wg_offset puts every element: ok\n");
+    return off < bytes;
 }
 
 int main(void) {
@@ -142,10 +234,11 @@ int main(void) {
                    check<1, 0, 64>(dA, dB64, dD, a, b) + check<1, 1, 64>(dA, dB64, dD, a, b) +
                    check<0, 0, 128>(dA, dB, dD, a, b) + check<0, 1, 128>(dA, dB, dD, a, b) +
                    check<1, 0, 128>(dA, dB, dD, a, b) + check<1, 1, 128>(dA, dB, dD, a, b);
+    failures += check_tma_layout(dA);
     cudaFree(dA);
     cudaFree(dB);
     cudaFree(dB64);
     cudaFree(dD);
-    printf("wgmma_check: %d of 8 operand layouts failed\n", failures);
+    printf("wgmma_check: %d of 9 checks failed (8 operand layouts, the tensor-map tile)\n", failures);
     return failures ? 1 : 0;
 }
