@@ -22,6 +22,8 @@
 
 #include <stdint.h>
 
+#include "mma.cuh" /* smem_u32, the mbarrier and copy-engine helpers beside these */
+
 namespace {
 
 constexpr int WG_PANEL_COLS = 64;                    /* 16-bit columns a panel: 128 bytes a row */
@@ -33,8 +35,6 @@ __host__ __device__ constexpr uint32_t wg_offset(int rows, int r, int c) {
            ((((uint32_t)(c % WG_PANEL_COLS) >> 3) ^ ((uint32_t)r & 7u)) << 4) + ((uint32_t)(c & 7) << 1);
 }
 
-__device__ __forceinline__ uint32_t wg_smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
 /* The descriptor of a 128-byte-swizzled operand starting at byte address `start` (shared window). */
 __device__ __forceinline__ uint64_t wg_desc(uint32_t start, uint32_t lbo, uint32_t sbo) {
     return (uint64_t)((start & 0x3FFFFu) >> 4) | ((uint64_t)((lbo & 0x3FFFFu) >> 4) << 16) |
@@ -43,7 +43,7 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t start, uint32_t lbo, uint32
 /* K-major operand: rows [r0, r0 + 64 (or the N extent)) of a tile of `rows` rows, the k step of 16
  * columns at column k0. */
 __device__ __forceinline__ uint64_t wg_desc_kmajor(const void *tile, int rows, int r0, int k0) {
-    const uint32_t base = wg_smem_u32(tile) + (uint32_t)(k0 / WG_PANEL_COLS) * (uint32_t)rows * WG_ROW_BYTES +
+    const uint32_t base = smem_u32(tile) + (uint32_t)(k0 / WG_PANEL_COLS) * (uint32_t)rows * WG_ROW_BYTES +
                           (uint32_t)r0 * WG_ROW_BYTES + (uint32_t)(k0 % WG_PANEL_COLS) * 2u;
     return wg_desc(base, 16, 1024);
 }
@@ -51,7 +51,7 @@ __device__ __forceinline__ uint64_t wg_desc_kmajor(const void *tile, int rows, i
  * from column c0 (a multiple of 64) on, across panels `rows` x 128 bytes apart. */
 __device__ __forceinline__ uint64_t wg_desc_mnmajor(const void *tile, int rows, int k0, int c0) {
     const uint32_t panel = (uint32_t)rows * WG_ROW_BYTES;
-    const uint32_t base = wg_smem_u32(tile) + (uint32_t)(c0 / WG_PANEL_COLS) * panel + (uint32_t)k0 * WG_ROW_BYTES;
+    const uint32_t base = smem_u32(tile) + (uint32_t)(c0 / WG_PANEL_COLS) * panel + (uint32_t)k0 * WG_ROW_BYTES;
     return wg_desc(base, panel, 1024);
 }
 

@@ -16,7 +16,6 @@
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <string.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +29,7 @@ template <int TA, int TB, int WN>
 __global__ void __launch_bounds__(128) wgmma_check_kernel(const __nv_bfloat16 *A, const __nv_bfloat16 *B, float *D) {
     extern __shared__ unsigned char smem_raw[];
     /* 1024-byte aligned panels: the swizzle is a function of the address bits */
-    const uint32_t raw = wg_smem_u32(smem_raw), pad = (1024u - (raw & 1023u)) & 1023u;
+    const uint32_t raw = smem_u32(smem_raw), pad = (1024u - (raw & 1023u)) & 1023u;
     unsigned char *sa = smem_raw + pad, *sb = sa + WM * WK * 2;
     const int tid = threadIdx.x;
     for (int e = tid; e < WM * WK; e += 128) {
@@ -75,31 +74,22 @@ __global__ void __launch_bounds__(128) tma_layout_kernel(const __grid_constant__
                                                          unsigned char *by_threads) {
     extern __shared__ unsigned char smem_raw[];
     __shared__ __align__(8) uint64_t full;
-    const uint32_t raw = wg_smem_u32(smem_raw), pad = (1024u - (raw & 1023u)) & 1023u;
+    const uint32_t raw = smem_u32(smem_raw), pad = (1024u - (raw & 1023u)) & 1023u;
     unsigned char *st = smem_raw + pad, *sw = st + WM * WK * 2;
     const int tid = threadIdx.x;
-    const uint32_t bar = wg_smem_u32(&full);
     if (tid == 0) {
-        asm volatile("mbarrier.init.shared.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mbar_init(&full, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); /* visible to the copy engine */
     }
     __syncthreads();
     if (tid == 0) {
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(WM * WK * 2) : "memory");
+        mbar_arrive_expect_tx(&full, WM * WK * 2);
         for (int panel = 0; panel < WK / WG_PANEL_COLS; panel++)
-            asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, "
-                         "{%2, %3}], [%4];\n" ::"r"(wg_smem_u32(st + panel * WM * WG_ROW_BYTES)),
-                         "l"(&map), "r"(panel * WG_PANEL_COLS), "r"(0), "r"(bar)
-                         : "memory");
+            tma_load_2d(st + panel * WM * WG_ROW_BYTES, &map, panel * WG_PANEL_COLS, 0, &full);
     }
     for (int e = tid; e < WM * WK; e += 128)
         *reinterpret_cast<__nv_bfloat16 *>(sw + wg_offset(WM, e / WK, e % WK)) = A[e];
-    uint32_t done = 0;
-    while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar)
-                     : "memory");
+    mbar_wait(&full, 0);
     __syncthreads();
     for (int e = tid; e < WM * WK * 2; e += 128) {
         by_tma[e] = st[e];
