@@ -153,6 +153,10 @@ __device__ __forceinline__ void tma_load_2d(void *dst, const void *map, int x, i
                  "l"(map), "r"(x), "r"(y), "r"(smem_u32(bar))
                  : "memory");
 }
+/* Orders this thread's earlier shared-memory accesses (the generic proxy) before later accesses by
+ * the async proxy to the same bytes: wgmma reading what the thread stored, or the copy engine
+ * refilling a stage the thread wrote. Run by each such thread before the barrier or release. */
+__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 /* The mbarrier's arrival of this thread once all its earlier cp.async copies have landed (counted
  * against the barrier's expected arrivals: .noinc). */
 __device__ __forceinline__ void cp_async_mbar_arrive(uint64_t *bar) {

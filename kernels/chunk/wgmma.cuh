@@ -60,9 +60,8 @@ __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.s
 template <int N> __device__ __forceinline__ void wg_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-/* Shared memory written by ordinary stores, read next by wgmma (or TMA): each writing thread runs
- * this before the barrier that publishes the writes. */
-__device__ __forceinline__ void wg_fence_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* (Shared memory written by ordinary stores and read next by wgmma: fence_proxy_async_smem, mma.cuh,
+ * in each writing thread before the barrier that publishes the writes.) */
 
 /* D (+)= A B for a 64 x 64 x 16 step, bf16 operands from shared memory, fp32 accumulators in the
  * m16n8 order per warp (warp w rows 16 w + {g, g + 8}, n8 tile j in d[4j .. 4j + 3]). TA / TB:

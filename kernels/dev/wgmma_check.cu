@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(128) wgmma_check_kernel(const __nv_bfloat16 *A
         const int k = e / WN, n = e % WN;
         *reinterpret_cast<__nv_bfloat16 *>(sb + (TB ? wg_offset(WK, k, n) : wg_offset(WN, n, k))) = B[e];
     }
-    wg_fence_smem();
+    fence_proxy_async_smem();
     __syncthreads();
     float d[WN / 2];
 #pragma unroll
