@@ -32,6 +32,9 @@ gdp_status_t gdp_cuda_chunk_local_cumsum(struct gdp_ctx *ctx, gdp_tensor *g_cums
                                          const gdp_tensor *g, const gdp_tensor *cu_seqlens,
                                          int32_t num_householder);
 gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args *args);
+/* How many chunk-op calls of this process ran the one-pass Hopper kernel (GDP_CHUNK_PATH=hopper on a
+ * compute capability 9.0 device, kernels/chunk/hopper.cuh): test_chunk_gpu checks that it ran. */
+long long gdp_cuda_chunk_hopper_calls(void);
 gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurrent_args *args);
 /* The decode op and the grouped gated RMSNorm of its outputs in one launch
  * (gdp_decode_recurrent_norm, src/decode_core.h), when the call fits it and GDP_DECODE_END

@@ -18,14 +18,16 @@
  * the three widths and the automatic choice, on the golden files, a single long sequence,
  * varlen (lengths 1, 63, 64, 65), K or V = 64, K = 256, padded K and V, M = 1..3, fp16, and
  * cache mode with -1 slots; each width's results also against the reference. Every case but
- * the widths runs three times: GDP_CHUNK_PATH=staged, =fused (the one-pass kernel where K, V <=
- * 128) and unset (the op's choice); an unknown path -> INVALID_USAGE naming it, writing nothing.
+ * the widths runs four times: GDP_CHUNK_PATH=staged, =fused (the one-pass kernel where K, V <=
+ * 128), =hopper (the one-pass wgmma kernel where K = V = 128 on a compute capability 9.0 device,
+ * checked to have run there) and unset (the op's choice); an unknown path -> INVALID_USAGE
+ * naming it, writing nothing.
  * The state sweep's copies by one producer warp (the default) and by every warp
  * (GDP_CHUNK_STATE_COPY=warps): bitwise equal on every width case; a bad value -> INVALID_USAGE.
  * WY's inverse on CUDA cores in fp32 (GDP_CHUNK_WY_INVERSE=fp32; the default is tf32 tensor
  * cores): the golden files and the random shapes again on the staged path, against the same
  * references; a bad value -> INVALID_USAGE.
- * GDP_TEST_CHUNK_PATH=staged|fused|auto runs one path only (for the sanitizers).
+ * GDP_TEST_CHUNK_PATH=staged|fused|hopper|auto runs one path only (for the sanitizers).
  * The profile's stage split (gdp/profile.h) under each path: a profiled call gives the same bits,
  * the staged path fills the cumsum, WY, state and output stages and not the fused one, the one-
  * kernel path the reverse, and the stages add up to no more than the profile's span; a CPU ctx
@@ -35,6 +37,7 @@
 
 #include "gdp/profile.h"
 #include "internal.h"
+#include "kernels/gdp_kernels.h"
 #include "test_gpu.h"
 
 #ifdef GDP_HAVE_CUDA
@@ -386,6 +389,7 @@ static void test_random(gdp_ctx_t cpu, gdp_ctx_t gpu) {
         {"m4 k64 v128 no initial state", 4, 2, 64, 128, 2, {257, 31}, 320, BF, BF, NONE, 1, 0, 0.05},
         {"m2 k256 v128", 2, 2, 256, 128, 2, {100, 150}, 256, BF, BF, F32, 1, 0, 0.1},
         {"m2 k128 v64 fp16", 2, 2, 128, 64, 2, {90, 170}, 300, F16, F16, F32, 1, 0, 0.1},
+        {"m2 k128 v128 fp16", 2, 2, 128, 128, 2, {90, 170}, 300, F16, F16, F32, 1, 0, 0.1},
         {"m3 k72 v96 unit keys, fp32 beta", 3, 2, 72, 96, 2, {50, 129}, 200, BF, F32, F32, 0, 0, 0.3},
         /* V % 8 != 0: element-wise value loads and output stores (no 16-byte vectors) */
         {"m2 k64 v60 element-wise output rows", 2, 2, 64, 60, 2, {70, 129}, 210, BF, BF, F32, 1, 0, 0.1},
@@ -911,6 +915,21 @@ static void test_cumsum(gdp_ctx_t cpu, gdp_ctx_t gpu) {
     free_inputs(&in);
 }
 
+/* Under GDP_CHUNK_PATH=hopper the cases with K = V = 128 (the golden m4 file, the random shapes with
+ * K = V = 128) must have run the Hopper kernel on a compute capability 9.0 device, and nothing may
+ * have run it elsewhere (its code is sm_90a only). */
+static void check_hopper_ran(long long before) {
+    int dev = 0, major = 0, minor = 0;
+    const bool hopper = cudaGetDevice(&dev) == cudaSuccess &&
+                        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                        major == 9 && minor == 0;
+    const long long ran = gdp_cuda_chunk_hopper_calls() - before;
+    printf("  the Hopper kernel ran %lld calls (device %d.%d)\n", ran, major, minor);
+    CHECK(hopper ? ran > 0 : ran == 0, "GDP_CHUNK_PATH=hopper on a %d.%d device: the Hopper kernel ran %lld calls",
+          major, minor, ran);
+}
+
 int main(void) {
     if (!test_gpu_present("test_chunk_gpu"))
         return TEST_SKIP;
@@ -920,15 +939,16 @@ int main(void) {
     set_state_vb(0); /* the op's own choice unless a test sets the width */
     /* every case under each kernel path: the staged chain, the fused kernel (shapes it does not
      * take, K or V above 128, run staged there too), and the op's own choice */
-    static const char *const paths[3] = {"staged", "fused", NULL};
-    /* GDP_TEST_CHUNK_PATH=staged|fused|auto runs that path only (the sanitizer runs, which are
-     * slow, take one path per call) */
+    static const char *const paths[4] = {"staged", "fused", "hopper", NULL};
+    /* GDP_TEST_CHUNK_PATH=staged|fused|hopper|auto runs that path only (the sanitizer runs, which
+     * are slow, take one path per call) */
     const char *only = getenv("GDP_TEST_CHUNK_PATH");
-    for (int pi = 0; pi < 3; pi++) {
+    for (int pi = 0; pi < 4; pi++) {
         if (only != NULL && *only != '\0' && strcmp(only, paths[pi] != NULL ? paths[pi] : "auto") != 0)
             continue;
         set_chunk_path(paths[pi]);
         printf("== GDP_CHUNK_PATH=%s\n", paths[pi] != NULL ? paths[pi] : "(unset: auto)");
+        const long long hopper_before = gdp_cuda_chunk_hopper_calls();
         test_golden(gpu);
         test_random(cpu, gpu);
         if (pi == 0) { /* the staged sweep's column blocks; the fused kernel has one width */
@@ -948,6 +968,8 @@ int main(void) {
         test_graph(cpu);
         test_rejections();
         test_profile_stages(cpu, gpu, paths[pi] != NULL ? paths[pi] : "auto");
+        if (paths[pi] != NULL && strcmp(paths[pi], "hopper") == 0)
+            check_hopper_ran(hopper_before);
     }
     set_chunk_path(NULL);
     test_cumsum(cpu, gpu);

@@ -37,6 +37,9 @@
  *   state.cuh   chunk_state_kernel (stage 2)
  *   out.cuh     chunk_out_kernel (stage 3), zero_tail_kernel
  *   fused.cuh   chunk_fused_kernel: the whole op in one pass (GDP_CHUNK_PATH=fused)
+ *   hopper.cuh  chunk_hopper_kernel: the one pass on wgmma (GDP_CHUNK_PATH=hopper), in its own
+ *               translation unit hopper.cu (sm_90a only), reached through hopper.h
+ *   wgmma.cuh   the warpgroup MMA helpers and the swizzled panel layout hopper.cuh uses
  *   stages.cuh  Stages<T, KP>, launch_stages<T>: the templated dispatch
  */
 #include <cuda_bf16.h>
@@ -54,6 +57,7 @@
 #include "src/internal.h"
 #include "src/workspace.h"
 
+#include "hopper.h"
 #include "stages.cuh"
 
 namespace {
@@ -68,16 +72,33 @@ int state_vb_from_env(const char **text) {
     return gdp_env_choice("GDP_CHUNK_STATE_VB", spell, value, 4, 0, text);
 }
 
-/* Which kernels run the op: the staged chain (cumsums, WY, state sweep, outputs) or the one-pass
- * fused kernel (fused.cuh) where the shape allows it. GDP_CHUNK_PATH = staged | fused forces one
- * (fused on a shape it does not take runs staged: K or V above 128); unset, empty or auto lets
- * the op choose: FUSED_BY_DEFAULT (off: measured slower, kernels/NOTES-chunk.md). Returns 0
- * staged, 1 fused, 2 auto, -1 for any other value. */
+/* Which kernels run the op: the staged chain (cumsums, WY, state sweep, outputs), the one-pass
+ * fused kernel (fused.cuh, mma.sync) or the one-pass Hopper kernel (hopper.cuh, wgmma) where the
+ * shape and the device allow it. GDP_CHUNK_PATH = staged | fused | hopper forces one (a shape or
+ * device the asked kernel does not take runs the next: hopper -> fused -> staged); unset, empty
+ * or auto lets the op choose: FUSED_BY_DEFAULT (off: measured slower, kernels/NOTES-chunk.md).
+ * Returns 0 staged, 1 fused, 2 auto, 3 hopper, -1 for any other value. */
 constexpr bool FUSED_BY_DEFAULT = false;
 int chunk_path_from_env(const char **text) {
-    static const char *const spell[3] = {"auto", "staged", "fused"};
-    static const int value[3] = {2, 0, 1};
-    return gdp_env_choice("GDP_CHUNK_PATH", spell, value, 3, 2, text);
+    static const char *const spell[4] = {"auto", "staged", "fused", "hopper"};
+    static const int value[4] = {2, 0, 1, 3};
+    return gdp_env_choice("GDP_CHUNK_PATH", spell, value, 4, 2, text);
+}
+
+/* Whether the Hopper kernel can run these params here: built (CUDA 12 or later), a compute
+ * capability 9.0 device (its code is sm_90a only), and a shape it takes. */
+bool hopper_runs(const ChunkParams &p, int device) {
+#ifdef GDP_HAVE_CHUNK_HOPPER
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+        return false;
+    return major == 9 && minor == 0 && gdp_chunk_hopper_fits(&p);
+#else
+    (void)p;
+    (void)device;
+    return false;
+#endif
 }
 
 /* Who issues the state sweep's copies: one producer warp (producer, the default: measured 12 %
@@ -102,6 +123,10 @@ int wy_inverse_from_env(const char **text) {
 }
 
 } // namespace
+
+/* Calls that ran the Hopper kernel (gdp_cuda_chunk_hopper_calls); relaxed: a test's counter. */
+static long long hopper_calls = 0;
+extern "C" long long gdp_cuda_chunk_hopper_calls(void) { return __atomic_load_n(&hopper_calls, __ATOMIC_RELAXED); }
 
 // kernel launchers
 
@@ -187,7 +212,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     const int path = chunk_path_from_env(&path_text);
     if (path < 0)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
-                 "%s: GDP_CHUNK_PATH is \"%s\"; it takes staged, fused or auto (unset: auto)", op, path_text);
+                 "%s: GDP_CHUNK_PATH is \"%s\"; it takes staged, fused, hopper or auto (unset: auto)", op, path_text);
 
     gdp_chunk_workspace_layout lay;
     GDP_CHECK(gdp_chunk_workspace_plan(T, N, M, (int32_t)H, (int32_t)K, (int32_t)V, &lay));
@@ -310,7 +335,15 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
 
     /* ---- enqueue: the fused kernel, or the cumsums, WY, state sweep and outputs; then the zero tail ---- */
     GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_BEGIN, stream);
-    if (fused_fits(p) && (path == 1 || (path == 2 && FUSED_BY_DEFAULT))) {
+    if (path == 3 && hopper_runs(p, ctx->device)) {
+#ifdef GDP_HAVE_CHUNK_HOPPER
+        err = gdp_chunk_hopper_launch(&p, a->q.dtype == GDP_DTYPE_BF16, stream);
+#endif
+        GDP_CUDA_LAUNCH_CHECK(op, err, "the Hopper chunk kernel: N %lld, H %lld, K %lld, V %lld", (long long)N,
+                              (long long)H, (long long)K, (long long)V);
+        __atomic_fetch_add(&hopper_calls, 1, __ATOMIC_RELAXED);
+        GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_FUSED, stream);
+    } else if (fused_fits(p) && (path == 1 || path == 3 || (path == 2 && FUSED_BY_DEFAULT))) {
         err = a->q.dtype == GDP_DTYPE_BF16 ? launch_fused<__nv_bfloat16>(p, stream) : launch_fused<__half>(p, stream);
         GDP_CUDA_LAUNCH_CHECK(op, err, "the fused chunk kernel: N %lld, H %lld, K %lld, V %lld", (long long)N,
                               (long long)H, (long long)K, (long long)V);

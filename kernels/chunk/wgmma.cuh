@@ -22,6 +22,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "mma.cuh" /* smem_u32, the mbarrier and copy-engine helpers beside these */
 
 namespace {
@@ -63,44 +65,59 @@ template <int N> __device__ __forceinline__ void wg_wait() {
 /* (Shared memory written by ordinary stores and read next by wgmma: fence_proxy_async_smem, mma.cuh,
  * in each writing thread before the barrier that publishes the writes.) */
 
-/* D (+)= A B for a 64 x 64 x 16 step, bf16 operands from shared memory, fp32 accumulators in the
- * m16n8 order per warp (warp w rows 16 w + {g, g + 8}, n8 tile j in d[4j .. 4j + 3]). TA / TB:
- * 1 for MN-major A / B. accumulate 0: D = A B. */
-template <int TA, int TB>
+/* The operand lists of the two product shapes (32 and 64 accumulators a thread), shared by the
+ * bf16 and fp16 forms. */
+#define GDP_WG_D32(d)                                                                                                  \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),      \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),        \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),       \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define GDP_WG_D64(d)                                                                                                  \
+    GDP_WG_D32(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]),         \
+        "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]),       \
+        "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),       \
+        "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),       \
+        "+f"(d[63])
+#define GDP_WG_R32                                                                                                     \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                          \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define GDP_WG_R64                                                                                                     \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                          \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                                 \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                                 \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+/* D (+)= A B for a 64 x 64 x 16 step, 16-bit operands (T: bf16 or half) from shared memory, fp32
+ * accumulators in the m16n8 order per warp (warp w rows 16 w + {g, g + 8}, n8 tile j in
+ * d[4j .. 4j + 3]). TA / TB: 1 for MN-major A / B. accumulate 0: D = A B. */
+template <int TA, int TB, typename T = __nv_bfloat16>
 __device__ __forceinline__ void wg_mma_m64n64k16(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "%32, %33, p, 1, 1, %35, %36;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
+    if constexpr (std::is_same<T, __half>::value)
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " GDP_WG_R32 ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+                     : GDP_WG_D32(d)
+                     : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
+    else
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " GDP_WG_R32 ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+                     : GDP_WG_D32(d)
+                     : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
 }
 
 /* The same for a 64 x 128 x 16 step (d: n8 tile j in d[4j .. 4j + 3], j < 16): the state update's
  * shape (NOTES-chunk.md, "The one-pass Hopper kernel"). */
-template <int TA, int TB>
+template <int TA, int TB, typename T = __nv_bfloat16>
 __device__ __forceinline__ void wg_mma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-                 "%64, %65, p, 1, 1, %67, %68;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
+    if constexpr (std::is_same<T, __half>::value)
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " GDP_WG_R64 ", %64, %65, p, 1, 1, %67, %68;\n}\n"
+                     : GDP_WG_D64(d)
+                     : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
+    else
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " GDP_WG_R64 ", %64, %65, p, 1, 1, %67, %68;\n}\n"
+                     : GDP_WG_D64(d)
+                     : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
 }
 
 } // namespace

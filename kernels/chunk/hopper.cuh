@@ -1,0 +1,444 @@
+/*
+ * hopper.cuh: chunk_hopper_kernel, the chunk op in one pass on Hopper's warpgroup MMA
+ * (GDP_CHUNK_PATH=hopper; kernels/NOTES-chunk.md, "The one-pass Hopper kernel"). The math and the
+ * rounding points are the fused kernel's (fused.cuh: X' = V - 2^Gk (K S16), v_new = Ai X', o =
+ * scale (2^Gk[r_t] Q S16 + P v_new), S = 2^gl S + K^T (2^(gl - Gk) v_new)); what changes is who
+ * multiplies: every product is a wgmma (m64n64k16 or m64n128k16, fp32 accumulation) with both
+ * operands in shared memory in the 128-byte-swizzled panel layout of wgmma.cuh, and the fp32 state
+ * lives in the state warpgroups' accumulators.
+ *
+ * One block of three warpgroups per (sequence, head), K = V = 128:
+ *   WG0 (aux), one chunk ahead: the chunk's loads (cp.async into the panel layout, the next chunk's
+ *     issued as soon as its stage is free), Gk by a warp scan, the L2 norms of K and Q, A = K K^T
+ *     and the scores Q K^T on wgmma, the decay and mask epilogues, (I + A)^-1 on four warps
+ *     (wy_invert_tf32, as the fused kernel) into Ai = T(X diag beta), and the masked decayed P;
+ *   WG1, WG2 (state): each holds 64 of the state's 128 rows x all 128 columns as one m64n128
+ *     accumulator, writes its rows of S16, then on its own 64 value columns X' (8 k steps), v_new
+ *     (4) and the outputs (8 + 4), and on its own 64 state rows the update (4 m64n128k16 steps, K^T
+ *     read M-major from the same key tile).
+ * Barriers: FULL[b] (named, 384: aux arrives when stage b is ready, the state warpgroups wait, and
+ * their S16 stores are complete), EMPTY[b] (mbarrier: the state threads are done with stage b),
+ * AUX (named, 128), one named barrier per state warpgroup for its own X' panel, and STATE (named,
+ * 256) where the two state warpgroups exchange v_new's panels and end a chunk.
+ * Every tile a wgmma reads and a thread wrote is fenced (fence.proxy.async) before the barrier
+ * that publishes it. Deterministic: fixed-order sums, no atomics.
+ * Scope (hopper_fits): 16-bit q, k, v with K = V = 128 and 16-byte aligned rows; any other shape
+ * runs the fused or staged kernels. Compiled for sm_90a only (kernels/chunk/hopper.cu).
+ */
+#ifndef GDP_CHUNK_HOPPER_CUH
+#define GDP_CHUNK_HOPPER_CUH
+
+#include <stdint.h>
+
+#include "common.cuh"
+#include "fused.cuh" /* FusedChunk, fused_chunk, fused_query_row */
+#include "kernels/dtype_access.cuh"
+#include "mma.cuh"
+#include "tile.cuh"
+#include "wgmma.cuh"
+#include "wy_math.cuh"
+
+namespace {
+
+constexpr int HOP_KP = 128, HOP_VP = 128;
+constexpr int HOP_AUX_THREADS = 128, HOP_STATE_THREADS = 256;
+constexpr int HOP_THREADS = HOP_AUX_THREADS + HOP_STATE_THREADS;
+/* named barriers (0 is __syncthreads) */
+constexpr int HOP_BAR_FULL0 = 1, HOP_BAR_AUX = 3, HOP_BAR_STATE = 4, HOP_BAR_WG0 = 5;
+
+/* One stage: the tiles of one chunk, 16-bit, each in the panel layout (1024-byte aligned). */
+template <typename T> struct alignas(1024) HopperStage {
+    T k[CHUNK * HOP_KP]; /* keys, normalized in place                              */
+    T q[CHUNK * HOP_KP]; /* queries of the tokens ending in the chunk, normalized  */
+    T v[CHUNK * HOP_VP]; /* V, turned into X' in place by the state warpgroups     */
+    T ai[CHUNK * CHUNK]; /* T(X diag beta)                                          */
+    T p[CHUNK * CHUNK];  /* masked decayed scores                                   */
+    float gk[CHUNK];     /* g per row (copy 0 of a token), then Gk                  */
+    float gam[CHUNK];    /* 2^Gk                                                    */
+    float beta[CHUNK];
+};
+template <typename T> struct alignas(1024) HopperSmem {
+    HopperStage<T> st[2];
+    T s16[HOP_KP * HOP_VP];   /* S16: the state entering the chunk, [k][v]  */
+    T vn[CHUNK * HOP_VP];     /* v_new [row][v]                             */
+    T vd[CHUNK * HOP_VP];     /* 2^(gl - Gk) v_new, the update's operand    */
+    float a[CHUNK][CHUNK + 4]; /* A, then X = (I + A)^-1 (aux only)          */
+    float scratch[4 * WY_INV_SCRATCH];
+    uint64_t empty[2];
+};
+
+/* Element pointer of (r, c) in a panel-layout tile of `rows` rows. */
+template <typename T> __device__ __forceinline__ T *hop_at(T *tile, int rows, int r, int c) {
+    return reinterpret_cast<T *>(reinterpret_cast<unsigned char *>(tile) + wg_offset(rows, r, c));
+}
+
+/* Rows [0, 64) x 128 columns of a row-major global matrix (row stride ld elements) into a 64-row
+ * panel-layout tile by 16-byte cp.async; rows >= nrows become 0. */
+template <typename T>
+__device__ __forceinline__ void hop_tile_async(T *dst, const T *__restrict__ src, int64_t ld, int nrows, int tid) {
+    for (int e = tid; e < CHUNK * 16; e += HOP_AUX_THREADS) {
+        const int r = e >> 4, c = (e & 15) * 8;
+        const bool ok = r < nrows;
+        cp_async16(hop_at(dst, CHUNK, r, c), ok ? src + r * ld + c : src, ok);
+    }
+}
+
+/* Chunk c's loads into stage st: K, V and Q by cp.async (one group), g and beta by plain loads, the
+ * chunk after it into L2 (fused_aux_issue_loads' order and values). */
+template <typename T>
+__device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, HopperStage<T> &st, int c, int64_t bos,
+                                                int64_t len, int hd, int nchunks) {
+    const int tid = threadIdx.x;
+    const int H = p.H, M = p.M;
+    const FusedChunk ch = fused_chunk(c, len, M);
+    const int64_t rowc = bos * M + ch.lo;
+    const int64_t ld = (int64_t)H * HOP_KP;
+    float gr = 0.0f, be = 0.0f;
+    if (tid < ch.n) {
+        const int64_t lr = ch.lo + tid;
+        if (p.g_raw != nullptr && lr % M == 0)
+            gr = p.g_raw[(bos + lr / M) * H + hd];
+        be = load_any(p.beta, p.beta_dtype, (rowc + tid) * H + hd);
+    }
+    hop_tile_async<T>(st.k, static_cast<const T *>(p.k) + (rowc * H + hd) * HOP_KP, ld, ch.n, tid);
+    hop_tile_async<T>(st.v, static_cast<const T *>(p.v) + (rowc * H + hd) * HOP_VP, ld, ch.n, tid);
+    hop_tile_async<T>(st.q, static_cast<const T *>(p.q) + ((bos + ch.tf) * H + hd) * HOP_KP, ld, ch.nq, tid);
+    cp_async_commit();
+    if (c + 1 < nchunks) {
+        const FusedChunk nx = fused_chunk(c + 1, len, M);
+        const int64_t rown = bos * M + nx.lo;
+        const int bytes = HOP_KP * (int)sizeof(T);
+        if (tid < nx.n) {
+            prefetch_l2(static_cast<const T *>(p.k) + ((rown + tid) * H + hd) * HOP_KP, bytes);
+            prefetch_l2(static_cast<const T *>(p.v) + ((rown + tid) * H + hd) * HOP_VP, bytes);
+        } else if (tid >= 64 && tid - 64 < nx.nq) {
+            prefetch_l2(static_cast<const T *>(p.q) + ((bos + nx.tf + tid - 64) * H + hd) * HOP_KP, bytes);
+        }
+    }
+    if (tid < CHUNK) {
+        st.gk[tid] = gr;
+        st.beta[tid] = be;
+    }
+}
+
+/* ---- the aux warpgroup: stage b for chunk c ---- */
+template <typename T>
+__device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, HopperSmem<T> &s, int b, int c, int64_t bos,
+                                              int64_t len, int hd, int nchunks) {
+    HopperStage<T> &st = s.st[b];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const FusedChunk ch = fused_chunk(c, len, p.M);
+    const int n = ch.n;
+
+    bool next_pending = c + 1 < nchunks;
+    const int empty_parity = ((c - 1) >> 1) & 1; /* chunk c - 1 is stage b^1's ((c - 1) / 2)-th use */
+    auto issue_next_if_free = [&](bool block) {
+        if (!next_pending)
+            return;
+        if (c >= 1) {
+            if (!block && !mbar_test(&s.empty[b ^ 1], empty_parity))
+                return;
+            mbar_wait(&s.empty[b ^ 1], empty_parity);
+        }
+        hop_issue_loads<T>(p, s.st[b ^ 1], c + 1, bos, len, hd, nchunks);
+        next_pending = false;
+    };
+
+    cp_async_wait<0>();
+    fence_proxy_async_smem(); /* the landed tiles may be read by wgmma (without the norms) */
+    bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS);
+
+    /* Gk: a warp scan over the 64 rows, base 2 (fused.cuh's); the rows' norms in place */
+    if (warp == 0) {
+        const float a0 = st.gk[2 * lane], a1 = st.gk[2 * lane + 1];
+        float x = a0 + a1;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const float y = __shfl_up_sync(0xffffffffu, x, d);
+            if (lane >= d)
+                x += y;
+        }
+        float ex = __shfl_up_sync(0xffffffffu, x, 1);
+        if (lane == 0)
+            ex = 0.0f;
+        const float g0 = (ex + a0) * GDP_RCP_LN2, g1 = ((ex + a0) + a1) * GDP_RCP_LN2;
+        st.gk[2 * lane] = g0;
+        st.gk[2 * lane + 1] = g1;
+        st.gam[2 * lane] = exp2f(g0);
+        st.gam[2 * lane + 1] = exp2f(g1);
+    }
+    if (p.l2norm) {
+        auto panel = [](int r, int v) { return (int)(wg_offset(CHUNK, r, v * 8) / sizeof(T)); };
+        l2norm_rows_at<T, HOP_KP, 4, 4>(st.k, panel, n, warp, lane);
+        l2norm_rows_at<T, HOP_KP, 4, 4>(st.q, panel, ch.nq, warp, lane);
+        fence_proxy_async_smem();
+    }
+    bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS);
+
+    /* A = K K^T and the scores Q K^T, both 64 x 64 over 128 key columns */
+    float acc[32], sc[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++)
+        acc[i] = sc[i] = 0.0f;
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < HOP_KP / 16; ks++) {
+        const uint64_t dk = wg_desc_kmajor(st.k, CHUNK, 0, ks * 16);
+        wg_mma_m64n64k16<0, 0, T>(acc, dk, dk, 1);
+    }
+    wg_commit();
+#pragma unroll
+    for (int ks = 0; ks < HOP_KP / 16; ks++)
+        wg_mma_m64n64k16<0, 0, T>(sc, wg_desc_kmajor(st.q, CHUNK, 0, ks * 16), wg_desc_kmajor(st.k, CHUNK, 0, ks * 16),
+                                  1);
+    wg_commit();
+    wg_wait<1>();
+    /* A[r][c] = beta_r 2^(Gk_r - Gk_c) <k_r, k_c> for c < r < n, else 0 (wy_build_a's values) */
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = 16 * warp + g + (e >> 1) * 8, cc = 8 * j + 2 * t4 + (e & 1);
+            float val = 0.0f;
+            if (cc < r && r < n)
+                val = acc[4 * j + e] * exp2f(st.gk[r] - st.gk[cc]) * st.beta[r];
+            s.a[r][cc] = val;
+        }
+    wg_wait<0>();
+    /* P: the query rows against key rows <= r_t, decayed, rounded (fused.cuh's values) */
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int qi = 16 * warp + g + hh * 8;
+        const int row = fused_query_row(ch, qi, p.M);
+        const float gt = row >= 0 ? st.gk[row] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int cc = 8 * j + 2 * t4;
+            const float p0 = cc <= row ? sc[4 * j + 2 * hh] * exp2f(gt - st.gk[cc]) : 0.0f;
+            const float p1 = cc + 1 <= row ? sc[4 * j + 2 * hh + 1] * exp2f(gt - st.gk[cc + 1]) : 0.0f;
+            *reinterpret_cast<uint32_t *>(hop_at(st.p, CHUNK, qi, cc)) = Elem<T>::pack(p0, p1);
+        }
+    }
+    bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS); /* A complete */
+    issue_next_if_free(false);
+
+    /* Ai = T((I + A)^-1 diag beta), the off-diagonal blocks on tf32 tensor cores (wy_math.cuh) */
+    const float *beta = st.beta;
+    T *ai = st.ai;
+    wy_invert_tf32(
+        s.a, s.scratch + warp * WY_INV_SCRATCH, tid, [] { bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS); },
+        [&](int r, int cc, float x) { *hop_at(ai, CHUNK, r, cc) = Elem<T>::from_f(x * beta[cc]); },
+        [&](int r, int cc, float x0, float x1) {
+            *reinterpret_cast<uint32_t *>(hop_at(ai, CHUNK, r, cc)) = Elem<T>::pack(x0 * beta[cc], x1 * beta[cc + 1]);
+        },
+        [&](int t) {
+            /* Ai's blocks right of the diagonal blocks are zero: rows 0-47, 8 columns a store */
+            for (int e = t - 64; e < 48 * 8; e += 64) {
+                const int r = e >> 3, c8 = (e & 7) * 8;
+                if (c8 >= ((r >> 4) + 1) * 16)
+                    *reinterpret_cast<uint4 *>(hop_at(ai, CHUNK, r, c8)) = make_uint4(0u, 0u, 0u, 0u);
+            }
+        });
+    fence_proxy_async_smem(); /* Ai and P are read by the state warpgroups' wgmma */
+    issue_next_if_free(false);
+    issue_next_if_free(true);
+}
+
+/* The state's accumulator (m64n128: rows 16 wi + g + {0, 8} of the warpgroup's 64, column pairs
+ * 8 j + 2 t4) seen as store_state_tile's fragments S[j][e]. */
+__device__ __forceinline__ float (&hop_frags(float (&S)[64]))[16][4] {
+    return *reinterpret_cast<float(*)[16][4]>(&S[0]);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(HOP_THREADS, 1) chunk_hopper_kernel(const ChunkParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char smem_raw[];
+    /* 1024-byte aligned panels: the swizzle is a function of the address bits */
+    const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
+    HopperSmem<T> &s = *reinterpret_cast<HopperSmem<T> *>(smem_raw + pad);
+    const int hd = blockIdx.y, i = blockIdx.z, H = p.H, M = p.M;
+    const int64_t bos = p.cu[i];
+    const int64_t len = (int64_t)p.cu[i + 1] - bos;
+    const int nchunks = (int)((len * M + CHUNK - 1) / CHUNK);
+
+    if (threadIdx.x == 0) {
+        mbar_init(&s.empty[0], HOP_STATE_THREADS);
+        mbar_init(&s.empty[1], HOP_STATE_THREADS);
+    }
+    __syncthreads();
+    /* the warpgroup's index through a shuffle, so that the compiler sees a warp-uniform role (a role
+     * branch it takes for divergent makes ptxas serialize every wgmma: warning C7520) */
+    const int wgi = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+    if (wgi == 0) {
+        if (nchunks > 0)
+            hop_issue_loads<T>(p, s.st[0], 0, bos, len, hd, nchunks);
+        for (int c = 0; c < nchunks; c++) {
+            const int b = c & 1;
+            hop_aux_chunk<T>(p, s, b, c, bos, len, hd, nchunks);
+            bar_arrive(HOP_BAR_FULL0 + b, HOP_THREADS);
+        }
+        return;
+    }
+
+    const int tid = threadIdx.x - HOP_AUX_THREADS, lane = tid & 31, wg = wgi - 1, wi = (tid >> 5) & 3;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int64_t coff = p.coff[i];
+    const int sr0 = 64 * wg + 16 * wi; /* the thread's state rows sr0 + g + {0, 8}     */
+    const int c0 = 64 * wg;            /* the warpgroup's value columns for X', v_new, o */
+    const int r0 = 16 * wi;            /* the warp's chunk rows in those products       */
+
+    float S[64];
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = sr0 + g + (e >> 1) * 8, cc = 8 * j + 2 * t4 + (e & 1);
+            S[4 * j + e] = p.h0 != nullptr ? load_any(p.h0, p.h0_dtype, (((int64_t)i * H + hd) * HOP_KP + r) * HOP_VP + cc)
+                                           : 0.0f;
+        }
+
+    for (int c = 0; c < nchunks; c++) {
+        const int b = c & 1;
+        HopperStage<T> &st = s.st[b];
+        const FusedChunk ch = fused_chunk(c, len, M);
+        const int n = ch.n, nq = ch.nq;
+        /* S16 (this warpgroup's 64 rows), and the fp32 state entering token chunk c / M */
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++)
+                *reinterpret_cast<uint32_t *>(hop_at(s.s16, HOP_KP, sr0 + g + hh * 8, 8 * j + 2 * t4)) =
+                    Elem<T>::pack(S[4 * j + 2 * hh], S[4 * j + 2 * hh + 1]);
+        fence_proxy_async_smem();
+        if (c % M == 0 && p.chunk_states != nullptr) {
+            const int64_t hrow = coff + c / M;
+            if (hrow < p.cs_rows)
+                store_state_tile(p.chunk_states, p.cs_dtype, hop_frags(S), sr0, 0, HOP_KP, HOP_VP, lane,
+                                 [&](int r, int cc) { return ((hrow * H + hd) * HOP_KP + r) * HOP_VP + cc; });
+        }
+        bar_sync(HOP_BAR_FULL0 + b, HOP_THREADS); /* stage b holds chunk c; both halves of S16 are in */
+
+        /* X' = V - 2^Gk (K S16) on the warpgroup's 64 columns, in place over V */
+        float acc[32];
+#pragma unroll
+        for (int x = 0; x < 32; x++)
+            acc[x] = 0.0f;
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < HOP_KP / 16; ks++)
+            wg_mma_m64n64k16<0, 1, T>(acc, wg_desc_kmajor(st.k, CHUNK, 0, ks * 16),
+                                      wg_desc_mnmajor(s.s16, HOP_KP, ks * 16, c0), 1);
+        wg_commit();
+        wg_wait<0>();
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = r0 + g + hh * 8;
+            const float f = st.gam[r];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                T *vp = hop_at(st.v, CHUNK, r, c0 + 8 * j + 2 * t4);
+                const float x0 = Elem<T>::to_f(vp[0]) - f * acc[4 * j + 2 * hh];
+                const float x1 = Elem<T>::to_f(vp[1]) - f * acc[4 * j + 2 * hh + 1];
+                *reinterpret_cast<uint32_t *>(vp) = Elem<T>::pack(x0, x1);
+            }
+        }
+        fence_proxy_async_smem();
+        bar_sync(HOP_BAR_WG0 + wg, 128); /* the warpgroup's X' panel complete */
+
+        /* v_new = Ai X' on the warpgroup's columns; its decayed copy for the update */
+        const float gl = st.gk[n - 1];
+#pragma unroll
+        for (int x = 0; x < 32; x++)
+            acc[x] = 0.0f;
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < CHUNK / 16; ks++)
+            wg_mma_m64n64k16<0, 1, T>(acc, wg_desc_kmajor(st.ai, CHUNK, 0, ks * 16),
+                                      wg_desc_mnmajor(st.v, CHUNK, ks * 16, c0), 1);
+        wg_commit();
+        wg_wait<0>();
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = r0 + g + hh * 8;
+            const float f = r < n ? exp2f(gl - st.gk[r]) : 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int cc = c0 + 8 * j + 2 * t4;
+                const float v0 = acc[4 * j + 2 * hh], v1 = acc[4 * j + 2 * hh + 1];
+                *reinterpret_cast<uint32_t *>(hop_at(s.vn, CHUNK, r, cc)) = Elem<T>::pack(v0, v1);
+                *reinterpret_cast<uint32_t *>(hop_at(s.vd, CHUNK, r, cc)) = Elem<T>::pack(v0 * f, v1 * f);
+            }
+        }
+        fence_proxy_async_smem();
+        bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS); /* v_new and its decayed copy complete (both halves) */
+
+        /* o = scale (2^Gk[r_t] Q S16 + P v_new) on the warpgroup's columns (also when no query ends in
+         * the chunk, nq = 0: a wgmma under a branch makes ptxas serialize them all, warning C7520) */
+        {
+#pragma unroll
+            for (int x = 0; x < 32; x++)
+                acc[x] = 0.0f;
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < HOP_KP / 16; ks++)
+                wg_mma_m64n64k16<0, 1, T>(acc, wg_desc_kmajor(st.q, CHUNK, 0, ks * 16),
+                                          wg_desc_mnmajor(s.s16, HOP_KP, ks * 16, c0), 1);
+            wg_commit();
+            wg_wait<0>();
+            const int ra = fused_query_row(ch, r0 + g, M), rb = fused_query_row(ch, r0 + g + 8, M);
+            const float fa = ra >= 0 ? st.gam[ra] : 0.0f, fb = rb >= 0 ? st.gam[rb] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                acc[4 * j] *= fa;
+                acc[4 * j + 1] *= fa;
+                acc[4 * j + 2] *= fb;
+                acc[4 * j + 3] *= fb;
+            }
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < CHUNK / 16; ks++)
+                wg_mma_m64n64k16<0, 1, T>(acc, wg_desc_kmajor(st.p, CHUNK, 0, ks * 16),
+                                          wg_desc_mnmajor(s.vn, CHUNK, ks * 16, c0), 1);
+            wg_commit();
+            wg_wait<0>();
+            T *o = static_cast<T *>(p.o) + ((bos + ch.tf) * H + hd) * HOP_VP;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int qi = r0 + g + hh * 8;
+                if (qi < nq)
+#pragma unroll
+                    for (int j = 0; j < 8; j++)
+                        *reinterpret_cast<uint32_t *>(o + (int64_t)qi * H * HOP_VP + c0 + 8 * j + 2 * t4) =
+                            Elem<T>::pack(acc[4 * j + 2 * hh] * p.scale, acc[4 * j + 2 * hh + 1] * p.scale);
+            }
+        }
+
+        /* S = 2^gl S + K^T (decayed v_new) on the warpgroup's 64 state rows */
+        const float dec = exp2f(gl);
+#pragma unroll
+        for (int x = 0; x < 64; x++)
+            S[x] *= dec;
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < CHUNK / 16; ks++)
+            wg_mma_m64n128k16<1, 1, T>(S, wg_desc_mnmajor(st.k, CHUNK, ks * 16, 64 * wg),
+                                       wg_desc_mnmajor(s.vd, CHUNK, ks * 16, 0), 1);
+        wg_commit();
+        wg_wait<0>();
+        /* every read of stage b, S16, v_new and its decayed copy is done */
+        bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS);
+        if (c + 2 < nchunks)
+            mbar_arrive(&s.empty[b]);
+    }
+
+    const StateDest d = final_state_dest(p, i, hd);
+    if (d.dst != nullptr)
+        store_state_tile(d.dst, d.dtype, hop_frags(S), sr0, 0, HOP_KP, HOP_VP, lane,
+                         [&](int r, int cc) { return d.base + (int64_t)r * HOP_VP + cc; });
+#endif
+}
+
+} // namespace
+
+#endif /* GDP_CHUNK_HOPPER_CUH */
