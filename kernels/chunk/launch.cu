@@ -80,14 +80,16 @@ int chunk_path_from_env(const char **text) {
     return gdp_env_choice("GDP_CHUNK_PATH", spell, value, 3, 2, text);
 }
 
-/* Who issues the state sweep's copies: one producer warp (producer, the default: measured 12 %
- * faster on one 16384-token sequence, within 1 % elsewhere; kernels/NOTES-chunk.md, seventeenth
- * session) or every warp (warps, the earlier kernel, kept for A/B runs). GDP_CHUNK_STATE_COPY;
- * returns 1 (producer), 0 (warps), or -1 for any other value. */
+/* Who issues the state sweep's copies (state.cuh's STATE_COPY_*): one producer warp by cp.async
+ * (producer, the default: measured 12 % faster on one 16384-token sequence than every warp, within
+ * 1 % elsewhere; kernels/NOTES-chunk.md, seventeenth session), one producer warp by the copy
+ * engine, one tensor-map copy a tile (tma; K <= 128, else producer; twentieth session, not yet
+ * measured), or every warp (warps, the earlier kernel).
+ * GDP_CHUNK_STATE_COPY; returns the STATE_COPY_* value, or -1 for any other value. */
 int state_copy_from_env(const char **text) {
-    static const char *const spell[2] = {"warps", "producer"};
-    static const int value[2] = {0, 1};
-    return gdp_env_choice("GDP_CHUNK_STATE_COPY", spell, value, 2, 1, text);
+    static const char *const spell[3] = {"warps", "producer", "tma"};
+    static const int value[3] = {STATE_COPY_WARPS, STATE_COPY_PRODUCER, STATE_COPY_TMA};
+    return gdp_env_choice("GDP_CHUNK_STATE_COPY", spell, value, 3, STATE_COPY_PRODUCER, text);
 }
 
 /* How WY inverts I + A: the off-diagonal blocks' products on tf32 tensor cores (tf32, the
@@ -176,7 +178,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     const char *copy_text = nullptr;
     const int state_copy = state_copy_from_env(&copy_text);
     if (state_copy < 0)
-        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: GDP_CHUNK_STATE_COPY is \"%s\"; it takes producer or warps (unset: producer)",
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: GDP_CHUNK_STATE_COPY is \"%s\"; it takes producer, tma or warps (unset: producer)",
                  op, copy_text);
     const char *inverse_text = nullptr;
     const int wy_inverse = wy_inverse_from_env(&inverse_text);
@@ -324,9 +326,14 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
                                               &a->cu_seqlens, M));
         GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_CUMSUM, stream);
         p.zero_tail = num_chunks > 0; /* the output stage's grid then covers every head and column */
-        const StageOptions opt = {state_vb, state_copy == 1, wy_inverse == 1};
+        const StageOptions opt = {state_vb, state_copy, wy_inverse == 1};
         err = a->q.dtype == GDP_DTYPE_BF16 ? launch_stages<__nv_bfloat16>(p, num_chunks, num_chunks_dp, sms, opt, stream)
                                            : launch_stages<__half>(p, num_chunks, num_chunks_dp, sms, opt, stream);
+        if (err == cudaErrorNotSupported && state_copy == STATE_COPY_TMA) /* nothing was launched */
+            GDP_FAIL(GDP_STATUS_UNSUPPORTED,
+                     "%s: GDP_CHUNK_STATE_COPY=tma needs the driver's cuTensorMapEncodeTiled, which is missing or "
+                     "refused the state sweep's tensor maps; unset it (producer)",
+                     op);
         GDP_CUDA_LAUNCH_CHECK(op, err, "the chunk stages: %lld chunks, H %lld, K %lld, V %lld",
                               (long long)num_chunks, (long long)H, (long long)K, (long long)V);
     }

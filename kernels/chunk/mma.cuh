@@ -137,6 +137,27 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity) {
                      : "memory");
     } while (!done);
 }
+/* This thread's arrival, announcing tx_bytes more to come from the copy engine (tma_load_2d): the
+ * phase completes once every arrival is in and those bytes have landed. */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t tx_bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(tx_bytes)
+                 : "memory");
+}
+/* One tile by the copy engine (sm_90 TMA): the box of the 2-D tensor map `map` (a __grid_constant__
+ * kernel parameter) at column x, row y, written densely to dst (128-byte aligned) with rows of the
+ * box's width; columns and rows outside the map's extent land as zeros. The bytes count against
+ * bar's announced bytes. One instruction a tile, where cp.async takes one a 16-byte piece (NOTES-chunk.md,
+ * twentieth session: one bulk copy a row was 5x slower than cp.async). */
+__device__ __forceinline__ void tma_load_2d(void *dst, const void *map, int x, int y, uint64_t *bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                 "[%4];\n" ::"r"(smem_u32(dst)),
+                 "l"(map), "r"(x), "r"(y), "r"(smem_u32(bar))
+                 : "memory");
+}
+/* Orders this thread's earlier shared-memory accesses (the generic proxy) before later copy-engine
+ * writes to the same bytes (the async proxy): a thread that wrote a stage which the copy engine will
+ * refill runs it before releasing the stage. */
+__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 /* The mbarrier's arrival of this thread once all its earlier cp.async copies have landed (counted
  * against the barrier's expected arrivals: .noinc). */
 __device__ __forceinline__ void cp_async_mbar_arrive(uint64_t *bar) {
