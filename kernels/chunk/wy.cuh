@@ -48,7 +48,7 @@ static_assert(16 * WY_TMP_LD >= 4 * WY_INV_SCRATCH, "the tf32 inverse's four war
 /* Work split: one 128-thread block per (expanded chunk descriptor, head); warp w owns rows
  * [16w, 16w+16) of A, w and u; the 64x64 triangular inverse in fp32, its off-diagonal blocks'
  * products on tf32 tensor cores (TF32: three block barriers; wy_invert_tf32) or all on CUDA
- * cores (seven; wy_invert). K and V arrive together (cp.async) at the start, so no load waits
+ * cores (seven; wy_invert_in_place). K and V arrive together (cp.async) at the start, so no load waits
  * after the solve. */
 template <typename T, int KP, bool TF32>
 __global__ void __launch_bounds__(128) chunk_wy_kernel(const ChunkParams p) {
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(128) chunk_wy_kernel(const ChunkParams p) {
                        [](int) {});
         __syncthreads(); /* the last block row of X is complete */
     } else {
-        wy_invert<true>(s.a, s.a, s.tmp, tid, [] { __syncthreads(); });
+        wy_invert_in_place(s.a, s.tmp, tid, [] { __syncthreads(); });
     }
     /* Ai rounded to T over the same bytes: every thread reads its X values before any Ai is written.
      * K becomes beta 2^Gk K and V beta V (rounded to T) in between. */

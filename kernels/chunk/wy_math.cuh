@@ -1,7 +1,7 @@
 /*
  * wy_math.cuh: the chunk's WY algebra both the WY stage (wy.cuh) and the fused kernel's aux
  * warps (fused.cuh) run, once: A = beta K K^T with decay (masked strictly lower) on tensor
- * cores, and (I + A)^-1: in fp32 on CUDA cores (wy_invert, in place or into its own tile), or
+ * cores, and (I + A)^-1: in fp32 on CUDA cores (wy_invert_in_place), or
  * with its off-diagonal blocks on tf32 tensor cores (wy_invert_tf32: the WY stage's default,
  * and the fused kernel's Ai = T((I + A)^-1 diag beta), wy_invert_ai).
  */
@@ -57,20 +57,18 @@ __device__ __forceinline__ void wy_diag_column(const float (*a)[CHUNK + 4], int 
  * is sync() (the caller's barrier after A is complete comes first): the 16 x 16 diagonal blocks
  * by forward substitution (one thread a column), then block row by block row, X_rc = -X_rr
  * sum_{c <= q < r} A_rq X_qc, each thread a 2-row x 4-column micro-tile (one float4 of X serves
- * 8 multiply-adds; sums in index order). IN_PLACE: x == a. That works because row block rb's
- * blocks left of the diagonal still hold A when its sums are formed (all of them before any is
- * overwritten) and the rows above already hold X; the diagonal block's 16 threads sit in one
- * warp, which synchronizes before overwriting the A it read. Otherwise x's blocks above the
- * diagonal must be zero already. */
-template <bool IN_PLACE, typename Sync>
-__device__ __forceinline__ void wy_invert(float (*a)[CHUNK + 4], float (*x)[CHUNK + 4], float (*tmp)[WY_TMP_LD],
-                                          int tid, Sync sync) {
+ * 8 multiply-adds; sums in index order), X overwriting A in place. That works because row block
+ * rb's blocks left of the diagonal still hold A when its sums are formed (all of them before any
+ * is overwritten) and the rows above already hold X; the diagonal block's 16 threads sit in one
+ * warp, which synchronizes before overwriting the A it read. */
+template <typename Sync>
+__device__ __forceinline__ void wy_invert_in_place(float (*a)[CHUNK + 4], float (*tmp)[WY_TMP_LD], int tid, Sync sync) {
+    float(*const x)[CHUNK + 4] = a; /* X, written over A */
     if (tid < 64) {
         const int c = tid & 15, base = (tid >> 4) * 16;
         float xc[16];
         wy_diag_column(a, tid, xc);
-        if (IN_PLACE)
-            __syncwarp();
+        __syncwarp();
 #pragma unroll
         for (int r = 0; r < 16; r++)
             x[base + r][base + c] = xc[r];
@@ -142,9 +140,9 @@ constexpr int WY_INV_SCRATCH = 16 * WY_INV_SCRATCH_LD; /* floats of scratch a wa
 
 /* X = (I + A)^-1 for the strictly lower 64 x 64 A in a (fp32), by the four warps of a group whose
  * barrier is sync() (the caller's barrier after A is complete comes first), in three steps
- * where wy_invert takes seven barriers:
+ * where wy_invert_in_place takes seven barriers:
  *  - the 16 x 16 diagonal blocks X_bb by forward substitution, one thread a column, in fp32 and
- *    in the same order as wy_invert (threads 0-63; meanwhile threads 64-127 run idle(tid));
+ *    in the same order as wy_invert_in_place (threads 0-63; meanwhile threads 64-127 run idle(tid));
  *  - block rows rb = 1, 2, 3 in turn: X_rb,c = -X_rr (A_rb,<rb X_<rb,c), each 8-column tile of it
  *    by one warp on tf32 tensor cores (fp32 accumulation), the inner product through the warp's
  *    own scratch sc (WY_INV_SCRATCH floats, each warp its own) and a __syncwarp, no block barrier.
