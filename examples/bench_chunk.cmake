@@ -1,6 +1,7 @@
 # bench_chunk: timings of the CUDA chunked prefill on the prefill rows of docs/performance.md
 # (see examples/bench_chunk.c). With -DGDP_BUILD_CHUNK_DEV=ON also bench_chunk_stages, the
-# per-stage timing lab of kernels/dev/chunk_stages.cu (a GPU-only developer tool).
+# per-stage timing lab of kernels/dev/chunk_stages.cu (a GPU-only developer tool), and
+# wgmma_check, the check of the one-pass kernel's wgmma helpers (kernels/chunk/wgmma.cuh).
 add_executable(bench_chunk ${CMAKE_CURRENT_LIST_DIR}/bench_chunk.c)
 target_link_libraries(bench_chunk PRIVATE gdp_bench_common gdp_static gdp_options m)
 option(GDP_BUILD_CHUNK_DEV "Build kernels/dev/chunk_stages.cu (per-stage timings of the chunk op)" OFF)
@@ -9,4 +10,10 @@ if(GDP_WITH_CUDA AND GDP_BUILD_CHUNK_DEV)
   target_include_directories(bench_chunk_stages PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/src
                                                         ${PROJECT_SOURCE_DIR}/kernels)
   target_link_libraries(bench_chunk_stages PRIVATE gdp_static gdp_options)
+  # wgmma_check: kernels/chunk/wgmma.cuh against a double product, for sm_90a alone (wgmma has no
+  # plain sm_90 form, so no other architecture is compiled; it skips on other GPUs)
+  add_executable(wgmma_check ${PROJECT_SOURCE_DIR}/kernels/dev/wgmma_check.cu)
+  set_target_properties(wgmma_check PROPERTIES CUDA_ARCHITECTURES OFF)
+  target_compile_options(wgmma_check PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a>)
+  target_include_directories(wgmma_check PRIVATE ${PROJECT_SOURCE_DIR}/kernels)
 endif()

@@ -42,7 +42,7 @@ stage=${1:-all}
 build=${GDP_BUILD_DIR:-build}
 
 targets=()
-[ "$stage" = chunk ] && targets=(--target test_chunk_gpu gdp-bench bench_chunk_stages) # what the short loop runs
+[ "$stage" = chunk ] && targets=(--target test_chunk_gpu gdp-bench bench_chunk_stages wgmma_check) # what the short loop runs
 [ "$stage" = chunkprof ] && targets=(--target gdp-bench)
 [ "$stage" = stagesprof ] && targets=(--target gdp-bench gdp) # gdp: libgdp.so, whose cubin ncu_sass disassembles
 [ "$stage" = decodeprof ] && targets=(--target gdp-bench gdp)
@@ -129,7 +129,9 @@ if [ "$stage" = experiments ]; then
 fi
 if [ "$stage" = chunk ]; then
     # the chunk op's short loop (issue 13): its GPU test under every kernel path, then the prefill
-    # rows of the ops table under each path (staged, fused; auto is whichever the op picks)
+    # rows of the ops table under each path (staged, fused; auto is whichever the op picks); first
+    # the one-pass kernel's wgmma helpers against a double product (kernels/dev/wgmma_check.cu)
+    "./$build/examples/wgmma_check" 2>&1 | tee "$out/wgmma_check.log" || rc=1
     (cd "$build" && ctest -R '^test_chunk_gpu$' --output-on-failure --timeout 300) 2>&1 | tee "$out/chunk_test.log" |
         grep -E "== GDP|FAIL|fail|Passed|tests passed|Error|error" | head -60 || rc=1
     for v in staged fused; do

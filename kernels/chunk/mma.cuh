@@ -144,19 +144,18 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t tx
                  : "memory");
 }
 /* One tile by the copy engine (sm_90 TMA): the box of the 2-D tensor map `map` (a __grid_constant__
- * kernel parameter) at column x, row y, written densely to dst (128-byte aligned) with rows of the
- * box's width; columns and rows outside the map's extent land as zeros. The bytes count against
- * bar's announced bytes. One instruction a tile, where cp.async takes one a 16-byte piece (NOTES-chunk.md,
- * twentieth session: one bulk copy a row was 5x slower than cp.async). */
+ * kernel parameter) at column x, row y, written densely to dst (128-byte aligned, 1024 with the
+ * 128-byte swizzle); elements outside the map's extent land as zeros. The bytes count against
+ * bar's announced bytes. Used by kernels/dev/wgmma_check.cu so far. */
 __device__ __forceinline__ void tma_load_2d(void *dst, const void *map, int x, int y, uint64_t *bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
                  "[%4];\n" ::"r"(smem_u32(dst)),
                  "l"(map), "r"(x), "r"(y), "r"(smem_u32(bar))
                  : "memory");
 }
-/* Orders this thread's earlier shared-memory accesses (the generic proxy) before later copy-engine
- * writes to the same bytes (the async proxy): a thread that wrote a stage which the copy engine will
- * refill runs it before releasing the stage. */
+/* Orders this thread's earlier shared-memory accesses (the generic proxy) before later accesses by
+ * the async proxy to the same bytes: wgmma reading what the thread stored, or the copy engine
+ * refilling a stage the thread wrote. Run by each such thread before the barrier or release. */
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 /* The mbarrier's arrival of this thread once all its earlier cp.async copies have landed (counted
  * against the barrier's expected arrivals: .noinc). */
