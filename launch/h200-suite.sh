@@ -98,8 +98,8 @@ if [ "$stage" = experiments ]; then
     # default picks by batch and dtype), GDP_CHUNK_STATE_VB (64 | 32 | 16: value columns per
     # block of the chunk op's state sweep; unset, the launcher picks by SM fill),
     # GDP_CHUNK_WY_INVERSE (tf32 | fp32: the chunk op's WY inverse on tensor or CUDA cores),
-    # GDP_CHUNK_STATE_COPY (producer | warps: who issues the state sweep's copies; a branch that
-    # adds a mode adds it to this loop: an unknown value is refused),
+    # GDP_CHUNK_STATE_COPY (producer | tma | warps: who issues the state sweep's copies; an
+    # unknown value is refused),
     # GDP_DECODE_END (fused | split: the decode op and the gated norm in one launch or two;
     # unset, auto fuses up to 16 requests) on the layer bench's decode and prefill rows.
     # A switch a build does not know changes nothing, so the lines of its set then agree.
@@ -116,7 +116,7 @@ if [ "$stage" = experiments ]; then
         GDP_CHUNK_WY_INVERSE=$v "./$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^chunk|^prefill|^#|Out of"
     done 2>&1 | tee -a "$out/exp_chunk.log"
     for round in 1 2; do # GDP_CHUNK_STATE_COPY: who issues the state sweep's copies (alternated twice)
-        for v in producer warps; do
+        for v in producer tma warps; do
             echo "## GDP_CHUNK_STATE_COPY=$v (round $round)"
             GDP_CHUNK_STATE_COPY=$v "./$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^prefill|^#|Out of"
         done

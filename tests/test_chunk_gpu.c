@@ -22,8 +22,9 @@
  * 128), =hopper (the one-pass wgmma kernel where K = V = 128 on a compute capability 9.0 device,
  * checked to have run there) and unset (the op's choice); an unknown path -> INVALID_USAGE
  * naming it, writing nothing.
- * The state sweep's copies by one producer warp (the default) and by every warp
- * (GDP_CHUNK_STATE_COPY=warps): bitwise equal on every width case; a bad value -> INVALID_USAGE.
+ * The state sweep's copies by one producer warp (the default), by its tensor-map copies
+ * (GDP_CHUNK_STATE_COPY=tma) and by every warp (warps): bitwise equal on every width case; a bad
+ * value -> INVALID_USAGE.
  * WY's inverse on CUDA cores in fp32 (GDP_CHUNK_WY_INVERSE=fp32; the default is tf32 tensor
  * cores): the golden files and the random shapes again on the staged path, against the same
  * references; a bad value -> INVALID_USAGE.
@@ -446,7 +447,8 @@ static void test_state_widths(gdp_ctx_t cpu, gdp_ctx_t gpu) {
         {"widths: m2 k128 v128 10 sequences x 16 heads", 2, 16, 128, 128, 10,
          {70, 130, 64, 1, 200, 90, 65, 33, 128, 150}, 960, BF, BF, F32, 1, 0, 0.1},
     };
-    printf("state sweep column blocks %d, %d, %d and the op's choice, copies by every warp and by a producer warp: "
+    printf("state sweep column blocks %d, %d, %d and the op's choice, copies by every warp, by a producer warp and by "
+           "its tensor-map copies: "
            "bitwise equal, each vs the CPU backend:\n",
            STATE_VBS[0], STATE_VBS[1], STATE_VBS[2]);
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -455,14 +457,16 @@ static void test_state_widths(gdp_ctx_t cpu, gdp_ctx_t gpu) {
         make_inputs(c, 5000 + ci, &in);
         outputs ref, first;
         cpu_run(cpu, &in, GDP_DTYPE_FP32, &ref);
-        /* each width with the copies issued by every warp, then by the producer warp (state.cuh's PW) */
-        for (int wi = 0; wi < 8; wi++) {
+        /* each width with the copies issued by every warp, by the producer warp's cp.async, then by its
+         * tensor-map copies (state.cuh's STATE_COPY_*) */
+        static const char *const copy_mode[3] = {"warps", "producer", "tma"};
+        for (int wi = 0; wi < 12; wi++) {
             outputs out;
             set_state_vb(STATE_VBS[wi % 4]);
-            setenv("GDP_CHUNK_STATE_COPY", wi < 4 ? "warps" : "producer", 1);
+            setenv("GDP_CHUNK_STATE_COPY", copy_mode[wi / 4], 1);
             gpu_run(gpu, &in, true, GDP_DTYPE_FP32, &out);
             char w[160];
-            snprintf(w, sizeof w, "%s, VB %d%s", c->name, STATE_VBS[wi % 4], wi < 4 ? "" : ", producer warp");
+            snprintf(w, sizeof w, "%s, VB %d, copies: %s", c->name, STATE_VBS[wi % 4], copy_mode[wi / 4]);
             compare_runs(w, &in, &out, &ref, true);
             if (wi == 0) {
                 first = out;

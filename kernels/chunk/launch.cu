@@ -85,30 +85,38 @@ int chunk_path_from_env(const char **text) {
     return gdp_env_choice("GDP_CHUNK_PATH", spell, value, 4, 2, text);
 }
 
-/* Whether the Hopper kernel can run these params here: built (CUDA 12 or later), a compute
- * capability 9.0 device (its code is sm_90a only), and a shape it takes. */
-bool hopper_runs(const ChunkParams &p, int device) {
-#ifdef GDP_HAVE_CHUNK_HOPPER
+/* The device's compute capability as 10 major + minor (90 for Hopper), 0 if the query fails. */
+int device_cc(int device) {
     int major = 0, minor = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-        return false;
-    return major == 9 && minor == 0 && gdp_chunk_hopper_fits(&p);
+        return 0;
+    return 10 * major + minor;
+}
+
+/* Whether the Hopper kernel can run these params on a device of capability cc: built (CUDA 12 or
+ * later), a compute capability 9.0 device (its code is sm_90a only), and a shape it takes. */
+bool hopper_runs(const ChunkParams &p, int cc) {
+#ifdef GDP_HAVE_CHUNK_HOPPER
+    return cc == 90 && gdp_chunk_hopper_fits(&p);
 #else
     (void)p;
-    (void)device;
+    (void)cc;
     return false;
 #endif
 }
 
-/* Who issues the state sweep's copies: one producer warp (producer, the default: measured 12 %
- * faster on one 16384-token sequence, within 1 % elsewhere; kernels/NOTES-chunk.md, seventeenth
- * session) or every warp (warps, the earlier kernel, kept for A/B runs). GDP_CHUNK_STATE_COPY;
- * returns 1 (producer), 0 (warps), or -1 for any other value. */
+/* Who issues the state sweep's copies (state.cuh's STATE_COPY_*): one producer warp moving each
+ * chunk's tiles by three tensor-map copies of the copy engine (tma, the default on compute
+ * capability 9.0 and later: measured 8 % faster state stage on one 16384-token sequence and 2-7 %
+ * on the others; kernels/NOTES-chunk.md, twenty-first session; K = 256, an older device or a
+ * driver without the map encoder take producer), one producer warp by cp.async (producer: 12 %
+ * faster on the long sequence than every warp, seventeenth session), or every warp (warps, the
+ * earlier kernel). GDP_CHUNK_STATE_COPY; returns the STATE_COPY_* value, or -1 for any other value. */
 int state_copy_from_env(const char **text) {
-    static const char *const spell[2] = {"warps", "producer"};
-    static const int value[2] = {0, 1};
-    return gdp_env_choice("GDP_CHUNK_STATE_COPY", spell, value, 2, 1, text);
+    static const char *const spell[3] = {"warps", "producer", "tma"};
+    static const int value[3] = {STATE_COPY_WARPS, STATE_COPY_PRODUCER, STATE_COPY_TMA};
+    return gdp_env_choice("GDP_CHUNK_STATE_COPY", spell, value, 3, STATE_COPY_TMA, text);
 }
 
 /* How WY inverts I + A: the off-diagonal blocks' products on tf32 tensor cores (tf32, the
@@ -201,7 +209,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     const char *copy_text = nullptr;
     const int state_copy = state_copy_from_env(&copy_text);
     if (state_copy < 0)
-        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: GDP_CHUNK_STATE_COPY is \"%s\"; it takes producer or warps (unset: producer)",
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: GDP_CHUNK_STATE_COPY is \"%s\"; it takes tma, producer or warps (unset: tma)",
                  op, copy_text);
     const char *inverse_text = nullptr;
     const int wy_inverse = wy_inverse_from_env(&inverse_text);
@@ -335,7 +343,8 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
 
     /* ---- enqueue: the fused kernel, or the cumsums, WY, state sweep and outputs; then the zero tail ---- */
     GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_BEGIN, stream);
-    if (path == 3 && hopper_runs(p, ctx->device)) {
+    const int cc = device_cc(ctx->device);
+    if (path == 3 && hopper_runs(p, cc)) {
 #ifdef GDP_HAVE_CHUNK_HOPPER
         err = gdp_chunk_hopper_launch(&p, a->q.dtype == GDP_DTYPE_BF16, stream);
 #endif
@@ -357,9 +366,16 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
                                               &a->cu_seqlens, M));
         GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_CUMSUM, stream);
         p.zero_tail = num_chunks > 0; /* the output stage's grid then covers every head and column */
-        const StageOptions opt = {state_vb, state_copy == 1, wy_inverse == 1};
+        /* the copy engine's tensor maps need sm_90 (the tma copies are compiled there only) */
+        const StageOptions opt = {state_vb, state_copy == STATE_COPY_TMA && cc < 90 ? STATE_COPY_PRODUCER : state_copy,
+                                  wy_inverse == 1};
         err = a->q.dtype == GDP_DTYPE_BF16 ? launch_stages<__nv_bfloat16>(p, num_chunks, num_chunks_dp, sms, opt, stream)
                                            : launch_stages<__half>(p, num_chunks, num_chunks_dp, sms, opt, stream);
+        if (err == cudaErrorNotSupported && state_copy == STATE_COPY_TMA) /* nothing was launched */
+            GDP_FAIL(GDP_STATUS_UNSUPPORTED,
+                     "%s: GDP_CHUNK_STATE_COPY=tma needs the driver's cuTensorMapEncodeTiled, which is missing or "
+                     "refused the state sweep's tensor maps; unset it (producer)",
+                     op);
         GDP_CUDA_LAUNCH_CHECK(op, err, "the chunk stages: %lld chunks, H %lld, K %lld, V %lld",
                               (long long)num_chunks, (long long)H, (long long)K, (long long)V);
     }

@@ -140,23 +140,35 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity) {
 /* This thread's arrival, announcing tx_bytes more to come from the copy engine (tma_load_2d): the
  * phase completes once every arrival is in and those bytes have landed. */
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t tx_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    __trap(); /* sm_90 and later only (as tma_load_2d) */
+#else
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(tx_bytes)
                  : "memory");
+#endif
 }
 /* One tile by the copy engine (sm_90 TMA): the box of the 2-D tensor map `map` (a __grid_constant__
  * kernel parameter) at column x, row y, written densely to dst (128-byte aligned, 1024 with the
  * 128-byte swizzle); elements outside the map's extent land as zeros. The bytes count against
- * bar's announced bytes. Used by kernels/dev/wgmma_check.cu so far. */
+ * bar's announced bytes. The state sweep's producer (GDP_CHUNK_STATE_COPY=tma) and wgmma_check. */
 __device__ __forceinline__ void tma_load_2d(void *dst, const void *map, int x, int y, uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    __trap(); /* no copy engine before sm_90: the launchers never take this path there */
+#else
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
                  "[%4];\n" ::"r"(smem_u32(dst)),
                  "l"(map), "r"(x), "r"(y), "r"(smem_u32(bar))
                  : "memory");
+#endif
 }
 /* Orders this thread's earlier shared-memory accesses (the generic proxy) before later accesses by
  * the async proxy to the same bytes: wgmma reading what the thread stored, or the copy engine
  * refilling a stage the thread wrote. Run by each such thread before the barrier or release. */
-__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900 /* before sm_90 there is no async proxy to order against */
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
 /* The mbarrier's arrival of this thread once all its earlier cp.async copies have landed (counted
  * against the barrier's expected arrivals: .noinc). */
 __device__ __forceinline__ void cp_async_mbar_arrive(uint64_t *bar) {

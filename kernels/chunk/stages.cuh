@@ -8,6 +8,8 @@
 #ifndef GDP_CHUNK_STAGES_CUH
 #define GDP_CHUNK_STAGES_CUH
 
+#include <cuda.h> /* CUtensorMap (the state sweep's TMA mode); the driver's encoder comes through the runtime */
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -51,40 +53,90 @@ inline int choose_state_vb(int vp, int heads, int seqs, int sms) {
 
 /* The launcher's run-time choices for the staged chain (launch.cu reads them from the
  * environment): state_vb, the sweep's column block (64, 32, 16) or 0 to choose it here;
- * producer, the sweep's copies by one producer warp (else by every warp); wy_tf32, WY's inverse
+ * state_copy, who issues the sweep's copies (STATE_COPY_*, state.cuh); wy_tf32, WY's inverse
  * with its off-diagonal products on tf32 tensor cores (else all on CUDA cores in fp32). */
 struct StageOptions {
     int state_vb;
-    bool producer;
+    int state_copy;
     bool wy_tf32;
 };
+
+/* ---- the state sweep's tensor maps (STATE_COPY_TMA) ---- */
+/* cuTensorMapEncodeTiled, found once through the runtime (no link to libcuda), or null. */
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            f = nullptr;
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    }();
+    return fn;
+}
+/* A map of a row-major [rows][cols] matrix of 16-bit elements whose copies are boxes of box_rows x
+ * box_cols; elements outside it read as zeros. False if the driver has no encoder or refuses. */
+inline bool encode_tile_map(unsigned char (&map)[128], const void *base, int64_t rows, int64_t cols, int box_cols,
+                            int box_rows) {
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (encode == nullptr)
+        return false;
+    const cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    const cuuint64_t stride[1] = {(cuuint64_t)cols * 2u};
+    const cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows}, elem_stride[2] = {1, 1};
+    return encode(reinterpret_cast<CUtensorMap *>(map), CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void *>(base), dim,
+                  stride, box, elem_stride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+/* StateMaps (state.cuh) for one launch: w and the keys [T M][H KP] with boxes of 64 x (KP + PAD),
+ * u [T M][H VP] with boxes of 64 x (VB + PAD): the stage tiles' padded rows, copied as they are. */
+inline bool make_state_maps(const ChunkParams &p, int kp, int vb, StateMaps *m) {
+    const int64_t rows = p.T * p.M;
+    return encode_tile_map(m->w, p.w, rows, (int64_t)p.H * kp, kp + PAD, CHUNK) &&
+           encode_tile_map(m->k, p.kn, rows, (int64_t)p.H * kp, kp + PAD, CHUNK) &&
+           encode_tile_map(m->u, p.u, rows, (int64_t)p.H * p.VP, vb + PAD, CHUNK);
+}
 
 /* ---- dispatch of the templated stages over (dtype, padded K, pipeline depth, column block) ---- */
 template <typename T, int KP> struct Stages {
     static size_t wy_smem(int vp) { return sizeof(WySmem<T, KP>) + (size_t)CHUNK * (vp + PAD) * sizeof(T); }
     static size_t out_smem() { return OutLayout<T, KP>::total; }
 
-    template <int STAGES, int VB, bool PW> static cudaError_t launch_state(const ChunkParams &p, cudaStream_t st) {
+    template <int STAGES, int VB, int COPY> static cudaError_t launch_state(const ChunkParams &p, cudaStream_t st) {
         const size_t smem = sizeof(StateSmem<T, KP, STAGES, VB>);
-        cudaError_t err = cudaFuncSetAttribute(chunk_state_kernel<T, KP, STAGES, VB, PW>,
+        cudaError_t err = cudaFuncSetAttribute(chunk_state_kernel<T, KP, STAGES, VB, COPY>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (err != cudaSuccess)
             return err;
-        chunk_state_kernel<T, KP, STAGES, VB, PW><<<dim3((unsigned)(p.VP / VB), (unsigned)p.H, (unsigned)p.N),
-                                                    KP * 2 + (PW ? 32 : 0), smem, st>>>(p);
+        StateMaps maps{};
+        if constexpr (COPY == STATE_COPY_TMA) {
+            if (!make_state_maps(p, KP, VB, &maps)) /* a driver without the encoder: cp.async's producer */
+                return launch_state<STAGES, VB, STATE_COPY_PRODUCER>(p, st);
+        }
+        chunk_state_kernel<T, KP, STAGES, VB, COPY><<<dim3((unsigned)(p.VP / VB), (unsigned)p.H, (unsigned)p.N),
+                                                      KP * 2 + (COPY != STATE_COPY_WARPS ? 32 : 0), smem, st>>>(p, maps);
         return cudaSuccess;
     }
-    template <int STAGES, bool PW> static cudaError_t launch_state_vb(const ChunkParams &p, int vb, cudaStream_t st) {
+    template <int STAGES, int COPY> static cudaError_t launch_state_vb(const ChunkParams &p, int vb, cudaStream_t st) {
         switch (vb) {
-        case 64: return launch_state<STAGES, 64, PW>(p, st);
-        case 32: return launch_state<STAGES, 32, PW>(p, st);
-        case 16: return launch_state<STAGES, 16, PW>(p, st);
+        case 64: return launch_state<STAGES, 64, COPY>(p, st);
+        case 32: return launch_state<STAGES, 32, COPY>(p, st);
+        case 16: return launch_state<STAGES, 16, COPY>(p, st);
         default: return cudaErrorInvalidValue; /* the launcher passes only these three */
         }
     }
     template <int STAGES>
-    static cudaError_t launch_state_copy(const ChunkParams &p, int vb, bool producer, cudaStream_t st) {
-        return producer ? launch_state_vb<STAGES, true>(p, vb, st) : launch_state_vb<STAGES, false>(p, vb, st);
+    static cudaError_t launch_state_copy(const ChunkParams &p, int vb, int copy, cudaStream_t st) {
+        switch (copy) {
+        case STATE_COPY_WARPS: return launch_state_vb<STAGES, STATE_COPY_WARPS>(p, vb, st);
+        case STATE_COPY_PRODUCER: return launch_state_vb<STAGES, STATE_COPY_PRODUCER>(p, vb, st);
+        case STATE_COPY_TMA: /* a box row holds at most 256 elements: K = 256 keeps cp.async */
+            if constexpr (KP + PAD <= 256)
+                return launch_state_vb<STAGES, STATE_COPY_TMA>(p, vb, st);
+            else
+                return launch_state_vb<STAGES, STATE_COPY_PRODUCER>(p, vb, st);
+        default: return cudaErrorInvalidValue; /* the launcher passes only these three */
+        }
     }
 
     template <bool TF32> static cudaError_t launch_wy(const ChunkParams &p, int64_t num_chunks_dp, cudaStream_t st) {
@@ -112,9 +164,9 @@ template <typename T, int KP> struct Stages {
             const int vb = opt.state_vb != 0 ? opt.state_vb : choose_state_vb(p.VP, p.H, p.N, sms);
             const int64_t blocks = (int64_t)(p.VP / vb) * p.H * p.N;
             if (KP <= 128 && blocks <= sms)
-                err = launch_state_copy<KP <= 128 ? 4 : 2>(p, vb, opt.producer, st);
+                err = launch_state_copy<KP <= 128 ? 4 : 2>(p, vb, opt.state_copy, st);
             else
-                err = launch_state_copy<2>(p, vb, opt.producer, st);
+                err = launch_state_copy<2>(p, vb, opt.state_copy, st);
             if (err != cudaSuccess)
                 return err;
         }

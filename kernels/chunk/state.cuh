@@ -51,7 +51,22 @@ template <typename T, int KP, int STAGES, int VB> struct StateSmem {
     T u[STAGES][CHUNK][VB + PAD]; /* u of the chunk, overwritten by the decayed v_new */
     T s[KP][VB + PAD];            /* 16-bit copy of the running state                */
     float g[STAGES][CHUNK];
-    uint64_t full[STAGES], empty[STAGES]; /* the producer warp's stage signals (PW only) */
+    uint64_t full[STAGES], empty[STAGES]; /* the producer warp's stage signals (producer modes only) */
+};
+
+/* Who issues the sweep's copies (GDP_CHUNK_STATE_COPY, launch.cu): every warp (warps), one producer
+ * warp by cp.async (producer), or one producer warp by the copy engine, one 2-D tensor-map copy a
+ * tile (tma; K <= 128 only: a box row is KP + PAD elements, at most 256). */
+constexpr int STATE_COPY_WARPS = 0, STATE_COPY_PRODUCER = 1, STATE_COPY_TMA = 2;
+
+/* The TMA mode's tensor maps (launch.cu, make_state_maps): w and the keys as [T M rows][H KP columns],
+ * u as [T M rows][H VP columns], 16-bit elements; the boxes are 64 rows of KP + PAD (w, K) and VB +
+ * PAD (u) columns from the tile's first column, so a copy writes the stage's padded rows as they
+ * are (the PAD columns get the next head's or column block's first elements, or zeros past the
+ * last, and are never read). Passed by value as a __grid_constant__ parameter (zeros in the other
+ * modes). */
+struct alignas(64) StateMaps {
+    unsigned char w[128], k[128], u[128]; /* CUtensorMap each (128 bytes, 64-byte aligned) */
 };
 
 /* Work split: one block of KP / 16 warps per (sequence, head, VB value columns), looping over the
@@ -59,16 +74,29 @@ template <typename T, int KP, int STAGES, int VB> struct StateSmem {
  * keeps state rows [16w, 16w+16) x the block's VB columns in fp32 registers and computes a
  * 16-row x (VB / CGV)-column piece of the chunk's v_new (4 row tiles x CGV column groups cover
  * the 64 x VB tile; warps past CGV column groups, KP = 256 with VB = 16 only, skip that product). */
-/* PW (the default; GDP_CHUNK_STATE_COPY=warps turns it off): one more warp, the producer, issues every copy
+/* COPY != STATE_COPY_WARPS (PW below; GDP_CHUNK_STATE_COPY=warps turns it off): one more warp, the producer, issues every copy
  * of the sweep STAGES - 1 chunks ahead (cp.async, completion on the stage's FULL mbarrier) and
  * waits for the stage's EMPTY mbarrier (every consumer thread arrives after its last read of the
  * stage) before it refills it; the consumer warps
  * only compute and sync among themselves by named barriers. Why: the issue of the next chunk's
  * copies by every warp was the largest phase of a chunk step of one long sequence
  * (kernels/NOTES-chunk.md, sixteenth session); taking it off them made the 1 x 16384 sweep 12 %
- * faster (seventeenth session). The arithmetic is the same, so the same bits. */
-template <typename T, int KP, int STAGES, int VB, bool PW>
-__global__ void __launch_bounds__(KP * 2 + (PW ? 32 : 0)) chunk_state_kernel(const ChunkParams p) {
+ * faster (seventeenth session). The arithmetic is the same, so the same bits.
+ * STATE_COPY_TMA: lane 0 of the producer moves a whole chunk's w, K and u tiles by three tensor-map
+ * copies (the bytes announced on FULL: its arrival is FULL's 33rd) instead of 16-byte cp.async (70 a
+ * lane a chunk at K = 128, with their addresses: the producer, sharing a scheduler with two
+ * consumer warps, was barely ahead of them on one long sequence; ncu, twentieth session); a
+ * sequence's last, partial chunk still goes by cp.async, whose zero fill the rows past its end need
+ * (past the last sequence the workspace rows are unwritten). The same bytes land in the rows and
+ * columns that are read, so the same bits. */
+template <typename T, int KP, int STAGES, int VB, int COPY>
+__global__ void __launch_bounds__(KP * 2 + (COPY != STATE_COPY_WARPS ? 32 : 0))
+    chunk_state_kernel(const ChunkParams p, const __grid_constant__ StateMaps maps) {
+    constexpr bool PW = COPY != STATE_COPY_WARPS, TMA = COPY == STATE_COPY_TMA;
+    static_assert(!TMA || KP + PAD <= 256, "a tensor-map box row holds at most 256 elements");
+    /* the copy engine writes 128-byte aligned tiles: every stage tile starts on a multiple of 128 */
+    static_assert(!TMA || ((CHUNK * (KP + PAD) * sizeof(T)) % 128 == 0 && (CHUNK * (VB + PAD) * sizeof(T)) % 128 == 0),
+                  "stage tiles 128-byte aligned");
     static_assert(VB == 64 || VB == 32 || VB == 16, "state column blocks of 64, 32 or 16");
     constexpr int NW = KP / 16, NTH = NW * 32;
     constexpr int SNT = VB / 8;     /* n8 tiles of state per warp                            */
@@ -81,8 +109,10 @@ __global__ void __launch_bounds__(KP * 2 + (PW ? 32 : 0)) chunk_state_kernel(con
     constexpr int NLU = (NUV + NTH - 1) / NTH;      /* u vectors per thread and chunk     */
     static_assert(NLK * NTH == CHUNK * VPR, "load split");
     static_assert(CGV * VNT == SNT && (VNT == 1 || VNT % 2 == 0), "v_new split");
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    StateSmem<T, KP, STAGES, VB> &s = *reinterpret_cast<StateSmem<T, KP, STAGES, VB> *>(smem_raw);
+    /* the block's dynamic shared memory, named apart from the other stages' (16-byte aligned)
+     * declarations: the copy engine's tiles need 128-byte alignment */
+    extern __shared__ __align__(128) unsigned char state_smem_raw[];
+    StateSmem<T, KP, STAGES, VB> &s = *reinterpret_cast<StateSmem<T, KP, STAGES, VB> *>(state_smem_raw);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
     const int vb = blockIdx.x, hd = blockIdx.y, i = blockIdx.z, H = p.H;
@@ -97,11 +127,16 @@ __global__ void __launch_bounds__(KP * 2 + (PW ? 32 : 0)) chunk_state_kernel(con
     GDP_STATE_PHASE_DECL();
     constexpr int BAR_S16 = 1, BAR_VNEW = 2; /* the consumer warps' named barriers (PW) */
     if constexpr (PW) {
-        if (tid == 0)
+        if (tid == 0) {
             for (int b = 0; b < STAGES; b++) {
-                mbar_init(&s.full[b], 32); /* the producer's 32 lanes, each once its copies landed */
+                /* the producer's 32 lanes, each once its cp.async copies landed (and, TMA, lane 0's
+                 * arrival with the tensor-map copies' byte count) */
+                mbar_init(&s.full[b], TMA ? 33 : 32);
                 mbar_init(&s.empty[b], NTH); /* one arrival per consumer thread */
             }
+            if constexpr (TMA) /* the barriers' initialization visible to the copy engine */
+                asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
         __syncthreads(); /* the only block-wide barrier: the producer leaves after its loop */
         if (warp == NW) {
             for (int ct = 0; ct < nt_dp; ct++) {
@@ -113,18 +148,31 @@ __global__ void __launch_bounds__(KP * 2 + (PW ? 32 : 0)) chunk_state_kernel(con
                 const T *wsrc = static_cast<const T *>(p.w) + rowc * H * KP;
                 const T *ksrc = static_cast<const T *>(p.kn) + rowc * H * KP;
                 const T *usrc = static_cast<const T *>(p.u) + rowc * H * p.VP;
-                for (int e = lane; e < CHUNK * VPR; e += 32) {
-                    const int r = e / VPR, c = (e % VPR) * 8;
-                    const bool ok = r < nc;
-                    const int so = r * (KP + PAD) + c, go = ok ? (r * H + hd) * KP + c : 0;
-                    cp_async16(&s.w[b][0][0] + so, wsrc + go, ok);
-                    cp_async16(&s.k[b][0][0] + so, ksrc + go, ok);
-                }
-                for (int e = lane; e < NUV; e += 32) {
-                    const int r = e / (VB / 8), c = (e % (VB / 8)) * 8;
-                    const bool ok = r < nc;
-                    cp_async16(&s.u[b][0][0] + r * (VB + PAD) + c, usrc + (ok ? (r * H + hd) * p.VP + vb * VB + c : 0),
-                               ok);
+                if (TMA && nc == CHUNK) {
+                    if (lane == 0) {
+                        constexpr uint32_t tile_kb = CHUNK * (KP + PAD) * sizeof(T), tile_ub = CHUNK * (VB + PAD) * sizeof(T);
+                        mbar_arrive_expect_tx(&s.full[b], 2 * tile_kb + tile_ub);
+                        const int y = (int)rowc;
+                        tma_load_2d(&s.w[b][0][0], maps.w, hd * KP, y, &s.full[b]);
+                        tma_load_2d(&s.k[b][0][0], maps.k, hd * KP, y, &s.full[b]);
+                        tma_load_2d(&s.u[b][0][0], maps.u, hd * p.VP + vb * VB, y, &s.full[b]);
+                    }
+                } else {
+                    for (int e = lane; e < CHUNK * VPR; e += 32) {
+                        const int r = e / VPR, c = (e % VPR) * 8;
+                        const bool ok = r < nc;
+                        const int so = r * (KP + PAD) + c, go = ok ? (r * H + hd) * KP + c : 0;
+                        cp_async16(&s.w[b][0][0] + so, wsrc + go, ok);
+                        cp_async16(&s.k[b][0][0] + so, ksrc + go, ok);
+                    }
+                    for (int e = lane; e < NUV; e += 32) {
+                        const int r = e / (VB / 8), c = (e % (VB / 8)) * 8;
+                        const bool ok = r < nc;
+                        cp_async16(&s.u[b][0][0] + r * (VB + PAD) + c,
+                                   usrc + (ok ? (r * H + hd) * p.VP + vb * VB + c : 0), ok);
+                    }
+                    if (TMA && lane == 0)
+                        mbar_arrive(&s.full[b]); /* FULL's 33rd arrival, no bytes announced */
                 }
                 for (int r = lane; r < CHUNK; r += 32)
                     cp_async4z(&s.g[b][r], p.gk + (rowc + (r < nc ? r : 0)) * H + hd, r < nc);
@@ -305,8 +353,12 @@ __global__ void __launch_bounds__(KP * 2 + (PW ? 32 : 0)) chunk_state_kernel(con
          * not follow that chain and reported the producer's refills as races (150 errors);
          * with every thread arriving it reports none, at the same speed (NOTES-chunk.md,
          * seventeenth session). */
-        if constexpr (PW)
+        if constexpr (PW) {
+            if constexpr (TMA) /* this thread wrote the decayed v_new into stage b's u, which the copy
+                                * engine refills next */
+                fence_proxy_async_smem();
             mbar_arrive(&s.empty[b]);
+        }
     }
     GDP_STATE_PHASE_FLUSH();
     if constexpr (!PW)
