@@ -4,7 +4,7 @@
 # its dev files), run every ctest labelled gpu (gpu;mpi included), the Python torch tests,
 # the ops benchmark and the main program. Logs go to $OUT (or ./h200-out) when set.
 # Golden vectors: $GDP_GOLDEN_DIR, else ./.golden (an ignored copy of ../shared/golden).
-# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk|chunkprof|stagesprof|decode|decodeprof|prefront]
+# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk|chunkprof|stagesprof|hopperprof|decode|decodeprof|prefront]
 # (default all; the others are not part of all: serve times gdp-run at the serving shape,
 # loop and alone repeat the gpu tests GDP_LOOP_RUNS times under ctest -j4 and one at a time,
 # experiments times each measured switch every way, profile lists the layer step's kernels
@@ -13,7 +13,7 @@
 # compute-sanitizer, which takes far longer; chunk is the chunk op's short loop: its test under
 # every kernel path, the prefill rows under each, the fused kernel's phase cycles and the
 # staged stages' times; chunkprof its ncu stall card; stagesprof the staged path's WY, state
-# sweep and output kernels by source line); decode likewise for the decode op: its test, then its ops rows under
+# sweep and output kernels by source line; hopperprof the one-pass Hopper kernel's); decode likewise for the decode op: its test, then its ops rows under
 # each decode kernel, then the memory ceiling of the row kernel's scheme; decodeprof the row kernel's
 # ncu card at B=256, fp32 and bf16 state, by source line through launch/ncu_lines.py).
 #   GDP_BUILD_DIR            build folder (default build)
@@ -46,6 +46,7 @@ targets=()
 [ "$stage" = chunkprof ] && targets=(--target gdp-bench)
 [ "$stage" = stagesprof ] && targets=(--target gdp-bench gdp) # gdp: libgdp.so, whose cubin ncu_sass disassembles
 [ "$stage" = decodeprof ] && targets=(--target gdp-bench gdp)
+[ "$stage" = hopperprof ] && targets=(--target gdp-bench gdp)
 [ "$stage" = decode ] && targets=(--target test_recurrent_gpu gdp-bench bench_decode_ceiling)
 [ "$stage" = prefront ] && targets=(--target test_conv1d_gpu gdp-bench)
 if ! { cmake -B "$build" -DCMAKE_BUILD_TYPE=Release -DGDP_BUILD_CHUNK_DEV=ON -DGDP_BUILD_DECODE_DEV=ON "${extra[@]}" >"$out/configure.log" 2>&1 &&
@@ -224,6 +225,18 @@ ncu_card() {
     python3 launch/ncu_lines.py "$work/$name.csv" "$work/$sass.sass" "$mangled" --top 14 || status=1
     return $status
 }
+if [ "$stage" = hopperprof ]; then
+    # the one-pass Hopper chunk kernel (GDP_CHUNK_PATH=hopper, kernels/chunk/hopper.cuh) by source line
+    # on the first prefill row (8x2048 M2): which role's waits and which phases hold a chunk
+    command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
+    work=$(mktemp -d)
+    ncu_sass chunk_hopper_kernel hopper
+    echo "## chunk_hopper_kernel (8x2048 M2, launch 0)" >"$out/hopperprof.log"
+    GDP_CHUNK_PATH=hopper ncu_card hopperprof chunk_hopper_kernel 0 chunk_hopper_kernelI13__nv_bfloat16 hopper \
+        "./$build/examples/gdp-bench" ops --op prefill -i 10 -w 1 >>"$out/hopperprof.log" 2>&1 || rc=1
+    cat "$out/hopperprof.log"
+    rm -rf "$work"
+fi
 if [ "$stage" = stagesprof ]; then
     # the staged chunk path's kernels by source line (kernels/NOTES-chunk.md): WY and the outputs
     # on the first prefill row (8x2048 M2); the state sweep on the 1x16384 row, the 47th chunk call
