@@ -28,7 +28,7 @@ template <typename T> cudaError_t launch_hopper(const ChunkParams &p, cudaStream
 bool gdp_chunk_hopper_fits(const void *chunk_params) {
     const ChunkParams &p = *static_cast<const ChunkParams *>(chunk_params);
     return p.K == HOP_KP && p.V == HOP_VP && p.KP == HOP_KP && p.VP == HOP_VP && p.q_vec && p.k_vec && p.v_vec &&
-           p.o_vec;
+           p.o_vec && p.T * p.M < ((int64_t)1 << 31); /* a sequence's expanded rows in 32 bits (hop_chunk) */
 }
 
 cudaError_t gdp_chunk_hopper_launch(const void *chunk_params, bool bf16, cudaStream_t stream) {

@@ -9,13 +9,16 @@
  *
  * One block of three warpgroups per (sequence, head), K = V = 128:
  *   WG0 (aux), one chunk ahead: the chunk's loads (cp.async into the panel layout, the next chunk's
- *     issued as soon as its stage is free), Gk by a warp scan, the L2 norms of K and Q, A = K K^T
- *     and the scores Q K^T on wgmma, the decay and mask epilogues, (I + A)^-1 on four warps
- *     (wy_invert_tf32, as the fused kernel) into Ai = T(X diag beta), and the masked decayed P;
+ *     issued as soon as its stage is free), Gk by a warp scan, the L2 norms of K, A = K K^T on
+ *     wgmma with its decay and mask, (I + A)^-1 on four warps (wy_invert_tf32, as the fused
+ *     kernel) into Ai = T(X diag beta);
  *   WG1, WG2 (state): each holds 64 of the state's 128 rows x all 128 columns as one m64n128
- *     accumulator, writes its rows of S16, then on its own 64 value columns X' (8 k steps), v_new
- *     (4) and the outputs (8 + 4), and on its own 64 state rows the update (4 m64n128k16 steps, K^T
- *     read M-major from the same key tile).
+ *     accumulator, writes its rows of S16, then Q's norms (both together), on its own 64 value
+ *     columns X' (8 k steps) and beside it the masked decayed scores P on its 32 key columns
+ *     (m64n32k16), v_new (4) and the outputs (8 + 4), and on its own 64 state rows the update
+ *     (4 m64n128k16 steps, K^T read M-major from the same key tile). Q's norms and P were the
+ *     aux warpgroup's in the first version, whose chunk then bounded the kernel (ncu: the state
+ *     warpgroups spent most of their time at FULL).
  * Barriers: FULL[b] (named, 384: aux arrives when stage b is ready, the state warpgroups wait, and
  * their S16 stores are complete), EMPTY[b] (mbarrier: the state threads are done with stage b),
  * AUX (named, 128), one named barrier per state warpgroup for its own X' panel, and STATE (named,
@@ -31,7 +34,6 @@
 #include <stdint.h>
 
 #include "common.cuh"
-#include "fused.cuh" /* FusedChunk, fused_chunk, fused_query_row */
 #include "kernels/dtype_access.cuh"
 #include "mma.cuh"
 #include "tile.cuh"
@@ -67,6 +69,26 @@ template <typename T> struct alignas(1024) HopperSmem {
     uint64_t empty[2];
 };
 
+/* The rows of chunk c of a sequence of len tokens (fused.cuh's FusedChunk in 32-bit arithmetic:
+ * hopper_fits asks T M < 2^31; the 64-bit divisions by M were 3 % of the kernel's instructions):
+ * n expanded rows from local row lo, the nq tokens from tf whose last copy lies in them. */
+struct HopChunk {
+    int lo, n, tf, nq;
+};
+__device__ __forceinline__ HopChunk hop_chunk(int c, int len, int M) {
+    HopChunk ch;
+    ch.lo = c * CHUNK;
+    ch.n = min(CHUNK, len * M - ch.lo);
+    ch.tf = ch.lo / M;
+    const int tl = min(len - 1, (ch.lo + ch.n - M) / M);
+    ch.nq = tl - ch.tf + 1;
+    return ch;
+}
+/* The chunk row of query qi's token's last copy, or -1 past the chunk's queries. */
+__device__ __forceinline__ int hop_query_row(const HopChunk &ch, int qi, int M) {
+    return qi < ch.nq ? (ch.tf + qi) * M + M - 1 - ch.lo : -1;
+}
+
 /* Element pointer of (r, c) in a panel-layout tile of `rows` rows. */
 template <typename T> __device__ __forceinline__ T *hop_at(T *tile, int rows, int r, int c) {
     return reinterpret_cast<T *>(reinterpret_cast<unsigned char *>(tile) + wg_offset(rows, r, c));
@@ -76,10 +98,15 @@ template <typename T> __device__ __forceinline__ T *hop_at(T *tile, int rows, in
  * panel-layout tile by 16-byte cp.async; rows >= nrows become 0. */
 template <typename T>
 __device__ __forceinline__ void hop_tile_async(T *dst, const T *__restrict__ src, int64_t ld, int nrows, int tid) {
-    for (int e = tid; e < CHUNK * 16; e += HOP_AUX_THREADS) {
-        const int r = e >> 4, c = (e & 15) * 8;
-        const bool ok = r < nrows;
-        cp_async16(hop_at(dst, CHUNK, r, c), ok ? src + r * ld + c : src, ok);
+    /* thread tid copies 16-byte chunk j = tid % 16 of rows tid / 16 + 8 i: the swizzled chunk is the
+     * same for every i (row % 8 does not change), so one base and a 1024-byte step */
+    const int r0 = tid >> 4, j = tid & 15;
+    unsigned char *d = reinterpret_cast<unsigned char *>(dst) + wg_offset(CHUNK, r0, 8 * j);
+    const T *g = src + r0 * ld + 8 * j;
+#pragma unroll
+    for (int i = 0; i < CHUNK / 8; i++) {
+        const bool ok = r0 + 8 * i < nrows;
+        cp_async16(d + 1024 * i, ok ? g + 8 * i * ld : src, ok);
     }
 }
 
@@ -90,12 +117,12 @@ __device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, HopperStag
                                                 int64_t len, int hd, int nchunks) {
     const int tid = threadIdx.x;
     const int H = p.H, M = p.M;
-    const FusedChunk ch = fused_chunk(c, len, M);
+    const HopChunk ch = hop_chunk(c, (int)len, M);
     const int64_t rowc = bos * M + ch.lo;
     const int64_t ld = (int64_t)H * HOP_KP;
     float gr = 0.0f, be = 0.0f;
     if (tid < ch.n) {
-        const int64_t lr = ch.lo + tid;
+        const int lr = ch.lo + tid;
         if (p.g_raw != nullptr && lr % M == 0)
             gr = p.g_raw[(bos + lr / M) * H + hd];
         be = load_any(p.beta, p.beta_dtype, (rowc + tid) * H + hd);
@@ -105,7 +132,7 @@ __device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, HopperStag
     hop_tile_async<T>(st.q, static_cast<const T *>(p.q) + ((bos + ch.tf) * H + hd) * HOP_KP, ld, ch.nq, tid);
     cp_async_commit();
     if (c + 1 < nchunks) {
-        const FusedChunk nx = fused_chunk(c + 1, len, M);
+        const HopChunk nx = hop_chunk(c + 1, (int)len, M);
         const int64_t rown = bos * M + nx.lo;
         const int bytes = HOP_KP * (int)sizeof(T);
         if (tid < nx.n) {
@@ -127,8 +154,7 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, HopperSmem<T
                                               int64_t len, int hd, int nchunks) {
     HopperStage<T> &st = s.st[b];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
-    const FusedChunk ch = fused_chunk(c, len, p.M);
-    const int n = ch.n;
+    const int n = hop_chunk(c, (int)len, p.M).n;
 
     bool next_pending = c + 1 < nchunks;
     const int empty_parity = ((c - 1) >> 1) & 1; /* chunk c - 1 is stage b^1's ((c - 1) / 2)-th use */
@@ -169,17 +195,16 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, HopperSmem<T
     }
     if (p.l2norm) {
         auto panel = [](int r, int v) { return (int)(wg_offset(CHUNK, r, v * 8) / sizeof(T)); };
-        l2norm_rows_at<T, HOP_KP, 4, 4>(st.k, panel, n, warp, lane);
-        l2norm_rows_at<T, HOP_KP, 4, 4>(st.q, panel, ch.nq, warp, lane);
+        l2norm_rows_at<T, HOP_KP, 4, 4>(st.k, panel, n, warp, lane); /* Q: the state warpgroups */
         fence_proxy_async_smem();
     }
     bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS);
 
-    /* A = K K^T and the scores Q K^T, both 64 x 64 over 128 key columns */
-    float acc[32], sc[32];
+    /* A = K K^T, 64 x 64 over 128 key columns */
+    float acc[32];
 #pragma unroll
     for (int i = 0; i < 32; i++)
-        acc[i] = sc[i] = 0.0f;
+        acc[i] = 0.0f;
     wg_fence();
 #pragma unroll
     for (int ks = 0; ks < HOP_KP / 16; ks++) {
@@ -187,12 +212,7 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, HopperSmem<T
         wg_mma_m64n64k16<0, 0, T>(acc, dk, dk, 1);
     }
     wg_commit();
-#pragma unroll
-    for (int ks = 0; ks < HOP_KP / 16; ks++)
-        wg_mma_m64n64k16<0, 0, T>(sc, wg_desc_kmajor(st.q, CHUNK, 0, ks * 16), wg_desc_kmajor(st.k, CHUNK, 0, ks * 16),
-                                  1);
-    wg_commit();
-    wg_wait<1>();
+    wg_wait<0>();
     /* A[r][c] = beta_r 2^(Gk_r - Gk_c) <k_r, k_c> for c < r < n, else 0 (wy_build_a's values) */
 #pragma unroll
     for (int j = 0; j < 8; j++)
@@ -204,21 +224,6 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, HopperSmem<T
                 val = acc[4 * j + e] * exp2f(st.gk[r] - st.gk[cc]) * st.beta[r];
             s.a[r][cc] = val;
         }
-    wg_wait<0>();
-    /* P: the query rows against key rows <= r_t, decayed, rounded (fused.cuh's values) */
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        const int qi = 16 * warp + g + hh * 8;
-        const int row = fused_query_row(ch, qi, p.M);
-        const float gt = row >= 0 ? st.gk[row] : 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int cc = 8 * j + 2 * t4;
-            const float p0 = cc <= row ? sc[4 * j + 2 * hh] * exp2f(gt - st.gk[cc]) : 0.0f;
-            const float p1 = cc + 1 <= row ? sc[4 * j + 2 * hh + 1] * exp2f(gt - st.gk[cc + 1]) : 0.0f;
-            *reinterpret_cast<uint32_t *>(hop_at(st.p, CHUNK, qi, cc)) = Elem<T>::pack(p0, p1);
-        }
-    }
     bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS); /* A complete */
     issue_next_if_free(false);
 
@@ -239,7 +244,7 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, HopperSmem<T
                     *reinterpret_cast<uint4 *>(hop_at(ai, CHUNK, r, c8)) = make_uint4(0u, 0u, 0u, 0u);
             }
         });
-    fence_proxy_async_smem(); /* Ai and P are read by the state warpgroups' wgmma */
+    fence_proxy_async_smem(); /* Ai is read by the state warpgroups' wgmma */
     issue_next_if_free(false);
     issue_next_if_free(true);
 }
@@ -301,7 +306,7 @@ __global__ void __launch_bounds__(HOP_THREADS, 1) chunk_hopper_kernel(const Chun
     for (int c = 0; c < nchunks; c++) {
         const int b = c & 1;
         HopperStage<T> &st = s.st[b];
-        const FusedChunk ch = fused_chunk(c, len, M);
+        const HopChunk ch = hop_chunk(c, (int)len, M);
         const int n = ch.n, nq = ch.nq;
         /* S16 (this warpgroup's 64 rows), and the fp32 state entering token chunk c / M */
 #pragma unroll
@@ -319,6 +324,13 @@ __global__ void __launch_bounds__(HOP_THREADS, 1) chunk_hopper_kernel(const Chun
         }
         bar_sync(HOP_BAR_FULL0 + b, HOP_THREADS); /* stage b holds chunk c; both halves of S16 are in */
 
+        /* Q's norms (both warpgroups, 8 warps; the aux warpgroup's at first, see below) */
+        if (p.l2norm) {
+            l2norm_rows_at<T, HOP_KP, 8, 2>(
+                st.q, [](int r, int v) { return (int)(wg_offset(CHUNK, r, v * 8) / sizeof(T)); }, nq, tid >> 5, lane);
+            fence_proxy_async_smem();
+            bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS);
+        }
         /* X' = V - 2^Gk (K S16) on the warpgroup's 64 columns, in place over V */
         float acc[32];
 #pragma unroll
@@ -330,7 +342,20 @@ __global__ void __launch_bounds__(HOP_THREADS, 1) chunk_hopper_kernel(const Chun
             wg_mma_m64n64k16<0, 1, T>(acc, wg_desc_kmajor(st.k, CHUNK, 0, ks * 16),
                                       wg_desc_mnmajor(s.s16, HOP_KP, ks * 16, c0), 1);
         wg_commit();
-        wg_wait<0>();
+        /* beside it the scores P = masked decayed Q K^T on this warpgroup's 32 key columns (the aux
+         * warpgroup's work at first, which bounded the chunk: kernels/NOTES-chunk.md, twenty-first
+         * session) */
+        float sc[16];
+#pragma unroll
+        for (int x = 0; x < 16; x++)
+            sc[x] = 0.0f;
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < HOP_KP / 16; ks++)
+            wg_mma_m64n32k16<0, 0, T>(sc, wg_desc_kmajor(st.q, CHUNK, 0, ks * 16),
+                                      wg_desc_kmajor(st.k, CHUNK, 32 * wg, ks * 16), 1);
+        wg_commit();
+        wg_wait<1>(); /* X' */
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             const int r = r0 + g + hh * 8;
@@ -343,7 +368,21 @@ __global__ void __launch_bounds__(HOP_THREADS, 1) chunk_hopper_kernel(const Chun
                 *reinterpret_cast<uint32_t *>(vp) = Elem<T>::pack(x0, x1);
             }
         }
-        fence_proxy_async_smem();
+        wg_wait<0>(); /* the scores */
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int qi = r0 + g + hh * 8;
+            const int row = hop_query_row(ch, qi, M);
+            const float gt = row >= 0 ? st.gk[row] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int cc = 32 * wg + 8 * j + 2 * t4;
+                const float p0 = cc <= row ? sc[4 * j + 2 * hh] * exp2f(gt - st.gk[cc]) : 0.0f;
+                const float p1 = cc + 1 <= row ? sc[4 * j + 2 * hh + 1] * exp2f(gt - st.gk[cc + 1]) : 0.0f;
+                *reinterpret_cast<uint32_t *>(hop_at(st.p, CHUNK, qi, cc)) = Elem<T>::pack(p0, p1);
+            }
+        }
+        fence_proxy_async_smem(); /* X' (read next by this warpgroup) and P (by both, after the v_new barrier) */
         bar_sync(HOP_BAR_WG0 + wg, 128); /* the warpgroup's X' panel complete */
 
         /* v_new = Ai X' on the warpgroup's columns; its decayed copy for the update */
@@ -386,7 +425,7 @@ __global__ void __launch_bounds__(HOP_THREADS, 1) chunk_hopper_kernel(const Chun
                                           wg_desc_mnmajor(s.s16, HOP_KP, ks * 16, c0), 1);
             wg_commit();
             wg_wait<0>();
-            const int ra = fused_query_row(ch, r0 + g, M), rb = fused_query_row(ch, r0 + g + 8, M);
+            const int ra = hop_query_row(ch, r0 + g, M), rb = hop_query_row(ch, r0 + g + 8, M);
             const float fa = ra >= 0 ? st.gam[ra] : 0.0f, fb = rb >= 0 ? st.gam[rb] : 0.0f;
 #pragma unroll
             for (int j = 0; j < 8; j++) {

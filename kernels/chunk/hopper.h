@@ -10,7 +10,7 @@
 #include <cuda_runtime_api.h>
 
 /* Whether the Hopper kernel takes these ChunkParams (16-bit q, k, v with K = V = 128, 16-byte
- * aligned rows and outputs). The device must also have compute capability 9.0: the caller checks. */
+ * aligned rows and outputs, T M < 2^31). The device must also have compute capability 9.0: the caller checks. */
 bool gdp_chunk_hopper_fits(const void *chunk_params);
 /* Enqueues the kernel on `stream` (one block per sequence and head); bf16: q, k, v and o are bf16,
  * else fp16. Returns the launch's error. */

@@ -87,6 +87,27 @@ template <int N> __device__ __forceinline__ void wg_wait() {
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                                 \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
+#define GDP_WG_D16(d)                                                                                                  \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),      \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define GDP_WG_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+
+/* D (+)= A B for a 64 x 32 x 16 step (d: n8 tile j in d[4j .. 4j + 3], j < 4): the Hopper chunk
+ * kernel's scores, half the key columns a warpgroup. */
+template <int TA, int TB, typename T = __nv_bfloat16>
+__device__ __forceinline__ void wg_mma_m64n32k16(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {
+    if constexpr (std::is_same<T, __half>::value)
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " GDP_WG_R16 ", %16, %17, p, 1, 1, %19, %20;\n}\n"
+                     : GDP_WG_D16(d)
+                     : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
+    else
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " GDP_WG_R16 ", %16, %17, p, 1, 1, %19, %20;\n}\n"
+                     : GDP_WG_D16(d)
+                     : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
+}
+
 /* D (+)= A B for a 64 x 64 x 16 step, 16-bit operands (T: bf16 or half) from shared memory, fp32
  * accumulators in the m16n8 order per warp (warp w rows 16 w + {g, g + 8}, n8 tile j in
  * d[4j .. 4j + 3]). TA / TB: 1 for MN-major A / B. accumulate 0: D = A B. */
