@@ -10,6 +10,10 @@ if(GDP_WITH_CUDA AND GDP_BUILD_CHUNK_DEV)
   target_include_directories(bench_chunk_stages PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/src
                                                         ${PROJECT_SOURCE_DIR}/kernels)
   target_link_libraries(bench_chunk_stages PRIVATE gdp_static gdp_options)
+  # it compiles the Hopper kernel's translation unit into itself (--hopper-phases): sm_90a only
+  set_target_properties(bench_chunk_stages PROPERTIES CUDA_ARCHITECTURES OFF)
+  target_compile_options(bench_chunk_stages PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a>)
+  target_compile_definitions(bench_chunk_stages PRIVATE GDP_HAVE_CHUNK_HOPPER=1)
   # wgmma_check: kernels/chunk/wgmma.cuh against a double product, for sm_90a alone (wgmma has no
   # plain sm_90 form, so no other architecture is compiled; it skips on other GPUs)
   add_executable(wgmma_check ${PROJECT_SOURCE_DIR}/kernels/dev/wgmma_check.cu)

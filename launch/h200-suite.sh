@@ -4,7 +4,7 @@
 # its dev files), run every ctest labelled gpu (gpu;mpi included), the Python torch tests,
 # the ops benchmark and the main program. Logs go to $OUT (or ./h200-out) when set.
 # Golden vectors: $GDP_GOLDEN_DIR, else ./.golden (an ignored copy of ../shared/golden).
-# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk|chunkprof|stagesprof|hopperprof|decode|decodeprof|prefront]
+# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk|chunkprof|stagesprof|hopper|hopperprof|decode|decodeprof|prefront]
 # (default all; the others are not part of all: serve times gdp-run at the serving shape,
 # loop and alone repeat the gpu tests GDP_LOOP_RUNS times under ctest -j4 and one at a time,
 # experiments times each measured switch every way, profile lists the layer step's kernels
@@ -13,7 +13,8 @@
 # compute-sanitizer, which takes far longer; chunk is the chunk op's short loop: its test under
 # every kernel path, the prefill rows under each, the fused kernel's phase cycles and the
 # staged stages' times; chunkprof its ncu stall card; stagesprof the staged path's WY, state
-# sweep and output kernels by source line; hopperprof the one-pass Hopper kernel's); decode likewise for the decode op: its test, then its ops rows under
+# sweep and output kernels by source line; hopper the one-pass Hopper kernel's short loop (check, test,
+# rows, phases) and hopperprof its ncu card by source line); decode likewise for the decode op: its test, then its ops rows under
 # each decode kernel, then the memory ceiling of the row kernel's scheme; decodeprof the row kernel's
 # ncu card at B=256, fp32 and bf16 state, by source line through launch/ncu_lines.py).
 #   GDP_BUILD_DIR            build folder (default build)
@@ -44,6 +45,7 @@ build=${GDP_BUILD_DIR:-build}
 targets=()
 [ "$stage" = chunk ] && targets=(--target test_chunk_gpu gdp-bench bench_chunk_stages wgmma_check) # what the short loop runs
 [ "$stage" = chunkprof ] && targets=(--target gdp-bench)
+[ "$stage" = hopper ] && targets=(--target wgmma_check test_chunk_gpu gdp-bench bench_chunk_stages)
 [ "$stage" = stagesprof ] && targets=(--target gdp-bench gdp) # gdp: libgdp.so, whose cubin ncu_sass disassembles
 [ "$stage" = decodeprof ] && targets=(--target gdp-bench gdp)
 [ "$stage" = hopperprof ] && targets=(--target gdp-bench gdp)
@@ -130,18 +132,19 @@ if [ "$stage" = experiments ]; then
 fi
 if [ "$stage" = chunk ]; then
     # the chunk op's short loop (issue 13): its GPU test under every kernel path, then the prefill
-    # rows of the ops table under each path (staged, fused; auto is whichever the op picks); first
+    # rows of the ops table under each path (staged, fused, hopper; auto is whichever the op picks); first
     # the one-pass kernel's wgmma helpers against a double product (kernels/dev/wgmma_check.cu)
     "./$build/examples/wgmma_check" 2>&1 | tee "$out/wgmma_check.log" || rc=1
     (cd "$build" && ctest -R '^test_chunk_gpu$' --output-on-failure --timeout 300) 2>&1 | tee "$out/chunk_test.log" |
         grep -E "== GDP|FAIL|fail|Passed|tests passed|Error|error" | head -60 || rc=1
-    for v in staged fused; do
+    for v in staged fused hopper; do
         echo "## GDP_CHUNK_PATH=$v"
         GDP_CHUNK_PATH=$v "./$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^prefill|Out of"
     done 2>&1 | tee "$out/chunk_bench.log"
-    # where the fused kernel's time goes: cycles per chunk of each phase of both roles (block 0),
+    # where the one-pass kernels' time goes: cycles per chunk of each phase of both roles (block 0),
     # and the staged chain's per-stage times for comparison
-    { "./$build/examples/bench_chunk_stages" --fused-phases; "./$build/examples/bench_chunk_stages"; } 2>&1 | tee "$out/chunk_phases.log"
+    { "./$build/examples/bench_chunk_stages" --hopper-phases; "./$build/examples/bench_chunk_stages" --fused-phases
+      "./$build/examples/bench_chunk_stages"; } 2>&1 | tee "$out/chunk_phases.log"
 fi
 if [ "$stage" = prefront ]; then
     # the prefill front (gdp_prefill_conv_prepare, branch next-session-prefill-front): its test
@@ -222,9 +225,31 @@ ncu_card() {
         --launch-skip "$skip" --launch-count 1 -o "$work/$name" -f "$@" >"$work/ncu_$name.log" 2>&1 || status=1
     ncu -i "$work/$name.ncu-rep" --page source --csv --print-source sass >"$work/$name.csv" 2>&1
     ncu -i "$work/$name.ncu-rep" --page details >"$out/${name}_details.txt" 2>&1
-    python3 launch/ncu_lines.py "$work/$name.csv" "$work/$sass.sass" "$mangled" --top 14 || status=1
+    python3 launch/ncu_lines.py "$work/$name.csv" "$work/$sass.sass" "$mangled" --top "${NCU_TOP:-14}" || status=1
     return $status
 }
+if [ "$stage" = hopper ]; then
+    # the one-pass Hopper chunk kernel's loop (kernels/NOTES-chunk.md): the wgmma helpers, its test path
+    # (both copy modes, V = 64 and 128), the prefill rows under hopper with each copy mode and under
+    # staged, then its phase cycles per chunk under each copy mode
+    "./$build/examples/wgmma_check" 2>&1 | tee "$out/wgmma_check.log" | tail -6 || rc=1
+    GDP_TEST_CHUNK_PATH=hopper "./$build/tests/test_chunk_gpu" >"$out/chunk_test_hopper.log" 2>&1 || rc=1
+    grep -E "FAIL|checks|Hopper kernel ran|hopper copies" "$out/chunk_test_hopper.log" | head -20
+    for round in 1 2; do
+        for v in threads tma; do
+            echo "## GDP_CHUNK_PATH=hopper GDP_CHUNK_HOPPER_COPY=$v (round $round)"
+            GDP_CHUNK_PATH=hopper GDP_CHUNK_HOPPER_COPY=$v "./$build/examples/gdp-bench" ops --op prefill 2>&1 |
+                grep -E "^prefill|rror"
+        done
+    done 2>&1 | tee "$out/hopper_bench.log"
+    echo "## GDP_CHUNK_PATH=staged" | tee -a "$out/hopper_bench.log"
+    GDP_CHUNK_PATH=staged "./$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^prefill|rror" |
+        tee -a "$out/hopper_bench.log"
+    for v in threads tma; do
+        echo "## --hopper-phases, GDP_CHUNK_HOPPER_COPY=$v"
+        GDP_CHUNK_HOPPER_COPY=$v "./$build/examples/bench_chunk_stages" --hopper-phases
+    done 2>&1 | tee "$out/hopper_phases.log"
+fi
 if [ "$stage" = hopperprof ]; then
     # the one-pass Hopper chunk kernel (GDP_CHUNK_PATH=hopper, kernels/chunk/hopper.cuh) by source line
     # on the first prefill row (8x2048 M2): which role's waits and which phases hold a chunk
@@ -232,7 +257,7 @@ if [ "$stage" = hopperprof ]; then
     work=$(mktemp -d)
     ncu_sass chunk_hopper_kernel hopper
     echo "## chunk_hopper_kernel (8x2048 M2, launch 0)" >"$out/hopperprof.log"
-    GDP_CHUNK_PATH=hopper ncu_card hopperprof chunk_hopper_kernel 0 chunk_hopper_kernelI13__nv_bfloat16 hopper \
+    GDP_CHUNK_PATH=hopper NCU_TOP=40 ncu_card hopperprof chunk_hopper_kernel 0 chunk_hopper_kernelI13__nv_bfloat16 hopper \
         "./$build/examples/gdp-bench" ops --op prefill -i 10 -w 1 >>"$out/hopperprof.log" 2>&1 || rc=1
     cat "$out/hopperprof.log"
     rm -rf "$work"

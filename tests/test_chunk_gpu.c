@@ -7,7 +7,7 @@
  * Checked: the five chunk_* golden files; random shapes (M 1..4, K 64/72/100/128/256,
  * V 64/96/128, varlen with zero-length sequences and padded tails, initial state on/off and
  * in bf16, L2 norm on/off, fp16 inputs, fp32 beta); the derived-descriptor path equal bit for
- * bit to the descriptor path; two runs bitwise equal; cache mode (fp32 and bf16 cache) with -1
+ * bit to the descriptor path; two runs bitwise equal; cache mode (fp32 and bf16 cache, V = 64 and 128) with -1
  * rows: unnamed slots byte-identical, named slots and the -1 request's outputs against the
  * CPU, padded rows exactly 0; a padded run equal bit for bit to the unpadded one on real rows;
  * chunk-state rows past chunk_offsets[N] untouched; a CUDA graph captured with descriptors and
@@ -19,9 +19,12 @@
  * varlen (lengths 1, 63, 64, 65), K or V = 64, K = 256, padded K and V, M = 1..3, fp16, and
  * cache mode with -1 slots; each width's results also against the reference. Every case but
  * the widths runs four times: GDP_CHUNK_PATH=staged, =fused (the one-pass kernel where K, V <=
- * 128), =hopper (the one-pass wgmma kernel where K = V = 128 on a compute capability 9.0 device,
+ * 128), =hopper (the one-pass wgmma kernel where K = 128, V = 64 or 128, on a compute capability 9.0 device,
  * checked to have run there) and unset (the op's choice); an unknown path -> INVALID_USAGE
  * naming it, writing nothing.
+ * The Hopper kernel's tiles by its aux threads' cp.async and by tensor-map copies
+ * (GDP_CHUNK_HOPPER_COPY=tma), with NaN in the padding rows past the last sequence: bitwise equal,
+ * each against the CPU backend; a bad value -> INVALID_USAGE.
  * The state sweep's copies by one producer warp (the default), by its tensor-map copies
  * (GDP_CHUNK_STATE_COPY=tma) and by every warp (warps): bitwise equal on every width case; a bad
  * value -> INVALID_USAGE.
@@ -484,11 +487,55 @@ static void test_state_widths(gdp_ctx_t cpu, gdp_ctx_t gpu) {
     }
 }
 
-/* ---- cache mode with -1 rows, fp32 and bf16 cache ------------------------------------------------------ */
-static void test_cache(gdp_ctx_t cpu, gdp_ctx_t gpu, gdp_dtype_t cache_dtype) {
+/* ---- the Hopper kernel's two copy modes (GDP_CHUNK_HOPPER_COPY) ---------------------------------------- */
+/* Its tiles by the aux threads' cp.async and by tensor-map copies: bitwise equal, each against the
+ * CPU backend. The tensor-map copies land whole 64-row boxes, rows past a sequence's end included,
+ * and the kernel zeroes those rows of K and V: the padding rows past the last sequence hold NaN
+ * here, so a row that is not zeroed (or a Q row past the chunk's queries that is used) shows. */
+static void test_hopper_copies(gdp_ctx_t cpu, gdp_ctx_t gpu) {
+    const gdp_dtype_t BF = GDP_DTYPE_BF16, F16 = GDP_DTYPE_FP16, F32 = GDP_DTYPE_FP32;
+    const chunk_case cases[] = {
+        {"hopper copies: m2 k128 v128 varlen 1,63,64,65,300, NaN padding", 2, 2, 128, 128, 5, {1, 63, 64, 65, 300},
+         560, BF, BF, F32, 1, 0, 0.1},
+        {"hopper copies: m3 k128 v128 fp16, NaN padding", 3, 3, 128, 128, 2, {150, 77}, 260, F16, F16, F32, 1, 0, 0.1},
+        {"hopper copies: m2 k128 v64, NaN padding", 2, 2, 128, 64, 3, {100, 57, 1}, 200, BF, BF, F32, 1, 0, 0.1},
+    };
+    const double nan = NAN;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const chunk_case *c = &cases[ci];
+        inputs in;
+        make_inputs(c, 7000 + ci, &in);
+        const int64_t real = ((const int32_t *)in.cu.data)[in.N];
+        for (int64_t e = real * in.M * in.H * in.K; e < in.T * in.M * in.H * in.K; e++)
+            gdp_tensor_set(&in.k, e, nan);
+        for (int64_t e = real * in.M * in.H * in.V; e < in.T * in.M * in.H * in.V; e++)
+            gdp_tensor_set(&in.v, e, nan);
+        for (int64_t e = real * in.H * in.K; e < in.T * in.H * in.K; e++)
+            gdp_tensor_set(&in.q, e, nan);
+        outputs ref, first, out;
+        cpu_run(cpu, &in, GDP_DTYPE_FP32, &ref);
+        static const char *const mode[2] = {"threads", "tma"};
+        for (int mi = 0; mi < 2; mi++) {
+            setenv("GDP_CHUNK_HOPPER_COPY", mode[mi], 1);
+            gpu_run(gpu, &in, true, GDP_DTYPE_FP32, mi == 0 ? &first : &out);
+            char w[160];
+            snprintf(w, sizeof w, "%s, copies: %s", c->name, mode[mi]);
+            compare_runs(w, &in, mi == 0 ? &first : &out, &ref, true);
+        }
+        CHECK(same_outputs(&out, &first, true), "%s: o / final / chunk states differ between the copy modes", c->name);
+        unsetenv("GDP_CHUNK_HOPPER_COPY");
+        free_outputs(&out);
+        free_outputs(&first);
+        free_outputs(&ref);
+        free_inputs(&in);
+    }
+}
+
+/* ---- cache mode with -1 rows, fp32 and bf16 cache; V = 64, and V = 128 (which the Hopper kernel takes) ---- */
+static void test_cache(gdp_ctx_t cpu, gdp_ctx_t gpu, gdp_dtype_t cache_dtype, int v) {
     /* request 1 is empty with a valid slot (its initial state goes back into the slot), request 3
      * has tokens but slot -1 (outputs computed, nothing stored), request 4 is padding */
-    const chunk_case c = {"cache", 2, 2, 128, 64, 5, {70, 0, 130, 45, 0}, 300, GDP_DTYPE_BF16, GDP_DTYPE_BF16,
+    const chunk_case c = {"cache", 2, 2, 128, v, 5, {70, 0, 130, 45, 0}, 300, GDP_DTYPE_BF16, GDP_DTYPE_BF16,
                           GDP_DTYPE_FP32, 1, 0, 0.1};
     const int32_t slots_v[5] = {6, 4, 1, -1, -1};
     const int64_t n_slots = 8;
@@ -541,7 +588,7 @@ static void test_cache(gdp_ctx_t cpu, gdp_ctx_t gpu, gdp_dtype_t cache_dtype) {
     b.chunk_states = d_cs;
     reserve_for(gpu, in.T, in.N, in.M, in.H, in.K, in.V);
     char what[96];
-    snprintf(what, sizeof what, "cache mode, %s cache, slots [6,4,1,-1,-1]", gdp_dtype_name(cache_dtype));
+    snprintf(what, sizeof what, "cache mode, V %d, %s cache, slots [6,4,1,-1,-1]", v, gdp_dtype_name(cache_dtype));
     /* every state column-block width from the same cache: outputs and the whole cache bitwise equal */
     gdp_tensor cache_gpu;
     memset(&cache_gpu, 0, sizeof cache_gpu);
@@ -807,6 +854,7 @@ static void test_rejections(void) {
      * variable and the value, whatever path the test runs under */
     expect_env_refusal(fresh, &a, "GDP_CHUNK_STATE_VB", "48"); /* widths are 64, 32, 16 or 0 / unset */
     expect_env_refusal(fresh, &a, "GDP_CHUNK_PATH", "fastest");
+    expect_env_refusal(fresh, &a, "GDP_CHUNK_HOPPER_COPY", "dma");
     expect_env_refusal(fresh, &a, "GDP_CHUNK_STATE_COPY", "dma");
     expect_env_refusal(fresh, &a, "GDP_CHUNK_WY_INVERSE", "fp16");
     CUDA_OK(cudaDeviceSynchronize());
@@ -919,8 +967,8 @@ static void test_cumsum(gdp_ctx_t cpu, gdp_ctx_t gpu) {
     free_inputs(&in);
 }
 
-/* Under GDP_CHUNK_PATH=hopper the cases with K = V = 128 (the golden m4 file, the random shapes with
- * K = V = 128) must have run the Hopper kernel on a compute capability 9.0 device, and nothing may
+/* Under GDP_CHUNK_PATH=hopper the cases with K = 128 and V = 64 or 128 (golden files, random shapes,
+ * the cache cases) must have run the Hopper kernel on a compute capability 9.0 device, and nothing may
  * have run it elsewhere (its code is sm_90a only). */
 static void check_hopper_ran(long long before) {
     int dev = 0, major = 0, minor = 0;
@@ -966,14 +1014,18 @@ int main(void) {
             unsetenv("GDP_CHUNK_WY_INVERSE");
         }
         printf("cache mode, padding, graphs, rejections:\n");
-        test_cache(cpu, gpu, GDP_DTYPE_FP32);
-        test_cache(cpu, gpu, GDP_DTYPE_BF16);
+        for (int v = 64; v <= 128; v += 64) {
+            test_cache(cpu, gpu, GDP_DTYPE_FP32, v);
+            test_cache(cpu, gpu, GDP_DTYPE_BF16, v);
+        }
         test_padding(gpu);
         test_graph(cpu);
         test_rejections();
         test_profile_stages(cpu, gpu, paths[pi] != NULL ? paths[pi] : "auto");
-        if (paths[pi] != NULL && strcmp(paths[pi], "hopper") == 0)
+        if (paths[pi] != NULL && strcmp(paths[pi], "hopper") == 0) {
+            test_hopper_copies(cpu, gpu);
             check_hopper_ran(hopper_before);
+        }
     }
     set_chunk_path(NULL);
     test_cumsum(cpu, gpu);

@@ -7,16 +7,16 @@
  * operands in shared memory in the 128-byte-swizzled panel layout of wgmma.cuh, and the fp32 state
  * lives in the state warpgroups' accumulators.
  *
- * One block of three warpgroups per (sequence, head), K = V = 128:
+ * One block of three warpgroups per (sequence, head), K = 128, V = VP = 64 or 128:
  *   WG0 (aux), one chunk ahead: the chunk's loads (cp.async into the panel layout, the next chunk's
  *     issued as soon as its stage is free), Gk by a warp scan, the L2 norms of K, A = K K^T on
  *     wgmma with its decay and mask, (I + A)^-1 on four warps (wy_invert_tf32, as the fused
  *     kernel) into Ai = T(X diag beta);
- *   WG1, WG2 (state): each holds 64 of the state's 128 rows x all 128 columns as one m64n128
- *     accumulator, writes its rows of S16, then Q's norms (both together), on its own 64 value
+ *   WG1, WG2 (state): each holds 64 of the state's 128 rows x all VP columns as one m64nVP
+ *     accumulator, writes its rows of S16, then Q's norms (both together), on its own VP / 2 value
  *     columns X' (8 k steps) and beside it the masked decayed scores P on its 32 key columns
  *     (m64n32k16), v_new (4) and the outputs (8 + 4), and on its own 64 state rows the update
- *     (4 m64n128k16 steps, K^T read M-major from the same key tile). Q's norms and P were the
+ *     (4 m64nVPk16 steps, K^T read M-major from the same key tile). Q's norms and P were the
  *     aux warpgroup's in the first version, whose chunk then bounded the kernel (ncu: the state
  *     warpgroups spent most of their time at FULL).
  * Barriers: FULL[b] (named, 384: aux arrives when stage b is ready, the state warpgroups wait, and
@@ -25,8 +25,8 @@
  * 256) where the two state warpgroups exchange v_new's panels and end a chunk.
  * Every tile a wgmma reads and a thread wrote is fenced (fence.proxy.async) before the barrier
  * that publishes it. Deterministic: fixed-order sums, no atomics.
- * Scope (hopper_fits): 16-bit q, k, v with K = V = 128 and 16-byte aligned rows; any other shape
- * runs the fused or staged kernels. Compiled for sm_90a only (kernels/chunk/hopper.cu).
+ * Scope (hopper_fits): 16-bit q, k, v with K = 128, V = 64 or 128, 16-byte aligned rows; any other
+ * shape runs the fused or staged kernels. Compiled for sm_90a only (kernels/chunk/hopper.cu).
  */
 #ifndef GDP_CHUNK_HOPPER_CUH
 #define GDP_CHUNK_HOPPER_CUH
@@ -40,34 +40,57 @@
 #include "wgmma.cuh"
 #include "wy_math.cuh"
 
+/* Developer hook: kernels/dev/chunk_stages.cu (--hopper-phases) defines GDP_HOPPER_PHASES and its own
+ * HopPhases, which adds up clock64 deltas per phase (the marks below name them) in registers of one
+ * thread of each role and stores them at the end; the library's marks are empty. */
+#ifndef GDP_HOPPER_PHASES
+namespace {
+struct HopPhases {
+    __device__ __forceinline__ void mark(int) {}
+    __device__ __forceinline__ void flush(int) {}
+};
+} // namespace
+#endif
+
 namespace {
 
-constexpr int HOP_KP = 128, HOP_VP = 128;
+constexpr int HOP_KP = 128; /* keys: 128 columns; values: VP = 64 or 128 (a template parameter) */
 constexpr int HOP_AUX_THREADS = 128, HOP_STATE_THREADS = 256;
 constexpr int HOP_THREADS = HOP_AUX_THREADS + HOP_STATE_THREADS;
 /* named barriers (0 is __syncthreads) */
 constexpr int HOP_BAR_FULL0 = 1, HOP_BAR_AUX = 3, HOP_BAR_STATE = 4, HOP_BAR_WG0 = 5;
 
 /* One stage: the tiles of one chunk, 16-bit, each in the panel layout (1024-byte aligned). */
-template <typename T> struct alignas(1024) HopperStage {
+template <typename T, int VP> struct alignas(1024) HopperStage {
     T k[CHUNK * HOP_KP]; /* keys, normalized in place                              */
     T q[CHUNK * HOP_KP]; /* queries of the tokens ending in the chunk, normalized  */
-    T v[CHUNK * HOP_VP]; /* V, turned into X' in place by the state warpgroups     */
+    T v[CHUNK * VP];     /* V, turned into X' in place by the state warpgroups     */
     T ai[CHUNK * CHUNK]; /* T(X diag beta)                                          */
     T p[CHUNK * CHUNK];  /* masked decayed scores                                   */
     float gk[CHUNK];     /* g per row (copy 0 of a token), then Gk                  */
     float gam[CHUNK];    /* 2^Gk                                                    */
     float beta[CHUNK];
 };
-template <typename T> struct alignas(1024) HopperSmem {
-    HopperStage<T> st[2];
-    T s16[HOP_KP * HOP_VP];   /* S16: the state entering the chunk, [k][v]  */
-    T vn[CHUNK * HOP_VP];     /* v_new [row][v]                             */
-    T vd[CHUNK * HOP_VP];     /* 2^(gl - Gk) v_new, the update's operand    */
+template <typename T, int VP> struct alignas(1024) HopperSmem {
+    HopperStage<T, VP> st[2];
+    T s16[HOP_KP * VP];       /* S16: the state entering the chunk, [k][v]  */
+    T vn[CHUNK * VP];         /* v_new [row][v]                             */
+    T vd[CHUNK * VP];         /* 2^(gl - Gk) v_new, the update's operand    */
     float a[CHUNK][CHUNK + 4]; /* A, then X = (I + A)^-1 (aux only)          */
     float scratch[4 * WY_INV_SCRATCH];
     uint64_t empty[2];
+    uint64_t loaded[2]; /* TMA copies: stage b's tiles have landed (one arrival and their bytes) */
 };
+
+/* The tensor maps of the copy-engine loads (HOP_COPY_TMA; hopper.cu encodes them): K and V as
+ * [T M][H 128], Q as [T][H 128], 16-bit elements, boxes of 64 rows x 64 columns (one panel) landing
+ * with the 128-byte swizzle, so a copy writes a panel of the layout above as it is. */
+struct alignas(64) HopperMaps {
+    unsigned char k[128], v[128], q[128]; /* CUtensorMap each */
+};
+/* Who moves a chunk's K, V and Q tiles: the aux threads by cp.async (16 bytes a copy, 24 a thread),
+ * or thread 0 by six tensor-map copies of the copy engine (GDP_CHUNK_HOPPER_COPY=tma). */
+constexpr int HOP_COPY_THREADS = 0, HOP_COPY_TMA = 1;
 
 /* The rows of chunk c of a sequence of len tokens (fused.cuh's FusedChunk in 32-bit arithmetic:
  * hopper_fits asks T M < 2^31; the 64-bit divisions by M were 3 % of the kernel's instructions):
@@ -94,67 +117,95 @@ template <typename T> __device__ __forceinline__ T *hop_at(T *tile, int rows, in
     return reinterpret_cast<T *>(reinterpret_cast<unsigned char *>(tile) + wg_offset(rows, r, c));
 }
 
-/* Rows [0, 64) x 128 columns of a row-major global matrix (row stride ld elements) into a 64-row
- * panel-layout tile by 16-byte cp.async; rows >= nrows become 0. */
-template <typename T>
+/* Rows [0, 64) x COLS (64 or 128) columns of a row-major global matrix (row stride ld elements) into
+ * a 64-row panel-layout tile by 16-byte cp.async; rows >= nrows become 0. */
+template <typename T, int COLS>
 __device__ __forceinline__ void hop_tile_async(T *dst, const T *__restrict__ src, int64_t ld, int nrows, int tid) {
-    /* thread tid copies 16-byte chunk j = tid % 16 of rows tid / 16 + 8 i: the swizzled chunk is the
-     * same for every i (row % 8 does not change), so one base and a 1024-byte step */
-    const int r0 = tid >> 4, j = tid & 15;
+    /* thread tid copies 16-byte chunk j = tid % CPR of rows tid / CPR + RP i: the swizzled chunk is
+     * the same for every i (RP is a multiple of 8, so row % 8 does not change): one base and a step */
+    constexpr int CPR = COLS / 8, RP = HOP_AUX_THREADS / CPR; /* chunks a row, rows a pass */
+    const int r0 = tid / CPR, j = tid % CPR;
     unsigned char *d = reinterpret_cast<unsigned char *>(dst) + wg_offset(CHUNK, r0, 8 * j);
     const T *g = src + r0 * ld + 8 * j;
 #pragma unroll
-    for (int i = 0; i < CHUNK / 8; i++) {
-        const bool ok = r0 + 8 * i < nrows;
-        cp_async16(d + 1024 * i, ok ? g + 8 * i * ld : src, ok);
+    for (int i = 0; i < CHUNK / RP; i++) {
+        const bool ok = r0 + RP * i < nrows;
+        cp_async16(d + RP * WG_ROW_BYTES * i, ok ? g + RP * i * ld : src, ok);
     }
 }
 
-/* Chunk c's loads into stage st: K, V and Q by cp.async (one group), g and beta by plain loads, the
- * chunk after it into L2 (fused_aux_issue_loads' order and values). */
-template <typename T>
-__device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, HopperStage<T> &st, int c, int64_t bos,
-                                                int64_t len, int hd, int nchunks) {
+/* Chunk c's loads into stage sb: K, V and Q by cp.async (one group) or by thread 0's tensor-map
+ * copies (counted on loaded[sb]), the chunk after it into L2 (fused_aux_issue_loads' order and
+ * values); g and beta of the thread's row by plain loads into gr and be, which the caller stores
+ * into the stage when the chunk starts (hop_aux_chunk): stored here, each thread would wait for
+ * their global latency before it arrives on FULL, which the state warpgroups wait on. */
+template <typename T, int VP, int COPY>
+__device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const HopperMaps &maps, HopperSmem<T, VP> &s,
+                                                int sb, int c, int64_t bos, int64_t len, int hd, int nchunks,
+                                                float &gr, float &be) {
+    HopperStage<T, VP> &st = s.st[sb];
     const int tid = threadIdx.x;
     const int H = p.H, M = p.M;
     const HopChunk ch = hop_chunk(c, (int)len, M);
     const int64_t rowc = bos * M + ch.lo;
     const int64_t ld = (int64_t)H * HOP_KP;
-    float gr = 0.0f, be = 0.0f;
+    gr = 0.0f;
+    be = 0.0f;
     if (tid < ch.n) {
         const int lr = ch.lo + tid;
         if (p.g_raw != nullptr && lr % M == 0)
             gr = p.g_raw[(bos + lr / M) * H + hd];
         be = load_any(p.beta, p.beta_dtype, (rowc + tid) * H + hd);
     }
-    hop_tile_async<T>(st.k, static_cast<const T *>(p.k) + (rowc * H + hd) * HOP_KP, ld, ch.n, tid);
-    hop_tile_async<T>(st.v, static_cast<const T *>(p.v) + (rowc * H + hd) * HOP_VP, ld, ch.n, tid);
-    hop_tile_async<T>(st.q, static_cast<const T *>(p.q) + ((bos + ch.tf) * H + hd) * HOP_KP, ld, ch.nq, tid);
-    cp_async_commit();
+    if constexpr (COPY == HOP_COPY_TMA) {
+        /* whole boxes land, rows past the chunk included (they hold the next sequence's rows or
+         * padding): hop_aux_chunk zeroes K's and V's rows past n once landed; Q's rows past nq are
+         * never used (masked scores, discarded outputs) */
+        if (tid == 0) {
+            mbar_arrive_expect_tx(&s.loaded[sb], (uint32_t)(CHUNK * (2 * HOP_KP + VP) * sizeof(T)));
+            const int yk = (int)rowc, yq = (int)(bos + ch.tf);
+            constexpr int PANEL = CHUNK * WG_PANEL_COLS; /* elements of a panel */
+#pragma unroll
+            for (int pn = 0; pn < HOP_KP / WG_PANEL_COLS; pn++) {
+                tma_load_2d(st.k + pn * PANEL, maps.k, hd * HOP_KP + pn * WG_PANEL_COLS, yk, &s.loaded[sb]);
+                tma_load_2d(st.q + pn * PANEL, maps.q, hd * HOP_KP + pn * WG_PANEL_COLS, yq, &s.loaded[sb]);
+            }
+#pragma unroll
+            for (int pn = 0; pn < VP / WG_PANEL_COLS; pn++)
+                tma_load_2d(st.v + pn * PANEL, maps.v, hd * VP + pn * WG_PANEL_COLS, yk, &s.loaded[sb]);
+        }
+    } else {
+        hop_tile_async<T, HOP_KP>(st.k, static_cast<const T *>(p.k) + (rowc * H + hd) * HOP_KP, ld, ch.n, tid);
+        hop_tile_async<T, VP>(st.v, static_cast<const T *>(p.v) + (rowc * H + hd) * VP, (int64_t)H * VP, ch.n, tid);
+        hop_tile_async<T, HOP_KP>(st.q, static_cast<const T *>(p.q) + ((bos + ch.tf) * H + hd) * HOP_KP, ld, ch.nq,
+                                  tid);
+        cp_async_commit();
+    }
     if (c + 1 < nchunks) {
         const HopChunk nx = hop_chunk(c + 1, (int)len, M);
         const int64_t rown = bos * M + nx.lo;
         const int bytes = HOP_KP * (int)sizeof(T);
         if (tid < nx.n) {
             prefetch_l2(static_cast<const T *>(p.k) + ((rown + tid) * H + hd) * HOP_KP, bytes);
-            prefetch_l2(static_cast<const T *>(p.v) + ((rown + tid) * H + hd) * HOP_VP, bytes);
+            prefetch_l2(static_cast<const T *>(p.v) + ((rown + tid) * H + hd) * VP, VP * (int)sizeof(T));
         } else if (tid >= 64 && tid - 64 < nx.nq) {
             prefetch_l2(static_cast<const T *>(p.q) + ((bos + nx.tf + tid - 64) * H + hd) * HOP_KP, bytes);
         }
     }
-    if (tid < CHUNK) {
-        st.gk[tid] = gr;
-        st.beta[tid] = be;
-    }
 }
 
 /* ---- the aux warpgroup: stage b for chunk c ---- */
-template <typename T>
-__device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, HopperSmem<T> &s, int b, int c, int64_t bos,
-                                              int64_t len, int hd, int nchunks) {
-    HopperStage<T> &st = s.st[b];
+template <typename T, int VP, int COPY>
+__device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const HopperMaps &maps, HopperSmem<T, VP> &s,
+                                              int b, int c, int64_t bos, int64_t len, int hd, int nchunks,
+                                              float &pend_g, float &pend_b, HopPhases &ph) {
+    HopperStage<T, VP> &st = s.st[b];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
     const int n = hop_chunk(c, (int)len, p.M).n;
+    if (tid < CHUNK) { /* this chunk's g and beta, loaded when its copies were issued (the next barrier publishes them) */
+        st.gk[tid] = pend_g;
+        st.beta[tid] = pend_b;
+    }
 
     bool next_pending = c + 1 < nchunks;
     const int empty_parity = ((c - 1) >> 1) & 1; /* chunk c - 1 is stage b^1's ((c - 1) / 2)-th use */
@@ -166,13 +217,25 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, HopperSmem<T
                 return;
             mbar_wait(&s.empty[b ^ 1], empty_parity);
         }
-        hop_issue_loads<T>(p, s.st[b ^ 1], c + 1, bos, len, hd, nchunks);
+        hop_issue_loads<T, VP, COPY>(p, maps, s, b ^ 1, c + 1, bos, len, hd, nchunks, pend_g, pend_b);
         next_pending = false;
     };
 
-    cp_async_wait<0>();
-    fence_proxy_async_smem(); /* the landed tiles may be read by wgmma (without the norms) */
+    if constexpr (COPY == HOP_COPY_TMA) {
+        mbar_wait(&s.loaded[b], (c >> 1) & 1); /* stage b's (c / 2)-th fill */
+        if (n < CHUNK) /* the rows past the sequence's end: zeros, as cp.async's fill writes them */
+            for (int e = tid; e < (CHUNK - n) * 16; e += HOP_AUX_THREADS) {
+                const int r = n + (e >> 4), cc = (e & 15) * 8;
+                *reinterpret_cast<uint4 *>(hop_at(st.k, CHUNK, r, cc)) = make_uint4(0u, 0u, 0u, 0u);
+                if (cc < VP)
+                    *reinterpret_cast<uint4 *>(hop_at(st.v, CHUNK, r, cc)) = make_uint4(0u, 0u, 0u, 0u);
+            }
+    } else {
+        cp_async_wait<0>();
+    }
+    fence_proxy_async_smem(); /* the landed (or zeroed) tiles may be read by wgmma (without the norms) */
     bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS);
+    ph.mark(0); /* aux 0: waiting for the chunk's loads */
 
     /* Gk: a warp scan over the 64 rows, base 2 (fused.cuh's); the rows' norms in place */
     if (warp == 0) {
@@ -199,6 +262,7 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, HopperSmem<T
         fence_proxy_async_smem();
     }
     bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS);
+    ph.mark(1); /* aux 1: Gk and K's norms */
 
     /* A = K K^T, 64 x 64 over 128 key columns */
     float acc[32];
@@ -225,7 +289,9 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, HopperSmem<T
             s.a[r][cc] = val;
         }
     bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS); /* A complete */
+    ph.mark(2); /* aux 2: A */
     issue_next_if_free(false);
+    ph.mark(3); /* aux 3: testing (and maybe issuing) the next chunk's loads */
 
     /* Ai = T((I + A)^-1 diag beta), the off-diagonal blocks on tf32 tensor cores (wy_math.cuh) */
     const float *beta = st.beta;
@@ -244,24 +310,28 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, HopperSmem<T
                     *reinterpret_cast<uint4 *>(hop_at(ai, CHUNK, r, c8)) = make_uint4(0u, 0u, 0u, 0u);
             }
         });
+    ph.mark(4); /* aux 4: the inverse and Ai */
     fence_proxy_async_smem(); /* Ai is read by the state warpgroups' wgmma */
     issue_next_if_free(false);
+    ph.mark(5); /* aux 5: testing (and maybe issuing) the next chunk's loads */
     issue_next_if_free(true);
+    ph.mark(6); /* aux 6: waiting to start the next chunk's loads */
 }
 
-/* The state's accumulator (m64n128: rows 16 wi + g + {0, 8} of the warpgroup's 64, column pairs
+/* The state's accumulator (m64nVP: rows 16 wi + g + {0, 8} of the warpgroup's 64, column pairs
  * 8 j + 2 t4) seen as store_state_tile's fragments S[j][e]. */
-__device__ __forceinline__ float (&hop_frags(float (&S)[64]))[16][4] {
-    return *reinterpret_cast<float(*)[16][4]>(&S[0]);
+template <int NA> __device__ __forceinline__ float (&hop_frags(float (&S)[NA]))[NA / 4][4] {
+    return *reinterpret_cast<float(*)[NA / 4][4]>(&S[0]);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(HOP_THREADS, 1) chunk_hopper_kernel(const ChunkParams p) {
+template <typename T, int VP, int COPY>
+__global__ void __launch_bounds__(HOP_THREADS, 1)
+    chunk_hopper_kernel(const ChunkParams p, const __grid_constant__ HopperMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
     /* 1024-byte aligned panels: the swizzle is a function of the address bits */
     const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
-    HopperSmem<T> &s = *reinterpret_cast<HopperSmem<T> *>(smem_raw + pad);
+    HopperSmem<T, VP> &s = *reinterpret_cast<HopperSmem<T, VP> *>(smem_raw + pad);
     const int hd = blockIdx.y, i = blockIdx.z, H = p.H, M = p.M;
     const int64_t bos = p.cu[i];
     const int64_t len = (int64_t)p.cu[i + 1] - bos;
@@ -270,19 +340,26 @@ __global__ void __launch_bounds__(HOP_THREADS, 1) chunk_hopper_kernel(const Chun
     if (threadIdx.x == 0) {
         mbar_init(&s.empty[0], HOP_STATE_THREADS);
         mbar_init(&s.empty[1], HOP_STATE_THREADS);
+        mbar_init(&s.loaded[0], 1);
+        mbar_init(&s.loaded[1], 1);
+        fence_mbar_init();
     }
     __syncthreads();
     /* the warpgroup's index through a shuffle, so that the compiler sees a warp-uniform role (a role
      * branch it takes for divergent makes ptxas serialize every wgmma: warning C7520) */
     const int wgi = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+    HopPhases ph;
     if (wgi == 0) {
+        float pend_g = 0.0f, pend_b = 0.0f; /* the next chunk's g and beta of the thread's row */
         if (nchunks > 0)
-            hop_issue_loads<T>(p, s.st[0], 0, bos, len, hd, nchunks);
+            hop_issue_loads<T, VP, COPY>(p, maps, s, 0, 0, bos, len, hd, nchunks, pend_g, pend_b);
         for (int c = 0; c < nchunks; c++) {
             const int b = c & 1;
-            hop_aux_chunk<T>(p, s, b, c, bos, len, hd, nchunks);
+            hop_aux_chunk<T, VP, COPY>(p, maps, s, b, c, bos, len, hd, nchunks, pend_g, pend_b, ph);
             bar_arrive(HOP_BAR_FULL0 + b, HOP_THREADS);
+            ph.mark(7); /* aux 7: the arrival and the loop */
         }
+        ph.flush(0);
         return;
     }
 
@@ -290,27 +367,29 @@ __global__ void __launch_bounds__(HOP_THREADS, 1) chunk_hopper_kernel(const Chun
     const int g = lane >> 2, t4 = lane & 3;
     const int64_t coff = p.coff[i];
     const int sr0 = 64 * wg + 16 * wi; /* the thread's state rows sr0 + g + {0, 8}     */
-    const int c0 = 64 * wg;            /* the warpgroup's value columns for X', v_new, o */
+    constexpr int CW = VP / 2, NJ = CW / 8; /* the warpgroup's value columns for X', v_new and o, n8 tiles */
+    constexpr int NS = VP / 2;              /* state accumulators a thread: 64 rows x VP columns a warpgroup */
+    const int c0 = CW * wg;                 /* the first of those columns                                  */
     const int r0 = 16 * wi;            /* the warp's chunk rows in those products       */
 
-    float S[64];
+    float S[NS];
 #pragma unroll
-    for (int j = 0; j < 16; j++)
+    for (int j = 0; j < VP / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int r = sr0 + g + (e >> 1) * 8, cc = 8 * j + 2 * t4 + (e & 1);
-            S[4 * j + e] = p.h0 != nullptr ? load_any(p.h0, p.h0_dtype, (((int64_t)i * H + hd) * HOP_KP + r) * HOP_VP + cc)
+            S[4 * j + e] = p.h0 != nullptr ? load_any(p.h0, p.h0_dtype, (((int64_t)i * H + hd) * HOP_KP + r) * VP + cc)
                                            : 0.0f;
         }
 
     for (int c = 0; c < nchunks; c++) {
         const int b = c & 1;
-        HopperStage<T> &st = s.st[b];
+        HopperStage<T, VP> &st = s.st[b];
         const HopChunk ch = hop_chunk(c, (int)len, M);
         const int n = ch.n, nq = ch.nq;
         /* S16 (this warpgroup's 64 rows), and the fp32 state entering token chunk c / M */
 #pragma unroll
-        for (int j = 0; j < 16; j++)
+        for (int j = 0; j < VP / 8; j++)
 #pragma unroll
             for (int hh = 0; hh < 2; hh++)
                 *reinterpret_cast<uint32_t *>(hop_at(s.s16, HOP_KP, sr0 + g + hh * 8, 8 * j + 2 * t4)) =
@@ -319,10 +398,12 @@ __global__ void __launch_bounds__(HOP_THREADS, 1) chunk_hopper_kernel(const Chun
         if (c % M == 0 && p.chunk_states != nullptr) {
             const int64_t hrow = coff + c / M;
             if (hrow < p.cs_rows)
-                store_state_tile(p.chunk_states, p.cs_dtype, hop_frags(S), sr0, 0, HOP_KP, HOP_VP, lane,
-                                 [&](int r, int cc) { return ((hrow * H + hd) * HOP_KP + r) * HOP_VP + cc; });
+                store_state_tile(p.chunk_states, p.cs_dtype, hop_frags(S), sr0, 0, HOP_KP, VP, lane,
+                                 [&](int r, int cc) { return ((hrow * H + hd) * HOP_KP + r) * VP + cc; });
         }
+        ph.mark(7); /* state 7: S16, the chunk states and the loop */
         bar_sync(HOP_BAR_FULL0 + b, HOP_THREADS); /* stage b holds chunk c; both halves of S16 are in */
+        ph.mark(0); /* state 0: waiting for the aux warpgroup (FULL) */
 
         /* Q's norms (both warpgroups, 8 warps; the aux warpgroup's at first, see below) */
         if (p.l2norm) {
@@ -331,16 +412,17 @@ __global__ void __launch_bounds__(HOP_THREADS, 1) chunk_hopper_kernel(const Chun
             fence_proxy_async_smem();
             bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS);
         }
-        /* X' = V - 2^Gk (K S16) on the warpgroup's 64 columns, in place over V */
-        float acc[32];
+        ph.mark(1); /* state 1: Q's norms */
+        /* X' = V - 2^Gk (K S16) on the warpgroup's CW columns, in place over V */
+        float acc[CW / 2];
 #pragma unroll
-        for (int x = 0; x < 32; x++)
+        for (int x = 0; x < CW / 2; x++)
             acc[x] = 0.0f;
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < HOP_KP / 16; ks++)
-            wg_mma_m64n64k16<0, 1, T>(acc, wg_desc_kmajor(st.k, CHUNK, 0, ks * 16),
-                                      wg_desc_mnmajor(s.s16, HOP_KP, ks * 16, c0), 1);
+            wg_mma<CW, 0, 1, T>(acc, wg_desc_kmajor(st.k, CHUNK, 0, ks * 16), wg_desc_mnmajor(s.s16, HOP_KP, ks * 16, c0),
+                                1);
         wg_commit();
         /* beside it the scores P = masked decayed Q K^T on this warpgroup's 32 key columns (the aux
          * warpgroup's work at first, which bounded the chunk: kernels/NOTES-chunk.md, twenty-first
@@ -361,7 +443,7 @@ __global__ void __launch_bounds__(HOP_THREADS, 1) chunk_hopper_kernel(const Chun
             const int r = r0 + g + hh * 8;
             const float f = st.gam[r];
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
+            for (int j = 0; j < NJ; j++) {
                 T *vp = hop_at(st.v, CHUNK, r, c0 + 8 * j + 2 * t4);
                 const float x0 = Elem<T>::to_f(vp[0]) - f * acc[4 * j + 2 * hh];
                 const float x1 = Elem<T>::to_f(vp[1]) - f * acc[4 * j + 2 * hh + 1];
@@ -384,16 +466,17 @@ __global__ void __launch_bounds__(HOP_THREADS, 1) chunk_hopper_kernel(const Chun
         }
         fence_proxy_async_smem(); /* X' (read next by this warpgroup) and P (by both, after the v_new barrier) */
         bar_sync(HOP_BAR_WG0 + wg, 128); /* the warpgroup's X' panel complete */
+        ph.mark(2); /* state 2: X' and the scores */
 
         /* v_new = Ai X' on the warpgroup's columns; its decayed copy for the update */
         const float gl = st.gk[n - 1];
 #pragma unroll
-        for (int x = 0; x < 32; x++)
+        for (int x = 0; x < CW / 2; x++)
             acc[x] = 0.0f;
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < CHUNK / 16; ks++)
-            wg_mma_m64n64k16<0, 1, T>(acc, wg_desc_kmajor(st.ai, CHUNK, 0, ks * 16),
+            wg_mma<CW, 0, 1, T>(acc, wg_desc_kmajor(st.ai, CHUNK, 0, ks * 16),
                                       wg_desc_mnmajor(st.v, CHUNK, ks * 16, c0), 1);
         wg_commit();
         wg_wait<0>();
@@ -402,7 +485,7 @@ __global__ void __launch_bounds__(HOP_THREADS, 1) chunk_hopper_kernel(const Chun
             const int r = r0 + g + hh * 8;
             const float f = r < n ? exp2f(gl - st.gk[r]) : 0.0f;
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
+            for (int j = 0; j < NJ; j++) {
                 const int cc = c0 + 8 * j + 2 * t4;
                 const float v0 = acc[4 * j + 2 * hh], v1 = acc[4 * j + 2 * hh + 1];
                 *reinterpret_cast<uint32_t *>(hop_at(s.vn, CHUNK, r, cc)) = Elem<T>::pack(v0, v1);
@@ -411,24 +494,25 @@ __global__ void __launch_bounds__(HOP_THREADS, 1) chunk_hopper_kernel(const Chun
         }
         fence_proxy_async_smem();
         bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS); /* v_new and its decayed copy complete (both halves) */
+        ph.mark(3); /* state 3: v_new */
 
         /* o = scale (2^Gk[r_t] Q S16 + P v_new) on the warpgroup's columns (also when no query ends in
          * the chunk, nq = 0: a wgmma under a branch makes ptxas serialize them all, warning C7520) */
         {
 #pragma unroll
-            for (int x = 0; x < 32; x++)
+            for (int x = 0; x < CW / 2; x++)
                 acc[x] = 0.0f;
             wg_fence();
 #pragma unroll
             for (int ks = 0; ks < HOP_KP / 16; ks++)
-                wg_mma_m64n64k16<0, 1, T>(acc, wg_desc_kmajor(st.q, CHUNK, 0, ks * 16),
+                wg_mma<CW, 0, 1, T>(acc, wg_desc_kmajor(st.q, CHUNK, 0, ks * 16),
                                           wg_desc_mnmajor(s.s16, HOP_KP, ks * 16, c0), 1);
             wg_commit();
             wg_wait<0>();
             const int ra = hop_query_row(ch, r0 + g, M), rb = hop_query_row(ch, r0 + g + 8, M);
             const float fa = ra >= 0 ? st.gam[ra] : 0.0f, fb = rb >= 0 ? st.gam[rb] : 0.0f;
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
+            for (int j = 0; j < NJ; j++) {
                 acc[4 * j] *= fa;
                 acc[4 * j + 1] *= fa;
                 acc[4 * j + 2] *= fb;
@@ -437,44 +521,47 @@ __global__ void __launch_bounds__(HOP_THREADS, 1) chunk_hopper_kernel(const Chun
             wg_fence();
 #pragma unroll
             for (int ks = 0; ks < CHUNK / 16; ks++)
-                wg_mma_m64n64k16<0, 1, T>(acc, wg_desc_kmajor(st.p, CHUNK, 0, ks * 16),
+                wg_mma<CW, 0, 1, T>(acc, wg_desc_kmajor(st.p, CHUNK, 0, ks * 16),
                                           wg_desc_mnmajor(s.vn, CHUNK, ks * 16, c0), 1);
             wg_commit();
             wg_wait<0>();
-            T *o = static_cast<T *>(p.o) + ((bos + ch.tf) * H + hd) * HOP_VP;
+            T *o = static_cast<T *>(p.o) + ((bos + ch.tf) * H + hd) * VP;
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const int qi = r0 + g + hh * 8;
                 if (qi < nq)
 #pragma unroll
-                    for (int j = 0; j < 8; j++)
-                        *reinterpret_cast<uint32_t *>(o + (int64_t)qi * H * HOP_VP + c0 + 8 * j + 2 * t4) =
+                    for (int j = 0; j < NJ; j++)
+                        *reinterpret_cast<uint32_t *>(o + (int64_t)qi * H * VP + c0 + 8 * j + 2 * t4) =
                             Elem<T>::pack(acc[4 * j + 2 * hh] * p.scale, acc[4 * j + 2 * hh + 1] * p.scale);
             }
         }
 
+        ph.mark(4); /* state 4: the outputs */
         /* S = 2^gl S + K^T (decayed v_new) on the warpgroup's 64 state rows */
         const float dec = exp2f(gl);
 #pragma unroll
-        for (int x = 0; x < 64; x++)
+        for (int x = 0; x < NS; x++)
             S[x] *= dec;
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < CHUNK / 16; ks++)
-            wg_mma_m64n128k16<1, 1, T>(S, wg_desc_mnmajor(st.k, CHUNK, ks * 16, 64 * wg),
+            wg_mma<VP, 1, 1, T>(S, wg_desc_mnmajor(st.k, CHUNK, ks * 16, 64 * wg),
                                        wg_desc_mnmajor(s.vd, CHUNK, ks * 16, 0), 1);
         wg_commit();
         wg_wait<0>();
         /* every read of stage b, S16, v_new and its decayed copy is done */
         bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS);
+        ph.mark(5); /* state 5: the update */
         if (c + 2 < nchunks)
             mbar_arrive(&s.empty[b]);
     }
 
+    ph.flush(1);
     const StateDest d = final_state_dest(p, i, hd);
     if (d.dst != nullptr)
-        store_state_tile(d.dst, d.dtype, hop_frags(S), sr0, 0, HOP_KP, HOP_VP, lane,
-                         [&](int r, int cc) { return d.base + (int64_t)r * HOP_VP + cc; });
+        store_state_tile(d.dst, d.dtype, hop_frags(S), sr0, 0, HOP_KP, VP, lane,
+                         [&](int r, int cc) { return d.base + (int64_t)r * VP + cc; });
 #endif
 }
 

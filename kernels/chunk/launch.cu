@@ -119,6 +119,16 @@ int state_copy_from_env(const char **text) {
     return gdp_env_choice("GDP_CHUNK_STATE_COPY", spell, value, 3, STATE_COPY_TMA, text);
 }
 
+/* Who moves the Hopper kernel's K, V and Q tiles (GDP_CHUNK_HOPPER_COPY): the aux warpgroup's
+ * threads by cp.async (threads, the default: measured first) or its thread 0 by tensor-map copies
+ * (tma: written in the twenty-first session, not yet measured; the same bits). Returns 1 (tma),
+ * 0 (threads), or -1 for any other value. */
+int hopper_copy_from_env(const char **text) {
+    static const char *const spell[2] = {"threads", "tma"};
+    static const int value[2] = {0, 1};
+    return gdp_env_choice("GDP_CHUNK_HOPPER_COPY", spell, value, 2, 0, text);
+}
+
 /* How WY inverts I + A: the off-diagonal blocks' products on tf32 tensor cores (tf32, the
  * default: measured 5 % faster WY, kernels/NOTES-chunk.md, nineteenth session; fp32
  * accumulation, Ai then rounded to the 16-bit input type) or every product on CUDA cores in
@@ -216,6 +226,11 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     if (wy_inverse < 0)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: GDP_CHUNK_WY_INVERSE is \"%s\"; it takes tf32 or fp32 (unset: tf32)",
                  op, inverse_text);
+    const char *hopper_copy_text = nullptr;
+    const int hopper_copy = hopper_copy_from_env(&hopper_copy_text);
+    if (hopper_copy < 0)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "%s: GDP_CHUNK_HOPPER_COPY is \"%s\"; it takes threads or tma (unset: threads)", op, hopper_copy_text);
     const char *path_text = nullptr;
     const int path = chunk_path_from_env(&path_text);
     if (path < 0)
@@ -346,7 +361,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     const int cc = device_cc(ctx->device);
     if (path == 3 && hopper_runs(p, cc)) {
 #ifdef GDP_HAVE_CHUNK_HOPPER
-        err = gdp_chunk_hopper_launch(&p, a->q.dtype == GDP_DTYPE_BF16, stream);
+        err = gdp_chunk_hopper_launch(&p, a->q.dtype == GDP_DTYPE_BF16, hopper_copy == 1, stream);
 #endif
         GDP_CUDA_LAUNCH_CHECK(op, err, "the Hopper chunk kernel: N %lld, H %lld, K %lld, V %lld", (long long)N,
                               (long long)H, (long long)K, (long long)V);

@@ -137,6 +137,13 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity) {
                      : "memory");
     } while (!done);
 }
+/* Makes this thread's mbarrier initializations visible to the copy engine (the async proxy), before
+ * the block barrier after which copies may complete on them. */
+__device__ __forceinline__ void fence_mbar_init() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
 /* This thread's arrival, announcing tx_bytes more to come from the copy engine (tma_load_2d): the
  * phase completes once every arrival is in and those bytes have landed. */
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t tx_bytes) {

@@ -8,8 +8,6 @@
 #ifndef GDP_CHUNK_STAGES_CUH
 #define GDP_CHUNK_STAGES_CUH
 
-#include <cuda.h> /* CUtensorMap (the state sweep's TMA mode); the driver's encoder comes through the runtime */
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,6 +16,7 @@
 #include "fused.cuh"
 #include "out.cuh"
 #include "state.cuh"
+#include "tensor_map.h"
 #include "wy.cuh"
 
 #include "src/phase.h" /* GDP_CHUNK_MARK_*, the profile's stage marks */
@@ -61,33 +60,7 @@ struct StageOptions {
     bool wy_tf32;
 };
 
-/* ---- the state sweep's tensor maps (STATE_COPY_TMA) ---- */
-/* cuTensorMapEncodeTiled, found once through the runtime (no link to libcuda), or null. */
-inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-        void *f = nullptr;
-        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-            q != cudaDriverEntryPointSuccess)
-            f = nullptr;
-        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-    }();
-    return fn;
-}
-/* A map of a row-major [rows][cols] matrix of 16-bit elements whose copies are boxes of box_rows x
- * box_cols; elements outside it read as zeros. False if the driver has no encoder or refuses. */
-inline bool encode_tile_map(unsigned char (&map)[128], const void *base, int64_t rows, int64_t cols, int box_cols,
-                            int box_rows) {
-    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-    if (encode == nullptr)
-        return false;
-    const cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-    const cuuint64_t stride[1] = {(cuuint64_t)cols * 2u};
-    const cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows}, elem_stride[2] = {1, 1};
-    return encode(reinterpret_cast<CUtensorMap *>(map), CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void *>(base), dim,
-                  stride, box, elem_stride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
+/* ---- the state sweep's tensor maps (STATE_COPY_TMA; tensor_map.h) ---- */
 /* StateMaps (state.cuh) for one launch: w and the keys [T M][H KP] with boxes of 64 x (KP + PAD),
  * u [T M][H VP] with boxes of 64 x (VB + PAD): the stage tiles' padded rows, copied as they are. */
 inline bool make_state_maps(const ChunkParams &p, int kp, int vb, StateMaps *m) {

@@ -134,8 +134,8 @@ __global__ void __launch_bounds__(KP * 2 + (COPY != STATE_COPY_WARPS ? 32 : 0))
                 mbar_init(&s.full[b], TMA ? 33 : 32);
                 mbar_init(&s.empty[b], NTH); /* one arrival per consumer thread */
             }
-            if constexpr (TMA) /* the barriers' initialization visible to the copy engine */
-                asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+            if constexpr (TMA)
+                fence_mbar_init();
         }
         __syncthreads(); /* the only block-wide barrier: the producer leaves after its loop */
         if (warp == NW) {

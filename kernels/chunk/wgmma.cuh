@@ -50,10 +50,14 @@ __device__ __forceinline__ uint64_t wg_desc_kmajor(const void *tile, int rows, i
     return wg_desc(base, 16, 1024);
 }
 /* MN-major operand: the k step of 16 rows at row k0 of a tile of `rows` rows, its M (or N) extent
- * from column c0 (a multiple of 64) on, across panels `rows` x 128 bytes apart. */
+ * from column c0 on, across panels `rows` x 128 bytes apart. c0 a multiple of 64, or of 8 inside a
+ * panel for an extent that ends in it (the 32-column halves of a 64-column tile: the start moves by
+ * 16-byte chunks within the row and the swizzle, a function of the address bits, still applies;
+ * wgmma_check's offset case). */
 __device__ __forceinline__ uint64_t wg_desc_mnmajor(const void *tile, int rows, int k0, int c0) {
     const uint32_t panel = (uint32_t)rows * WG_ROW_BYTES;
-    const uint32_t base = smem_u32(tile) + (uint32_t)(c0 / WG_PANEL_COLS) * panel + (uint32_t)k0 * WG_ROW_BYTES;
+    const uint32_t base = smem_u32(tile) + (uint32_t)(c0 / WG_PANEL_COLS) * panel + (uint32_t)k0 * WG_ROW_BYTES +
+                          (uint32_t)(c0 % WG_PANEL_COLS) * 2u;
     return wg_desc(base, panel, 1024);
 }
 
@@ -139,6 +143,18 @@ __device__ __forceinline__ void wg_mma_m64n128k16(float (&d)[64], uint64_t da, u
                      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " GDP_WG_R64 ", %64, %65, p, 1, 1, %67, %68;\n}\n"
                      : GDP_WG_D64(d)
                      : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
+}
+
+/* D (+)= A B for a 64 x N x 16 step, N = 32, 64 or 128 (d: N / 2 accumulators a thread). */
+template <int N, int TA, int TB, typename T>
+__device__ __forceinline__ void wg_mma(float (&d)[N / 2], uint64_t da, uint64_t db, int accumulate) {
+    static_assert(N == 32 || N == 64 || N == 128, "wgmma shapes held: 64 x {32, 64, 128} x 16");
+    if constexpr (N == 32)
+        wg_mma_m64n32k16<TA, TB, T>(d, da, db, accumulate);
+    else if constexpr (N == 64)
+        wg_mma_m64n64k16<TA, TB, T>(d, da, db, accumulate);
+    else
+        wg_mma_m64n128k16<TA, TB, T>(d, da, db, accumulate);
 }
 
 } // namespace

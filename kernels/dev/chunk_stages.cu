@@ -5,6 +5,10 @@
  * recording a CUDA event after each stage, and links the rest of libgdp statically.
  * With --fused-phases it runs GDP_CHUNK_PATH=fused and prints, per row, the clock64 cycles per
  * chunk of each phase of the fused kernel's aux and state warps (block 0; fused.cuh's marks).
+ * With --hopper-phases the same for the Hopper kernel (GDP_CHUNK_PATH=hopper, hopper.cuh's marks: one
+ * thread of the aux warpgroup and one of the first state warpgroup; rows it does not take say so).
+ * The file includes kernels/chunk/hopper.cu too, so the binary is built for sm_90a and runs on a
+ * compute capability 9.0 device only.
  * With --fused-alone it times the fused kernel (median of 10, us) whole, with the aux warps' math
  * left out and with the state warps' math left out (outputs then wrong): what each role costs
  * alone beside the other's loads and barriers.
@@ -79,7 +83,37 @@ __device__ int g_state_phases_on;
 /* --fused-alone: 1 leaves out the aux warps' math, 2 the state warps' (fused.cuh's skip hook) */
 __device__ int g_fused_skip;
 #define GDP_FUSED_DEV_SKIP(role) (g_fused_skip == (role) + 1)
+/* --hopper-phases: thread 0 (aux) and thread 128 (the first state warpgroup) of block (0, 0, 0) of the
+ * Hopper kernel add up 32-bit clock deltas per phase in registers (hopper.cuh's marks) and store
+ * them once at the end, so the marked warps pay a clock read and an add a mark */
+__device__ unsigned int g_hopper_cycles[2][8];
+__device__ int g_hopper_phases_on;
+#define GDP_HOPPER_PHASES 1
+struct HopPhases {
+    unsigned int cyc[8], last;
+    bool on;
+    __device__ __forceinline__ HopPhases() : last(0) {
+        on = g_hopper_phases_on && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 &&
+             (threadIdx.x == 0 || threadIdx.x == 128);
+        for (int i = 0; i < 8; i++)
+            cyc[i] = 0;
+    }
+    __device__ __forceinline__ void mark(int phase) {
+        if (on) {
+            const unsigned int t = (unsigned int)clock64();
+            if (last != 0)
+                cyc[phase] += t - last;
+            last = t;
+        }
+    }
+    __device__ __forceinline__ void flush(int role) {
+        if (on)
+            for (int i = 0; i < 8; i++)
+                g_hopper_cycles[role][i] = cyc[i];
+    }
+};
 #include "../chunk/launch.cu"
+#include "../chunk/hopper.cu" /* the Hopper kernel in this translation unit too (built for sm_90a) */
 #include "src/workspace.h"
 
 #define DEV_CHECK(call)                                                                              \
@@ -298,7 +332,8 @@ int main(int argc, char **argv) {
         dump_case((dir + "/dump_k100.safetensors").c_str(), 3, 2, 100, 64, {130, 7, 64}, 210);
         return 0;
     }
-    const bool phases = argc >= 2 && !std::strcmp(argv[1], "--fused-phases");
+    const bool hphases = argc >= 2 && !std::strcmp(argv[1], "--hopper-phases");
+    const bool phases = argc >= 2 && (!std::strcmp(argv[1], "--fused-phases") || hphases);
     const bool alone = argc >= 2 && !std::strcmp(argv[1], "--fused-alone");
     const bool sphases = argc >= 2 && !std::strcmp(argv[1], "--state-phases");
     const int only_row = argc == 3 && !std::strcmp(argv[1], "--row") ? std::atoi(argv[2]) : 0;
@@ -309,6 +344,11 @@ int main(int argc, char **argv) {
         setenv("GDP_CHUNK_PATH", "staged", 1);
         std::printf("# state sweep, block (0, 0, 0): clock64 cycles per chunk step of each phase, warp 0 then warp 7\n"
                     "# S16+cs wait(copies) barrier issue(next) h-store v_new barrier update = total\n");
+    } else if (hphases) {
+        setenv("GDP_CHUNK_PATH", "hopper", 1);
+        std::printf("# Hopper kernel, block (0, 0, 0): clock cycles per chunk of each phase, thread 0 (aux) and 128 (state)\n"
+                    "# aux:   wait(loads) gk+K-norms A next-loads(test) inverse+Ai next-loads(test) next-loads(wait) arrive+loop\n"
+                    "# state: wait(aux) Q-norms X'+P v_new outputs update - S16+cs+loop\n");
     } else if (phases) {
         setenv("GDP_CHUNK_PATH", "fused", 1);
         std::printf("# fused kernel, block (0, 0, 0): clock64 cycles per chunk of each phase, one thread of each role\n"
@@ -408,6 +448,33 @@ int main(int argc, char **argv) {
                     sum += cyc[w][ph] / steps;
                 }
                 std::printf("  = %6.0f\n", sum);
+            }
+        } else if (hphases) {
+            for (int it = 0; it < 3; it++)
+                DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
+            DEV_CHECK(cudaDeviceSynchronize());
+            const long long before = gdp_cuda_chunk_hopper_calls();
+            unsigned int zero[16] = {0}, cyc[2][8];
+            const int on = 1, off = 0;
+            DEV_CHECK(cudaMemcpyToSymbol(g_hopper_cycles, zero, sizeof cyc));
+            DEV_CHECK(cudaMemcpyToSymbol(g_hopper_phases_on, &on, sizeof on));
+            DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
+            DEV_CHECK(cudaDeviceSynchronize());
+            DEV_CHECK(cudaMemcpyToSymbol(g_hopper_phases_on, &off, sizeof off));
+            DEV_CHECK(cudaMemcpyFromSymbol(cyc, g_hopper_cycles, sizeof cyc));
+            if (gdp_cuda_chunk_hopper_calls() == before) {
+                std::printf("%-28s (the Hopper kernel does not take this shape)\n", row.label);
+            } else {
+                const double chunks = (double)((row.lens[0] * M + 63) / 64);
+                for (int role = 0; role < 2; role++) {
+                    std::printf("%-28s %s", role == 0 ? row.label : "", role == 0 ? "aux  " : "state");
+                    double sum = 0;
+                    for (int ph = 0; ph < 8; ph++) {
+                        std::printf(" %7.0f", cyc[role][ph] / chunks);
+                        sum += cyc[role][ph] / chunks;
+                    }
+                    std::printf("  = %7.0f\n", sum);
+                }
             }
         } else if (phases) {
             for (int it = 0; it < 3; it++)

@@ -12,21 +12,24 @@
  * pass, 1 on a failure, 77 without a compute capability 9.0 GPU (sm_90a code runs on no other).
  * Build: -DGDP_BUILD_CHUNK_DEV=ON, target wgmma_check (compiled for sm_90a only).
  */
-#include <cuda.h> /* CUtensorMap; the encoder comes through the runtime (no libcuda link) */
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "chunk/tensor_map.h" /* the encoder, found through the runtime (no libcuda link) */
 #include "chunk/wgmma.cuh"
 
 constexpr int WM = 64, WN_MAX = 128, WK = 128;
 
-/* A [WM][WK] and B [WK][WN] row-major in global memory; D [WM][WN]. TA / TB: 1 = MN-major. */
-template <int TA, int TB, int WN>
+/* A [WM][WK] and B [WK][SWN] row-major in global memory (SWN = WN + BOFF columns stored); D [WM][WN] =
+ * A times B's columns [BOFF, BOFF + WN). TA / TB: 1 = MN-major. BOFF = 32 with WN = 32: the Hopper
+ * kernel's 32-column halves of a 64-column tile (an MN-major start inside a panel, or K-major rows
+ * from 32). */
+template <int TA, int TB, int WN, int BOFF = 0>
 __global__ void __launch_bounds__(128) wgmma_check_kernel(const __nv_bfloat16 *A, const __nv_bfloat16 *B, float *D) {
+    constexpr int SWN = WN + BOFF;
     extern __shared__ unsigned char smem_raw[];
     /* 1024-byte aligned panels: the swizzle is a function of the address bits */
     const uint32_t raw = smem_u32(smem_raw), pad = (1024u - (raw & 1023u)) & 1023u;
@@ -36,9 +39,9 @@ __global__ void __launch_bounds__(128) wgmma_check_kernel(const __nv_bfloat16 *A
         const int m = e / WK, k = e % WK;
         *reinterpret_cast<__nv_bfloat16 *>(sa + (TA ? wg_offset(WK, k, m) : wg_offset(WM, m, k))) = A[e];
     }
-    for (int e = tid; e < WK * WN; e += 128) {
-        const int k = e / WN, n = e % WN;
-        *reinterpret_cast<__nv_bfloat16 *>(sb + (TB ? wg_offset(WK, k, n) : wg_offset(WN, n, k))) = B[e];
+    for (int e = tid; e < WK * SWN; e += 128) {
+        const int k = e / SWN, n = e % SWN;
+        *reinterpret_cast<__nv_bfloat16 *>(sb + (TB ? wg_offset(WK, k, n) : wg_offset(SWN, n, k))) = B[e];
     }
     fence_proxy_async_smem();
     __syncthreads();
@@ -50,11 +53,8 @@ __global__ void __launch_bounds__(128) wgmma_check_kernel(const __nv_bfloat16 *A
 #pragma unroll
     for (int ks = 0; ks < WK / 16; ks++) {
         const uint64_t da = TA ? wg_desc_mnmajor(sa, WK, ks * 16, 0) : wg_desc_kmajor(sa, WM, 0, ks * 16);
-        const uint64_t db = TB ? wg_desc_mnmajor(sb, WK, ks * 16, 0) : wg_desc_kmajor(sb, WN, 0, ks * 16);
-        if constexpr (WN == 64)
-            wg_mma_m64n64k16<TA, TB>(d, da, db, ks > 0);
-        else
-            wg_mma_m64n128k16<TA, TB>(d, da, db, ks > 0);
+        const uint64_t db = TB ? wg_desc_mnmajor(sb, WK, ks * 16, BOFF) : wg_desc_kmajor(sb, SWN, BOFF, ks * 16);
+        wg_mma<WN, TA, TB, __nv_bfloat16>(d, da, db, ks > 0);
     }
     wg_commit();
     wg_wait<0>();
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(128) tma_layout_kernel(const __grid_constant__
     const int tid = threadIdx.x;
     if (tid == 0) {
         mbar_init(&full, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); /* visible to the copy engine */
+        fence_mbar_init();
     }
     __syncthreads();
     if (tid == 0) {
@@ -102,18 +102,18 @@ static int fail(const char *what, cudaError_t err) {
     return 1;
 }
 
-/* b: [WK][WN_MAX] row-major on the host; the device B of width WN is its first WN columns (dB holds
- * them packed [WK][WN]). */
-template <int TA, int TB, int WN>
+/* b: [WK][WN_MAX] row-major on the host; the device B of width WN + BOFF is its first columns (dB
+ * holds them packed [WK][WN + BOFF]); the product takes columns [BOFF, BOFF + WN). */
+template <int TA, int TB, int WN, int BOFF = 0>
 static int check(const __nv_bfloat16 *dA, const __nv_bfloat16 *dB, float *dD, const float *a, const float *b) {
-    const size_t smem = 1024 + (size_t)(WM * WK + WK * WN) * 2;
-    cudaError_t err = cudaFuncSetAttribute(wgmma_check_kernel<TA, TB, WN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)smem);
+    const size_t smem = 1024 + (size_t)(WM * WK + WK * (WN + BOFF)) * 2;
+    cudaError_t err = cudaFuncSetAttribute(wgmma_check_kernel<TA, TB, WN, BOFF>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return fail("cudaFuncSetAttribute", err);
     if ((err = cudaMemset(dD, 0xff, sizeof(float) * WM * WN)) != cudaSuccess) /* NaN poison */
         return fail("cudaMemset", err);
-    wgmma_check_kernel<TA, TB, WN><<<1, 128, smem>>>(dA, dB, dD);
+    wgmma_check_kernel<TA, TB, WN, BOFF><<<1, 128, smem>>>(dA, dB, dD);
     if ((err = cudaGetLastError()) != cudaSuccess || (err = cudaDeviceSynchronize()) != cudaSuccess)
         return fail("the kernel", err);
     static float out[WM * WN_MAX];
@@ -125,35 +125,24 @@ static int check(const __nv_bfloat16 *dA, const __nv_bfloat16 *dB, float *dD, co
         for (int n = 0; n < WN; n++) {
             double ref = 0.0;
             for (int k = 0; k < WK; k++)
-                ref += (double)a[m * WK + k] * (double)b[k * WN_MAX + n];
+                ref += (double)a[m * WK + k] * (double)b[k * WN_MAX + BOFF + n];
             const double diff = fabs((double)out[m * WN + n] - ref);
             if (!(diff <= worst)) /* NaN counts as the worst */
                 worst = isnan(diff) ? INFINITY : diff;
             scale = fmax(scale, fabs(ref));
             bad += !(diff <= 1e-4 * (fabs(ref) + 1.0));
         }
-    printf("m64n%dk16, A %s-major, B %s-major: max |D - ref| %.3e (largest |ref| %.3e), %d of %d elements off: %s\n",
-           WN, TA ? "M" : "K", TB ? "N" : "K", worst, scale, bad, WM * WN, bad ? "FAIL" : "ok");
+    printf("m64n%dk16, A %s-major, B %s-major from column %d: max |D - ref| %.3e (largest |ref| %.3e), %d of %d "
+           "elements off: %s\n",
+           WN, TA ? "M" : "K", TB ? "N" : "K", BOFF, worst, scale, bad, WM * WN, bad ? "FAIL" : "ok");
     return bad != 0;
 }
 
 /* The SWIZZLE_128B tile check above; returns 1 on a failure. */
 static int check_tma_layout(const __nv_bfloat16 *dA) {
-    void *f = NULL;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess || f == NULL) {
-        printf("tma layout: no cuTensorMapEncodeTiled from the driver: FAIL\n");
-        return 1;
-    }
     CUtensorMap map;
-    const cuuint64_t dim[2] = {WK, WM}, stride[1] = {WK * 2};
-    const cuuint32_t box[2] = {WG_PANEL_COLS, WM}, elem_stride[2] = {1, 1};
-    const CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)f)(
-        &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)dA, dim, stride, box, elem_stride, CU_TENSOR_MAP_INTERLEAVE_NONE,
-        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-        printf("tma layout: cuTensorMapEncodeTiled returned %d: FAIL\n", (int)r);
+    if (!encode_tile_map(&map, dA, WM, WK, WG_PANEL_COLS, WM, CU_TENSOR_MAP_SWIZZLE_128B)) {
+        printf("tma layout: no cuTensorMapEncodeTiled from the driver, or it refused the map: FAIL\n");
         return 1;
     }
     const size_t bytes = (size_t)WM * WK * 2, smem = 1024 + 2 * bytes;
@@ -224,11 +213,15 @@ int main(void) {
                    check<1, 0, 64>(dA, dB64, dD, a, b) + check<1, 1, 64>(dA, dB64, dD, a, b) +
                    check<0, 0, 128>(dA, dB, dD, a, b) + check<0, 1, 128>(dA, dB, dD, a, b) +
                    check<1, 0, 128>(dA, dB, dD, a, b) + check<1, 1, 128>(dA, dB, dD, a, b);
+    /* the 32-column halves of a 64-column B (the Hopper kernel at V = 64 and its scores) */
+    failures += check<0, 1, 32, 0>(dA, dB64, dD, a, b) + check<0, 1, 32, 32>(dA, dB64, dD, a, b) +
+                check<0, 0, 32, 0>(dA, dB64, dD, a, b) + check<0, 0, 32, 32>(dA, dB64, dD, a, b);
     failures += check_tma_layout(dA);
     cudaFree(dA);
     cudaFree(dB);
     cudaFree(dB64);
     cudaFree(dD);
-    printf("wgmma_check: %d of 9 checks failed (8 operand layouts, the tensor-map tile)\n", failures);
+    printf("wgmma_check: %d of 13 checks failed (8 operand layouts, 4 half-tile offsets, the tensor-map tile)\n",
+           failures);
     return failures ? 1 : 0;
 }
