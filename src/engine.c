@@ -39,9 +39,12 @@ _Static_assert((int)GDP_PHASE_GEMM == GDP_MARK_GEMM && (int)GDP_PHASE_GDP_OPS ==
  * measured (the events around it, outside the graph). An eager step is always marked. */
 #define PHASE_SAMPLE 8
 
+#ifdef GDP_HAVE_CUDA
 /* Whether the next launch of graph g is a sampled one (the marked graph). The first launches
- * are not: a shape used fewer than PHASE_SAMPLE times is captured once. */
+ * are not: a shape used fewer than PHASE_SAMPLE times is captured once. (Graphs are CUDA's: a
+ * build without it has no caller, which -Wunused-function reported.) */
 static bool next_launch_sampled(const graph_entry *g) { return g->launches % PHASE_SAMPLE == PHASE_SAMPLE - 1; }
+#endif
 
 /* Waits for the backend's queued work (CUDA). With a comm the wait is bounded by the comm's
  * watchdog (gdp_comm_stream_wait): a hung GPU, or NCCL kernels waiting for a stalled peer,

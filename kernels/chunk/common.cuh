@@ -59,6 +59,29 @@ __device__ __forceinline__ void store_any(void *p, int dtype, int64_t i, float x
     }
 }
 
+/* ---- the chunk's decay, shared by the one-pass kernels (fused.cuh, hopper.cuh) ----
+ * Gk in place over a chunk's 64 per-row g values (copy 0 of each token carries g, the others 0):
+ * the chunk-local cumulative sum in base 2 (the cumsum kernel's order: a warp scan, two rows a lane)
+ * into gk, and 2^Gk into gam. Run by one whole warp. */
+__device__ __forceinline__ void chunk_gk_scan(float *gk, float *gam, int lane) {
+    const float a0 = gk[2 * lane], a1 = gk[2 * lane + 1];
+    float x = a0 + a1;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, x, d);
+        if (lane >= d)
+            x += y;
+    }
+    float ex = __shfl_up_sync(0xffffffffu, x, 1);
+    if (lane == 0)
+        ex = 0.0f;
+    const float g0 = (ex + a0) * GDP_RCP_LN2, g1 = ((ex + a0) + a1) * GDP_RCP_LN2;
+    gk[2 * lane] = g0;
+    gk[2 * lane + 1] = g1;
+    gam[2 * lane] = exp2f(g0);
+    gam[2 * lane + 1] = exp2f(g1);
+}
+
 /* ---- the state's stores, shared by the state sweep and the fused kernel ----
  * Where sequence i's final state goes: the cache slot (in place, the cache's dtype; nothing for
  * a -1 or out-of-range slot) in cache mode, else the dense final_state if asked. dst == nullptr:

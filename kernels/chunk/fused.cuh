@@ -180,22 +180,12 @@ __device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<
     const int n = fused_chunk(c, len, p.M).n;
 
     /* chunk c + 1's loads go into the other stage once the state warps are done with chunk c - 1
-     * there: tested without blocking after A and after the inverse, waited for only at the end
-     * (testing after each of the inverse's barriers measured slower: f5 in kernels/NOTES-chunk.md).
-     * Each thread issues its own copies when it sees the stage free (the next chunk's
-     * cp_async_wait and barrier gather them), so the threads need not agree on the moment. */
-    bool next_pending = c + 1 < nchunks;
-    const int empty_parity = ((c - 1) >> 1) & 1; /* chunk c - 1 is stage b^1's ((c - 1) / 2)-th use */
+     * there (NextChunkLoads, mma.cuh): tested without blocking after A and after the inverse,
+     * waited for only at the end (testing after each of the inverse's barriers measured slower: f5
+     * in kernels/NOTES-chunk.md). */
+    NextChunkLoads next(&s.empty[b ^ 1], c, nchunks);
     auto issue_next_if_free = [&](bool block) {
-        if (!next_pending)
-            return;
-        if (c >= 1) {
-            if (!block && !mbar_test(&s.empty[b ^ 1], empty_parity))
-                return;
-            mbar_wait(&s.empty[b ^ 1], empty_parity);
-        }
-        fused_aux_issue_loads<T, KP, VB>(p, s.st[b ^ 1], c + 1, bos, len, hd, nchunks);
-        next_pending = false;
+        next.try_issue(block, [&] { fused_aux_issue_loads<T, KP, VB>(p, s.st[b ^ 1], c + 1, bos, len, hd, nchunks); });
     };
 
     cp_async_wait<0>();
@@ -207,24 +197,8 @@ __device__ __forceinline__ void fused_aux_chunk(const ChunkParams &p, FusedSmem<
     }
 
     /* Gk: a warp scan over the 64 rows (two per lane), base 2 as the cumsum kernel; the norms */
-    if (warp == 0) {
-        const float a0 = st.gk[2 * lane], a1 = st.gk[2 * lane + 1];
-        float x = a0 + a1;
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {
-            const float y = __shfl_up_sync(0xffffffffu, x, d);
-            if (lane >= d)
-                x += y;
-        }
-        float ex = __shfl_up_sync(0xffffffffu, x, 1);
-        if (lane == 0)
-            ex = 0.0f;
-        const float g0 = (ex + a0) * GDP_RCP_LN2, g1 = ((ex + a0) + a1) * GDP_RCP_LN2;
-        st.gk[2 * lane] = g0;
-        st.gk[2 * lane + 1] = g1;
-        st.gam[2 * lane] = exp2f(g0);
-        st.gam[2 * lane + 1] = exp2f(g1);
-    }
+    if (warp == 0)
+        chunk_gk_scan(st.gk, st.gam, lane);
     if (p.l2norm) {
         l2norm_rows<T, KP, NW, 4>(&st.k[0][0], KP + PAD, n, warp, lane); /* Q: the state warps */
     }

@@ -21,10 +21,12 @@ cudaError_t launch_hopper(const ChunkParams &p, const HopperMaps &maps, cudaStre
     if (err != cudaSuccess)
         return err;
     if (p.N > 0 && p.H > 0)
-        chunk_hopper_kernel<T, VP, COPY><<<dim3(1u, (unsigned)p.H, (unsigned)p.N), HOP_THREADS, smem, stream>>>(p, maps);
+        chunk_hopper_kernel<T, VP, COPY>
+            <<<dim3(1u, (unsigned)p.H, (unsigned)p.N), HOP_THREADS, smem, stream>>>(p, maps);
     return cudaGetLastError();
 }
-template <typename T, int COPY> cudaError_t launch_hopper_v(const ChunkParams &p, const HopperMaps &maps, cudaStream_t st) {
+template <typename T, int COPY>
+cudaError_t launch_hopper_v(const ChunkParams &p, const HopperMaps &maps, cudaStream_t st) {
     return p.VP == 64 ? launch_hopper<T, 64, COPY>(p, maps, st) : launch_hopper<T, 128, COPY>(p, maps, st);
 }
 
@@ -41,8 +43,8 @@ bool make_hopper_maps(const ChunkParams &p, HopperMaps *m) {
 
 bool gdp_chunk_hopper_fits(const void *chunk_params) {
     const ChunkParams &p = *static_cast<const ChunkParams *>(chunk_params);
-    return p.K == HOP_KP && p.KP == HOP_KP && (p.V == 64 || p.V == 128) && p.VP == p.V && p.q_vec && p.k_vec && p.v_vec &&
-           p.o_vec && p.T * p.M < ((int64_t)1 << 31); /* a sequence's expanded rows in 32 bits (hop_chunk) */
+    return p.K == HOP_KP && p.KP == HOP_KP && (p.V == 64 || p.V == 128) && p.VP == p.V && p.q_vec && p.k_vec &&
+           p.v_vec && p.o_vec && p.T * p.M < ((int64_t)1 << 31); /* a sequence's expanded rows in 32 bits (hop_chunk) */
 }
 
 cudaError_t gdp_chunk_hopper_launch(const void *chunk_params, bool bf16, bool tma, cudaStream_t stream) {

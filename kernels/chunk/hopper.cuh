@@ -202,23 +202,18 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
     HopperStage<T, VP> &st = s.st[b];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
     const int n = hop_chunk(c, (int)len, p.M).n;
-    if (tid < CHUNK) { /* this chunk's g and beta, loaded when its copies were issued (the next barrier publishes them) */
+    /* this chunk's g and beta, loaded when its copies were issued (the next barrier publishes them) */
+    if (tid < CHUNK) {
         st.gk[tid] = pend_g;
         st.beta[tid] = pend_b;
     }
 
-    bool next_pending = c + 1 < nchunks;
-    const int empty_parity = ((c - 1) >> 1) & 1; /* chunk c - 1 is stage b^1's ((c - 1) / 2)-th use */
+    /* chunk c + 1's loads into the other stage once it is released (NextChunkLoads, mma.cuh; fused.cuh's points) */
+    NextChunkLoads next(&s.empty[b ^ 1], c, nchunks);
     auto issue_next_if_free = [&](bool block) {
-        if (!next_pending)
-            return;
-        if (c >= 1) {
-            if (!block && !mbar_test(&s.empty[b ^ 1], empty_parity))
-                return;
-            mbar_wait(&s.empty[b ^ 1], empty_parity);
-        }
-        hop_issue_loads<T, VP, COPY>(p, maps, s, b ^ 1, c + 1, bos, len, hd, nchunks, pend_g, pend_b);
-        next_pending = false;
+        next.try_issue(block, [&] {
+            hop_issue_loads<T, VP, COPY>(p, maps, s, b ^ 1, c + 1, bos, len, hd, nchunks, pend_g, pend_b);
+        });
     };
 
     if constexpr (COPY == HOP_COPY_TMA) {
@@ -238,24 +233,8 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
     ph.mark(0); /* aux 0: waiting for the chunk's loads */
 
     /* Gk: a warp scan over the 64 rows, base 2 (fused.cuh's); the rows' norms in place */
-    if (warp == 0) {
-        const float a0 = st.gk[2 * lane], a1 = st.gk[2 * lane + 1];
-        float x = a0 + a1;
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {
-            const float y = __shfl_up_sync(0xffffffffu, x, d);
-            if (lane >= d)
-                x += y;
-        }
-        float ex = __shfl_up_sync(0xffffffffu, x, 1);
-        if (lane == 0)
-            ex = 0.0f;
-        const float g0 = (ex + a0) * GDP_RCP_LN2, g1 = ((ex + a0) + a1) * GDP_RCP_LN2;
-        st.gk[2 * lane] = g0;
-        st.gk[2 * lane + 1] = g1;
-        st.gam[2 * lane] = exp2f(g0);
-        st.gam[2 * lane + 1] = exp2f(g1);
-    }
+    if (warp == 0)
+        chunk_gk_scan(st.gk, st.gam, lane);
     if (p.l2norm) {
         auto panel = [](int r, int v) { return (int)(wg_offset(CHUNK, r, v * 8) / sizeof(T)); };
         l2norm_rows_at<T, HOP_KP, 4, 4>(st.k, panel, n, warp, lane); /* Q: the state warpgroups */
@@ -266,16 +245,8 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
 
     /* A = K K^T, 64 x 64 over 128 key columns */
     float acc[32];
-#pragma unroll
-    for (int i = 0; i < 32; i++)
-        acc[i] = 0.0f;
-    wg_fence();
-#pragma unroll
-    for (int ks = 0; ks < HOP_KP / 16; ks++) {
-        const uint64_t dk = wg_desc_kmajor(st.k, CHUNK, 0, ks * 16);
-        wg_mma_m64n64k16<0, 0, T>(acc, dk, dk, 1);
-    }
-    wg_commit();
+    const auto keys = [&](int ks) { return wg_desc_kmajor(st.k, CHUNK, 0, ks * 16); };
+    wg_gemm<CHUNK, 0, 0, T, HOP_KP / 16, true>(acc, keys, keys);
     wg_wait<0>();
     /* A[r][c] = beta_r 2^(Gk_r - Gk_c) <k_r, k_c> for c < r < n, else 0 (wy_build_a's values) */
 #pragma unroll
@@ -414,29 +385,18 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
         }
         ph.mark(1); /* state 1: Q's norms */
         /* X' = V - 2^Gk (K S16) on the warpgroup's CW columns, in place over V */
+        /* the operands by k step: keys, queries and Ai K-major; S16's, X''s and v_new's own columns N-major */
+        const auto keys = [&](int ks) { return wg_desc_kmajor(st.k, CHUNK, 0, ks * 16); };
+        const auto queries = [&](int ks) { return wg_desc_kmajor(st.q, CHUNK, 0, ks * 16); };
+        const auto s16_cols = [&](int ks) { return wg_desc_mnmajor(s.s16, HOP_KP, ks * 16, c0); };
         float acc[CW / 2];
-#pragma unroll
-        for (int x = 0; x < CW / 2; x++)
-            acc[x] = 0.0f;
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < HOP_KP / 16; ks++)
-            wg_mma<CW, 0, 1, T>(acc, wg_desc_kmajor(st.k, CHUNK, 0, ks * 16), wg_desc_mnmajor(s.s16, HOP_KP, ks * 16, c0),
-                                1);
-        wg_commit();
+        wg_gemm<CW, 0, 1, T, HOP_KP / 16, true>(acc, keys, s16_cols);
         /* beside it the scores P = masked decayed Q K^T on this warpgroup's 32 key columns (the aux
          * warpgroup's work at first, which bounded the chunk: kernels/NOTES-chunk.md, twenty-first
          * session) */
         float sc[16];
-#pragma unroll
-        for (int x = 0; x < 16; x++)
-            sc[x] = 0.0f;
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < HOP_KP / 16; ks++)
-            wg_mma_m64n32k16<0, 0, T>(sc, wg_desc_kmajor(st.q, CHUNK, 0, ks * 16),
-                                      wg_desc_kmajor(st.k, CHUNK, 32 * wg, ks * 16), 1);
-        wg_commit();
+        wg_gemm<32, 0, 0, T, HOP_KP / 16, true>(sc, queries,
+                                                 [&](int ks) { return wg_desc_kmajor(st.k, CHUNK, 32 * wg, ks * 16); });
         wg_wait<1>(); /* X' */
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
@@ -470,15 +430,8 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
 
         /* v_new = Ai X' on the warpgroup's columns; its decayed copy for the update */
         const float gl = st.gk[n - 1];
-#pragma unroll
-        for (int x = 0; x < CW / 2; x++)
-            acc[x] = 0.0f;
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < CHUNK / 16; ks++)
-            wg_mma<CW, 0, 1, T>(acc, wg_desc_kmajor(st.ai, CHUNK, 0, ks * 16),
-                                      wg_desc_mnmajor(st.v, CHUNK, ks * 16, c0), 1);
-        wg_commit();
+        wg_gemm<CW, 0, 1, T, CHUNK / 16, true>(acc, [&](int ks) { return wg_desc_kmajor(st.ai, CHUNK, 0, ks * 16); },
+                                                [&](int ks) { return wg_desc_mnmajor(st.v, CHUNK, ks * 16, c0); });
         wg_wait<0>();
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
@@ -499,15 +452,7 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
         /* o = scale (2^Gk[r_t] Q S16 + P v_new) on the warpgroup's columns (also when no query ends in
          * the chunk, nq = 0: a wgmma under a branch makes ptxas serialize them all, warning C7520) */
         {
-#pragma unroll
-            for (int x = 0; x < CW / 2; x++)
-                acc[x] = 0.0f;
-            wg_fence();
-#pragma unroll
-            for (int ks = 0; ks < HOP_KP / 16; ks++)
-                wg_mma<CW, 0, 1, T>(acc, wg_desc_kmajor(st.q, CHUNK, 0, ks * 16),
-                                          wg_desc_mnmajor(s.s16, HOP_KP, ks * 16, c0), 1);
-            wg_commit();
+            wg_gemm<CW, 0, 1, T, HOP_KP / 16, true>(acc, queries, s16_cols);
             wg_wait<0>();
             const int ra = hop_query_row(ch, r0 + g, M), rb = hop_query_row(ch, r0 + g + 8, M);
             const float fa = ra >= 0 ? st.gam[ra] : 0.0f, fb = rb >= 0 ? st.gam[rb] : 0.0f;
@@ -518,12 +463,9 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
                 acc[4 * j + 2] *= fb;
                 acc[4 * j + 3] *= fb;
             }
-            wg_fence();
-#pragma unroll
-            for (int ks = 0; ks < CHUNK / 16; ks++)
-                wg_mma<CW, 0, 1, T>(acc, wg_desc_kmajor(st.p, CHUNK, 0, ks * 16),
-                                          wg_desc_mnmajor(s.vn, CHUNK, ks * 16, c0), 1);
-            wg_commit();
+            wg_gemm<CW, 0, 1, T, CHUNK / 16, false>(
+                acc, [&](int ks) { return wg_desc_kmajor(st.p, CHUNK, 0, ks * 16); },
+                [&](int ks) { return wg_desc_mnmajor(s.vn, CHUNK, ks * 16, c0); });
             wg_wait<0>();
             T *o = static_cast<T *>(p.o) + ((bos + ch.tf) * H + hd) * VP;
 #pragma unroll
@@ -543,12 +485,9 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
 #pragma unroll
         for (int x = 0; x < NS; x++)
             S[x] *= dec;
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < CHUNK / 16; ks++)
-            wg_mma<VP, 1, 1, T>(S, wg_desc_mnmajor(st.k, CHUNK, ks * 16, 64 * wg),
-                                       wg_desc_mnmajor(s.vd, CHUNK, ks * 16, 0), 1);
-        wg_commit();
+        wg_gemm<VP, 1, 1, T, CHUNK / 16, false>(
+            S, [&](int ks) { return wg_desc_mnmajor(st.k, CHUNK, ks * 16, 64 * wg); },
+            [&](int ks) { return wg_desc_mnmajor(s.vd, CHUNK, ks * 16, 0); });
         wg_wait<0>();
         /* every read of stage b, S16, v_new and its decayed copy is done */
         bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS);

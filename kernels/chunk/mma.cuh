@@ -144,6 +144,32 @@ __device__ __forceinline__ void fence_mbar_init() {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 #endif
 }
+/* The one-pass kernels' aux threads (fused.cuh, hopper.cuh): chunk c + 1's loads go into the other
+ * stage once the state side has released it (its EMPTY mbarrier, arrived on for chunk c - 1; chunk
+ * 0 and 1 find their stages free). try_issue tests without blocking, or waits (block), and runs
+ * issue() once the stage is free, at most once a chunk. Each thread issues its own copies when it
+ * sees the stage free (the next chunk's wait and barrier gather them), so the threads need not
+ * agree on the moment. */
+struct NextChunkLoads {
+    uint64_t *empty; /* the other stage's EMPTY mbarrier */
+    int c;           /* the chunk being worked on: chunks 0 and 1 find their stages free */
+    int parity;      /* the phase of chunk c - 1's release: the other stage's ((c - 1) / 2)-th use */
+    bool pending;    /* a chunk c + 1 exists and its loads are not issued yet */
+    __device__ __forceinline__ NextChunkLoads(uint64_t *empty_other, int chunk, int nchunks)
+        : empty(empty_other), c(chunk), parity(((chunk - 1) >> 1) & 1), pending(chunk + 1 < nchunks) {}
+    template <typename Issue> __device__ __forceinline__ void try_issue(bool block, Issue issue) {
+        if (!pending)
+            return;
+        if (c >= 1) {
+            if (!block && !mbar_test(empty, parity))
+                return;
+            mbar_wait(empty, parity);
+        }
+        issue();
+        pending = false;
+    }
+};
+
 /* This thread's arrival, announcing tx_bytes more to come from the copy engine (tma_load_2d): the
  * phase completes once every arrival is in and those bytes have landed. */
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t tx_bytes) {

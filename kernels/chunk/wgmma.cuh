@@ -157,6 +157,22 @@ __device__ __forceinline__ void wg_mma(float (&d)[N / 2], uint64_t da, uint64_t 
         wg_mma_m64n128k16<TA, TB, T>(d, da, db, accumulate);
 }
 
+/* D (+)= the sum over KS k steps of A_ks B_ks (64 x N x 16 each; da(ks), db(ks) give the descriptors),
+ * as one commit group: the caller waits (wg_wait) before it reads D. ZERO: D starts at 0, else the
+ * product accumulates onto D's registers (fenced first, as every wgmma after register writes). */
+template <int N, int TA, int TB, typename T, int KS, bool ZERO, typename DescA, typename DescB>
+__device__ __forceinline__ void wg_gemm(float (&d)[N / 2], DescA da, DescB db) {
+    if constexpr (ZERO)
+#pragma unroll
+        for (int i = 0; i < N / 2; i++)
+            d[i] = 0.0f;
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+        wg_mma<N, TA, TB, T>(d, da(ks), db(ks), 1);
+    wg_commit();
+}
+
 } // namespace
 
 #endif /* GDP_CHUNK_WGMMA_CUH */

@@ -86,7 +86,7 @@ __device__ int g_fused_skip;
 /* --hopper-phases: thread 0 (aux) and thread 128 (the first state warpgroup) of block (0, 0, 0) of the
  * Hopper kernel add up 32-bit clock deltas per phase in registers (hopper.cuh's marks) and store
  * them once at the end, so the marked warps pay a clock read and an add a mark */
-__device__ unsigned int g_hopper_cycles[2][8];
+__device__ unsigned long long g_hopper_cycles[2][8];
 __device__ int g_hopper_phases_on;
 #define GDP_HOPPER_PHASES 1
 struct HopPhases {
@@ -124,6 +124,37 @@ struct HopPhases {
             std::exit(1);                                                                            \
         }                                                                                            \
     } while (0)
+
+/* --state-phases / --hopper-phases: one call with the kernel's phase marks switched on (flag), after
+ * three warm-ups; the two threads' cycles per phase from the kernel's cycles symbol. */
+template <typename Cycles>
+static void phases_call(gdp_ctx_t ctx, const gdp_chunk_args *a, Cycles &cycles_sym, int &flag_sym,
+                        unsigned long long (&cyc)[2][8]) {
+    for (int it = 0; it < 3; it++)
+        DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, a));
+    DEV_CHECK(cudaDeviceSynchronize());
+    unsigned long long zero[2][8] = {{0}};
+    const int on = 1, off = 0;
+    DEV_CHECK(cudaMemcpyToSymbol(cycles_sym, zero, sizeof zero));
+    DEV_CHECK(cudaMemcpyToSymbol(flag_sym, &on, sizeof on));
+    DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, a));
+    DEV_CHECK(cudaDeviceSynchronize());
+    DEV_CHECK(cudaMemcpyToSymbol(flag_sym, &off, sizeof off));
+    DEV_CHECK(cudaMemcpyFromSymbol(cyc, cycles_sym, sizeof zero));
+}
+/* The two threads' rows: cycles per step of each phase and their sum. */
+static void print_phases(const char *label, const char *const (&tags)[2], const unsigned long long (&cyc)[2][8],
+                         double steps) {
+    for (int w = 0; w < 2; w++) {
+        std::printf("%-28s %s", w == 0 ? label : "", tags[w]);
+        double sum = 0;
+        for (int ph = 0; ph < 8; ph++) {
+            std::printf(" %7.0f", cyc[w][ph] / steps);
+            sum += cyc[w][ph] / steps;
+        }
+        std::printf("  = %7.0f\n", sum);
+    }
+}
 
 struct Row {
     const char *label;
@@ -428,54 +459,19 @@ int main(int argc, char **argv) {
             DEV_CHECK(cudaMemcpyToSymbol(g_fused_skip, &zero, sizeof zero));
             std::printf("\n");
         } else if (sphases) {
-            for (int it = 0; it < 3; it++)
-                DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
-            DEV_CHECK(cudaDeviceSynchronize());
-            const double steps = (double)((row.lens[0] * M + 63) / 64);
-            unsigned long long zero[16] = {0}, cyc[2][8];
-            const int on = 1, off = 0;
-            DEV_CHECK(cudaMemcpyToSymbol(g_state_cycles, zero, sizeof cyc));
-            DEV_CHECK(cudaMemcpyToSymbol(g_state_phases_on, &on, sizeof on));
-            DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
-            DEV_CHECK(cudaDeviceSynchronize());
-            DEV_CHECK(cudaMemcpyToSymbol(g_state_phases_on, &off, sizeof off));
-            DEV_CHECK(cudaMemcpyFromSymbol(cyc, g_state_cycles, sizeof cyc));
-            for (int w = 0; w < 2; w++) {
-                std::printf("%-28s w%d", w == 0 ? row.label : "", w == 0 ? 0 : 7);
-                double sum = 0;
-                for (int ph = 0; ph < 8; ph++) {
-                    std::printf(" %6.0f", cyc[w][ph] / steps);
-                    sum += cyc[w][ph] / steps;
-                }
-                std::printf("  = %6.0f\n", sum);
-            }
+            unsigned long long cyc[2][8];
+            phases_call(ctx, &a, g_state_cycles, g_state_phases_on, cyc);
+            static const char *const tags[2] = {"w0", "w7"};
+            print_phases(row.label, tags, cyc, (double)((row.lens[0] * M + 63) / 64));
         } else if (hphases) {
-            for (int it = 0; it < 3; it++)
-                DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
-            DEV_CHECK(cudaDeviceSynchronize());
             const long long before = gdp_cuda_chunk_hopper_calls();
-            unsigned int zero[16] = {0}, cyc[2][8];
-            const int on = 1, off = 0;
-            DEV_CHECK(cudaMemcpyToSymbol(g_hopper_cycles, zero, sizeof cyc));
-            DEV_CHECK(cudaMemcpyToSymbol(g_hopper_phases_on, &on, sizeof on));
-            DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));
-            DEV_CHECK(cudaDeviceSynchronize());
-            DEV_CHECK(cudaMemcpyToSymbol(g_hopper_phases_on, &off, sizeof off));
-            DEV_CHECK(cudaMemcpyFromSymbol(cyc, g_hopper_cycles, sizeof cyc));
-            if (gdp_cuda_chunk_hopper_calls() == before) {
+            unsigned long long cyc[2][8];
+            phases_call(ctx, &a, g_hopper_cycles, g_hopper_phases_on, cyc);
+            static const char *const tags[2] = {"aux  ", "state"};
+            if (gdp_cuda_chunk_hopper_calls() == before)
                 std::printf("%-28s (the Hopper kernel does not take this shape)\n", row.label);
-            } else {
-                const double chunks = (double)((row.lens[0] * M + 63) / 64);
-                for (int role = 0; role < 2; role++) {
-                    std::printf("%-28s %s", role == 0 ? row.label : "", role == 0 ? "aux  " : "state");
-                    double sum = 0;
-                    for (int ph = 0; ph < 8; ph++) {
-                        std::printf(" %7.0f", cyc[role][ph] / chunks);
-                        sum += cyc[role][ph] / chunks;
-                    }
-                    std::printf("  = %7.0f\n", sum);
-                }
-            }
+            else
+                print_phases(row.label, tags, cyc, (double)((row.lens[0] * M + 63) / 64));
         } else if (phases) {
             for (int it = 0; it < 3; it++)
                 DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, &a));

@@ -46,17 +46,9 @@ __global__ void __launch_bounds__(128) wgmma_check_kernel(const __nv_bfloat16 *A
     fence_proxy_async_smem();
     __syncthreads();
     float d[WN / 2];
-#pragma unroll
-    for (int i = 0; i < WN / 2; i++)
-        d[i] = 0.0f;
-    wg_fence();
-#pragma unroll
-    for (int ks = 0; ks < WK / 16; ks++) {
-        const uint64_t da = TA ? wg_desc_mnmajor(sa, WK, ks * 16, 0) : wg_desc_kmajor(sa, WM, 0, ks * 16);
-        const uint64_t db = TB ? wg_desc_mnmajor(sb, WK, ks * 16, BOFF) : wg_desc_kmajor(sb, SWN, BOFF, ks * 16);
-        wg_mma<WN, TA, TB, __nv_bfloat16>(d, da, db, ks > 0);
-    }
-    wg_commit();
+    wg_gemm<WN, TA, TB, __nv_bfloat16, WK / 16, true>(
+        d, [&](int ks) { return TA ? wg_desc_mnmajor(sa, WK, ks * 16, 0) : wg_desc_kmajor(sa, WM, 0, ks * 16); },
+        [&](int ks) { return TB ? wg_desc_mnmajor(sb, WK, ks * 16, BOFF) : wg_desc_kmajor(sb, SWN, BOFF, ks * 16); });
     wg_wait<0>();
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 #pragma unroll
