@@ -40,15 +40,33 @@ extern "C" gdp_status_t gdp_cuda_ctx_free(struct gdp_ctx *ctx) {
     return GDP_STATUS_SUCCESS;
 }
 
-cudaError_t gdp_device_sm_count(int device, int *sms) {
+/* One attribute of a device, queried once per device and cached (value + 1, so that 0 marks "not
+ * queried yet" and a real 0, a minor version, is cached too). */
+template <cudaDeviceAttr ATTR> static cudaError_t cached_attribute(int device, int *value) {
     constexpr int MAX_DEVICES = 64;
-    static std::atomic<int> cache[MAX_DEVICES]; /* 0: not queried yet */
+    static std::atomic<int> cache[MAX_DEVICES];
     const bool cacheable = device >= 0 && device < MAX_DEVICES;
-    if (cacheable && (*sms = cache[device].load(std::memory_order_relaxed)) > 0)
+    int stored = cacheable ? cache[device].load(std::memory_order_relaxed) : 0;
+    if (stored > 0) {
+        *value = stored - 1;
         return cudaSuccess;
-    *sms = 0;
-    const cudaError_t err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
-    if (err == cudaSuccess && cacheable && *sms > 0)
-        cache[device].store(*sms, std::memory_order_relaxed);
+    }
+    *value = 0;
+    const cudaError_t err = cudaDeviceGetAttribute(value, ATTR, device);
+    if (err == cudaSuccess && cacheable && *value >= 0)
+        cache[device].store(*value + 1, std::memory_order_relaxed);
+    return err;
+}
+
+cudaError_t gdp_device_sm_count(int device, int *sms) {
+    return cached_attribute<cudaDevAttrMultiProcessorCount>(device, sms);
+}
+
+cudaError_t gdp_device_cc(int device, int *cc) {
+    int major = 0, minor = 0;
+    cudaError_t err = cached_attribute<cudaDevAttrComputeCapabilityMajor>(device, &major);
+    if (err == cudaSuccess)
+        err = cached_attribute<cudaDevAttrComputeCapabilityMinor>(device, &minor);
+    *cc = err == cudaSuccess ? 10 * major + minor : 0;
     return err;
 }

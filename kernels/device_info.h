@@ -11,5 +11,9 @@
  * of the chunk op's state sweep and of the decode row kernel need it on every call; the
  * attribute never changes). The runtime's error, with *sms = 0, when the query fails. */
 cudaError_t gdp_device_sm_count(int device, int *sms);
+/* The compute capability of `device` as 10 major + minor (90 for Hopper) into *cc, cached the same
+ * way (the chunk op chooses its Hopper kernel and copy-engine copies by it on every call). The
+ * runtime's error, with *cc = 0, when the query fails. */
+cudaError_t gdp_device_cc(int device, int *cc);
 
 #endif /* GDP_DEVICE_INFO_H */

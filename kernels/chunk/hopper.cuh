@@ -117,6 +117,14 @@ template <typename T> __device__ __forceinline__ T *hop_at(T *tile, int rows, in
     return reinterpret_cast<T *>(reinterpret_cast<unsigned char *>(tile) + wg_offset(rows, r, c));
 }
 
+/* l2norm_rows_at's offset (in elements) of row r's 16-byte vector v in a 64-row panel-layout tile:
+ * the keys' and the queries' norms. */
+template <typename T> struct HopPanelVec {
+    __device__ __forceinline__ int operator()(int r, int v) const {
+        return (int)(wg_offset(CHUNK, r, v * 8) / sizeof(T));
+    }
+};
+
 /* Rows [0, 64) x COLS (64 or 128) columns of a row-major global matrix (row stride ld elements) into
  * a 64-row panel-layout tile by 16-byte cp.async; rows >= nrows become 0. */
 template <typename T, int COLS>
@@ -236,8 +244,7 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
     if (warp == 0)
         chunk_gk_scan(st.gk, st.gam, lane);
     if (p.l2norm) {
-        auto panel = [](int r, int v) { return (int)(wg_offset(CHUNK, r, v * 8) / sizeof(T)); };
-        l2norm_rows_at<T, HOP_KP, 4, 4>(st.k, panel, n, warp, lane); /* Q: the state warpgroups */
+        l2norm_rows_at<T, HOP_KP, 4, 4>(st.k, HopPanelVec<T>{}, n, warp, lane); /* Q: the state warpgroups */
         fence_proxy_async_smem();
     }
     bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS);
@@ -265,22 +272,10 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
     ph.mark(3); /* aux 3: testing (and maybe issuing) the next chunk's loads */
 
     /* Ai = T((I + A)^-1 diag beta), the off-diagonal blocks on tf32 tensor cores (wy_math.cuh) */
-    const float *beta = st.beta;
     T *ai = st.ai;
-    wy_invert_tf32(
-        s.a, s.scratch + warp * WY_INV_SCRATCH, tid, [] { bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS); },
-        [&](int r, int cc, float x) { *hop_at(ai, CHUNK, r, cc) = Elem<T>::from_f(x * beta[cc]); },
-        [&](int r, int cc, float x0, float x1) {
-            *reinterpret_cast<uint32_t *>(hop_at(ai, CHUNK, r, cc)) = Elem<T>::pack(x0 * beta[cc], x1 * beta[cc + 1]);
-        },
-        [&](int t) {
-            /* Ai's blocks right of the diagonal blocks are zero: rows 0-47, 8 columns a store */
-            for (int e = t - 64; e < 48 * 8; e += 64) {
-                const int r = e >> 3, c8 = (e & 7) * 8;
-                if (c8 >= ((r >> 4) + 1) * 16)
-                    *reinterpret_cast<uint4 *>(hop_at(ai, CHUNK, r, c8)) = make_uint4(0u, 0u, 0u, 0u);
-            }
-        });
+    wy_invert_ai_at<T>(
+        s.a, [=](int r, int cc) { return hop_at(ai, CHUNK, r, cc); }, st.beta, s.scratch + warp * WY_INV_SCRATCH,
+        tid, [] { bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS); });
     ph.mark(4); /* aux 4: the inverse and Ai */
     fence_proxy_async_smem(); /* Ai is read by the state warpgroups' wgmma */
     issue_next_if_free(false);
@@ -337,11 +332,11 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
     const int tid = threadIdx.x - HOP_AUX_THREADS, lane = tid & 31, wg = wgi - 1, wi = (tid >> 5) & 3;
     const int g = lane >> 2, t4 = lane & 3;
     const int64_t coff = p.coff[i];
-    const int sr0 = 64 * wg + 16 * wi; /* the thread's state rows sr0 + g + {0, 8}     */
+    const int sr0 = 64 * wg + 16 * wi;      /* the thread's state rows sr0 + g + {0, 8}                    */
     constexpr int CW = VP / 2, NJ = CW / 8; /* the warpgroup's value columns for X', v_new and o, n8 tiles */
     constexpr int NS = VP / 2;              /* state accumulators a thread: 64 rows x VP columns a warpgroup */
     const int c0 = CW * wg;                 /* the first of those columns                                  */
-    const int r0 = 16 * wi;            /* the warp's chunk rows in those products       */
+    const int r0 = 16 * wi;                 /* the warp's chunk rows in those products                     */
 
     float S[NS];
 #pragma unroll
@@ -378,8 +373,7 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
 
         /* Q's norms (both warpgroups, 8 warps; the aux warpgroup's at first, see below) */
         if (p.l2norm) {
-            l2norm_rows_at<T, HOP_KP, 8, 2>(
-                st.q, [](int r, int v) { return (int)(wg_offset(CHUNK, r, v * 8) / sizeof(T)); }, nq, tid >> 5, lane);
+            l2norm_rows_at<T, HOP_KP, 8, 2>(st.q, HopPanelVec<T>{}, nq, tid >> 5, lane);
             fence_proxy_async_smem();
             bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS);
         }

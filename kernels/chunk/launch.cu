@@ -85,15 +85,6 @@ int chunk_path_from_env(const char **text) {
     return gdp_env_choice("GDP_CHUNK_PATH", spell, value, 4, 2, text);
 }
 
-/* The device's compute capability as 10 major + minor (90 for Hopper), 0 if the query fails. */
-int device_cc(int device) {
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-        return 0;
-    return 10 * major + minor;
-}
-
 /* Whether the Hopper kernel can run these params on a device of capability cc: built (CUDA 12 or
  * later), a compute capability 9.0 device (its code is sm_90a only), and a shape it takes. */
 bool hopper_runs(const ChunkParams &p, int cc) {
@@ -252,6 +243,10 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     cudaError_t err = gdp_device_sm_count(ctx->device, &sms);
     if (err != cudaSuccess)
         GDP_CUDA_FAIL(err, "%s: reading the multiprocessor count", op);
+    int cc = 0; /* compute capability, 10 major + minor: the Hopper kernel and the copy engine's copies */
+    err = gdp_device_cc(ctx->device, &cc);
+    if (err != cudaSuccess)
+        GDP_CUDA_FAIL(err, "%s: reading the compute capability", op);
     int64_t num_chunks, num_chunks_dp;
     const int32_t *cidx, *cidx_dp, *coff;
     if (have_desc) {
@@ -358,7 +353,6 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
 
     /* ---- enqueue: the fused kernel, or the cumsums, WY, state sweep and outputs; then the zero tail ---- */
     GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_BEGIN, stream);
-    const int cc = device_cc(ctx->device);
     if (path == 3 && hopper_runs(p, cc)) {
 #ifdef GDP_HAVE_CHUNK_HOPPER
         err = gdp_chunk_hopper_launch(&p, a->q.dtype == GDP_DTYPE_BF16, hopper_copy == 1, stream);

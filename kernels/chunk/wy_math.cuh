@@ -217,24 +217,32 @@ __device__ __forceinline__ void wy_invert_tf32(float (*a)[CHUNK + 4], float *sc,
 }
 
 /* Ai = T((I + A)^-1 diag(beta)) for the strictly lower 64 x 64 A in a (fp32), by wy_invert_tf32
- * (same group, same barriers); the fused kernel's aux warps. Warps 2-3 zero Ai right of the
- * diagonal blocks while warps 0-1 solve those blocks. */
-template <typename T, typename Sync>
-__device__ __forceinline__ void wy_invert_ai(float (*a)[CHUNK + 4], T *ai, int ldai, const float *beta, float *sc,
-                                             int tid, Sync sync) {
+ * (same group, same barriers); the one-pass kernels' aux warps. at(r, c): the address of Ai's
+ * element (r, c) in whatever layout the caller keeps it (row-major in the fused kernel, the
+ * swizzled panel of the Hopper kernel). Warps 2-3 zero Ai right of the diagonal blocks while warps
+ * 0-1 solve those blocks. */
+template <typename T, typename At, typename Sync>
+__device__ __forceinline__ void wy_invert_ai_at(float (*a)[CHUNK + 4], At at, const float *beta, float *sc, int tid,
+                                                Sync sync) {
     wy_invert_tf32(
-        a, sc, tid, sync, [&](int r, int c, float x) { ai[r * ldai + c] = Elem<T>::from_f(x * beta[c]); },
+        a, sc, tid, sync, [&](int r, int c, float x) { *at(r, c) = Elem<T>::from_f(x * beta[c]); },
         [&](int r, int c, float x0, float x1) {
-            *reinterpret_cast<uint32_t *>(&ai[r * ldai + c]) = Elem<T>::pack(x0 * beta[c], x1 * beta[c + 1]);
+            *reinterpret_cast<uint32_t *>(at(r, c)) = Elem<T>::pack(x0 * beta[c], x1 * beta[c + 1]);
         },
         [&](int t) {
             /* Ai's blocks right of the diagonal blocks are zero: rows 0-47, 8 columns a store */
             for (int e = t - 64; e < 48 * 8; e += 64) {
                 const int r = e >> 3, c8 = (e & 7) * 8;
                 if (c8 >= ((r >> 4) + 1) * 16)
-                    *reinterpret_cast<uint4 *>(&ai[r * ldai + c8]) = make_uint4(0u, 0u, 0u, 0u);
+                    *reinterpret_cast<uint4 *>(at(r, c8)) = make_uint4(0u, 0u, 0u, 0u);
             }
         });
+}
+/* The same into a row-major Ai (row stride ldai elements): the fused kernel's. */
+template <typename T, typename Sync>
+__device__ __forceinline__ void wy_invert_ai(float (*a)[CHUNK + 4], T *ai, int ldai, const float *beta, float *sc,
+                                             int tid, Sync sync) {
+    wy_invert_ai_at<T>(a, [=](int r, int c) { return ai + r * ldai + c; }, beta, sc, tid, sync);
 }
 
 } // namespace
