@@ -23,13 +23,18 @@
 
 constexpr int WM = 64, WN_MAX = 128, WK = 128;
 
-/* A [WM][WK] and B [WK][SWN] row-major in global memory (SWN = WN + BOFF columns stored); D [WM][WN] =
- * A times B's columns [BOFF, BOFF + WN). TA / TB: 1 = MN-major. BOFF = 32 with WN = 32: the Hopper
- * kernel's 32-column halves of a 64-column tile (an MN-major start inside a panel, or K-major rows
- * from 32). */
+/* B's stored columns: WN + BOFF rounded up to a whole panel (the panel layout's rows are 128 bytes
+ * whatever the tile's width; a 32-column MN-major tile still takes 64 columns a row). */
+template <int WN, int BOFF> __host__ __device__ constexpr int stored_cols() {
+    return (WN + BOFF + WG_PANEL_COLS - 1) / WG_PANEL_COLS * WG_PANEL_COLS;
+}
+
+/* A [WM][WK] and B [WK][SWN] row-major in global memory (SWN = stored_cols); D [WM][WN] = A times B's
+ * columns [BOFF, BOFF + WN). TA / TB: 1 = MN-major. WN = 32: the Hopper kernel's 32-column halves of
+ * a 64-column tile (BOFF = 32: an MN-major start inside a panel, or K-major rows from 32). */
 template <int TA, int TB, int WN, int BOFF = 0>
 __global__ void __launch_bounds__(128) wgmma_check_kernel(const __nv_bfloat16 *A, const __nv_bfloat16 *B, float *D) {
-    constexpr int SWN = WN + BOFF;
+    constexpr int SWN = stored_cols<WN, BOFF>();
     extern __shared__ unsigned char smem_raw[];
     /* 1024-byte aligned panels: the swizzle is a function of the address bits */
     const uint32_t raw = smem_u32(smem_raw), pad = (1024u - (raw & 1023u)) & 1023u;
@@ -94,11 +99,12 @@ static int fail(const char *what, cudaError_t err) {
     return 1;
 }
 
-/* b: [WK][WN_MAX] row-major on the host; the device B of width WN + BOFF is its first columns (dB
- * holds them packed [WK][WN + BOFF]); the product takes columns [BOFF, BOFF + WN). */
+/* b: [WK][WN_MAX] row-major on the host; the device B of width stored_cols is its first columns (dB
+ * holds them packed [WK][stored_cols]: dB64 for up to 64, dB for 128); the product takes columns
+ * [BOFF, BOFF + WN). */
 template <int TA, int TB, int WN, int BOFF = 0>
 static int check(const __nv_bfloat16 *dA, const __nv_bfloat16 *dB, float *dD, const float *a, const float *b) {
-    const size_t smem = 1024 + (size_t)(WM * WK + WK * (WN + BOFF)) * 2;
+    const size_t smem = 1024 + (size_t)(WM * WK + WK * stored_cols<WN, BOFF>()) * 2;
     cudaError_t err = cudaFuncSetAttribute(wgmma_check_kernel<TA, TB, WN, BOFF>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
