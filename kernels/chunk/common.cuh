@@ -50,6 +50,21 @@ __device__ __forceinline__ float load_any(const void *p, int dtype, int64_t i) {
     default: return 0.0f;
     }
 }
+/* Element i's bits (16-bit ones zero-extended, which the load itself does) and their value, for a
+ * load whose value is needed much later: load_any converts at once, and the conversion makes the
+ * thread wait out the load's latency where it stands (the Hopper kernel's next-chunk loads waited
+ * there, in the aux warpgroup's critical path); carried as bits, the value is converted where used. */
+__device__ __forceinline__ uint32_t load_bits_any(const void *p, int dtype, int64_t i) {
+    return dtype == GDP_DTYPE_FP32 ? static_cast<const uint32_t *>(p)[i] : (uint32_t) static_cast<const uint16_t *>(p)[i];
+}
+__device__ __forceinline__ float bits_to_float(uint32_t bits, int dtype) {
+    switch (dtype) {
+    case GDP_DTYPE_FP32: return __uint_as_float(bits);
+    case GDP_DTYPE_BF16: return __uint_as_float(bits << 16);
+    case GDP_DTYPE_FP16: return __half2float(__ushort_as_half((unsigned short)bits));
+    default: return 0.0f;
+    }
+}
 __device__ __forceinline__ void store_any(void *p, int dtype, int64_t i, float x) {
     switch (dtype) {
     case GDP_DTYPE_FP32: static_cast<float *>(p)[i] = x; break;

@@ -144,13 +144,13 @@ __device__ __forceinline__ void hop_tile_async(T *dst, const T *__restrict__ src
 
 /* Chunk c's loads into stage sb: K, V and Q by cp.async (one group) or by thread 0's tensor-map
  * copies (counted on loaded[sb]), the chunk after it into L2 (fused_aux_issue_loads' order and
- * values); g and beta of the thread's row by plain loads into gr and be, which the caller stores
- * into the stage when the chunk starts (hop_aux_chunk): stored here, each thread would wait for
- * their global latency before it arrives on FULL, which the state warpgroups wait on. */
+ * values); g and beta of the thread's row by plain loads into gr and be (beta's bits: load_bits_any),
+ * which the caller stores into the stage when the chunk starts (hop_aux_chunk): stored or converted
+ * here, each thread would wait out their global latency in the aux warpgroup's critical path. */
 template <typename T, int VP, int COPY>
 __device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const HopperMaps &maps, HopperSmem<T, VP> &s,
                                                 int sb, int c, int64_t bos, int64_t len, int hd, int nchunks,
-                                                float &gr, float &be) {
+                                                float &gr, uint32_t &be) {
     HopperStage<T, VP> &st = s.st[sb];
     const int tid = threadIdx.x;
     const int H = p.H, M = p.M;
@@ -158,12 +158,12 @@ __device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const Hopp
     const int64_t rowc = bos * M + ch.lo;
     const int64_t ld = (int64_t)H * HOP_KP;
     gr = 0.0f;
-    be = 0.0f;
+    be = 0u;
     if (tid < ch.n) {
         const int lr = ch.lo + tid;
         if (p.g_raw != nullptr && lr % M == 0)
             gr = p.g_raw[(bos + lr / M) * H + hd];
-        be = load_any(p.beta, p.beta_dtype, (rowc + tid) * H + hd);
+        be = load_bits_any(p.beta, p.beta_dtype, (rowc + tid) * H + hd);
     }
     if constexpr (COPY == HOP_COPY_TMA) {
         /* whole boxes land, rows past the chunk included (they hold the next sequence's rows or
@@ -206,14 +206,14 @@ __device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const Hopp
 template <typename T, int VP, int COPY>
 __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const HopperMaps &maps, HopperSmem<T, VP> &s,
                                               int b, int c, int64_t bos, int64_t len, int hd, int nchunks,
-                                              float &pend_g, float &pend_b, HopPhases &ph) {
+                                              float &pend_g, uint32_t &pend_b, HopPhases &ph) {
     HopperStage<T, VP> &st = s.st[b];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
     const int n = hop_chunk(c, (int)len, p.M).n;
     /* this chunk's g and beta, loaded when its copies were issued (the next barrier publishes them) */
     if (tid < CHUNK) {
         st.gk[tid] = pend_g;
-        st.beta[tid] = pend_b;
+        st.beta[tid] = bits_to_float(pend_b, p.beta_dtype);
     }
 
     /* chunk c + 1's loads into the other stage once it is released (NextChunkLoads, mma.cuh; fused.cuh's points) */
@@ -316,7 +316,8 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
     const int wgi = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
     HopPhases ph;
     if (wgi == 0) {
-        float pend_g = 0.0f, pend_b = 0.0f; /* the next chunk's g and beta of the thread's row */
+        float pend_g = 0.0f; /* the next chunk's g and beta (its bits) of the thread's row */
+        uint32_t pend_b = 0u;
         if (nchunks > 0)
             hop_issue_loads<T, VP, COPY>(p, maps, s, 0, 0, bos, len, hd, nchunks, pend_g, pend_b);
         for (int c = 0; c < nchunks; c++) {
