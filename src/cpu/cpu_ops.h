@@ -70,6 +70,12 @@ gdp_status_t gdp_cpu_chunked_seq_head(const gdp_cpu_seq_head *p);
 /* The naive per-token recurrence of gdp-math.md section 2, in double: the oracle. */
 gdp_status_t gdp_cpu_recurrent_seq_head(const gdp_cpu_seq_head *p);
 
+/* The same outputs by exact context parallelism (chunk_segments.c): the expanded chunks cut into
+ * segments of segment_chunks chunks, each segment's affine transfer map [F | G] on its own, a
+ * fix-up scan S_(j+1) = F_j S_j + G_j, then every segment from its entering state. In double; the
+ * oracle of the in-GPU segment split (issue 13 item 2). INVALID_ARGUMENT for segment_chunks < 1. */
+gdp_status_t gdp_cpu_segmented_seq_head(const gdp_cpu_seq_head *p, int64_t segment_chunks);
+
 /* The varlen op on host tensors, shared by gdp_chunk_gated_delta_product_varlen and
  * gdp_gated_delta_product_recurrent_ref: gathers each (sequence, head) into double rows
  * (with the optional L2 norm and the initial state), runs `algorithm`, then writes o

@@ -1,0 +1,182 @@
+/*
+ * chunk_segments.c: the chunk op of one (sequence, head) by exact context parallelism over
+ * segments of expanded chunks, in double: the oracle of the in-GPU segment split that issue 13
+ * item 2 asks for (kernels/NOTES-chunk.md, "Exact segments"), and the proof that the split is
+ * exact, not an approximation.
+ *
+ * Each expanded chunk c maps the state entering it affinely (gdp-math.md 3.2-3.5):
+ *   v_new = (I + A)^-1 diag(beta) (V - diag(2^Gk) K S)
+ *   S'    = 2^gl S + K^T diag(2^(gl - Gk)) v_new   =   F_c S + G_c,
+ * with F_c (K x K) = 2^gl I - K^T diag(2^(gl - Gk)) (I + A)^-1 diag(beta 2^Gk) K independent of V
+ * and of S. A segment of chunks composes to S_end = F S_start + G. So:
+ *   1. every segment but the last, independently: (F_j, G_j) by running its chunks on the
+ *      augmented state [F | G] (K x (K + V)) from [I | 0] with the values [0 | V];
+ *   2. the fix-up scan: S_0 = the initial state, S_(j+1) = F_j S_j + G_j;
+ *   3. every segment, independently, from S_j: its outputs and chunk states; the last one's end
+ *      state is the final state.
+ * The outputs follow the one-pass GPU kernels' decomposition: token t's output is formed in the
+ * expanded chunk that holds its last copy (local row r_t), from the state entering that chunk:
+ *   o_t = scale (2^Gk[r_t] q_t S + sum_(s <= r_t in the chunk) 2^(Gk[r_t] - Gk[s]) <q_t, k_s> v_new_s),
+ * so a token whose copies straddle a chunk or segment boundary is exact too (its earlier copies
+ * are in S). Segments start at any expanded chunk boundary.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_ops.h"
+#include "internal.h"
+
+#define CHUNK GDP_CHUNK_SIZE
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static double dot(const double *a, const double *b, int64_t n) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* What one pass over a range of chunks needs: the sequence, its expanded-stream cumsum, scratch. */
+typedef struct seg_ctx {
+    const gdp_cpu_seq_head *p;
+    const double *gk;     /* (L M): chunk-local cumsum of the expanded decays, base 2 */
+    double *a;            /* CHUNK x CHUNK */
+    double *vn;           /* CHUNK x W: v_new of the chunk */
+} seg_ctx;
+
+/* Chunk c applied to the K x W state S in place. Values: column v_col0 + j of row r is v[r][j]
+ * (j < V), every other column 0 (the augmented pass: v_col0 = K, W = K + V; the real pass:
+ * v_col0 = 0, W = V). o != NULL: the outputs of the tokens whose last copy lies in the chunk. */
+static void seg_chunk(const seg_ctx *x, int64_t c, double *S, int64_t W, int64_t v_col0, double *o) {
+    const gdp_cpu_seq_head *p = x->p;
+    const int64_t M = p->num_householder, K = p->key_dim, V = p->value_dim, LM = p->len * M;
+    const int64_t lo = c * CHUNK, n = LM - lo < CHUNK ? LM - lo : CHUNK;
+    const double *kc = p->k + lo * K, *gc = x->gk + lo, *bc = p->beta + lo;
+    double *a = x->a, *vn = x->vn;
+
+    /* A[r][s] = beta_r 2^(Gk_r - Gk_s) <k_r, k_s>, s < r */
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t s = 0; s < r; s++)
+            a[r * CHUNK + s] = bc[r] * exp2(gc[r] - gc[s]) * dot(kc + r * K, kc + s * K, K);
+    /* v_new by forward substitution on I + A: row r = beta_r (v_r - 2^Gk_r k_r S) - sum_(s<r) A[r][s] v_new_s */
+    for (int64_t r = 0; r < n; r++) {
+        double *vr = vn + r * W;
+        const double gam = exp2(gc[r]);
+        for (int64_t j = 0; j < W; j++) {
+            double ks = 0.0;
+            for (int64_t d = 0; d < K; d++)
+                ks += kc[r * K + d] * S[d * W + j];
+            const double val = j >= v_col0 && j < v_col0 + V ? p->v[(lo + r) * V + (j - v_col0)] : 0.0;
+            vr[j] = bc[r] * (val - gam * ks);
+        }
+        for (int64_t s = 0; s < r; s++) {
+            const double ars = a[r * CHUNK + s];
+            for (int64_t j = 0; j < W; j++)
+                vr[j] -= ars * vn[s * W + j];
+        }
+    }
+    /* the outputs, from the state entering the chunk (W == V here) */
+    if (o != NULL) {
+        for (int64_t t = lo / M; t <= (lo + n - 1) / M; t++) {
+            const int64_t rt = t * M + M - 1 - lo; /* the token's last copy: a row of this chunk? */
+            if (rt >= n)
+                continue;
+            const double *qt = p->q + t * K;
+            double *ot = p->o + t * V;
+            const double inter = exp2(gc[rt]);
+            for (int64_t j = 0; j < V; j++) {
+                double qs = 0.0;
+                for (int64_t d = 0; d < K; d++)
+                    qs += qt[d] * S[d * W + j];
+                ot[j] = inter * qs;
+            }
+            for (int64_t s = 0; s <= rt; s++) {
+                const double w = exp2(gc[rt] - gc[s]) * dot(qt, kc + s * K, K);
+                for (int64_t j = 0; j < V; j++)
+                    ot[j] += w * vn[s * W + j];
+            }
+            for (int64_t j = 0; j < V; j++)
+                ot[j] *= p->scale;
+        }
+    }
+    /* S <- 2^gl S + sum_r k_r^T 2^(gl - Gk_r) v_new_r */
+    const double gl = gc[n - 1], decay = exp2(gl);
+    for (int64_t e = 0; e < K * W; e++)
+        S[e] *= decay;
+    for (int64_t r = 0; r < n; r++) {
+        const double f = exp2(gl - gc[r]);
+        for (int64_t d = 0; d < K; d++) {
+            const double kd = kc[r * K + d] * f;
+            for (int64_t j = 0; j < W; j++)
+                S[d * W + j] += kd * vn[r * W + j];
+        }
+    }
+}
+
+gdp_status_t gdp_cpu_segmented_seq_head(const gdp_cpu_seq_head *p, int64_t segment_chunks) {
+    const int64_t L = p->len, M = p->num_householder, K = p->key_dim, V = p->value_dim, LM = L * M;
+    if (segment_chunks < 1)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "segment_chunks is %lld; a segment holds at least one chunk",
+                 (long long)segment_chunks);
+    if (L == 0)
+        return GDP_STATUS_SUCCESS; /* no chunk: the state passes through unchanged */
+    const int64_t nexp = ceil_div(LM, CHUNK), nseg = ceil_div(nexp, segment_chunks), W = K + V;
+
+    gdp_status_t st = GDP_STATUS_SUCCESS;
+    double *gk = gdp_calloc((size_t)LM, sizeof(double), "segments Gk");
+    double *a = gdp_calloc((size_t)(CHUNK * CHUNK), sizeof(double), "segments A");
+    double *vn = gdp_calloc((size_t)(CHUNK * W), sizeof(double), "segments v_new");
+    double *fg = gdp_calloc((size_t)(nseg * K * W), sizeof(double), "segments transfer maps");
+    double *starts = gdp_calloc((size_t)(nseg * K * V), sizeof(double), "segments entering states");
+    if (gk == NULL || a == NULL || vn == NULL || fg == NULL || starts == NULL) {
+        st = GDP_STATUS_SYSTEM_ERROR;
+        goto done;
+    }
+    for (int64_t j = 0; j < LM; j++)
+        gk[j] = j % M == 0 ? p->g[j / M] : 0.0;
+    gdp_cpu_local_cumsum(gk, LM, p->log2e, gk);
+    const seg_ctx x = {p, gk, a, vn};
+
+    /* 1. each segment's transfer map [F | G], from [I | 0] with the values [0 | V] */
+    for (int64_t j = 0; j + 1 < nseg; j++) {
+        double *X = fg + j * K * W;
+        for (int64_t d = 0; d < K; d++)
+            X[d * W + d] = 1.0;
+        for (int64_t c = j * segment_chunks; c < (j + 1) * segment_chunks; c++)
+            seg_chunk(&x, c, X, W, K, NULL);
+    }
+    /* 2. the fix-up scan over segments: S_(j+1) = F_j S_j + G_j */
+    memcpy(starts, p->state, (size_t)(K * V) * sizeof(double));
+    for (int64_t j = 0; j + 1 < nseg; j++) {
+        const double *X = fg + j * K * W, *Sj = starts + j * K * V;
+        double *Sn = starts + (j + 1) * K * V;
+        for (int64_t d = 0; d < K; d++)
+            for (int64_t e = 0; e < V; e++) {
+                double s = X[d * W + K + e];
+                for (int64_t i = 0; i < K; i++)
+                    s += X[d * W + i] * Sj[i * V + e];
+                Sn[d * V + e] = s;
+            }
+    }
+    /* 3. each segment from its entering state: outputs, chunk states, and the last one's end state */
+    for (int64_t j = 0; j < nseg; j++) {
+        double *S = j + 1 == nseg ? p->state : fg + j * K * W; /* the map's storage is free again */
+        memcpy(S, starts + j * K * V, (size_t)(K * V) * sizeof(double));
+        const int64_t c_end = (j + 1) * segment_chunks < nexp ? (j + 1) * segment_chunks : nexp;
+        for (int64_t c = j * segment_chunks; c < c_end; c++) {
+            if (c % M == 0) /* expanded chunk cM starts token chunk c / M */
+                memcpy(p->chunk_states + (c / M) * K * V, S, (size_t)(K * V) * sizeof(double));
+            seg_chunk(&x, c, S, V, 0, p->o);
+        }
+    }
+
+done:
+    free(gk);
+    free(a);
+    free(vn);
+    free(fg);
+    free(starts);
+    return st;
+}
