@@ -85,6 +85,20 @@ static void check_double(const char *what, const double *a, const double *b, int
           rel_max, DOUBLE_BAR, (long long)n);
 }
 
+/* o [L, V], the final state [K, V] and nc chunk states of one (sequence, head) run against a reference
+ * run's, each within the double bar; `against` ends the messages (" vs chunked", or ""). */
+static void check_seq_run(const char *what, const char *against, const double *o, const double *st, const double *h,
+                          const double *o_ref, const double *st_ref, const double *h_ref, int64_t L, int64_t K,
+                          int64_t V, int64_t nc) {
+    char w[400];
+    snprintf(w, sizeof w, "%s o%s", what, against);
+    check_double(w, o, o_ref, L * V);
+    snprintf(w, sizeof w, "%s final state%s", what, against);
+    check_double(w, st, st_ref, K * V);
+    snprintf(w, sizeof w, "%s chunk states%s", what, against);
+    check_double(w, h, h_ref, nc * K * V);
+}
+
 /* Output values a (read back from a tensor) vs double reference b: the rounding of the
  * output dtype on top of the double bar: |a - b| <= u |b| + 1e-9 max|b|. */
 static void check_rounded(const char *what, const double *a, const double *b, int64_t n, gdp_dtype_t dtype) {
@@ -175,13 +189,8 @@ static void test_double_sweep(void) {
             char what[160];
             snprintf(what, sizeof what, "L=%lld M=%lld K=%lld V=%lld init=%d l2=%d exact=%d", (long long)L,
                      (long long)M, (long long)K, (long long)V, init, l2norm, exact);
+            check_seq_run(what, "", o_c, s_c, h_c, o_n, s_n, h_n, L, K, V, nc);
             char w2[320];
-            snprintf(w2, sizeof w2, "%s o", what);
-            check_double(w2, o_c, o_n, L * V);
-            snprintf(w2, sizeof w2, "%s final state", what);
-            check_double(w2, s_c, s_n, K * V);
-            snprintf(w2, sizeof w2, "%s chunk states", what);
-            check_double(w2, h_c, h_n, nc * K * V);
             if (L == 0) /* no token: the state passes through bit for bit */
                 CHECK(memcmp(s_c, s.s0, (size_t)(K * V) * sizeof(double)) == 0, "%s: L=0 changed the state", what);
             if (nc > 0) /* chunk 0 enters with the initial state */
@@ -242,15 +251,8 @@ static void test_segments(void) {
                 snprintf(what, sizeof what, "segments of %lld: L=%lld M=%lld K=%lld V=%lld init=%d l2=%d exact=%d",
                          (long long)SEGS[si], (long long)L, (long long)M, (long long)K, (long long)V, init, l2norm,
                          exact);
-                char w2[320];
-                snprintf(w2, sizeof w2, "%s o vs recurrence", what);
-                check_double(w2, o_s, o_n, L * V);
-                snprintf(w2, sizeof w2, "%s final state vs recurrence", what);
-                check_double(w2, s_s, s_n, K * V);
-                snprintf(w2, sizeof w2, "%s chunk states vs recurrence", what);
-                check_double(w2, h_s, h_n, nc * K * V);
-                snprintf(w2, sizeof w2, "%s o vs chunked", what);
-                check_double(w2, o_s, o_c, L * V);
+                check_seq_run(what, " vs recurrence", o_s, s_s, h_s, o_n, s_n, h_n, L, K, V, nc);
+                check_seq_run(what, " vs chunked", o_s, s_s, h_s, o_c, s_c, h_c, L, K, V, nc);
                 /* a segment boundary inside a token's copies: 64 j S is not a multiple of M */
                 for (int64_t b = SEGS[si]; b < nexp; b += SEGS[si])
                     if ((b * CHUNK) % M != 0) {

@@ -17,7 +17,7 @@
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-static double dot(const double *a, const double *b, int64_t n) {
+double gdp_cpu_dot(const double *a, const double *b, int64_t n) {
     double s = 0.0;
     for (int64_t i = 0; i < n; i++)
         s += a[i] * b[i];
@@ -32,7 +32,7 @@ static void axpy(double *y, double alpha, const double *x, int64_t n) {
 
 /* ---- L2 norm -------------------------------------------------------------------- */
 void gdp_cpu_l2norm_row(double *x, int64_t n) {
-    double denom = sqrt(dot(x, x, n) + GDP_L2NORM_EPS);
+    double denom = sqrt(gdp_cpu_dot(x, x, n) + GDP_L2NORM_EPS);
     for (int64_t i = 0; i < n; i++)
         x[i] /= denom;
 }
@@ -150,7 +150,7 @@ gdp_status_t gdp_cpu_chunked_seq_head(const gdp_cpu_seq_head *p) {
          * for decays <= 0; only s < r is ever evaluated, so it cannot overflow). */
         for (int64_t r = 0; r < n; r++)
             for (int64_t s = 0; s < r; s++)
-                a_mat[r * CHUNK + s] = bc[r] * exp2(gc[r] - gc[s]) * dot(kc + r * K, kc + s * K, K);
+                a_mat[r * CHUNK + s] = bc[r] * exp2(gc[r] - gc[s]) * gdp_cpu_dot(kc + r * K, kc + s * K, K);
 
         /* 3.3 + 3.4: u = (I + A)^-1 (beta v) and w = (I + A)^-1 (beta 2^Gk k), by forward
          * substitution on the unit lower-triangular I + A (same result as forming the
@@ -204,7 +204,7 @@ gdp_status_t gdp_cpu_chunked_seq_head(const gdp_cpu_seq_head *p) {
                 const double ratio = exp2(gq[t] - gq[s]);
                 for (int64_t m = 0; m < M; m++) {
                     const int64_t j = s * M + m;
-                    axpy(ot, ratio * dot(qt, p->k + j * K, K), v_new + j * V, V);
+                    axpy(ot, ratio * gdp_cpu_dot(qt, p->k + j * K, K), v_new + j * V, V);
                 }
             }
             for (int64_t r = 0; r < V; r++)

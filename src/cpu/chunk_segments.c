@@ -31,13 +31,6 @@
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-static double dot(const double *a, const double *b, int64_t n) {
-    double s = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        s += a[i] * b[i];
-    return s;
-}
-
 /* What one pass over a range of chunks needs: the sequence, its expanded-stream cumsum, scratch. */
 typedef struct seg_ctx {
     const gdp_cpu_seq_head *p;
@@ -59,7 +52,7 @@ static void seg_chunk(const seg_ctx *x, int64_t c, double *S, int64_t W, int64_t
     /* A[r][s] = beta_r 2^(Gk_r - Gk_s) <k_r, k_s>, s < r */
     for (int64_t r = 0; r < n; r++)
         for (int64_t s = 0; s < r; s++)
-            a[r * CHUNK + s] = bc[r] * exp2(gc[r] - gc[s]) * dot(kc + r * K, kc + s * K, K);
+            a[r * CHUNK + s] = bc[r] * exp2(gc[r] - gc[s]) * gdp_cpu_dot(kc + r * K, kc + s * K, K);
     /* v_new by forward substitution on I + A: row r = beta_r (v_r - 2^Gk_r k_r S) - sum_(s<r) A[r][s] v_new_s */
     for (int64_t r = 0; r < n; r++) {
         double *vr = vn + r * W;
@@ -93,7 +86,7 @@ static void seg_chunk(const seg_ctx *x, int64_t c, double *S, int64_t W, int64_t
                 ot[j] = inter * qs;
             }
             for (int64_t s = 0; s <= rt; s++) {
-                const double w = exp2(gc[rt] - gc[s]) * dot(qt, kc + s * K, K);
+                const double w = exp2(gc[rt] - gc[s]) * gdp_cpu_dot(qt, kc + s * K, K);
                 for (int64_t j = 0; j < V; j++)
                     ot[j] += w * vn[s * W + j];
             }

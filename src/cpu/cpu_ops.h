@@ -20,6 +20,9 @@ extern "C" {
  * src/cpu/chunk.c (L2 norm, cumsums, the varlen driver and the chunked algorithm of
  * gdp-math.md 3.7) and src/cpu/recurrent_ref.c (the per-token recurrence of section 2). */
 
+/* sum a[i] b[i] over [0, n), in double, in index order. */
+double gdp_cpu_dot(const double *a, const double *b, int64_t n);
+
 /* x[0..n) <- x / sqrt(sum x^2 + GDP_L2NORM_EPS), in double, in place. */
 void gdp_cpu_l2norm_row(double *x, int64_t n);
 
