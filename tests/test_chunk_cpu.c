@@ -213,77 +213,6 @@ static void test_double_sweep(void) {
     printf("double sweep: %d (L, M) cases, chunked vs recurrence within %.0e\n", cases, DOUBLE_BAR);
 }
 
-/* ==== 7. exact segments: the segmented algorithm against the recurrence ==================== */
-static int64_t g_segment_chunks = 1;
-static gdp_status_t segmented_fn(const gdp_cpu_seq_head *p) { return gdp_cpu_segmented_seq_head(p, g_segment_chunks); }
-
-static void test_segments(void) {
-    static const int64_t Ls[7] = {1, 63, 64, 65, 130, 257, 300};
-    static const int64_t Ms[4] = {1, 2, 3, 5};
-    static const int64_t Ks[3] = {32, 16, 64}, Vs[3] = {16, 40, 24};
-    static const int64_t SEGS[4] = {1, 2, 3, 7};
-    test_rng r;
-    test_rng_seed(&r, 2212);
-    int cases = 0, straddling = 0, multi = 0;
-    for (int li = 0; li < 7; li++)
-        for (int mi = 0; mi < 4; mi++) {
-            const int64_t L = Ls[li], M = Ms[mi], K = Ks[(li + mi) % 3], V = Vs[(2 * li + mi) % 3];
-            const bool init = (li + mi) % 2 == 1, l2norm = (li + 2 * mi) % 3 == 0;
-            const int exact = (li + mi) % 4 != 0;
-            const double scale = 1.0 / sqrt((double)K);
-            seq_inputs s;
-            seq_inputs_make(&s, &r, L, M, K, V, l2norm, init);
-            const int64_t nc = ceil_div(L, CHUNK), nexp = ceil_div(L * M, CHUNK);
-            double *o_n = calloc((size_t)(L * V + 1), sizeof(double)), *s_n = calloc((size_t)(K * V), sizeof(double));
-            double *h_n = calloc((size_t)(nc * K * V + 1), sizeof(double));
-            double *o_c = calloc((size_t)(L * V + 1), sizeof(double)), *s_c = calloc((size_t)(K * V), sizeof(double));
-            double *h_c = calloc((size_t)(nc * K * V + 1), sizeof(double));
-            double *o_s = calloc((size_t)(L * V + 1), sizeof(double)), *s_s = calloc((size_t)(K * V), sizeof(double));
-            double *h_s = calloc((size_t)(nc * K * V + 1), sizeof(double));
-            CHECK_OK(run_seq(gdp_cpu_recurrent_seq_head, &s, L, scale, exact, o_n, s_n, h_n));
-            CHECK_OK(run_seq(gdp_cpu_chunked_seq_head, &s, L, scale, exact, o_c, s_c, h_c));
-            for (int si = 0; si < 4; si++) {
-                g_segment_chunks = SEGS[si];
-                memset(o_s, 0, (size_t)(L * V + 1) * sizeof(double));
-                memset(h_s, 0, (size_t)(nc * K * V + 1) * sizeof(double));
-                CHECK_OK(run_seq(segmented_fn, &s, L, scale, exact, o_s, s_s, h_s));
-                char what[200];
-                snprintf(what, sizeof what, "segments of %lld: L=%lld M=%lld K=%lld V=%lld init=%d l2=%d exact=%d",
-                         (long long)SEGS[si], (long long)L, (long long)M, (long long)K, (long long)V, init, l2norm,
-                         exact);
-                check_seq_run(what, " vs recurrence", o_s, s_s, h_s, o_n, s_n, h_n, L, K, V, nc);
-                check_seq_run(what, " vs chunked", o_s, s_s, h_s, o_c, s_c, h_c, L, K, V, nc);
-                /* a segment boundary inside a token's copies: 64 j S is not a multiple of M */
-                for (int64_t b = SEGS[si]; b < nexp; b += SEGS[si])
-                    if ((b * CHUNK) % M != 0) {
-                        straddling++;
-                        break;
-                    }
-                multi += nexp > SEGS[si];
-                cases++;
-            }
-            free(o_n); free(s_n); free(h_n); free(o_c); free(s_c); free(h_c); free(o_s); free(s_s); free(h_s);
-            seq_inputs_free(&s);
-        }
-    CHECK(straddling > 0 && multi > cases / 2, "segments: %d cases straddle a token, %d of %d have several segments",
-          straddling, multi, cases);
-    /* a segment of no chunk is refused */
-    {
-        seq_inputs s;
-        seq_inputs_make(&s, &r, 5, 1, 16, 16, false, false);
-        double o[5 * 16], st[16 * 16], h[16 * 16];
-        g_segment_chunks = 0;
-        CHECK(run_seq(segmented_fn, &s, 5, 0.25, 1, o, st, h) == GDP_STATUS_INVALID_ARGUMENT,
-              "segments: segment_chunks 0 accepted");
-        CHECK(strstr(gdp_last_error(), "segment_chunks is 0") != NULL, "segments: the refusal does not name the value: %s",
-              gdp_last_error());
-        seq_inputs_free(&s);
-    }
-    printf("exact segments: %d cases (%d with a token straddling a segment boundary, %d with several segments), "
-           "segmented vs recurrence and chunked within %.0e\n",
-           cases, straddling, multi, DOUBLE_BAR);
-}
-
 /* ==== 2. the public varlen op and oracle on packed batches ================================= */
 typedef gdp_status_t (*chunk_op_fn)(gdp_ctx_t, const gdp_chunk_args *);
 static const struct { const char *name; chunk_op_fn fn; } OPS[2] = {
@@ -975,6 +904,77 @@ static void test_profile(gdp_ctx_t ctx) {
     printf("profile: a CPU chunk call is %.3g ms of GDP ops, no chunk stages\n", t.ops_s * 1e3);
     free(o.data);
     batch_free(&b);
+}
+
+/* ==== 7. exact segments: the segmented algorithm against the recurrence ==================== */
+static int64_t g_segment_chunks = 1;
+static gdp_status_t segmented_fn(const gdp_cpu_seq_head *p) { return gdp_cpu_segmented_seq_head(p, g_segment_chunks); }
+
+static void test_segments(void) {
+    static const int64_t Ls[7] = {1, 63, 64, 65, 130, 257, 300};
+    static const int64_t Ms[4] = {1, 2, 3, 5};
+    static const int64_t Ks[3] = {32, 16, 64}, Vs[3] = {16, 40, 24};
+    static const int64_t SEGS[4] = {1, 2, 3, 7};
+    test_rng r;
+    test_rng_seed(&r, 2212);
+    int cases = 0, straddling = 0, multi = 0;
+    for (int li = 0; li < 7; li++)
+        for (int mi = 0; mi < 4; mi++) {
+            const int64_t L = Ls[li], M = Ms[mi], K = Ks[(li + mi) % 3], V = Vs[(2 * li + mi) % 3];
+            const bool init = (li + mi) % 2 == 1, l2norm = (li + 2 * mi) % 3 == 0;
+            const int exact = (li + mi) % 4 != 0;
+            const double scale = 1.0 / sqrt((double)K);
+            seq_inputs s;
+            seq_inputs_make(&s, &r, L, M, K, V, l2norm, init);
+            const int64_t nc = ceil_div(L, CHUNK), nexp = ceil_div(L * M, CHUNK);
+            double *o_n = calloc((size_t)(L * V + 1), sizeof(double)), *s_n = calloc((size_t)(K * V), sizeof(double));
+            double *h_n = calloc((size_t)(nc * K * V + 1), sizeof(double));
+            double *o_c = calloc((size_t)(L * V + 1), sizeof(double)), *s_c = calloc((size_t)(K * V), sizeof(double));
+            double *h_c = calloc((size_t)(nc * K * V + 1), sizeof(double));
+            double *o_s = calloc((size_t)(L * V + 1), sizeof(double)), *s_s = calloc((size_t)(K * V), sizeof(double));
+            double *h_s = calloc((size_t)(nc * K * V + 1), sizeof(double));
+            CHECK_OK(run_seq(gdp_cpu_recurrent_seq_head, &s, L, scale, exact, o_n, s_n, h_n));
+            CHECK_OK(run_seq(gdp_cpu_chunked_seq_head, &s, L, scale, exact, o_c, s_c, h_c));
+            for (int si = 0; si < 4; si++) {
+                g_segment_chunks = SEGS[si];
+                memset(o_s, 0, (size_t)(L * V + 1) * sizeof(double));
+                memset(h_s, 0, (size_t)(nc * K * V + 1) * sizeof(double));
+                CHECK_OK(run_seq(segmented_fn, &s, L, scale, exact, o_s, s_s, h_s));
+                char what[200];
+                snprintf(what, sizeof what, "segments of %lld: L=%lld M=%lld K=%lld V=%lld init=%d l2=%d exact=%d",
+                         (long long)SEGS[si], (long long)L, (long long)M, (long long)K, (long long)V, init, l2norm,
+                         exact);
+                check_seq_run(what, " vs recurrence", o_s, s_s, h_s, o_n, s_n, h_n, L, K, V, nc);
+                check_seq_run(what, " vs chunked", o_s, s_s, h_s, o_c, s_c, h_c, L, K, V, nc);
+                /* a segment boundary inside a token's copies: 64 j S is not a multiple of M */
+                for (int64_t b = SEGS[si]; b < nexp; b += SEGS[si])
+                    if ((b * CHUNK) % M != 0) {
+                        straddling++;
+                        break;
+                    }
+                multi += nexp > SEGS[si];
+                cases++;
+            }
+            free(o_n); free(s_n); free(h_n); free(o_c); free(s_c); free(h_c); free(o_s); free(s_s); free(h_s);
+            seq_inputs_free(&s);
+        }
+    CHECK(straddling > 0 && multi > cases / 2, "segments: %d cases straddle a token, %d of %d have several segments",
+          straddling, multi, cases);
+    /* a segment of no chunk is refused */
+    {
+        seq_inputs s;
+        seq_inputs_make(&s, &r, 5, 1, 16, 16, false, false);
+        double o[5 * 16], st[16 * 16], h[16 * 16];
+        g_segment_chunks = 0;
+        CHECK(run_seq(segmented_fn, &s, 5, 0.25, 1, o, st, h) == GDP_STATUS_INVALID_ARGUMENT,
+              "segments: segment_chunks 0 accepted");
+        CHECK(strstr(gdp_last_error(), "segment_chunks is 0") != NULL, "segments: the refusal does not name the value: %s",
+              gdp_last_error());
+        seq_inputs_free(&s);
+    }
+    printf("exact segments: %d cases (%d with a token straddling a segment boundary, %d with several segments), "
+           "segmented vs recurrence and chunked within %.0e\n",
+           cases, straddling, multi, DOUBLE_BAR);
 }
 
 int main(void) {

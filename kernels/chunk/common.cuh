@@ -55,7 +55,8 @@ __device__ __forceinline__ float load_any(const void *p, int dtype, int64_t i) {
  * thread wait out the load's latency where it stands (the Hopper kernel's next-chunk loads waited
  * there, in the aux warpgroup's critical path); carried as bits, the value is converted where used. */
 __device__ __forceinline__ uint32_t load_bits_any(const void *p, int dtype, int64_t i) {
-    return dtype == GDP_DTYPE_FP32 ? static_cast<const uint32_t *>(p)[i] : (uint32_t) static_cast<const uint16_t *>(p)[i];
+    return dtype == GDP_DTYPE_FP32 ? static_cast<const uint32_t *>(p)[i]
+                                   : (uint32_t) static_cast<const uint16_t *>(p)[i];
 }
 __device__ __forceinline__ float bits_to_float(uint32_t bits, int dtype) {
     switch (dtype) {
