@@ -9,9 +9,10 @@
  *
  * One block of three warpgroups per (sequence, head), K = 128, V = VP = 64 or 128:
  *   WG0 (aux), one chunk ahead: the chunk's loads (cp.async into the panel layout, the next chunk's
- *     issued as soon as its stage is free), Gk by a warp scan, the L2 norms of K, A = K K^T on
- *     wgmma with its decay and mask, (I + A)^-1 on four warps (wy_invert_tf32, as the fused
- *     kernel) into Ai = T(X diag beta);
+ *     issued as soon as its stage is free), A = K K^T on wgmma with Gk's warp scan beside it, the
+ *     keys' norms from A's diagonal (1 / |k_r|, a row scale wherever K's products are used: the
+ *     key tile stays as loaded), A's decay, scales and mask, (I + A)^-1 on four warps
+ *     (wy_invert_tf32, as the fused kernel) into Ai = T(X diag beta);
  *   WG1, WG2 (state): each holds 64 of the state's 128 rows x all VP columns as one m64nVP
  *     accumulator, writes its rows of S16, then Q's norms (both together), on its own VP / 2 value
  *     columns X' (8 k steps) and beside it the masked decayed scores P on its 32 key columns
@@ -62,7 +63,7 @@ constexpr int HOP_BAR_FULL0 = 1, HOP_BAR_AUX = 3, HOP_BAR_STATE = 4, HOP_BAR_WG0
 
 /* One stage: the tiles of one chunk, 16-bit, each in the panel layout (1024-byte aligned). */
 template <typename T, int VP> struct alignas(1024) HopperStage {
-    T k[CHUNK * HOP_KP]; /* keys, normalized in place                              */
+    T k[CHUNK * HOP_KP]; /* keys as loaded (their norms are the kinv scales)        */
     T q[CHUNK * HOP_KP]; /* queries of the tokens ending in the chunk, normalized  */
     T v[CHUNK * VP];     /* V, turned into X' in place by the state warpgroups     */
     T ai[CHUNK * CHUNK]; /* T(X diag beta)                                          */
@@ -70,6 +71,7 @@ template <typename T, int VP> struct alignas(1024) HopperStage {
     float gk[CHUNK];     /* g per row (copy 0 of a token), then Gk                  */
     float gam[CHUNK];    /* 2^Gk                                                    */
     float beta[CHUNK];
+    float kinv[CHUNK];   /* 1 / |k_r| under the in-kernel norm (else 1): K stays raw */
 };
 template <typename T, int VP> struct alignas(1024) HopperSmem {
     HopperStage<T, VP> st[2];
@@ -118,7 +120,7 @@ template <typename T> __device__ __forceinline__ T *hop_at(T *tile, int rows, in
 }
 
 /* l2norm_rows_at's offset (in elements) of row r's 16-byte vector v in a 64-row panel-layout tile:
- * the keys' and the queries' norms. */
+ * the queries' norms. */
 template <typename T> struct HopPanelVec {
     __device__ __forceinline__ int operator()(int r, int v) const {
         return (int)(wg_offset(CHUNK, r, v * 8) / sizeof(T));
@@ -236,38 +238,64 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
     } else {
         cp_async_wait<0>();
     }
-    fence_proxy_async_smem(); /* the landed (or zeroed) tiles may be read by wgmma (without the norms) */
+    fence_proxy_async_smem(); /* the landed (or zeroed) tiles may be read by wgmma */
     bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS);
     ph.mark(0); /* aux 0: waiting for the chunk's loads */
 
-    /* Gk: a warp scan over the 64 rows, base 2 (fused.cuh's); the rows' norms in place */
-    if (warp == 0)
-        chunk_gk_scan(st.gk, st.gam, lane);
-    if (p.l2norm) {
-        l2norm_rows_at<T, HOP_KP, 4, 4>(st.k, HopPanelVec<T>{}, n, warp, lane); /* Q: the state warpgroups */
-        fence_proxy_async_smem();
-    }
-    bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS);
-    ph.mark(1); /* aux 1: Gk and K's norms */
-
-    /* A = K K^T, 64 x 64 over 128 key columns */
+    /* A's products on the raw keys: the in-kernel norm is a row scale, 1 / |k_r|, applied where K's
+     * products are used (A's values here; X', the scores and the update's operand on the state side)
+     * instead of a pass that rewrites the key tile, and |k_r|^2 is A's own diagonal (fp32 sums of
+     * the exact products of the 16-bit values; the reference rounds normalized keys nowhere either). */
     float acc[32];
     const auto keys = [&](int ks) { return wg_desc_kmajor(st.k, CHUNK, 0, ks * 16); };
     wg_gemm<CHUNK, 0, 0, T, HOP_KP / 16, true>(acc, keys, keys);
+    /* Gk beside it: a warp scan over the 64 rows, base 2 (fused.cuh's) */
+    if (warp == 0)
+        chunk_gk_scan(st.gk, st.gam, lane);
     wg_wait<0>();
-    /* A[r][c] = beta_r 2^(Gk_r - Gk_c) <k_r, k_c> for c < r < n, else 0 (wy_build_a's values) */
 #pragma unroll
     for (int j = 0; j < 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int r = 16 * warp + g + (e >> 1) * 8, cc = 8 * j + 2 * t4 + (e & 1);
+            if (cc == r) /* the one thread that holds row r's diagonal */
+                st.kinv[r] = p.l2norm ? 1.0f / sqrtf(acc[4 * j + e] + (float)GDP_L2NORM_EPS) : 1.0f;
+        }
+    bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS); /* Gk, 2^Gk and the key scales complete */
+    ph.mark(1); /* aux 1: A's products, Gk and the key scales */
+
+    /* A[r][c] = beta_r 2^(Gk_r - Gk_c) <k_r, k_c> / (|k_r| |k_c|) for c < r < n, else 0 (wy_build_a's
+     * values). The per-row and per-column factors are read into registers first: read inside the
+     * loop, each is read again after every store to s.a (the compiler cannot tell the arrays apart),
+     * a shared-memory latency an element on the aux warpgroup's critical path (the ncu card of the
+     * twenty-second session: this loop held 6 % of the kernel's stall samples). */
+    float gk_c[16], kinv_c[16], gk_r[2], fac_r[2];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            gk_c[2 * j + e] = st.gk[8 * j + 2 * t4 + e];
+            kinv_c[2 * j + e] = st.kinv[8 * j + 2 * t4 + e];
+        }
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int r = 16 * warp + g + hh * 8;
+        gk_r[hh] = st.gk[r];
+        fac_r[hh] = st.beta[r] * st.kinv[r];
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int hh = e >> 1, ci = 2 * j + (e & 1);
+            const int r = 16 * warp + g + hh * 8, cc = 8 * j + 2 * t4 + (e & 1);
             float val = 0.0f;
             if (cc < r && r < n)
-                val = acc[4 * j + e] * exp2f(st.gk[r] - st.gk[cc]) * st.beta[r];
+                val = acc[4 * j + e] * exp2f(gk_r[hh] - gk_c[ci]) * fac_r[hh] * kinv_c[ci];
             s.a[r][cc] = val;
         }
     bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS); /* A complete */
-    ph.mark(2); /* aux 2: A */
+    ph.mark(2); /* aux 2: A's values */
     issue_next_if_free(false);
     ph.mark(3); /* aux 3: testing (and maybe issuing) the next chunk's loads */
 
@@ -396,7 +424,7 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             const int r = r0 + g + hh * 8;
-            const float f = st.gam[r];
+            const float f = st.gam[r] * st.kinv[r]; /* K S16's row r, of the raw keys */
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
                 T *vp = hop_at(st.v, CHUNK, r, c0 + 8 * j + 2 * t4);
@@ -404,6 +432,15 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
                 const float x1 = Elem<T>::to_f(vp[1]) - f * acc[4 * j + 2 * hh + 1];
                 *reinterpret_cast<uint32_t *>(vp) = Elem<T>::pack(x0, x1);
             }
+        }
+        /* the scores' column factors (Gk and the raw keys' scales) into registers before any store to P
+         * (read in the loop, each would be read again after every store: see A's values) */
+        float gk_c[8], kinv_c[8];
+#pragma unroll
+        for (int x = 0; x < 8; x++) {
+            const int cc = 32 * wg + 8 * (x >> 1) + 2 * t4 + (x & 1);
+            gk_c[x] = st.gk[cc];
+            kinv_c[x] = st.kinv[cc];
         }
         wg_wait<0>(); /* the scores */
 #pragma unroll
@@ -414,8 +451,9 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int cc = 32 * wg + 8 * j + 2 * t4;
-                const float p0 = cc <= row ? sc[4 * j + 2 * hh] * exp2f(gt - st.gk[cc]) : 0.0f;
-                const float p1 = cc + 1 <= row ? sc[4 * j + 2 * hh + 1] * exp2f(gt - st.gk[cc + 1]) : 0.0f;
+                const float p0 = cc <= row ? sc[4 * j + 2 * hh] * exp2f(gt - gk_c[2 * j]) * kinv_c[2 * j] : 0.0f;
+                const float p1 =
+                    cc + 1 <= row ? sc[4 * j + 2 * hh + 1] * exp2f(gt - gk_c[2 * j + 1]) * kinv_c[2 * j + 1] : 0.0f;
                 *reinterpret_cast<uint32_t *>(hop_at(st.p, CHUNK, qi, cc)) = Elem<T>::pack(p0, p1);
             }
         }
@@ -431,7 +469,7 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             const int r = r0 + g + hh * 8;
-            const float f = r < n ? exp2f(gl - st.gk[r]) : 0.0f;
+            const float f = r < n ? exp2f(gl - st.gk[r]) * st.kinv[r] : 0.0f; /* the update's K^T is of the raw keys */
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
                 const int cc = c0 + 8 * j + 2 * t4;
