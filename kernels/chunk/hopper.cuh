@@ -58,6 +58,12 @@ namespace {
 constexpr int HOP_KP = 128; /* keys: 128 columns; values: VP = 64 or 128 (a template parameter) */
 constexpr int HOP_AUX_THREADS = 128, HOP_STATE_THREADS = 256;
 constexpr int HOP_THREADS = HOP_AUX_THREADS + HOP_STATE_THREADS;
+/* Registers a thread of each role holds after the split (setmaxnreg): the block starts at 168 each
+ * (65,536 / 384, rounded down to 8); the aux warpgroup gives 48 a thread back and the two state
+ * warpgroups take 24 a thread more, for their 64 fp32 state values, the products' accumulators and
+ * the operand descriptors. */
+constexpr int HOP_AUX_REGS = 120, HOP_STATE_REGS = 192;
+static_assert(HOP_AUX_THREADS * HOP_AUX_REGS + HOP_STATE_THREADS * HOP_STATE_REGS <= 65536, "the register file");
 /* named barriers (0 is __syncthreads) */
 constexpr int HOP_BAR_FULL0 = 1, HOP_BAR_AUX = 3, HOP_BAR_STATE = 4, HOP_BAR_WG0 = 5;
 
@@ -344,6 +350,7 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
     const int wgi = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
     HopPhases ph;
     if (wgi == 0) {
+        setmaxnreg_dec<HOP_AUX_REGS>();
         float pend_g = 0.0f; /* the next chunk's g and beta (its bits) of the thread's row */
         uint32_t pend_b = 0u;
         if (nchunks > 0)
@@ -358,6 +365,7 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
         return;
     }
 
+    setmaxnreg_inc<HOP_STATE_REGS>();
     const int tid = threadIdx.x - HOP_AUX_THREADS, lane = tid & 31, wg = wgi - 1, wi = (tid >> 5) & 3;
     const int g = lane >> 2, t4 = lane & 3;
     const int64_t coff = p.coff[i];
