@@ -230,17 +230,17 @@ ncu_card() {
 }
 if [ "$stage" = hopper ]; then
     # the one-pass Hopper chunk kernel's loop (kernels/NOTES-chunk.md): the wgmma helpers, its test path
-    # (both copy modes, V = 64 and 128), the prefill rows under hopper with each copy mode and under
-    # staged, then its phase cycles per chunk under each copy mode
+    # (both copy modes, V = 64 and 128, the exact segment split), the prefill rows under hopper with
+    # each copy mode (the split on auto) and unsplit (GDP_CHUNK_SEGMENT=off), and under staged, then its
+    # phase cycles per chunk under each copy mode
     "./$build/examples/wgmma_check" 2>&1 | tee "$out/wgmma_check.log" | tail -6 || rc=1
     GDP_TEST_CHUNK_PATH=hopper "./$build/tests/test_chunk_gpu" >"$out/chunk_test_hopper.log" 2>&1 || rc=1
-    grep -E "FAIL|checks|Hopper kernel ran|hopper copies" "$out/chunk_test_hopper.log" | head -20
-    for round in 1 2; do
-        for v in threads tma; do
-            echo "## GDP_CHUNK_PATH=hopper GDP_CHUNK_HOPPER_COPY=$v (round $round)"
-            GDP_CHUNK_PATH=hopper GDP_CHUNK_HOPPER_COPY=$v "./$build/examples/gdp-bench" ops --op prefill 2>&1 |
-                grep -E "^prefill|rror"
-        done
+    grep -E "FAIL|checks|Hopper kernel ran|hopper copies|segments:" "$out/chunk_test_hopper.log" | head -40
+    for run in "threads auto" "tma auto" "tma off"; do
+        set -- $run
+        echo "## GDP_CHUNK_PATH=hopper GDP_CHUNK_HOPPER_COPY=$1 GDP_CHUNK_SEGMENT=$2"
+        GDP_CHUNK_PATH=hopper GDP_CHUNK_HOPPER_COPY=$1 GDP_CHUNK_SEGMENT=$2 "./$build/examples/gdp-bench" ops --op prefill 2>&1 |
+            grep -E "^prefill|rror"
     done 2>&1 | tee "$out/hopper_bench.log"
     echo "## GDP_CHUNK_PATH=staged" | tee -a "$out/hopper_bench.log"
     GDP_CHUNK_PATH=staged "./$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^prefill|rror" |

@@ -22,6 +22,11 @@
  * 128), =hopper (the one-pass wgmma kernel where K = 128, V = 64 or 128, on a compute capability 9.0 device,
  * checked to have run there) and unset (the op's choice); an unknown path -> INVALID_USAGE
  * naming it, writing nothing.
+ * The Hopper kernel's exact segment split (GDP_CHUNK_SEGMENT = 1, 2, 4 expanded chunks a segment,
+ * forced; auto on a sequence longer than its smallest segment; off): lengths 1 to 1100 whose tokens
+ * straddle segment boundaries (M = 3), V = 64 and 128, fp16, an initial state, each against the CPU
+ * backend, the split checked to have run with the forced length, two runs bitwise equal; under
+ * segments of 2 the cache cases and the graph replay again; a bad value -> INVALID_USAGE.
  * The Hopper kernel's tiles by its aux threads' cp.async and by tensor-map copies
  * (GDP_CHUNK_HOPPER_COPY=tma), with NaN in the padding rows past the last sequence: bitwise equal,
  * each against the CPU backend; a bad value -> INVALID_USAGE.
@@ -531,6 +536,58 @@ static void test_hopper_copies(gdp_ctx_t cpu, gdp_ctx_t gpu) {
     }
 }
 
+/* ---- the Hopper kernel's exact segment split (GDP_CHUNK_SEGMENT) ------------------------------------- */
+/* Sequences cut into segments of 1, 2 or 4 expanded chunks (forced), and auto on a sequence long
+ * enough for it, against the CPU backend; the split must have run with that length (on a 9.0
+ * device; elsewhere the op runs other kernels and the counter stays 0). The split's scratch is what
+ * the ctx holds past the op's workspace when that is larger: 256 MB more than any case needs. */
+static void test_hopper_segments(gdp_ctx_t cpu, gdp_ctx_t gpu, bool on_hopper) {
+    const gdp_dtype_t BF = GDP_DTYPE_BF16, F16 = GDP_DTYPE_FP16, F32 = GDP_DTYPE_FP32;
+    const chunk_case cases[] = {
+        {"segments: m2 k128 v128 varlen 1,63,64,65,300,700", 2, 2, 128, 128, 6, {1, 63, 64, 65, 300, 700}, 1200, BF,
+         BF, F32, 1, 0, 0.1},
+        {"segments: m3 k128 v64 fp16 200,513 (tokens straddle segments)", 3, 3, 128, 64, 2, {200, 513}, 720, F16, F16,
+         F32, 1, 0, 0.1},
+        {"segments: m1 k128 v128 long 1000, bf16 initial state", 1, 2, 128, 128, 1, {1000}, 1000, BF, BF, BF, 1, 0, 0.02},
+        {"segments: m2 k128 v128 long 1100 (auto splits it)", 2, 2, 128, 128, 2, {1100, 40}, 1140, BF, BF, F32, 1, 0,
+         0.05},
+    };
+    static const char *const lengths[5] = {"1", "2", "4", "auto", "off"};
+    CHECK_OK(gdp_ctx_reserve_workspace(gpu, (size_t)256 << 20));
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const chunk_case *c = &cases[ci];
+        inputs in;
+        make_inputs(c, 8100 + ci, &in);
+        outputs ref;
+        cpu_run(cpu, &in, GDP_DTYPE_FP32, &ref);
+        for (int li = 0; li < 5; li++) {
+            setenv("GDP_CHUNK_SEGMENT", lengths[li], 1);
+            outputs out, again;
+            gpu_run(gpu, &in, true, GDP_DTYPE_FP32, &out);
+            const int seg = gdp_cuda_chunk_hopper_last_segment();
+            char w[200];
+            snprintf(w, sizeof w, "%s, GDP_CHUNK_SEGMENT=%s (ran %d)", c->name, lengths[li], seg);
+            compare_runs(w, &in, &out, &ref, true);
+            if (on_hopper) {
+                const int forced = li < 3 ? atoi(lengths[li]) : 0;
+                if (forced > 0)
+                    CHECK(seg == forced, "%s: the split ran with segments of %d", w, seg);
+                else if (li == 4)
+                    CHECK(seg == 0, "%s: split although off", w);
+                else if (ci == 3) /* 1100 tokens x 2 = 35 chunks, more than the auto minimum of 16 */
+                    CHECK(seg >= 16, "%s: auto did not split a sequence of 35 chunks", w);
+            }
+            gpu_run(gpu, &in, true, GDP_DTYPE_FP32, &again);
+            CHECK(same_outputs(&out, &again, true), "%s: two runs differ (not deterministic)", w);
+            free_outputs(&out);
+            free_outputs(&again);
+        }
+        unsetenv("GDP_CHUNK_SEGMENT");
+        free_outputs(&ref);
+        free_inputs(&in);
+    }
+}
+
 /* ---- cache mode with -1 rows, fp32 and bf16 cache; V = 64, and V = 128 (which the Hopper kernel takes) ---- */
 static void test_cache(gdp_ctx_t cpu, gdp_ctx_t gpu, gdp_dtype_t cache_dtype, int v) {
     /* request 1 is empty with a valid slot (its initial state goes back into the slot), request 3
@@ -855,6 +912,7 @@ static void test_rejections(void) {
     expect_env_refusal(fresh, &a, "GDP_CHUNK_STATE_VB", "48"); /* widths are 64, 32, 16 or 0 / unset */
     expect_env_refusal(fresh, &a, "GDP_CHUNK_PATH", "fastest");
     expect_env_refusal(fresh, &a, "GDP_CHUNK_HOPPER_COPY", "dma");
+    expect_env_refusal(fresh, &a, "GDP_CHUNK_SEGMENT", "3");
     expect_env_refusal(fresh, &a, "GDP_CHUNK_STATE_COPY", "dma");
     expect_env_refusal(fresh, &a, "GDP_CHUNK_WY_INVERSE", "fp16");
     CUDA_OK(cudaDeviceSynchronize());
@@ -970,12 +1028,16 @@ static void test_cumsum(gdp_ctx_t cpu, gdp_ctx_t gpu) {
 /* Under GDP_CHUNK_PATH=hopper the cases with K = 128 and V = 64 or 128 (golden files, random shapes,
  * the cache cases) must have run the Hopper kernel on a compute capability 9.0 device, and nothing may
  * have run it elsewhere (its code is sm_90a only). */
+static bool hopper_device(int *major, int *minor) {
+    int dev = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && *major == 9 &&
+           *minor == 0;
+}
 static void check_hopper_ran(long long before) {
-    int dev = 0, major = 0, minor = 0;
-    const bool hopper = cudaGetDevice(&dev) == cudaSuccess &&
-                        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-                        major == 9 && minor == 0;
+    int major = 0, minor = 0;
+    const bool hopper = hopper_device(&major, &minor);
     const long long ran = gdp_cuda_chunk_hopper_calls() - before;
     printf("  the Hopper kernel ran %lld calls (device %d.%d)\n", ran, major, minor);
     CHECK(hopper ? ran > 0 : ran == 0, "GDP_CHUNK_PATH=hopper on a %d.%d device: the Hopper kernel ran %lld calls",
@@ -1024,6 +1086,17 @@ int main(void) {
         test_profile_stages(cpu, gpu, paths[pi] != NULL ? paths[pi] : "auto");
         if (paths[pi] != NULL && strcmp(paths[pi], "hopper") == 0) {
             test_hopper_copies(cpu, gpu);
+            int major = 0, minor = 0;
+            test_hopper_segments(cpu, gpu, hopper_device(&major, &minor));
+            /* the cache cases and the graph replay with every sequence cut into segments of two chunks */
+            printf("== GDP_CHUNK_SEGMENT=2 (hopper): cache mode, graphs\n");
+            setenv("GDP_CHUNK_SEGMENT", "2", 1);
+            for (int v = 64; v <= 128; v += 64) {
+                test_cache(cpu, gpu, GDP_DTYPE_FP32, v);
+                test_cache(cpu, gpu, GDP_DTYPE_BF16, v);
+            }
+            test_graph(cpu);
+            unsetenv("GDP_CHUNK_SEGMENT");
             check_hopper_ran(hopper_before);
         }
     }

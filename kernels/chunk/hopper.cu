@@ -13,9 +13,13 @@
 
 namespace {
 
+template <typename T, int VP> constexpr size_t hop_smem_bytes() {
+    return sizeof(HopperSmem<T, VP>) + 1024; /* + the alignment of the panels */
+}
+
 template <typename T, int VP, int COPY>
 cudaError_t launch_hopper(const ChunkParams &p, const HopperMaps &maps, cudaStream_t stream) {
-    const size_t smem = sizeof(HopperSmem<T, VP>) + 1024; /* + the alignment of the panels */
+    const size_t smem = hop_smem_bytes<T, VP>();
     cudaError_t err = cudaFuncSetAttribute(chunk_hopper_kernel<T, VP, COPY>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
@@ -25,8 +29,90 @@ cudaError_t launch_hopper(const ChunkParams &p, const HopperMaps &maps, cudaStre
             <<<dim3(1u, (unsigned)p.H, (unsigned)p.N), HOP_THREADS, smem, stream>>>(p, maps);
     return cudaGetLastError();
 }
+
+/* The split's scratch, carved in order from ws: item_seq, item_seg [max_items], seg_first, nseg [N]
+ * (int), then entry, fmap, gmap (fp32, extras = max_items - N slots each); 256-byte aligned regions. */
+struct SplitLayout {
+    size_t item_seq, item_seg, seg_first, nseg, entry, fmap, gmap, total;
+};
+SplitLayout split_layout(const ChunkParams &p, long long max_items) {
+    SplitLayout l{};
+    size_t cur = 0;
+    auto take = [&cur](size_t bytes) {
+        const size_t at = (cur + 255) & ~(size_t)255;
+        cur = at + bytes;
+        return at;
+    };
+    const size_t extras = (size_t)(max_items - p.N), kv = (size_t)p.H * HOP_KP * (size_t)p.VP;
+    l.item_seq = take(sizeof(int) * (size_t)max_items);
+    l.item_seg = take(sizeof(int) * (size_t)max_items);
+    l.seg_first = take(sizeof(int) * (size_t)p.N);
+    l.nseg = take(sizeof(int) * (size_t)p.N);
+    l.entry = take(sizeof(float) * extras * kv);
+    l.fmap = take(sizeof(float) * extras * (size_t)p.H * HOP_KP * HOP_KP);
+    l.gmap = take(sizeof(float) * extras * kv);
+    l.total = (cur + 255) & ~(size_t)255;
+    return l;
+}
+
+template <typename T, int VP, int COPY>
+cudaError_t launch_hopper_split(const ChunkParams &p, const HopperMaps &maps, const GdpHopperSplit &split,
+                                cudaStream_t stream) {
+    const SplitLayout l = split_layout(p, split.max_items);
+    unsigned char *ws = static_cast<unsigned char *>(split.ws);
+    HopSegPlan sp;
+    sp.item_seq = reinterpret_cast<const int *>(ws + l.item_seq);
+    sp.item_seg = reinterpret_cast<const int *>(ws + l.item_seg);
+    sp.seg_first = reinterpret_cast<const int *>(ws + l.seg_first);
+    sp.nseg = reinterpret_cast<const int *>(ws + l.nseg);
+    sp.entry = reinterpret_cast<float *>(ws + l.entry);
+    sp.fmap = reinterpret_cast<float *>(ws + l.fmap);
+    sp.gmap = reinterpret_cast<float *>(ws + l.gmap);
+    sp.seg_chunks = split.seg_chunks;
+    if (p.N <= 0 || p.H <= 0)
+        return cudaSuccess;
+    constexpr size_t smem = hop_smem_bytes<T, VP>(), smem_f = hop_smem_bytes<T, HOP_KP>(); /* F: K x K */
+    constexpr size_t smem_fix = sizeof(float) * (size_t)HOP_KP * (HOP_FIX_LD + VP + 4);
+    cudaError_t err = cudaFuncSetAttribute(chunk_hopper_seg_pass1_kernel<T, VP, COPY, HOP_MAIN>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(chunk_hopper_seg_pass1_kernel<T, VP, COPY, HOP_MAP_F>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_f);
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(chunk_hopper_seg_pass1_kernel<T, VP, COPY, HOP_MAP_G>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(chunk_hopper_seg_pass2_kernel<T, VP, COPY>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(hop_fixup_kernel<VP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_fix);
+    if (err != cudaSuccess)
+        return err;
+    hop_plan_kernel<<<1, HOP_PLAN_THREADS, 0, stream>>>(
+        p.cu, p.N, p.M, split.seg_chunks, split.max_items, reinterpret_cast<int *>(ws + l.item_seq),
+        reinterpret_cast<int *>(ws + l.item_seg), reinterpret_cast<int *>(ws + l.seg_first),
+        reinterpret_cast<int *>(ws + l.nseg));
+    if ((err = cudaGetLastError()) != cudaSuccess)
+        return err;
+    const dim3 items((unsigned)split.max_items, (unsigned)p.H);
+    chunk_hopper_seg_pass1_kernel<T, VP, COPY, HOP_MAIN><<<items, HOP_THREADS, smem, stream>>>(p, maps, sp);
+    chunk_hopper_seg_pass1_kernel<T, VP, COPY, HOP_MAP_F><<<items, HOP_THREADS, smem_f, stream>>>(p, maps, sp);
+    chunk_hopper_seg_pass1_kernel<T, VP, COPY, HOP_MAP_G><<<items, HOP_THREADS, smem, stream>>>(p, maps, sp);
+    if ((err = cudaGetLastError()) != cudaSuccess)
+        return err;
+    hop_fixup_kernel<VP><<<dim3((unsigned)p.N, (unsigned)p.H), HOP_FIX_THREADS, smem_fix, stream>>>(p, sp);
+    if ((err = cudaGetLastError()) != cudaSuccess)
+        return err;
+    chunk_hopper_seg_pass2_kernel<T, VP, COPY><<<items, HOP_THREADS, smem, stream>>>(p, maps, sp);
+    return cudaGetLastError();
+}
+
 template <typename T, int COPY>
-cudaError_t launch_hopper_v(const ChunkParams &p, const HopperMaps &maps, cudaStream_t st) {
+cudaError_t launch_hopper_v(const ChunkParams &p, const HopperMaps &maps, const GdpHopperSplit *split,
+                            cudaStream_t st) {
+    if (split != nullptr && split->seg_chunks > 0)
+        return p.VP == 64 ? launch_hopper_split<T, 64, COPY>(p, maps, *split, st)
+                          : launch_hopper_split<T, 128, COPY>(p, maps, *split, st);
     return p.VP == 64 ? launch_hopper<T, 64, COPY>(p, maps, st) : launch_hopper<T, 128, COPY>(p, maps, st);
 }
 
@@ -47,12 +133,24 @@ bool gdp_chunk_hopper_fits(const void *chunk_params) {
            p.v_vec && p.o_vec && p.T * p.M < ((int64_t)1 << 31); /* a sequence's expanded rows in 32 bits (hop_chunk) */
 }
 
-cudaError_t gdp_chunk_hopper_launch(const void *chunk_params, bool bf16, bool tma, cudaStream_t stream) {
+long long gdp_chunk_hopper_split_items(long long T, long long N, int M, int seg_chunks) {
+    /* sum_i max(1, ceil(E_i / S)) <= sum_i (E_i / S + 1), and E_i <= L_i M / 64 + 1 with sum L_i <= T:
+     * at most N + (ceil(T M / 64) + N) / S items */
+    const long long expanded = (T * M + CHUNK - 1) / CHUNK + N;
+    return N + (expanded + seg_chunks - 1) / seg_chunks;
+}
+
+size_t gdp_chunk_hopper_split_bytes(const void *chunk_params, long long max_items) {
+    return split_layout(*static_cast<const ChunkParams *>(chunk_params), max_items).total;
+}
+
+cudaError_t gdp_chunk_hopper_launch(const void *chunk_params, bool bf16, bool tma, const GdpHopperSplit *split,
+                                    cudaStream_t stream) {
     const ChunkParams &p = *static_cast<const ChunkParams *>(chunk_params);
     HopperMaps maps{};
     if (tma && make_hopper_maps(p, &maps)) /* a driver without the encoder: the threads' copies */
-        return bf16 ? launch_hopper_v<__nv_bfloat16, HOP_COPY_TMA>(p, maps, stream)
-                    : launch_hopper_v<__half, HOP_COPY_TMA>(p, maps, stream);
-    return bf16 ? launch_hopper_v<__nv_bfloat16, HOP_COPY_THREADS>(p, maps, stream)
-                : launch_hopper_v<__half, HOP_COPY_THREADS>(p, maps, stream);
+        return bf16 ? launch_hopper_v<__nv_bfloat16, HOP_COPY_TMA>(p, maps, split, stream)
+                    : launch_hopper_v<__half, HOP_COPY_TMA>(p, maps, split, stream);
+    return bf16 ? launch_hopper_v<__nv_bfloat16, HOP_COPY_THREADS>(p, maps, split, stream)
+                : launch_hopper_v<__half, HOP_COPY_THREADS>(p, maps, split, stream);
 }

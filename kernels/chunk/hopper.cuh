@@ -9,9 +9,10 @@
  *
  * One block of three warpgroups per (sequence, head), K = 128, V = VP = 64 or 128:
  *   WG0 (aux), one chunk ahead: the chunk's loads (cp.async into the panel layout, the next chunk's
- *     issued as soon as its stage is free), Gk by a warp scan, the L2 norms of K, A = K K^T on
- *     wgmma with its decay and mask, (I + A)^-1 on four warps (wy_invert_tf32, as the fused
- *     kernel) into Ai = T(X diag beta);
+ *     issued as soon as its stage is free), A = K K^T on wgmma with Gk's warp scan beside it, the
+ *     keys' norms from A's diagonal (1 / |k_r|, a row scale wherever K's products are used: the
+ *     key tile stays as loaded), A's decay, scales and mask, (I + A)^-1 on four warps
+ *     (wy_invert_tf32, as the fused kernel) into Ai = T(X diag beta);
  *   WG1, WG2 (state): each holds 64 of the state's 128 rows x all VP columns as one m64nVP
  *     accumulator, writes its rows of S16, then Q's norms (both together), on its own VP / 2 value
  *     columns X' (8 k steps) and beside it the masked decayed scores P on its 32 key columns
@@ -57,12 +58,18 @@ namespace {
 constexpr int HOP_KP = 128; /* keys: 128 columns; values: VP = 64 or 128 (a template parameter) */
 constexpr int HOP_AUX_THREADS = 128, HOP_STATE_THREADS = 256;
 constexpr int HOP_THREADS = HOP_AUX_THREADS + HOP_STATE_THREADS;
+/* Registers a thread of each role holds after the split (setmaxnreg): the block starts at 168 each
+ * (65,536 / 384, rounded down to 8); the aux warpgroup gives 48 a thread back and the two state
+ * warpgroups take 24 a thread more, for their 64 fp32 state values, the products' accumulators and
+ * the operand descriptors. */
+constexpr int HOP_AUX_REGS = 120, HOP_STATE_REGS = 192;
+static_assert(HOP_AUX_THREADS * HOP_AUX_REGS + HOP_STATE_THREADS * HOP_STATE_REGS <= 65536, "the register file");
 /* named barriers (0 is __syncthreads) */
 constexpr int HOP_BAR_FULL0 = 1, HOP_BAR_AUX = 3, HOP_BAR_STATE = 4, HOP_BAR_WG0 = 5;
 
 /* One stage: the tiles of one chunk, 16-bit, each in the panel layout (1024-byte aligned). */
 template <typename T, int VP> struct alignas(1024) HopperStage {
-    T k[CHUNK * HOP_KP]; /* keys, normalized in place                              */
+    T k[CHUNK * HOP_KP]; /* keys as loaded (their norms are the kinv scales)        */
     T q[CHUNK * HOP_KP]; /* queries of the tokens ending in the chunk, normalized  */
     T v[CHUNK * VP];     /* V, turned into X' in place by the state warpgroups     */
     T ai[CHUNK * CHUNK]; /* T(X diag beta)                                          */
@@ -70,6 +77,7 @@ template <typename T, int VP> struct alignas(1024) HopperStage {
     float gk[CHUNK];     /* g per row (copy 0 of a token), then Gk                  */
     float gam[CHUNK];    /* 2^Gk                                                    */
     float beta[CHUNK];
+    float kinv[CHUNK];   /* 1 / |k_r| under the in-kernel norm (else 1): K stays raw */
 };
 template <typename T, int VP> struct alignas(1024) HopperSmem {
     HopperStage<T, VP> st[2];
@@ -88,6 +96,11 @@ template <typename T, int VP> struct alignas(1024) HopperSmem {
 struct alignas(64) HopperMaps {
     unsigned char k[128], v[128], q[128]; /* CUtensorMap each */
 };
+/* What a run of chunks computes (hop_run): the op itself (MAIN: outputs, chunk states, the state at
+ * the end), or, for the exact segment split (kernels/NOTES-chunk.md, "Exact segments"), a middle
+ * segment's transfer map: F (the K x K state from I with the values taken as 0: no V, no Q, no
+ * outputs; VP = 128) or G (the state from 0 with the real values, no outputs). */
+constexpr int HOP_MAIN = 0, HOP_MAP_F = 1, HOP_MAP_G = 2;
 /* Who moves a chunk's K, V and Q tiles: the aux threads by cp.async (16 bytes a copy, 24 a thread),
  * or thread 0 by six tensor-map copies of the copy engine (GDP_CHUNK_HOPPER_COPY=tma). */
 constexpr int HOP_COPY_THREADS = 0, HOP_COPY_TMA = 1;
@@ -118,7 +131,7 @@ template <typename T> __device__ __forceinline__ T *hop_at(T *tile, int rows, in
 }
 
 /* l2norm_rows_at's offset (in elements) of row r's 16-byte vector v in a 64-row panel-layout tile:
- * the keys' and the queries' norms. */
+ * the queries' norms. */
 template <typename T> struct HopPanelVec {
     __device__ __forceinline__ int operator()(int r, int v) const {
         return (int)(wg_offset(CHUNK, r, v * 8) / sizeof(T));
@@ -147,10 +160,11 @@ __device__ __forceinline__ void hop_tile_async(T *dst, const T *__restrict__ src
  * values); g and beta of the thread's row by plain loads into gr and be (beta's bits: load_bits_any),
  * which the caller stores into the stage when the chunk starts (hop_aux_chunk): stored or converted
  * here, each thread would wait out their global latency in the aux warpgroup's critical path. */
-template <typename T, int VP, int COPY>
+template <typename T, int VP, int COPY, int MODE>
 __device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const HopperMaps &maps, HopperSmem<T, VP> &s,
-                                                int sb, int c, int64_t bos, int64_t len, int hd, int nchunks,
+                                                int sb, int c, int64_t bos, int64_t len, int hd, int c_end,
                                                 float &gr, uint32_t &be) {
+    constexpr bool WITH_V = MODE != HOP_MAP_F, WITH_Q = MODE == HOP_MAIN; /* F: values 0; maps: no outputs */
     HopperStage<T, VP> &st = s.st[sb];
     const int tid = threadIdx.x;
     const int H = p.H, M = p.M;
@@ -170,43 +184,51 @@ __device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const Hopp
          * padding): hop_aux_chunk zeroes K's and V's rows past n once landed; Q's rows past nq are
          * never used (masked scores, discarded outputs) */
         if (tid == 0) {
-            mbar_arrive_expect_tx(&s.loaded[sb], (uint32_t)(CHUNK * (2 * HOP_KP + VP) * sizeof(T)));
+            constexpr int COLS = HOP_KP + (WITH_Q ? HOP_KP : 0) + (WITH_V ? VP : 0);
+            mbar_arrive_expect_tx(&s.loaded[sb], (uint32_t)(CHUNK * COLS * sizeof(T)));
             const int yk = (int)rowc, yq = (int)(bos + ch.tf);
             constexpr int PANEL = CHUNK * WG_PANEL_COLS; /* elements of a panel */
 #pragma unroll
             for (int pn = 0; pn < HOP_KP / WG_PANEL_COLS; pn++) {
                 tma_load_2d(st.k + pn * PANEL, maps.k, hd * HOP_KP + pn * WG_PANEL_COLS, yk, &s.loaded[sb]);
-                tma_load_2d(st.q + pn * PANEL, maps.q, hd * HOP_KP + pn * WG_PANEL_COLS, yq, &s.loaded[sb]);
+                if constexpr (WITH_Q)
+                    tma_load_2d(st.q + pn * PANEL, maps.q, hd * HOP_KP + pn * WG_PANEL_COLS, yq, &s.loaded[sb]);
             }
+            if constexpr (WITH_V)
 #pragma unroll
-            for (int pn = 0; pn < VP / WG_PANEL_COLS; pn++)
-                tma_load_2d(st.v + pn * PANEL, maps.v, hd * VP + pn * WG_PANEL_COLS, yk, &s.loaded[sb]);
+                for (int pn = 0; pn < VP / WG_PANEL_COLS; pn++)
+                    tma_load_2d(st.v + pn * PANEL, maps.v, hd * VP + pn * WG_PANEL_COLS, yk, &s.loaded[sb]);
         }
     } else {
         hop_tile_async<T, HOP_KP>(st.k, static_cast<const T *>(p.k) + (rowc * H + hd) * HOP_KP, ld, ch.n, tid);
-        hop_tile_async<T, VP>(st.v, static_cast<const T *>(p.v) + (rowc * H + hd) * VP, (int64_t)H * VP, ch.n, tid);
-        hop_tile_async<T, HOP_KP>(st.q, static_cast<const T *>(p.q) + ((bos + ch.tf) * H + hd) * HOP_KP, ld, ch.nq,
-                                  tid);
+        if constexpr (WITH_V)
+            hop_tile_async<T, VP>(st.v, static_cast<const T *>(p.v) + (rowc * H + hd) * VP, (int64_t)H * VP, ch.n, tid);
+        if constexpr (WITH_Q)
+            hop_tile_async<T, HOP_KP>(st.q, static_cast<const T *>(p.q) + ((bos + ch.tf) * H + hd) * HOP_KP, ld, ch.nq,
+                                      tid);
         cp_async_commit();
     }
-    if (c + 1 < nchunks) {
+    if (c + 1 < c_end) {
         const HopChunk nx = hop_chunk(c + 1, (int)len, M);
         const int64_t rown = bos * M + nx.lo;
         const int bytes = HOP_KP * (int)sizeof(T);
         if (tid < nx.n) {
             prefetch_l2(static_cast<const T *>(p.k) + ((rown + tid) * H + hd) * HOP_KP, bytes);
-            prefetch_l2(static_cast<const T *>(p.v) + ((rown + tid) * H + hd) * VP, VP * (int)sizeof(T));
-        } else if (tid >= 64 && tid - 64 < nx.nq) {
+            if constexpr (WITH_V)
+                prefetch_l2(static_cast<const T *>(p.v) + ((rown + tid) * H + hd) * VP, VP * (int)sizeof(T));
+        } else if (WITH_Q && tid >= 64 && tid - 64 < nx.nq) {
             prefetch_l2(static_cast<const T *>(p.q) + ((bos + nx.tf + tid - 64) * H + hd) * HOP_KP, bytes);
         }
     }
 }
 
 /* ---- the aux warpgroup: stage b for chunk c ---- */
-template <typename T, int VP, int COPY>
+/* lc: the chunk's index in the run (stage b = lc % 2, the parities), count: the run's chunks, c_end:
+ * its end (the run is chunks [c_end - count, c_end) of the sequence). */
+template <typename T, int VP, int COPY, int MODE>
 __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const HopperMaps &maps, HopperSmem<T, VP> &s,
-                                              int b, int c, int64_t bos, int64_t len, int hd, int nchunks,
-                                              float &pend_g, uint32_t &pend_b, HopPhases &ph) {
+                                              int b, int c, int lc, int count, int c_end, int64_t bos, int64_t len,
+                                              int hd, float &pend_g, uint32_t &pend_b, HopPhases &ph) {
     HopperStage<T, VP> &st = s.st[b];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
     const int n = hop_chunk(c, (int)len, p.M).n;
@@ -217,57 +239,83 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
     }
 
     /* chunk c + 1's loads into the other stage once it is released (NextChunkLoads, mma.cuh; fused.cuh's points) */
-    NextChunkLoads next(&s.empty[b ^ 1], c, nchunks);
+    NextChunkLoads next(&s.empty[b ^ 1], lc, count);
     auto issue_next_if_free = [&](bool block) {
         next.try_issue(block, [&] {
-            hop_issue_loads<T, VP, COPY>(p, maps, s, b ^ 1, c + 1, bos, len, hd, nchunks, pend_g, pend_b);
+            hop_issue_loads<T, VP, COPY, MODE>(p, maps, s, b ^ 1, c + 1, bos, len, hd, c_end, pend_g, pend_b);
         });
     };
 
     if constexpr (COPY == HOP_COPY_TMA) {
-        mbar_wait(&s.loaded[b], (c >> 1) & 1); /* stage b's (c / 2)-th fill */
+        mbar_wait(&s.loaded[b], (lc >> 1) & 1); /* stage b's (lc / 2)-th fill */
         if (n < CHUNK) /* the rows past the sequence's end: zeros, as cp.async's fill writes them */
             for (int e = tid; e < (CHUNK - n) * 16; e += HOP_AUX_THREADS) {
                 const int r = n + (e >> 4), cc = (e & 15) * 8;
                 *reinterpret_cast<uint4 *>(hop_at(st.k, CHUNK, r, cc)) = make_uint4(0u, 0u, 0u, 0u);
-                if (cc < VP)
+                if (MODE != HOP_MAP_F && cc < VP)
                     *reinterpret_cast<uint4 *>(hop_at(st.v, CHUNK, r, cc)) = make_uint4(0u, 0u, 0u, 0u);
             }
     } else {
         cp_async_wait<0>();
     }
-    fence_proxy_async_smem(); /* the landed (or zeroed) tiles may be read by wgmma (without the norms) */
+    fence_proxy_async_smem(); /* the landed (or zeroed) tiles may be read by wgmma */
     bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS);
     ph.mark(0); /* aux 0: waiting for the chunk's loads */
 
-    /* Gk: a warp scan over the 64 rows, base 2 (fused.cuh's); the rows' norms in place */
-    if (warp == 0)
-        chunk_gk_scan(st.gk, st.gam, lane);
-    if (p.l2norm) {
-        l2norm_rows_at<T, HOP_KP, 4, 4>(st.k, HopPanelVec<T>{}, n, warp, lane); /* Q: the state warpgroups */
-        fence_proxy_async_smem();
-    }
-    bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS);
-    ph.mark(1); /* aux 1: Gk and K's norms */
-
-    /* A = K K^T, 64 x 64 over 128 key columns */
+    /* A's products on the raw keys: the in-kernel norm is a row scale, 1 / |k_r|, applied where K's
+     * products are used (A's values here; X', the scores and the update's operand on the state side)
+     * instead of a pass that rewrites the key tile, and |k_r|^2 is A's own diagonal (fp32 sums of
+     * the exact products of the 16-bit values; the reference rounds normalized keys nowhere either). */
     float acc[32];
     const auto keys = [&](int ks) { return wg_desc_kmajor(st.k, CHUNK, 0, ks * 16); };
     wg_gemm<CHUNK, 0, 0, T, HOP_KP / 16, true>(acc, keys, keys);
+    /* Gk beside it: a warp scan over the 64 rows, base 2 (fused.cuh's) */
+    if (warp == 0)
+        chunk_gk_scan(st.gk, st.gam, lane);
     wg_wait<0>();
-    /* A[r][c] = beta_r 2^(Gk_r - Gk_c) <k_r, k_c> for c < r < n, else 0 (wy_build_a's values) */
 #pragma unroll
     for (int j = 0; j < 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int r = 16 * warp + g + (e >> 1) * 8, cc = 8 * j + 2 * t4 + (e & 1);
+            if (cc == r) /* the one thread that holds row r's diagonal */
+                st.kinv[r] = p.l2norm ? 1.0f / sqrtf(acc[4 * j + e] + (float)GDP_L2NORM_EPS) : 1.0f;
+        }
+    bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS); /* Gk, 2^Gk and the key scales complete */
+    ph.mark(1); /* aux 1: A's products, Gk and the key scales */
+
+    /* A[r][c] = beta_r 2^(Gk_r - Gk_c) <k_r, k_c> / (|k_r| |k_c|) for c < r < n, else 0 (wy_build_a's
+     * values). The per-row and per-column factors are read into registers first: read inside the
+     * loop, each is read again after every store to s.a (the compiler cannot tell the arrays apart),
+     * a shared-memory latency an element on the aux warpgroup's critical path (the ncu card of the
+     * twenty-second session: this loop held 6 % of the kernel's stall samples). */
+    float gk_c[16], kinv_c[16], gk_r[2], fac_r[2];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            gk_c[2 * j + e] = st.gk[8 * j + 2 * t4 + e];
+            kinv_c[2 * j + e] = st.kinv[8 * j + 2 * t4 + e];
+        }
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int r = 16 * warp + g + hh * 8;
+        gk_r[hh] = st.gk[r];
+        fac_r[hh] = st.beta[r] * st.kinv[r];
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int hh = e >> 1, ci = 2 * j + (e & 1);
+            const int r = 16 * warp + g + hh * 8, cc = 8 * j + 2 * t4 + (e & 1);
             float val = 0.0f;
             if (cc < r && r < n)
-                val = acc[4 * j + e] * exp2f(st.gk[r] - st.gk[cc]) * st.beta[r];
+                val = acc[4 * j + e] * exp2f(gk_r[hh] - gk_c[ci]) * fac_r[hh] * kinv_c[ci];
             s.a[r][cc] = val;
         }
     bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS); /* A complete */
-    ph.mark(2); /* aux 2: A */
+    ph.mark(2); /* aux 2: A's values */
     issue_next_if_free(false);
     ph.mark(3); /* aux 3: testing (and maybe issuing) the next chunk's loads */
 
@@ -290,18 +338,30 @@ template <int NA> __device__ __forceinline__ float (&hop_frags(float (&S)[NA]))[
     return *reinterpret_cast<float(*)[NA / 4][4]>(&S[0]);
 }
 
-template <typename T, int VP, int COPY>
-__global__ void __launch_bounds__(HOP_THREADS, 1)
-    chunk_hopper_kernel(const ChunkParams p, const __grid_constant__ HopperMaps maps) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    extern __shared__ unsigned char smem_raw[];
+/* Where a run's state comes from: element (r, c) at src + base + r * VP + c in dtype (the initial
+ * state, or a segment's entering state in the workspace), or, with src NULL, zeros (the identity in
+ * mode F). */
+struct HopStateSrc {
+    const void *src;
+    int dtype;
+    int64_t base;
+};
+
+/* Chunks [cb, ce) of sequence i (its rows from bos, len tokens), head hd, by one block: the loop of
+ * both roles, from the state init to the state end (StateDest: dst NULL stores nothing). MODE:
+ * HOP_MAIN also writes the outputs and the chunk states of its chunks; HOP_MAP_F / HOP_MAP_G a
+ * transfer map (above). Every thread of the block calls it (it starts with a block barrier). */
+template <typename T, int VP, int COPY, int MODE>
+__device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &maps, unsigned char *smem_raw, int i,
+                                        int hd, int cb, int ce, const HopStateSrc init, const StateDest end) {
+    static_assert(MODE != HOP_MAP_F || VP == HOP_KP, "a transfer map F is K x K");
     /* 1024-byte aligned panels: the swizzle is a function of the address bits */
     const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
     HopperSmem<T, VP> &s = *reinterpret_cast<HopperSmem<T, VP> *>(smem_raw + pad);
-    const int hd = blockIdx.y, i = blockIdx.z, H = p.H, M = p.M;
+    const int H = p.H, M = p.M;
     const int64_t bos = p.cu[i];
     const int64_t len = (int64_t)p.cu[i + 1] - bos;
-    const int nchunks = (int)((len * M + CHUNK - 1) / CHUNK);
+    const int count = ce - cb; /* the run's chunks */
 
     if (threadIdx.x == 0) {
         mbar_init(&s.empty[0], HOP_STATE_THREADS);
@@ -316,13 +376,14 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
     const int wgi = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
     HopPhases ph;
     if (wgi == 0) {
+        setmaxnreg_dec<HOP_AUX_REGS>();
         float pend_g = 0.0f; /* the next chunk's g and beta (its bits) of the thread's row */
         uint32_t pend_b = 0u;
-        if (nchunks > 0)
-            hop_issue_loads<T, VP, COPY>(p, maps, s, 0, 0, bos, len, hd, nchunks, pend_g, pend_b);
-        for (int c = 0; c < nchunks; c++) {
-            const int b = c & 1;
-            hop_aux_chunk<T, VP, COPY>(p, maps, s, b, c, bos, len, hd, nchunks, pend_g, pend_b, ph);
+        if (count > 0)
+            hop_issue_loads<T, VP, COPY, MODE>(p, maps, s, 0, cb, bos, len, hd, ce, pend_g, pend_b);
+        for (int lc = 0; lc < count; lc++) {
+            const int b = lc & 1;
+            hop_aux_chunk<T, VP, COPY, MODE>(p, maps, s, b, cb + lc, lc, count, ce, bos, len, hd, pend_g, pend_b, ph);
             bar_arrive(HOP_BAR_FULL0 + b, HOP_THREADS);
             ph.mark(7); /* aux 7: the arrival and the loop */
         }
@@ -330,6 +391,7 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
         return;
     }
 
+    setmaxnreg_inc<HOP_STATE_REGS>();
     const int tid = threadIdx.x - HOP_AUX_THREADS, lane = tid & 31, wg = wgi - 1, wi = (tid >> 5) & 3;
     const int g = lane >> 2, t4 = lane & 3;
     const int64_t coff = p.coff[i];
@@ -345,12 +407,14 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int r = sr0 + g + (e >> 1) * 8, cc = 8 * j + 2 * t4 + (e & 1);
-            S[4 * j + e] = p.h0 != nullptr ? load_any(p.h0, p.h0_dtype, (((int64_t)i * H + hd) * HOP_KP + r) * VP + cc)
-                                           : 0.0f;
+            if constexpr (MODE == HOP_MAP_F)
+                S[4 * j + e] = r == cc ? 1.0f : 0.0f;
+            else
+                S[4 * j + e] = init.src != nullptr ? load_any(init.src, init.dtype, init.base + (int64_t)r * VP + cc) : 0.0f;
         }
 
-    for (int c = 0; c < nchunks; c++) {
-        const int b = c & 1;
+    for (int lc = 0; lc < count; lc++) {
+        const int c = cb + lc, b = lc & 1;
         HopperStage<T, VP> &st = s.st[b];
         const HopChunk ch = hop_chunk(c, (int)len, M);
         const int n = ch.n, nq = ch.nq;
@@ -362,7 +426,7 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
                 *reinterpret_cast<uint32_t *>(hop_at(s.s16, HOP_KP, sr0 + g + hh * 8, 8 * j + 2 * t4)) =
                     Elem<T>::pack(S[4 * j + 2 * hh], S[4 * j + 2 * hh + 1]);
         fence_proxy_async_smem();
-        if (c % M == 0 && p.chunk_states != nullptr) {
+        if (MODE == HOP_MAIN && c % M == 0 && p.chunk_states != nullptr) {
             const int64_t hrow = coff + c / M;
             if (hrow < p.cs_rows)
                 store_state_tile(p.chunk_states, p.cs_dtype, hop_frags(S), sr0, 0, HOP_KP, VP, lane,
@@ -373,7 +437,7 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
         ph.mark(0); /* state 0: waiting for the aux warpgroup (FULL) */
 
         /* Q's norms (both warpgroups, 8 warps; the aux warpgroup's at first, see below) */
-        if (p.l2norm) {
+        if (MODE == HOP_MAIN && p.l2norm) {
             l2norm_rows_at<T, HOP_KP, 8, 2>(st.q, HopPanelVec<T>{}, nq, tid >> 5, lane);
             fence_proxy_async_smem();
             bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS);
@@ -386,37 +450,65 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
         const auto s16_cols = [&](int ks) { return wg_desc_mnmajor(s.s16, HOP_KP, ks * 16, c0); };
         float acc[CW / 2];
         wg_gemm<CW, 0, 1, T, HOP_KP / 16, true>(acc, keys, s16_cols);
-        /* beside it the scores P = masked decayed Q K^T on this warpgroup's 32 key columns (the aux
-         * warpgroup's work at first, which bounded the chunk: kernels/NOTES-chunk.md, twenty-first
-         * session) */
-        float sc[16];
-        wg_gemm<32, 0, 0, T, HOP_KP / 16, true>(sc, queries,
-                                                 [&](int ks) { return wg_desc_kmajor(st.k, CHUNK, 32 * wg, ks * 16); });
-        wg_wait<1>(); /* X' */
+        if constexpr (MODE == HOP_MAIN) {
+            /* beside it the scores P = masked decayed Q K^T on this warpgroup's 32 key columns (the aux
+             * warpgroup's work at first, which bounded the chunk: kernels/NOTES-chunk.md, twenty-first
+             * session) */
+            float sc[16];
+            wg_gemm<32, 0, 0, T, HOP_KP / 16, true>(sc, queries,
+                                                     [&](int ks) { return wg_desc_kmajor(st.k, CHUNK, 32 * wg, ks * 16); });
+            wg_wait<1>(); /* X' */
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int r = r0 + g + hh * 8;
-            const float f = st.gam[r];
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = r0 + g + hh * 8;
+                const float f = st.gam[r] * st.kinv[r]; /* K S16's row r, of the raw keys */
 #pragma unroll
-            for (int j = 0; j < NJ; j++) {
-                T *vp = hop_at(st.v, CHUNK, r, c0 + 8 * j + 2 * t4);
-                const float x0 = Elem<T>::to_f(vp[0]) - f * acc[4 * j + 2 * hh];
-                const float x1 = Elem<T>::to_f(vp[1]) - f * acc[4 * j + 2 * hh + 1];
-                *reinterpret_cast<uint32_t *>(vp) = Elem<T>::pack(x0, x1);
+                for (int j = 0; j < NJ; j++) {
+                    T *vp = hop_at(st.v, CHUNK, r, c0 + 8 * j + 2 * t4);
+                    const float x0 = Elem<T>::to_f(vp[0]) - f * acc[4 * j + 2 * hh];
+                    const float x1 = Elem<T>::to_f(vp[1]) - f * acc[4 * j + 2 * hh + 1];
+                    *reinterpret_cast<uint32_t *>(vp) = Elem<T>::pack(x0, x1);
+                }
             }
-        }
-        wg_wait<0>(); /* the scores */
+            /* the scores' column factors (Gk and the raw keys' scales) into registers before any store to P
+             * (read in the loop, each would be read again after every store: see A's values) */
+            float gk_c[8], kinv_c[8];
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int qi = r0 + g + hh * 8;
-            const int row = hop_query_row(ch, qi, M);
-            const float gt = row >= 0 ? st.gk[row] : 0.0f;
+            for (int x = 0; x < 8; x++) {
+                const int cc = 32 * wg + 8 * (x >> 1) + 2 * t4 + (x & 1);
+                gk_c[x] = st.gk[cc];
+                kinv_c[x] = st.kinv[cc];
+            }
+            wg_wait<0>(); /* the scores */
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int cc = 32 * wg + 8 * j + 2 * t4;
-                const float p0 = cc <= row ? sc[4 * j + 2 * hh] * exp2f(gt - st.gk[cc]) : 0.0f;
-                const float p1 = cc + 1 <= row ? sc[4 * j + 2 * hh + 1] * exp2f(gt - st.gk[cc + 1]) : 0.0f;
-                *reinterpret_cast<uint32_t *>(hop_at(st.p, CHUNK, qi, cc)) = Elem<T>::pack(p0, p1);
+            for (int hh = 0; hh < 2; hh++) {
+                const int qi = r0 + g + hh * 8;
+                const int row = hop_query_row(ch, qi, M);
+                const float gt = row >= 0 ? st.gk[row] : 0.0f;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int cc = 32 * wg + 8 * j + 2 * t4;
+                    const float p0 = cc <= row ? sc[4 * j + 2 * hh] * exp2f(gt - gk_c[2 * j]) * kinv_c[2 * j] : 0.0f;
+                    const float p1 =
+                        cc + 1 <= row ? sc[4 * j + 2 * hh + 1] * exp2f(gt - gk_c[2 * j + 1]) * kinv_c[2 * j + 1] : 0.0f;
+                    *reinterpret_cast<uint32_t *>(hop_at(st.p, CHUNK, qi, cc)) = Elem<T>::pack(p0, p1);
+                }
+            }
+        } else {
+            /* a transfer map: X' = V - 2^Gk (K S16) with V = 0 (F), or with the real V (G) */
+            wg_wait<0>();
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = r0 + g + hh * 8;
+                const float f = st.gam[r] * st.kinv[r];
+#pragma unroll
+                for (int j = 0; j < NJ; j++) {
+                    T *vp = hop_at(st.v, CHUNK, r, c0 + 8 * j + 2 * t4);
+                    const float v0 = MODE == HOP_MAP_G ? Elem<T>::to_f(vp[0]) : 0.0f;
+                    const float v1 = MODE == HOP_MAP_G ? Elem<T>::to_f(vp[1]) : 0.0f;
+                    *reinterpret_cast<uint32_t *>(vp) =
+                        Elem<T>::pack(v0 - f * acc[4 * j + 2 * hh], v1 - f * acc[4 * j + 2 * hh + 1]);
+                }
             }
         }
         fence_proxy_async_smem(); /* X' (read next by this warpgroup) and P (by both, after the v_new barrier) */
@@ -431,12 +523,13 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             const int r = r0 + g + hh * 8;
-            const float f = r < n ? exp2f(gl - st.gk[r]) : 0.0f;
+            const float f = r < n ? exp2f(gl - st.gk[r]) * st.kinv[r] : 0.0f; /* the update's K^T is of the raw keys */
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
                 const int cc = c0 + 8 * j + 2 * t4;
                 const float v0 = acc[4 * j + 2 * hh], v1 = acc[4 * j + 2 * hh + 1];
-                *reinterpret_cast<uint32_t *>(hop_at(s.vn, CHUNK, r, cc)) = Elem<T>::pack(v0, v1);
+                if constexpr (MODE == HOP_MAIN)
+                    *reinterpret_cast<uint32_t *>(hop_at(s.vn, CHUNK, r, cc)) = Elem<T>::pack(v0, v1);
                 *reinterpret_cast<uint32_t *>(hop_at(s.vd, CHUNK, r, cc)) = Elem<T>::pack(v0 * f, v1 * f);
             }
         }
@@ -445,8 +538,9 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
         ph.mark(3); /* state 3: v_new */
 
         /* o = scale (2^Gk[r_t] Q S16 + P v_new) on the warpgroup's columns (also when no query ends in
-         * the chunk, nq = 0: a wgmma under a branch makes ptxas serialize them all, warning C7520) */
-        {
+         * the chunk, nq = 0: a wgmma under a branch makes ptxas serialize them all, warning C7520; MODE is a
+         * template parameter, so the maps' runs compile without this block) */
+        if constexpr (MODE == HOP_MAIN) {
             wg_gemm<CW, 0, 1, T, HOP_KP / 16, true>(acc, queries, s16_cols);
             wg_wait<0>();
             const int ra = hop_query_row(ch, r0 + g, M), rb = hop_query_row(ch, r0 + g + 8, M);
@@ -487,16 +581,233 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
         /* every read of stage b, S16, v_new and its decayed copy is done */
         bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS);
         ph.mark(5); /* state 5: the update */
-        if (c + 2 < nchunks)
+        if (lc + 2 < count)
             mbar_arrive(&s.empty[b]);
     }
 
     ph.flush(1);
-    const StateDest d = final_state_dest(p, i, hd);
-    if (d.dst != nullptr)
-        store_state_tile(d.dst, d.dtype, hop_frags(S), sr0, 0, HOP_KP, VP, lane,
-                         [&](int r, int cc) { return d.base + (int64_t)r * VP + cc; });
+    if (end.dst != nullptr)
+        store_state_tile(end.dst, end.dtype, hop_frags(S), sr0, 0, HOP_KP, VP, lane,
+                         [&](int r, int cc) { return end.base + (int64_t)r * VP + cc; });
+}
+
+/* The expanded chunks of sequence i (len tokens, M copies a token). */
+__device__ __forceinline__ int hop_seq_chunks(const ChunkParams &p, int i) {
+    return (int)((((int64_t)p.cu[i + 1] - p.cu[i]) * p.M + CHUNK - 1) / CHUNK);
+}
+/* The initial state of sequence i, head hd, as a run's source (zeros without one). */
+__device__ __forceinline__ HopStateSrc hop_h0(const ChunkParams &p, int i, int hd) {
+    return HopStateSrc{p.h0, p.h0_dtype, ((int64_t)i * p.H + hd) * p.K * p.V};
+}
+
+/* The op in one pass: block (0, hd, i) runs every chunk of sequence i from its initial state. */
+template <typename T, int VP, int COPY>
+__global__ void __launch_bounds__(HOP_THREADS, 1)
+    chunk_hopper_kernel(const ChunkParams p, const __grid_constant__ HopperMaps maps) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char smem_raw[];
+    const int hd = blockIdx.y, i = blockIdx.z;
+    hop_run<T, VP, COPY, HOP_MAIN>(p, maps, smem_raw, i, hd, 0, hop_seq_chunks(p, i), hop_h0(p, i, hd),
+                                   final_state_dest(p, i, hd));
 #endif
+}
+
+/* ---- the exact segment split (kernels/NOTES-chunk.md, "Exact segments") ----
+ * Sequence i's expanded chunks are cut into nseg[i] segments of seg_chunks chunks (the last
+ * shorter), work items t = seg_first[i] + j in sequence order (item_seq[t] = i, item_seg[t] = j;
+ * -1 past the last item). A segment j >= 1 has workspace slot e = seg_first[i] - i + j - 1 for its
+ * entering state (entry) and, in the middle (0 < j < nseg - 1), for its maps F (fmap, K x K) and G
+ * (gmap, K x V); all fp32, [e][H][K][K or V]. */
+struct HopSegPlan {
+    const int *item_seq, *item_seg, *seg_first, *nseg;
+    float *entry, *fmap, *gmap;
+    int seg_chunks;
+};
+__device__ __forceinline__ int64_t hop_slot_base(const ChunkParams &p, const HopSegPlan &sp, int i, int j, int hd,
+                                                 int cols) {
+    const int64_t e = (int64_t)sp.seg_first[i] - i + j - 1;
+    return (e * p.H + hd) * p.K * cols;
+}
+
+/* Pass 1, one launch a role (one body a kernel: three in one spilled up to 596 bytes): ROLE
+ * HOP_MAIN, segment 0 of every sequence from its initial state (the whole op for a sequence of one
+ * segment; else its end state is segment 1's entering state); HOP_MAP_F and HOP_MAP_G, the maps of
+ * the middle segments. Blocks of other items exit at once. */
+template <typename T, int VP, int COPY, int ROLE>
+__global__ void __launch_bounds__(HOP_THREADS, 1)
+    chunk_hopper_seg_pass1_kernel(const ChunkParams p, const __grid_constant__ HopperMaps maps, const HopSegPlan sp) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char smem_raw[];
+    const int t = blockIdx.x, hd = blockIdx.y;
+    const int i = sp.item_seq[t];
+    if (i < 0)
+        return;
+    const int j = sp.item_seg[t], ns = sp.nseg[i], nexp = hop_seq_chunks(p, i);
+    const int cb = j * sp.seg_chunks, ce = min(cb + sp.seg_chunks, nexp);
+    if constexpr (ROLE == HOP_MAIN) {
+        if (j != 0)
+            return;
+        const StateDest end = ns == 1 ? final_state_dest(p, i, hd)
+                                      : StateDest{sp.entry, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, 1, hd, VP)};
+        hop_run<T, VP, COPY, HOP_MAIN>(p, maps, smem_raw, i, hd, cb, ce, hop_h0(p, i, hd), end);
+    } else {
+        if (j == 0 || j == ns - 1)
+            return;
+        constexpr int W = ROLE == HOP_MAP_F ? HOP_KP : VP; /* F is K x K, G K x V */
+        float *dst = ROLE == HOP_MAP_F ? sp.fmap : sp.gmap;
+        hop_run<T, W, COPY, ROLE>(p, maps, smem_raw, i, hd, cb, ce, HopStateSrc{nullptr, 0, 0},
+                                  StateDest{dst, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, j, hd, W)});
+    }
+#endif
+}
+
+/* Pass 2 (after hop_fixup_kernel): segments j >= 1 from their entering states; the last one's end
+ * state is the sequence's final state. */
+template <typename T, int VP, int COPY>
+__global__ void __launch_bounds__(HOP_THREADS, 1)
+    chunk_hopper_seg_pass2_kernel(const ChunkParams p, const __grid_constant__ HopperMaps maps, const HopSegPlan sp) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char smem_raw[];
+    const int t = blockIdx.x, hd = blockIdx.y;
+    const int i = sp.item_seq[t];
+    if (i < 0)
+        return;
+    const int j = sp.item_seg[t], ns = sp.nseg[i], nexp = hop_seq_chunks(p, i);
+    if (j == 0)
+        return;
+    const int cb = j * sp.seg_chunks, ce = min(cb + sp.seg_chunks, nexp);
+    const HopStateSrc init{sp.entry, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, j, hd, VP)};
+    const StateDest end = j == ns - 1 ? final_state_dest(p, i, hd) : StateDest{nullptr, 0, 0};
+    hop_run<T, VP, COPY, HOP_MAIN>(p, maps, smem_raw, i, hd, cb, ce, init, end);
+#endif
+}
+
+/* The plan of the split, from cu_seqlens on the device (no host sync; one block of 1024 threads):
+ * nseg[i] = max(1, ceil(ceil(len_i M / 64) / seg_chunks)) (a sequence of no token still has its one
+ * item: its final state is its initial state), seg_first by a block scan in sequence order, the
+ * items, and -1 in item_seq past the last of max_items. */
+constexpr int HOP_PLAN_THREADS = 1024;
+__global__ void __launch_bounds__(HOP_PLAN_THREADS)
+    hop_plan_kernel(const int32_t *cu, int N, int M, int seg_chunks, int max_items, int *item_seq, int *item_seg,
+                    int *seg_first, int *nseg) {
+    __shared__ int warp_sums[HOP_PLAN_THREADS / 32];
+    __shared__ int carry;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int t = tid; t < max_items; t += HOP_PLAN_THREADS) {
+        item_seq[t] = -1;
+        item_seg[t] = 0;
+    }
+    if (tid == 0)
+        carry = 0;
+    __syncthreads();
+    for (int base = 0; base < N; base += HOP_PLAN_THREADS) {
+        const int i = base + tid;
+        int ns = 0;
+        if (i < N) {
+            const int64_t nexp = (((int64_t)cu[i + 1] - cu[i]) * M + CHUNK - 1) / CHUNK;
+            ns = (int)max((int64_t)1, (nexp + seg_chunks - 1) / seg_chunks);
+        }
+        /* exclusive scan of ns over the block: within the warp, then over the warps' sums */
+        int x = ns;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, x, d);
+            if (lane >= d)
+                x += y;
+        }
+        if (lane == 31)
+            warp_sums[warp] = x;
+        __syncthreads();
+        if (warp == 0) {
+            int w = warp_sums[lane];
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                const int y = __shfl_up_sync(0xffffffffu, w, d);
+                if (lane >= d)
+                    w += y;
+            }
+            warp_sums[lane] = w; /* inclusive over the warps */
+        }
+        __syncthreads();
+        const int first = carry + (warp > 0 ? warp_sums[warp - 1] : 0) + x - ns;
+        if (i < N) {
+            seg_first[i] = first;
+            nseg[i] = ns;
+            for (int j = 0; j < ns && first + j < max_items; j++) {
+                item_seq[first + j] = i;
+                item_seg[first + j] = j;
+            }
+        }
+        __syncthreads(); /* every thread has read carry and warp_sums */
+        if (tid == 0)
+            carry += warp_sums[HOP_PLAN_THREADS / 32 - 1];
+        __syncthreads();
+    }
+}
+
+/* The fix-up scan of the split, one block of 256 threads per (sequence, head): S_(j+1) = F_j S_j + G_j
+ * for the middle segments j = 1 .. nseg - 2 in order, in fp32 (each thread an 8 x VP/16 tile of the
+ * product, sums in k order: deterministic), from S_1 (pass 1's end of segment 0) to S_(nseg - 1). */
+constexpr int HOP_FIX_THREADS = 256, HOP_FIX_LD = HOP_KP + 4;
+template <int VP>
+__global__ void __launch_bounds__(HOP_FIX_THREADS) hop_fixup_kernel(const ChunkParams p, const HopSegPlan sp) {
+    extern __shared__ float fix_smem[];
+    float *F = fix_smem;                 /* [K][HOP_FIX_LD]: F_j       */
+    float *Sm = F + HOP_KP * HOP_FIX_LD; /* [K][VP + 4]: S_j          */
+    constexpr int SLD = VP + 4, CT = VP / 16;
+    const int i = blockIdx.x, hd = blockIdx.y, tid = threadIdx.x;
+    const int ns = sp.nseg[i];
+    if (ns < 3)
+        return; /* no middle segment: pass 1 wrote S_1 (or the final state) already */
+    const int r0 = (tid >> 4) * 8, col0 = (tid & 15) * CT; /* the thread's rows and columns */
+    {
+        const float *s1 = sp.entry + hop_slot_base(p, sp, i, 1, hd, VP);
+        for (int e = tid; e < HOP_KP * VP; e += HOP_FIX_THREADS)
+            Sm[(e / VP) * SLD + e % VP] = s1[e];
+    }
+    for (int j = 1; j + 1 < ns; j++) {
+        const float *f = sp.fmap + hop_slot_base(p, sp, i, j, hd, HOP_KP);
+        const float *gm = sp.gmap + hop_slot_base(p, sp, i, j, hd, VP);
+        for (int e = tid; e < HOP_KP * HOP_KP; e += HOP_FIX_THREADS)
+            F[(e / HOP_KP) * HOP_FIX_LD + e % HOP_KP] = f[e];
+        __syncthreads(); /* F_j and S_j in */
+        float acc[8][CT];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+#pragma unroll
+            for (int v = 0; v < CT; v++)
+                acc[u][v] = 0.0f;
+        for (int k = 0; k < HOP_KP; k++) {
+            float fr[8], sr[CT];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                fr[u] = F[(r0 + u) * HOP_FIX_LD + k];
+#pragma unroll
+            for (int v = 0; v < CT; v++)
+                sr[v] = Sm[k * SLD + col0 + v];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+#pragma unroll
+                for (int v = 0; v < CT; v++)
+                    acc[u][v] = fmaf(fr[u], sr[v], acc[u][v]);
+        }
+        float *next = sp.entry + hop_slot_base(p, sp, i, j + 1, hd, VP);
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+#pragma unroll
+            for (int v = 0; v < CT; v++) {
+                const int64_t e = (int64_t)(r0 + u) * VP + col0 + v;
+                acc[u][v] += gm[e];
+                next[e] = acc[u][v];
+            }
+        __syncthreads(); /* every read of F_j and S_j done */
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+#pragma unroll
+            for (int v = 0; v < CT; v++)
+                Sm[(r0 + u) * SLD + col0 + v] = acc[u][v];
+        /* the next step's barrier (after F_(j+1) lands) publishes S_(j+1) */
+    }
 }
 
 } // namespace

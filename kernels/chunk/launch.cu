@@ -120,6 +120,50 @@ int hopper_copy_from_env(const char **text) {
     return gdp_env_choice("GDP_CHUNK_HOPPER_COPY", spell, value, 2, 0, text);
 }
 
+/* The Hopper kernel's exact segment split (GDP_CHUNK_SEGMENT; kernels/NOTES-chunk.md, "Exact
+ * segments"): unset, 0 or auto lets the op choose the segment length from the work (hopper_segment),
+ * off never splits (one block per sequence and head, the kernel before the split), a power of two
+ * from 1 to 1024 forces that many expanded chunks a segment (the tests' short segments). Returns
+ * 0 (auto), -2 (off), the forced length, or -1 for any other value. */
+int hopper_segment_from_env(const char **text) {
+    static const char *const spell[13] = {"0", "auto", "off", "1", "2", "4", "8", "16", "32", "64", "128", "256", "512"};
+    static const int value[13] = {0, 0, -2, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+    return gdp_env_choice("GDP_CHUNK_SEGMENT", spell, value, 13, 0, text);
+}
+
+/* The segment length the split takes: the forced one, else the power of two at least the
+ * expanded chunks' bound x heads / SMs (one segment a block and about one wave: 8 x 2048 and 1 x
+ * 16384 at M = 2, H = 16 on 132 SMs both give 64, which splits only the long sequence) and at least
+ * HOPPER_MIN_AUTO_SEGMENT (a segment past a sequence's first costs a map pass and a fix-up step of
+ * about one chunk's time: short segments would spend more on the split than they save), doubled
+ * while the split's scratch does not fit in the staged path's intermediates (which the Hopper path
+ * does not use); 0 when no sequence can be longer than one segment, or for off. */
+#ifdef GDP_HAVE_CHUNK_HOPPER
+constexpr long long HOPPER_MIN_AUTO_SEGMENT = 16;
+int hopper_segment(const ChunkParams &p, int forced, int sms, void *ws, size_t ws_bytes, GdpHopperSplit *split) {
+    const long long bound = (p.T * p.M + CHUNK - 1) / CHUNK; /* expanded chunks of the longest sequence, at most */
+    if (forced == -2)
+        return 0;
+    long long seg = forced;
+    if (seg == 0) {
+        const long long want = (bound * p.H + sms - 1) / (sms > 0 ? sms : 1);
+        seg = HOPPER_MIN_AUTO_SEGMENT;
+        while (seg < want)
+            seg *= 2;
+    }
+    for (; seg < bound; seg *= 2) {
+        const long long items = gdp_chunk_hopper_split_items(p.T, p.N, p.M, (int)seg);
+        if (items < (1ll << 31) && gdp_chunk_hopper_split_bytes(&p, items) <= ws_bytes) {
+            split->seg_chunks = (int)seg;
+            split->max_items = (int)items;
+            split->ws = ws;
+            return (int)seg;
+        }
+    }
+    return 0;
+}
+#endif
+
 /* How WY inverts I + A: the off-diagonal blocks' products on tf32 tensor cores (tf32, the
  * default: measured 5 % faster WY, kernels/NOTES-chunk.md, nineteenth session; fp32
  * accumulation, Ai then rounded to the 16-bit input type) or every product on CUDA cores in
@@ -136,6 +180,8 @@ int wy_inverse_from_env(const char **text) {
 /* Calls that ran the Hopper kernel (gdp_cuda_chunk_hopper_calls); relaxed: a test's counter. */
 static long long hopper_calls = 0;
 extern "C" long long gdp_cuda_chunk_hopper_calls(void) { return __atomic_load_n(&hopper_calls, __ATOMIC_RELAXED); }
+static int hopper_last_segment = 0; /* gdp_cuda_chunk_hopper_last_segment */
+extern "C" int gdp_cuda_chunk_hopper_last_segment(void) { return __atomic_load_n(&hopper_last_segment, __ATOMIC_RELAXED); }
 
 // kernel launchers
 
@@ -222,6 +268,13 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     if (hopper_copy < 0)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
                  "%s: GDP_CHUNK_HOPPER_COPY is \"%s\"; it takes threads or tma (unset: threads)", op, hopper_copy_text);
+    const char *segment_text = nullptr;
+    const int hopper_seg_env = hopper_segment_from_env(&segment_text);
+    if (hopper_seg_env == -1)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "%s: GDP_CHUNK_SEGMENT is \"%s\"; it takes auto (or 0, unset), off, or a power of two from 1 to 512 "
+                 "(expanded chunks a segment of the Hopper kernel's split)",
+                 op, segment_text);
     const char *path_text = nullptr;
     const int path = chunk_path_from_env(&path_text);
     if (path < 0)
@@ -355,7 +408,18 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_BEGIN, stream);
     if (path == 3 && hopper_runs(p, cc)) {
 #ifdef GDP_HAVE_CHUNK_HOPPER
-        err = gdp_chunk_hopper_launch(&p, a->q.dtype == GDP_DTYPE_BF16, hopper_copy == 1, stream);
+        /* the split's scratch: the staged path's intermediates (keys, w, u, chunk-entry states), which this
+         * path does not use, or what the ctx holds past the op's workspace if that is larger */
+        char *split_ws = ws + lay.off_kn;
+        size_t split_bytes = lay.off_desc - lay.off_kn;
+        if (ctx->workspace_bytes > lay.total && ctx->workspace_bytes - lay.total > split_bytes) {
+            split_ws = ws + lay.total;
+            split_bytes = ctx->workspace_bytes - lay.total;
+        }
+        GdpHopperSplit split{0, 0, nullptr};
+        hopper_segment(p, hopper_seg_env, sms, split_ws, split_bytes, &split);
+        __atomic_store_n(&hopper_last_segment, split.seg_chunks, __ATOMIC_RELAXED);
+        err = gdp_chunk_hopper_launch(&p, a->q.dtype == GDP_DTYPE_BF16, hopper_copy == 1, &split, stream);
 #endif
         GDP_CUDA_LAUNCH_CHECK(op, err, "the Hopper chunk kernel: N %lld, H %lld, K %lld, V %lld", (long long)N,
                               (long long)H, (long long)K, (long long)V);

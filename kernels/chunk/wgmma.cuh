@@ -42,12 +42,20 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t start, uint32_t lbo, uint32
     return (uint64_t)((start & 0x3FFFFu) >> 4) | ((uint64_t)((lbo & 0x3FFFFu) >> 4) << 16) |
            ((uint64_t)((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
 }
+/* The descriptor of the operand that starts off bytes into tile (both 16-byte aligned). The start
+ * field is the shared address over 16 in 14 bits, which holds the whole 228 KB window, so tile + off
+ * is the tile's descriptor plus off / 16: the tile's is formed once and a k step adds a constant.
+ * (Built from each step's address, the field's masks kept the compiler from folding it: the
+ * descriptors were 9 % of the Hopper kernel's executed instructions, ncu, twenty-second session.) */
+__device__ __forceinline__ uint64_t wg_desc_at(const void *tile, uint32_t off, uint32_t lbo, uint32_t sbo) {
+    return wg_desc(smem_u32(tile), lbo, sbo) + (uint64_t)(off >> 4);
+}
 /* K-major operand: rows [r0, r0 + 64 (or the N extent)) of a tile of `rows` rows, the k step of 16
  * columns at column k0. */
 __device__ __forceinline__ uint64_t wg_desc_kmajor(const void *tile, int rows, int r0, int k0) {
-    const uint32_t base = smem_u32(tile) + (uint32_t)(k0 / WG_PANEL_COLS) * (uint32_t)rows * WG_ROW_BYTES +
-                          (uint32_t)r0 * WG_ROW_BYTES + (uint32_t)(k0 % WG_PANEL_COLS) * 2u;
-    return wg_desc(base, 16, 1024);
+    const uint32_t off = (uint32_t)(k0 / WG_PANEL_COLS) * (uint32_t)rows * WG_ROW_BYTES + (uint32_t)r0 * WG_ROW_BYTES +
+                         (uint32_t)(k0 % WG_PANEL_COLS) * 2u;
+    return wg_desc_at(tile, off, 16, 1024);
 }
 /* MN-major operand: the k step of 16 rows at row k0 of a tile of `rows` rows, its M (or N) extent
  * from column c0 on, across panels `rows` x 128 bytes apart. c0 a multiple of 64, or of 8 inside a
@@ -56,9 +64,21 @@ __device__ __forceinline__ uint64_t wg_desc_kmajor(const void *tile, int rows, i
  * wgmma_check's offset case). */
 __device__ __forceinline__ uint64_t wg_desc_mnmajor(const void *tile, int rows, int k0, int c0) {
     const uint32_t panel = (uint32_t)rows * WG_ROW_BYTES;
-    const uint32_t base = smem_u32(tile) + (uint32_t)(c0 / WG_PANEL_COLS) * panel + (uint32_t)k0 * WG_ROW_BYTES +
-                          (uint32_t)(c0 % WG_PANEL_COLS) * 2u;
-    return wg_desc(base, panel, 1024);
+    const uint32_t off =
+        (uint32_t)(c0 / WG_PANEL_COLS) * panel + (uint32_t)k0 * WG_ROW_BYTES + (uint32_t)(c0 % WG_PANEL_COLS) * 2u;
+    return wg_desc_at(tile, off, panel, 1024);
+}
+
+/* A warpgroup's register budget from here on (setmaxnreg, sm_90a): dec gives registers back to
+ * the block's pool, inc waits until the pool holds enough. N a multiple of 8 in [24, 256]; every
+ * warp of the warpgroup executes it. */
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+    static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+    static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
