@@ -629,6 +629,22 @@ __device__ __forceinline__ int64_t hop_slot_base(const ChunkParams &p, const Hop
     return (e * p.H + hd) * p.K * cols;
 }
 
+/* Work item t of the split: sequence i (< 0 past the last item), its segment j of ns, that segment's
+ * chunks [cb, ce). */
+struct HopItem {
+    int i, j, ns, cb, ce;
+};
+__device__ __forceinline__ HopItem hop_item(const ChunkParams &p, const HopSegPlan &sp, int t) {
+    HopItem it{sp.item_seq[t], 0, 0, 0, 0};
+    if (it.i < 0)
+        return it;
+    it.j = sp.item_seg[t];
+    it.ns = sp.nseg[it.i];
+    it.cb = it.j * sp.seg_chunks;
+    it.ce = min(it.cb + sp.seg_chunks, hop_seq_chunks(p, it.i));
+    return it;
+}
+
 /* Pass 1, one launch a role (one body a kernel: three in one spilled up to 596 bytes): ROLE
  * HOP_MAIN, segment 0 of every sequence from its initial state (the whole op for a sequence of one
  * segment; else its end state is segment 1's entering state); HOP_MAP_F and HOP_MAP_G, the maps of
@@ -638,12 +654,11 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
     chunk_hopper_seg_pass1_kernel(const ChunkParams p, const __grid_constant__ HopperMaps maps, const HopSegPlan sp) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
-    const int t = blockIdx.x, hd = blockIdx.y;
-    const int i = sp.item_seq[t];
+    const int hd = blockIdx.y;
+    const HopItem it = hop_item(p, sp, blockIdx.x);
+    const int i = it.i, j = it.j, ns = it.ns, cb = it.cb, ce = it.ce;
     if (i < 0)
         return;
-    const int j = sp.item_seg[t], ns = sp.nseg[i], nexp = hop_seq_chunks(p, i);
-    const int cb = j * sp.seg_chunks, ce = min(cb + sp.seg_chunks, nexp);
     if constexpr (ROLE == HOP_MAIN) {
         if (j != 0)
             return;
@@ -668,14 +683,11 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
     chunk_hopper_seg_pass2_kernel(const ChunkParams p, const __grid_constant__ HopperMaps maps, const HopSegPlan sp) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
-    const int t = blockIdx.x, hd = blockIdx.y;
-    const int i = sp.item_seq[t];
-    if (i < 0)
+    const int hd = blockIdx.y;
+    const HopItem it = hop_item(p, sp, blockIdx.x);
+    const int i = it.i, j = it.j, ns = it.ns, cb = it.cb, ce = it.ce;
+    if (i < 0 || j == 0)
         return;
-    const int j = sp.item_seg[t], ns = sp.nseg[i], nexp = hop_seq_chunks(p, i);
-    if (j == 0)
-        return;
-    const int cb = j * sp.seg_chunks, ce = min(cb + sp.seg_chunks, nexp);
     const HopStateSrc init{sp.entry, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, j, hd, VP)};
     const StateDest end = j == ns - 1 ? final_state_dest(p, i, hd) : StateDest{nullptr, 0, 0};
     hop_run<T, VP, COPY, HOP_MAIN>(p, maps, smem_raw, i, hd, cb, ce, init, end);
