@@ -123,7 +123,7 @@ int hopper_copy_from_env(const char **text) {
 /* The Hopper kernel's exact segment split (GDP_CHUNK_SEGMENT; kernels/NOTES-chunk.md, "Exact
  * segments"): unset, 0 or auto lets the op choose the segment length from the work (hopper_segment),
  * off never splits (one block per sequence and head, the kernel before the split), a power of two
- * from 1 to 1024 forces that many expanded chunks a segment (the tests' short segments). Returns
+ * from 1 to 512 forces that many expanded chunks a segment (the tests' short segments). Returns
  * 0 (auto), -2 (off), the forced length, or -1 for any other value. */
 int hopper_segment_from_env(const char **text) {
     static const char *const spell[13] = {"0", "auto", "off", "1", "2", "4", "8", "16", "32", "64", "128", "256", "512"};
