@@ -1,7 +1,9 @@
 /*
  * hopper.cu: the translation unit of the chunk op's one-pass Hopper kernel (hopper.cuh), compiled
- * for sm_90a alone (CMakeLists.txt: its own object library), and its two entry points (hopper.h).
- * launch.cu takes this path under GDP_CHUNK_PATH=hopper on a compute capability 9.0 device.
+ * for sm_90a alone (CMakeLists.txt: its own object library), and its entry points (hopper.h): the
+ * shape test, the segment split's item bound and scratch size, and the launch (one block per
+ * sequence and head, or the split's plan, pass 1, fix-up and pass 2). launch.cu takes this path
+ * under GDP_CHUNK_PATH=hopper on a compute capability 9.0 device.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

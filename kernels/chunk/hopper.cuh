@@ -1,5 +1,6 @@
 /*
- * hopper.cuh: chunk_hopper_kernel, the chunk op in one pass on Hopper's warpgroup MMA
+ * hopper.cuh: the chunk op in one pass on Hopper's warpgroup MMA (hop_run, chunk_hopper_kernel, and
+ * the exact segment split's kernels at the end)
  * (GDP_CHUNK_PATH=hopper; kernels/NOTES-chunk.md, "The one-pass Hopper kernel"). The math and the
  * rounding points are the fused kernel's (fused.cuh: X' = V - 2^Gk (K S16), v_new = Ai X', o =
  * scale (2^Gk[r_t] Q S16 + P v_new), S = 2^gl S + K^T (2^(gl - Gk) v_new)); what changes is who
@@ -7,7 +8,8 @@
  * operands in shared memory in the 128-byte-swizzled panel layout of wgmma.cuh, and the fp32 state
  * lives in the state warpgroups' accumulators.
  *
- * One block of three warpgroups per (sequence, head), K = 128, V = VP = 64 or 128:
+ * One block of three warpgroups per (sequence, head), or per segment of a long sequence under the
+ * split (below), K = 128, V = VP = 64 or 128:
  *   WG0 (aux), one chunk ahead: the chunk's loads (cp.async into the panel layout, the next chunk's
  *     issued as soon as its stage is free), A = K K^T on wgmma with Gk's warp scan beside it, the
  *     keys' norms from A's diagonal (1 / |k_r|, a row scale wherever K's products are used: the

@@ -1,7 +1,7 @@
 /*
  * hopper.h: the entry points of kernels/chunk/hopper.cu, the chunk op's one-pass Hopper kernel
  * (hopper.cuh), for launch.cu. hopper.cu is its own translation unit, compiled for sm_90a only
- * (wgmma has no plain sm_90 form), so launch.cu reaches it through these two functions and passes
+ * (wgmma has no plain sm_90 form), so launch.cu reaches it through these functions and passes
  * its ChunkParams by address: both files take the struct from common.cuh, so its layout is one.
  */
 #ifndef GDP_CHUNK_HOPPER_H
