@@ -17,8 +17,7 @@
 
 #define WS_ALIGN 256u
 
-/* Adds a region of `bytes` at the next aligned offset; false on size_t overflow. */
-static int ws_add(size_t *cursor, size_t *offset, int64_t count, size_t elem) {
+int gdp_ws_add(size_t *cursor, size_t *offset, int64_t count, size_t elem) {
     size_t start = (*cursor + (WS_ALIGN - 1)) & ~(size_t)(WS_ALIGN - 1);
     if (count < 0 || (count > 0 && (size_t)count > (SIZE_MAX - start) / elem))
         return 0;
@@ -50,11 +49,11 @@ gdp_status_t gdp_chunk_workspace_plan(int64_t tokens, int64_t requests, int32_t 
     l.desc_rows_dp = max_chunks_dp;
     int64_t rows = tokens * num_householder * (int64_t)num_heads; /* expanded rows x heads */
     size_t cur = 0;
-    int ok = ws_add(&cur, &l.off_gq, tokens * num_heads, sizeof(float)) &&
-             ws_add(&cur, &l.off_gk, rows, sizeof(float)) && ws_add(&cur, &l.off_kn, rows * l.kp, 2) &&
-             ws_add(&cur, &l.off_w, rows * l.kp, 2) && ws_add(&cur, &l.off_u, rows * l.vp, 2) &&
-             ws_add(&cur, &l.off_h, l.h_rows * num_heads * l.kp * l.vp, 2) &&
-             ws_add(&cur, &l.off_desc, 2 * max_chunks + 2 * max_chunks_dp + requests + 1, sizeof(int32_t));
+    int ok = gdp_ws_add(&cur, &l.off_gq, tokens * num_heads, sizeof(float)) &&
+             gdp_ws_add(&cur, &l.off_gk, rows, sizeof(float)) && gdp_ws_add(&cur, &l.off_kn, rows * l.kp, 2) &&
+             gdp_ws_add(&cur, &l.off_w, rows * l.kp, 2) && gdp_ws_add(&cur, &l.off_u, rows * l.vp, 2) &&
+             gdp_ws_add(&cur, &l.off_h, l.h_rows * num_heads * l.kp * l.vp, 2) &&
+             gdp_ws_add(&cur, &l.off_desc, 2 * max_chunks + 2 * max_chunks_dp + requests + 1, sizeof(int32_t));
     if (!ok)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %lld tokens x %d heads overflow the workspace size; split the step",
                  op, (long long)tokens, num_heads);

@@ -33,6 +33,11 @@ typedef struct gdp_chunk_workspace_layout {
     size_t  total;         /* bytes                                                 */
 } gdp_chunk_workspace_layout;
 
+/* Carves count elements of elem bytes at the next 256-byte boundary past *cursor: their offset into
+ * *offset, their end into *cursor. 0 on a negative count or size_t overflow (nothing changed). The
+ * chunk workspace's regions, and the Hopper kernel's segment-split scratch inside it. */
+int gdp_ws_add(size_t *cursor, size_t *offset, int64_t count, size_t elem);
+
 /* Fills *out for a call with `tokens` (padded T), `requests` (N), M, H, K, V.
  * INVALID_ARGUMENT for non-positive head sizes, K or V > GDP_MAX_HEAD_DIM, negative counts,
  * M < 1, or a size that overflows. */

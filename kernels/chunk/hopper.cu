@@ -12,6 +12,7 @@
 #include "hopper.cuh"
 #include "hopper.h"
 #include "tensor_map.h"
+#include "src/workspace.h"
 
 namespace {
 
@@ -32,28 +33,23 @@ cudaError_t launch_hopper(const ChunkParams &p, const HopperMaps &maps, cudaStre
     return cudaGetLastError();
 }
 
-/* The split's scratch, carved in order from ws: item_seq, item_seg [max_items], seg_first, nseg [N]
- * (int), then entry, fmap, gmap (fp32, extras = max_items - N slots each); 256-byte aligned regions. */
+/* The split's scratch, carved in order from ws by the chunk workspace's own gdp_ws_add: item_seq,
+ * item_seg [max_items], seg_first, nseg [N] (int), then entry, fmap, gmap (fp32, extras = max_items -
+ * N slots each). total is SIZE_MAX when the sizes overflow. */
 struct SplitLayout {
     size_t item_seq, item_seg, seg_first, nseg, entry, fmap, gmap, total;
 };
 SplitLayout split_layout(const ChunkParams &p, long long max_items) {
     SplitLayout l{};
     size_t cur = 0;
-    auto take = [&cur](size_t bytes) {
-        const size_t at = (cur + 255) & ~(size_t)255;
-        cur = at + bytes;
-        return at;
-    };
-    const size_t extras = (size_t)(max_items - p.N), kv = (size_t)p.H * HOP_KP * (size_t)p.VP;
-    l.item_seq = take(sizeof(int) * (size_t)max_items);
-    l.item_seg = take(sizeof(int) * (size_t)max_items);
-    l.seg_first = take(sizeof(int) * (size_t)p.N);
-    l.nseg = take(sizeof(int) * (size_t)p.N);
-    l.entry = take(sizeof(float) * extras * kv);
-    l.fmap = take(sizeof(float) * extras * (size_t)p.H * HOP_KP * HOP_KP);
-    l.gmap = take(sizeof(float) * extras * kv);
-    l.total = (cur + 255) & ~(size_t)255;
+    const int64_t extras = max_items - p.N, kv = (int64_t)p.H * HOP_KP * p.VP, kk = (int64_t)p.H * HOP_KP * HOP_KP;
+    const bool ok = gdp_ws_add(&cur, &l.item_seq, max_items, sizeof(int)) &&
+                    gdp_ws_add(&cur, &l.item_seg, max_items, sizeof(int)) &&
+                    gdp_ws_add(&cur, &l.seg_first, p.N, sizeof(int)) && gdp_ws_add(&cur, &l.nseg, p.N, sizeof(int)) &&
+                    gdp_ws_add(&cur, &l.entry, extras * kv, sizeof(float)) &&
+                    gdp_ws_add(&cur, &l.fmap, extras * kk, sizeof(float)) &&
+                    gdp_ws_add(&cur, &l.gmap, extras * kv, sizeof(float));
+    l.total = ok ? (cur + 255) & ~(size_t)255 : SIZE_MAX;
     return l;
 }
 

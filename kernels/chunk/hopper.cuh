@@ -452,26 +452,32 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
         const auto s16_cols = [&](int ks) { return wg_desc_mnmajor(s.s16, HOP_KP, ks * 16, c0); };
         float acc[CW / 2];
         wg_gemm<CW, 0, 1, T, HOP_KP / 16, true>(acc, keys, s16_cols);
+        /* beside it (the op only) the scores P = masked decayed Q K^T on this warpgroup's 32 key columns
+         * (the aux warpgroup's work at first, which bounded the chunk: kernels/NOTES-chunk.md,
+         * twenty-first session) */
+        float sc[16];
         if constexpr (MODE == HOP_MAIN) {
-            /* beside it the scores P = masked decayed Q K^T on this warpgroup's 32 key columns (the aux
-             * warpgroup's work at first, which bounded the chunk: kernels/NOTES-chunk.md, twenty-first
-             * session) */
-            float sc[16];
             wg_gemm<32, 0, 0, T, HOP_KP / 16, true>(sc, queries,
                                                      [&](int ks) { return wg_desc_kmajor(st.k, CHUNK, 32 * wg, ks * 16); });
             wg_wait<1>(); /* X' */
+        } else {
+            wg_wait<0>();
+        }
+        /* X' in place over V; a transfer map F takes the values as 0 */
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int r = r0 + g + hh * 8;
-                const float f = st.gam[r] * st.kinv[r]; /* K S16's row r, of the raw keys */
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = r0 + g + hh * 8;
+            const float f = st.gam[r] * st.kinv[r]; /* K S16's row r, of the raw keys */
 #pragma unroll
-                for (int j = 0; j < NJ; j++) {
-                    T *vp = hop_at(st.v, CHUNK, r, c0 + 8 * j + 2 * t4);
-                    const float x0 = Elem<T>::to_f(vp[0]) - f * acc[4 * j + 2 * hh];
-                    const float x1 = Elem<T>::to_f(vp[1]) - f * acc[4 * j + 2 * hh + 1];
-                    *reinterpret_cast<uint32_t *>(vp) = Elem<T>::pack(x0, x1);
-                }
+            for (int j = 0; j < NJ; j++) {
+                T *vp = hop_at(st.v, CHUNK, r, c0 + 8 * j + 2 * t4);
+                const float v0 = MODE == HOP_MAP_F ? 0.0f : Elem<T>::to_f(vp[0]);
+                const float v1 = MODE == HOP_MAP_F ? 0.0f : Elem<T>::to_f(vp[1]);
+                *reinterpret_cast<uint32_t *>(vp) =
+                    Elem<T>::pack(v0 - f * acc[4 * j + 2 * hh], v1 - f * acc[4 * j + 2 * hh + 1]);
             }
+        }
+        if constexpr (MODE == HOP_MAIN) {
             /* the scores' column factors (Gk and the raw keys' scales) into registers before any store to P
              * (read in the loop, each would be read again after every store: see A's values) */
             float gk_c[8], kinv_c[8];
@@ -494,22 +500,6 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
                     const float p1 =
                         cc + 1 <= row ? sc[4 * j + 2 * hh + 1] * exp2f(gt - gk_c[2 * j + 1]) * kinv_c[2 * j + 1] : 0.0f;
                     *reinterpret_cast<uint32_t *>(hop_at(st.p, CHUNK, qi, cc)) = Elem<T>::pack(p0, p1);
-                }
-            }
-        } else {
-            /* a transfer map: X' = V - 2^Gk (K S16) with V = 0 (F), or with the real V (G) */
-            wg_wait<0>();
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int r = r0 + g + hh * 8;
-                const float f = st.gam[r] * st.kinv[r];
-#pragma unroll
-                for (int j = 0; j < NJ; j++) {
-                    T *vp = hop_at(st.v, CHUNK, r, c0 + 8 * j + 2 * t4);
-                    const float v0 = MODE == HOP_MAP_G ? Elem<T>::to_f(vp[0]) : 0.0f;
-                    const float v1 = MODE == HOP_MAP_G ? Elem<T>::to_f(vp[1]) : 0.0f;
-                    *reinterpret_cast<uint32_t *>(vp) =
-                        Elem<T>::pack(v0 - f * acc[4 * j + 2 * hh], v1 - f * acc[4 * j + 2 * hh + 1]);
                 }
             }
         }
