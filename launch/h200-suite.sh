@@ -4,7 +4,7 @@
 # its dev files), run every ctest labelled gpu (gpu;mpi included), the Python torch tests,
 # the ops benchmark and the main program. Logs go to $OUT (or ./h200-out) when set.
 # Golden vectors: $GDP_GOLDEN_DIR, else ./.golden (an ignored copy of ../shared/golden).
-# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk|chunkprof|stagesprof|hopper|hopperprof|decode|decodeprof|prefront]
+# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk|chunkprof|stagesprof|hopper|hopperab|hopperprof|decode|decodeprof|prefront]
 # (default all; the others are not part of all: serve times gdp-run at the serving shape,
 # loop and alone repeat the gpu tests GDP_LOOP_RUNS times under ctest -j4 and one at a time,
 # experiments times each measured switch every way, profile lists the layer step's kernels
@@ -14,7 +14,10 @@
 # every kernel path, the prefill rows under each, the fused kernel's phase cycles and the
 # staged stages' times; chunkprof its ncu stall card; stagesprof the staged path's WY, state
 # sweep and output kernels by source line; hopper the one-pass Hopper kernel's short loop (check, test,
-# rows, phases) and hopperprof its ncu card by source line); decode likewise for the decode op: its test, then its ops rows under
+# rows, phases), hopperab the same kernel against another tree (GDP_AB_SRC, e.g. `git archive main`
+# unpacked: both built, this tree's hopper test path, the prefill rows alternated between the two
+# with the split off and on auto, this tree's phases) and hopperprof its ncu card by source line);
+# decode likewise for the decode op: its test, then its ops rows under
 # each decode kernel, then the memory ceiling of the row kernel's scheme; decodeprof the row kernel's
 # ncu card at B=256, fp32 and bf16 state, by source line through launch/ncu_lines.py).
 #   GDP_BUILD_DIR            build folder (default build)
@@ -46,6 +49,13 @@ targets=()
 [ "$stage" = chunk ] && targets=(--target test_chunk_gpu gdp-bench bench_chunk_stages wgmma_check) # what the short loop runs
 [ "$stage" = chunkprof ] && targets=(--target gdp-bench)
 [ "$stage" = hopper ] && targets=(--target wgmma_check test_chunk_gpu gdp-bench bench_chunk_stages)
+[ "$stage" = hopperab ] && targets=(--target test_chunk_gpu gdp-bench bench_chunk_stages)
+if [ "$stage" = hopperab ]; then # the other tree, built beside this one's build below
+    [ -f "${GDP_AB_SRC:-}/CMakeLists.txt" ] || { echo "hopperab: GDP_AB_SRC must name another gdp tree" >&2; exit 2; }
+    { cmake -S "$GDP_AB_SRC" -B "$build-ab" -DCMAKE_BUILD_TYPE=Release -DGDP_BUILD_CHUNK_DEV=ON "${extra[@]}" &&
+        cmake --build "$build-ab" -j"$(($(nproc) / 2))" --target gdp-bench; } >"$out/build_ab.log" 2>&1 &
+    ab_pid=$!
+fi
 [ "$stage" = stagesprof ] && targets=(--target gdp-bench gdp) # gdp: libgdp.so, whose cubin ncu_sass disassembles
 [ "$stage" = decodeprof ] && targets=(--target gdp-bench gdp)
 [ "$stage" = hopperprof ] && targets=(--target gdp-bench gdp)
@@ -249,6 +259,21 @@ if [ "$stage" = hopper ]; then
         echo "## --hopper-phases, GDP_CHUNK_HOPPER_COPY=$v"
         GDP_CHUNK_HOPPER_COPY=$v "./$build/examples/bench_chunk_stages" --hopper-phases
     done 2>&1 | tee "$out/hopper_phases.log"
+fi
+if [ "$stage" = hopperab ]; then
+    wait "$ab_pid" || { tail -30 "$out/build_ab.log"; exit 1; }
+    GDP_TEST_CHUNK_PATH=hopper "./$build/tests/test_chunk_gpu" >"$out/chunk_test_hopper.log" 2>&1 || rc=1
+    grep -E "FAIL|checks|Hopper kernel ran|segments:" "$out/chunk_test_hopper.log" | head -40
+    for seg in off auto; do
+        for round in 1 2; do
+            for tree in "$build-ab" "$build"; do
+                echo "## $tree: GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=$seg, round $round"
+                GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=$seg "./$tree/examples/gdp-bench" ops --op prefill 2>&1 |
+                    grep -E "^prefill|rror"
+            done
+        done
+    done 2>&1 | tee "$out/hopper_ab.log"
+    GDP_CHUNK_SEGMENT=off "./$build/examples/bench_chunk_stages" --hopper-phases 2>&1 | tee "$out/hopper_phases.log"
 fi
 if [ "$stage" = hopperprof ]; then
     # the one-pass Hopper chunk kernel (GDP_CHUNK_PATH=hopper, kernels/chunk/hopper.cuh) by source line
