@@ -36,9 +36,9 @@
 #include "decode_core.h"
 #include "backend.h"
 #include "cache_internal.h"
+#include "workspace.h"
 
 #define GDP_LAYER_MAGIC 0x6764706cu /* "gdpl" */
-#define WS_ALIGN 256 /* cuBLASLt picks its fastest kernels for 256-byte aligned operands */
 
 /* One copy of the pre-core all-to-all's packing: `width` columns of in_proj's output (TP
  * layout, from column src_col) into the send block of CP rank `dest` (core layout, dst_col). */
@@ -388,20 +388,9 @@ typedef struct step_ws {
     void *chunk_states; /* [num_chunks, cH, N, P] ssm dtype, when the step saves one        */
 } step_ws;
 
-typedef struct ws_layout {
-    size_t off[32];
-    int    n;
-    size_t total;
-} ws_layout;
-
-static size_t ws_add(ws_layout *w, size_t bytes) {
-    const size_t at = w->total;
-    w->off[w->n++] = at;
-    w->total += (bytes + WS_ALIGN - 1) / WS_ALIGN * WS_ALIGN;
-    return at;
-}
-
-/* Lays out the workspace of a step and, with base != NULL, points *ws into it. */
+/* Lays out the workspace of a step (gdp_ws_add's aligned regions) and, with base != NULL, points *ws
+ * into it. Returns its bytes, or SIZE_MAX when they overflow size_t (the allocation then fails and
+ * says so). */
 static size_t plan_ws(const struct gdp_layer *l, const gdp_step_metadata *m, gdp_dtype_t ssm_dtype, int64_t T_local,
                       char *base, step_ws *ws) {
     const size_t es = gdp_dtype_size(l->act), ss = gdp_dtype_size(ssm_dtype), rs = gdp_dtype_size(l->res);
@@ -411,7 +400,6 @@ static size_t plan_ws(const struct gdp_layer *l, const gdp_step_metadata *m, gdp
     const size_t dec_rows = (size_t)m->padded_decode_count * (size_t)m->decode_tokens, E = dec_rows * M;
     const size_t R = (size_t)m->prefill_rows, pp = (size_t)m->padded_prefill_count;
     const bool cp = l->cp_comm != NULL;
-    ws_layout w = {0};
     const size_t sizes[] = {
         l->mode == GDP_TP_MODE_SEQUENCE_PARALLEL && l->comm != NULL ? (size_t)T_local * D * es : 0, /* xn_local */
         Tc * D * es, Tc * (size_t)l->proj_dim * es, Tc * di * es, Tc * di * es, Tc * D * rs,
@@ -428,12 +416,15 @@ static size_t plan_ws(const struct gdp_layer *l, const gdp_step_metadata *m, gdp
                       &ws->p_conv,   &ws->p_q,     &ws->p_k,    &ws->p_v,    &ws->p_beta, &ws->p_g,
                       &ws->h0,       &ws->chunk_states};
     _Static_assert(sizeof sizes / sizeof sizes[0] == sizeof slots / sizeof slots[0], "one size per buffer");
+    size_t cur = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        const size_t at = ws_add(&w, sizes[i]);
+        size_t at = 0;
+        if (!gdp_ws_add(&cur, &at, sizes[i] > (size_t)INT64_MAX ? -1 : (int64_t)sizes[i], 1))
+            return SIZE_MAX;
         if (base != NULL)
             *slots[i] = sizes[i] ? base + at : NULL;
     }
-    return w.total;
+    return gdp_ws_end(cur);
 }
 
 /* ---- forward ------------------------------------------------------------------------------ */

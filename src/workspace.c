@@ -26,6 +26,10 @@ int gdp_ws_add(size_t *cursor, size_t *offset, int64_t count, size_t elem) {
     return 1;
 }
 
+size_t gdp_ws_end(size_t cursor) {
+    return (cursor + (WS_ALIGN - 1)) & ~(size_t)(WS_ALIGN - 1);
+}
+
 gdp_status_t gdp_chunk_workspace_plan(int64_t tokens, int64_t requests, int32_t num_householder,
                                       int32_t num_heads, int32_t key_dim, int32_t value_dim,
                                       gdp_chunk_workspace_layout *out) {
@@ -57,7 +61,7 @@ gdp_status_t gdp_chunk_workspace_plan(int64_t tokens, int64_t requests, int32_t 
     if (!ok)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: %lld tokens x %d heads overflow the workspace size; split the step",
                  op, (long long)tokens, num_heads);
-    l.total = (cur + (WS_ALIGN - 1)) & ~(size_t)(WS_ALIGN - 1);
+    l.total = gdp_ws_end(cur);
     *out = l;
     return GDP_STATUS_SUCCESS;
 }

@@ -33,10 +33,14 @@ typedef struct gdp_chunk_workspace_layout {
     size_t  total;         /* bytes                                                 */
 } gdp_chunk_workspace_layout;
 
-/* Carves count elements of elem bytes at the next 256-byte boundary past *cursor: their offset into
- * *offset, their end into *cursor. 0 on a negative count or size_t overflow (nothing changed). The
- * chunk workspace's regions, and the Hopper kernel's segment-split scratch inside it. */
+/* Carves count elements of elem bytes at the next 256-byte boundary past *cursor (cuBLASLt picks
+ * its fastest kernels for 256-byte aligned operands; the copies take 16-byte vectors): their offset
+ * into *offset, their end into *cursor. 0 on a negative count or size_t overflow (nothing changed).
+ * The chunk workspace's regions, the Hopper kernel's segment-split scratch inside it, and the
+ * layer's step workspace (layer.c). */
 int gdp_ws_add(size_t *cursor, size_t *offset, int64_t count, size_t elem);
+/* The bytes of a layout whose last region ends at cursor: cursor rounded up to the same boundary. */
+size_t gdp_ws_end(size_t cursor);
 
 /* Fills *out for a call with `tokens` (padded T), `requests` (N), M, H, K, V.
  * INVALID_ARGUMENT for non-positive head sizes, K or V > GDP_MAX_HEAD_DIM, negative counts,

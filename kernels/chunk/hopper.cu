@@ -49,7 +49,7 @@ SplitLayout split_layout(const ChunkParams &p, long long max_items) {
                     gdp_ws_add(&cur, &l.entry, extras * kv, sizeof(float)) &&
                     gdp_ws_add(&cur, &l.fmap, extras * kk, sizeof(float)) &&
                     gdp_ws_add(&cur, &l.gmap, extras * kv, sizeof(float));
-    l.total = ok ? (cur + 255) & ~(size_t)255 : SIZE_MAX;
+    l.total = ok ? gdp_ws_end(cur) : SIZE_MAX;
     return l;
 }
 
