@@ -14,9 +14,10 @@
 # every kernel path, the prefill rows under each, the fused kernel's phase cycles and the
 # staged stages' times; chunkprof its ncu stall card; stagesprof the staged path's WY, state
 # sweep and output kernels by source line; hopper the one-pass Hopper kernel's short loop (check, test,
-# rows, phases), hopperab the same kernel against another tree (GDP_AB_SRC, e.g. `git archive main`
-# unpacked: both built, this tree's hopper test path, the prefill rows alternated between the two
-# with the split off and on auto, this tree's phases) and hopperprof its ncu card by source line);
+# rows, phases), hopperab the same kernel against other trees (GDP_AB_SRC, colon-separated, e.g.
+# `git archive main` unpacked: all built, each tree's hopper test path, the prefill rows alternated
+# between them with the split off and on auto, this tree's phases) and hopperprof its ncu card by
+# source line);
 # decode likewise for the decode op: its test, then its ops rows under
 # each decode kernel, then the memory ceiling of the row kernel's scheme; decodeprof the row kernel's
 # ncu card at B=256, fp32 and bf16 state, by source line through launch/ncu_lines.py).
@@ -50,11 +51,18 @@ targets=()
 [ "$stage" = chunkprof ] && targets=(--target gdp-bench)
 [ "$stage" = hopper ] && targets=(--target wgmma_check test_chunk_gpu gdp-bench bench_chunk_stages)
 [ "$stage" = hopperab ] && targets=(--target test_chunk_gpu gdp-bench bench_chunk_stages)
-if [ "$stage" = hopperab ]; then # the other tree, built beside this one's build below
-    [ -f "${GDP_AB_SRC:-}/CMakeLists.txt" ] || { echo "hopperab: GDP_AB_SRC must name another gdp tree" >&2; exit 2; }
-    { cmake -S "$GDP_AB_SRC" -B "$build-ab" -DCMAKE_BUILD_TYPE=Release -DGDP_BUILD_CHUNK_DEV=ON "${extra[@]}" &&
-        cmake --build "$build-ab" -j"$(($(nproc) / 2))" --target gdp-bench; } >"$out/build_ab.log" 2>&1 &
-    ab_pid=$!
+ab_builds=() ab_pids=()
+if [ "$stage" = hopperab ]; then # the other trees (GDP_AB_SRC, colon-separated), built beside this one's below
+    IFS=: read -r -a ab_srcs <<<"${GDP_AB_SRC:-}"
+    [ ${#ab_srcs[@]} -gt 0 ] || { echo "hopperab: GDP_AB_SRC must name other gdp trees (dir[:dir...])" >&2; exit 2; }
+    for k in "${!ab_srcs[@]}"; do
+        src=${ab_srcs[$k]} ab="$build-ab$((k + 1))"
+        [ -f "$src/CMakeLists.txt" ] || { echo "hopperab: $src is not a gdp tree" >&2; exit 2; }
+        { cmake -S "$src" -B "$ab" -DCMAKE_BUILD_TYPE=Release -DGDP_BUILD_CHUNK_DEV=ON "${extra[@]}" &&
+            cmake --build "$ab" -j"$(($(nproc) / (${#ab_srcs[@]} + 1) + 1))" --target gdp-bench test_chunk_gpu; } \
+            >"$out/build_ab$((k + 1)).log" 2>&1 &
+        ab_pids+=($!) ab_builds+=("$ab")
+    done
 fi
 [ "$stage" = stagesprof ] && targets=(--target gdp-bench gdp) # gdp: libgdp.so, whose cubin ncu_sass disassembles
 [ "$stage" = decodeprof ] && targets=(--target gdp-bench gdp)
@@ -261,12 +269,18 @@ if [ "$stage" = hopper ]; then
     done 2>&1 | tee "$out/hopper_phases.log"
 fi
 if [ "$stage" = hopperab ]; then
-    wait "$ab_pid" || { tail -30 "$out/build_ab.log"; exit 1; }
-    GDP_TEST_CHUNK_PATH=hopper "./$build/tests/test_chunk_gpu" >"$out/chunk_test_hopper.log" 2>&1 || rc=1
-    grep -E "FAIL|checks|Hopper kernel ran|segments:" "$out/chunk_test_hopper.log" | head -40
+    for k in "${!ab_pids[@]}"; do
+        wait "${ab_pids[$k]}" || { tail -30 "$out/build_ab$((k + 1)).log"; exit 1; }
+    done
+    for tree in "${ab_builds[@]}" "$build"; do # every tree's Hopper kernel against the CPU reference
+        log="$out/chunk_test_hopper_$(basename "$tree").log"
+        echo "## $tree: GDP_TEST_CHUNK_PATH=hopper test_chunk_gpu"
+        GDP_TEST_CHUNK_PATH=hopper "./$tree/tests/test_chunk_gpu" >"$log" 2>&1 || { st=$?; rc=1; echo "FAILED (exit $st)"; }
+        grep -E "FAIL|checks|Hopper kernel ran|segments:" "$log" | head -40
+    done
     for seg in off auto; do
         for round in 1 2; do
-            for tree in "$build-ab" "$build"; do
+            for tree in "${ab_builds[@]}" "$build"; do
                 echo "## $tree: GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=$seg, round $round"
                 GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=$seg "./$tree/examples/gdp-bench" ops --op prefill 2>&1 |
                     grep -E "^prefill|rror"
