@@ -80,12 +80,38 @@ template __global__ void chunk_hopper_kernel<__nv_bfloat16, $vp, $copy>(const Ch
 EOF
     base="$work/hopper.cuh.orig"
     cp "$work/kernels/chunk/hopper.cuh" "$base"
-    read -r aux0 state0 < <(sed -n 's/^constexpr int HOP_AUX_REGS = \([0-9]*\), HOP_STATE_REGS = \([0-9]*\);.*/\1 \2/p' "$base")
+    # the split as the tree writes it: "constexpr int HOP_AUX_REGS = A, HOP_STATE_REGS = S;" or, by VP,
+    # "static constexpr int AUX = VP == 128 ? A128 : A64, STATE = VP == 128 ? S128 : S64;" (HopRegs)
+    split_regs() { # $1 file, $2 (optional) "aux,state" to write in: prints "aux state" for this VP, or rewrites
+        python3 - "$1" "$vp" "${2:-}" <<'PY'
+import re, sys
+path, vp, new = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+s = open(path).read()
+flat = re.search(r"constexpr int HOP_AUX_REGS = (\d+), HOP_STATE_REGS = (\d+);", s)
+byvp = re.search(r"static constexpr int AUX = VP == 128 \? (\d+) : (\d+), STATE = VP == 128 \? (\d+) : (\d+);", s)
+if not new:
+    if flat:
+        print(flat.group(1), flat.group(2))
+    elif byvp:
+        a = byvp.group(1) if vp == 128 else byvp.group(2)
+        st = byvp.group(3) if vp == 128 else byvp.group(4)
+        print(a, st)
+    sys.exit(0)
+a, st = new.split(",")
+if flat:
+    s = s[:flat.start()] + f"constexpr int HOP_AUX_REGS = {a}, HOP_STATE_REGS = {st};" + s[flat.end():]
+elif byvp:
+    s = s[:byvp.start()] + f"static constexpr int AUX = {a}, STATE = {st};" + s[byvp.end():]
+s = re.sub(r"static_assert\(HOP_AUX_THREADS \* ", "static_assert(1 || HOP_AUX_THREADS * ", s)
+open(path, "w").write(s)
+PY
+    }
+    read -r aux0 state0 < <(split_regs "$base")
+    [ -n "${aux0:-}" ] || { echo "ptxas_probe: no register split found in hopper.cuh" >&2; exit 1; }
     [ -n "$regs" ] && IFS=, read -r aux0 state0 <<<"$regs"
     probe_split() { # $1 aux, $2 state: the summary line
-        sed -e "s/^constexpr int HOP_AUX_REGS = [0-9]*, HOP_STATE_REGS = [0-9]*;/constexpr int HOP_AUX_REGS = $1, HOP_STATE_REGS = $2;/" \
-            -e 's/static_assert(HOP_AUX_THREADS \* HOP_AUX_REGS/static_assert(1 || HOP_AUX_THREADS * HOP_AUX_REGS/' \
-            "$base" >"$work/kernels/chunk/hopper.cuh"
+        cp "$base" "$work/kernels/chunk/hopper.cuh"
+        split_regs "$work/kernels/chunk/hopper.cuh" "$1,$2"
         compile probe.cu 90a | summarize chunk_hopper_kernel
     }
     if [ -z "$search" ]; then
