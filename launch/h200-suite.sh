@@ -246,14 +246,19 @@ ncu_card() {
     python3 launch/ncu_lines.py "$work/$name.csv" "$work/$sass.sass" "$mangled" --top "${NCU_TOP:-14}" || status=1
     return $status
 }
+hopper_test() { # hopper_test BUILD LOG: test_chunk_gpu of BUILD on the Hopper path into LOG, its summary
+    local status=0
+    GDP_TEST_CHUNK_PATH=hopper "./$1/tests/test_chunk_gpu" >"$2" 2>&1 || status=$?
+    grep -E "FAIL|checks|Hopper kernel ran|hopper copies|segments:" "$2" | head -40
+    return $status
+}
 if [ "$stage" = hopper ]; then
     # the one-pass Hopper chunk kernel's loop (kernels/NOTES-chunk.md): the wgmma helpers, its test path
     # (both copy modes, V = 64 and 128, the exact segment split), the prefill rows under hopper with
     # each copy mode (the split on auto) and unsplit (GDP_CHUNK_SEGMENT=off), and under staged, then its
     # phase cycles per chunk under each copy mode
     "./$build/examples/wgmma_check" 2>&1 | tee "$out/wgmma_check.log" | tail -6 || rc=1
-    GDP_TEST_CHUNK_PATH=hopper "./$build/tests/test_chunk_gpu" >"$out/chunk_test_hopper.log" 2>&1 || rc=1
-    grep -E "FAIL|checks|Hopper kernel ran|hopper copies|segments:" "$out/chunk_test_hopper.log" | head -40
+    hopper_test "$build" "$out/chunk_test_hopper.log" || rc=1
     for run in "threads auto" "tma auto" "tma off"; do
         set -- $run
         echo "## GDP_CHUNK_PATH=hopper GDP_CHUNK_HOPPER_COPY=$1 GDP_CHUNK_SEGMENT=$2"
@@ -273,10 +278,8 @@ if [ "$stage" = hopperab ]; then
         wait "${ab_pids[$k]}" || { tail -30 "$out/build_ab$((k + 1)).log"; exit 1; }
     done
     for tree in "${ab_builds[@]}" "$build"; do # every tree's Hopper kernel against the CPU reference
-        log="$out/chunk_test_hopper_$(basename "$tree").log"
         echo "## $tree: GDP_TEST_CHUNK_PATH=hopper test_chunk_gpu"
-        GDP_TEST_CHUNK_PATH=hopper "./$tree/tests/test_chunk_gpu" >"$log" 2>&1 || { st=$?; rc=1; echo "FAILED (exit $st)"; }
-        grep -E "FAIL|checks|Hopper kernel ran|segments:" "$log" | head -40
+        hopper_test "$tree" "$out/chunk_test_hopper_$(basename "$tree").log" || { st=$?; rc=1; echo "FAILED (exit $st)"; }
     done
     for seg in off auto; do
         for round in 1 2; do
