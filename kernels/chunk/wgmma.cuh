@@ -89,6 +89,16 @@ template <int N> __device__ __forceinline__ void wg_wait() {
 /* (Shared memory written by ordinary stores and read next by wgmma: fence_proxy_async_smem, mma.cuh,
  * in each writing thread before the barrier that publishes the writes.) */
 
+/* Pins each accumulator's last register write before this point: without it NVVM may sink a write
+ * (the output's row scaling before P v_new, a state decay) past wgmma.fence, and ptxas then injects a
+ * warpgroup.arrive before the wgmma that reads the register (warning C7519), which waits for every
+ * wgmma in flight. An empty asm that reads and writes each register cannot move across the fence's. */
+template <int R> __device__ __forceinline__ void wg_fence_operands(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+
 /* The operand lists of the two product shapes (32 and 64 accumulators a thread), shared by the
  * bf16 and fp16 forms. */
 #define GDP_WG_D32(d)                                                                                                  \
@@ -186,6 +196,7 @@ __device__ __forceinline__ void wg_gemm(float (&d)[N / 2], DescA da, DescB db) {
 #pragma unroll
         for (int i = 0; i < N / 2; i++)
             d[i] = 0.0f;
+    wg_fence_operands(d);
     wg_fence();
 #pragma unroll
     for (int ks = 0; ks < KS; ks++)
