@@ -41,6 +41,15 @@ struct ChunkParams {
     int zero_tail;           /* the output stage zeroes o's rows past cu_seqlens[N] (out.cuh) */
 };
 
+/* 2^x by the special function unit alone (ex2.approx.ftz.f32): results below 2^-126 flush to 0,
+ * where exp2f (ex2.approx.f32) adds a range test and two scalings a call to keep them denormal, the
+ * same value otherwise. For the one-pass Hopper kernel's decay factors, whose products are rounded
+ * to 16 bits next, the flushed tail lies far below that rounding. */
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 /* ---- element access in any storage dtype ---- */
 __device__ __forceinline__ float load_any(const void *p, int dtype, int64_t i) {
     switch (dtype) {

@@ -19,6 +19,10 @@ namespace {
 template <typename T, int VP> constexpr size_t hop_smem_bytes() {
     return sizeof(HopperSmem<T, VP>) + 1024; /* + the alignment of the panels */
 }
+/* An sm_90 block's dynamic shared memory is at most 227 KB (224,256 bytes at V = 128 now): a layout
+ * past it would fail only at launch, in cudaFuncSetAttribute. */
+static_assert(hop_smem_bytes<__nv_bfloat16, 128>() <= 227u * 1024u && hop_smem_bytes<__half, 128>() <= 227u * 1024u,
+              "the Hopper kernel's shared memory exceeds sm_90's 227 KB a block");
 
 template <typename T, int VP, int COPY>
 cudaError_t launch_hopper(const ChunkParams &p, const HopperMaps &maps, cudaStream_t stream) {

@@ -13,15 +13,18 @@
  *   WG0 (aux), one chunk ahead: the chunk's loads (cp.async into the panel layout, the next chunk's
  *     issued as soon as its stage is free), A = K K^T on wgmma with Gk's warp scan beside it, the
  *     keys' norms from A's diagonal (1 / |k_r|, a row scale wherever K's products are used: the
- *     key tile stays as loaded), A's decay, scales and mask, (I + A)^-1 on four warps
- *     (wy_invert_tf32, as the fused kernel) into Ai = T(X diag beta);
+ *     key tile stays as loaded) and the queries' beside A's product (1 / |q_r|, a row scale of the
+ *     scores and of Q S16), A's decay, scales and mask, (I + A)^-1 on four warps
+ *     (wy_invert_ai_doubling_at: the fused kernel's diagonal blocks and tf32 products, in two
+ *     levels) into Ai = T(X diag beta);
  *   WG1, WG2 (state): each holds 64 of the state's 128 rows x all VP columns as one m64nVP
- *     accumulator, writes its rows of S16, then Q's norms (both together), on its own VP / 2 value
- *     columns X' (8 k steps) and beside it the masked decayed scores P on its 32 key columns
- *     (m64n32k16), v_new (4) and the outputs (8 + 4), and on its own 64 state rows the update
- *     (4 m64nVPk16 steps, K^T read M-major from the same key tile). Q's norms and P were the
- *     aux warpgroup's in the first version, whose chunk then bounded the kernel (ncu: the state
- *     warpgroups spent most of their time at FULL).
+ *     accumulator, writes its rows of S16, then on its own VP / 2 value columns X' (8 k steps) and
+ *     beside it the masked decayed scores P on its 32 key columns (m64n32k16), v_new (4), Q S16 (8) while the
+ *     warpgroups meet, and on its own 64 state rows the update (4 m64nVPk16 steps, K^T read M-major
+ *     from the same key tile) beside P v_new (4). P was the aux warpgroup's in the first version,
+ *     whose chunk then bounded the kernel (ncu: the state warpgroups spent most of their time at
+ *     FULL); Q's norms, an in-place pass over the query tile, went with it, and came back as row
+ *     scales the aux warps form while A's product runs.
  * Barriers: FULL[b] (named, 384: aux arrives when stage b is ready, the state warpgroups wait, and
  * their S16 stores are complete), EMPTY[b] (mbarrier: the state threads are done with stage b),
  * AUX (named, 128), one named barrier per state warpgroup for its own X' panel, and STATE (named,
@@ -72,7 +75,7 @@ constexpr int HOP_BAR_FULL0 = 1, HOP_BAR_AUX = 3, HOP_BAR_STATE = 4, HOP_BAR_WG0
 /* One stage: the tiles of one chunk, 16-bit, each in the panel layout (1024-byte aligned). */
 template <typename T, int VP> struct alignas(1024) HopperStage {
     T k[CHUNK * HOP_KP]; /* keys as loaded (their norms are the kinv scales)        */
-    T q[CHUNK * HOP_KP]; /* queries of the tokens ending in the chunk, normalized  */
+    T q[CHUNK * HOP_KP]; /* queries of the tokens ending in the chunk, as loaded   */
     T v[CHUNK * VP];     /* V, turned into X' in place by the state warpgroups     */
     T ai[CHUNK * CHUNK]; /* T(X diag beta)                                          */
     T p[CHUNK * CHUNK];  /* masked decayed scores                                   */
@@ -80,6 +83,7 @@ template <typename T, int VP> struct alignas(1024) HopperStage {
     float gam[CHUNK];    /* 2^Gk                                                    */
     float beta[CHUNK];
     float kinv[CHUNK];   /* 1 / |k_r| under the in-kernel norm (else 1): K stays raw */
+    float qinv[CHUNK];   /* 1 / |q_r| under the in-kernel norm (unset without): Q stays raw */
 };
 template <typename T, int VP> struct alignas(1024) HopperSmem {
     HopperStage<T, VP> st[2];
@@ -87,7 +91,7 @@ template <typename T, int VP> struct alignas(1024) HopperSmem {
     T vn[CHUNK * VP];         /* v_new [row][v]                             */
     T vd[CHUNK * VP];         /* 2^(gl - Gk) v_new, the update's operand    */
     float a[CHUNK][CHUNK + 4]; /* A, then X = (I + A)^-1 (aux only)          */
-    float scratch[4 * WY_INV_SCRATCH];
+    float scratch[4 * WY_INV2_SCRATCH]; /* the inverse's warp tiles (wy_invert_tf32_levels) */
     uint64_t empty[2];
     uint64_t loaded[2]; /* TMA copies: stage b's tiles have landed (one arrival and their bytes) */
 };
@@ -132,13 +136,34 @@ template <typename T> __device__ __forceinline__ T *hop_at(T *tile, int rows, in
     return reinterpret_cast<T *>(reinterpret_cast<unsigned char *>(tile) + wg_offset(rows, r, c));
 }
 
-/* l2norm_rows_at's offset (in elements) of row r's 16-byte vector v in a 64-row panel-layout tile:
- * the queries' norms. */
-template <typename T> struct HopPanelVec {
-    __device__ __forceinline__ int operator()(int r, int v) const {
-        return (int)(wg_offset(CHUNK, r, v * 8) / sizeof(T));
+/* 1 / |q_r| under the in-kernel norm into inv[r] for the warp's 16 rows r0 .. r0 + 15 of a 64-row,
+ * 128-column panel-layout tile, eight rows a pass: lane l sums 32 columns (l / 8) of row l % 8 (four
+ * 16-byte vectors: a quarter warp's lie in distinct banks under the swizzle), the four parts meet by
+ * two shuffles. Eight vectors a lane at once spilled the aux warpgroup's 120 registers beside A's
+ * accumulators. fp32 sums of the 16-bit values, as the keys' norms (A's diagonal). */
+template <typename T>
+__device__ __forceinline__ void hop_inv_norms16(T *tile, int r0, int lane, float *inv) {
+    const int c0 = 32 * (lane >> 3);
+#pragma unroll
+    for (int pass = 0; pass < 2; pass++) {
+        const int r = r0 + 8 * pass + (lane & 7);
+        float ss = 0.0f;
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            const uint4 x = *reinterpret_cast<const uint4 *>(hop_at(tile, CHUNK, r, c0 + 8 * v));
+            const T *e = reinterpret_cast<const T *>(&x);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const float f = Elem<T>::to_f(e[i]);
+                ss += f * f;
+            }
+        }
+        ss += __shfl_xor_sync(0xffffffffu, ss, 8);
+        ss += __shfl_xor_sync(0xffffffffu, ss, 16);
+        if (lane < 8)
+            inv[r] = 1.0f / sqrtf(ss + (float)GDP_L2NORM_EPS);
     }
-};
+}
 
 /* Rows [0, 64) x COLS (64 or 128) columns of a row-major global matrix (row stride ld elements) into
  * a 64-row panel-layout tile by 16-byte cp.async; rows >= nrows become 0. */
@@ -274,15 +299,30 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
     /* Gk beside it: a warp scan over the 64 rows, base 2 (fused.cuh's) */
     if (warp == 0)
         chunk_gk_scan(st.gk, st.gam, lane);
+    /* and the queries' norms (1 / |q_r|, a row scale of the scores and of Q S16 on the state side: the
+     * query tile stays as loaded), a warp's 16 rows each: the state warpgroups normalized the tile in
+     * place, then fenced it and met at a barrier before any product could start */
+    if (MODE == HOP_MAIN && p.l2norm)
+        hop_inv_norms16(st.q, 16 * warp, lane, st.qinv);
     wg_wait<0>();
+    /* |k_r|^2, row r's diagonal, is held by one thread of the warp that owns row r: it parks the value
+     * in kinv (a predicated store each, no root), and one lane a row then takes the root. Under the
+     * test of every element ptxas evaluated the root 32 times a thread, predicated (3 % of the stall
+     * samples, twenty-second session); a select of the two diagonal values in registers made it index
+     * the accumulators, which put them in local memory. */
 #pragma unroll
     for (int j = 0; j < 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int r = 16 * warp + g + (e >> 1) * 8, cc = 8 * j + 2 * t4 + (e & 1);
-            if (cc == r) /* the one thread that holds row r's diagonal */
-                st.kinv[r] = p.l2norm ? 1.0f / sqrtf(acc[4 * j + e] + (float)GDP_L2NORM_EPS) : 1.0f;
+            if (cc == r)
+                st.kinv[r] = acc[4 * j + e];
         }
+    __syncwarp();
+    if (lane < 16) {
+        const int r = 16 * warp + lane;
+        st.kinv[r] = p.l2norm ? 1.0f / sqrtf(st.kinv[r] + (float)GDP_L2NORM_EPS) : 1.0f;
+    }
     bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS); /* Gk, 2^Gk and the key scales complete */
     ph.mark(1); /* aux 1: A's products, Gk and the key scales */
 
@@ -313,19 +353,26 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
             const int r = 16 * warp + g + hh * 8, cc = 8 * j + 2 * t4 + (e & 1);
             float val = 0.0f;
             if (cc < r && r < n)
-                val = acc[4 * j + e] * exp2f(gk_r[hh] - gk_c[ci]) * fac_r[hh] * kinv_c[ci];
+                val = acc[4 * j + e] * exp2_ftz(gk_r[hh] - gk_c[ci]) * fac_r[hh] * kinv_c[ci];
             s.a[r][cc] = val;
         }
-    bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS); /* A complete */
+    __syncwarp(); /* the warp's rows of A, which hold its diagonal block */
     ph.mark(2); /* aux 2: A's values */
-    issue_next_if_free(false);
-    ph.mark(3); /* aux 3: testing (and maybe issuing) the next chunk's loads */
 
-    /* Ai = T((I + A)^-1 diag beta), the off-diagonal blocks on tf32 tensor cores (wy_math.cuh) */
+    /* Ai = T((I + A)^-1 diag beta) by recursive doubling (wy_invert_ai_doubling_at): each warp inverts
+     * the diagonal block in its own rows of A at once, then, after the one barrier that completes A and
+     * those blocks (where the block barrier after A was), the two levels' tf32 products, the four warps
+     * evenly loaded */
     T *ai = st.ai;
-    wy_invert_ai_at<T>(
-        s.a, [=](int r, int cc) { return hop_at(ai, CHUNK, r, cc); }, st.beta, s.scratch + warp * WY_INV_SCRATCH,
-        tid, [] { bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS); });
+    wy_invert_ai_doubling_at<T>(
+        s.a, [=](int r, int cc) { return hop_at(ai, CHUNK, r, cc); }, st.beta, s.scratch + warp * WY_INV2_SCRATCH,
+        tid,
+        [&] {
+            bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS); /* A and X's diagonal blocks complete */
+            ph.mark(3); /* aux 3: the diagonal blocks */
+            issue_next_if_free(false);
+        },
+        [] { bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS); });
     ph.mark(4); /* aux 4: the inverse and Ai */
     fence_proxy_async_smem(); /* Ai is read by the state warpgroups' wgmma */
     issue_next_if_free(false);
@@ -438,13 +485,6 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
         bar_sync(HOP_BAR_FULL0 + b, HOP_THREADS); /* stage b holds chunk c; both halves of S16 are in */
         ph.mark(0); /* state 0: waiting for the aux warpgroup (FULL) */
 
-        /* Q's norms (both warpgroups, 8 warps; the aux warpgroup's at first, see below) */
-        if (MODE == HOP_MAIN && p.l2norm) {
-            l2norm_rows_at<T, HOP_KP, 8, 2>(st.q, HopPanelVec<T>{}, nq, tid >> 5, lane);
-            fence_proxy_async_smem();
-            bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS);
-        }
-        ph.mark(1); /* state 1: Q's norms */
         /* X' = V - 2^Gk (K S16) on the warpgroup's CW columns, in place over V */
         /* the operands by k step: keys, queries and Ai K-major; S16's, X''s and v_new's own columns N-major */
         const auto keys = [&](int ks) { return wg_desc_kmajor(st.k, CHUNK, 0, ks * 16); };
@@ -492,13 +532,15 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
             for (int hh = 0; hh < 2; hh++) {
                 const int qi = r0 + g + hh * 8;
                 const int row = hop_query_row(ch, qi, M);
-                const float gt = row >= 0 ? st.gk[row] : 0.0f;
+                const float gt = row >= 0 ? st.gk[row] : 0.0f, qs = row >= 0 && p.l2norm ? st.qinv[qi] : 1.0f;
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     const int cc = 32 * wg + 8 * j + 2 * t4;
-                    const float p0 = cc <= row ? sc[4 * j + 2 * hh] * exp2f(gt - gk_c[2 * j]) * kinv_c[2 * j] : 0.0f;
-                    const float p1 =
-                        cc + 1 <= row ? sc[4 * j + 2 * hh + 1] * exp2f(gt - gk_c[2 * j + 1]) * kinv_c[2 * j + 1] : 0.0f;
+                    const float p0 =
+                        cc <= row ? sc[4 * j + 2 * hh] * exp2_ftz(gt - gk_c[2 * j]) * kinv_c[2 * j] * qs : 0.0f;
+                    const float p1 = cc + 1 <= row ? sc[4 * j + 2 * hh + 1] * exp2_ftz(gt - gk_c[2 * j + 1]) *
+                                                         kinv_c[2 * j + 1] * qs
+                                                   : 0.0f;
                     *reinterpret_cast<uint32_t *>(hop_at(st.p, CHUNK, qi, cc)) = Elem<T>::pack(p0, p1);
                 }
             }
@@ -515,7 +557,7 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             const int r = r0 + g + hh * 8;
-            const float f = r < n ? exp2f(gl - st.gk[r]) * st.kinv[r] : 0.0f; /* the update's K^T is of the raw keys */
+            const float f = r < n ? exp2_ftz(gl - st.gk[r]) * st.kinv[r] : 0.0f; /* the update's K^T is of the raw keys */
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
                 const int cc = c0 + 8 * j + 2 * t4;
@@ -526,17 +568,29 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
             }
         }
         fence_proxy_async_smem();
+        /* the outputs' first term Q S16 into v_new's registers, now free, while the warpgroups meet
+         * (it was issued after the barrier, alone: the update now runs beside it and beside P v_new) */
+        if constexpr (MODE == HOP_MAIN)
+            wg_gemm<CW, 0, 1, T, HOP_KP / 16, true>(acc, queries, s16_cols);
         bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS); /* v_new and its decayed copy complete (both halves) */
         ph.mark(3); /* state 3: v_new */
 
+        /* S = 2^gl S + K^T (decayed v_new) on the warpgroup's 64 state rows, beside the outputs */
+        const float dec = exp2f(gl);
+#pragma unroll
+        for (int x = 0; x < NS; x++)
+            S[x] *= dec;
+        wg_gemm<VP, 1, 1, T, CHUNK / 16, false>(
+            S, [&](int ks) { return wg_desc_mnmajor(st.k, CHUNK, ks * 16, 64 * wg); },
+            [&](int ks) { return wg_desc_mnmajor(s.vd, CHUNK, ks * 16, 0); });
         /* o = scale (2^Gk[r_t] Q S16 + P v_new) on the warpgroup's columns (also when no query ends in
          * the chunk, nq = 0: a wgmma under a branch makes ptxas serialize them all, warning C7520; MODE is a
          * template parameter, so the maps' runs compile without this block) */
         if constexpr (MODE == HOP_MAIN) {
-            wg_gemm<CW, 0, 1, T, HOP_KP / 16, true>(acc, queries, s16_cols);
-            wg_wait<0>();
+            wg_wait<1>(); /* Q S16; the update may still run */
             const int ra = hop_query_row(ch, r0 + g, M), rb = hop_query_row(ch, r0 + g + 8, M);
-            const float fa = ra >= 0 ? st.gam[ra] : 0.0f, fb = rb >= 0 ? st.gam[rb] : 0.0f;
+            const float qa = p.l2norm ? st.qinv[r0 + g] : 1.0f, qb = p.l2norm ? st.qinv[r0 + g + 8] : 1.0f;
+            const float fa = ra >= 0 ? st.gam[ra] * qa : 0.0f, fb = rb >= 0 ? st.gam[rb] * qb : 0.0f;
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
                 acc[4 * j] *= fa;
@@ -547,7 +601,7 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
             wg_gemm<CW, 0, 1, T, CHUNK / 16, false>(
                 acc, [&](int ks) { return wg_desc_kmajor(st.p, CHUNK, 0, ks * 16); },
                 [&](int ks) { return wg_desc_mnmajor(s.vn, CHUNK, ks * 16, c0); });
-            wg_wait<0>();
+            wg_wait<0>(); /* P v_new and the update */
             T *o = static_cast<T *>(p.o) + ((bos + ch.tf) * H + hd) * VP;
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
@@ -558,21 +612,13 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
                         *reinterpret_cast<uint32_t *>(o + (int64_t)qi * H * VP + c0 + 8 * j + 2 * t4) =
                             Elem<T>::pack(acc[4 * j + 2 * hh] * p.scale, acc[4 * j + 2 * hh + 1] * p.scale);
             }
+        } else {
+            wg_wait<0>();
         }
-
-        ph.mark(4); /* state 4: the outputs */
-        /* S = 2^gl S + K^T (decayed v_new) on the warpgroup's 64 state rows */
-        const float dec = exp2f(gl);
-#pragma unroll
-        for (int x = 0; x < NS; x++)
-            S[x] *= dec;
-        wg_gemm<VP, 1, 1, T, CHUNK / 16, false>(
-            S, [&](int ks) { return wg_desc_mnmajor(st.k, CHUNK, ks * 16, 64 * wg); },
-            [&](int ks) { return wg_desc_mnmajor(s.vd, CHUNK, ks * 16, 0); });
-        wg_wait<0>();
+        ph.mark(4); /* state 4: the update and the outputs */
         /* every read of stage b, S16, v_new and its decayed copy is done */
         bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS);
-        ph.mark(5); /* state 5: the update */
+        ph.mark(5); /* state 5: the closing barrier */
         if (lc + 2 < count)
             mbar_arrive(&s.empty[b]);
     }

@@ -137,6 +137,31 @@ __device__ __forceinline__ void frag_a_tf32(uint32_t af[4], const float (*a)[CHU
 
 constexpr int WY_INV_SCRATCH_LD = 9;                   /* a warp's 16 x 8 product tile, padded */
 constexpr int WY_INV_SCRATCH = 16 * WY_INV_SCRATCH_LD; /* floats of scratch a warp             */
+/* A 16 x 8 product tile (m16n8's c fragment) into rows [0, 16) of a warp's scratch, and the B
+ * operand of m16n8k8 from its rows [k0, k0 + 8): how the inverses hand a product to the next. */
+__device__ __forceinline__ void wy_scratch_put(float *sc, const float (&y)[4], int g, int t4) {
+    sc[g * WY_INV_SCRATCH_LD + 2 * t4] = y[0];
+    sc[g * WY_INV_SCRATCH_LD + 2 * t4 + 1] = y[1];
+    sc[(g + 8) * WY_INV_SCRATCH_LD + 2 * t4] = y[2];
+    sc[(g + 8) * WY_INV_SCRATCH_LD + 2 * t4 + 1] = y[3];
+}
+__device__ __forceinline__ void wy_scratch_b(const float *sc, int k0, int g, int t4, uint32_t &b0, uint32_t &b1) {
+    b0 = tf32_bits(sc[(k0 + t4) * WY_INV_SCRATCH_LD + g]);
+    b1 = tf32_bits(sc[(k0 + t4 + 4) * WY_INV_SCRATCH_LD + g]);
+}
+/* X's 16 x 8 tile at rows [r0, r0 + 16), columns [n0, n0 + 8), left of the diagonal blocks, from the
+ * fragment xr = -X: into a's upper triangle transposed (a[c][r] = X[r][c]) and to the caller. */
+template <typename EmitPair>
+__device__ __forceinline__ void wy_put_x_tile(float (*a)[CHUNK + 4], const float (&xr)[4], int r0, int n0, int g, int t4,
+                                              EmitPair emit_pair) {
+    const int cc = n0 + 2 * t4;
+    a[cc][r0 + g] = -xr[0];
+    a[cc + 1][r0 + g] = -xr[1];
+    a[cc][r0 + g + 8] = -xr[2];
+    a[cc + 1][r0 + g + 8] = -xr[3];
+    emit_pair(r0 + g, cc, -xr[0], -xr[1]);
+    emit_pair(r0 + g + 8, cc, -xr[2], -xr[3]);
+}
 
 /* X = (I + A)^-1 for the strictly lower 64 x 64 A in a (fp32), by the four warps of a group whose
  * barrier is sync() (the caller's barrier after A is complete comes first), in three steps
@@ -188,10 +213,7 @@ __device__ __forceinline__ void wy_invert_tf32(float (*a)[CHUNK + 4], float *sc,
                 const float x1 = diag ? a[kk + t4 + 4][n0 + g] : a[n0 + g][kk + t4 + 4];
                 mma_tf32(y, af, tf32_bits(x0), tf32_bits(x1));
             }
-            sc[g * WY_INV_SCRATCH_LD + 2 * t4] = y[0];
-            sc[g * WY_INV_SCRATCH_LD + 2 * t4 + 1] = y[1];
-            sc[(g + 8) * WY_INV_SCRATCH_LD + 2 * t4] = y[2];
-            sc[(g + 8) * WY_INV_SCRATCH_LD + 2 * t4 + 1] = y[3];
+            wy_scratch_put(sc, y, g, t4);
             __syncwarp();
             /* X[r0 .., n0 ..] = -X_rr Y */
             float xr[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -199,44 +221,181 @@ __device__ __forceinline__ void wy_invert_tf32(float (*a)[CHUNK + 4], float *sc,
             for (int k0 = 0; k0 < 16; k0 += 8) {
                 uint32_t af[4];
                 frag_a_tf32(af, a, r0, r0 + k0, g, t4);
-                mma_tf32(xr, af, tf32_bits(sc[(k0 + t4) * WY_INV_SCRATCH_LD + g]),
-                         tf32_bits(sc[(k0 + t4 + 4) * WY_INV_SCRATCH_LD + g]));
+                uint32_t b0, b1;
+                wy_scratch_b(sc, k0, g, t4, b0, b1);
+                mma_tf32(xr, af, b0, b1);
             }
             __syncwarp(); /* the scratch is free for the warp's next tile */
-            const int cc = n0 + 2 * t4;
-            a[cc][r0 + g] = -xr[0];
-            a[cc + 1][r0 + g] = -xr[1];
-            a[cc][r0 + g + 8] = -xr[2];
-            a[cc + 1][r0 + g + 8] = -xr[3];
-            emit_pair(r0 + g, cc, -xr[0], -xr[1]);
-            emit_pair(r0 + g + 8, cc, -xr[2], -xr[3]);
+            wy_put_x_tile(a, xr, r0, n0, g, t4, emit_pair);
         }
         if (rb < 3)
             sync(); /* block row rb of X is complete before the next one reads it */
     }
 }
 
+/* The A operand of m16n8k8 from X's block stored transposed (X[r][k] at a[k][r]): rows [r0, r0 + 16),
+ * columns [k0, k0 + 8) of X. */
+__device__ __forceinline__ void frag_a_tf32_t(uint32_t af[4], const float (*a)[CHUNK + 4], int r0, int k0, int g,
+                                              int t4) {
+    af[0] = tf32_bits(a[k0 + t4][r0 + g]);
+    af[1] = tf32_bits(a[k0 + t4][r0 + g + 8]);
+    af[2] = tf32_bits(a[k0 + t4 + 4][r0 + g]);
+    af[3] = tf32_bits(a[k0 + t4 + 4][r0 + g + 8]);
+}
+/* X[k][n] for k, n < 64 under wy_invert_tf32's storage: diagonal blocks in place, blocks left of them
+ * transposed into a's upper triangle (the caller never asks right of them: those are zero). */
+__device__ __forceinline__ float wy_x_at(const float (*a)[CHUNK + 4], int k, int n) {
+    return (k >> 4) == (n >> 4) ? a[k][n] : a[n][k];
+}
+
+constexpr int WY_INV2_SCRATCH = 32 * WY_INV_SCRATCH_LD; /* floats a warp: a 32 x 8 product tile, padded */
+
+/* X = (I + A)^-1 as wy_invert_tf32 (the same storage, callbacks, diagonal blocks and tf32 products)
+ * by recursive doubling instead of block rows, in two calls:
+ *  - wy_diag_blocks_by_warp: warp b inverts the 16 x 16 diagonal block b, which lies in its own rows of
+ *    A, by forward substitution (wy_diag_column, lanes 0-15: the same bits), so it needs only its own
+ *    rows stored and a __syncwarp, not the block barrier after the whole of A; lanes 16-31 run
+ *    idle(64 + 16 b + lane - 16), as wy_invert_tf32's threads 64-127;
+ *  - after a block barrier, wy_invert_tf32_levels: level 32, the blocks X_10 and X_32 of the two
+ *    32 x 32 diagonal blocks: X_10 = -X_11 (A_10 X_00), X_32 = -X_33 (A_32 X_22), an 8-column tile a
+ *    warp; then level 64, the lower-left 32 x 32 block: X_LL = -X_LR (A_LL X_UL) with X_UL, X_LR the two
+ *    32 x 32 diagonal blocks of X, 8 of its columns a warp (two 16-row tiles of the product through the
+ *    warp's scratch, WY_INV2_SCRATCH floats, and a __syncwarp).
+ * Two block barriers where wy_invert_tf32 takes three plus the caller's after A, and each warp gets
+ * the same share (block row 1 of wy_invert_tf32 keeps two of the four warps idle, block row 3 gives
+ * two of them two tiles). Each product is the same sum as wy_invert_tf32's in exact arithmetic
+ * (X_30's three terms are X_32's and X_33's parts here); the roundings differ (kernels/NOTES-chunk.md,
+ * twenty-third session). A's lower blocks stay intact throughout: X's off-diagonal blocks go to the
+ * upper triangle (a[c][r] = X[r][c]), level 32's to a[0..15][16..31] and a[32..47][48..63], level
+ * 64's to a[0..31][32..63], which no product of the same level reads. No barrier after level 64. */
+template <typename EmitDiag, typename Idle>
+__device__ __forceinline__ void wy_diag_blocks_by_warp(float (*a)[CHUNK + 4], int warp, int lane, EmitDiag emit_diag,
+                                                       Idle idle) {
+    const int base = 16 * warp, c = lane & 15;
+    float xc[16];
+    if (lane < 16)
+        wy_diag_column(a, base + c, xc);
+    __syncwarp(); /* the block's A is read before it is overwritten */
+    if (lane < 16) {
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            a[base + r][base + c] = xc[r];
+            emit_diag(base + r, base + c, xc[r]);
+        }
+    } else {
+        idle(48 + base + lane);
+    }
+}
+template <typename Sync, typename EmitPair>
+__device__ __forceinline__ void wy_invert_tf32_levels(float (*a)[CHUNK + 4], float *sc, int tid, Sync sync,
+                                                      EmitPair emit_pair) {
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    {   /* level 32: warp w forms columns [n0, n0 + 8) of X_10 (w = 0, 1) or X_32 (w = 2, 3) */
+        const int d0 = 32 * (warp >> 1), r0 = d0 + 16, n0 = d0 + 8 * (warp & 1);
+        float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int k0 = 0; k0 < 16; k0 += 8) { /* Y = A_rd X_dd: X_dd in place */
+            uint32_t af[4];
+            frag_a_tf32(af, a, r0, d0 + k0, g, t4);
+            mma_tf32(y, af, tf32_bits(a[d0 + k0 + t4][n0 + g]), tf32_bits(a[d0 + k0 + t4 + 4][n0 + g]));
+        }
+        wy_scratch_put(sc, y, g, t4);
+        __syncwarp();
+        float xr[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int k0 = 0; k0 < 16; k0 += 8) { /* X = -X_rr Y: X_rr in place */
+            uint32_t af[4];
+            frag_a_tf32(af, a, r0, r0 + k0, g, t4);
+            uint32_t b0, b1;
+            wy_scratch_b(sc, k0, g, t4, b0, b1);
+            mma_tf32(xr, af, b0, b1);
+        }
+        wy_put_x_tile(a, xr, r0, n0, g, t4, emit_pair);
+    }
+    sync(); /* X_UL and X_LR complete */
+    {   /* level 64: warp w forms columns [n0, n0 + 8) of X_LL (rows 32-63), n0 = 8 w */
+        const int n0 = 8 * warp, kb = 16 * (warp >> 1); /* X_UL[k][n0 ..] is zero for k < kb */
+        float y[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int k0 = 0; k0 < 32; k0 += 8) { /* Y = A_LL X_UL, both 16-row tiles beside each other */
+            if (k0 < kb)
+                continue;
+            const uint32_t b0 = tf32_bits(wy_x_at(a, k0 + t4, n0 + g)), b1 = tf32_bits(wy_x_at(a, k0 + t4 + 4, n0 + g));
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                uint32_t af[4];
+                frag_a_tf32(af, a, 32 + 16 * mt, k0, g, t4);
+                mma_tf32(y[mt], af, b0, b1);
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            wy_scratch_put(sc + 16 * mt * WY_INV_SCRATCH_LD, y[mt], g, t4);
+        __syncwarp();
+        /* X = -X_LR Y: rows 32-47 see X_22 (in place) only; rows 48-63 see X_32 (transposed) and X_33 */
+        float xr[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int k0 = 0; k0 < 32; k0 += 8) {
+            uint32_t b0, b1, af[4];
+            wy_scratch_b(sc, k0, g, t4, b0, b1);
+            if (k0 < 16) {
+                frag_a_tf32(af, a, 32, 32 + k0, g, t4); /* X_22 */
+                mma_tf32(xr[0], af, b0, b1);
+                frag_a_tf32_t(af, a, 48, 32 + k0, g, t4); /* X_32 */
+            } else {
+                frag_a_tf32(af, a, 48, 32 + k0, g, t4); /* X_33 */
+            }
+            mma_tf32(xr[1], af, b0, b1);
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            wy_put_x_tile(a, xr[mt], 32 + 16 * mt, n0, g, t4, emit_pair);
+    }
+}
+
+/* Ai's stores as the inverses hand X's values over: Ai(r, c) = X[r][c] beta[c] in T at at(r, c), the
+ * address of Ai's element (r, c) in whatever layout the caller keeps it (row-major in the fused
+ * kernel, the swizzled panel of the Hopper kernel), and the zero blocks right of the diagonal blocks
+ * (rows 0-47, 8 columns a store, by threads t = 64 .. 127). */
+template <typename T, typename At> struct AiStores {
+    At at;
+    const float *beta;
+    __device__ __forceinline__ void diag(int r, int c, float x) const { *at(r, c) = Elem<T>::from_f(x * beta[c]); }
+    __device__ __forceinline__ void pair(int r, int c, float x0, float x1) const {
+        *reinterpret_cast<uint32_t *>(at(r, c)) = Elem<T>::pack(x0 * beta[c], x1 * beta[c + 1]);
+    }
+    __device__ __forceinline__ void zero_upper(int t) const {
+        for (int e = t - 64; e < 48 * 8; e += 64) {
+            const int r = e >> 3, c8 = (e & 7) * 8;
+            if (c8 >= ((r >> 4) + 1) * 16)
+                *reinterpret_cast<uint4 *>(at(r, c8)) = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+};
+
 /* Ai = T((I + A)^-1 diag(beta)) for the strictly lower 64 x 64 A in a (fp32), by wy_invert_tf32
- * (same group, same barriers); the one-pass kernels' aux warps. at(r, c): the address of Ai's
- * element (r, c) in whatever layout the caller keeps it (row-major in the fused kernel, the
- * swizzled panel of the Hopper kernel). Warps 2-3 zero Ai right of the diagonal blocks while warps
- * 0-1 solve those blocks. */
+ * (same group, same barriers); the one-pass kernels' aux warps (AiStores: at). Warps 2-3 zero Ai
+ * right of the diagonal blocks while warps 0-1 solve those blocks. */
 template <typename T, typename At, typename Sync>
 __device__ __forceinline__ void wy_invert_ai_at(float (*a)[CHUNK + 4], At at, const float *beta, float *sc, int tid,
                                                 Sync sync) {
+    const AiStores<T, At> out{at, beta};
     wy_invert_tf32(
-        a, sc, tid, sync, [&](int r, int c, float x) { *at(r, c) = Elem<T>::from_f(x * beta[c]); },
-        [&](int r, int c, float x0, float x1) {
-            *reinterpret_cast<uint32_t *>(at(r, c)) = Elem<T>::pack(x0 * beta[c], x1 * beta[c + 1]);
-        },
-        [&](int t) {
-            /* Ai's blocks right of the diagonal blocks are zero: rows 0-47, 8 columns a store */
-            for (int e = t - 64; e < 48 * 8; e += 64) {
-                const int r = e >> 3, c8 = (e & 7) * 8;
-                if (c8 >= ((r >> 4) + 1) * 16)
-                    *reinterpret_cast<uint4 *>(at(r, c8)) = make_uint4(0u, 0u, 0u, 0u);
-            }
-        });
+        a, sc, tid, sync, [&](int r, int c, float x) { out.diag(r, c, x); },
+        [&](int r, int c, float x0, float x1) { out.pair(r, c, x0, x1); }, [&](int t) { out.zero_upper(t); });
+}
+/* The same by recursive doubling (wy_diag_blocks_by_warp, then wy_invert_tf32_levels; sc:
+ * WY_INV2_SCRATCH floats a warp): the Hopper kernel's aux warpgroup. The caller has stored its
+ * warp's rows of A and run a __syncwarp, no block barrier; between() runs after the diagonal blocks
+ * and must end in the group's barrier (the caller's, so that it can add work there). */
+template <typename T, typename At, typename Between, typename Sync>
+__device__ __forceinline__ void wy_invert_ai_doubling_at(float (*a)[CHUNK + 4], At at, const float *beta, float *sc,
+                                                         int tid, Between between, Sync sync) {
+    const AiStores<T, At> out{at, beta};
+    wy_diag_blocks_by_warp(
+        a, tid >> 5, tid & 31, [&](int r, int c, float x) { out.diag(r, c, x); }, [&](int t) { out.zero_upper(t); });
+    between();
+    wy_invert_tf32_levels(a, sc, tid, sync, [&](int r, int c, float x0, float x1) { out.pair(r, c, x0, x1); });
 }
 /* The same into a row-major Ai (row stride ldai elements): the fused kernel's. */
 template <typename T, typename Sync>

@@ -378,8 +378,8 @@ int main(int argc, char **argv) {
     } else if (hphases) {
         setenv("GDP_CHUNK_PATH", "hopper", 1);
         std::printf("# Hopper kernel, block (0, 0, 0): clock cycles per chunk of each phase, thread 0 (aux) and 128 (state)\n"
-                    "# aux:   wait(loads) gk+K-norms A next-loads(test) inverse+Ai next-loads(test) next-loads(wait) arrive+loop\n"
-                    "# state: wait(aux) Q-norms X'+P v_new outputs update - S16+cs+loop\n");
+                    "# aux:   wait(loads) A+gk+K-scales A's-values diag-blocks inverse+Ai(+test) next-loads(test) next-loads(wait) arrive+loop\n"
+                    "# state: wait(aux) - X'+P+Q-norms v_new(+Q S16) update+outputs barrier - S16+cs+loop\n");
     } else if (phases) {
         setenv("GDP_CHUNK_PATH", "fused", 1);
         std::printf("# fused kernel, block (0, 0, 0): clock64 cycles per chunk of each phase, one thread of each role\n"
