@@ -618,10 +618,13 @@ static void bench_prefill(bench_env *e, int64_t H, int64_t K, int64_t V, int64_t
     for (int i = 0; i < nseq; i++)
         cu[i + 1] = cu[i] + lens[i];
     const int64_t T = cu[nseq];
+    int64_t longest = 0;
+    for (int i = 0; i < nseq; i++)
+        longest = lens[i] > longest ? lens[i] : longest;
     int64_t nc = 0, ncdp = 0;
     int32_t *ci = NULL, *cidp = NULL, *co = NULL;
     gdp_chunk_args a = {.num_householder = (int32_t)M, .scale = 0, .output_final_state = 1,
-                        .use_qk_l2norm_in_kernel = 1};
+                        .use_qk_l2norm_in_kernel = 1, .max_seqlen = longest};
     size_t ws = 0;
     gdp_status_t st = gdp_max_chunk_counts(T, nseq, (int32_t)M, &nc, &ncdp);
     if (st == GDP_STATUS_SUCCESS) {
@@ -719,7 +722,8 @@ static int run_ops(const char *which, int iters, int warmup) {
     printf("# rank 0 -> device 0 (one process)\n");
     printf("# method: median/min/max of %d calls after %d warm-up calls, CUDA events around each call; decode and\n"
            "#   prepare replay a captured CUDA graph; L2 flushed (256 MB write) before each call when the working\n"
-           "#   set is under 2x L2; prefill uses gdp_build_chunk_descriptors, bf16 q/k/v, L2 norm in kernel\n",
+           "#   set is under 2x L2; prefill uses gdp_build_chunk_descriptors and max_seqlen (which the op's auto\n"
+           "#   choice of kernels reads), bf16 q/k/v, L2 norm in kernel\n",
            iters, warmup);
     printf("# bounds: decode (2 + S snapshots) KV state elements/(request, head) over %.3g B/s; prefill\n"
            "#   F = M(6CK + 4CV + 2C^2/3 + 4KV) + 2KV FLOP/(token, head) over %.3g FLOP/s; prepare bytes moved\n"

@@ -111,3 +111,34 @@ gdp_status_t gdp_build_chunk_descriptors(const int32_t *cu_seqlens, int32_t pref
     *num_chunks_dp = cap_dp;
     return GDP_STATUS_SUCCESS;
 }
+
+/* The op's own choice between the staged chain and the one-pass Hopper kernel (GDP_CHUNK_PATH unset
+ * or auto, on a device and shape the Hopper kernel takes), from the work's shape alone. The Hopper
+ * kernel runs one block a (sequence, head), each walking its sequence's chunks one after another, so
+ * its time is the waves of blocks times the longest sequence's chunks times a chunk's time; the
+ * staged chain spreads every stage over all chunks, so its time follows the total chunks. Both rates
+ * are the H200's, measured in the twenty-fifth session (kernels/NOTES-chunk.md; `GDP_CHUNK_PATH=hopper
+ * GDP_CHUNK_SEGMENT=off` and `GDP_CHUNK_PATH=staged ./build/examples/gdp-bench ops --op prefill`): the
+ * Hopper kernel 433 us for 64 chunks at V = 128 (6.8 us a chunk) and 551 us for 96 at V = 64 (5.8),
+ * the staged chain 784 us for 8,192 (chunk, head) pairs at V = 128 (0.096 us each) and 861 us for
+ * 12,288 at V = 64 (0.070); a long sequence makes the staged chain slower still (its state sweep walks
+ * the chunks in order), so the staged estimate is a lower bound and the rule below favours staged.
+ * The segment split is not chosen here: it loses to the staged chain on every row measured. */
+#define HOPPER_US_PER_CHUNK_V128 6.8
+#define HOPPER_US_PER_CHUNK_V64 5.8
+#define STAGED_US_PER_CHUNK_HEAD_V128 0.096
+#define STAGED_US_PER_CHUNK_HEAD_V64 0.070
+
+bool gdp_chunk_auto_prefers_hopper(int64_t num_chunks_dp, int64_t N, int64_t H, int32_t M, int64_t V,
+                                   int64_t max_seqlen, int sms) {
+    if (max_seqlen <= 0 || N < 1 || H < 1 || M < 1 || sms < 1 || num_chunks_dp < 1)
+        return false; /* the longest sequence unknown: the staged chain never loses by much */
+    const bool narrow = V <= 64;
+    const int64_t waves = (N * H + sms - 1) / sms;
+    const int64_t longest_chunks = (max_seqlen * M + CHUNK - 1) / CHUNK;
+    const double hopper_us =
+        (double)waves * (double)longest_chunks * (narrow ? HOPPER_US_PER_CHUNK_V64 : HOPPER_US_PER_CHUNK_V128);
+    const double staged_us =
+        (double)num_chunks_dp * (double)H * (narrow ? STAGED_US_PER_CHUNK_HEAD_V64 : STAGED_US_PER_CHUNK_HEAD_V128);
+    return hopper_us < staged_us;
+}

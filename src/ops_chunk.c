@@ -233,6 +233,10 @@ static gdp_status_t validate_chunk_args(gdp_ctx_t ctx, const gdp_chunk_args *a, 
                  "%s: T = %lld tokens x M = %lld copies overflows the int32 indices of the descriptors; split the "
                  "step",
                  op, (long long)T, (long long)M);
+    if (a->max_seqlen < 0 || a->max_seqlen > T)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: max_seqlen is %lld; it is the longest sequence's tokens (<= T = %lld), or 0 for unknown", op,
+                 (long long)a->max_seqlen, (long long)T);
     const uint32_t qkv_dtype = GDP_DT(a->q.dtype); /* k and v must match q */
     const int64_t k_shape[4] = {1, T * M, H, K};
     GDP_CHECK(gdp_check_tensor(op, "k", &a->k, 4, k_shape, qkv_dtype));

@@ -678,6 +678,8 @@ static void test_bad_inputs(gdp_ctx_t ctx) {
     BAD_CASE("num_householder 0", INV, a->num_householder = 0);
     BAD_CASE("scale NaN", INV, a->scale = NAN);
     BAD_CASE("scale inf", INV, a->scale = INFINITY);
+    BAD_CASE("max_seqlen negative", INV, a->max_seqlen = -1);
+    BAD_CASE("max_seqlen > T", INV, a->max_seqlen = T + 1);
     /* cu_seqlens contents */
     BAD_CASE("decreasing cu_seqlens", INV, (c_.cu[1] = 75, c_.cu[2] = 74));
     BAD_CASE("cu_seqlens[0] != 0", INV, c_.cu[0] = 1);

@@ -36,6 +36,9 @@
  * WY's inverse on CUDA cores in fp32 (GDP_CHUNK_WY_INVERSE=fp32; the default is tf32 tensor
  * cores): the golden files and the random shapes again on the staged path, against the same
  * references; a bad value -> INVALID_USAGE.
+ * The op's own choice (auto) on a 9.0 device: the Hopper kernel for a batch of equal sequences when
+ * max_seqlen says so or the lengths are read (no descriptors), the staged chain when the longest is
+ * unknown or far longer than the rest; each run against the CPU backend.
  * GDP_TEST_CHUNK_PATH=staged|fused|hopper|auto runs one path only (for the sanitizers).
  * The profile's stage split (gdp/profile.h) under each path: a profiled call gives the same bits,
  * the staged path fills the cumsum, WY, state and output stages and not the fused one, the one-
@@ -215,6 +218,8 @@ static void cpu_run(gdp_ctx_t cpu, const inputs *in, gdp_dtype_t cs_dtype, outpu
 
 /* When set, gpu_run profiles its op call alone (gdp/profile.h) into it. */
 static gdp_phase_times *g_profile_times;
+/* gpu_run's max_seqlen (0: unknown, as every case but the auto-choice one passes it). */
+static int64_t g_max_seqlen;
 
 /* The GPU op on device copies; outputs poisoned first (o NaN, states NaN, chunk states 0x7f). */
 static void gpu_run(gdp_ctx_t gpu, const inputs *in, bool with_desc, gdp_dtype_t cs_dtype, outputs *out) {
@@ -241,6 +246,7 @@ static void gpu_run(gdp_ctx_t gpu, const inputs *in, bool with_desc, gdp_dtype_t
     a.final_state = d_fs;
     a.return_chunk_states = 1;
     a.chunk_states = d_cs;
+    a.max_seqlen = g_max_seqlen;
     reserve_for(gpu, in->T, in->N, in->M, in->H, in->K, in->V);
     if (g_profile_times != NULL)
         CHECK_OK(gdp_profile_begin(gpu));
@@ -586,6 +592,55 @@ static void test_hopper_segments(gdp_ctx_t cpu, gdp_ctx_t gpu, bool on_hopper) {
             free_outputs(&again);
         }
         unsetenv("GDP_CHUNK_SEGMENT");
+        free_outputs(&ref);
+        free_inputs(&in);
+    }
+}
+
+/* The op's own choice (GDP_CHUNK_PATH unset) between the staged chain and the Hopper kernel
+ * (gdp_chunk_auto_prefers_hopper): on a 9.0 device a batch of equal sequences that fill about one wave
+ * runs the Hopper kernel, unsplit, when max_seqlen says so or when no descriptors are given (the op
+ * reads the lengths), and the staged chain when the longest sequence is unknown or much longer than
+ * the rest; every run against the CPU backend. */
+static bool hopper_device(int *major, int *minor);
+static void test_auto_choice(gdp_ctx_t cpu, gdp_ctx_t gpu) {
+    const gdp_dtype_t BF = GDP_DTYPE_BF16, F32 = GDP_DTYPE_FP32;
+    const chunk_case even = {"auto: 6 x 256 tokens, H 16, M 2", 2, 16, 128, 128, 6, {256, 256, 256, 256, 256, 256},
+                             1536, BF, BF, F32, 1, 0, 0.1};
+    const chunk_case skewed = {"auto: 1000 + 5 x 16 tokens, H 16, M 2", 2, 16, 128, 128, 6, {1000, 16, 16, 16, 16, 16},
+                               1080, BF, BF, F32, 1, 0, 0.1};
+    int major = 0, minor = 0;
+    const bool on_hopper = hopper_device(&major, &minor);
+    const struct {
+        const chunk_case *c;
+        int64_t max_seqlen;
+        bool with_desc, hopper;
+        const char *what;
+    } runs[] = {
+        {&even, 256, true, true, "max_seqlen 256, descriptors"},
+        {&even, 0, true, false, "max_seqlen unknown, descriptors"},
+        {&even, 0, false, true, "no descriptors (lengths read)"},
+        {&skewed, 1000, true, false, "max_seqlen 1000, descriptors"},
+        {&skewed, 0, false, false, "no descriptors (lengths read)"},
+    };
+    CHECK_OK(gdp_ctx_reserve_workspace(gpu, (size_t)256 << 20));
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        inputs in;
+        make_inputs(runs[r].c, 8300 + (runs[r].c == &skewed), &in);
+        outputs ref, out;
+        cpu_run(cpu, &in, F32, &ref);
+        g_max_seqlen = runs[r].max_seqlen;
+        const long long before = gdp_cuda_chunk_hopper_calls();
+        gpu_run(gpu, &in, runs[r].with_desc, F32, &out);
+        g_max_seqlen = 0;
+        const long long ran = gdp_cuda_chunk_hopper_calls() - before;
+        char w[160];
+        snprintf(w, sizeof w, "%s, %s: %s", runs[r].c->name, runs[r].what, ran > 0 ? "hopper" : "staged");
+        compare_runs(w, &in, &out, &ref, true);
+        const bool want = on_hopper && runs[r].hopper;
+        CHECK((ran > 0) == want, "%s: the Hopper kernel ran %lld calls, expected %s on a %d.%d device", w, ran,
+              want ? "one" : "none", major, minor);
+        free_outputs(&out);
         free_outputs(&ref);
         free_inputs(&in);
     }
@@ -1087,6 +1142,8 @@ int main(void) {
         test_graph(cpu);
         test_rejections();
         test_profile_stages(cpu, gpu, paths[pi] != NULL ? paths[pi] : "auto");
+        if (paths[pi] == NULL)
+            test_auto_choice(cpu, gpu);
         if (paths[pi] != NULL && strcmp(paths[pi], "hopper") == 0) {
             test_hopper_copies(cpu, gpu);
             int major = 0, minor = 0;

@@ -2,12 +2,14 @@
  * test_descriptors.c: gdp_max_chunk_counts and gdp_build_chunk_descriptors against
  * every case of the golden descriptors.json (Megatron-LM's builder), randomized checks
  * of the invariants the kernels rely on (real rows never exceed the bounds, row
- * chunk_offsets[i] + j is (i, j), padding rows address no token), and bad inputs
- * (each rejected with INVALID_ARGUMENT, a message, and nothing written).
+ * chunk_offsets[i] + j is (i, j), padding rows address no token), bad inputs
+ * (each rejected with INVALID_ARGUMENT, a message, and nothing written), and the CUDA chunk
+ * op's auto choice of kernels from the descriptors' counts and the longest sequence.
  */
 #include <jansson.h> /* defines: json_load_file, json_array_get, ... */
 #include <string.h>
 
+#include "internal.h" /* gdp_chunk_auto_prefers_hopper */
 #include "test_common.h"
 
 static void int_array(json_t *arr, int32_t *out, size_t n) {
@@ -156,9 +158,50 @@ static void bad_inputs(void) {
     CHECK_STATUS(gdp_build_chunk_descriptors(NULL, 1, 1, 64, ci, cidp, off, &nc, &ncdp), GDP_STATUS_INVALID_ARGUMENT);
 }
 
+/* The CUDA op's auto choice (gdp_chunk_auto_prefers_hopper, descriptors.c) on the prefill rows of
+ * `gdp-bench ops` as the H200 measured them (kernels/NOTES-chunk.md, twenty-fifth session: the
+ * unsplit Hopper kernel against the staged chain, 132 SMs): it must take the Hopper kernel where it
+ * ran 1.4-1.8x faster and keep the staged chain where a long sequence made the Hopper kernel 1.3-3x
+ * slower, and never choose it blind (longest sequence unknown). */
+static int64_t expanded_chunks(const int32_t *lens, int n, int32_t m) {
+    int64_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += ((int64_t)lens[i] * m + 63) / 64;
+    return total;
+}
+static void auto_choice(void) {
+    static const int32_t eight[8] = {2048, 2048, 2048, 2048, 2048, 2048, 2048, 2048};
+    static const int32_t mixed[8] = {1000, 37, 5000, 64, 2500, 7000, 400, 299};
+    static const int32_t one[1] = {16384}, serve[1] = {1024};
+    const struct {
+        const char *row;
+        const int32_t *lens;
+        int n, h, m, v, max_len;
+        bool hopper;
+    } rows[] = {
+        {"8x2048 H16 M2 (433 vs 784 us)", eight, 8, 16, 2, 128, 2048, true},
+        {"8x2048 H16 M3 (623 vs 1080 us)", eight, 8, 16, 3, 128, 2048, true},
+        {"4x2048 H32 V64 M3 (551 vs 861 us)", eight, 4, 32, 3, 64, 2048, true},
+        {"1x16384 H16 M2 (3322 vs 1082 us)", one, 1, 16, 2, 128, 16384, false},
+        {"mixed 16300 H16 M2 (1409 vs 1070 us)", mixed, 8, 16, 2, 128, 7000, false},
+        {"one 1024-token prefill, H16 M2", serve, 1, 16, 2, 128, 1024, false},
+        {"8x2048 H16 M2, longest unknown", eight, 8, 16, 2, 128, 0, false},
+    };
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        const int64_t chunks = expanded_chunks(rows[r].lens, rows[r].n, rows[r].m);
+        const bool got = gdp_chunk_auto_prefers_hopper(chunks, rows[r].n, rows[r].h, rows[r].m, rows[r].v,
+                                                       rows[r].max_len, 132);
+        CHECK(got == rows[r].hopper, "auto choice for %s: %s, expected %s", rows[r].row, got ? "hopper" : "staged",
+              rows[r].hopper ? "hopper" : "staged");
+    }
+    printf("  auto choice (gdp_chunk_auto_prefers_hopper): %zu measured rows as measured\n",
+           sizeof rows / sizeof rows[0]);
+}
+
 int main(void) {
     golden_cases();
     randomized();
     bad_inputs();
+    auto_choice();
     return test_finish("test_descriptors");
 }

@@ -144,6 +144,13 @@ GDP_API gdp_status_t gdp_chunk_local_cumsum(gdp_ctx_t ctx, gdp_tensor *g_cumsum,
  *                   chunk_offsets[i] + c = state of sequence i after its first 64c tokens
  *                   (rows past chunk_offsets[N] untouched).
  *   exact_log2e : CPU-reference knob: use the exact 1/ln 2 instead of GDP_RCP_LN2.
+ *   max_seqlen : the longest sequence's tokens, 0 for unknown (0 <= max_seqlen <= T; as
+ *                   flash-attn's max_seqlen). A hint for the CUDA op's choice of kernels
+ *                   (GDP_CHUNK_PATH unset or auto): with descriptors given the host never
+ *                   sees the lengths, and the one-pass Hopper kernel, fastest where every
+ *                   sequence is about as long as the longest, is chosen only when this says
+ *                   so. Without descriptors the lengths are read anyway and the hint is not
+ *                   needed. A wrong hint costs speed, never correctness.
  * Outputs:
  *   o : [1, T, H, V] in q's dtype (CPU: any float dtype); rows past cu_seqlens[N] = 0. */
 typedef struct gdp_chunk_args {
@@ -158,6 +165,7 @@ typedef struct gdp_chunk_args {
     gdp_tensor state, state_indices;
     int32_t    return_chunk_states;
     int32_t    exact_log2e;
+    int64_t    max_seqlen;
     gdp_tensor o, final_state, chunk_states; /* outputs */
 } gdp_chunk_args;
 

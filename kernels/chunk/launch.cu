@@ -76,7 +76,10 @@ int state_vb_from_env(const char **text) {
  * fused kernel (fused.cuh, mma.sync) or the one-pass Hopper kernel (hopper.cuh, wgmma) where the
  * shape and the device allow it. GDP_CHUNK_PATH = staged | fused | hopper forces one (a shape or
  * device the asked kernel does not take runs the next: hopper -> fused -> staged); unset, empty
- * or auto lets the op choose: FUSED_BY_DEFAULT (off: measured slower, kernels/NOTES-chunk.md).
+ * or auto lets the op choose: the Hopper kernel, unsplit, where gdp_chunk_auto_prefers_hopper
+ * (descriptors.c) expects it to win from the longest sequence's length (args' max_seqlen, or the
+ * lengths read when no descriptors are given), else the staged chain, or the fused kernel under
+ * FUSED_BY_DEFAULT (off: measured slower, kernels/NOTES-chunk.md).
  * Returns 0 staged, 1 fused, 2 auto, 3 hopper, -1 for any other value. */
 constexpr bool FUSED_BY_DEFAULT = false;
 int chunk_path_from_env(const char **text) {
@@ -301,6 +304,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     if (err != cudaSuccess)
         GDP_CUDA_FAIL(err, "%s: reading the compute capability", op);
     int64_t num_chunks, num_chunks_dp;
+    int64_t max_len = a->max_seqlen; /* the longest sequence (0: unknown): auto's choice of kernels */
     const int32_t *cidx, *cidx_dp, *coff;
     if (have_desc) {
         num_chunks = a->chunk_indices.shape[0];
@@ -327,6 +331,8 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
         }
         gdp_status_t st = gdp_build_chunk_descriptors(cu_h, (int32_t)N, M, T, ci_h, cidp_h, off_h, &num_chunks,
                                                       &num_chunks_dp);
+        for (int64_t i = 0; st == GDP_STATUS_SUCCESS && i < N; i++) /* validated: nondecreasing */
+            max_len = cu_h[i + 1] - cu_h[i] > max_len ? cu_h[i + 1] - cu_h[i] : max_len;
         if (st != GDP_STATUS_SUCCESS) {
             free(host);
             return st;
@@ -406,7 +412,11 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
 
     /* ---- enqueue: the fused kernel, or the cumsums, WY, state sweep and outputs; then the zero tail ---- */
     GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_BEGIN, stream);
-    if (path == 3 && hopper_runs(p, cc)) {
+    /* auto: the Hopper kernel, unsplit, where the work's shape says it wins (gdp_chunk_auto_prefers_hopper,
+     * descriptors.c: the longest sequence must be known, from max_seqlen or the lengths read above) */
+    const bool auto_hopper = path == 2 && hopper_runs(p, cc) &&
+                             gdp_chunk_auto_prefers_hopper(num_chunks_dp, N, H, M, V, max_len, sms);
+    if ((path == 3 || auto_hopper) && hopper_runs(p, cc)) {
 #ifdef GDP_HAVE_CHUNK_HOPPER
         /* the split's scratch: the staged path's intermediates (keys, w, u, chunk-entry states), which this
          * path does not use, or what the ctx holds past the op's workspace if that is larger */
@@ -417,7 +427,8 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
             split_bytes = ctx->workspace_bytes - lay.total;
         }
         GdpHopperSplit split{0, 0, nullptr};
-        hopper_segment(p, hopper_seg_env, sms, split_ws, split_bytes, &split);
+        /* auto's choice is the unsplit kernel unless GDP_CHUNK_SEGMENT forces a length */
+        hopper_segment(p, auto_hopper && hopper_seg_env == 0 ? -2 : hopper_seg_env, sms, split_ws, split_bytes, &split);
         __atomic_store_n(&hopper_last_segment, split.seg_chunks, __ATOMIC_RELAXED);
         err = gdp_chunk_hopper_launch(&p, a->q.dtype == GDP_DTYPE_BF16, hopper_copy == 1, &split, stream);
 #endif

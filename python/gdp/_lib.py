@@ -155,7 +155,8 @@ class ChunkArgs(ctypes.Structure):
                  ("use_qk_l2norm_in_kernel", ctypes.c_int32)] +
                 [(n, Tensor) for n in ("chunk_indices", "chunk_indices_dp", "chunk_offsets", "state",
                                        "state_indices")] +
-                [("return_chunk_states", ctypes.c_int32), ("exact_log2e", ctypes.c_int32)] +
+                [("return_chunk_states", ctypes.c_int32), ("exact_log2e", ctypes.c_int32),
+                 ("max_seqlen", ctypes.c_int64)] +
                 [(n, Tensor) for n in ("o", "final_state", "chunk_states")])
 
 
@@ -253,7 +254,7 @@ class StepMetadataC(ctypes.Structure):
 # Sizes worked out by hand from the C headers (LP64: 8-byte pointers, int64 and double
 # aligned to 8, enums 4 bytes). tests/test_ops_cpu.py also compiles a probe against the
 # headers and compares every field offset.
-_EXPECTED_SIZES = {Tensor: 112, PrepareArgs: 1032, ChunkArgs: 1712, RecurrentArgs: 1368, LayerConfig: 80,
+_EXPECTED_SIZES = {Tensor: 112, PrepareArgs: 1032, ChunkArgs: 1720, RecurrentArgs: 1368, LayerConfig: 80,
                    TpShard: 152, LayerWeights: 944, CacheConfig: 44, StepBucket: 12, PrefillRequestC: 24,
                    DraftAcceptC: 8, StepDesc: 72, PlanConfig: 32, StepArrays: 104, StepMetadataC: 320}
 if ctypes.sizeof(ctypes.c_void_p) == 8:

@@ -149,7 +149,7 @@ def _host_chunk_count(pl, cu, N):
 def chunk_gated_delta_product_varlen(q, k, v, g, beta, num_householder, cu_seqlens, scale=None, initial_state=None,
                                      output_final_state=False, use_qk_l2norm_in_kernel=False, chunk_indices=None,
                                      chunk_indices_dp=None, chunk_offsets=None, state=None, state_indices=None,
-                                     return_chunk_states=False):
+                                     return_chunk_states=False, max_seqlen=None):
     """Variable-length chunked Gated Delta Product forward pass.
 
     q [1, T, H, K]; k [1, T*M, H, K] and v [1, T*M, H, V] (Householder-expanded, q's
@@ -159,6 +159,10 @@ def chunk_gated_delta_product_varlen(q, k, v, g, beta, num_householder, cu_seqle
     chunk_offsets [N+1] int32 from build_gdp_chunk_descriptors (all three or none; given,
     the call never synchronizes and is CUDA-graph capturable); state [slots, H, K, V] +
     state_indices [N] int32: cache mode, final states written in place (-1: nothing).
+    max_seqlen (gdp's addition, as flash-attn's): the longest sequence's tokens, or None
+    for unknown; with descriptors given, the CUDA op takes its one-pass Hopper kernel
+    only when this says every sequence fits its estimate (a wrong value costs speed,
+    never correctness).
 
     Returns (o, final_state), or (o, final_state, chunk_states) with return_chunk_states:
     o [1, T, H, V] in q's dtype, rows past cu_seqlens[-1] zero; final_state is the state
@@ -191,6 +195,7 @@ def chunk_gated_delta_product_varlen(q, k, v, g, beta, num_householder, cu_seqle
     a.output_final_state = int(bool(output_final_state))
     a.use_qk_l2norm_in_kernel = int(bool(use_qk_l2norm_in_kernel))
     a.return_chunk_states = int(bool(return_chunk_states))
+    a.max_seqlen = 0 if max_seqlen is None else as_int("max_seqlen", max_seqlen)
 
     o = pl.empty((1, T, H, V), a.q.dtype)
     a.o = pl.view("o", o, writes=True)

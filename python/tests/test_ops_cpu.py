@@ -177,6 +177,8 @@ def test_chunk_return_values_and_dtypes():
     o_default = r[0]
     o_explicit, _ = gdp.chunk_gated_delta_product_varlen(**x, scale=16 ** -0.5)
     np.testing.assert_array_equal(o_default, o_explicit)  # scale=None is K ** -0.5
+    o_hint, _ = gdp.chunk_gated_delta_product_varlen(**x, max_seqlen=70)
+    np.testing.assert_array_equal(o_default, o_hint)  # max_seqlen chooses kernels, never results
 
     # chunk_states: k's dtype, then initial_state's, then the cache's.
     _, _, s = gdp.chunk_gated_delta_product_varlen(**x, return_chunk_states=True)
@@ -350,6 +352,8 @@ def test_errors_name_the_argument():
         gdp.chunk_gated_delta_product_varlen(**x, scale=0.0)
     with pytest.raises(TypeError, match=r"num_householder is 2.0"):
         gdp.chunk_gated_delta_product_varlen(**{**x, "num_householder": 2.0})
+    with pytest.raises(ValueError, match=r"max_seqlen is 65; it is the longest sequence's tokens \(<= T = 64\)"):
+        gdp.chunk_gated_delta_product_varlen(**x, max_seqlen=65)
     with pytest.raises(ValueError, match=r"pass all three descriptors"):
         gdp.chunk_gated_delta_product_varlen(**x, chunk_offsets=np.array([0, 1, 2], np.int32))
     with pytest.raises(ValueError, match=r"must be contiguous"):
