@@ -117,11 +117,11 @@ gdp_status_t gdp_build_chunk_descriptors(const int32_t *cu_seqlens, int32_t pref
  * kernel runs one block a (sequence, head), each walking its sequence's chunks one after another, so
  * its time is the waves of blocks times the longest sequence's chunks times a chunk's time; the
  * staged chain spreads every stage over all chunks, so its time follows the total chunks. Both rates
- * are the H200's, measured in the twenty-fifth session (kernels/NOTES-chunk.md; `GDP_CHUNK_PATH=hopper
- * GDP_CHUNK_SEGMENT=off` and `GDP_CHUNK_PATH=staged ./build/examples/gdp-bench ops --op prefill`): the
- * Hopper kernel 433 us for 64 chunks at V = 128 (6.8 us a chunk) and 551 us for 96 at V = 64 (5.8),
- * the staged chain 784 us for 8,192 (chunk, head) pairs at V = 128 (0.096 us each) and 861 us for
- * 12,288 at V = 64 (0.070); a long sequence makes the staged chain slower still (its state sweep walks
+ * are the H200's (`GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=off` and `GDP_CHUNK_PATH=staged
+ * ./build/examples/gdp-bench ops --op prefill`; docs/performance.md): the Hopper kernel 433 us for 64
+ * chunks at V = 128 (6.8 us a chunk) and 551 us for 96 at V = 64 (5.8; twenty-fifth session), the
+ * staged chain 784 us for 8,192 (chunk, head) pairs at V = 128 (0.096 us each) and 861 us for 12,288
+ * at V = 64 (0.070; twenty-second session); a long sequence makes the staged chain slower still (its state sweep walks
  * the chunks in order), so the staged estimate is a lower bound and the rule below favours staged.
  * The segment split is not chosen here: it loses to the staged chain on every row measured. */
 #define HOPPER_US_PER_CHUNK_V128 6.8

@@ -331,6 +331,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
         }
         gdp_status_t st = gdp_build_chunk_descriptors(cu_h, (int32_t)N, M, T, ci_h, cidp_h, off_h, &num_chunks,
                                                       &num_chunks_dp);
+        max_len = 0; /* the lengths themselves, over any hint */
         for (int64_t i = 0; st == GDP_STATUS_SUCCESS && i < N; i++) /* validated: nondecreasing */
             max_len = cu_h[i + 1] - cu_h[i] > max_len ? cu_h[i + 1] - cu_h[i] : max_len;
         if (st != GDP_STATUS_SUCCESS) {
