@@ -22,6 +22,8 @@
 # each decode kernel, then the memory ceiling of the row kernel's scheme; decodeprof the row kernel's
 # ncu card at B=256, fp32 and bf16 state, by source line through launch/ncu_lines.py).
 #   GDP_BUILD_DIR            build folder (default build)
+#   GDP_AB_SEGMENTS          hopperab: the GDP_CHUNK_SEGMENT values its rows run under (default "off auto")
+#   GDP_AB_ROUNDS            hopperab: rounds of the rows over all trees (default 2)
 #   GDP_SANITIZE_TOOLS       sanitizer tools, in order (default "memcheck racecheck")
 #   GDP_SANITIZE_TESTS       ctest -R regex of the gpu tests to sanitize (default: all of them)
 #   GDP_SANITIZE_TIMEOUT     seconds per sanitized test run (default 1800)
@@ -281,8 +283,8 @@ if [ "$stage" = hopperab ]; then
         echo "## $tree: GDP_TEST_CHUNK_PATH=hopper test_chunk_gpu"
         hopper_test "$tree" "$out/chunk_test_hopper_$(basename "$tree").log" || { st=$?; rc=1; echo "FAILED (exit $st)"; }
     done
-    for seg in off auto; do
-        for round in 1 2; do
+    for seg in ${GDP_AB_SEGMENTS:-off auto}; do
+        for round in $(seq 1 "${GDP_AB_ROUNDS:-2}"); do
             for tree in "${ab_builds[@]}" "$build"; do
                 echo "## $tree: GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=$seg, round $round"
                 GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=$seg "./$tree/examples/gdp-bench" ops --op prefill 2>&1 |
