@@ -14,7 +14,7 @@
 # every kernel path, the prefill rows under each, the fused kernel's phase cycles and the
 # staged stages' times; chunkprof its ncu stall card; stagesprof the staged path's WY, state
 # sweep and output kernels by source line; hopper the one-pass Hopper kernel's short loop (check, test,
-# rows, phases), hopperab the same kernel against other trees (GDP_AB_SRC, colon-separated, e.g.
+# rows, phases, the rows through the Python package), hopperab the same kernel against other trees (GDP_AB_SRC, colon-separated, e.g.
 # `git archive main` unpacked: all built, each tree's hopper test path, the prefill rows alternated
 # between them with the split off and on auto, this tree's phases) and hopperprof its ncu card by
 # source line);
@@ -51,7 +51,7 @@ build=${GDP_BUILD_DIR:-build}
 targets=()
 [ "$stage" = chunk ] && targets=(--target test_chunk_gpu gdp-bench bench_chunk_stages wgmma_check) # what the short loop runs
 [ "$stage" = chunkprof ] && targets=(--target gdp-bench)
-[ "$stage" = hopper ] && targets=(--target wgmma_check test_chunk_gpu gdp-bench bench_chunk_stages)
+[ "$stage" = hopper ] && targets=(--target wgmma_check test_chunk_gpu gdp-bench bench_chunk_stages gdp)
 [ "$stage" = hopperab ] && targets=(--target test_chunk_gpu gdp-bench bench_chunk_stages)
 ab_builds=() ab_pids=()
 if [ "$stage" = hopperab ]; then # the other trees (GDP_AB_SRC, colon-separated), built beside this one's below
@@ -274,6 +274,9 @@ if [ "$stage" = hopper ]; then
         echo "## --hopper-phases, GDP_CHUNK_HOPPER_COPY=$v"
         GDP_CHUNK_HOPPER_COPY=$v "./$build/examples/bench_chunk_stages" --hopper-phases
     done 2>&1 | tee "$out/hopper_phases.log"
+    # the same rows through the Python package, the op's own choice with and without max_seqlen
+    GDP_LIBRARY="$root/$build/libgdp.so" PYTHONPATH="$root/python" python3 python/tests/bench_prefill_gpu.py 2>&1 |
+        tee "$out/hopper_py_bench.log" || rc=1
 fi
 if [ "$stage" = hopperab ]; then
     for k in "${!ab_pids[@]}"; do
