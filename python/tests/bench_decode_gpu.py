@@ -16,17 +16,15 @@ flushed by a 256 MB write before each when the state is under twice the L2.
 """
 
 import ctypes
-import statistics
 import sys
-import time
 
 import torch
 
 import gdp
+from bench_timing import eager_host_us, time_calls
 from gdp import _lib
 
 DEV = torch.device("cuda", torch.cuda.current_device())
-ITERS, WARMUP = 20, 3
 
 
 def inputs(B, H, K, V, M, seed=1):
@@ -90,32 +88,6 @@ def capture(fn):
     return g
 
 
-def time_replays(g, flush):
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for i in range(WARMUP + ITERS):
-        if flush is not None:
-            flush.fill_(i & 0xFF)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        if i >= WARMUP:
-            ts.append(e0.elapsed_time(e1) * 1e3)
-    return statistics.median(ts), min(ts), max(ts)
-
-
-def eager_host_us(fn, n=200):
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
-
-
 def main():
     l2 = torch.cuda.get_device_properties(DEV).L2_cache_size
     flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
@@ -133,9 +105,9 @@ def main():
         gp = capture(lambda: package_call(x, M))
         cfn = c_call_factory(x, M)
         gc = capture(cfn)
-        tp = time_replays(gp, flush)
-        tc = time_replays(gc, flush)
-        host = eager_host_us(lambda: package_call(x, M))
+        tp = time_calls(gp.replay, flush)
+        tc = time_calls(gc.replay, flush)
+        host = eager_host_us(lambda: package_call(x, M), 200)
         shape = f"B={B} H={H} K={K} V={V} M={M} fp32 state"
         print(f"  {shape:34s} {tp[0]:8.2f} ({tp[1]:5.2f}, {tp[2]:5.2f}) {tc[0]:8.2f} ({tc[1]:5.2f}, {tc[2]:5.2f}) "
               f"{tp[0] - tc[0]:7.2f} {host:10.1f}")

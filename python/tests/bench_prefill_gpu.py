@@ -14,16 +14,14 @@ Timing: median (min, max) of 20 calls after 3, CUDA events around each call, the
 Megatron's ops with descriptors on the H200 (docs/performance.md), as gdp-bench prints it.
 """
 
-import statistics
 import sys
-import time
 
 import torch
 
 import gdp
+from bench_timing import eager_host_us, time_calls
 
 DEV = torch.device("cuda", torch.cuda.current_device())
-ITERS, WARMUP = 20, 3
 EIGHT = [2048] * 8
 MIXED = [1000, 37, 5000, 64, 2500, 7000, 400, 299]
 ROWS = [  # (H, K, V, M, lengths, name, peer us, target us)
@@ -54,31 +52,6 @@ def inputs(H, K, V, M, lens, seed=1):
         output_final_state=True, use_qk_l2norm_in_kernel=True)
 
 
-def time_calls(fn, flush):
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for i in range(WARMUP + ITERS):
-        flush.fill_(i & 0xFF)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        if i >= WARMUP:
-            ts.append(e0.elapsed_time(e1) * 1e3)
-    return statistics.median(ts), min(ts), max(ts)
-
-
-def eager_host_us(fn, n=20):
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
-
-
 def main():
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
     rows = ROWS[: int(sys.argv[1])] if len(sys.argv) > 1 else ROWS
@@ -93,7 +66,7 @@ def main():
         gdp.reserve_chunk_workspace(sum(lens), len(lens), M, H, K, V)
         known = time_calls(lambda: gdp.chunk_gated_delta_product_varlen(**x, max_seqlen=longest), flush)
         unknown = time_calls(lambda: gdp.chunk_gated_delta_product_varlen(**x), flush)
-        host = eager_host_us(lambda: gdp.chunk_gated_delta_product_varlen(**x, max_seqlen=longest))
+        host = eager_host_us(lambda: gdp.chunk_gated_delta_product_varlen(**x, max_seqlen=longest), 20)
         shape = f"H={H} K={K} V={V} M={M} {name}"
         print(f"  {shape:30s} {known[0]:8.1f} ({known[1]:6.1f}, {known[2]:6.1f}) "
               f"{unknown[0]:8.1f} ({unknown[1]:6.1f}, {unknown[2]:6.1f}) {host:10.1f} {peer:7.0f} {target:7.0f}")
