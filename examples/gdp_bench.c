@@ -641,12 +641,12 @@ static void bench_prefill(bench_env *e, int64_t H, int64_t K, int64_t V, int64_t
              (long long)M, lens_desc);
     int32_t *cu = malloc(sizeof(int32_t) * (size_t)(nseq + 1));
     cu[0] = 0;
-    for (int i = 0; i < nseq; i++)
+    int64_t longest = 0; /* max_seqlen: the op's auto choice of kernels reads it */
+    for (int i = 0; i < nseq; i++) {
         cu[i + 1] = cu[i] + lens[i];
-    const int64_t T = cu[nseq];
-    int64_t longest = 0;
-    for (int i = 0; i < nseq; i++)
         longest = lens[i] > longest ? lens[i] : longest;
+    }
+    const int64_t T = cu[nseq];
     int64_t nc = 0, ncdp = 0;
     int32_t *ci = NULL, *cidp = NULL, *co = NULL;
     gdp_chunk_args a = {.num_householder = (int32_t)M, .scale = 0, .output_final_state = 1,

@@ -605,42 +605,50 @@ static void test_hopper_segments(gdp_ctx_t cpu, gdp_ctx_t gpu, bool on_hopper) {
 static bool hopper_device(int *major, int *minor);
 static void test_auto_choice(gdp_ctx_t cpu, gdp_ctx_t gpu) {
     const gdp_dtype_t BF = GDP_DTYPE_BF16, F32 = GDP_DTYPE_FP32;
-    const chunk_case even = {"auto: 6 x 256 tokens, H 16, M 2", 2, 16, 128, 128, 6, {256, 256, 256, 256, 256, 256},
-                             1536, BF, BF, F32, 1, 0, 0.1};
-    const chunk_case skewed = {"auto: 1000 + 5 x 16 tokens, H 16, M 2", 2, 16, 128, 128, 6, {1000, 16, 16, 16, 16, 16},
-                               1080, BF, BF, F32, 1, 0, 0.1};
+    const chunk_case cases[2] = {
+        {"auto: 6 x 256 tokens, H 16, M 2", 2, 16, 128, 128, 6, {256, 256, 256, 256, 256, 256}, 1536, BF, BF, F32, 1,
+         0, 0.1},
+        {"auto: 1000 + 5 x 16 tokens, H 16, M 2", 2, 16, 128, 128, 6, {1000, 16, 16, 16, 16, 16}, 1080, BF, BF, F32, 1,
+         0, 0.1},
+    };
     int major = 0, minor = 0;
     const bool on_hopper = hopper_device(&major, &minor);
     const struct {
-        const chunk_case *c;
+        int ci; /* the case */
         int64_t max_seqlen;
         bool with_desc, hopper;
         const char *what;
     } runs[] = {
-        {&even, 256, true, true, "max_seqlen 256, descriptors"},
-        {&even, 0, true, false, "max_seqlen unknown, descriptors"},
-        {&even, 0, false, true, "no descriptors (lengths read)"},
-        {&skewed, 1000, true, false, "max_seqlen 1000, descriptors"},
-        {&skewed, 0, false, false, "no descriptors (lengths read)"},
+        {0, 256, true, true, "max_seqlen 256, descriptors"},
+        {0, 0, true, false, "max_seqlen unknown, descriptors"},
+        {0, 0, false, true, "no descriptors (lengths read)"},
+        {1, 1000, true, false, "max_seqlen 1000, descriptors"},
+        {1, 0, false, false, "no descriptors (lengths read)"},
     };
     CHECK_OK(gdp_ctx_reserve_workspace(gpu, (size_t)256 << 20));
-    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+    for (int ci = 0; ci < 2; ci++) { /* a case's inputs and CPU reference once, then its runs */
+        const chunk_case *c = &cases[ci];
         inputs in;
-        make_inputs(runs[r].c, 8300 + (runs[r].c == &skewed), &in);
-        outputs ref, out;
+        outputs ref;
+        make_inputs(c, 8300 + ci, &in);
         cpu_run(cpu, &in, F32, &ref);
-        g_max_seqlen = runs[r].max_seqlen;
-        const long long before = gdp_cuda_chunk_hopper_calls();
-        gpu_run(gpu, &in, runs[r].with_desc, F32, &out);
-        g_max_seqlen = 0;
-        const long long ran = gdp_cuda_chunk_hopper_calls() - before;
-        char w[160];
-        snprintf(w, sizeof w, "%s, %s: %s", runs[r].c->name, runs[r].what, ran > 0 ? "hopper" : "staged");
-        compare_runs(w, &in, &out, &ref, true);
-        const bool want = on_hopper && runs[r].hopper;
-        CHECK((ran > 0) == want, "%s: the Hopper kernel ran %lld calls, expected %s on a %d.%d device", w, ran,
-              want ? "one" : "none", major, minor);
-        free_outputs(&out);
+        for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+            if (runs[r].ci != ci)
+                continue;
+            outputs out;
+            g_max_seqlen = runs[r].max_seqlen;
+            const long long before = gdp_cuda_chunk_hopper_calls();
+            gpu_run(gpu, &in, runs[r].with_desc, F32, &out);
+            g_max_seqlen = 0;
+            const long long ran = gdp_cuda_chunk_hopper_calls() - before;
+            char w[160];
+            snprintf(w, sizeof w, "%s, %s: %s", c->name, runs[r].what, ran > 0 ? "hopper" : "staged");
+            compare_runs(w, &in, &out, &ref, true);
+            const bool want = on_hopper && runs[r].hopper;
+            CHECK((ran > 0) == want, "%s: the Hopper kernel ran %lld calls, expected %s on a %d.%d device", w, ran,
+                  want ? "one" : "none", major, minor);
+            free_outputs(&out);
+        }
         free_outputs(&ref);
         free_inputs(&in);
     }

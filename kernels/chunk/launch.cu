@@ -415,9 +415,10 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_BEGIN, stream);
     /* auto: the Hopper kernel, unsplit, where the work's shape says it wins (gdp_chunk_auto_prefers_hopper,
      * descriptors.c: the longest sequence must be known, from max_seqlen or the lengths read above) */
-    const bool auto_hopper = path == 2 && hopper_runs(p, cc) &&
+    const bool hopper_fits = hopper_runs(p, cc);
+    const bool auto_hopper = hopper_fits && path == 2 &&
                              gdp_chunk_auto_prefers_hopper(num_chunks_dp, N, H, M, V, max_len, sms);
-    if ((path == 3 || auto_hopper) && hopper_runs(p, cc)) {
+    if (hopper_fits && (path == 3 || auto_hopper)) {
 #ifdef GDP_HAVE_CHUNK_HOPPER
         /* the split's scratch: the staged path's intermediates (keys, w, u, chunk-entry states), which this
          * path does not use, or what the ctx holds past the op's workspace if that is larger */
