@@ -770,6 +770,9 @@ static int run_ops(const char *which, int iters, int warmup) {
         bench_prefill(&e, 16, 128, 128, 2, one, 1, "1x16384", 2130.0);
         bench_prefill(&e, 16, 128, 128, 2, mixed, 8, "mixed 16300", 1680.0);
         bench_prefill(&e, 32, 128, 64, 3, eight, 4, "4x2048", 1370.0);
+        /* K = 64 (issue 13's other key width; no peer figure was measured): the Hopper kernel's other
+         * state layout, and the row auto's K = 64 constants would come from */
+        bench_prefill(&e, 16, 64, 128, 2, eight, 8, "8x2048", 0.0);
     }
     const gdp_dtype_t F32 = GDP_DTYPE_FP32, BF16 = GDP_DTYPE_BF16;
     if (all || strcmp(which, "decode") == 0) {

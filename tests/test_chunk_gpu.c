@@ -19,17 +19,19 @@
  * varlen (lengths 1, 63, 64, 65), K or V = 64, K = 256, padded K and V, M = 1..3, fp16, and
  * cache mode with -1 slots; each width's results also against the reference. Every case but
  * the widths runs four times: GDP_CHUNK_PATH=staged, =fused (the one-pass kernel where K, V <=
- * 128), =hopper (the one-pass wgmma kernel where K = 128, V = 64 or 128, on a compute capability 9.0 device,
- * checked to have run there) and unset (the op's choice); an unknown path -> INVALID_USAGE
+ * 128), =hopper (the one-pass wgmma kernel where K and V are each 64 or 128, on a compute capability 9.0
+ * device, checked to have run there) and unset (the op's choice); an unknown path -> INVALID_USAGE
  * naming it, writing nothing.
  * The Hopper kernel's exact segment split (GDP_CHUNK_SEGMENT = 1, 2, 4 expanded chunks a segment,
  * forced; auto on a sequence longer than its smallest segment; off): lengths 1 to 1100 whose tokens
  * straddle segment boundaries (M = 3), V = 64 and 128, fp16, an initial state, each against the CPU
  * backend, the split checked to have run with the forced length, two runs bitwise equal; under
- * segments of 2 the cache cases and the graph replay again; a bad value -> INVALID_USAGE.
+ * segments of 2 the cache cases and the graph replay again; at K = 64, which the split does not take,
+ * the kernel checked to have run unsplit under every length; a bad value -> INVALID_USAGE.
  * The Hopper kernel's tiles by its aux threads' cp.async and by tensor-map copies
- * (GDP_CHUNK_HOPPER_COPY=tma), with NaN in the padding rows past the last sequence: bitwise equal,
- * each against the CPU backend; a bad value -> INVALID_USAGE.
+ * (GDP_CHUNK_HOPPER_COPY=tma), with NaN in the padding rows past the last sequence, K = 64 and 128,
+ * V = 64 and 128: bitwise equal, each against the CPU backend, the kernel checked to have taken each
+ * case on a 9.0 device; a bad value -> INVALID_USAGE.
  * The state sweep's copies by one producer warp (the default), by its tensor-map copies
  * (GDP_CHUNK_STATE_COPY=tma) and by every warp (warps): bitwise equal on every width case; a bad
  * value -> INVALID_USAGE.
@@ -501,6 +503,8 @@ static void test_state_widths(gdp_ctx_t cpu, gdp_ctx_t gpu) {
     }
 }
 
+static bool hopper_device(int *major, int *minor); /* a compute capability 9.0 device (below) */
+
 /* ---- the Hopper kernel's two copy modes (GDP_CHUNK_HOPPER_COPY) ---------------------------------------- */
 /* Its tiles by the aux threads' cp.async and by tensor-map copies: bitwise equal, each against the
  * CPU backend. The tensor-map copies land whole 64-row boxes, rows past a sequence's end included,
@@ -513,7 +517,15 @@ static void test_hopper_copies(gdp_ctx_t cpu, gdp_ctx_t gpu) {
          560, BF, BF, F32, 1, 0, 0.1},
         {"hopper copies: m3 k128 v128 fp16, NaN padding", 3, 3, 128, 128, 2, {150, 77}, 260, F16, F16, F32, 1, 0, 0.1},
         {"hopper copies: m2 k128 v64, NaN padding", 2, 2, 128, 64, 3, {100, 57, 1}, 200, BF, BF, F32, 1, 0, 0.1},
+        /* K = 64: one row block of the state a warpgroup, split by value columns */
+        {"hopper copies: m2 k64 v128 varlen 1,63,64,65,300, NaN padding", 2, 2, 64, 128, 5, {1, 63, 64, 65, 300}, 560,
+         BF, BF, F32, 1, 0, 0.1},
+        {"hopper copies: m3 k64 v64 fp16, NaN padding", 3, 3, 64, 64, 2, {150, 77}, 260, F16, F16, F32, 1, 0, 0.1},
+        {"hopper copies: m1 k64 v128 no in-kernel norm, bf16 initial state", 1, 2, 64, 128, 3, {200, 1, 64}, 300, BF, BF,
+         BF, 0, 0, 0.2},
     };
+    int major = 0, minor = 0;
+    const bool on_hopper = hopper_device(&major, &minor);
     const double nan = NAN;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const chunk_case *c = &cases[ci];
@@ -531,10 +543,13 @@ static void test_hopper_copies(gdp_ctx_t cpu, gdp_ctx_t gpu) {
         static const char *const mode[2] = {"threads", "tma"};
         for (int mi = 0; mi < 2; mi++) {
             setenv("GDP_CHUNK_HOPPER_COPY", mode[mi], 1);
+            const long long before = gdp_cuda_chunk_hopper_calls();
             gpu_run(gpu, &in, true, GDP_DTYPE_FP32, mi == 0 ? &first : &out);
             char w[160];
             snprintf(w, sizeof w, "%s, copies: %s", c->name, mode[mi]);
             compare_runs(w, &in, mi == 0 ? &first : &out, &ref, true);
+            if (on_hopper)
+                CHECK(gdp_cuda_chunk_hopper_calls() > before, "%s: the Hopper kernel did not take the case", w);
         }
         CHECK(same_outputs(&out, &first, true), "%s: o / final / chunk states differ between the copy modes", c->name);
         unsetenv("GDP_CHUNK_HOPPER_COPY");
@@ -560,6 +575,9 @@ static void test_hopper_segments(gdp_ctx_t cpu, gdp_ctx_t gpu, bool on_hopper) {
         {"segments: m1 k128 v128 long 1000, bf16 initial state", 1, 2, 128, 128, 1, {1000}, 1000, BF, BF, BF, 1, 0, 0.02},
         {"segments: m2 k128 v128 long 1100 (auto splits it)", 2, 2, 128, 128, 2, {1100, 40}, 1140, BF, BF, F32, 1, 0,
          0.05},
+        /* K = 64: the split holds K = 128 only, so the kernel runs unsplit under every length */
+        {"segments: m2 k64 v128 varlen 300,700 (runs unsplit)", 2, 2, 64, 128, 2, {300, 700}, 1000, BF, BF, F32, 1, 0,
+         0.1},
     };
     static const char *const lengths[5] = {"1", "2", "4", "auto", "off"};
     CHECK_OK(gdp_ctx_reserve_workspace(gpu, (size_t)256 << 20));
@@ -579,7 +597,9 @@ static void test_hopper_segments(gdp_ctx_t cpu, gdp_ctx_t gpu, bool on_hopper) {
             compare_runs(w, &in, &out, &ref, true);
             if (on_hopper) {
                 const int forced = li < 3 ? atoi(lengths[li]) : 0;
-                if (forced > 0)
+                if (c->K != 128)
+                    CHECK(seg == 0, "%s: the split ran at K = %d, which it does not take", w, c->K);
+                else if (forced > 0)
                     CHECK(seg == forced, "%s: the split ran with segments of %d", w, seg);
                 else if (li == 4)
                     CHECK(seg == 0, "%s: split although off", w);
@@ -601,15 +621,17 @@ static void test_hopper_segments(gdp_ctx_t cpu, gdp_ctx_t gpu, bool on_hopper) {
  * (gdp_chunk_auto_prefers_hopper): on a 9.0 device a batch of equal sequences that fill about one wave
  * runs the Hopper kernel, unsplit, when max_seqlen says so or when no descriptors are given (the op
  * reads the lengths), and the staged chain when the longest sequence is unknown or much longer than
- * the rest; every run against the CPU backend. */
-static bool hopper_device(int *major, int *minor);
+ * the rest, or at K = 64 (the choice's cost model holds measured K = 128 rows only); every run
+ * against the CPU backend. */
 static void test_auto_choice(gdp_ctx_t cpu, gdp_ctx_t gpu) {
     const gdp_dtype_t BF = GDP_DTYPE_BF16, F32 = GDP_DTYPE_FP32;
-    const chunk_case cases[2] = {
+    const chunk_case cases[3] = {
         {"auto: 6 x 256 tokens, H 16, M 2", 2, 16, 128, 128, 6, {256, 256, 256, 256, 256, 256}, 1536, BF, BF, F32, 1,
          0, 0.1},
         {"auto: 1000 + 5 x 16 tokens, H 16, M 2", 2, 16, 128, 128, 6, {1000, 16, 16, 16, 16, 16}, 1080, BF, BF, F32, 1,
          0, 0.1},
+        {"auto: 6 x 256 tokens, H 16, M 2, K 64", 2, 16, 64, 128, 6, {256, 256, 256, 256, 256, 256}, 1536, BF, BF, F32,
+         1, 0, 0.1},
     };
     int major = 0, minor = 0;
     const bool on_hopper = hopper_device(&major, &minor);
@@ -624,9 +646,10 @@ static void test_auto_choice(gdp_ctx_t cpu, gdp_ctx_t gpu) {
         {0, 0, false, true, "no descriptors (lengths read)"},
         {1, 1000, true, false, "max_seqlen 1000, descriptors"},
         {1, 0, false, false, "no descriptors (lengths read)"},
+        {2, 256, true, false, "max_seqlen 256, descriptors"},
     };
     CHECK_OK(gdp_ctx_reserve_workspace(gpu, (size_t)256 << 20));
-    for (int ci = 0; ci < 2; ci++) { /* a case's inputs and CPU reference once, then its runs */
+    for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) { /* inputs and reference once, then runs */
         const chunk_case *c = &cases[ci];
         inputs in;
         outputs ref;
@@ -654,11 +677,11 @@ static void test_auto_choice(gdp_ctx_t cpu, gdp_ctx_t gpu) {
     }
 }
 
-/* ---- cache mode with -1 rows, fp32 and bf16 cache; V = 64, and V = 128 (which the Hopper kernel takes) ---- */
-static void test_cache(gdp_ctx_t cpu, gdp_ctx_t gpu, gdp_dtype_t cache_dtype, int v) {
+/* ---- cache mode with -1 rows, fp32 and bf16 cache; K = 128 with V = 64 and 128, K = 64 with V = 128 ---- */
+static void test_cache(gdp_ctx_t cpu, gdp_ctx_t gpu, gdp_dtype_t cache_dtype, int k, int v) {
     /* request 1 is empty with a valid slot (its initial state goes back into the slot), request 3
      * has tokens but slot -1 (outputs computed, nothing stored), request 4 is padding */
-    const chunk_case c = {"cache", 2, 2, 128, v, 5, {70, 0, 130, 45, 0}, 300, GDP_DTYPE_BF16, GDP_DTYPE_BF16,
+    const chunk_case c = {"cache", 2, 2, k, v, 5, {70, 0, 130, 45, 0}, 300, GDP_DTYPE_BF16, GDP_DTYPE_BF16,
                           GDP_DTYPE_FP32, 1, 0, 0.1};
     const int32_t slots_v[5] = {6, 4, 1, -1, -1};
     const int64_t n_slots = 8;
@@ -1091,7 +1114,7 @@ static void test_cumsum(gdp_ctx_t cpu, gdp_ctx_t gpu) {
     free_inputs(&in);
 }
 
-/* Under GDP_CHUNK_PATH=hopper the cases with K = 128 and V = 64 or 128 (golden files, random shapes,
+/* Under GDP_CHUNK_PATH=hopper the cases with K and V each 64 or 128 (golden files, random shapes,
  * the cache cases) must have run the Hopper kernel on a compute capability 9.0 device, and nothing may
  * have run it elsewhere (its code is sm_90a only). */
 static bool hopper_device(int *major, int *minor) {
@@ -1109,6 +1132,10 @@ static void check_hopper_ran(long long before) {
     CHECK(hopper ? ran > 0 : ran == 0, "GDP_CHUNK_PATH=hopper on a %d.%d device: the Hopper kernel ran %lld calls",
           major, minor, ran);
 }
+
+/* The cache cases' (K, V): the Hopper kernel's two row-block layouts of the state (K = 128: a
+ * warpgroup's 64 key rows; K = 64: its value columns) and V = 64 and 128. */
+static const int CACHE_KV[3][2] = {{128, 64}, {128, 128}, {64, 128}};
 
 int main(void) {
     if (!test_gpu_present("test_chunk_gpu"))
@@ -1142,9 +1169,9 @@ int main(void) {
             unsetenv("GDP_CHUNK_WY_INVERSE");
         }
         printf("cache mode, padding, graphs, rejections:\n");
-        for (int v = 64; v <= 128; v += 64) {
-            test_cache(cpu, gpu, GDP_DTYPE_FP32, v);
-            test_cache(cpu, gpu, GDP_DTYPE_BF16, v);
+        for (int kv = 0; kv < 3; kv++) {
+            test_cache(cpu, gpu, GDP_DTYPE_FP32, CACHE_KV[kv][0], CACHE_KV[kv][1]);
+            test_cache(cpu, gpu, GDP_DTYPE_BF16, CACHE_KV[kv][0], CACHE_KV[kv][1]);
         }
         test_padding(gpu);
         test_graph(cpu);
@@ -1159,9 +1186,9 @@ int main(void) {
             /* the cache cases and the graph replay with every sequence cut into segments of two chunks */
             printf("== GDP_CHUNK_SEGMENT=2 (hopper): cache mode, graphs\n");
             setenv("GDP_CHUNK_SEGMENT", "2", 1);
-            for (int v = 64; v <= 128; v += 64) {
-                test_cache(cpu, gpu, GDP_DTYPE_FP32, v);
-                test_cache(cpu, gpu, GDP_DTYPE_BF16, v);
+            for (int kv = 0; kv < 3; kv++) {
+                test_cache(cpu, gpu, GDP_DTYPE_FP32, CACHE_KV[kv][0], CACHE_KV[kv][1]);
+                test_cache(cpu, gpu, GDP_DTYPE_BF16, CACHE_KV[kv][0], CACHE_KV[kv][1]);
             }
             test_graph(cpu);
             unsetenv("GDP_CHUNK_SEGMENT");

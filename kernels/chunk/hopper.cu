@@ -16,23 +16,24 @@
 
 namespace {
 
-template <typename T, int VP> constexpr size_t hop_smem_bytes() {
-    return sizeof(HopperSmem<T, VP>) + 1024; /* + the alignment of the panels */
+template <typename T, int KP, int VP> constexpr size_t hop_smem_bytes() {
+    return sizeof(HopperSmem<T, KP, VP>) + 1024; /* + the alignment of the panels */
 }
-/* An sm_90 block's dynamic shared memory is at most 227 KB (224,256 bytes at V = 128 now): a layout
+/* An sm_90 block's dynamic shared memory is at most 227 KB (224,256 bytes at K = V = 128 now): a layout
  * past it would fail only at launch, in cudaFuncSetAttribute. */
-static_assert(hop_smem_bytes<__nv_bfloat16, 128>() <= 227u * 1024u && hop_smem_bytes<__half, 128>() <= 227u * 1024u,
+static_assert(hop_smem_bytes<__nv_bfloat16, 128, 128>() <= 227u * 1024u &&
+                  hop_smem_bytes<__half, 128, 128>() <= 227u * 1024u,
               "the Hopper kernel's shared memory exceeds sm_90's 227 KB a block");
 
-template <typename T, int VP, int COPY>
+template <typename T, int KP, int VP, int COPY>
 cudaError_t launch_hopper(const ChunkParams &p, const HopperMaps &maps, cudaStream_t stream) {
-    const size_t smem = hop_smem_bytes<T, VP>();
-    cudaError_t err = cudaFuncSetAttribute(chunk_hopper_kernel<T, VP, COPY>,
+    const size_t smem = hop_smem_bytes<T, KP, VP>();
+    cudaError_t err = cudaFuncSetAttribute(chunk_hopper_kernel<T, KP, VP, COPY>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
     if (p.N > 0 && p.H > 0)
-        chunk_hopper_kernel<T, VP, COPY>
+        chunk_hopper_kernel<T, KP, VP, COPY>
             <<<dim3(1u, (unsigned)p.H, (unsigned)p.N), HOP_THREADS, smem, stream>>>(p, maps);
     return cudaGetLastError();
 }
@@ -73,7 +74,7 @@ cudaError_t launch_hopper_split(const ChunkParams &p, const HopperMaps &maps, co
     sp.seg_chunks = split.seg_chunks;
     if (p.N <= 0 || p.H <= 0)
         return cudaSuccess;
-    constexpr size_t smem = hop_smem_bytes<T, VP>(), smem_f = hop_smem_bytes<T, HOP_KP>(); /* F: K x K */
+    constexpr size_t smem = hop_smem_bytes<T, HOP_KP, VP>(), smem_f = hop_smem_bytes<T, HOP_KP, HOP_KP>(); /* F: K x K */
     constexpr size_t smem_fix = sizeof(float) * (size_t)HOP_KP * (HOP_FIX_LD + VP + 4);
     cudaError_t err = cudaFuncSetAttribute(chunk_hopper_seg_pass1_kernel<T, VP, COPY, HOP_MAIN>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -109,18 +110,21 @@ cudaError_t launch_hopper_split(const ChunkParams &p, const HopperMaps &maps, co
     return cudaGetLastError();
 }
 
+/* The instance for p's K and V; the split at K = 128 only (gdp_chunk_hopper_split_fits). */
 template <typename T, int COPY>
 cudaError_t launch_hopper_v(const ChunkParams &p, const HopperMaps &maps, const GdpHopperSplit *split,
                             cudaStream_t st) {
-    if (split != nullptr && split->seg_chunks > 0)
+    if (split != nullptr && split->seg_chunks > 0 && p.KP == HOP_KP)
         return p.VP == 64 ? launch_hopper_split<T, 64, COPY>(p, maps, *split, st)
                           : launch_hopper_split<T, 128, COPY>(p, maps, *split, st);
-    return p.VP == 64 ? launch_hopper<T, 64, COPY>(p, maps, st) : launch_hopper<T, 128, COPY>(p, maps, st);
+    if (p.KP == 64)
+        return p.VP == 64 ? launch_hopper<T, 64, 64, COPY>(p, maps, st) : launch_hopper<T, 64, 128, COPY>(p, maps, st);
+    return p.VP == 64 ? launch_hopper<T, 128, 64, COPY>(p, maps, st) : launch_hopper<T, 128, 128, COPY>(p, maps, st);
 }
 
 /* The copy-engine loads' maps (HopperMaps); false if the driver cannot encode them. */
 bool make_hopper_maps(const ChunkParams &p, HopperMaps *m) {
-    const int64_t cols = (int64_t)p.H * HOP_KP;
+    const int64_t cols = (int64_t)p.H * p.KP;
     return encode_tile_map(m->k, p.k, p.T * p.M, cols, WG_PANEL_COLS, CHUNK, CU_TENSOR_MAP_SWIZZLE_128B) &&
            encode_tile_map(m->v, p.v, p.T * p.M, (int64_t)p.H * p.VP, WG_PANEL_COLS, CHUNK,
                            CU_TENSOR_MAP_SWIZZLE_128B) &&
@@ -131,8 +135,12 @@ bool make_hopper_maps(const ChunkParams &p, HopperMaps *m) {
 
 bool gdp_chunk_hopper_fits(const void *chunk_params) {
     const ChunkParams &p = *static_cast<const ChunkParams *>(chunk_params);
-    return p.K == HOP_KP && p.KP == HOP_KP && (p.V == 64 || p.V == 128) && p.VP == p.V && p.q_vec && p.k_vec &&
+    return (p.K == 64 || p.K == 128) && p.KP == p.K && (p.V == 64 || p.V == 128) && p.VP == p.V && p.q_vec && p.k_vec &&
            p.v_vec && p.o_vec && p.T * p.M < ((int64_t)1 << 31); /* a sequence's expanded rows in 32 bits (hop_chunk) */
+}
+
+bool gdp_chunk_hopper_split_fits(const void *chunk_params) {
+    return static_cast<const ChunkParams *>(chunk_params)->KP == HOP_KP;
 }
 
 long long gdp_chunk_hopper_split_items(long long T, long long N, int M, int seg_chunks) {

@@ -9,7 +9,7 @@
  * lives in the state warpgroups' accumulators.
  *
  * One block of three warpgroups per (sequence, head), or per segment of a long sequence under the
- * split (below), K = 128, V = VP = 64 or 128:
+ * split (below), K = KP = 64 or 128, V = VP = 64 or 128 (the split: K = 128 only):
  *   WG0 (aux), one chunk ahead: the chunk's loads (cp.async into the panel layout, the next chunk's
  *     issued as soon as its stage is free), A = K K^T on wgmma with Gk's warp scan beside it, the
  *     keys' norms from A's diagonal (1 / |k_r|, a row scale wherever K's products are used: the
@@ -17,11 +17,12 @@
  *     scores and of Q S16), A's decay, scales and mask, (I + A)^-1 on four warps
  *     (wy_invert_ai_doubling_at: the fused kernel's diagonal blocks and tf32 products, in two
  *     levels) into Ai = T(X diag beta);
- *   WG1, WG2 (state): each holds 64 of the state's 128 rows x all VP columns as one m64nVP
- *     accumulator, writes its rows of S16, then on its own VP / 2 value columns X' (8 k steps) and
- *     beside it the masked decayed scores P on its 32 key columns (m64n32k16), v_new (4), Q S16 (8) while the
- *     warpgroups meet, and on its own 64 state rows the update (4 m64nVPk16 steps, K^T read M-major
- *     from the same key tile) beside P v_new (4). P was the aux warpgroup's in the first version,
+ *   WG1, WG2 (state): at K = 128 each holds 64 of the state's 128 rows x all VP columns as one m64nVP
+ *     accumulator (at K = 64: all 64 rows x its own VP / 2 value columns, m64n(VP/2), so that its
+ *     update needs only its own columns of v_new), writes its block of S16, then on its own VP / 2
+ *     value columns X' (KP / 16 k steps) and beside it the masked decayed scores P on its 32 key
+ *     columns (m64n32k16), v_new (4), Q S16 (KP / 16) while the warpgroups meet, and on its block of
+ *     the state the update (4 k steps, K^T read M-major from the same key tile) beside P v_new (4). P was the aux warpgroup's in the first version,
  *     whose chunk then bounded the kernel (ncu: the state warpgroups spent most of their time at
  *     FULL); Q's norms, an in-place pass over the query tile, went with it, and came back as row
  *     scales the aux warps form while A's product runs.
@@ -31,7 +32,7 @@
  * 256) where the two state warpgroups exchange v_new's panels and end a chunk.
  * Every tile a wgmma reads and a thread wrote is fenced (fence.proxy.async) before the barrier
  * that publishes it. Deterministic: fixed-order sums, no atomics.
- * Scope (hopper_fits): 16-bit q, k, v with K = 128, V = 64 or 128, 16-byte aligned rows; any other
+ * Scope (hopper_fits): 16-bit q, k, v with K and V each 64 or 128, 16-byte aligned rows; any other
  * shape runs the fused or staged kernels. Compiled for sm_90a only (kernels/chunk/hopper.cu).
  */
 #ifndef GDP_CHUNK_HOPPER_CUH
@@ -60,7 +61,9 @@ struct HopPhases {
 
 namespace {
 
-constexpr int HOP_KP = 128; /* keys: 128 columns; values: VP = 64 or 128 (a template parameter) */
+/* Keys KP = 64 or 128 columns, values VP = 64 or 128 (template parameters). HOP_KP is the K of the
+ * segment split (128 only: its maps F are K x K, and hop_fixup_kernel's tiles are sized for it). */
+constexpr int HOP_KP = 128;
 constexpr int HOP_AUX_THREADS = 128, HOP_STATE_THREADS = 256;
 constexpr int HOP_THREADS = HOP_AUX_THREADS + HOP_STATE_THREADS;
 /* Registers a thread of each role holds after the split (setmaxnreg): the block starts at 168 each
@@ -73,9 +76,9 @@ static_assert(HOP_AUX_THREADS * HOP_AUX_REGS + HOP_STATE_THREADS * HOP_STATE_REG
 constexpr int HOP_BAR_FULL0 = 1, HOP_BAR_AUX = 3, HOP_BAR_STATE = 4, HOP_BAR_WG0 = 5;
 
 /* One stage: the tiles of one chunk, 16-bit, each in the panel layout (1024-byte aligned). */
-template <typename T, int VP> struct alignas(1024) HopperStage {
-    T k[CHUNK * HOP_KP]; /* keys as loaded (their norms are the kinv scales)        */
-    T q[CHUNK * HOP_KP]; /* queries of the tokens ending in the chunk, as loaded   */
+template <typename T, int KP, int VP> struct alignas(1024) HopperStage {
+    T k[CHUNK * KP];     /* keys as loaded (their norms are the kinv scales)        */
+    T q[CHUNK * KP];     /* queries of the tokens ending in the chunk, as loaded   */
     T v[CHUNK * VP];     /* V, turned into X' in place by the state warpgroups     */
     T ai[CHUNK * CHUNK]; /* T(X diag beta)                                          */
     T p[CHUNK * CHUNK];  /* masked decayed scores                                   */
@@ -85,9 +88,9 @@ template <typename T, int VP> struct alignas(1024) HopperStage {
     float kinv[CHUNK];   /* 1 / |k_r| under the in-kernel norm (else 1): K stays raw */
     float qinv[CHUNK];   /* 1 / |q_r| under the in-kernel norm (unset without): Q stays raw */
 };
-template <typename T, int VP> struct alignas(1024) HopperSmem {
-    HopperStage<T, VP> st[2];
-    T s16[HOP_KP * VP];       /* S16: the state entering the chunk, [k][v]  */
+template <typename T, int KP, int VP> struct alignas(1024) HopperSmem {
+    HopperStage<T, KP, VP> st[2];
+    T s16[KP * VP];           /* S16: the state entering the chunk, [k][v]  */
     T vn[CHUNK * VP];         /* v_new [row][v]                             */
     T vd[CHUNK * VP];         /* 2^(gl - Gk) v_new, the update's operand    */
     float a[CHUNK][CHUNK + 4]; /* A, then X = (I + A)^-1 (aux only)          */
@@ -96,8 +99,8 @@ template <typename T, int VP> struct alignas(1024) HopperSmem {
     uint64_t loaded[2]; /* TMA copies: stage b's tiles have landed (one arrival and their bytes) */
 };
 
-/* The tensor maps of the copy-engine loads (HOP_COPY_TMA; hopper.cu encodes them): K and V as
- * [T M][H 128], Q as [T][H 128], 16-bit elements, boxes of 64 rows x 64 columns (one panel) landing
+/* The tensor maps of the copy-engine loads (HOP_COPY_TMA; hopper.cu encodes them): K as [T M][H KP],
+ * V as [T M][H VP], Q as [T][H KP], 16-bit elements, boxes of 64 rows x 64 columns (one panel) landing
  * with the 128-byte swizzle, so a copy writes a panel of the layout above as it is. */
 struct alignas(64) HopperMaps {
     unsigned char k[128], v[128], q[128]; /* CUtensorMap each */
@@ -137,19 +140,19 @@ template <typename T> __device__ __forceinline__ T *hop_at(T *tile, int rows, in
 }
 
 /* 1 / |q_r| under the in-kernel norm into inv[r] for the warp's 16 rows r0 .. r0 + 15 of a 64-row,
- * 128-column panel-layout tile, eight rows a pass: lane l sums 32 columns (l / 8) of row l % 8 (four
- * 16-byte vectors: a quarter warp's lie in distinct banks under the swizzle), the four parts meet by
- * two shuffles. Eight vectors a lane at once spilled the aux warpgroup's 120 registers beside A's
- * accumulators. fp32 sums of the 16-bit values, as the keys' norms (A's diagonal). */
-template <typename T>
+ * KP-column panel-layout tile, eight rows a pass: lane l sums the KP / 4 columns of part l / 8 of row
+ * l % 8 (KP / 32 16-byte vectors: a quarter warp's lie in distinct banks under the swizzle), the four
+ * parts meet by two shuffles. Eight vectors a lane at once spilled the aux warpgroup's 120 registers
+ * beside A's accumulators. fp32 sums of the 16-bit values, as the keys' norms (A's diagonal). */
+template <typename T, int KP>
 __device__ __forceinline__ void hop_inv_norms16(T *tile, int r0, int lane, float *inv) {
-    const int c0 = 32 * (lane >> 3);
+    const int c0 = (KP / 4) * (lane >> 3);
 #pragma unroll
     for (int pass = 0; pass < 2; pass++) {
         const int r = r0 + 8 * pass + (lane & 7);
         float ss = 0.0f;
 #pragma unroll
-        for (int v = 0; v < 4; v++) {
+        for (int v = 0; v < KP / 32; v++) {
             const uint4 x = *reinterpret_cast<const uint4 *>(hop_at(tile, CHUNK, r, c0 + 8 * v));
             const T *e = reinterpret_cast<const T *>(&x);
 #pragma unroll
@@ -187,17 +190,17 @@ __device__ __forceinline__ void hop_tile_async(T *dst, const T *__restrict__ src
  * values); g and beta of the thread's row by plain loads into gr and be (beta's bits: load_bits_any),
  * which the caller stores into the stage when the chunk starts (hop_aux_chunk): stored or converted
  * here, each thread would wait out their global latency in the aux warpgroup's critical path. */
-template <typename T, int VP, int COPY, int MODE>
-__device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const HopperMaps &maps, HopperSmem<T, VP> &s,
+template <typename T, int KP, int VP, int COPY, int MODE>
+__device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const HopperMaps &maps, HopperSmem<T, KP, VP> &s,
                                                 int sb, int c, int64_t bos, int64_t len, int hd, int c_end,
                                                 float &gr, uint32_t &be) {
     constexpr bool WITH_V = MODE != HOP_MAP_F, WITH_Q = MODE == HOP_MAIN; /* F: values 0; maps: no outputs */
-    HopperStage<T, VP> &st = s.st[sb];
+    HopperStage<T, KP, VP> &st = s.st[sb];
     const int tid = threadIdx.x;
     const int H = p.H, M = p.M;
     const HopChunk ch = hop_chunk(c, (int)len, M);
     const int64_t rowc = bos * M + ch.lo;
-    const int64_t ld = (int64_t)H * HOP_KP;
+    const int64_t ld = (int64_t)H * KP;
     gr = 0.0f;
     be = 0u;
     if (tid < ch.n) {
@@ -211,15 +214,15 @@ __device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const Hopp
          * padding): hop_aux_chunk zeroes K's and V's rows past n once landed; Q's rows past nq are
          * never used (masked scores, discarded outputs) */
         if (tid == 0) {
-            constexpr int COLS = HOP_KP + (WITH_Q ? HOP_KP : 0) + (WITH_V ? VP : 0);
+            constexpr int COLS = KP + (WITH_Q ? KP : 0) + (WITH_V ? VP : 0);
             mbar_arrive_expect_tx(&s.loaded[sb], (uint32_t)(CHUNK * COLS * sizeof(T)));
             const int yk = (int)rowc, yq = (int)(bos + ch.tf);
             constexpr int PANEL = CHUNK * WG_PANEL_COLS; /* elements of a panel */
 #pragma unroll
-            for (int pn = 0; pn < HOP_KP / WG_PANEL_COLS; pn++) {
-                tma_load_2d(st.k + pn * PANEL, maps.k, hd * HOP_KP + pn * WG_PANEL_COLS, yk, &s.loaded[sb]);
+            for (int pn = 0; pn < KP / WG_PANEL_COLS; pn++) {
+                tma_load_2d(st.k + pn * PANEL, maps.k, hd * KP + pn * WG_PANEL_COLS, yk, &s.loaded[sb]);
                 if constexpr (WITH_Q)
-                    tma_load_2d(st.q + pn * PANEL, maps.q, hd * HOP_KP + pn * WG_PANEL_COLS, yq, &s.loaded[sb]);
+                    tma_load_2d(st.q + pn * PANEL, maps.q, hd * KP + pn * WG_PANEL_COLS, yq, &s.loaded[sb]);
             }
             if constexpr (WITH_V)
 #pragma unroll
@@ -227,24 +230,23 @@ __device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const Hopp
                     tma_load_2d(st.v + pn * PANEL, maps.v, hd * VP + pn * WG_PANEL_COLS, yk, &s.loaded[sb]);
         }
     } else {
-        hop_tile_async<T, HOP_KP>(st.k, static_cast<const T *>(p.k) + (rowc * H + hd) * HOP_KP, ld, ch.n, tid);
+        hop_tile_async<T, KP>(st.k, static_cast<const T *>(p.k) + (rowc * H + hd) * KP, ld, ch.n, tid);
         if constexpr (WITH_V)
             hop_tile_async<T, VP>(st.v, static_cast<const T *>(p.v) + (rowc * H + hd) * VP, (int64_t)H * VP, ch.n, tid);
         if constexpr (WITH_Q)
-            hop_tile_async<T, HOP_KP>(st.q, static_cast<const T *>(p.q) + ((bos + ch.tf) * H + hd) * HOP_KP, ld, ch.nq,
-                                      tid);
+            hop_tile_async<T, KP>(st.q, static_cast<const T *>(p.q) + ((bos + ch.tf) * H + hd) * KP, ld, ch.nq, tid);
         cp_async_commit();
     }
     if (c + 1 < c_end) {
         const HopChunk nx = hop_chunk(c + 1, (int)len, M);
         const int64_t rown = bos * M + nx.lo;
-        const int bytes = HOP_KP * (int)sizeof(T);
+        const int bytes = KP * (int)sizeof(T);
         if (tid < nx.n) {
-            prefetch_l2(static_cast<const T *>(p.k) + ((rown + tid) * H + hd) * HOP_KP, bytes);
+            prefetch_l2(static_cast<const T *>(p.k) + ((rown + tid) * H + hd) * KP, bytes);
             if constexpr (WITH_V)
                 prefetch_l2(static_cast<const T *>(p.v) + ((rown + tid) * H + hd) * VP, VP * (int)sizeof(T));
         } else if (WITH_Q && tid >= 64 && tid - 64 < nx.nq) {
-            prefetch_l2(static_cast<const T *>(p.q) + ((bos + nx.tf + tid - 64) * H + hd) * HOP_KP, bytes);
+            prefetch_l2(static_cast<const T *>(p.q) + ((bos + nx.tf + tid - 64) * H + hd) * KP, bytes);
         }
     }
 }
@@ -252,11 +254,11 @@ __device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const Hopp
 /* ---- the aux warpgroup: stage b for chunk c ---- */
 /* lc: the chunk's index in the run (stage b = lc % 2, the parities), count: the run's chunks, c_end:
  * its end (the run is chunks [c_end - count, c_end) of the sequence). */
-template <typename T, int VP, int COPY, int MODE>
-__device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const HopperMaps &maps, HopperSmem<T, VP> &s,
+template <typename T, int KP, int VP, int COPY, int MODE>
+__device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const HopperMaps &maps, HopperSmem<T, KP, VP> &s,
                                               int b, int c, int lc, int count, int c_end, int64_t bos, int64_t len,
                                               int hd, float &pend_g, uint32_t &pend_b, HopPhases &ph) {
-    HopperStage<T, VP> &st = s.st[b];
+    HopperStage<T, KP, VP> &st = s.st[b];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
     const int n = hop_chunk(c, (int)len, p.M).n;
     /* this chunk's g and beta, loaded when its copies were issued (the next barrier publishes them) */
@@ -269,16 +271,18 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
     NextChunkLoads next(&s.empty[b ^ 1], lc, count);
     auto issue_next_if_free = [&](bool block) {
         next.try_issue(block, [&] {
-            hop_issue_loads<T, VP, COPY, MODE>(p, maps, s, b ^ 1, c + 1, bos, len, hd, c_end, pend_g, pend_b);
+            hop_issue_loads<T, KP, VP, COPY, MODE>(p, maps, s, b ^ 1, c + 1, bos, len, hd, c_end, pend_g, pend_b);
         });
     };
 
     if constexpr (COPY == HOP_COPY_TMA) {
         mbar_wait(&s.loaded[b], (lc >> 1) & 1); /* stage b's (lc / 2)-th fill */
+        constexpr int RC = (KP > VP ? KP : VP) / 8; /* 16-byte chunks a row of the wider tile */
         if (n < CHUNK) /* the rows past the sequence's end: zeros, as cp.async's fill writes them */
-            for (int e = tid; e < (CHUNK - n) * 16; e += HOP_AUX_THREADS) {
-                const int r = n + (e >> 4), cc = (e & 15) * 8;
-                *reinterpret_cast<uint4 *>(hop_at(st.k, CHUNK, r, cc)) = make_uint4(0u, 0u, 0u, 0u);
+            for (int e = tid; e < (CHUNK - n) * RC; e += HOP_AUX_THREADS) {
+                const int r = n + (int)((unsigned)e / RC), cc = (int)((unsigned)e % RC) * 8; /* e >= 0: shifts */
+                if (cc < KP)
+                    *reinterpret_cast<uint4 *>(hop_at(st.k, CHUNK, r, cc)) = make_uint4(0u, 0u, 0u, 0u);
                 if (MODE != HOP_MAP_F && cc < VP)
                     *reinterpret_cast<uint4 *>(hop_at(st.v, CHUNK, r, cc)) = make_uint4(0u, 0u, 0u, 0u);
             }
@@ -295,7 +299,7 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
      * the exact products of the 16-bit values; the reference rounds normalized keys nowhere either). */
     float acc[32];
     const auto keys = [&](int ks) { return wg_desc_kmajor(st.k, CHUNK, 0, ks * 16); };
-    wg_gemm<CHUNK, 0, 0, T, HOP_KP / 16, true>(acc, keys, keys);
+    wg_gemm<CHUNK, 0, 0, T, KP / 16, true>(acc, keys, keys);
     /* Gk beside it: a warp scan over the 64 rows, base 2 (fused.cuh's) */
     if (warp == 0)
         chunk_gk_scan(st.gk, st.gam, lane);
@@ -303,7 +307,7 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
      * query tile stays as loaded), a warp's 16 rows each: the state warpgroups normalized the tile in
      * place, then fenced it and met at a barrier before any product could start */
     if (MODE == HOP_MAIN && p.l2norm)
-        hop_inv_norms16(st.q, 16 * warp, lane, st.qinv);
+        hop_inv_norms16<T, KP>(st.q, 16 * warp, lane, st.qinv);
     wg_wait<0>();
     /* |k_r|^2, row r's diagonal, is held by one thread of the warp that owns row r: it parks the value
      * in kinv (a predicated store each, no root), and one lane a row then takes the root. Under the
@@ -400,13 +404,14 @@ struct HopStateSrc {
  * both roles, from the state init to the state end (StateDest: dst NULL stores nothing). MODE:
  * HOP_MAIN also writes the outputs and the chunk states of its chunks; HOP_MAP_F / HOP_MAP_G a
  * transfer map (above). Every thread of the block calls it (it starts with a block barrier). */
-template <typename T, int VP, int COPY, int MODE>
+template <typename T, int KP, int VP, int COPY, int MODE>
 __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &maps, unsigned char *smem_raw, int i,
                                         int hd, int cb, int ce, const HopStateSrc init, const StateDest end) {
-    static_assert(MODE != HOP_MAP_F || VP == HOP_KP, "a transfer map F is K x K");
+    static_assert(KP == 64 || KP == 128, "keys of 64 or 128 columns");
+    static_assert(MODE != HOP_MAP_F || VP == KP, "a transfer map F is K x K");
     /* 1024-byte aligned panels: the swizzle is a function of the address bits */
     const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
-    HopperSmem<T, VP> &s = *reinterpret_cast<HopperSmem<T, VP> *>(smem_raw + pad);
+    HopperSmem<T, KP, VP> &s = *reinterpret_cast<HopperSmem<T, KP, VP> *>(smem_raw + pad);
     const int H = p.H, M = p.M;
     const int64_t bos = p.cu[i];
     const int64_t len = (int64_t)p.cu[i + 1] - bos;
@@ -429,10 +434,11 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
         float pend_g = 0.0f; /* the next chunk's g and beta (its bits) of the thread's row */
         uint32_t pend_b = 0u;
         if (count > 0)
-            hop_issue_loads<T, VP, COPY, MODE>(p, maps, s, 0, cb, bos, len, hd, ce, pend_g, pend_b);
+            hop_issue_loads<T, KP, VP, COPY, MODE>(p, maps, s, 0, cb, bos, len, hd, ce, pend_g, pend_b);
         for (int lc = 0; lc < count; lc++) {
             const int b = lc & 1;
-            hop_aux_chunk<T, VP, COPY, MODE>(p, maps, s, b, cb + lc, lc, count, ce, bos, len, hd, pend_g, pend_b, ph);
+            hop_aux_chunk<T, KP, VP, COPY, MODE>(p, maps, s, b, cb + lc, lc, count, ce, bos, len, hd, pend_g, pend_b,
+                                                 ph);
             bar_arrive(HOP_BAR_FULL0 + b, HOP_THREADS);
             ph.mark(7); /* aux 7: the arrival and the loop */
         }
@@ -444,18 +450,25 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
     const int tid = threadIdx.x - HOP_AUX_THREADS, lane = tid & 31, wg = wgi - 1, wi = (tid >> 5) & 3;
     const int g = lane >> 2, t4 = lane & 3;
     const int64_t coff = p.coff[i];
-    const int sr0 = 64 * wg + 16 * wi;      /* the thread's state rows sr0 + g + {0, 8}                    */
     constexpr int CW = VP / 2, NJ = CW / 8; /* the warpgroup's value columns for X', v_new and o, n8 tiles */
-    constexpr int NS = VP / 2;              /* state accumulators a thread: 64 rows x VP columns a warpgroup */
     const int c0 = CW * wg;                 /* the first of those columns                                  */
     const int r0 = 16 * wi;                 /* the warp's chunk rows in those products                     */
+    /* The warpgroup's block of the state: at K = 128, key rows 64 wg .. 64 wg + 63 x all VP columns; at
+     * K = 64 (one m64 row block) all 64 key rows x its own CW value columns, those of X', v_new and o,
+     * so that its update reads only its own columns of v_new. One m64nSW accumulator either way. */
+    constexpr bool ROW_HALVES = KP == 128;
+    constexpr int SW = ROW_HALVES ? VP : CW; /* the block's value columns                                  */
+    constexpr int NS = SW / 2;               /* state accumulators a thread                                 */
+    const int kr0 = ROW_HALVES ? 64 * wg : 0; /* the block's first key row                                  */
+    const int sc0 = ROW_HALVES ? 0 : c0;      /* the block's first value column                             */
+    const int sr0 = kr0 + 16 * wi;            /* the thread's state rows sr0 + g + {0, 8}                    */
 
     float S[NS];
 #pragma unroll
-    for (int j = 0; j < VP / 8; j++)
+    for (int j = 0; j < SW / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int r = sr0 + g + (e >> 1) * 8, cc = 8 * j + 2 * t4 + (e & 1);
+            const int r = sr0 + g + (e >> 1) * 8, cc = sc0 + 8 * j + 2 * t4 + (e & 1);
             if constexpr (MODE == HOP_MAP_F)
                 S[4 * j + e] = r == cc ? 1.0f : 0.0f;
             else
@@ -464,40 +477,40 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
 
     for (int lc = 0; lc < count; lc++) {
         const int c = cb + lc, b = lc & 1;
-        HopperStage<T, VP> &st = s.st[b];
+        HopperStage<T, KP, VP> &st = s.st[b];
         const HopChunk ch = hop_chunk(c, (int)len, M);
         const int n = ch.n, nq = ch.nq;
-        /* S16 (this warpgroup's 64 rows), and the fp32 state entering token chunk c / M */
+        /* S16 (this warpgroup's block), and the fp32 state entering token chunk c / M */
 #pragma unroll
-        for (int j = 0; j < VP / 8; j++)
+        for (int j = 0; j < SW / 8; j++)
 #pragma unroll
             for (int hh = 0; hh < 2; hh++)
-                *reinterpret_cast<uint32_t *>(hop_at(s.s16, HOP_KP, sr0 + g + hh * 8, 8 * j + 2 * t4)) =
+                *reinterpret_cast<uint32_t *>(hop_at(s.s16, KP, sr0 + g + hh * 8, sc0 + 8 * j + 2 * t4)) =
                     Elem<T>::pack(S[4 * j + 2 * hh], S[4 * j + 2 * hh + 1]);
         fence_proxy_async_smem();
         if (MODE == HOP_MAIN && c % M == 0 && p.chunk_states != nullptr) {
             const int64_t hrow = coff + c / M;
             if (hrow < p.cs_rows)
-                store_state_tile(p.chunk_states, p.cs_dtype, hop_frags(S), sr0, 0, HOP_KP, VP, lane,
-                                 [&](int r, int cc) { return ((hrow * H + hd) * HOP_KP + r) * VP + cc; });
+                store_state_tile(p.chunk_states, p.cs_dtype, hop_frags(S), sr0, sc0, KP, VP, lane,
+                                 [&](int r, int cc) { return ((hrow * H + hd) * KP + r) * VP + cc; });
         }
         ph.mark(7); /* state 7: S16, the chunk states and the loop */
-        bar_sync(HOP_BAR_FULL0 + b, HOP_THREADS); /* stage b holds chunk c; both halves of S16 are in */
+        bar_sync(HOP_BAR_FULL0 + b, HOP_THREADS); /* stage b holds chunk c; both blocks of S16 are in */
         ph.mark(0); /* state 0: waiting for the aux warpgroup (FULL) */
 
         /* X' = V - 2^Gk (K S16) on the warpgroup's CW columns, in place over V */
         /* the operands by k step: keys, queries and Ai K-major; S16's, X''s and v_new's own columns N-major */
         const auto keys = [&](int ks) { return wg_desc_kmajor(st.k, CHUNK, 0, ks * 16); };
         const auto queries = [&](int ks) { return wg_desc_kmajor(st.q, CHUNK, 0, ks * 16); };
-        const auto s16_cols = [&](int ks) { return wg_desc_mnmajor(s.s16, HOP_KP, ks * 16, c0); };
+        const auto s16_cols = [&](int ks) { return wg_desc_mnmajor(s.s16, KP, ks * 16, c0); };
         float acc[CW / 2];
-        wg_gemm<CW, 0, 1, T, HOP_KP / 16, true>(acc, keys, s16_cols);
+        wg_gemm<CW, 0, 1, T, KP / 16, true>(acc, keys, s16_cols);
         /* beside it (the op only) the scores P = masked decayed Q K^T on this warpgroup's 32 key columns
          * (the aux warpgroup's work at first, which bounded the chunk: kernels/NOTES-chunk.md,
          * twenty-first session) */
         float sc[16];
         if constexpr (MODE == HOP_MAIN) {
-            wg_gemm<32, 0, 0, T, HOP_KP / 16, true>(sc, queries,
+            wg_gemm<32, 0, 0, T, KP / 16, true>(sc, queries,
                                                      [&](int ks) { return wg_desc_kmajor(st.k, CHUNK, 32 * wg, ks * 16); });
             wg_wait<1>(); /* X' */
         } else {
@@ -571,18 +584,18 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
         /* the outputs' first term Q S16 into v_new's registers, now free, while the warpgroups meet
          * (it was issued after the barrier, alone: the update now runs beside it and beside P v_new) */
         if constexpr (MODE == HOP_MAIN)
-            wg_gemm<CW, 0, 1, T, HOP_KP / 16, true>(acc, queries, s16_cols);
+            wg_gemm<CW, 0, 1, T, KP / 16, true>(acc, queries, s16_cols);
         bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS); /* v_new and its decayed copy complete (both halves) */
         ph.mark(3); /* state 3: v_new */
 
-        /* S = 2^gl S + K^T (decayed v_new) on the warpgroup's 64 state rows, beside the outputs */
+        /* S = 2^gl S + K^T (decayed v_new) on the warpgroup's block of the state, beside the outputs */
         const float dec = exp2f(gl);
 #pragma unroll
         for (int x = 0; x < NS; x++)
             S[x] *= dec;
-        wg_gemm<VP, 1, 1, T, CHUNK / 16, false>(
-            S, [&](int ks) { return wg_desc_mnmajor(st.k, CHUNK, ks * 16, 64 * wg); },
-            [&](int ks) { return wg_desc_mnmajor(s.vd, CHUNK, ks * 16, 0); });
+        wg_gemm<SW, 1, 1, T, CHUNK / 16, false>(
+            S, [&](int ks) { return wg_desc_mnmajor(st.k, CHUNK, ks * 16, kr0); },
+            [&](int ks) { return wg_desc_mnmajor(s.vd, CHUNK, ks * 16, sc0); });
         /* o = scale (2^Gk[r_t] Q S16 + P v_new) on the warpgroup's columns (also when no query ends in
          * the chunk, nq = 0: a wgmma under a branch makes ptxas serialize them all, warning C7520; MODE is a
          * template parameter, so the maps' runs compile without this block) */
@@ -625,7 +638,7 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
 
     ph.flush(1);
     if (end.dst != nullptr)
-        store_state_tile(end.dst, end.dtype, hop_frags(S), sr0, 0, HOP_KP, VP, lane,
+        store_state_tile(end.dst, end.dtype, hop_frags(S), sr0, sc0, KP, VP, lane,
                          [&](int r, int cc) { return end.base + (int64_t)r * VP + cc; });
 }
 
@@ -639,13 +652,13 @@ __device__ __forceinline__ HopStateSrc hop_h0(const ChunkParams &p, int i, int h
 }
 
 /* The op in one pass: block (0, hd, i) runs every chunk of sequence i from its initial state. */
-template <typename T, int VP, int COPY>
+template <typename T, int KP, int VP, int COPY>
 __global__ void __launch_bounds__(HOP_THREADS, 1)
     chunk_hopper_kernel(const ChunkParams p, const __grid_constant__ HopperMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
     const int hd = blockIdx.y, i = blockIdx.z;
-    hop_run<T, VP, COPY, HOP_MAIN>(p, maps, smem_raw, i, hd, 0, hop_seq_chunks(p, i), hop_h0(p, i, hd),
+    hop_run<T, KP, VP, COPY, HOP_MAIN>(p, maps, smem_raw, i, hd, 0, hop_seq_chunks(p, i), hop_h0(p, i, hd),
                                    final_state_dest(p, i, hd));
 #endif
 }
@@ -702,13 +715,13 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
             return;
         const StateDest end = ns == 1 ? final_state_dest(p, i, hd)
                                       : StateDest{sp.entry, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, 1, hd, VP)};
-        hop_run<T, VP, COPY, HOP_MAIN>(p, maps, smem_raw, i, hd, cb, ce, hop_h0(p, i, hd), end);
+        hop_run<T, HOP_KP, VP, COPY, HOP_MAIN>(p, maps, smem_raw, i, hd, cb, ce, hop_h0(p, i, hd), end);
     } else {
         if (j == 0 || j == ns - 1)
             return;
         constexpr int W = ROLE == HOP_MAP_F ? HOP_KP : VP; /* F is K x K, G K x V */
         float *dst = ROLE == HOP_MAP_F ? sp.fmap : sp.gmap;
-        hop_run<T, W, COPY, ROLE>(p, maps, smem_raw, i, hd, cb, ce, HopStateSrc{nullptr, 0, 0},
+        hop_run<T, HOP_KP, W, COPY, ROLE>(p, maps, smem_raw, i, hd, cb, ce, HopStateSrc{nullptr, 0, 0},
                                   StateDest{dst, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, j, hd, W)});
     }
 #endif
@@ -728,7 +741,7 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
         return;
     const HopStateSrc init{sp.entry, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, j, hd, VP)};
     const StateDest end = j == ns - 1 ? final_state_dest(p, i, hd) : StateDest{nullptr, 0, 0};
-    hop_run<T, VP, COPY, HOP_MAIN>(p, maps, smem_raw, i, hd, cb, ce, init, end);
+    hop_run<T, HOP_KP, VP, COPY, HOP_MAIN>(p, maps, smem_raw, i, hd, cb, ce, init, end);
 #endif
 }
 

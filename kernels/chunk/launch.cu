@@ -140,12 +140,13 @@ int hopper_segment_from_env(const char **text) {
  * HOPPER_MIN_AUTO_SEGMENT (a segment past a sequence's first costs a map pass and a fix-up step of
  * about one chunk's time: short segments would spend more on the split than they save), doubled
  * while the split's scratch does not fit in the staged path's intermediates (which the Hopper path
- * does not use); 0 when no sequence can be longer than one segment, or for off. */
+ * does not use); 0 when no sequence can be longer than one segment, for off, and at K = 64 (the
+ * split holds K = 128 only: gdp_chunk_hopper_split_fits). */
 #ifdef GDP_HAVE_CHUNK_HOPPER
 constexpr long long HOPPER_MIN_AUTO_SEGMENT = 16;
 int hopper_segment(const ChunkParams &p, int forced, int sms, void *ws, size_t ws_bytes, GdpHopperSplit *split) {
     const long long bound = (p.T * p.M + CHUNK - 1) / CHUNK; /* expanded chunks of the longest sequence, at most */
-    if (forced == -2)
+    if (forced == -2 || !gdp_chunk_hopper_split_fits(&p)) /* off, or K = 64: unsplit */
         return 0;
     long long seg = forced;
     if (seg == 0) {
@@ -416,7 +417,8 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     /* auto: the Hopper kernel, unsplit, where the work's shape says it wins (gdp_chunk_auto_prefers_hopper,
      * descriptors.c: the longest sequence must be known, from max_seqlen or the lengths read above) */
     const bool hopper_fits = hopper_runs(p, cc);
-    const bool auto_hopper = hopper_fits && path == 2 &&
+    /* its cost model holds measured K = 128 rows only: at K = 64 auto stays staged until they are measured */
+    const bool auto_hopper = hopper_fits && path == 2 && K == 128 &&
                              gdp_chunk_auto_prefers_hopper(num_chunks_dp, N, H, M, V, max_len, sms);
     if (hopper_fits && (path == 3 || auto_hopper)) {
 #ifdef GDP_HAVE_CHUNK_HOPPER

@@ -3,9 +3,11 @@
 # and without compiling the whole translation unit (kernels/chunk/hopper.cu holds 43 kernels and
 # takes 2-4 minutes on one core, kernels/recurrent.cu 5; one instance takes 3-7 seconds).
 #
-#   kernels/dev/ptxas_probe.sh hopper [VP [COPY]]        chunk_hopper_kernel<bf16, VP, COPY>
+#   kernels/dev/ptxas_probe.sh hopper [VP [COPY [KP]]]   chunk_hopper_kernel<bf16, KP, VP, COPY>
 #                                                         (VP 64 | 128, default 128; COPY 0 threads,
-#                                                         1 tma, default 1)
+#                                                         1 tma, default 1; KP 64 | 128, default 128;
+#                                                         a tree from before the KP parameter: KP
+#                                                         ignored)
 #   kernels/dev/ptxas_probe.sh rows SDT,R,LPR,MT,DT ...  recurrent_rows_kernel instances (dtype codes
 #                                                         of gdp.h: 0 fp32, 1 bf16, 2 fp16; DT -1 and
 #                                                         MT 0: the generic launch); default: the
@@ -68,14 +70,16 @@ compile() { # $1: the probe source, $2: the arch (90a for the Hopper kernel, 90 
 
 case "$kind" in
 hopper)
-    vp=${1:-128} copy=${2:-1}
+    vp=${1:-128} copy=${2:-1} kp=${3:-128}
     cp -r "$root/kernels/chunk" "$work/kernels/"
     cp "$root"/kernels/*.cuh "$root"/kernels/*.h "$work/kernels/"
+    targs="$kp, $vp, $copy" # the kernel's template arguments after T
+    grep -q "int KP, int VP, int COPY>" "$root/kernels/chunk/hopper.cuh" || targs="$vp, $copy"
     cat >"$work/probe.cu" <<EOF
 #include <cuda_bf16.h>
 #include "kernels/chunk/hopper.cuh"
 namespace {
-template __global__ void chunk_hopper_kernel<__nv_bfloat16, $vp, $copy>(const ChunkParams, const __grid_constant__ HopperMaps);
+template __global__ void chunk_hopper_kernel<__nv_bfloat16, $targs>(const ChunkParams, const __grid_constant__ HopperMaps);
 }
 EOF
     base="$work/hopper.cuh.orig"
@@ -122,7 +126,9 @@ PY
         lo=24 hi=256 # spills at lo (assumed), none at hi
         while [ $((hi - lo)) -gt 8 ]; do
             mid=$(((lo + hi) / 16 * 8))
-            if [ "$search" = aux ]; then line=$(probe_split "$mid" "$state0"); else line=$(probe_split "$aux0" "$mid"); fi
+            # a split ptxas refuses (too few registers for the role's code) counts as a spill
+            if [ "$search" = aux ]; then line=$(probe_split "$mid" "$state0") || line=""; else
+                line=$(probe_split "$aux0" "$mid") || line=""; fi
             case "$line" in *"spill stores 0,"*) hi=$mid ;; *) lo=$mid ;; esac
         done
         echo "$search needs $hi registers a thread (spills at $lo; the other role at its $([ "$search" = aux ] && echo "$state0" || echo "$aux0"))"
