@@ -16,12 +16,14 @@
 # sweep and output kernels by source line; hopper the one-pass Hopper kernel's short loop (check, test,
 # rows, phases, the rows through the Python package), hopperab the same kernel against other trees (GDP_AB_SRC, colon-separated, e.g.
 # `git archive main` unpacked: all built, each tree's hopper test path, the prefill rows alternated
-# between them with the split off and on auto, this tree's phases) and hopperprof its ncu card by
+# between them with the split off and on auto, this tree's staged rows and phases) and hopperprof its ncu card by
 # source line);
 # decode likewise for the decode op: its test, then its ops rows under
 # each decode kernel, then the memory ceiling of the row kernel's scheme; decodeprof the row kernel's
 # ncu card at B=256, fp32 and bf16 state, by source line through launch/ncu_lines.py).
 #   GDP_BUILD_DIR            build folder (default build)
+#   GDP_AB_SRC, GDP_AB_PATCHES  hopperab: the other trees (dirs), or patches that make them from this one
+#                            (each colon-separated; both may be given)
 #   GDP_AB_SEGMENTS          hopperab: the GDP_CHUNK_SEGMENT values its rows run under (default "off auto")
 #   GDP_AB_ROUNDS            hopperab: rounds of the rows over all trees (default 2)
 #   GDP_SANITIZE_TOOLS       sanitizer tools, in order (default "memcheck racecheck")
@@ -56,7 +58,19 @@ targets=()
 ab_builds=() ab_pids=()
 if [ "$stage" = hopperab ]; then # the other trees (GDP_AB_SRC, colon-separated), built beside this one's below
     IFS=: read -r -a ab_srcs <<<"${GDP_AB_SRC:-}"
-    [ ${#ab_srcs[@]} -gt 0 ] || { echo "hopperab: GDP_AB_SRC must name other gdp trees (dir[:dir...])" >&2; exit 2; }
+    # GDP_AB_PATCHES (colon-separated patch files): each a tree of its own, this one's sources with the
+    # patch applied (git apply --directory from here: run inside the nested tree, git apply would take
+    # the paths as this repository's and skip them, quietly)
+    IFS=: read -r -a ab_patches <<<"${GDP_AB_PATCHES:-}"
+    for pf in "${ab_patches[@]}"; do
+        [ -f "$pf" ] || { echo "hopperab: no patch $pf" >&2; exit 2; }
+        src="$build-src-$(basename "$pf" .patch)"
+        rm -rf "$src" && mkdir -p "$src" &&
+            tar -C "$root" --exclude='./build*' --exclude='./.*' --exclude='./h200-out' -c . | tar -x -C "$src" &&
+            git apply --unsafe-paths --directory="$src" "$pf" || { echo "hopperab: $pf does not apply to this tree" >&2; exit 2; }
+        ab_srcs+=("$src")
+    done
+    [ ${#ab_srcs[@]} -gt 0 ] || { echo "hopperab: GDP_AB_SRC (trees) or GDP_AB_PATCHES (patches) must name something to compare" >&2; exit 2; }
     for k in "${!ab_srcs[@]}"; do
         src=${ab_srcs[$k]} ab="$build-ab$((k + 1))"
         [ -f "$src/CMakeLists.txt" ] || { echo "hopperab: $src is not a gdp tree" >&2; exit 2; }
@@ -295,6 +309,11 @@ if [ "$stage" = hopperab ]; then
             done
         done
     done 2>&1 | tee "$out/hopper_ab.log"
+    # the staged chain on the same rows, this tree: the reference each Hopper row is weighed against
+    # (and the K = 64 row's, which auto's K = 64 constants need)
+    echo "## $build: GDP_CHUNK_PATH=staged" | tee -a "$out/hopper_ab.log"
+    GDP_CHUNK_PATH=staged "./$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^prefill|rror" |
+        tee -a "$out/hopper_ab.log"
     GDP_CHUNK_SEGMENT=off "./$build/examples/bench_chunk_stages" --hopper-phases 2>&1 | tee "$out/hopper_phases.log"
 fi
 if [ "$stage" = hopperprof ]; then
