@@ -67,10 +67,12 @@ if [ "$stage" = hopperab ]; then # the other trees (GDP_AB_SRC, colon-separated)
         src="$build-src-$(basename "$pf" .patch)"
         rm -rf "$src" && mkdir -p "$src" &&
             tar -C "$root" --exclude='./build*' --exclude='./.*' --exclude='./h200-out' -c . | tar -x -C "$src" &&
-            git apply --unsafe-paths --directory="$src" "$pf" || { echo "hopperab: $pf does not apply to this tree" >&2; exit 2; }
+            git apply --unsafe-paths --directory="$src" "$pf" ||
+            { echo "hopperab: $pf does not apply to this tree" >&2; exit 2; }
         ab_srcs+=("$src")
     done
-    [ ${#ab_srcs[@]} -gt 0 ] || { echo "hopperab: GDP_AB_SRC (trees) or GDP_AB_PATCHES (patches) must name something to compare" >&2; exit 2; }
+    [ ${#ab_srcs[@]} -gt 0 ] ||
+        { echo "hopperab: GDP_AB_SRC (trees) or GDP_AB_PATCHES (patches) must name something to compare" >&2; exit 2; }
     for k in "${!ab_srcs[@]}"; do
         src=${ab_srcs[$k]} ab="$build-ab$((k + 1))"
         [ -f "$src/CMakeLists.txt" ] || { echo "hopperab: $src is not a gdp tree" >&2; exit 2; }

@@ -521,8 +521,8 @@ static void test_hopper_copies(gdp_ctx_t cpu, gdp_ctx_t gpu) {
         {"hopper copies: m2 k64 v128 varlen 1,63,64,65,300, NaN padding", 2, 2, 64, 128, 5, {1, 63, 64, 65, 300}, 560,
          BF, BF, F32, 1, 0, 0.1},
         {"hopper copies: m3 k64 v64 fp16, NaN padding", 3, 3, 64, 64, 2, {150, 77}, 260, F16, F16, F32, 1, 0, 0.1},
-        {"hopper copies: m1 k64 v128 no in-kernel norm, bf16 initial state", 1, 2, 64, 128, 3, {200, 1, 64}, 300, BF, BF,
-         BF, 0, 0, 0.2},
+        {"hopper copies: m1 k64 v128 no in-kernel norm, bf16 init", 1, 2, 64, 128, 3, {200, 1, 64}, 300, BF, BF, BF, 0,
+         0, 0.2},
     };
     int major = 0, minor = 0;
     const bool on_hopper = hopper_device(&major, &minor);

@@ -74,7 +74,8 @@ cudaError_t launch_hopper_split(const ChunkParams &p, const HopperMaps &maps, co
     sp.seg_chunks = split.seg_chunks;
     if (p.N <= 0 || p.H <= 0)
         return cudaSuccess;
-    constexpr size_t smem = hop_smem_bytes<T, HOP_KP, VP>(), smem_f = hop_smem_bytes<T, HOP_KP, HOP_KP>(); /* F: K x K */
+    constexpr size_t smem = hop_smem_bytes<T, HOP_KP, VP>();
+    constexpr size_t smem_f = hop_smem_bytes<T, HOP_KP, HOP_KP>(); /* F: K x K */
     constexpr size_t smem_fix = sizeof(float) * (size_t)HOP_KP * (HOP_FIX_LD + VP + 4);
     cudaError_t err = cudaFuncSetAttribute(chunk_hopper_seg_pass1_kernel<T, VP, COPY, HOP_MAIN>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);

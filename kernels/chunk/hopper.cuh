@@ -22,10 +22,11 @@
  *     update needs only its own columns of v_new), writes its block of S16, then on its own VP / 2
  *     value columns X' (KP / 16 k steps) and beside it the masked decayed scores P on its 32 key
  *     columns (m64n32k16), v_new (4), Q S16 (KP / 16) while the warpgroups meet, and on its block of
- *     the state the update (4 k steps, K^T read M-major from the same key tile) beside P v_new (4). P was the aux warpgroup's in the first version,
- *     whose chunk then bounded the kernel (ncu: the state warpgroups spent most of their time at
- *     FULL); Q's norms, an in-place pass over the query tile, went with it, and came back as row
- *     scales the aux warps form while A's product runs.
+ *     the state the update (4 k steps, K^T read M-major from the same key tile) beside P v_new (4).
+ *     P was the aux warpgroup's in the first version, whose chunk then bounded the kernel (ncu: the
+ *     state warpgroups spent most of their time at FULL); Q's norms, an in-place pass over the
+ *     query tile, went with it, and came back as row scales the aux warps form while A's product
+ *     runs.
  * Barriers: FULL[b] (named, 384: aux arrives when stage b is ready, the state warpgroups wait, and
  * their S16 stores are complete), EMPTY[b] (mbarrier: the state threads are done with stage b),
  * AUX (named, 128), one named barrier per state warpgroup for its own X' panel, and STATE (named,
