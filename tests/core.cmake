@@ -13,3 +13,11 @@ if(TARGET gdp-ckpt)
                    ${CMAKE_CURRENT_BINARY_DIR})
   set_tests_properties(gdp_ckpt_info_huge_groups PROPERTIES LABELS cpu TIMEOUT 60)
 endif()
+# The pending kernel patches (kernels/chunk/pending) still apply to this tree: the device A/B builds
+# its trees from them.
+find_program(GDP_GIT git)
+if(GDP_GIT)
+  add_test(NAME pending_patches_apply
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/pending_patches_apply.sh ${PROJECT_SOURCE_DIR})
+  set_tests_properties(pending_patches_apply PROPERTIES LABELS cpu TIMEOUT 60)
+endif()
