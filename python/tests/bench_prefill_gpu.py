@@ -30,6 +30,8 @@ ROWS = [  # (H, K, V, M, lengths, name, peer us, target us)
     (16, 128, 128, 2, [16384], "1x16384", 2130.0, 700.0),
     (16, 128, 128, 2, MIXED, "mixed 16300", 1680.0, 550.0),
     (32, 128, 64, 3, EIGHT[:4], "4x2048", 1370.0, 450.0),
+    # K = 64, the Hopper kernel's other key width (no peer figure or target; gdp-bench's sixth row)
+    (16, 64, 128, 2, EIGHT, "8x2048", None, None),
 ]
 
 
@@ -52,6 +54,11 @@ def inputs(H, K, V, M, lens, seed=1):
         output_final_state=True, use_qk_l2norm_in_kernel=True)
 
 
+def figure(us):
+    """A peer or target column: the figure, or '-' where none was measured or set."""
+    return f"{us:7.0f}" if us is not None else f"{'-':>7s}"
+
+
 def main():
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
     rows = ROWS[: int(sys.argv[1])] if len(sys.argv) > 1 else ROWS
@@ -69,7 +76,7 @@ def main():
         host = eager_host_us(lambda: gdp.chunk_gated_delta_product_varlen(**x, max_seqlen=longest), 20)
         shape = f"H={H} K={K} V={V} M={M} {name}"
         print(f"  {shape:30s} {known[0]:8.1f} ({known[1]:6.1f}, {known[2]:6.1f}) "
-              f"{unknown[0]:8.1f} ({unknown[1]:6.1f}, {unknown[2]:6.1f}) {host:10.1f} {peer:7.0f} {target:7.0f}")
+              f"{unknown[0]:8.1f} ({unknown[1]:6.1f}, {unknown[2]:6.1f}) {host:10.1f} {figure(peer)} {figure(target)}")
 
 
 if __name__ == "__main__":
