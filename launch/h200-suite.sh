@@ -4,7 +4,7 @@
 # its dev files), run every ctest labelled gpu (gpu;mpi included), the Python torch tests,
 # the ops benchmark and the main program. Logs go to $OUT (or ./h200-out) when set.
 # Golden vectors: $GDP_GOLDEN_DIR, else ./.golden (an ignored copy of ../shared/golden).
-# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk|chunkprof|stagesprof|hopper|hopperab|hopperprof|decode|decodeprof|prefront]
+# Usage: launch/h200-suite.sh [all|tests|bench|run|serve|hostprof|loop|alone|experiments|profile|sanitize|chunk|chunkprof|stagesprof|hopper|hopperab|hopperalone|hopperprof|decode|decodeprof|prefront]
 # (default all; the others are not part of all: serve times gdp-run at the serving shape,
 # loop and alone repeat the gpu tests GDP_LOOP_RUNS times under ctest -j4 and one at a time,
 # experiments times each measured switch every way, profile lists the layer step's kernels
@@ -16,7 +16,9 @@
 # sweep and output kernels by source line; hopper the one-pass Hopper kernel's short loop (check, test,
 # rows, phases, the rows through the Python package), hopperab the same kernel against other trees (GDP_AB_SRC, colon-separated, e.g.
 # `git archive main` unpacked: all built, each tree's hopper test path, the prefill rows alternated
-# between them with the split off and on auto, this tree's staged rows and phases) and hopperprof its ncu card by
+# between them with the split off and on auto, this tree's staged rows and phases), hopperalone the
+# kernel with each role's math left out in turn (bench_hopper_skip1..3: what sets a chunk's period)
+# and hopperprof its ncu card by
 # source line);
 # decode likewise for the decode op: its test, then its ops rows under
 # each decode kernel, then the memory ceiling of the row kernel's scheme; decodeprof the row kernel's
@@ -55,6 +57,8 @@ targets=()
 [ "$stage" = chunkprof ] && targets=(--target gdp-bench)
 [ "$stage" = hopper ] && targets=(--target wgmma_check test_chunk_gpu gdp-bench bench_chunk_stages gdp)
 [ "$stage" = hopperab ] && targets=(--target test_chunk_gpu gdp-bench bench_chunk_stages)
+[ "$stage" = hopperalone ] &&
+    targets=(--target bench_chunk_stages bench_hopper_skip1 bench_hopper_skip2 bench_hopper_skip3)
 ab_builds=() ab_pids=()
 if [ "$stage" = hopperab ]; then # the other trees (GDP_AB_SRC, colon-separated), built beside this one's below
     IFS=: read -r -a ab_srcs <<<"${GDP_AB_SRC:-}"
@@ -321,6 +325,15 @@ if [ "$stage" = hopperab ]; then
     GDP_CHUNK_PATH=staged "./$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^prefill|rror" |
         tee -a "$out/hopper_ab.log"
     GDP_CHUNK_SEGMENT=off "./$build/examples/bench_chunk_stages" --hopper-phases 2>&1 | tee "$out/hopper_phases.log"
+fi
+if [ "$stage" = hopperalone ]; then
+    # the Hopper kernel unsplit, whole and with the aux warpgroup's math, the state side's or both left
+    # out (loads and barriers kept; GDP_HOPPER_DEV_SKIP, hopper.cuh): the time of each role's chain
+    # with the loads, and of the loads and barriers alone ('total' column, median us)
+    for bin in bench_chunk_stages bench_hopper_skip1 bench_hopper_skip2 bench_hopper_skip3; do
+        echo "## $bin (whole / skip1: aux math out / skip2: state math out / skip3: both out)"
+        GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=off "./$build/examples/$bin" 2>&1 || rc=1
+    done 2>&1 | tee "$out/hopper_alone.log"
 fi
 if [ "$stage" = hopperprof ]; then
     # the one-pass Hopper chunk kernel (GDP_CHUNK_PATH=hopper, kernels/chunk/hopper.cuh) by source line

@@ -51,6 +51,15 @@
 /* Developer hook: kernels/dev/chunk_stages.cu (--hopper-phases) defines GDP_HOPPER_PHASES and its own
  * HopPhases, which adds up clock64 deltas per phase (the marks below name them) in registers of one
  * thread of each role and stores them at the end; the library's marks are empty. */
+/* Developer hook: GDP_HOPPER_DEV_SKIP (a compile definition of the lab's bench_hopper_skip builds,
+ * examples/bench_chunk.cmake) leaves out a role's math and keeps its loads and barriers, so that the
+ * other role's chain and the loads can be timed alone: 1 the aux warpgroup's (A, the norms, the
+ * inverse), 2 the state warpgroups' (every product, epilogue and store), 3 both. Outputs are then
+ * wrong by design. The library: 0, nothing left out. */
+#ifndef GDP_HOPPER_DEV_SKIP
+#define GDP_HOPPER_DEV_SKIP 0
+#endif
+
 #ifndef GDP_HOPPER_PHASES
 namespace {
 struct HopPhases {
@@ -293,6 +302,10 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
     fence_proxy_async_smem(); /* the landed (or zeroed) tiles may be read by wgmma */
     bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS);
     ph.mark(0); /* aux 0: waiting for the chunk's loads */
+    if constexpr ((GDP_HOPPER_DEV_SKIP & 1) != 0) { /* the lab's aux-less build: the loads only */
+        issue_next_if_free(true);
+        return;
+    }
 
     /* A's products on the raw keys: the in-kernel norm is a row scale, 1 / |k_r|, applied where K's
      * products are used (A's values here; X', the scores and the update's operand on the state side)
@@ -478,6 +491,15 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
 
     for (int lc = 0; lc < count; lc++) {
         const int c = cb + lc, b = lc & 1;
+        if constexpr ((GDP_HOPPER_DEV_SKIP & 2) != 0) { /* the lab's state-less build: its barriers only */
+            bar_sync(HOP_BAR_FULL0 + b, HOP_THREADS);
+            bar_sync(HOP_BAR_WG0 + wg, 128);
+            bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS);
+            bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS);
+            if (lc + 2 < count)
+                mbar_arrive(&s.empty[b]);
+            continue;
+        }
         HopperStage<T, KP, VP> &st = s.st[b];
         const HopChunk ch = hop_chunk(c, (int)len, M);
         const int n = ch.n, nq = ch.nq;

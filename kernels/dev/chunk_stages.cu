@@ -17,6 +17,9 @@
  * marks), with the column block the op chose or GDP_CHUNK_STATE_VB.
  * With --dump DIR it instead writes inputs, outputs and the workspace intermediates of two small
  * shapes (DIR/dump_k128.safetensors, DIR/dump_k100.safetensors) for offline stage-by-stage checks.
+ * Built with GDP_HOPPER_DEV_SKIP=1, 2 or 3 (the bench_hopper_skip1..3 targets) the Hopper kernel in it
+ * leaves out the aux warpgroup's math, the state side's, or both (hopper.cuh): under
+ * GDP_CHUNK_PATH=hopper the 'total' column then times the other role's chain and the loads alone.
  * Build: cmake -DGDP_BUILD_CHUNK_DEV=ON ... && cmake --build <dir> --target bench_chunk_stages
  */
 #include <cuda_runtime.h>
@@ -168,6 +171,7 @@ static const Row ROWS[] = {
     {"H16 K128 V128 M2 1x16384", 16, 128, 128, 2, 1, {16384}},
     {"H16 K128 V128 M2 varlen(8)", 16, 128, 128, 2, 8, {1000, 37, 5000, 64, 2500, 7000, 400, 299}},
     {"H32 K128 V64 M3 4x2048", 32, 128, 64, 3, 4, {2048, 2048, 2048, 2048}},
+    {"H16 K64 V128 M2 8x2048", 16, 64, 128, 2, 8, {2048, 2048, 2048, 2048, 2048, 2048, 2048, 2048}},
 };
 
 /* Work split: one thread per element; a hash of the index gives a value in [lo, hi). */
