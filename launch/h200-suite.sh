@@ -80,6 +80,7 @@ if [ "$stage" = hopperab ]; then # the other trees (GDP_AB_SRC, colon-separated)
     for k in "${!ab_srcs[@]}"; do
         src=${ab_srcs[$k]} ab="$build-ab$((k + 1))"
         [ -f "$src/CMakeLists.txt" ] || { echo "hopperab: $src is not a gdp tree" >&2; exit 2; }
+        echo "hopperab: $ab is built from $src" | tee -a "$out/hopper_ab_trees.log"
         { cmake -S "$src" -B "$ab" -DCMAKE_BUILD_TYPE=Release -DGDP_BUILD_CHUNK_DEV=ON "${extra[@]}" &&
             cmake --build "$ab" -j"$(($(nproc) / (${#ab_srcs[@]} + 1) + 1))" --target gdp-bench test_chunk_gpu; } \
             >"$out/build_ab$((k + 1)).log" 2>&1 &
