@@ -123,14 +123,18 @@ gdp_status_t gdp_build_chunk_descriptors(const int32_t *cu_seqlens, int32_t pref
  * staged chain 784 us for 8,192 (chunk, head) pairs at V = 128 (0.096 us each) and 861 us for 12,288
  * at V = 64 (0.070; twenty-second session); a long sequence makes the staged chain slower still (its state sweep walks
  * the chunks in order), so the staged estimate is a lower bound and the rule below favours staged.
- * The segment split is not chosen here: it loses to the staged chain on every row measured. */
+ * The rates are K = 128 figures: at any other K (the Hopper kernel also takes 64) nothing was measured
+ * and the staged chain is kept. The segment split is not chosen here: it loses to the staged chain
+ * on every row measured. */
 #define HOPPER_US_PER_CHUNK_V128 6.8
 #define HOPPER_US_PER_CHUNK_V64 5.8
 #define STAGED_US_PER_CHUNK_HEAD_V128 0.096
 #define STAGED_US_PER_CHUNK_HEAD_V64 0.070
 
-bool gdp_chunk_auto_prefers_hopper(int64_t num_chunks_dp, int64_t N, int64_t H, int32_t M, int64_t V,
+bool gdp_chunk_auto_prefers_hopper(int64_t num_chunks_dp, int64_t N, int64_t H, int32_t M, int64_t K, int64_t V,
                                    int64_t max_seqlen, int sms) {
+    if (K != 128)
+        return false; /* no measured rate */
     if (max_seqlen <= 0 || N < 1 || H < 1 || M < 1 || sms < 1 || num_chunks_dp < 1)
         return false; /* the longest sequence unknown: the staged chain never loses by much */
     const bool narrow = V <= 64;

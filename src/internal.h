@@ -185,9 +185,9 @@ int gdp_env_choice(const char *name, const char *const *spell, const int *value,
 
 /* The CUDA chunk op's auto choice (descriptors.c): whether the one-pass Hopper kernel, unsplit, is
  * expected to beat the staged chain for num_chunks_dp expanded chunks of N sequences, H heads, M
- * copies, V value columns, the longest sequence max_seqlen tokens (0: unknown, never), on sms
- * multiprocessors. */
-bool gdp_chunk_auto_prefers_hopper(int64_t num_chunks_dp, int64_t N, int64_t H, int32_t M, int64_t V,
+ * copies, K key and V value columns, the longest sequence max_seqlen tokens (0: unknown, never), on
+ * sms multiprocessors (K other than 128: never, its rates are unmeasured). */
+bool gdp_chunk_auto_prefers_hopper(int64_t num_chunks_dp, int64_t N, int64_t H, int32_t M, int64_t K, int64_t V,
                                    int64_t max_seqlen, int sms);
 
 /* calloc that records an out-of-memory error naming `what`. */

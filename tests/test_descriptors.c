@@ -162,7 +162,7 @@ static void bad_inputs(void) {
  * `gdp-bench ops` as the H200 measured them (kernels/NOTES-chunk.md, twenty-fifth session: the
  * unsplit Hopper kernel against the staged chain, 132 SMs): it must take the Hopper kernel where it
  * ran 1.4-1.8x faster and keep the staged chain where a long sequence made the Hopper kernel 1.3-3x
- * slower, and never choose it blind (longest sequence unknown). */
+ * slower, and never choose it blind (longest sequence unknown, or K without a measured rate). */
 static int64_t expanded_chunks(const int32_t *lens, int n, int32_t m) {
     int64_t total = 0;
     for (int i = 0; i < n; i++)
@@ -176,25 +176,26 @@ static void auto_choice(void) {
     const struct {
         const char *row;
         const int32_t *lens;
-        int n, h, m, v, max_len;
+        int n, h, m, k, v, max_len;
         bool hopper;
     } rows[] = {
-        {"8x2048 H16 M2 (433 vs 784 us)", eight, 8, 16, 2, 128, 2048, true},
-        {"8x2048 H16 M3 (623 vs 1080 us)", eight, 8, 16, 3, 128, 2048, true},
-        {"4x2048 H32 V64 M3 (551 vs 861 us)", eight, 4, 32, 3, 64, 2048, true},
-        {"1x16384 H16 M2 (3322 vs 1082 us)", one, 1, 16, 2, 128, 16384, false},
-        {"mixed 16300 H16 M2 (1409 vs 1070 us)", mixed, 8, 16, 2, 128, 7000, false},
-        {"one 1024-token prefill, H16 M2", serve, 1, 16, 2, 128, 1024, false},
-        {"8x2048 H16 M2, longest unknown", eight, 8, 16, 2, 128, 0, false},
+        {"8x2048 H16 M2 (433 vs 784 us)", eight, 8, 16, 2, 128, 128, 2048, true},
+        {"8x2048 H16 M3 (623 vs 1080 us)", eight, 8, 16, 3, 128, 128, 2048, true},
+        {"4x2048 H32 V64 M3 (551 vs 861 us)", eight, 4, 32, 3, 128, 64, 2048, true},
+        {"1x16384 H16 M2 (3322 vs 1082 us)", one, 1, 16, 2, 128, 128, 16384, false},
+        {"mixed 16300 H16 M2 (1409 vs 1070 us)", mixed, 8, 16, 2, 128, 128, 7000, false},
+        {"one 1024-token prefill, H16 M2", serve, 1, 16, 2, 128, 128, 1024, false},
+        {"8x2048 H16 M2, longest unknown", eight, 8, 16, 2, 128, 128, 0, false},
+        {"8x2048 H16 K64 M2 (no measured rate)", eight, 8, 16, 2, 64, 128, 2048, false},
     };
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
         const int64_t chunks = expanded_chunks(rows[r].lens, rows[r].n, rows[r].m);
-        const bool got = gdp_chunk_auto_prefers_hopper(chunks, rows[r].n, rows[r].h, rows[r].m, rows[r].v,
+        const bool got = gdp_chunk_auto_prefers_hopper(chunks, rows[r].n, rows[r].h, rows[r].m, rows[r].k, rows[r].v,
                                                        rows[r].max_len, 132);
         CHECK(got == rows[r].hopper, "auto choice for %s: %s, expected %s", rows[r].row, got ? "hopper" : "staged",
               rows[r].hopper ? "hopper" : "staged");
     }
-    printf("  auto choice (gdp_chunk_auto_prefers_hopper): %zu measured rows as measured\n",
+    printf("  auto choice (gdp_chunk_auto_prefers_hopper): %zu rows as expected\n",
            sizeof rows / sizeof rows[0]);
 }
 

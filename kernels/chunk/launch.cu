@@ -417,9 +417,8 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     /* auto: the Hopper kernel, unsplit, where the work's shape says it wins (gdp_chunk_auto_prefers_hopper,
      * descriptors.c: the longest sequence must be known, from max_seqlen or the lengths read above) */
     const bool hopper_fits = hopper_runs(p, cc);
-    /* its cost model holds measured K = 128 rows only: at K = 64 auto stays staged until they are measured */
-    const bool auto_hopper = hopper_fits && path == 2 && K == 128 &&
-                             gdp_chunk_auto_prefers_hopper(num_chunks_dp, N, H, M, V, max_len, sms);
+    const bool auto_hopper = hopper_fits && path == 2 &&
+                             gdp_chunk_auto_prefers_hopper(num_chunks_dp, N, H, M, K, V, max_len, sms);
     if (hopper_fits && (path == 3 || auto_hopper)) {
 #ifdef GDP_HAVE_CHUNK_HOPPER
         /* the split's scratch: the staged path's intermediates (keys, w, u, chunk-entry states), which this
