@@ -40,13 +40,13 @@ __device__ __forceinline__ void tile_scalar(T *dst, int ld_s, const T *__restric
 
 /* In-place L2 norm of rows [0, nrows) of a 64 x KP smem tile: x / sqrt(sum x^2 + 1e-6) in fp32,
  * rounded to T. 8 lanes per row (4 rows per warp at a time), 16-byte vectors; each row's partial
- * sums meet in a fixed shuffle tree, so the result is deterministic. off(r, v): the element offset of
- * row r's 16-byte vector v (columns 8v .. 8v + 7), so any tile layout works (row-major below, the
- * swizzled panels of the Hopper kernel). U row groups a warp at a
+ * sums meet in a fixed shuffle tree, so the result is deterministic. The tile is row-major with a
+ * row stride of ld elements. U row groups a warp at a
  * time (U = 1: one; the fused kernel's 4 aux warps take 4, so 16 independent rows are in flight
  * instead of a chain of 16 dependent iterations); every row's arithmetic is the same for any U. */
-template <typename T, int KP, int NW, int U = 1, typename Off>
-__device__ __forceinline__ void l2norm_rows_at(T *s, Off off, int nrows, int warp, int lane) {
+template <typename T, int KP, int NW, int U = 1>
+__device__ __forceinline__ void l2norm_rows(T *s, int ld, int nrows, int warp, int lane) {
+    const auto off = [ld](int r, int v) { return r * ld + v * 8; }; /* row r's 16-byte vector v */
     constexpr int VPL = KP / 64; /* 16-byte vectors per lane */
     for (int r0 = warp * 4; r0 < nrows; r0 += NW * 4 * U) {
         const int l8 = lane & 7;
@@ -92,11 +92,6 @@ __device__ __forceinline__ void l2norm_rows_at(T *s, Off off, int nrows, int war
     }
 }
 
-/* The same over a row-major tile (row stride ld elements). */
-template <typename T, int KP, int NW, int U = 1>
-__device__ __forceinline__ void l2norm_rows(T *s, int ld, int nrows, int warp, int lane) {
-    l2norm_rows_at<T, KP, NW, U>(s, [ld](int r, int v) { return r * ld + v * 8; }, nrows, warp, lane);
-}
 
 /* ---- coalesced tile stores: a warp's accumulators through shared memory ----
  * The m16n8 accumulator layout gives each thread two adjacent columns of a row, so storing
