@@ -180,6 +180,18 @@ __device__ __forceinline__ void wy_put_x_tile(float (*a)[CHUNK + 4], const float
  * tf32 keeps 11 significant bits where X is then rounded to 8 (bf16) or 11 (fp16), so its
  * products move Ai by well under Ai's own rounding (kernels/NOTES-chunk.md, f4 and the
  * nineteenth session). No barrier after the last block row: the caller's comes next. */
+/* Column c of the 16 x 16 diagonal block at rows and columns [base, base + 16): X's values xc
+ * (wy_diag_column) in place of A's, each also handed to the caller (emit_diag). */
+template <typename EmitDiag>
+__device__ __forceinline__ void wy_store_diag_column(float (*a)[CHUNK + 4], int base, int c, const float (&xc)[16],
+                                                     EmitDiag emit_diag) {
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+        a[base + r][base + c] = xc[r];
+        emit_diag(base + r, base + c, xc[r]);
+    }
+}
+
 template <typename Sync, typename EmitDiag, typename EmitPair, typename Idle>
 __device__ __forceinline__ void wy_invert_tf32(float (*a)[CHUNK + 4], float *sc, int tid, Sync sync,
                                                EmitDiag emit_diag, EmitPair emit_pair, Idle idle) {
@@ -189,11 +201,7 @@ __device__ __forceinline__ void wy_invert_tf32(float (*a)[CHUNK + 4], float *sc,
         float xc[16];
         wy_diag_column(a, tid, xc);
         __syncwarp(); /* the warp's two blocks have read the A they overwrite */
-#pragma unroll
-        for (int r = 0; r < 16; r++) {
-            a[base + r][base + c] = xc[r];
-            emit_diag(base + r, base + c, xc[r]);
-        }
+        wy_store_diag_column(a, base, c, xc, emit_diag);
     } else {
         idle(tid);
     }
@@ -276,15 +284,10 @@ __device__ __forceinline__ void wy_diag_blocks_by_warp(float (*a)[CHUNK + 4], in
     if (lane < 16)
         wy_diag_column(a, base + c, xc);
     __syncwarp(); /* the block's A is read before it is overwritten */
-    if (lane < 16) {
-#pragma unroll
-        for (int r = 0; r < 16; r++) {
-            a[base + r][base + c] = xc[r];
-            emit_diag(base + r, base + c, xc[r]);
-        }
-    } else {
+    if (lane < 16)
+        wy_store_diag_column(a, base, c, xc, emit_diag);
+    else
         idle(48 + base + lane);
-    }
 }
 template <typename Sync, typename EmitPair>
 __device__ __forceinline__ void wy_invert_tf32_levels(float (*a)[CHUNK + 4], float *sc, int tid, Sync sync,
