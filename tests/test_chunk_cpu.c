@@ -20,7 +20,9 @@
  *      algorithm (transfer maps, fix-up scan, every segment from its entering state) against the
  *      recurrence and the chunked algorithm within the double bar, segments of 1, 2, 3 and 7
  *      expanded chunks over lengths and M whose tokens straddle chunk and segment boundaries
- *      (the outputs formed where a token's last copy lies); a segment of 0 chunks refused.
+ *      (the outputs formed where a token's last copy lies); the same cases in the GPU split's
+ *      order (segment 0, every later segment's maps with their outputs' parts o^G and O^F, the
+ *      fix-up, o = o^G + O^F S_j) against the recurrence; a segment of 0 chunks refused by both.
  */
 #include <string.h>
 
@@ -911,6 +913,9 @@ static void test_profile(gdp_ctx_t ctx) {
 /* ==== 7. exact segments: the segmented algorithm against the recurrence ==================== */
 static int64_t g_segment_chunks = 1;
 static gdp_status_t segmented_fn(const gdp_cpu_seq_head *p) { return gdp_cpu_segmented_seq_head(p, g_segment_chunks); }
+static gdp_status_t corrected_fn(const gdp_cpu_seq_head *p) {
+    return gdp_cpu_segmented_corrected_seq_head(p, g_segment_chunks);
+}
 
 static void test_segments(void) {
     static const int64_t Ls[7] = {1, 63, 64, 65, 130, 257, 300};
@@ -948,6 +953,14 @@ static void test_segments(void) {
                          exact);
                 check_seq_run(what, " vs recurrence", o_s, s_s, h_s, o_n, s_n, h_n, L, K, V, nc);
                 check_seq_run(what, " vs chunked", o_s, s_s, h_s, o_c, s_c, h_c, L, K, V, nc);
+                /* the GPU's order: outputs by correction (o^G + O^F S_j), no chunk states */
+                memset(o_s, 0, (size_t)(L * V + 1) * sizeof(double));
+                CHECK_OK(run_seq(corrected_fn, &s, L, scale, exact, o_s, s_s, h_s));
+                char w[260];
+                snprintf(w, sizeof w, "%s, corrected: o vs recurrence", what);
+                check_double(w, o_s, o_n, L * V);
+                snprintf(w, sizeof w, "%s, corrected: final state vs recurrence", what);
+                check_double(w, s_s, s_n, K * V);
                 /* a segment boundary inside a token's copies: 64 j S is not a multiple of M */
                 for (int64_t b = SEGS[si]; b < nexp; b += SEGS[si])
                     if ((b * CHUNK) % M != 0) {
@@ -970,12 +983,14 @@ static void test_segments(void) {
         g_segment_chunks = 0;
         CHECK(run_seq(segmented_fn, &s, 5, 0.25, 1, o, st, h) == GDP_STATUS_INVALID_ARGUMENT,
               "segments: segment_chunks 0 accepted");
+        CHECK(run_seq(corrected_fn, &s, 5, 0.25, 1, o, st, h) == GDP_STATUS_INVALID_ARGUMENT,
+              "segments, corrected: segment_chunks 0 accepted");
         CHECK(strstr(gdp_last_error(), "segment_chunks is 0") != NULL, "segments: the refusal does not name the value: %s",
               gdp_last_error());
         seq_inputs_free(&s);
     }
     printf("exact segments: %d cases (%d with a token straddling a segment boundary, %d with several segments), "
-           "segmented vs recurrence and chunked within %.0e\n",
+           "segmented vs recurrence and chunked, corrected vs recurrence, within %.0e\n",
            cases, straddling, multi, DOUBLE_BAR);
 }
 

@@ -9,6 +9,10 @@ and the accuracy of a design before it is written.
   chunk_model.py fused FILE...    the fused kernel's rounding points (fused.cuh) vs a golden file
   chunk_model.py splitN FILE...   the same with the exact in-GPU split, segments of N chunks (local
                                   pass, transfer pass, fp32 fix-up, main pass), also vs unsplit
+  chunk_model.py corrN FILE...    the split in the Hopper kernel's order since the twenty-seventh
+                                  session: the local and transfer passes with their outputs (o^G and
+                                  O^F, 16-bit), the fp32 fix-up, then o = bf(o^G + bf(O^F) bf(S_j))
+                                  instead of the main pass, also vs unsplit
 """
 import json, struct, sys
 import numpy as np
@@ -175,10 +179,11 @@ def fused_head(qq, kk, vv, bb, Gk, S0, L, M, scale, seg_starts=None):
     return o, hs, S, exits
 
 
-def fused_model(q, k, v, g, beta, h0, cu, M, scale, l2, seg=0):
+def fused_model(q, k, v, g, beta, h0, cu, M, scale, l2, seg=0, corrected=False):
     """The fused kernel over every sequence and head; seg > 0: the exact split with segments of
     seg chunks (local pass from zero, transfer pass from I with V = 0, fp32 fix-up in segment
-    order, main pass from the fixed entry states)."""
+    order, main pass from the fixed entry states); corrected: no main pass, the outputs of segment
+    j >= 1 corrected instead, bf(o^G + bf(O^F) bf(S_j)) with fp32 sums (hop_correct_kernel)."""
     T, H, K = q.shape
     V = v.shape[2]
     N = len(cu) - 1
@@ -192,16 +197,23 @@ def fused_model(q, k, v, g, beta, h0, cu, M, scale, l2, seg=0):
             if seg > 0 and nch > seg:
                 firsts = list(range(0, nch, seg))
                 # local pass: each segment from 0 (the first from h0); transfer pass: from I, V = 0
-                _, _, _, R = fused_head(qq, kk, vv, bb, Gk, S0, L, M, scale,
-                                        {c: (S0 if c == 0 else np.zeros((K, V), np.float32)) for c in firsts})
+                oG, _, _, R = fused_head(qq, kk, vv, bb, Gk, S0, L, M, scale,
+                                         {c: (S0 if c == 0 else np.zeros((K, V), np.float32)) for c in firsts})
                 I = np.eye(K, dtype=np.float32)
-                _, _, _, P = fused_head(qq, kk, np.zeros((L * M, K), np.float32), bb, Gk, I, L, M, scale,
-                                        {c: I for c in firsts})
+                oF, _, _, P = fused_head(qq, kk, np.zeros((L * M, K), np.float32), bb, Gk, I, L, M, scale,
+                                         {c: I for c in firsts})
                 starts, Sj = {0: S0}, R[0]
                 for j in range(1, len(firsts)):
                     starts[firsts[j]] = Sj
                     Sj = (P[j].astype(np.float64) @ Sj.astype(np.float64)).astype(np.float32) + R[j]
-                o, hs, S, _ = fused_head(qq, kk, vv, bb, Gk, S0, L, M, scale, starts)
+                if corrected:
+                    o, hs, S = oG.copy(), [], Sj
+                    for j in range(1, len(firsts)):
+                        lo, hi = firsts[j] * 64, (firsts[j + 1] * 64 if j + 1 < len(firsts) else L * M)
+                        t = np.array([t for t in range(L) if lo <= t * M + M - 1 < hi], dtype=np.int64)
+                        o[t] = bf(oG[t] + bf(oF[t]) @ bf(starts[firsts[j]]))
+                else:
+                    o, hs, S, _ = fused_head(qq, kk, vv, bb, Gk, S0, L, M, scale, starts)
             else:
                 o, hs, S, _ = fused_head(qq, kk, vv, bb, Gk, S0, L, M, scale)
             r['o'][bos:bos + L, h] = o
@@ -234,7 +246,7 @@ def main():
         T, H, K = q.shape
         V = v.shape[2]
         M = k.shape[0] // T
-        if mode in ('golden', 'fused') or mode.startswith('split'):
+        if mode in ('golden', 'fused') or mode.startswith('split') or mode.startswith('corr'):
             meta = d['__metadata__']
             scale = float(meta['scale'])
             l2 = str(meta['use_qk_l2norm_in_kernel']).lower() == 'true'
@@ -242,13 +254,15 @@ def main():
             scale, l2 = 1.0 / np.sqrt(K), True
         end, nreal = int(cu[-1]), int(co[-1])
         name = f.split('/')[-1]
-        if mode == 'fused' or mode.startswith('split'):
-            seg = int(mode[5:]) if mode.startswith('split') else 0
-            r = fused_model(q, k, v, g, beta, d['initial_state'], cu, M, scale, l2, seg)
-            cs = states_table(r, co, H, K, V, d['chunk_states_ref'].shape[0])
-            line = '%s %s: o %.2e final %.2e chunk states %.2e' % (
-                mode, name, rel(r['o'][:end], d['o_ref'][0][:end]), rel(r['final'], d['final_state_ref']),
-                rel(cs[:nreal], d['chunk_states_ref'][:nreal]))
+        if mode == 'fused' or mode.startswith('split') or mode.startswith('corr'):
+            corrected = mode.startswith('corr')
+            seg = int(mode[4:] if corrected else mode[5:]) if mode != 'fused' else 0
+            r = fused_model(q, k, v, g, beta, d['initial_state'], cu, M, scale, l2, seg, corrected)
+            line = '%s %s: o %.2e final %.2e' % (mode, name, rel(r['o'][:end], d['o_ref'][0][:end]),
+                                                 rel(r['final'], d['final_state_ref']))
+            if not corrected:
+                cs = states_table(r, co, H, K, V, d['chunk_states_ref'].shape[0])
+                line += ' chunk states %.2e' % rel(cs[:nreal], d['chunk_states_ref'][:nreal])
             if seg > 0:
                 u = fused_model(q, k, v, g, beta, d['initial_state'], cu, M, scale, l2, 0)
                 line += '; vs unsplit: o %.2e final %.2e' % (rel(r['o'][:end], u['o'][:end]), rel(r['final'], u['final']))

@@ -41,8 +41,9 @@ typedef struct seg_ctx {
 
 /* Chunk c applied to the K x W state S in place. Values: column v_col0 + j of row r is v[r][j]
  * (j < V), every other column 0 (the augmented pass: v_col0 = K, W = K + V; the real pass:
- * v_col0 = 0, W = V). o != NULL: the outputs of the tokens whose last copy lies in the chunk. */
-static void seg_chunk(const seg_ctx *x, int64_t c, double *S, int64_t W, int64_t v_col0, double *o) {
+ * v_col0 = 0, W = V; the map F alone: v_col0 = W = K). o != NULL: the outputs of the tokens whose
+ * last copy lies in the chunk, of S's first o_cols columns (rows of o_cols in o). */
+static void seg_chunk(const seg_ctx *x, int64_t c, double *S, int64_t W, int64_t v_col0, double *o, int64_t o_cols) {
     const gdp_cpu_seq_head *p = x->p;
     const int64_t M = p->num_householder, K = p->key_dim, V = p->value_dim, LM = p->len * M;
     const int64_t lo = c * CHUNK, n = LM - lo < CHUNK ? LM - lo : CHUNK;
@@ -70,16 +71,16 @@ static void seg_chunk(const seg_ctx *x, int64_t c, double *S, int64_t W, int64_t
                 vr[j] -= ars * vn[s * W + j];
         }
     }
-    /* the outputs, from the state entering the chunk (W == V here) */
+    /* the outputs, from the state entering the chunk */
     if (o != NULL) {
         for (int64_t t = lo / M; t <= (lo + n - 1) / M; t++) {
             const int64_t rt = t * M + M - 1 - lo; /* the token's last copy: a row of this chunk? */
             if (rt >= n)
                 continue;
             const double *qt = p->q + t * K;
-            double *ot = p->o + t * V;
+            double *ot = o + t * o_cols;
             const double inter = exp2(gc[rt]);
-            for (int64_t j = 0; j < V; j++) {
+            for (int64_t j = 0; j < o_cols; j++) {
                 double qs = 0.0;
                 for (int64_t d = 0; d < K; d++)
                     qs += qt[d] * S[d * W + j];
@@ -87,10 +88,10 @@ static void seg_chunk(const seg_ctx *x, int64_t c, double *S, int64_t W, int64_t
             }
             for (int64_t s = 0; s <= rt; s++) {
                 const double w = exp2(gc[rt] - gc[s]) * gdp_cpu_dot(qt, kc + s * K, K);
-                for (int64_t j = 0; j < V; j++)
+                for (int64_t j = 0; j < o_cols; j++)
                     ot[j] += w * vn[s * W + j];
             }
-            for (int64_t j = 0; j < V; j++)
+            for (int64_t j = 0; j < o_cols; j++)
                 ot[j] *= p->scale;
         }
     }
@@ -138,7 +139,7 @@ gdp_status_t gdp_cpu_segmented_seq_head(const gdp_cpu_seq_head *p, int64_t segme
         for (int64_t d = 0; d < K; d++)
             X[d * W + d] = 1.0;
         for (int64_t c = j * segment_chunks; c < (j + 1) * segment_chunks; c++)
-            seg_chunk(&x, c, X, W, K, NULL);
+            seg_chunk(&x, c, X, W, K, NULL, 0);
     }
     /* 2. the fix-up scan over segments: S_(j+1) = F_j S_j + G_j */
     memcpy(starts, p->state, (size_t)(K * V) * sizeof(double));
@@ -161,7 +162,7 @@ gdp_status_t gdp_cpu_segmented_seq_head(const gdp_cpu_seq_head *p, int64_t segme
         for (int64_t c = j * segment_chunks; c < c_end; c++) {
             if (c % M == 0) /* expanded chunk cM starts token chunk c / M */
                 memcpy(p->chunk_states + (c / M) * K * V, S, (size_t)(K * V) * sizeof(double));
-            seg_chunk(&x, c, S, V, 0, p->o);
+            seg_chunk(&x, c, S, V, 0, p->o, V);
         }
     }
 
@@ -171,5 +172,99 @@ done:
     free(vn);
     free(fg);
     free(starts);
+    return st;
+}
+
+/* The GPU split's order (kernels/chunk/hopper.cuh, "the exact segment split"): outputs by correction.
+ * By linearity the outputs of a segment from its entering state S are o = o^G + O^F S, with o^G the
+ * segment's outputs from S = 0 (the run that also gives the map G) and O^F (a row of K a token) its
+ * outputs from S = I with the values taken as 0 (the run that also gives the map F). So:
+ *   1. segment 0 from the initial state: its outputs, and S_1;
+ *   2. every segment j >= 1, independently: G_j with o^G (written into o), and F_j with O^F;
+ *   3. the fix-up scan S_(j+1) = F_j S_j + G_j (the last is the final state);
+ *   4. o_t += O^F_t S_j over the tokens of every segment j >= 1.
+ * Each sequence's chunks are run about twice, in pieces that run side by side, instead of three
+ * times (the augmented maps and the second pass above). Chunk states are not formed (the GPU runs
+ * its second pass where they are asked). */
+gdp_status_t gdp_cpu_segmented_corrected_seq_head(const gdp_cpu_seq_head *p, int64_t segment_chunks) {
+    const int64_t L = p->len, M = p->num_householder, K = p->key_dim, V = p->value_dim, LM = L * M;
+    if (segment_chunks < 1)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "segment_chunks is %lld; a segment holds at least one chunk",
+                 (long long)segment_chunks);
+    if (L == 0)
+        return GDP_STATUS_SUCCESS;
+    const int64_t nexp = ceil_div(LM, CHUNK), nseg = ceil_div(nexp, segment_chunks), W = K > V ? K : V;
+
+    gdp_status_t st = GDP_STATUS_SUCCESS;
+    double *gk = gdp_calloc((size_t)LM, sizeof(double), "segments Gk");
+    double *a = gdp_calloc((size_t)(CHUNK * CHUNK), sizeof(double), "segments A");
+    double *vn = gdp_calloc((size_t)(CHUNK * W), sizeof(double), "segments v_new");
+    double *fmaps = gdp_calloc((size_t)(nseg * K * K), sizeof(double), "segments maps F");
+    double *gmaps = gdp_calloc((size_t)(nseg * K * V), sizeof(double), "segments maps G");
+    double *starts = gdp_calloc((size_t)(nseg * K * V), sizeof(double), "segments entering states");
+    double *of = gdp_calloc((size_t)(L * K), sizeof(double), "segments O^F");
+    if (gk == NULL || a == NULL || vn == NULL || fmaps == NULL || gmaps == NULL || starts == NULL || of == NULL) {
+        st = GDP_STATUS_SYSTEM_ERROR;
+        goto done;
+    }
+    for (int64_t j = 0; j < LM; j++)
+        gk[j] = j % M == 0 ? p->g[j / M] : 0.0;
+    gdp_cpu_local_cumsum(gk, LM, p->log2e, gk);
+    const seg_ctx x = {p, gk, a, vn};
+    const int64_t seg0_end = segment_chunks < nexp ? segment_chunks : nexp;
+
+    /* 1. segment 0 from the initial state */
+    memcpy(starts, p->state, (size_t)(K * V) * sizeof(double));
+    for (int64_t c = 0; c < seg0_end; c++)
+        seg_chunk(&x, c, starts, V, 0, p->o, V);
+    /* 2. the maps of every later segment, with their outputs' parts */
+    for (int64_t j = 1; j < nseg; j++) {
+        const int64_t c_end = (j + 1) * segment_chunks < nexp ? (j + 1) * segment_chunks : nexp;
+        double *F = fmaps + j * K * K, *G = gmaps + j * K * V;
+        for (int64_t d = 0; d < K; d++)
+            F[d * K + d] = 1.0;
+        for (int64_t c = j * segment_chunks; c < c_end; c++) {
+            seg_chunk(&x, c, G, V, 0, p->o, V);
+            seg_chunk(&x, c, F, K, K, of, K);
+        }
+    }
+    /* 3. the fix-up: starts[0] holds S_1 (segment 0's end), then S_(j+1) = F_j S_j + G_j */
+    for (int64_t j = 1; j < nseg; j++) {
+        const double *F = fmaps + j * K * K, *G = gmaps + j * K * V, *Sj = starts + (j - 1) * K * V;
+        double *Sn = starts + j * K * V;
+        for (int64_t d = 0; d < K; d++)
+            for (int64_t e = 0; e < V; e++) {
+                double s = G[d * V + e];
+                for (int64_t i = 0; i < K; i++)
+                    s += F[d * K + i] * Sj[i * V + e];
+                Sn[d * V + e] = s;
+            }
+    }
+    memcpy(p->state, starts + (nseg - 1) * K * V, (size_t)(K * V) * sizeof(double));
+    /* 4. the correction: segment j's tokens (their last copy in its chunks) take O^F S_j, S_j = starts[j - 1] */
+    for (int64_t j = 1; j < nseg; j++) {
+        const double *Sj = starts + (j - 1) * K * V;
+        const int64_t lo = j * segment_chunks * CHUNK, hi = (j + 1) * segment_chunks * CHUNK;
+        for (int64_t t = 0; t < L; t++) {
+            const int64_t last = t * M + M - 1;
+            if (last < lo || last >= hi)
+                continue;
+            for (int64_t e = 0; e < V; e++) {
+                double s = 0.0;
+                for (int64_t d = 0; d < K; d++)
+                    s += of[t * K + d] * Sj[d * V + e];
+                p->o[t * V + e] += s;
+            }
+        }
+    }
+
+done:
+    free(gk);
+    free(a);
+    free(vn);
+    free(fmaps);
+    free(gmaps);
+    free(starts);
+    free(of);
     return st;
 }

@@ -78,6 +78,10 @@ gdp_status_t gdp_cpu_recurrent_seq_head(const gdp_cpu_seq_head *p);
  * fix-up scan S_(j+1) = F_j S_j + G_j, then every segment from its entering state. In double; the
  * oracle of the in-GPU segment split (issue 13 item 2). INVALID_ARGUMENT for segment_chunks < 1. */
 gdp_status_t gdp_cpu_segmented_seq_head(const gdp_cpu_seq_head *p, int64_t segment_chunks);
+/* The same split in the GPU's order: segment 0 from the initial state, every later segment's maps F
+ * and G with their outputs' parts O^F and o^G, the fix-up scan, then o = o^G + O^F S_j (no second
+ * pass; chunk_states is not written). The same refusal. */
+gdp_status_t gdp_cpu_segmented_corrected_seq_head(const gdp_cpu_seq_head *p, int64_t segment_chunks);
 
 /* The varlen op on host tensors, shared by gdp_chunk_gated_delta_product_varlen and
  * gdp_gated_delta_product_recurrent_ref: gathers each (sequence, head) into double rows
