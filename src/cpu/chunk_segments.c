@@ -109,11 +109,26 @@ static void seg_chunk(const seg_ctx *x, int64_t c, double *S, int64_t W, int64_t
     }
 }
 
-gdp_status_t gdp_cpu_segmented_seq_head(const gdp_cpu_seq_head *p, int64_t segment_chunks) {
-    const int64_t L = p->len, M = p->num_householder, K = p->key_dim, V = p->value_dim, LM = L * M;
+/* The refusal both orders share. */
+static gdp_status_t seg_check(int64_t segment_chunks) {
     if (segment_chunks < 1)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "segment_chunks is %lld; a segment holds at least one chunk",
                  (long long)segment_chunks);
+    return GDP_STATUS_SUCCESS;
+}
+
+/* The expanded stream's chunk-local base-2 cumsum of the decays into gk (L M): copy 0 of a token
+ * carries its g, the other copies 0. */
+static void seg_gk(const gdp_cpu_seq_head *p, double *gk) {
+    const int64_t M = p->num_householder, LM = p->len * M;
+    for (int64_t j = 0; j < LM; j++)
+        gk[j] = j % M == 0 ? p->g[j / M] : 0.0;
+    gdp_cpu_local_cumsum(gk, LM, p->log2e, gk);
+}
+
+gdp_status_t gdp_cpu_segmented_seq_head(const gdp_cpu_seq_head *p, int64_t segment_chunks) {
+    const int64_t L = p->len, M = p->num_householder, K = p->key_dim, V = p->value_dim, LM = L * M;
+    GDP_CHECK(seg_check(segment_chunks));
     if (L == 0)
         return GDP_STATUS_SUCCESS; /* no chunk: the state passes through unchanged */
     const int64_t nexp = ceil_div(LM, CHUNK), nseg = ceil_div(nexp, segment_chunks), W = K + V;
@@ -128,9 +143,7 @@ gdp_status_t gdp_cpu_segmented_seq_head(const gdp_cpu_seq_head *p, int64_t segme
         st = GDP_STATUS_SYSTEM_ERROR;
         goto done;
     }
-    for (int64_t j = 0; j < LM; j++)
-        gk[j] = j % M == 0 ? p->g[j / M] : 0.0;
-    gdp_cpu_local_cumsum(gk, LM, p->log2e, gk);
+    seg_gk(p, gk);
     const seg_ctx x = {p, gk, a, vn};
 
     /* 1. each segment's transfer map [F | G], from [I | 0] with the values [0 | V] */
@@ -188,9 +201,7 @@ done:
  * its second pass where they are asked). */
 gdp_status_t gdp_cpu_segmented_corrected_seq_head(const gdp_cpu_seq_head *p, int64_t segment_chunks) {
     const int64_t L = p->len, M = p->num_householder, K = p->key_dim, V = p->value_dim, LM = L * M;
-    if (segment_chunks < 1)
-        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "segment_chunks is %lld; a segment holds at least one chunk",
-                 (long long)segment_chunks);
+    GDP_CHECK(seg_check(segment_chunks));
     if (L == 0)
         return GDP_STATUS_SUCCESS;
     const int64_t nexp = ceil_div(LM, CHUNK), nseg = ceil_div(nexp, segment_chunks), W = K > V ? K : V;
@@ -207,9 +218,7 @@ gdp_status_t gdp_cpu_segmented_corrected_seq_head(const gdp_cpu_seq_head *p, int
         st = GDP_STATUS_SYSTEM_ERROR;
         goto done;
     }
-    for (int64_t j = 0; j < LM; j++)
-        gk[j] = j % M == 0 ? p->g[j / M] : 0.0;
-    gdp_cpu_local_cumsum(gk, LM, p->log2e, gk);
+    seg_gk(p, gk);
     const seg_ctx x = {p, gk, a, vn};
     const int64_t seg0_end = segment_chunks < nexp ? segment_chunks : nexp;
 
