@@ -332,6 +332,8 @@ static void usage(FILE *f) {
             "  --no-preempt            never preempt; --preempt-after N: decode steps before a request may be (16)\n"
             "  --preempt-wait-ms MS    a waiting request's turn comes (a running one is swapped out for it) after\n"
             "                          waiting this long for a slot; 0 = at once (2000)\n"
+            "  --swap-memory device|host  where a preempted request's state waits on CUDA: device memory\n"
+            "                          (copies in stream order, no host wait) or pinned host memory (device)\n"
             "  --schedule fcfs|shortest  admission order of waiting requests: arrival, or shortest prompt first\n"
             "                          (shortest)\n"
             "  --schedule-age-ms MS    with shortest: a request that waited this long goes first, in arrival\n"
@@ -462,6 +464,7 @@ static int parse_args(int argc, char **argv, options *o) {
         INT_OPT("--preempt-wait-ms", 0, 1 << 30, o->engine.preempt_wait_ms)
         INT_OPT("--schedule-age-ms", 0, 1 << 30, o->engine.schedule_age_ms)
         CHOICE_OPT("--schedule", "fcfs", GDP_SCHEDULE_FCFS, "shortest", GDP_SCHEDULE_SHORTEST, o->engine.schedule)
+        CHOICE_OPT("--swap-memory", "host", 0, "device", 1, o->engine.swap_on_device)
         CHOICE_OPT("--ssm-state", "fp32", GDP_DTYPE_FP32, "bf16", GDP_DTYPE_BF16, o->engine.ssm_dtype)
         INT_OPT("--max-candidates", 1, GDP_SAMPLING_MAX_CANDIDATES, o->engine.max_candidates)
         INT_OPT("--progress", 0, 3600, o->engine.progress)

@@ -402,7 +402,7 @@ gdp_status_t gdp_cache_swap_bytes(gdp_cache_t cache, size_t *bytes) {
     return GDP_STATUS_SUCCESS;
 }
 
-/* One copy between the cache's memory and host memory, queued on the cache's stream. */
+/* One copy between the cache's memory and the swap buffer, queued on the cache's stream. */
 static gdp_status_t swap_copy(const struct gdp_cache *c, void *dst, const void *src, size_t bytes) {
 #ifdef GDP_HAVE_CUDA
     if (c->ctx->backend == GDP_BACKEND_CUDA) {
@@ -416,31 +416,40 @@ static gdp_status_t swap_copy(const struct gdp_cache *c, void *dst, const void *
     return GDP_STATUS_SUCCESS;
 }
 
-static gdp_status_t swap_wait(const struct gdp_cache *c) {
+/* The wait after a swap's copies: none when buf is device memory (its copies are ordered on the
+ * stream before anything queued after them, and no host code touches buf), else one stream wait,
+ * so that a host buffer holds the state (or may be reused) when the call returns. */
+static gdp_status_t swap_wait(const struct gdp_cache *c, const void *buf) {
 #ifdef GDP_HAVE_CUDA
     if (c->ctx->backend == GDP_BACKEND_CUDA) {
-        const cudaError_t err = cudaStreamSynchronize((cudaStream_t)c->ctx->stream);
+        struct cudaPointerAttributes attr;
+        cudaError_t err = cudaPointerGetAttributes(&attr, buf);
+        if (err == cudaSuccess && attr.type == cudaMemoryTypeDevice)
+            return GDP_STATUS_SUCCESS;
+        (void)cudaGetLastError(); /* a pointer the runtime does not know is host memory: not an error */
+        err = cudaStreamSynchronize((cudaStream_t)c->ctx->stream);
         if (err != cudaSuccess)
             GDP_CUDA_FAIL(err, "gdp_cache_swap: waiting for the copies failed");
     }
 #endif
     (void)c;
+    (void)buf;
     return GDP_STATUS_SUCCESS;
 }
 
-/* Row `row` of every layer's ssm and conv buffers (ssm_set, conv_set) to the host buffer
- * (to_host) or back, layer by layer, ssm then conv; then the one wait. */
+/* Row `row` of every layer's ssm and conv buffers (ssm_set, conv_set) to the swap buffer
+ * (to_buf) or back, layer by layer, ssm then conv; then the wait (swap_wait). */
 static gdp_status_t swap_state(const struct gdp_cache *c, void *const *ssm_set, void *const *conv_set, size_t row,
-                               void *buf, bool to_host) {
-    char *host = buf;
+                               void *buf, bool to_buf) {
+    char *at = buf;
     for (int32_t l = 0; l < c->cfg.num_layers; l++) {
         char *ssm = (char *)ssm_set[l] + row * c->ssm_bytes, *conv = (char *)conv_set[l] + row * c->conv_bytes;
-        GDP_CHECK(swap_copy(c, to_host ? host : ssm, to_host ? ssm : host, c->ssm_bytes));
-        host += c->ssm_bytes;
-        GDP_CHECK(swap_copy(c, to_host ? host : conv, to_host ? conv : host, c->conv_bytes));
-        host += c->conv_bytes;
+        GDP_CHECK(swap_copy(c, to_buf ? at : ssm, to_buf ? ssm : at, c->ssm_bytes));
+        at += c->ssm_bytes;
+        GDP_CHECK(swap_copy(c, to_buf ? at : conv, to_buf ? conv : at, c->conv_bytes));
+        at += c->conv_bytes;
     }
-    return swap_wait(c);
+    return swap_wait(c, buf);
 }
 
 gdp_status_t gdp_cache_swap_out(gdp_cache_t cache, int32_t slot, int32_t pending_S, int32_t keep, void *buf) {
@@ -448,7 +457,8 @@ gdp_status_t gdp_cache_swap_out(gdp_cache_t cache, int32_t slot, int32_t pending
     GDP_CHECK(gdp_cache_check_handle(cache, op));
     struct gdp_cache *c = cache;
     if (buf == NULL)
-        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: buf is NULL; pass gdp_cache_swap_bytes bytes of host memory", op);
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: buf is NULL; pass gdp_cache_swap_bytes bytes of host memory (or, on CUDA, device memory)", op);
     if (slot < 0 || slot >= c->cfg.n_slots || !c->slot_used[slot])
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: slot %d is %s; swap out a claimed slot of [0, %d)", op, slot,
                  slot < 0 || slot >= c->cfg.n_slots ? "out of range" : "free", c->cfg.n_slots);

@@ -103,7 +103,7 @@ gdp_status_t gdp_engine_config_default(gdp_engine_config *cfg) {
                                .schedule_age_ms = 2000, .max_candidates = 256,
                                .cuda_graphs = 1, .honor_arrivals = 1, .progress = 1, .check_requests = 0,
                                .debug_check = 0, .overlap = 1, .graphs_at_init = 1,
-                               .ssm_dtype = GDP_DTYPE_FP32};
+                               .ssm_dtype = GDP_DTYPE_FP32, .swap_on_device = 1};
     return GDP_STATUS_SUCCESS;
 }
 
@@ -132,6 +132,10 @@ static gdp_status_t validate_config(const gdp_engine_config *c, const char *op) 
     if (c->max_prefill_requests < 0)
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: config.max_prefill_requests is %d; use >= 1, or 0 for n_slots",
                  op, c->max_prefill_requests);
+    if (c->swap_on_device != 0 && c->swap_on_device != 1)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: config.swap_on_device is %d; use 1 (preempted states in device memory) or 0 (pinned host "
+                 "memory)", op, c->swap_on_device);
     if (c->preempt && (c->preempt_after < 1 || c->preempt_wait_ms < 0))
         GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
                  "%s: config.preempt_after is %d and preempt_wait_ms %d; use >= 1 decode step and >= 0 ms", op,
@@ -188,7 +192,11 @@ static void host_free(const struct gdp_engine *e, void *p) {
 
 /* ---- swaps: the frame's swap-outs and swap-ins through the cache's swap API -------------- */
 
-/* The host buffer of swap id `id`, allocated on first use (ids are dense, chosen by the root). */
+/* Whether the swap buffers are device memory (CUDA with config.swap_on_device): the cache's swaps
+ * then copy device to device in stream order and the host waits for none of them. */
+static bool swap_on_device(const struct gdp_engine *e) { return on_cuda(e) && e->cfg.swap_on_device; }
+
+/* The buffer of swap id `id`, allocated on first use (ids are dense, chosen by the root). */
 static gdp_status_t swap_buffer(struct gdp_engine *e, int32_t id, char **out) {
     if (id < 0 || id > e->n_swap_bufs)
         GDP_FAIL(GDP_STATUS_INTERNAL_ERROR, "engine: swap buffer id %d skips ahead of the %d allocated", id,
@@ -199,7 +207,10 @@ static gdp_status_t swap_buffer(struct gdp_engine *e, int32_t id, char **out) {
             GDP_FAIL(GDP_STATUS_SYSTEM_ERROR, "engine: out of memory for the swap buffer list");
         e->swap_bufs = list;
         void *buf = NULL;
-        GDP_CHECK(host_alloc(e, e->swap_bytes, &buf, "a preempted request's swapped state"));
+        if (swap_on_device(e))
+            GDP_CHECK(gdp_buf_alloc(e->ctx, e->swap_bytes, &buf, "a preempted request's swapped state"));
+        else
+            GDP_CHECK(host_alloc(e, e->swap_bytes, &buf, "a preempted request's swapped state"));
         list[id] = buf;
         e->n_swap_bufs++;
     }
@@ -596,8 +607,12 @@ static void engine_destroy(struct gdp_engine *e) {
     }
     free(e->logits);
     free(e->logit_rows);
-    for (int32_t i = 0; i < e->n_swap_bufs; i++)
-        host_free(e, e->swap_bufs[i]);
+    for (int32_t i = 0; i < e->n_swap_bufs; i++) {
+        if (swap_on_device(e))
+            gdp_buf_free(e->ctx, e->swap_bufs[i]);
+        else
+            host_free(e, e->swap_bufs[i]);
+    }
     free(e->swap_bufs);
     e->magic = e->magic_end = 0;
     free(e);

@@ -36,7 +36,9 @@
  *
  *   --backend cuda (gpu;mpi): the same comparisons with the CUDA backend at TP = ranks
  *     (bars: logits 5e-2, exact only for graphs on/off), plus a CUDA TP = 1 and a CPU TP = 1
- *     run on rank 0 against it. Exits 77 on every rank without a GPU.
+ *     run on rank 0 against it; the preempt variant's swaps through device memory (the
+ *     default) and through pinned host memory bit for bit equal. Exits 77 on every rank
+ *     without a GPU.
  * Failures are summed over the ranks, so every rank exits the same way.
  */
 #include <math.h>
@@ -318,7 +320,7 @@ static void units_model(long job) {
     /* engine config errors, one process */
     gdp_engine_config ec;
     CHECK_OK(gdp_engine_config_default(&ec));
-    struct { gdp_engine_config c; const char *want; } cases[6];
+    struct { gdp_engine_config c; const char *want; } cases[7];
     const int n_cases = (int)(sizeof cases / sizeof cases[0]);
     for (int i = 0; i < n_cases; i++)
         cases[i].c = ec;
@@ -328,6 +330,7 @@ static void units_model(long job) {
     cases[3].c.n_slots = 0, cases[3].want = "n_slots is 0";
     cases[4].c.schedule = 7, cases[4].want = "schedule is 7";
     cases[5].c.schedule_age_ms = -1, cases[5].want = "schedule_age_ms -1";
+    cases[6].c.swap_on_device = 2, cases[6].want = "swap_on_device is 2";
     for (int i = 0; i < n_cases; i++) {
         gdp_engine_t e = (gdp_engine_t)&mw;
         CHECK_STATUS(gdp_engine_init(&e, ctx, NULL, m, &cases[i].c), GDP_STATUS_INVALID_ARGUMENT);
@@ -418,31 +421,32 @@ typedef struct variant {
     int32_t     stops;      /* the greedy stop workload: stop ids, max_new_tokens 1 on some */
     int32_t     vs;         /* > 0: compared with this variant instead */
     int32_t     fcfs;       /* config.schedule FCFS instead of the default (shortest prompt first) */
+    int32_t     host_swap;  /* config.swap_on_device 0: preempted states in pinned host memory (CUDA) */
 } variant;
 
 #define FIRST_STOPS 14 /* the first variant of the stop workload */
 static const variant k_variants[] = {
-    {"base", 16, 64, 0, 0, 1, 0, MATCH_BITWISE, 0, 0, 0, 0, 0},
-    {"preempt", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 0, 0, 0, 0, 0},
-    {"no-graphs", 16, 64, 0, 0, 0, 0, MATCH_BITWISE, 0, 0, 0, 0, 0},
-    {"arrivals", 16, 64, 0, 0, 1, 1, MATCH_TOKENS, 0, 0, 0, 0, 0},
-    {"drafts", 16, 64, 3, 0, 1, 0, MATCH_TOKENS, 0, 0, 0, 0, 0},
-    {"drafts+preempt", 3, 64, 3, 1, 1, 0, MATCH_TOKENS, 0, 0, 0, 0, 0},
-    {"whole", 16, 0, 0, 0, 1, 0, MATCH_MARGIN, 0, 0, 0, 0, 0},
-    {"slices-128", 16, 128, 0, 0, 1, 0, MATCH_MARGIN, 0, 0, 0, 0, 0},
-    {"sampled", 16, 64, 0, 0, 1, 0, MATCH_TOKENS, 1, 0, 0, 0, 0},
-    {"sampled+preempt", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 1, 0, 0, 0, 0},
-    {"sampled+drafts", 16, 64, 3, 0, 0, 1, MATCH_TOKENS, 1, 0, 0, 0, 0},
+    {"base", 16, 64, 0, 0, 1, 0, MATCH_BITWISE, 0, 0, 0, 0, 0, 0},
+    {"preempt", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 0, 0, 0, 0, 0, 0},
+    {"no-graphs", 16, 64, 0, 0, 0, 0, MATCH_BITWISE, 0, 0, 0, 0, 0, 0},
+    {"arrivals", 16, 64, 0, 0, 1, 1, MATCH_TOKENS, 0, 0, 0, 0, 0, 0},
+    {"drafts", 16, 64, 3, 0, 1, 0, MATCH_TOKENS, 0, 0, 0, 0, 0, 0},
+    {"drafts+preempt", 3, 64, 3, 1, 1, 0, MATCH_TOKENS, 0, 0, 0, 0, 0, 0},
+    {"whole", 16, 0, 0, 0, 1, 0, MATCH_MARGIN, 0, 0, 0, 0, 0, 0},
+    {"slices-128", 16, 128, 0, 0, 1, 0, MATCH_MARGIN, 0, 0, 0, 0, 0, 0},
+    {"sampled", 16, 64, 0, 0, 1, 0, MATCH_TOKENS, 1, 0, 0, 0, 0, 0},
+    {"sampled+preempt", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 1, 0, 0, 0, 0, 0},
+    {"sampled+drafts", 16, 64, 3, 0, 0, 1, MATCH_TOKENS, 1, 0, 0, 0, 0, 0},
     /* overlap (the default above) vs one step at a time: the same schedule where no request
      * stops early; a stop id frees its slot one step later when overlapping */
-    {"no-overlap", 16, 64, 0, 0, 1, 0, MATCH_BITWISE, 0, 1, 0, 0, 0},
-    {"preempt no-overlap", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 0, 1, 0, 0, 0},
-    {"sampled no-overlap", 16, 64, 0, 0, 1, 0, MATCH_TOKENS, 1, 1, 0, 0, 0},
-    {"stops", 4, 64, 0, 0, 1, 0, MATCH_TOKENS, 0, 0, 1, 0, 0},
-    {"stops no-overlap", 4, 64, 0, 0, 1, 0, MATCH_TOKENS, 0, 1, 1, FIRST_STOPS, 0},
-    {"stops no-graphs", 4, 64, 0, 0, 0, 0, MATCH_TOKENS, 0, 0, 1, FIRST_STOPS, 0},
+    {"no-overlap", 16, 64, 0, 0, 1, 0, MATCH_BITWISE, 0, 1, 0, 0, 0, 0},
+    {"preempt no-overlap", 3, 64, 0, 1, 1, 0, MATCH_TOKENS, 0, 1, 0, 0, 0, 0},
+    {"sampled no-overlap", 16, 64, 0, 0, 1, 0, MATCH_TOKENS, 1, 1, 0, 0, 0, 0},
+    {"stops", 4, 64, 0, 0, 1, 0, MATCH_TOKENS, 0, 0, 1, 0, 0, 0},
+    {"stops no-overlap", 4, 64, 0, 0, 1, 0, MATCH_TOKENS, 0, 1, 1, FIRST_STOPS, 0, 0},
+    {"stops no-graphs", 4, 64, 0, 0, 0, 0, MATCH_TOKENS, 0, 0, 1, FIRST_STOPS, 0, 0},
     /* arrival order instead of shortest first: another admission order, the same tokens */
-    {"fcfs", 3, 64, 0, 0, 1, 0, MATCH_TOKENS, 0, 0, 0, 0, 1},
+    {"fcfs", 3, 64, 0, 0, 1, 0, MATCH_TOKENS, 0, 0, 0, 0, 1, 0},
 };
 #define FIRST_SAMPLED 8
 #define STOP_A 5
@@ -513,6 +517,7 @@ static void engine_config(const variant *v, gdp_engine_config *c) {
     c->overlap = !v->no_overlap;
     if (v->fcfs)
         c->schedule = GDP_SCHEDULE_FCFS;
+    c->swap_on_device = !v->host_swap;
 }
 
 /* The checkpoint at path and its model on ctx (comm: the model's TP group; NULL for TP = 1). */
@@ -942,11 +947,17 @@ static void gpu_variants(const char *path) {
     g_bar = BAR_GPU;
     static const int k_gpu[] = {0, 1, 2, 4, 6, 8, 9}; /* base, preempt, no-graphs, drafts, whole, sampled x2 */
     enum { N_GPU = sizeof k_gpu / sizeof k_gpu[0] };
-    result cuda[N_GPU], cuda1, cpu1;
+    result cuda[N_GPU], cuda1, cpu1, host_swapped;
     memset(&cuda1, 0, sizeof cuda1), memset(&cpu1, 0, sizeof cpu1);
     for (int k = 0; k < N_GPU; k++)
         run_variant(path, g_size > 1 ? MPI_COMM_WORLD : MPI_COMM_NULL, &k_variants[k_gpu[k]], GDP_BACKEND_CUDA,
                     &cuda[k]);
+    /* the preempt variant again with its swaps through pinned host memory instead of device memory (the
+     * default): the same schedule and the same bytes moved, so the same tokens and margins bit for bit */
+    variant host_swap = k_variants[k_gpu[1]];
+    host_swap.name = "preempt host-swap";
+    host_swap.host_swap = 1;
+    run_variant(path, g_size > 1 ? MPI_COMM_WORLD : MPI_COMM_NULL, &host_swap, GDP_BACKEND_CUDA, &host_swapped);
     if (g_rank == 0 && g_size > 1) {
         run_variant(path, MPI_COMM_NULL, &k_variants[0], GDP_BACKEND_CUDA, &cuda1);
         run_variant(path, MPI_COMM_NULL, &k_variants[0], GDP_BACKEND_CPU, &cpu1);
@@ -957,6 +968,8 @@ static void gpu_variants(const char *path) {
     printf("# CUDA, tp %d, logit bar %.0e x max|logit|:\n", g_size, g_bar);
     for (int k = 0; k < N_GPU; k++)
         check_result(k_variants[k_gpu[k]].name, &k_variants[k_gpu[k]], &cuda[k]);
+    check_result(host_swap.name, &host_swap, &host_swapped);
+    compare("cuda: preempt (device swaps) vs preempt host-swap", &cuda[1], &host_swapped, MATCH_BITWISE);
     for (int k = 1; k < 5; k++) {
         char what[96];
         snprintf(what, sizeof what, "cuda tp %d: base vs %s", g_size, k_variants[k_gpu[k]].name);

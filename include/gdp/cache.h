@@ -85,16 +85,20 @@ GDP_API gdp_status_t gdp_cache_slot_in_use(gdp_cache_t cache, int32_t slot, int3
 GDP_API gdp_status_t gdp_cache_snapshot_saved(gdp_cache_t cache, int32_t snapshot, int32_t *saved);
 
 /* Swapping a slot's state to memory outside the cache and back (preemption). Between steps,
- * identically on every rank (each rank moves its own share). The buffer is host memory
- * (pinned memory makes the copies on CUDA run at full speed) of gdp_cache_swap_bytes:
- * every layer's ssm then conv state, layer by layer.
+ * identically on every rank (each rank moves its own share). The buffer holds
+ * gdp_cache_swap_bytes: every layer's ssm then conv state, layer by layer. It is host memory
+ * (pinned memory makes the copies on CUDA run at full speed) or, on CUDA, device memory of the
+ * cache's device (device-to-device copies, an order of magnitude faster than over the bus).
  *   swap_out: copies slot `slot`'s state into buf; with pending_S > 0 the slot has a
  *             pending draft step of pending_S tokens of which `keep` (1..pending_S) are
  *             kept, and the state after the kept tokens is what is saved (what the accept
  *             would have made); with pending_S 0, the slot's own state. The slot stays
  *             claimed: a step's release frees it.
  *   swap_in:  claims free slot `slot` with the state in buf (no pending draft step).
- * Both wait for their copies (CUDA: on the cache's stream, after the work queued on it).
+ * On CUDA the copies are queued on the cache's stream after the work queued on it. With a host
+ * buffer both calls wait for them; with a device buffer neither waits: the stream orders the
+ * copies before any later work on it (a step that reads the swapped-in slot, a step that writes
+ * the swapped-out one), and the buffer may be reused by a later swap on the same stream.
  * Errors (nothing modified): INVALID_ARGUMENT naming the slot and its state (a free slot to
  * swap out, a claimed one to swap in, a pending draft step that does not match, NULL buf). */
 GDP_API gdp_status_t gdp_cache_swap_bytes(gdp_cache_t cache, size_t *bytes);

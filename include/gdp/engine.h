@@ -6,8 +6,8 @@
  *   - state slots from the distributed cache (cache.h), one per live request;
  *   - preemption when a request has waited preempt_wait_ms for a slot and every slot is
  *     taken: a running request's slot state (this rank's share, every layer) is swapped to
- *     pinned host memory (gdp_cache_swap_out), the slot is released, and the request resumes
- *     later from exactly that state;
+ *     device memory (CUDA, swap_on_device) or pinned host memory (gdp_cache_swap_out), the slot
+ *     is released, and the request resumes later from exactly that state;
  *   - optional draft tokens from an n-gram drafter (prompt lookup), verified against the
  *     sampled tokens in one decode step of S = 1 + drafts tokens and rolled back to the kept;
  *   - sampling on the device (greedy, temperature, top-k, top-p with per-request seeds,
@@ -115,13 +115,17 @@ typedef struct gdp_engine_config {
     gdp_dtype_t ssm_dtype;        /* the cache's recurrent state: GDP_DTYPE_FP32 (the default) or
                                      GDP_DTYPE_BF16 (half the decode step's state bytes; the
                                      drift it adds: docs/gdp-run.md, "The state dtype")          */
+    int32_t swap_on_device;       /* CUDA: 1 keeps preempted requests' states in device memory
+                                     (device-to-device copies in stream order: a swap costs the
+                                     host no wait), 0 in pinned host memory (each swap waits for
+                                     its copies). No effect on the CPU backend                  */
 } gdp_engine_config;
 
 /* gdp-run's defaults: 16 slots, 512 tokens per step, prefill chunk 256, no drafts (ngram 3),
  * preemption of requests that ran 16 decode steps for waiters that waited 2 s, shortest
  * prompt first with a 2 s age bound, 256
  * sampling candidates, graphs on (captured at init), arrivals honored, progress every second,
- * no check, no debug check, overlap on, an fp32 recurrent state. */
+ * no check, no debug check, overlap on, an fp32 recurrent state, swaps in device memory. */
 GDP_API gdp_status_t gdp_engine_config_default(gdp_engine_config *cfg);
 
 /* Creates an engine over a model (gdp_model_init with the same ctx and comm): the state

@@ -7,7 +7,9 @@
 #   option; --max-arrival raises the horizon, --no-arrivals ignores it; --max-prompt-len and
 #   --max-new-tokens lower the limits; a synthetic rate of 1e-9/s fails naming the horizon;
 #   --schedule fcfs|shortest and --schedule-age-ms run, a bad value of either is refused;
-#   --ssm-state bf16 runs and the report names the state dtype, a bad value is refused.
+#   --ssm-state bf16 runs and the report names the state dtype, a bad value is refused;
+#   --swap-memory host|device runs (on the CPU both are host memory; the report says so), a bad
+#   value is refused.
 set -uo pipefail
 mpiexec=$1 run=$2 poison=$3 dir=$4/gdp_run_options_$$
 mkdir -p "$dir"
@@ -48,6 +50,12 @@ gdp $small --workload synthetic:n=3,prompt=8-40,new=2 --ssm-state bf16 --check 0
 expect 0 "engine   : .*, bf16 ssm state" "--ssm-state bf16"
 gdp $small --ssm-state fp16
 expect 2 "--ssm-state fp16: expected fp32 or bf16" "--ssm-state fp16"
+for where in host device; do
+    gdp $small --workload synthetic:n=3,prompt=8-40,new=2 --swap-memory $where --check 0
+    expect 0 "preempt  : .*swapped to host memory" "--swap-memory $where"
+done
+gdp $small --swap-memory disk
+expect 2 "--swap-memory disk: expected host or device" "--swap-memory disk"
 
 model=$dir/model.safetensors bad=$dir/poisoned.safetensors
 gdp $small --write-model "$model"
