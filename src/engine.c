@@ -192,11 +192,11 @@ static void host_free(const struct gdp_engine *e, void *p) {
 
 /* ---- swaps: the frame's swap-outs and swap-ins through the cache's swap API -------------- */
 
-/* Whether the swap buffers are device memory (CUDA with config.swap_on_device): the cache's swaps
- * then copy device to device in stream order and the host waits for none of them. */
-static bool swap_on_device(const struct gdp_engine *e) { return on_cuda(e) && e->cfg.swap_on_device; }
-
-/* The buffer of swap id `id`, allocated on first use (ids are dense, chosen by the root). */
+/* The buffer of swap id `id`, allocated on first use (ids are dense, chosen by the root): device
+ * memory on CUDA with config.swap_on_device (the cache's swaps then copy device to device in stream
+ * order and the host waits for none of them), else, or once the device has no room for one more,
+ * pinned host memory (the cache tells the two apart itself; a run that preempts many requests may
+ * hold some of each). */
 static gdp_status_t swap_buffer(struct gdp_engine *e, int32_t id, char **out) {
     if (id < 0 || id > e->n_swap_bufs)
         GDP_FAIL(GDP_STATUS_INTERNAL_ERROR, "engine: swap buffer id %d skips ahead of the %d allocated", id,
@@ -206,10 +206,24 @@ static gdp_status_t swap_buffer(struct gdp_engine *e, int32_t id, char **out) {
         if (list == NULL)
             GDP_FAIL(GDP_STATUS_SYSTEM_ERROR, "engine: out of memory for the swap buffer list");
         e->swap_bufs = list;
+        unsigned char *dev = realloc(e->swap_dev, (size_t)(id + 1));
+        if (dev == NULL)
+            GDP_FAIL(GDP_STATUS_SYSTEM_ERROR, "engine: out of memory for the swap buffer list");
+        e->swap_dev = dev;
         void *buf = NULL;
-        if (swap_on_device(e))
-            GDP_CHECK(gdp_buf_alloc(e->ctx, e->swap_bytes, &buf, "a preempted request's swapped state"));
-        else
+        dev[id] = 0;
+        if (on_cuda(e) && e->cfg.swap_on_device) {
+            if (gdp_buf_alloc(e->ctx, e->swap_bytes, &buf, "a preempted request's swapped state") ==
+                GDP_STATUS_SUCCESS) {
+                dev[id] = 1;
+            } else {
+#ifdef GDP_HAVE_CUDA
+                (void)cudaGetLastError(); /* the failed cudaMalloc: not sticky, and handled here */
+#endif
+                e->swap_host_fallbacks++;
+            }
+        }
+        if (!dev[id])
             GDP_CHECK(host_alloc(e, e->swap_bytes, &buf, "a preempted request's swapped state"));
         list[id] = buf;
         e->n_swap_bufs++;
@@ -608,12 +622,13 @@ static void engine_destroy(struct gdp_engine *e) {
     free(e->logits);
     free(e->logit_rows);
     for (int32_t i = 0; i < e->n_swap_bufs; i++) {
-        if (swap_on_device(e))
+        if (e->swap_dev[i])
             gdp_buf_free(e->ctx, e->swap_bufs[i]);
         else
             host_free(e, e->swap_bufs[i]);
     }
     free(e->swap_bufs);
+    free(e->swap_dev);
     e->magic = e->magic_end = 0;
     free(e);
 }

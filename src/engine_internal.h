@@ -189,7 +189,9 @@ struct gdp_engine {
     int32_t          *logit_rows;
     /* swap pool (every rank) */
     char            **swap_bufs;
+    unsigned char    *swap_dev;     /* per buffer: 1 device memory, 0 host memory          */
     int32_t           n_swap_bufs;
+    int32_t           swap_host_fallbacks; /* buffers in host memory after cudaMalloc failed */
     size_t            swap_bytes;   /* one request's state on this rank                   */
     int32_t           swap_live, swap_live_peak;
     /* measured phases: eager marks; device totals of every step and of sampled steps */

@@ -185,8 +185,9 @@ gdp_status_t gdp_engine_print_report(gdp_engine_t engine, FILE *out, const char 
         fprintf(out, "#   drafts   : off\n");
     if (c->preempt)
         fprintf(out, "#   preempt  : for a request that waited %d ms for a slot, of one that ran %d decode steps; "
-                "slot state swapped to %s memory and back\n", c->preempt_wait_ms, c->preempt_after,
-                e->ctx->backend == GDP_BACKEND_CUDA && c->swap_on_device ? "device" : "host");
+                "slot state swapped to %s memory and back%s\n", c->preempt_wait_ms, c->preempt_after,
+                e->ctx->backend == GDP_BACKEND_CUDA && c->swap_on_device ? "device" : "host",
+                e->swap_host_fallbacks > 0 ? " (some to host memory: the device had no room left)" : "");
     else
         fprintf(out, "#   preempt  : off\n");
     fprintf(out, "%-22s %d\n", "requests", r->requests);
