@@ -188,7 +188,8 @@ done:
     return st;
 }
 
-/* The GPU split's order (kernels/chunk/hopper.cuh, "the exact segment split"): outputs by correction.
+/* The order of the Hopper kernel's split with outputs by correction (kernels/NOTES-chunk.md, twenty-seventh
+ * session; kernels/chunk/pending/hopper-split2.patch until it is measured and merged).
  * By linearity the outputs of a segment from its entering state S are o = o^G + O^F S, with o^G the
  * segment's outputs from S = 0 (the run that also gives the map G) and O^F (a row of K a token) its
  * outputs from S = I with the values taken as 0 (the run that also gives the map F). So:
