@@ -16,7 +16,8 @@
 # sweep and output kernels by source line; hopper the one-pass Hopper kernel's short loop (check, test,
 # rows, phases, the rows through the Python package), hopperab the same kernel against other trees (GDP_AB_SRC, colon-separated, e.g.
 # `git archive main` unpacked: all built, each tree's hopper test path, the prefill rows alternated
-# between them with the split off and on auto, this tree's staged rows and phases), hopperalone the
+# between them with the split off and on auto, this tree's staged rows and phases, then the rows as
+# one table a setting by launch/ab_table.py), hopperalone the
 # kernel with each role's math left out in turn (bench_hopper_skip1..3: what sets a chunk's period)
 # and hopperprof its ncu card by
 # source line);
@@ -326,6 +327,8 @@ if [ "$stage" = hopperab ]; then
     GDP_CHUNK_PATH=staged "./$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^prefill|rror" |
         tee -a "$out/hopper_ab.log"
     GDP_CHUNK_SEGMENT=off "./$build/examples/bench_chunk_stages" --hopper-phases 2>&1 | tee "$out/hopper_phases.log"
+    # the rows as one table a setting: medians over the rounds, each tree's ratio to this one's
+    python3 "$root/launch/ab_table.py" "$out/hopper_ab.log" | tee "$out/hopper_ab_table.md"
 fi
 if [ "$stage" = hopperalone ]; then
     # the Hopper kernel unsplit, whole and with the aux warpgroup's math, the state side's or both left
