@@ -433,11 +433,14 @@ if [ "$stage" = serve ]; then
         tee "$out/serve_mixed_old.log" || rc=1
     # swaps in device memory (the default since the twenty-seventh session) wait for nothing: a
     # waiter's turn after 200 or 100 ms instead of 2 s (tests/scripts/schedule_sim.py predicts TTFT
-    # p50 0.86x and 0.94x for a 1.13-1.15x wall), and 200 ms through pinned host memory (4.9x wall)
+    # p50 0.86x and 0.94x for a 1.13-1.15x wall; 0.86x for 1.08x with victims that ran 32 steps), and
+    # 200 ms through pinned host memory (4.9x wall)
     for w in 200 100; do
         { echo "## mixed, waiting $w ms, swaps in device memory"; run1 "${mixed[@]}" --preempt-wait-ms $w; } 2>&1 |
             tee "$out/serve_mixed_wait$w.log" || rc=1
     done
+    { echo "## mixed, waiting 200 ms, victims that ran 32 steps, swaps in device memory";
+      run1 "${mixed[@]}" --preempt-wait-ms 200 --preempt-after 32; } 2>&1 | tee "$out/serve_mixed_wait200_after32.log" || rc=1
     { echo "## mixed, waiting 200 ms, swaps in host memory"; run1 "${mixed[@]}" --preempt-wait-ms 200 \
         --swap-memory host; } 2>&1 | tee "$out/serve_mixed_wait200_host.log" || rc=1
     { echo "## mixed, no preemption"; run1 "${mixed[@]}" --no-preempt; } 2>&1 | tee "$out/serve_mixed_none.log" || rc=1
