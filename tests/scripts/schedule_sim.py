@@ -83,9 +83,9 @@ if __name__ == "__main__":
     # swaps with the waits and the lost overlap), device memory about 50 us (8.4 MB each way at
     # device-to-device speed, queued: an upper bound)
     ref = simulate("shortest")
-    for wait in (0.5, 0.2, 0.1):
+    for wait, after in ((0.5, 16), (0.2, 16), (0.1, 16), (0.2, 32)):
         for where, cost in (("host", 1.6e-3), ("device", 5e-5)):
-            wall, p50, p99, swaps = simulate("shortest", wait, cost)
-            print(f"shortest, --preempt-wait-ms {int(wait * 1e3):4d}, {where:6s} swaps: wall {wall:.3f} s "
-                  f"({wall / ref[0]:.2f}x)  TTFT p50 {p50 * 1e3:.0f} ms ({p50 / ref[1]:.2f}x)  p99 {p99 * 1e3:.0f} ms  "
-                  f"{swaps} swaps")
+            wall, p50, p99, swaps = simulate("shortest", wait, cost, preempt_after=after)
+            print(f"shortest, --preempt-wait-ms {int(wait * 1e3):4d} --preempt-after {after}, {where:6s} swaps: "
+                  f"wall {wall:.3f} s ({wall / ref[0]:.2f}x)  TTFT p50 {p50 * 1e3:.0f} ms ({p50 / ref[1]:.2f}x)  "
+                  f"p99 {p99 * 1e3:.0f} ms  {swaps} swaps")
