@@ -34,7 +34,7 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /* What one pass over a range of chunks needs: the sequence, its expanded-stream cumsum, scratch. */
 typedef struct seg_ctx {
     const gdp_cpu_seq_head *p;
-    const double *gk;     /* (L M): chunk-local cumsum of the expanded decays, base 2 */
+    double *gk;           /* (L M): chunk-local cumsum of the expanded decays, base 2 */
     double *a;            /* CHUNK x CHUNK */
     double *vn;           /* CHUNK x W: v_new of the chunk */
 } seg_ctx;
@@ -117,13 +117,27 @@ static gdp_status_t seg_check(int64_t segment_chunks) {
     return GDP_STATUS_SUCCESS;
 }
 
-/* The expanded stream's chunk-local base-2 cumsum of the decays into gk (L M): copy 0 of a token
- * carries its g, the other copies 0. */
-static void seg_gk(const gdp_cpu_seq_head *p, double *gk) {
+/* The scratch both orders share, for states of up to W columns: A, v_new, and the expanded stream's
+ * chunk-local base-2 cumsum of the decays (copy 0 of a token carries its g, the other copies 0).
+ * SYSTEM_ERROR when out of memory; x can be freed (seg_ctx_free) either way. */
+static gdp_status_t seg_ctx_init(const gdp_cpu_seq_head *p, int64_t W, seg_ctx *x) {
     const int64_t M = p->num_householder, LM = p->len * M;
+    x->p = p;
+    x->gk = gdp_calloc((size_t)LM, sizeof(double), "segments Gk");
+    x->a = gdp_calloc((size_t)(CHUNK * CHUNK), sizeof(double), "segments A");
+    x->vn = gdp_calloc((size_t)(CHUNK * W), sizeof(double), "segments v_new");
+    if (x->gk == NULL || x->a == NULL || x->vn == NULL)
+        return GDP_STATUS_SYSTEM_ERROR;
     for (int64_t j = 0; j < LM; j++)
-        gk[j] = j % M == 0 ? p->g[j / M] : 0.0;
-    gdp_cpu_local_cumsum(gk, LM, p->log2e, gk);
+        x->gk[j] = j % M == 0 ? p->g[j / M] : 0.0;
+    gdp_cpu_local_cumsum(x->gk, LM, p->log2e, x->gk);
+    return GDP_STATUS_SUCCESS;
+}
+
+static void seg_ctx_free(seg_ctx *x) {
+    free(x->gk);
+    free(x->a);
+    free(x->vn);
 }
 
 gdp_status_t gdp_cpu_segmented_seq_head(const gdp_cpu_seq_head *p, int64_t segment_chunks) {
@@ -133,18 +147,14 @@ gdp_status_t gdp_cpu_segmented_seq_head(const gdp_cpu_seq_head *p, int64_t segme
         return GDP_STATUS_SUCCESS; /* no chunk: the state passes through unchanged */
     const int64_t nexp = ceil_div(LM, CHUNK), nseg = ceil_div(nexp, segment_chunks), W = K + V;
 
-    gdp_status_t st = GDP_STATUS_SUCCESS;
-    double *gk = gdp_calloc((size_t)LM, sizeof(double), "segments Gk");
-    double *a = gdp_calloc((size_t)(CHUNK * CHUNK), sizeof(double), "segments A");
-    double *vn = gdp_calloc((size_t)(CHUNK * W), sizeof(double), "segments v_new");
+    seg_ctx x;
+    gdp_status_t st = seg_ctx_init(p, W, &x);
     double *fg = gdp_calloc((size_t)(nseg * K * W), sizeof(double), "segments transfer maps");
     double *starts = gdp_calloc((size_t)(nseg * K * V), sizeof(double), "segments entering states");
-    if (gk == NULL || a == NULL || vn == NULL || fg == NULL || starts == NULL) {
+    if (st != GDP_STATUS_SUCCESS || fg == NULL || starts == NULL) {
         st = GDP_STATUS_SYSTEM_ERROR;
         goto done;
     }
-    seg_gk(p, gk);
-    const seg_ctx x = {p, gk, a, vn};
 
     /* 1. each segment's transfer map [F | G], from [I | 0] with the values [0 | V] */
     for (int64_t j = 0; j + 1 < nseg; j++) {
@@ -180,9 +190,7 @@ gdp_status_t gdp_cpu_segmented_seq_head(const gdp_cpu_seq_head *p, int64_t segme
     }
 
 done:
-    free(gk);
-    free(a);
-    free(vn);
+    seg_ctx_free(&x);
     free(fg);
     free(starts);
     return st;
@@ -207,20 +215,16 @@ gdp_status_t gdp_cpu_segmented_corrected_seq_head(const gdp_cpu_seq_head *p, int
         return GDP_STATUS_SUCCESS;
     const int64_t nexp = ceil_div(LM, CHUNK), nseg = ceil_div(nexp, segment_chunks), W = K > V ? K : V;
 
-    gdp_status_t st = GDP_STATUS_SUCCESS;
-    double *gk = gdp_calloc((size_t)LM, sizeof(double), "segments Gk");
-    double *a = gdp_calloc((size_t)(CHUNK * CHUNK), sizeof(double), "segments A");
-    double *vn = gdp_calloc((size_t)(CHUNK * W), sizeof(double), "segments v_new");
+    seg_ctx x;
+    gdp_status_t st = seg_ctx_init(p, W, &x);
     double *fmaps = gdp_calloc((size_t)(nseg * K * K), sizeof(double), "segments maps F");
     double *gmaps = gdp_calloc((size_t)(nseg * K * V), sizeof(double), "segments maps G");
     double *starts = gdp_calloc((size_t)(nseg * K * V), sizeof(double), "segments entering states");
     double *of = gdp_calloc((size_t)(L * K), sizeof(double), "segments O^F");
-    if (gk == NULL || a == NULL || vn == NULL || fmaps == NULL || gmaps == NULL || starts == NULL || of == NULL) {
+    if (st != GDP_STATUS_SUCCESS || fmaps == NULL || gmaps == NULL || starts == NULL || of == NULL) {
         st = GDP_STATUS_SYSTEM_ERROR;
         goto done;
     }
-    seg_gk(p, gk);
-    const seg_ctx x = {p, gk, a, vn};
     const int64_t seg0_end = segment_chunks < nexp ? segment_chunks : nexp;
 
     /* 1. segment 0 from the initial state */
@@ -269,9 +273,7 @@ gdp_status_t gdp_cpu_segmented_corrected_seq_head(const gdp_cpu_seq_head *p, int
     }
 
 done:
-    free(gk);
-    free(a);
-    free(vn);
+    seg_ctx_free(&x);
     free(fmaps);
     free(gmaps);
     free(starts);
