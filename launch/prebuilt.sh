@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# prebuilt.sh: the A/B trees built on this machine (no GPU needed), linked and run on the device
+# without compiling there. A device call that builds four trees spends most of its 600 s in nvcc
+# (kernels/NOTES-chunk.md, twenty-fifth session); linking from objects takes seconds.
+#
+#   launch/prebuilt.sh pack DIR [PATCH ...]   on this machine, from a clean tree: brings BUILD up to
+#       date for the targets below, saves its static library, the targets' objects, local libraries
+#       and link lines into DIR/main; then for each patch (kernels/chunk/pending/*.patch) applies it,
+#       rebuilds, saves the objects whose bytes changed into DIR/<patch name> and restores the tree.
+#       DIR holds libgdp.a once and a few MB a patch; `tar -cJf` it into a carried folder.
+#   launch/prebuilt.sh link DIR               on the device: DIR/<tree>/bin/<target> for every tree
+#       (main's library with the tree's changed members replaced), linked with the device's g++
+#       against its CUDA, MPI, BLAS and jansson (JANSSON_HOME, e.g. the carried .deps/usr).
+#   launch/prebuilt.sh ab DIR                 on the device, after link: the suite's hopperab
+#       measurement over the linked trees (GDP_AB_TREES, colon-separated, default all; main is the
+#       base), logs and the table (launch/ab_table.py) under $OUT.
+#
+# Targets: gdp-bench and test_chunk_gpu for every tree; gdp-run and test_engine_gpu_np2 for main.
+# Environment: GDP_BUILD_DIR (default build). The patches may touch sources only (no new targets).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${GDP_BUILD_DIR:-build}
+tree_targets=(gdp-bench test_chunk_gpu)
+main_targets=(gdp-run test_engine_gpu_np2)
+mode=${1:-}
+dir=${2:-}
+[ -n "$mode" ] && [ -n "$dir" ] || { sed -n '2,20p' "${BASH_SOURCE[0]}" >&2; exit 2; }
+shift 2
+
+# the CMake target folder of a target (its link.txt, objects1 and linkLibs.rsp)
+target_dir() { find "$root/$build" -path "*/CMakeFiles/$1.dir" -type d | head -1; }
+
+if [ "$mode" = pack ]; then
+    cd "$root"
+    git diff --quiet && git diff --cached --quiet ||
+        { echo "prebuilt.sh pack: the tree has uncommitted changes; pack from a clean tree" >&2; exit 2; }
+    mkdir -p "$dir" && dir=$(cd "$dir" && pwd)
+    rm -rf "${dir:?}"/*
+    [ -f "$build/CMakeCache.txt" ] || cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build "$build" -j"$(nproc)" --target "${tree_targets[@]}" "${main_targets[@]}" >"$dir/build_main.log" 2>&1 ||
+        { tail -20 "$dir/build_main.log"; exit 1; }
+    save() { # save TREE FILE...: build-relative files into DIR/TREE
+        local t=$1
+        shift
+        for f in "$@"; do
+            mkdir -p "$dir/$t/$(dirname "$f")"
+            cp "$root/$build/$f" "$dir/$t/$f"
+        done
+    }
+    # main: the library, and per target its objects, its local libraries and its link line
+    save main libgdp.a
+    for t in "${tree_targets[@]}" "${main_targets[@]}"; do
+        td=$(target_dir "$t")
+        rel=${td#"$root/$build/"}
+        tgt_home=$(dirname "$(dirname "$rel")") # the folder the target is linked in
+        save main "$rel/objects1" "$rel/linkLibs.rsp"
+        for o in $(tr -d '"' <"$td/objects1"); do save main "$tgt_home/$o"; done
+        for a in $(grep -oE '(^| )[A-Za-z0-9_]+\.a' "$td/linkLibs.rsp"); do save main "$tgt_home/$a"; done
+        echo "$t $tgt_home" >>"$dir/main/targets"
+    done
+    # the library's members and the targets' objects, by checksum: what a patch changes
+    (cd "$root/$build" && find . -name '*.o' -o -name '*.a' | sort | xargs md5sum) >"$dir/main.md5"
+    for pf in "$@"; do
+        name=$(basename "$pf" .patch)
+        untracked_before=$(git status --porcelain --untracked-files=all | awk '$1 == "??" {print $2}' | sort)
+        git apply "$pf" || { echo "prebuilt.sh pack: $pf does not apply" >&2; exit 2; }
+        new_files=$(comm -13 <(echo "$untracked_before") \
+                    <(git status --porcelain --untracked-files=all | awk '$1 == "??" {print $2}' | sort))
+        status=0
+        cmake --build "$build" -j"$(nproc)" --target "${tree_targets[@]}" >"$dir/build_$name.log" 2>&1 || status=$?
+        # restore the tree before anything can stop the script
+        git checkout -- . && { [ -z "$new_files" ] || rm -rf $new_files; }
+        [ $status -eq 0 ] || { tail -20 "$dir/build_$name.log"; exit 1; }
+        (cd "$root/$build" && find . -name '*.o' -o -name '*.a' | sort | xargs md5sum) >"$dir/$name.md5"
+        changed=$(diff <(cat "$dir/main.md5") <(cat "$dir/$name.md5") | awk '$1 == ">" {print $3}' |
+                  grep -E '/(gdp_objects|gdp_hopper_objects)\.dir/.*\.o$|/CMakeFiles/[^/]+\.dir/[^/]+\.o$' || true)
+        mkdir -p "$dir/$name"
+        for f in $changed; do save "$name" "${f#./}"; done
+        echo "prebuilt.sh pack: $name: $(echo $changed | wc -w) objects changed: $(echo $changed | xargs -n1 basename | tr '\n' ' ')"
+        rm -f "$dir/$name.md5"
+    done
+    rm -f "$dir/main.md5"
+    # the library members the trees replace are named by their object's basename: they must be unique
+    dups=$(ar t "$dir/main/libgdp.a" | sort | uniq -d)
+    [ -z "$dups" ] || { echo "prebuilt.sh pack: libgdp.a has members of one name: $dups" >&2; exit 1; }
+    du -sh "$dir"
+    exit 0
+fi
+
+if [ "$mode" = link ]; then
+    dir=$(cd "$dir" && pwd)
+    jansson_lib=${JANSSON_HOME:+$JANSSON_HOME/lib/x86_64-linux-gnu/libjansson.so}
+    [ -n "$jansson_lib" ] && [ -f "$jansson_lib" ] || jansson_lib=/usr/lib/x86_64-linux-gnu/libjansson.so
+    cuda_libs=(-L/usr/local/cuda/targets/x86_64-linux/lib/stubs -L/usr/local/cuda/targets/x86_64-linux/lib)
+    for tree_dir in "$dir"/*/; do
+        tree=$(basename "$tree_dir")
+        work=$dir/.link_$tree
+        rm -rf "$work" && cp -r "$dir/main" "$work"
+        if [ "$tree" != main ]; then # the tree's changed objects over main's, and into the library
+            (cd "$tree_dir" && find . -name '*.o') | while read -r o; do cp "$tree_dir/$o" "$work/$o"; done
+            lib_objs=$(cd "$tree_dir" && find . -path '*/gdp_objects.dir/*.o' -o -path '*/gdp_hopper_objects.dir/*.o')
+            [ -z "$lib_objs" ] || (cd "$tree_dir" && ar r "$work/libgdp.a" $lib_objs 2>/dev/null && ranlib "$work/libgdp.a")
+        fi
+        mkdir -p "$tree_dir/bin"
+        while read -r t home; do
+            [ "$tree" = main ] || printf '%s\n' "${tree_targets[@]}" | grep -qx "$t" || continue
+            rel=$(find "$work" -path "*/CMakeFiles/$t.dir" -type d | head -1)
+            rsp=$(sed -e "s|\"/usr/lib/x86_64-linux-gnu/libjansson.so\"|\"$jansson_lib\"|" "$rel/linkLibs.rsp")
+            (cd "$work/$home" && eval g++ "@${rel#"$work/$home/"}/objects1" -o "$tree_dir/bin/$t" "$rsp" "${cuda_libs[*]}") ||
+                { echo "prebuilt.sh link: $tree/$t failed" >&2; exit 1; }
+        done <"$dir/main/targets"
+        rm -rf "$work"
+        echo "prebuilt.sh link: $tree: $(ls "$tree_dir/bin" | tr '\n' ' ')"
+    done
+    exit 0
+fi
+if [ "$mode" = ab ]; then
+    # hopperab's measurement (launch/h200-suite.sh) over linked trees: each tree's Hopper test path, the
+    # prefill rows alternated between the trees (GDP_AB_SEGMENTS, GDP_AB_ROUNDS as there), main's staged
+    # rows, then one table a setting (launch/ab_table.py; trees other than main are labelled NAME-ab)
+    dir=$(cd "$dir" && pwd)
+    out=${OUT:-$root/h200-out}
+    mkdir -p "$out"
+    export NCCL_NVLS_ENABLE=0
+    [ -d "$root/.golden" ] && export GDP_GOLDEN_DIR=${GDP_GOLDEN_DIR:-$root/.golden}
+    [ -n "${JANSSON_HOME:-}" ] && export LD_LIBRARY_PATH=$JANSSON_HOME/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+    IFS=: read -r -a trees <<<"${GDP_AB_TREES:-$(cd "$dir" && ls -d */ | tr -d / | tr '\n' :)}"
+    label() { [ "$1" = main ] && echo main || echo "$1-ab"; }
+    rc=0
+    for t in "${trees[@]}"; do
+        echo "## $(label "$t"): GDP_TEST_CHUNK_PATH=hopper test_chunk_gpu"
+        st=0
+        GDP_TEST_CHUNK_PATH=hopper "$dir/$t/bin/test_chunk_gpu" >"$out/chunk_test_hopper_$t.log" 2>&1 || st=$?
+        grep -E "FAIL" "$out/chunk_test_hopper_$t.log" | head -30
+        grep -E "Hopper kernel ran" "$out/chunk_test_hopper_$t.log" | tail -2
+        grep -E "checks" "$out/chunk_test_hopper_$t.log" | tail -1
+        [ $st -eq 0 ] || { rc=1; echo "FAILED (exit $st)"; }
+    done
+    for seg in ${GDP_AB_SEGMENTS:-off auto}; do
+        for round in $(seq 1 "${GDP_AB_ROUNDS:-2}"); do
+            for t in "${trees[@]}"; do
+                echo "## $(label "$t"): GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=$seg, round $round"
+                GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=$seg "$dir/$t/bin/gdp-bench" ops --op prefill 2>&1 |
+                    grep -E "^prefill|rror"
+            done
+        done
+    done 2>&1 | tee "$out/hopper_ab.log"
+    echo "## main: GDP_CHUNK_PATH=staged" | tee -a "$out/hopper_ab.log"
+    GDP_CHUNK_PATH=staged "$dir/main/bin/gdp-bench" ops --op prefill 2>&1 | grep -E "^prefill|rror" |
+        tee -a "$out/hopper_ab.log"
+    python3 "$root/launch/ab_table.py" "$out/hopper_ab.log" /dev/null | tee "$out/hopper_ab_table.md"
+    exit $rc
+fi
+echo "prebuilt.sh: unknown mode $mode (pack | link | ab)" >&2
+exit 2
