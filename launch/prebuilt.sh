@@ -47,17 +47,24 @@ if [ "$mode" = pack ]; then
             cp "$root/$build/$f" "$dir/$t/$f"
         done
     }
-    # main: the library, and per target its objects, its local libraries and its link line
+    # main: the library, and per target its link line (link.txt) with every relative file it names:
+    # response files, objects, local libraries (not the shared libgdp: link takes the static one)
     save main libgdp.a
     for t in "${tree_targets[@]}" "${main_targets[@]}"; do
         td=$(target_dir "$t")
+        [ -n "$td" ] || { echo "prebuilt.sh pack: no CMake folder for $t" >&2; exit 1; }
         rel=${td#"$root/$build/"}
         tgt_home=$(dirname "$(dirname "$rel")") # the folder the target is linked in
-        save main "$rel/objects1" "$rel/linkLibs.rsp"
-        for o in $(tr -d '"' <"$td/objects1"); do save main "$tgt_home/$o"; done
-        for a in $(grep -oE '(^| )[A-Za-z0-9_]+\.a' "$td/linkLibs.rsp"); do save main "$tgt_home/$a"; done
+        save main "$rel/link.txt"
+        names=$(tr ' ' '\n' <"$td/link.txt" | tr -d '"')
+        for at in $(echo "$names" | sed -n 's/^@//p'); do names="$names"$'\n'"$(tr ' ' '\n' <"$root/$build/$tgt_home/$at" | tr -d '"')"; done
+        for n in $(echo "$names" | sed 's/^@//'); do
+            case "$n" in /* | -* | *.so | *.so.*) continue ;; esac
+            [ -f "$root/$build/$tgt_home/$n" ] && save main "$(realpath -m --relative-to="$root/$build" "$root/$build/$tgt_home/$n")"
+        done
         echo "$t $tgt_home" >>"$dir/main/targets"
     done
+    echo "$root/$build" >"$dir/main/build_path"
     # the library's members and the targets' objects, by checksum: what a patch changes
     (cd "$root/$build" && find . -name '*.o' -o -name '*.a' | sort | xargs md5sum) >"$dir/main.md5"
     for pf in "$@"; do
@@ -105,9 +112,15 @@ if [ "$mode" = link ]; then
         while read -r t home; do
             [ "$tree" = main ] || printf '%s\n' "${tree_targets[@]}" | grep -qx "$t" || continue
             rel=$(find "$work" -path "*/CMakeFiles/$t.dir" -type d | head -1)
-            rsp=$(sed -e "s|\"/usr/lib/x86_64-linux-gnu/libjansson.so\"|\"$jansson_lib\"|" "$rel/linkLibs.rsp")
-            (cd "$work/$home" && eval g++ "@${rel#"$work/$home/"}/objects1" -o "$tree_dir/bin/$t" "$rsp" "${cuda_libs[*]}") ||
-                { echo "prebuilt.sh link: $tree/$t failed" >&2; exit 1; }
+            # the link line as CMake wrote it, with g++ as the driver (libgdp.a holds C++), the static
+            # libgdp in place of the shared one, jansson where this machine has it, no rpath to the build
+            sed -e "s|\"/usr/lib/x86_64-linux-gnu/libjansson.so\"|\"$jansson_lib\"|g" \
+                -e "s| /usr/lib/x86_64-linux-gnu/libjansson.so | $jansson_lib |g" -i "$work/$home"/CMakeFiles/*.dir/linkLibs.rsp 2>/dev/null || true
+            cmd=$(sed -e 's|^[^ ]*/cc |g++ |' -e 's|^[^ ]*/g++ |g++ |' -e "s|$(cat "$dir/main/build_path"):||g" \
+                      -e 's|\.\./libgdp\.so[.0-9]*|../libgdp.a|' \
+                      -e "s|\"*/usr/lib/x86_64-linux-gnu/libjansson.so\"*|\"$jansson_lib\"|g" "$rel/link.txt")
+            (cd "$work/$home" && eval "$cmd" "${cuda_libs[*]}" -lcudadevrt -lcudart_static -lrt -lpthread -ldl &&
+                mv "$t" "$tree_dir/bin/$t") || { echo "prebuilt.sh link: $tree/$t failed" >&2; exit 1; }
         done <"$dir/main/targets"
         rm -rf "$work"
         echo "prebuilt.sh link: $tree: $(ls "$tree_dir/bin" | tr '\n' ' ')"
