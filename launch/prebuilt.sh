@@ -59,7 +59,7 @@ if [ "$mode" = pack ]; then
         names=$(tr ' ' '\n' <"$td/link.txt" | tr -d '"')
         for at in $(echo "$names" | sed -n 's/^@//p'); do names="$names"$'\n'"$(tr ' ' '\n' <"$root/$build/$tgt_home/$at" | tr -d '"')"; done
         for n in $(echo "$names" | sed 's/^@//'); do
-            case "$n" in /* | -* | *.so | *.so.*) continue ;; esac
+            case "$n" in /* | -* | *.so | *.so.* | "$t") continue ;; esac # (the output too)
             [ -f "$root/$build/$tgt_home/$n" ] && save main "$(realpath -m --relative-to="$root/$build" "$root/$build/$tgt_home/$n")"
         done
         echo "$t $tgt_home" >>"$dir/main/targets"
