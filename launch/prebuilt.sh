@@ -50,6 +50,14 @@ if [ "$mode" = pack ]; then
     # main: the library, and per target its link line (link.txt) with every relative file it names:
     # response files, objects, local libraries (not the shared libgdp: link takes the static one)
     save main libgdp.a
+    # main's objects, to tell a patch's real changes from recompiles: nvcc writes a per-compile module
+    # id into each object, so the same source compiled twice differs in a few bytes (a revert touches
+    # every file the patch touched, and a later patch's build recompiles them)
+    ref=$dir/.reference && mkdir -p "$ref"
+    (cd "$root/$build" && find . \( -path '*/gdp_objects.dir/*' -o -path '*/gdp_hopper_objects.dir/*' \
+        -o -path '*/test_chunk_gpu.dir/*' -o -path '*/gdp-bench.dir/*' \) -name '*.o' -exec cp --parents {} "$ref" \;)
+    same_code() { [ -f "$1" ] && [ -f "$2" ] && [ "$(stat -c %s "$1")" = "$(stat -c %s "$2")" ] &&
+        [ "$(cmp -l "$1" "$2" | wc -l)" -le 64 ]; }
     for t in "${tree_targets[@]}" "${main_targets[@]}"; do
         td=$(target_dir "$t")
         [ -n "$td" ] || { echo "prebuilt.sh pack: no CMake folder for $t" >&2; exit 1; }
@@ -67,6 +75,7 @@ if [ "$mode" = pack ]; then
     echo "$root/$build" >"$dir/main/build_path"
     # the library's members and the targets' objects, by checksum: what a patch changes
     (cd "$root/$build" && find . -name '*.o' -o -name '*.a' | sort | xargs md5sum) >"$dir/main.md5"
+    packed=()
     for pf in "$@"; do
         name=$(basename "$pf" .patch)
         untracked_before=$(git status --porcelain --untracked-files=all | awk '$1 == "??" {print $2}' | sort)
@@ -82,11 +91,27 @@ if [ "$mode" = pack ]; then
         changed=$(diff <(cat "$dir/main.md5") <(cat "$dir/$name.md5") | awk '$1 == ">" {print $3}' |
                   grep -E '/(gdp_objects|gdp_hopper_objects)\.dir/.*\.o$|/CMakeFiles/[^/]+\.dir/[^/]+\.o$' || true)
         mkdir -p "$dir/$name"
-        for f in $changed; do save "$name" "${f#./}"; done
+        kept=""
+        for f in $changed; do
+            f=${f#./}
+            same_code "$root/$build/$f" "$ref/$f" && continue # a recompile of main's source
+            earlier=""
+            for prev in "${packed[@]}"; do
+                same_code "$root/$build/$f" "$dir/$prev/$f" && earlier=$prev
+            done
+            if [ -n "$earlier" ]; then # an earlier patch's object: link takes it from there
+                echo "$f $earlier" >>"$dir/$name/inherit"
+            else
+                save "$name" "$f"
+            fi
+            kept="$kept $(basename "$f")"
+        done
+        packed+=("$name")
+        changed=$kept
         echo "prebuilt.sh pack: $name: $(echo $changed | wc -w) objects changed: $(echo $changed | xargs -n1 basename | tr '\n' ' ')"
         rm -f "$dir/$name.md5"
     done
-    rm -f "$dir/main.md5"
+    rm -rf "$dir/main.md5" "$ref"
     # the library members the trees replace are named by their object's basename: they must be unique
     dups=$(ar t "$dir/main/libgdp.a" | sort | uniq -d)
     [ -z "$dups" ] || { echo "prebuilt.sh pack: libgdp.a has members of one name: $dups" >&2; exit 1; }
@@ -104,9 +129,15 @@ if [ "$mode" = link ]; then
         work=$dir/.link_$tree
         rm -rf "$work" && cp -r "$dir/main" "$work"
         if [ "$tree" != main ]; then # the tree's changed objects over main's, and into the library
-            (cd "$tree_dir" && find . -name '*.o') | while read -r o; do cp "$tree_dir/$o" "$work/$o"; done
-            lib_objs=$(cd "$tree_dir" && find . -path '*/gdp_objects.dir/*.o' -o -path '*/gdp_hopper_objects.dir/*.o')
-            [ -z "$lib_objs" ] || (cd "$tree_dir" && ar r "$work/libgdp.a" $lib_objs 2>/dev/null && ranlib "$work/libgdp.a")
+            [ ! -f "$tree_dir/inherit" ] || while read -r o from; do # objects an earlier tree holds
+                mkdir -p "$work/$(dirname "$o")" && cp "$dir/$from/$o" "$work/$o"
+                echo "$o" >>"$work/.replaced"
+            done <"$tree_dir/inherit"
+            (cd "$tree_dir" && find . -name '*.o' | sed 's|^\./||') | while read -r o; do
+                cp "$tree_dir/$o" "$work/$o" && echo "$o" >>"$work/.replaced"
+            done
+            lib_objs=$(grep -E '/(gdp_objects|gdp_hopper_objects)\.dir/' "$work/.replaced" || true)
+            [ -z "$lib_objs" ] || (cd "$work" && ar r libgdp.a $lib_objs 2>/dev/null && ranlib libgdp.a)
         fi
         mkdir -p "$tree_dir/bin"
         while read -r t home; do
