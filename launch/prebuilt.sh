@@ -50,14 +50,6 @@ if [ "$mode" = pack ]; then
     # main: the library, and per target its link line (link.txt) with every relative file it names:
     # response files, objects, local libraries (not the shared libgdp: link takes the static one)
     save main libgdp.a
-    # main's objects, to tell a patch's real changes from recompiles: nvcc writes a per-compile module
-    # id into each object, so the same source compiled twice differs in a few bytes (a revert touches
-    # every file the patch touched, and a later patch's build recompiles them)
-    ref=$dir/.reference && mkdir -p "$ref"
-    (cd "$root/$build" && find . \( -path '*/gdp_objects.dir/*' -o -path '*/gdp_hopper_objects.dir/*' \
-        -o -path '*/test_chunk_gpu.dir/*' -o -path '*/gdp-bench.dir/*' \) -name '*.o' -exec cp --parents {} "$ref" \;)
-    same_code() { [ -f "$1" ] && [ -f "$2" ] && [ "$(stat -c %s "$1")" = "$(stat -c %s "$2")" ] &&
-        [ "$(cmp -l "$1" "$2" | wc -l)" -le 64 ]; }
     for t in "${tree_targets[@]}" "${main_targets[@]}"; do
         td=$(target_dir "$t")
         [ -n "$td" ] || { echo "prebuilt.sh pack: no CMake folder for $t" >&2; exit 1; }
@@ -75,13 +67,19 @@ if [ "$mode" = pack ]; then
     echo "$root/$build" >"$dir/main/build_path"
     # the library's members and the targets' objects, by checksum: what a patch changes
     (cd "$root/$build" && find . -name '*.o' -o -name '*.a' | sort | xargs md5sum) >"$dir/main.md5"
-    packed=()
+    # the files any patch touches, with their contents under main and under each patch (prebuilt_pick.py
+    # tells a real change from a recompile by them: nvcc's per-compile module id makes bytes useless)
+    watched=$(sed -n -e 's|^+++ b/||p' -e 's|^--- a/||p' "$@" | sort -u)
+    record_hashes() { for f in $watched; do
+        if [ -f "$f" ]; then echo "$f $(git hash-object "$f")"; else echo "$f -"; fi; done >"$dir/.hashes_$1"; }
+    record_hashes main
     for pf in "$@"; do
         name=$(basename "$pf" .patch)
         untracked_before=$(git status --porcelain --untracked-files=all | awk '$1 == "??" {print $2}' | sort)
         git apply "$pf" || { echo "prebuilt.sh pack: $pf does not apply" >&2; exit 2; }
         new_files=$(comm -13 <(echo "$untracked_before") \
                     <(git status --porcelain --untracked-files=all | awk '$1 == "??" {print $2}' | sort))
+        record_hashes "$name"
         status=0
         cmake --build "$build" -j"$(nproc)" --target "${tree_targets[@]}" >"$dir/build_$name.log" 2>&1 || status=$?
         # restore the tree before anything can stop the script
@@ -91,27 +89,14 @@ if [ "$mode" = pack ]; then
         changed=$(diff <(cat "$dir/main.md5") <(cat "$dir/$name.md5") | awk '$1 == ">" {print $3}' |
                   grep -E '/(gdp_objects|gdp_hopper_objects)\.dir/.*\.o$|/CMakeFiles/[^/]+\.dir/[^/]+\.o$' || true)
         mkdir -p "$dir/$name"
-        kept=""
-        for f in $changed; do
-            f=${f#./}
-            same_code "$root/$build/$f" "$ref/$f" && continue # a recompile of main's source
-            earlier=""
-            for prev in "${packed[@]}"; do
-                same_code "$root/$build/$f" "$dir/$prev/$f" && earlier=$prev
-            done
-            if [ -n "$earlier" ]; then # an earlier patch's object: link takes it from there
-                echo "$f $earlier" >>"$dir/$name/inherit"
-            else
-                save "$name" "$f"
-            fi
-            kept="$kept $(basename "$f")"
-        done
-        packed+=("$name")
-        changed=$kept
-        echo "prebuilt.sh pack: $name: $(echo $changed | wc -w) objects changed: $(echo $changed | xargs -n1 basename | tr '\n' ' ')"
+        changed=$(python3 "$root/launch/prebuilt_pick.py" "$dir" "$name" "$root" "$build" $(for f in $changed; do echo "${f#./}"; done))
+        for f in $changed; do save "$name" "$f"; done
+        echo "$name" >>"$dir/.trees"
+        echo "prebuilt.sh pack: $name: kept $(for f in $changed; do basename "$f"; done | tr '\n' ' ')$(
+            [ ! -f "$dir/$name/inherit" ] || awk '{n = split($1, p, "/"); printf "; %s from %s", p[n], $2}' "$dir/$name/inherit")"
         rm -f "$dir/$name.md5"
     done
-    rm -rf "$dir/main.md5" "$ref"
+    rm -f "$dir/main.md5" "$dir"/.hashes_* "$dir/.trees"
     # the library members the trees replace are named by their object's basename: they must be unique
     dups=$(ar t "$dir/main/libgdp.a" | sort | uniq -d)
     [ -z "$dups" ] || { echo "prebuilt.sh pack: libgdp.a has members of one name: $dups" >&2; exit 1; }
