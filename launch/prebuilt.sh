@@ -13,7 +13,8 @@
 #       against its CUDA, MPI, BLAS and jansson (JANSSON_HOME, e.g. the carried .deps/usr).
 #   launch/prebuilt.sh ab DIR                 on the device, after link: the suite's hopperab
 #       measurement over the linked trees (GDP_AB_TREES, colon-separated, default all; main is the
-#       base), logs and the table (launch/ab_table.py) under $OUT.
+#       base; GDP_AB_SEGMENTS, GDP_AB_ROUNDS as the suite's; GDP_AB_TESTS first | last | none: each
+#       tree's Hopper test path before the rows, after them, or not), logs and the table under $OUT.
 #
 # Targets: gdp-bench and test_chunk_gpu for every tree; gdp-run and test_engine_gpu_np2 for main.
 # Environment: GDP_BUILD_DIR (default build). The patches may touch sources only (no new targets).
@@ -156,7 +157,7 @@ if [ "$mode" = ab ]; then
     IFS=: read -r -a trees <<<"${GDP_AB_TREES:-$(cd "$dir" && ls -d */ | tr -d / | tr '\n' :)}"
     label() { [ "$1" = main ] && echo main || echo "$1-ab"; }
     rc=0
-    for t in "${trees[@]}"; do
+    hopper_tests() { for t in "${trees[@]}"; do
         echo "## $(label "$t"): GDP_TEST_CHUNK_PATH=hopper test_chunk_gpu"
         st=0
         GDP_TEST_CHUNK_PATH=hopper "$dir/$t/bin/test_chunk_gpu" >"$out/chunk_test_hopper_$t.log" 2>&1 || st=$?
@@ -164,7 +165,9 @@ if [ "$mode" = ab ]; then
         grep -E "Hopper kernel ran" "$out/chunk_test_hopper_$t.log" | tail -2
         grep -E "checks" "$out/chunk_test_hopper_$t.log" | tail -1
         [ $st -eq 0 ] || { rc=1; echo "FAILED (exit $st)"; }
-    done
+    done; }
+    # GDP_AB_TESTS: first (the default, as the suite), last (the rows first, when a call may be cut), none
+    [ "${GDP_AB_TESTS:-first}" = first ] && hopper_tests
     for seg in ${GDP_AB_SEGMENTS:-off auto}; do
         for round in $(seq 1 "${GDP_AB_ROUNDS:-2}"); do
             for t in "${trees[@]}"; do
@@ -178,6 +181,7 @@ if [ "$mode" = ab ]; then
     GDP_CHUNK_PATH=staged "$dir/main/bin/gdp-bench" ops --op prefill 2>&1 | grep -E "^prefill|rror" |
         tee -a "$out/hopper_ab.log"
     python3 "$root/launch/ab_table.py" "$out/hopper_ab.log" /dev/null | tee "$out/hopper_ab_table.md"
+    [ "${GDP_AB_TESTS:-first}" = last ] && hopper_tests
     exit $rc
 fi
 echo "prebuilt.sh: unknown mode $mode (pack | link | ab)" >&2
