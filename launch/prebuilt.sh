@@ -120,7 +120,7 @@ if [ "$mode" = link ]; then
                 echo "$o" >>"$work/.replaced"
             done <"$tree_dir/inherit"
             (cd "$tree_dir" && find . -name '*.o' | sed 's|^\./||') | while read -r o; do
-                cp "$tree_dir/$o" "$work/$o" && echo "$o" >>"$work/.replaced"
+                mkdir -p "$work/$(dirname "$o")" && cp "$tree_dir/$o" "$work/$o" && echo "$o" >>"$work/.replaced"
             done
             lib_objs=$(grep -E '/(gdp_objects|gdp_hopper_objects)\.dir/' "$work/.replaced" || true)
             [ -z "$lib_objs" ] || (cd "$work" && ar r libgdp.a $lib_objs 2>/dev/null && ranlib libgdp.a)
