@@ -26,4 +26,7 @@ find_program(GDP_PYTHON3 python3)
 if(GDP_PYTHON3)
   add_test(NAME ab_table_check COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/ab_table_check.sh ${PROJECT_SOURCE_DIR})
   set_tests_properties(ab_table_check PROPERTIES LABELS cpu TIMEOUT 60)
+  # launch/prebuilt_pick.py: which objects of a patch's rebuild launch/prebuilt.sh pack keeps
+  add_test(NAME prebuilt_pick_check COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/prebuilt_pick_check.sh ${PROJECT_SOURCE_DIR})
+  set_tests_properties(prebuilt_pick_check PROPERTIES LABELS cpu TIMEOUT 60)
 endif()
