@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# ab_call.sh: one device call over trees built here (launch/prebuilt.sh pack, carried as
+# .pre/pack.tar.xz with .deps and .golden): link them, then in order of worth, each stage under its
+# own timeout and its logs tarred into $OUT/logs.tgz as soon as it ends (a call cut at its limit still
+# returns what ran): the segment split's A/B (hopper-split2, hopper-split2-pdl; tests first), the
+# engine's GPU test (device and host swaps compared bit for bit), the batched rows' A/B (cols, vlate,
+# kfirst; tests after the rows), the mixed serving workload under each preemption setting, the layer
+# bench with cuBLASLt and with the skinny GEMM. Without a pack, or if linking fails, it builds there
+# (launch/h200-suite.sh hopperab for the split's A/B).
+#
+# Environment: GDP_CALL_STAGES (default "split engine batched serve layer"): the stages, in order;
+# GDP_CALL_PACK (default .pre/pack.tar.xz).
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export JANSSON_HOME=$PWD/.deps/usr
+export LD_LIBRARY_PATH=$JANSSON_HOME/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+export GDP_GOLDEN_DIR=$PWD/.golden
+final=${OUT:?OUT must name the folder whose files come back}
+export OUT=/tmp/ab_call_out # the stages' logs; $final/logs.tgz after each stage (the call returns few files)
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+SECONDS=0
+save_logs() { tar -czf "$final/logs.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"; echo "[$1 at ${SECONDS}s]" | tee -a "$OUT/times.txt"; }
+P=/tmp/ab_call_pack/pack
+mkdir -p /tmp/ab_call_pack && tar -xJf "${GDP_CALL_PACK:-.pre/pack.tar.xz}" -C /tmp/ab_call_pack &&
+    launch/prebuilt.sh link "$P" >"$OUT/link.log" 2>&1
+lrc=$?
+tail -8 "$OUT/link.log"
+save_logs "link rc=$lrc"
+if [ $lrc -ne 0 ]; then
+    echo "no linked trees: building the split's A/B on the device instead"
+    OUT=$final GDP_AB_PATCHES=kernels/chunk/pending/hopper-split2.patch:kernels/chunk/pending/hopper-split2-pdl.patch \
+        GDP_AB_SEGMENTS=auto GDP_AB_ROUNDS=1 ./launch/h200-suite.sh hopperab >"$final/split2.log" 2>&1
+    exit
+fi
+stage_split() {
+    GDP_AB_TESTS=first GDP_AB_TREES=main:hopper-split2:hopper-split2-pdl GDP_AB_SEGMENTS=auto GDP_AB_ROUNDS=1 \
+        timeout 240 launch/prebuilt.sh ab "$P" >"$OUT/split2.log" 2>&1
+    echo "split rc=$?"
+    cp "$OUT/hopper_ab_table.md" "$OUT/split2_table.md" 2>/dev/null
+    grep -E "^## .*test_chunk|FAIL|checks|Hopper kernel ran" "$OUT/split2.log" | head -20
+    cat "$OUT/split2_table.md"
+}
+stage_engine() {
+    timeout 150 mpirun -n 2 "$P/main/bin/test_engine_gpu_np2" --backend cuda >"$OUT/engine.log" 2>&1
+    echo "test_engine_gpu_np2 rc=$?"
+    tail -3 "$OUT/engine.log"
+}
+stage_batched() {
+    GDP_AB_TESTS=last GDP_AB_TREES=main:hopper-cols:hopper-vlate:hopper-kfirst GDP_AB_SEGMENTS=off GDP_AB_ROUNDS=2 \
+        timeout 240 launch/prebuilt.sh ab "$P" >"$OUT/batched.log" 2>&1
+    echo "batched rc=$?"
+    cp "$OUT/hopper_ab_table.md" "$OUT/batched_table.md" 2>/dev/null
+    cat "$OUT/batched_table.md"
+    grep -E "FAIL|checks" "$OUT/batched.log" | head
+}
+stage_serve() {
+    local ckpt=/tmp/gdp_serve_model.safetensors
+    "$P/main/bin/gdp-run" --layers 8 --hidden 2048 --heads 16 --groups 4 --head-dim 128 --state-dim 128 \
+        --householder 2 --vocab 32000 --write-model "$ckpt" >/dev/null
+    local mixed=(--slots 64 --budget 2048 --prefill-chunk 1024
+                 --workload synthetic:n=256,rate=0,prompt=128-2048,new=128,seed=7)
+    for v in "" "--preempt-wait-ms 200" "--preempt-wait-ms 200 --swap-memory host" "--preempt-wait-ms 100" \
+        "--preempt-wait-ms 200 --preempt-after 32" "--preempt-wait-ms 0"; do
+        echo "## mixed $v" >>"$OUT/serve.log"
+        timeout 60 "$P/main/bin/gdp-run" --model "$ckpt" --progress 0 "${mixed[@]}" $v >>"$OUT/serve.log" 2>&1
+    done
+    grep -E "^## |wall time|time to first|preemptions" "$OUT/serve.log"
+}
+stage_layer() {
+    for sk in off on; do
+        echo "## GDP_GEMM_SKINNY=$sk" >>"$OUT/layer.log"
+        GDP_GEMM_SKINNY=$sk timeout 90 mpirun -n 1 "$P/main/bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 \
+            -p 128 -n 128 -m 2 -D 1,8,64,256 -P 2048,16384 >>"$OUT/layer.log" 2>&1
+    done
+    grep -E "^## |decode|prefill" "$OUT/layer.log" | head -30
+}
+for st in ${GDP_CALL_STAGES:-split engine batched serve layer}; do
+    "stage_$st"
+    save_logs "$st"
+done
