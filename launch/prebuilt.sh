@@ -145,6 +145,7 @@ if [ "$mode" = link ]; then
     exit 0
 fi
 if [ "$mode" = ab ]; then
+    set +e # a grep that finds no FAIL line is the good case; rc collects the real failures
     # hopperab's measurement (launch/h200-suite.sh) over linked trees: each tree's Hopper test path, the
     # prefill rows alternated between the trees (GDP_AB_SEGMENTS, GDP_AB_ROUNDS as there), main's staged
     # rows, then one table a setting (launch/ab_table.py; trees other than main are labelled NAME-ab)
