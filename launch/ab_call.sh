@@ -2,9 +2,9 @@
 # ab_call.sh: one device call over trees built here (launch/prebuilt.sh pack, carried as
 # .pre/pack.tar.xz with .deps and .golden): link them, then in order of worth, each stage under its
 # own timeout and its logs tarred into $OUT/logs.tgz as soon as it ends (a call cut at its limit still
-# returns what ran): the segment split's A/B (hopper-split2, hopper-split2-pdl; tests first), the
+# returns what ran): the segment split's A/B (hopper-split2, hopper-split2-pdl), the
 # engine's GPU test (device and host swaps compared bit for bit), the batched rows' A/B (cols, vlate,
-# kfirst; tests after the rows), the mixed serving workload under each preemption setting, the layer
+# kfirst; each tree's Hopper test path after the rows, which come first in case the call is cut), the mixed serving workload under each preemption setting, the layer
 # bench with cuBLASLt and with the skinny GEMM. Without a pack, or if linking fails, it builds there
 # (launch/h200-suite.sh hopperab for the split's A/B).
 #
@@ -34,7 +34,7 @@ if [ $lrc -ne 0 ]; then
     exit
 fi
 stage_split() {
-    GDP_AB_TESTS=first GDP_AB_TREES=main:hopper-split2:hopper-split2-pdl GDP_AB_SEGMENTS=auto GDP_AB_ROUNDS=1 \
+    GDP_AB_TESTS=last GDP_AB_TREES=main:hopper-split2:hopper-split2-pdl GDP_AB_SEGMENTS=auto GDP_AB_ROUNDS=1 \
         timeout 240 launch/prebuilt.sh ab "$P" >"$OUT/split2.log" 2>&1
     echo "split rc=$?"
     cp "$OUT/hopper_ab_table.md" "$OUT/split2_table.md" 2>/dev/null
