@@ -2,11 +2,12 @@
 # ab_call.sh: one device call over trees built here (launch/prebuilt.sh pack, carried as
 # .pre/pack.tar.xz with .deps and .golden): link them, then in order of worth, each stage under its
 # own timeout and its logs tarred into $OUT/logs.tgz as soon as it ends (a call cut at its limit still
-# returns what ran): the segment split's A/B (hopper-split2, hopper-split2-pdl), the
-# engine's GPU test (device and host swaps compared bit for bit), the batched rows' A/B (cols, vlate,
-# kfirst; each tree's Hopper test path after the rows, which come first in case the call is cut), the mixed serving workload under each preemption setting, the layer
-# bench with cuBLASLt and with the skinny GEMM. Without a pack, or if linking fails, it builds there
-# (launch/h200-suite.sh hopperab for the split's A/B).
+# returns what ran): the segment split's A/B (hopper-split2, hopper-split2-pdl), the engine's GPU
+# test (device and host swaps compared bit for bit), the batched rows' A/B (cols, vlate, kfirst), the
+# mixed serving workload under each preemption setting, the layer bench with cuBLASLt and with the
+# skinny GEMM. Each A/B runs its prefill rows (which check their own results) before the trees'
+# Hopper test paths, so a cut call still returns the timings. Without a pack, or if linking fails,
+# it builds there (launch/h200-suite.sh hopperab for the split's A/B).
 #
 # Environment: GDP_CALL_STAGES (default "split engine batched serve layer"): the stages, in order;
 # GDP_CALL_PACK (default .pre/pack.tar.xz).
