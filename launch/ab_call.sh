@@ -14,7 +14,8 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export JANSSON_HOME=$PWD/.deps/usr
-export LD_LIBRARY_PATH=$JANSSON_HOME/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+# the linked binaries find CUDA's libraries where that machine keeps them (no rpath to them from here)
+export LD_LIBRARY_PATH=$JANSSON_HOME/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 export GDP_GOLDEN_DIR=$PWD/.golden
 final=${OUT:?OUT must name the folder whose files come back}
 export OUT=/tmp/ab_call_out # the stages' logs; $final/logs.tgz after each stage (the call returns few files)

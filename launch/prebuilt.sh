@@ -109,7 +109,8 @@ if [ "$mode" = link ]; then
     dir=$(cd "$dir" && pwd)
     jansson_lib=${JANSSON_HOME:+$JANSSON_HOME/lib/x86_64-linux-gnu/libjansson.so}
     [ -n "$jansson_lib" ] && [ -f "$jansson_lib" ] || jansson_lib=/usr/lib/x86_64-linux-gnu/libjansson.so
-    cuda_libs=(-L/usr/local/cuda/targets/x86_64-linux/lib/stubs -L/usr/local/cuda/targets/x86_64-linux/lib)
+    cuda_libs=(-L/usr/local/cuda/targets/x86_64-linux/lib/stubs -L/usr/local/cuda/targets/x86_64-linux/lib
+               -L/usr/local/cuda/lib64)
     for tree_dir in "$dir"/*/; do
         tree=$(basename "$tree_dir")
         work=$dir/.link_$tree
@@ -131,11 +132,28 @@ if [ "$mode" = link ]; then
             rel=$(find "$work" -path "*/CMakeFiles/$t.dir" -type d | head -1)
             # the link line as CMake wrote it, with g++ as the driver (libgdp.a holds C++), the static
             # libgdp in place of the shared one, jansson where this machine has it, no rpath to the build
-            sed -e "s|\"/usr/lib/x86_64-linux-gnu/libjansson.so\"|\"$jansson_lib\"|g" \
-                -e "s| /usr/lib/x86_64-linux-gnu/libjansson.so | $jansson_lib |g" -i "$work/$home"/CMakeFiles/*.dir/linkLibs.rsp 2>/dev/null || true
             cmd=$(sed -e 's|^[^ ]*/cc |g++ |' -e 's|^[^ ]*/g++ |g++ |' -e "s|$(cat "$dir/main/build_path"):||g" \
-                      -e 's|\.\./libgdp\.so[.0-9]*|../libgdp.a|' \
-                      -e "s|\"*/usr/lib/x86_64-linux-gnu/libjansson.so\"*|\"$jansson_lib\"|g" "$rel/link.txt")
+                      -e 's|\.\./libgdp\.so[.0-9]*|../libgdp.a|' "$rel/link.txt")
+            echo "$cmd" >"$work/.cmd"
+            # shared libraries by path as this machine has them: jansson where JANSSON_HOME says, any
+            # other path missing here (the device keeps CUDA's under lib64 or targets/) by name
+            python3 - "$jansson_lib" "$work/.cmd" "$work/$home"/CMakeFiles/*.dir/linkLibs.rsp <<'PY'
+import os, re, shlex, sys
+jansson = sys.argv[1]
+for path in sys.argv[2:]:
+    if not os.path.exists(path):
+        continue
+    out = []
+    for tok in shlex.split(open(path).read()):
+        m = re.match(r"^/.*/lib([^/]+?)\.so(\.[0-9.]+)?$", tok)
+        if m and m.group(1) == "jansson":
+            tok = jansson
+        elif m and not os.path.exists(tok):
+            tok = "-l" + m.group(1)
+        out.append(tok)
+    open(path, "w").write(shlex.join(out) + "\n")
+PY
+            cmd=$(cat "$work/.cmd")
             (cd "$work/$home" && eval "$cmd" "${cuda_libs[*]}" -lcudadevrt -lcudart_static -lrt -lpthread -ldl &&
                 mv "$t" "$tree_dir/bin/$t") || { echo "prebuilt.sh link: $tree/$t failed" >&2; exit 1; }
         done <"$dir/main/targets"
