@@ -270,16 +270,8 @@ ncu_card() {
     python3 launch/ncu_lines.py "$work/$name.csv" "$work/$sass.sass" "$mangled" --top "${NCU_TOP:-14}" || status=1
     return $status
 }
-hopper_test() { # hopper_test BUILD LOG: test_chunk_gpu of BUILD on the Hopper path into LOG, its summary
-    local status=0
-    GDP_TEST_CHUNK_PATH=hopper "./$1/tests/test_chunk_gpu" >"$2" 2>&1 || status=$?
-    # the failures first (at most 30), then the kernel's call count and the summary line, which a
-    # cut of every matching line could lose now that the copies and segment cases print dozens
-    grep -E "FAIL" "$2" | head -30
-    grep -E "Hopper kernel ran" "$2" | tail -2
-    grep -E "checks" "$2" | tail -1
-    return $status
-}
+. "$root/launch/ab_lib.sh" # ab_hopper_test, ab_rows, ab_staged_rows
+hopper_test() { ab_hopper_test "./$1/tests/test_chunk_gpu" "$2"; } # hopper_test BUILD LOG
 if [ "$stage" = hopper ]; then
     # the one-pass Hopper chunk kernel's loop (kernels/NOTES-chunk.md): the wgmma helpers, its test path
     # (both copy modes, V = 64 and 128, the exact segment split), the prefill rows under hopper with
@@ -312,20 +304,10 @@ if [ "$stage" = hopperab ]; then
         echo "## $tree: GDP_TEST_CHUNK_PATH=hopper test_chunk_gpu"
         hopper_test "$tree" "$out/chunk_test_hopper_$(basename "$tree").log" || { st=$?; rc=1; echo "FAILED (exit $st)"; }
     done
-    for seg in ${GDP_AB_SEGMENTS:-off auto}; do
-        for round in $(seq 1 "${GDP_AB_ROUNDS:-2}"); do
-            for tree in "${ab_builds[@]}" "$build"; do
-                echo "## $tree: GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=$seg, round $round"
-                GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=$seg "./$tree/examples/gdp-bench" ops --op prefill 2>&1 |
-                    grep -E "^prefill|rror"
-            done
-        done
-    done 2>&1 | tee "$out/hopper_ab.log"
-    # the staged chain on the same rows, this tree: the reference each Hopper row is weighed against
-    # (and the K = 64 row's, which auto's K = 64 constants need)
-    echo "## $build: GDP_CHUNK_PATH=staged" | tee -a "$out/hopper_ab.log"
-    GDP_CHUNK_PATH=staged "./$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^prefill|rror" |
-        tee -a "$out/hopper_ab.log"
+    pairs=()
+    for tree in "${ab_builds[@]}" "$build"; do pairs+=("$tree=./$tree/examples/gdp-bench"); done
+    ab_rows "$out/hopper_ab.log" "${pairs[@]}"
+    ab_staged_rows "$out/hopper_ab.log" "$build" "./$build/examples/gdp-bench"
     GDP_CHUNK_SEGMENT=off "./$build/examples/bench_chunk_stages" --hopper-phases 2>&1 | tee "$out/hopper_phases.log"
     # the rows as one table a setting: medians over the rounds, each tree's ratio to this one's
     python3 "$root/launch/ab_table.py" "$out/hopper_ab.log" | tee "$out/hopper_ab_table.md"

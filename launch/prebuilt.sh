@@ -176,29 +176,22 @@ if [ "$mode" = ab ]; then
     IFS=: read -r -a trees <<<"${GDP_AB_TREES:-$(cd "$dir" && ls -d */ | tr -d / | tr '\n' :)}"
     label() { [ "$1" = main ] && echo main || echo "$1-ab"; }
     rc=0
-    hopper_tests() { for t in "${trees[@]}"; do
-        echo "## $(label "$t"): GDP_TEST_CHUNK_PATH=hopper test_chunk_gpu"
-        st=0
-        GDP_TEST_CHUNK_PATH=hopper "$dir/$t/bin/test_chunk_gpu" >"$out/chunk_test_hopper_$t.log" 2>&1 || st=$?
-        grep -E "FAIL" "$out/chunk_test_hopper_$t.log" | head -30
-        grep -E "Hopper kernel ran" "$out/chunk_test_hopper_$t.log" | tail -2
-        grep -E "checks" "$out/chunk_test_hopper_$t.log" | tail -1
-        [ $st -eq 0 ] || { rc=1; echo "FAILED (exit $st)"; }
-    done; }
+    . "$root/launch/ab_lib.sh"
+    hopper_tests() {
+        local t st
+        for t in "${trees[@]}"; do
+            echo "## $(label "$t"): GDP_TEST_CHUNK_PATH=hopper test_chunk_gpu"
+            st=0
+            ab_hopper_test "$dir/$t/bin/test_chunk_gpu" "$out/chunk_test_hopper_$t.log" || st=$?
+            [ $st -eq 0 ] || { rc=1; echo "FAILED (exit $st)"; }
+        done
+    }
     # GDP_AB_TESTS: first (the default, as the suite), last (the rows first, when a call may be cut), none
     [ "${GDP_AB_TESTS:-first}" = first ] && hopper_tests
-    for seg in ${GDP_AB_SEGMENTS:-off auto}; do
-        for round in $(seq 1 "${GDP_AB_ROUNDS:-2}"); do
-            for t in "${trees[@]}"; do
-                echo "## $(label "$t"): GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=$seg, round $round"
-                GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=$seg "$dir/$t/bin/gdp-bench" ops --op prefill 2>&1 |
-                    grep -E "^prefill|rror"
-            done
-        done
-    done 2>&1 | tee "$out/hopper_ab.log"
-    echo "## main: GDP_CHUNK_PATH=staged" | tee -a "$out/hopper_ab.log"
-    GDP_CHUNK_PATH=staged "$dir/main/bin/gdp-bench" ops --op prefill 2>&1 | grep -E "^prefill|rror" |
-        tee -a "$out/hopper_ab.log"
+    pairs=()
+    for t in "${trees[@]}"; do pairs+=("$(label "$t")=$dir/$t/bin/gdp-bench"); done
+    ab_rows "$out/hopper_ab.log" "${pairs[@]}"
+    ab_staged_rows "$out/hopper_ab.log" main "$dir/main/bin/gdp-bench"
     python3 "$root/launch/ab_table.py" "$out/hopper_ab.log" /dev/null | tee "$out/hopper_ab_table.md"
     [ "${GDP_AB_TESTS:-first}" = last ] && hopper_tests
     exit $rc

@@ -29,4 +29,7 @@ if(GDP_PYTHON3)
   # launch/prebuilt_pick.py: which objects of a patch's rebuild launch/prebuilt.sh pack keeps
   add_test(NAME prebuilt_pick_check COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/prebuilt_pick_check.sh ${PROJECT_SOURCE_DIR})
   set_tests_properties(prebuilt_pick_check PROPERTIES LABELS cpu TIMEOUT 60)
+  # launch/prebuilt.sh ab, the device A/B over linked trees, on stand-in trees
+  add_test(NAME prebuilt_ab_check COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/prebuilt_ab_check.sh ${PROJECT_SOURCE_DIR})
+  set_tests_properties(prebuilt_ab_check PROPERTIES LABELS cpu TIMEOUT 60)
 endif()

@@ -1,0 +1,37 @@
+# ab_lib.sh: the hopperab measurement, sourced by launch/h200-suite.sh (trees built on the device) and
+# launch/prebuilt.sh ab (trees linked there from a pack built elsewhere). Functions only.
+
+# ab_hopper_test TEST_BIN LOG: test_chunk_gpu on the Hopper path into LOG, then its summary: the failures
+# first (at most 30), the kernel's call count and the summary line, which a cut of every matching line
+# could lose now that the copies and segment cases print dozens. Returns the test's exit status.
+ab_hopper_test() {
+    local status=0
+    GDP_TEST_CHUNK_PATH=hopper "$1" >"$2" 2>&1 || status=$?
+    grep -E "FAIL" "$2" | head -30
+    grep -E "Hopper kernel ran" "$2" | tail -2
+    grep -E "checks" "$2" | tail -1
+    return $status
+}
+
+# ab_rows LOG LABEL=BENCH ...: gdp-bench's prefill rows under GDP_CHUNK_PATH=hopper, for each
+# GDP_AB_SEGMENTS value (default "off auto") and GDP_AB_ROUNDS round (default 2), the trees alternated in
+# the order given, into LOG (launch/ab_table.py reads it: a label without "-ab" is the base).
+ab_rows() {
+    local log=$1 seg round pair
+    shift
+    for seg in ${GDP_AB_SEGMENTS:-off auto}; do
+        for round in $(seq 1 "${GDP_AB_ROUNDS:-2}"); do
+            for pair in "$@"; do
+                echo "## ${pair%%=*}: GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=$seg, round $round"
+                GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=$seg "${pair#*=}" ops --op prefill 2>&1 | grep -E "^prefill|rror"
+            done
+        done
+    done 2>&1 | tee "$log"
+}
+
+# ab_staged_rows LOG LABEL BENCH: the staged chain on the same rows, appended to LOG: the reference each
+# Hopper row is weighed against (and the K = 64 row's, which auto's K = 64 constants need)
+ab_staged_rows() {
+    echo "## $2: GDP_CHUNK_PATH=staged" | tee -a "$1"
+    GDP_CHUNK_PATH=staged "$3" ops --op prefill 2>&1 | grep -E "^prefill|rror" | tee -a "$1"
+}
