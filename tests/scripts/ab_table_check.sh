@@ -6,10 +6,8 @@ set -uo pipefail
 root=$1
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-row() { # row SHAPE TOKENS TIME: a gdp-bench ops prefill line
-    printf 'prefill  %-45s %7d %9.1f %9.1f %9.1f  1.0e+07    400.0    80.0     110.5   11.1   1250.0    1.25       0\n' \
-        "$1" "$2" "$3" "$3" "$3"
-}
+. "$root/tests/scripts/ab_check_lib.sh" # prefill_row, expect
+row() { prefill_row "$@"; }
 {
     echo "## build-ab1: GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=auto, round 1"
     row "H=16 K=128 V=128 M=2 8x2048" 16384 430.0
@@ -29,8 +27,6 @@ row() { # row SHAPE TOKENS TIME: a gdp-bench ops prefill line
 echo "hopperab: build-ab1 is built from /x/build-src-hopper-split2" >"$dir/hopper_ab_trees.log"
 out=$(python3 "$root/launch/ab_table.py" "$dir/hopper_ab.log") || { echo "FAIL: ab_table.py exited $?"; exit 1; }
 echo "$out"
-fail=0
-expect() { grep -qF -- "$1" <<<"$out" || { echo "FAIL: the table lacks: $1"; fail=1; }; }
 expect "### GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=auto: median us over the rounds (ratio to build)"
 expect "| row | hopper-split2 | build |"
 expect "| H=16 K=128 V=128 M=2 8x2048 | 425.0 (0.955) | 445.0 |"

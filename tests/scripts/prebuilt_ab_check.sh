@@ -8,30 +8,27 @@ set -uo pipefail
 root=$1
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
+. "$root/tests/scripts/ab_check_lib.sh" # prefill_row, expect
 for t in main split; do
     mkdir -p "$dir/pack/$t/bin"
     us=$([ "$t" = main ] && echo 440.0 || echo 400.0)
-    cat >"$dir/pack/$t/bin/gdp-bench" <<EOS
-#!/usr/bin/env bash
-v=$us
-[ "\$GDP_CHUNK_PATH" = staged ] && v=784.1
-printf 'prefill  %-45s %7d %9.1f %9.1f %9.1f  1.0e+07    400.0    80.0     110.5   11.1   1250.0    1.25       0\n' \
-    "H=16 K=128 V=128 M=2 8x2048" 16384 \$v \$v \$v
-EOS
+    # a stand-in gdp-bench: the row at this tree's time (784.1 under the staged path)
+    { echo '#!/usr/bin/env bash'; declare -f prefill_row
+      echo "[ \"\$GDP_CHUNK_PATH\" = staged ] && prefill_row 'H=16 K=128 V=128 M=2 8x2048' 16384 784.1 ||"
+      echo "    prefill_row 'H=16 K=128 V=128 M=2 8x2048' 16384 $us"; } >"$dir/pack/$t/bin/gdp-bench"
     status=$([ "$t" = split ] && echo 1 || echo 0)
-    printf '#!/usr/bin/env bash\necho "Hopper kernel ran 12 times"\necho "100 checks, %s failures"\nexit %s\n' \
-        "$status" "$status" >"$dir/pack/$t/bin/test_chunk_gpu"
-    [ "$status" = 0 ] || echo 'echo "FAIL: a made-up case"' >>"$dir/pack/$t/bin/test_chunk_gpu"
+    { echo '#!/usr/bin/env bash'; [ "$status" = 0 ] || echo 'echo "FAIL: a made-up case"'
+      printf 'echo "Hopper kernel ran 12 times"\necho "100 checks, %s failures"\nexit %s\n' "$status" "$status"; } \
+        >"$dir/pack/$t/bin/test_chunk_gpu"
     chmod +x "$dir/pack/$t/bin/"*
 done
 out=$(OUT=$dir/out GDP_AB_SEGMENTS=auto GDP_AB_ROUNDS=2 GDP_AB_TESTS=first GDP_AB_TREES=main:split \
       bash "$root/launch/prebuilt.sh" ab "$dir/pack" 2>&1)
 rc=$?
 echo "$out"
-fail=0
-expect() { grep -qF -- "$1" <<<"$out" || { echo "FAIL: the output lacks: $1"; fail=1; }; }
 expect "## main: GDP_TEST_CHUNK_PATH=hopper test_chunk_gpu"
 expect "## split-ab: GDP_TEST_CHUNK_PATH=hopper test_chunk_gpu"
+expect "FAIL: a made-up case"
 expect "FAILED (exit 1)"
 expect "## split-ab: GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=auto, round 2"
 expect "| row | split-ab | main |"
