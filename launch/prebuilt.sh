@@ -6,8 +6,9 @@
 #   launch/prebuilt.sh pack DIR [PATCH ...]   on this machine, from a clean tree: brings BUILD up to
 #       date for the targets below, saves its static library, the targets' objects, local libraries
 #       and link lines into DIR/main; then for each patch (kernels/chunk/pending/*.patch) applies it,
-#       rebuilds, saves the objects whose bytes changed into DIR/<patch name> and restores the tree.
-#       DIR holds libgdp.a once and a few MB a patch; `tar -cJf` it into a carried folder.
+#       rebuilds, saves into DIR/<patch name> the objects whose sources it changed (prebuilt_pick.py:
+#       an earlier patch's identical ones by reference) and restores the tree. DIR holds libgdp.a once
+#       and a few MB a patch; `tar -cJf` it into a carried file (42 MB for five patches).
 #   launch/prebuilt.sh link DIR               on the device: DIR/<tree>/bin/<target> for every tree
 #       (main's library with the tree's changed members replaced), linked with the device's g++
 #       against its CUDA, MPI, BLAS and jansson (JANSSON_HOME, e.g. the carried .deps/usr).
@@ -114,7 +115,7 @@ if [ "$mode" = link ]; then
     for tree_dir in "$dir"/*/; do
         tree=$(basename "$tree_dir")
         work=$dir/.link_$tree
-        rm -rf "$work" && cp -r "$dir/main" "$work"
+        rm -rf "$work" && cp -r "$dir/main" "$work" && rm -rf "$work/bin" # (main's binaries of an earlier link)
         if [ "$tree" != main ]; then # the tree's changed objects over main's, and into the library
             [ ! -f "$tree_dir/inherit" ] || while read -r o from; do # objects an earlier tree holds
                 mkdir -p "$work/$(dirname "$o")" && cp "$dir/$from/$o" "$work/$o"
