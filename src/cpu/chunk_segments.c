@@ -31,6 +31,11 @@
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* The end of segment j's expanded chunks (the last segment may be shorter). */
+static int64_t seg_end(int64_t j, int64_t segment_chunks, int64_t nexp) {
+    return (j + 1) * segment_chunks < nexp ? (j + 1) * segment_chunks : nexp;
+}
+
 /* What one pass over a range of chunks needs: the sequence, its expanded-stream cumsum, scratch. */
 typedef struct seg_ctx {
     const gdp_cpu_seq_head *p;
@@ -134,6 +139,19 @@ static gdp_status_t seg_ctx_init(const gdp_cpu_seq_head *p, int64_t W, seg_ctx *
     return GDP_STATUS_SUCCESS;
 }
 
+/* One step of the fix-up scan over segments, S_(j+1) = F_j S_j + G_j (K x V states; F's rows ldf apart,
+ * G's ldg: both orders keep their maps in their own layout), summed from G in k order. */
+static void seg_fixup_step(const double *F, int64_t ldf, const double *G, int64_t ldg, const double *Sj, double *Sn,
+                           int64_t K, int64_t V) {
+    for (int64_t d = 0; d < K; d++)
+        for (int64_t e = 0; e < V; e++) {
+            double s = G[d * ldg + e];
+            for (int64_t i = 0; i < K; i++)
+                s += F[d * ldf + i] * Sj[i * V + e];
+            Sn[d * V + e] = s;
+        }
+}
+
 static void seg_ctx_free(seg_ctx *x) {
     free(x->gk);
     free(x->a);
@@ -167,21 +185,14 @@ gdp_status_t gdp_cpu_segmented_seq_head(const gdp_cpu_seq_head *p, int64_t segme
     /* 2. the fix-up scan over segments: S_(j+1) = F_j S_j + G_j */
     memcpy(starts, p->state, (size_t)(K * V) * sizeof(double));
     for (int64_t j = 0; j + 1 < nseg; j++) {
-        const double *X = fg + j * K * W, *Sj = starts + j * K * V;
-        double *Sn = starts + (j + 1) * K * V;
-        for (int64_t d = 0; d < K; d++)
-            for (int64_t e = 0; e < V; e++) {
-                double s = X[d * W + K + e];
-                for (int64_t i = 0; i < K; i++)
-                    s += X[d * W + i] * Sj[i * V + e];
-                Sn[d * V + e] = s;
-            }
+        const double *X = fg + j * K * W;
+        seg_fixup_step(X, W, X + K, W, starts + j * K * V, starts + (j + 1) * K * V, K, V);
     }
     /* 3. each segment from its entering state: outputs, chunk states, and the last one's end state */
     for (int64_t j = 0; j < nseg; j++) {
         double *S = j + 1 == nseg ? p->state : fg + j * K * W; /* the map's storage is free again */
         memcpy(S, starts + j * K * V, (size_t)(K * V) * sizeof(double));
-        const int64_t c_end = (j + 1) * segment_chunks < nexp ? (j + 1) * segment_chunks : nexp;
+        const int64_t c_end = seg_end(j, segment_chunks, nexp);
         for (int64_t c = j * segment_chunks; c < c_end; c++) {
             if (c % M == 0) /* expanded chunk cM starts token chunk c / M */
                 memcpy(p->chunk_states + (c / M) * K * V, S, (size_t)(K * V) * sizeof(double));
@@ -225,15 +236,14 @@ gdp_status_t gdp_cpu_segmented_corrected_seq_head(const gdp_cpu_seq_head *p, int
         st = GDP_STATUS_SYSTEM_ERROR;
         goto done;
     }
-    const int64_t seg0_end = segment_chunks < nexp ? segment_chunks : nexp;
 
     /* 1. segment 0 from the initial state */
     memcpy(starts, p->state, (size_t)(K * V) * sizeof(double));
-    for (int64_t c = 0; c < seg0_end; c++)
+    for (int64_t c = 0; c < seg_end(0, segment_chunks, nexp); c++)
         seg_chunk(&x, c, starts, V, 0, p->o, V);
     /* 2. the maps of every later segment, with their outputs' parts */
     for (int64_t j = 1; j < nseg; j++) {
-        const int64_t c_end = (j + 1) * segment_chunks < nexp ? (j + 1) * segment_chunks : nexp;
+        const int64_t c_end = seg_end(j, segment_chunks, nexp);
         double *F = fmaps + j * K * K, *G = gmaps + j * K * V;
         for (int64_t d = 0; d < K; d++)
             F[d * K + d] = 1.0;
@@ -243,17 +253,8 @@ gdp_status_t gdp_cpu_segmented_corrected_seq_head(const gdp_cpu_seq_head *p, int
         }
     }
     /* 3. the fix-up: starts[0] holds S_1 (segment 0's end), then S_(j+1) = F_j S_j + G_j */
-    for (int64_t j = 1; j < nseg; j++) {
-        const double *F = fmaps + j * K * K, *G = gmaps + j * K * V, *Sj = starts + (j - 1) * K * V;
-        double *Sn = starts + j * K * V;
-        for (int64_t d = 0; d < K; d++)
-            for (int64_t e = 0; e < V; e++) {
-                double s = G[d * V + e];
-                for (int64_t i = 0; i < K; i++)
-                    s += F[d * K + i] * Sj[i * V + e];
-                Sn[d * V + e] = s;
-            }
-    }
+    for (int64_t j = 1; j < nseg; j++)
+        seg_fixup_step(fmaps + j * K * K, K, gmaps + j * K * V, V, starts + (j - 1) * K * V, starts + j * K * V, K, V);
     memcpy(p->state, starts + (nseg - 1) * K * V, (size_t)(K * V) * sizeof(double));
     /* 4. the correction: segment j's tokens (their last copy in its chunks) take O^F S_j, S_j = starts[j - 1] */
     for (int64_t j = 1; j < nseg; j++) {
