@@ -13,6 +13,21 @@ ab_hopper_test() {
     return $status
 }
 
+# ab_hopper_tests OUT LABEL=TEST_BIN ...: ab_hopper_test of each tree, its log OUT/chunk_test_hopper_LABEL.log
+# (LABEL's last path part) after a "## LABEL" header, "FAILED (exit N)" under a failing one. Returns 1 if
+# any failed.
+ab_hopper_tests() {
+    local out=$1 pair st rc=0
+    shift
+    for pair in "$@"; do
+        echo "## ${pair%%=*}: GDP_TEST_CHUNK_PATH=hopper test_chunk_gpu"
+        st=0
+        ab_hopper_test "${pair#*=}" "$out/chunk_test_hopper_$(basename "${pair%%=*}").log" || st=$?
+        [ $st -eq 0 ] || { rc=1; echo "FAILED (exit $st)"; }
+    done
+    return $rc
+}
+
 # ab_rows LOG LABEL=BENCH ...: gdp-bench's prefill rows under GDP_CHUNK_PATH=hopper, for each
 # GDP_AB_SEGMENTS value (default "off auto") and GDP_AB_ROUNDS round (default 2), the trees alternated in
 # the order given, into LOG (launch/ab_table.py reads it: a label without "-ab" is the base).

@@ -270,15 +270,14 @@ ncu_card() {
     python3 launch/ncu_lines.py "$work/$name.csv" "$work/$sass.sass" "$mangled" --top "${NCU_TOP:-14}" || status=1
     return $status
 }
-. "$root/launch/ab_lib.sh" # ab_hopper_test, ab_rows, ab_staged_rows
-hopper_test() { ab_hopper_test "./$1/tests/test_chunk_gpu" "$2"; } # hopper_test BUILD LOG
+. "$root/launch/ab_lib.sh" # ab_hopper_test(s), ab_rows, ab_staged_rows
 if [ "$stage" = hopper ]; then
     # the one-pass Hopper chunk kernel's loop (kernels/NOTES-chunk.md): the wgmma helpers, its test path
     # (both copy modes, V = 64 and 128, the exact segment split), the prefill rows under hopper with
     # each copy mode (the split on auto) and unsplit (GDP_CHUNK_SEGMENT=off), and under staged, then its
     # phase cycles per chunk under each copy mode
     "./$build/examples/wgmma_check" 2>&1 | tee "$out/wgmma_check.log" | tail -6 || rc=1
-    hopper_test "$build" "$out/chunk_test_hopper.log" || rc=1
+    ab_hopper_test "./$build/tests/test_chunk_gpu" "$out/chunk_test_hopper.log" || rc=1
     for run in "threads auto" "tma auto" "tma off"; do
         set -- $run
         echo "## GDP_CHUNK_PATH=hopper GDP_CHUNK_HOPPER_COPY=$1 GDP_CHUNK_SEGMENT=$2"
@@ -300,12 +299,11 @@ if [ "$stage" = hopperab ]; then
     for k in "${!ab_pids[@]}"; do
         wait "${ab_pids[$k]}" || { tail -30 "$out/build_ab$((k + 1)).log"; exit 1; }
     done
-    for tree in "${ab_builds[@]}" "$build"; do # every tree's Hopper kernel against the CPU reference
-        echo "## $tree: GDP_TEST_CHUNK_PATH=hopper test_chunk_gpu"
-        hopper_test "$tree" "$out/chunk_test_hopper_$(basename "$tree").log" || { st=$?; rc=1; echo "FAILED (exit $st)"; }
+    pairs=() tests=()
+    for tree in "${ab_builds[@]}" "$build"; do
+        pairs+=("$tree=./$tree/examples/gdp-bench") tests+=("$tree=./$tree/tests/test_chunk_gpu")
     done
-    pairs=()
-    for tree in "${ab_builds[@]}" "$build"; do pairs+=("$tree=./$tree/examples/gdp-bench"); done
+    ab_hopper_tests "$out" "${tests[@]}" || rc=1 # every tree's Hopper kernel against the CPU reference
     ab_rows "$out/hopper_ab.log" "${pairs[@]}"
     ab_staged_rows "$out/hopper_ab.log" "$build" "./$build/examples/gdp-bench"
     GDP_CHUNK_SEGMENT=off "./$build/examples/bench_chunk_stages" --hopper-phases 2>&1 | tee "$out/hopper_phases.log"

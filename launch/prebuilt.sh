@@ -178,19 +178,13 @@ if [ "$mode" = ab ]; then
     label() { [ "$1" = main ] && echo main || echo "$1-ab"; }
     rc=0
     . "$root/launch/ab_lib.sh"
-    hopper_tests() {
-        local t st
-        for t in "${trees[@]}"; do
-            echo "## $(label "$t"): GDP_TEST_CHUNK_PATH=hopper test_chunk_gpu"
-            st=0
-            ab_hopper_test "$dir/$t/bin/test_chunk_gpu" "$out/chunk_test_hopper_$t.log" || st=$?
-            [ $st -eq 0 ] || { rc=1; echo "FAILED (exit $st)"; }
-        done
-    }
+    pairs=() tests=()
+    for t in "${trees[@]}"; do
+        pairs+=("$(label "$t")=$dir/$t/bin/gdp-bench") tests+=("$(label "$t")=$dir/$t/bin/test_chunk_gpu")
+    done
+    hopper_tests() { ab_hopper_tests "$out" "${tests[@]}" || rc=1; }
     # GDP_AB_TESTS: first (the default, as the suite), last (the rows first, when a call may be cut), none
     [ "${GDP_AB_TESTS:-first}" = first ] && hopper_tests
-    pairs=()
-    for t in "${trees[@]}"; do pairs+=("$(label "$t")=$dir/$t/bin/gdp-bench"); done
     ab_rows "$out/hopper_ab.log" "${pairs[@]}"
     ab_staged_rows "$out/hopper_ab.log" main "$dir/main/bin/gdp-bench"
     python3 "$root/launch/ab_table.py" "$out/hopper_ab.log" /dev/null | tee "$out/hopper_ab_table.md"
