@@ -39,12 +39,13 @@ cudaError_t launch_hopper(const ChunkParams &p, const HopperMaps &maps, cudaStre
 }
 
 /* The split's scratch, carved in order from ws by the chunk workspace's own gdp_ws_add: item_seq,
- * item_seg [max_items], seg_base, nseg [N], slot_seq, slot_seg [max_slots] (int), then entry, fmap,
- * gmap (fp32, max_slots slots each) and O^F ([T][H][K], 16-bit), for at most max_segs segments
+ * item_seg [max_items], seg_base, nseg [N], slot_seq, slot_seg, slot_fitem [max_slots] (int), then
+ * entry, gmap (fp32, max_slots slots each), fmap (fp32, max_items: by F item) and O^F ([T][H][K],
+ * 16-bit), for at most max_segs segments
  * (max_items = 2 max_segs - N: a MAIN item each and an F item each past a sequence's first; max_slots
  * = max_segs - N). total is SIZE_MAX when the sizes overflow. */
 struct SplitLayout {
-    size_t item_seq, item_seg, seg_base, nseg, slot_seq, slot_seg, entry, fmap, gmap, ofmap, total;
+    size_t item_seq, item_seg, seg_base, nseg, slot_seq, slot_seg, slot_fitem, entry, gmap, fmap, ofmap, total;
     long long max_items, max_slots;
 };
 SplitLayout split_layout(const ChunkParams &p, long long max_segs) {
@@ -58,9 +59,10 @@ SplitLayout split_layout(const ChunkParams &p, long long max_segs) {
                     gdp_ws_add(&cur, &l.seg_base, p.N, sizeof(int)) && gdp_ws_add(&cur, &l.nseg, p.N, sizeof(int)) &&
                     gdp_ws_add(&cur, &l.slot_seq, l.max_slots, sizeof(int)) &&
                     gdp_ws_add(&cur, &l.slot_seg, l.max_slots, sizeof(int)) &&
+                    gdp_ws_add(&cur, &l.slot_fitem, l.max_slots, sizeof(int)) &&
                     gdp_ws_add(&cur, &l.entry, l.max_slots * kv, sizeof(float)) &&
-                    gdp_ws_add(&cur, &l.fmap, l.max_slots * kk, sizeof(float)) &&
                     gdp_ws_add(&cur, &l.gmap, l.max_slots * kv, sizeof(float)) &&
+                    gdp_ws_add(&cur, &l.fmap, l.max_items * kk, sizeof(float)) &&
                     gdp_ws_add(&cur, &l.ofmap, p.T * p.H * HOP_KP, 2);
     l.total = ok ? gdp_ws_end(cur) : SIZE_MAX;
     return l;
@@ -76,6 +78,7 @@ cudaError_t launch_hopper_split(const ChunkParams &p, const HopperMaps &maps, co
     int *item_seq = reinterpret_cast<int *>(ws + l.item_seq), *item_seg = reinterpret_cast<int *>(ws + l.item_seg);
     int *seg_base = reinterpret_cast<int *>(ws + l.seg_base), *nseg = reinterpret_cast<int *>(ws + l.nseg);
     int *slot_seq = reinterpret_cast<int *>(ws + l.slot_seq), *slot_seg = reinterpret_cast<int *>(ws + l.slot_seg);
+    int *slot_fitem = reinterpret_cast<int *>(ws + l.slot_fitem);
     HopSegPlan sp;
     sp.item_seq = item_seq;
     sp.item_seg = item_seg;
@@ -83,6 +86,7 @@ cudaError_t launch_hopper_split(const ChunkParams &p, const HopperMaps &maps, co
     sp.nseg = nseg;
     sp.slot_seq = slot_seq;
     sp.slot_seg = slot_seg;
+    sp.slot_fitem = slot_fitem;
     sp.entry = reinterpret_cast<float *>(ws + l.entry);
     sp.fmap = reinterpret_cast<float *>(ws + l.fmap);
     sp.gmap = reinterpret_cast<float *>(ws + l.gmap);
@@ -111,7 +115,7 @@ cudaError_t launch_hopper_split(const ChunkParams &p, const HopperMaps &maps, co
         return err;
     hop_plan_kernel<<<1, HOP_PLAN_THREADS, 0, stream>>>(p.cu, p.N, p.M, split.seg_chunks, (int)l.max_items,
                                                         (int)l.max_slots, item_seq, item_seg, seg_base, nseg,
-                                                        slot_seq, slot_seg);
+                                                        slot_seq, slot_seg, slot_fitem);
     if ((err = cudaGetLastError()) != cudaSuccess)
         return err;
     /* head-fastest grids over the items (hop_grid_item: y up to 65,535, z beyond) */

@@ -686,14 +686,17 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
  * S_(j+1) = F_j S_j + G_j in fp32 (hop_fixup_kernel; the last is the final state) and o = o^G + O^F S_j
  * over segment j's tokens (hop_correct_kernel): each sequence's chain is run about twice in parallel
  * pieces instead of once in one piece. With chunk states asked, segments j >= 1 instead run again as
- * MAIN from S_j (pass 2), writing their outputs and chunk states over the MAIN items'.
+ * MAIN from S_j (pass 2), writing their outputs and chunk states over the MAIN items' and the final
+ * state.
  * A segment j >= 1 of sequence i has slot e = seg_base[i] - i + j - 1 (seg_base: the segments of the
- * sequences before i) for S_j (entry), F_j (fmap, K x K) and G_j (gmap, K x V), fp32 [e][H][K][K or V];
- * slot_seq[e], slot_seg[e] name it (-1 past the last). Items t: item_seq[t] = i (-1 past the last),
+ * sequences before i) for S_j (entry) and G_j (gmap), fp32 [e][H][K][V]; slot_seq[e], slot_seg[e] name
+ * it (-1 past the last), slot_fitem[e] its F item t, whose map F_j is at fmap [t][H][K][K] (indexed by
+ * the item, the F run's end address comes from its block index after the run: a slot's base computed
+ * before it was held through the run and spilled). Items t: item_seq[t] = i (-1 past the last),
  * item_seg[t] = 2 j + 1 for F, 2 j for MAIN; the full-length segments' items first, then the short
  * last ones, so that no long item starts late. O^F (ofmap) is [T][H][K] in the inputs' type. */
 struct HopSegPlan {
-    const int *item_seq, *item_seg, *seg_base, *nseg, *slot_seq, *slot_seg;
+    const int *item_seq, *item_seg, *seg_base, *nseg, *slot_seq, *slot_seg, *slot_fitem;
     float *entry, *fmap, *gmap;
     void *ofmap;
     int seg_chunks;
@@ -745,7 +748,8 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
     if constexpr (KIND == HOP_MAP_F) {
         hop_run<T, HOP_KP, HOP_KP, COPY, HOP_MAP_F>(
             p, maps, smem_raw, i, hd, it.cb, it.ce, HopStateSrc{nullptr, 0, 0},
-            StateDest{sp.fmap, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, j, hd, HOP_KP)}, static_cast<T *>(sp.ofmap));
+            StateDest{sp.fmap, GDP_DTYPE_FP32, ((int64_t)hop_grid_item() * p.H + hd) * HOP_KP * HOP_KP},
+            static_cast<T *>(sp.ofmap));
     } else {
         const StateDest end = j > 0         ? StateDest{sp.gmap, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, j, hd, VP)}
                               : it.ns == 1 ? final_state_dest(p, i, hd)
@@ -757,8 +761,8 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
 }
 
 /* Pass 2, only with chunk states asked (after hop_fixup_kernel): the MAIN items of segments j >= 1
- * again, from their entering states, over the outputs and chunk states of pass 1 (the fix-up wrote
- * the final state). */
+ * again, from their entering states, over the outputs and chunk states of pass 1; the last segment's
+ * end is the final state (the fix-up then leaves it: with no end state this kernel spilled). */
 template <typename T, int VP, int COPY>
 __global__ void __launch_bounds__(HOP_THREADS, 1)
     chunk_hopper_seg_pass2_kernel(const ChunkParams p, const __grid_constant__ HopperMaps maps, const HopSegPlan sp) {
@@ -769,7 +773,8 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
     if (it.i < 0 || it.j == 0 || it.f)
         return;
     const HopStateSrc init{sp.entry, GDP_DTYPE_FP32, hop_slot_base(p, sp, it.i, it.j, hd, VP)};
-    hop_run<T, HOP_KP, VP, COPY, HOP_MAIN>(p, maps, smem_raw, it.i, hd, it.cb, it.ce, init, StateDest{nullptr, 0, 0},
+    hop_run<T, HOP_KP, VP, COPY, HOP_MAIN>(p, maps, smem_raw, it.i, hd, it.cb, it.ce, init,
+                                           it.j == it.ns - 1 ? final_state_dest(p, it.i, hd) : StateDest{nullptr, 0, 0},
                                            nullptr);
 #endif
 }
@@ -820,7 +825,7 @@ __device__ __forceinline__ void hop_plan_counts(const int32_t *cu, int i, int M,
  * slot_seq past the last of max_items and max_slots. */
 __global__ void __launch_bounds__(HOP_PLAN_THREADS)
     hop_plan_kernel(const int32_t *cu, int N, int M, int seg_chunks, int max_items, int max_slots, int *item_seq,
-                    int *item_seg, int *seg_base, int *nseg, int *slot_seq, int *slot_seg) {
+                    int *item_seg, int *seg_base, int *nseg, int *slot_seq, int *slot_seg, int *slot_fitem) {
     __shared__ int warp_sums[HOP_PLAN_THREADS / 32];
     const int tid = threadIdx.x;
     for (int t = tid; t < max_items; t += HOP_PLAN_THREADS) {
@@ -830,6 +835,7 @@ __global__ void __launch_bounds__(HOP_PLAN_THREADS)
     for (int e = tid; e < max_slots; e += HOP_PLAN_THREADS) {
         slot_seq[e] = -1;
         slot_seg[e] = 0;
+        slot_fitem[e] = 0;
     }
     /* the full-length items of all sequences come first: their count */
     int full_items = 0;
@@ -867,18 +873,16 @@ __global__ void __launch_bounds__(HOP_PLAN_THREADS)
         };
         for (int j = 0; j < full; j++)
             put(fpos + j, 2 * j);
-        for (int j = 1; j < full; j++)
-            put(fpos + full + j - 1, 2 * j + 1);
-        if (has_short) {
+        if (has_short)
             put(spos, 2 * (ns - 1));
-            if (ns > 1)
-                put(spos + 1, 2 * (ns - 1) + 1);
-        }
-        for (int j = 1; j < ns; j++) {
+        for (int j = 1; j < ns; j++) { /* the F items, and the slots */
+            const int t = j < full ? fpos + full + j - 1 : spos + 1;
+            put(t, 2 * j + 1);
             const int e = sb - i + j - 1;
             if (e < max_slots) {
                 slot_seq[e] = i;
                 slot_seg[e] = j;
+                slot_fitem[e] = t;
             }
         }
     }
@@ -888,8 +892,8 @@ __global__ void __launch_bounds__(HOP_PLAN_THREADS)
  * S_(j+1) = F_j S_j + G_j for j = 1 .. nseg - 1 in order, in fp32 (each thread an 8 x 2 tile of the
  * product, sums in k order: deterministic), from S_1 (segment 0's end) to the entering states of
  * segments 2 .. nseg - 1 and, last, the sequence's final state (its slot or final_state, in its
- * dtype; nothing for a -1 slot). A column block needs only its own columns of S_j, so the blocks
- * of one sequence and head run side by side. */
+ * dtype; nothing for a -1 slot; with chunk states asked pass 2 writes it instead). A column block
+ * needs only its own columns of S_j, so the blocks of one sequence and head run side by side. */
 constexpr int HOP_FIX_THREADS = 256, HOP_FIX_COLS = 32, HOP_FIX_LD = HOP_KP + 4;
 template <int VP>
 __global__ void __launch_bounds__(HOP_FIX_THREADS) hop_fixup_kernel(const ChunkParams p, const HopSegPlan sp) {
@@ -907,9 +911,9 @@ __global__ void __launch_bounds__(HOP_FIX_THREADS) hop_fixup_kernel(const ChunkP
         for (int e = tid; e < HOP_KP * HOP_FIX_COLS; e += HOP_FIX_THREADS)
             Sm[(e / HOP_FIX_COLS) * SLD + e % HOP_FIX_COLS] = s1[(e / HOP_FIX_COLS) * VP + cbase + e % HOP_FIX_COLS];
     }
-    const StateDest fin = final_state_dest(p, i, hd);
+    const StateDest fin = p.chunk_states != nullptr ? StateDest{nullptr, 0, 0} : final_state_dest(p, i, hd);
     for (int j = 1; j < ns; j++) {
-        const float *f = sp.fmap + hop_slot_base(p, sp, i, j, hd, HOP_KP);
+        const float *f = sp.fmap + ((int64_t)sp.slot_fitem[hop_slot(sp, i, j)] * p.H + hd) * HOP_KP * HOP_KP;
         const float *gm = sp.gmap + hop_slot_base(p, sp, i, j, hd, VP);
         for (int e = tid; e < HOP_KP * HOP_KP; e += HOP_FIX_THREADS)
             F[(e / HOP_KP) * HOP_FIX_LD + e % HOP_KP] = f[e];
