@@ -92,6 +92,7 @@ cudaError_t launch_hopper_split(const ChunkParams &p, const HopperMaps &maps, co
     sp.gmap = reinterpret_cast<float *>(ws + l.gmap);
     sp.ofmap = ws + l.ofmap;
     sp.seg_chunks = split.seg_chunks;
+    sp.max_items = (int)l.max_items;
     if (p.N <= 0 || p.H <= 0)
         return cudaSuccess;
     constexpr size_t smem = hop_smem_bytes<T, HOP_KP, VP>(), smem_f = hop_smem_bytes<T, HOP_KP, HOP_KP>();

@@ -700,6 +700,7 @@ struct HopSegPlan {
     float *entry, *fmap, *gmap;
     void *ofmap;
     int seg_chunks;
+    int max_items; /* the item arrays' length: a grid's blocks past it (its last z slice) have no item */
 };
 __device__ __forceinline__ int64_t hop_slot(const HopSegPlan &sp, int i, int j) {
     return (int64_t)sp.seg_base[i] - i + j - 1;
@@ -716,7 +717,7 @@ struct HopItem {
     bool f;
 };
 __device__ __forceinline__ HopItem hop_item(const ChunkParams &p, const HopSegPlan &sp, int t) {
-    HopItem it{sp.item_seq[t], 0, 0, 0, 0, false};
+    HopItem it{t < sp.max_items ? sp.item_seq[t] : -1, 0, 0, 0, 0, false};
     if (it.i < 0)
         return it;
     const int code = sp.item_seg[t];
