@@ -48,12 +48,12 @@ struct SplitLayout {
     size_t item_seq, item_seg, seg_base, nseg, slot_seq, slot_seg, slot_fitem, entry, gmap, fmap, ofmap, total;
     long long max_items, max_slots;
 };
-SplitLayout split_layout(const ChunkParams &p, long long max_segs) {
+SplitLayout split_layout(const ChunkParams &p, long long max_segs) { /* K = KP = 64 or 128 */
     SplitLayout l{};
     size_t cur = 0;
     l.max_items = 2 * max_segs - p.N;
     l.max_slots = max_segs - p.N;
-    const int64_t kv = (int64_t)p.H * HOP_KP * p.VP, kk = (int64_t)p.H * HOP_KP * HOP_KP;
+    const int64_t kv = (int64_t)p.H * p.KP * p.VP, kk = (int64_t)p.H * p.KP * p.KP;
     const bool ok = gdp_ws_add(&cur, &l.item_seq, l.max_items, sizeof(int)) &&
                     gdp_ws_add(&cur, &l.item_seg, l.max_items, sizeof(int)) &&
                     gdp_ws_add(&cur, &l.seg_base, p.N, sizeof(int)) && gdp_ws_add(&cur, &l.nseg, p.N, sizeof(int)) &&
@@ -63,14 +63,14 @@ SplitLayout split_layout(const ChunkParams &p, long long max_segs) {
                     gdp_ws_add(&cur, &l.entry, l.max_slots * kv, sizeof(float)) &&
                     gdp_ws_add(&cur, &l.gmap, l.max_slots * kv, sizeof(float)) &&
                     gdp_ws_add(&cur, &l.fmap, l.max_items * kk, sizeof(float)) &&
-                    gdp_ws_add(&cur, &l.ofmap, p.T * p.H * HOP_KP, 2);
+                    gdp_ws_add(&cur, &l.ofmap, p.T * p.H * p.KP, 2);
     l.total = ok ? gdp_ws_end(cur) : SIZE_MAX;
     return l;
 }
 
 /* The split's launches: the plan, pass 1 (the MAIN items' launch, the F items'), the fix-up, then the
  * outputs' correction, or pass 2 where chunk states are asked (hopper.cuh, "the exact segment split"). */
-template <typename T, int VP, int COPY>
+template <typename T, int KP, int VP, int COPY>
 cudaError_t launch_hopper_split(const ChunkParams &p, const HopperMaps &maps, const GdpHopperSplit &split,
                                 cudaStream_t stream) {
     const SplitLayout l = split_layout(p, split.max_segs);
@@ -95,22 +95,22 @@ cudaError_t launch_hopper_split(const ChunkParams &p, const HopperMaps &maps, co
     sp.max_items = (int)l.max_items;
     if (p.N <= 0 || p.H <= 0)
         return cudaSuccess;
-    constexpr size_t smem = hop_smem_bytes<T, HOP_KP, VP>(), smem_f = hop_smem_bytes<T, HOP_KP, HOP_KP>();
-    constexpr size_t smem_fix = sizeof(float) * (size_t)HOP_KP * (HOP_FIX_LD + HOP_FIX_COLS + 4);
-    constexpr size_t smem_cor = hop_correct_smem<T, VP>();
+    constexpr size_t smem = hop_smem_bytes<T, KP, VP>(), smem_f = hop_smem_bytes<T, KP, KP>();
+    constexpr size_t smem_fix = hop_fixup_smem<KP>(), smem_cor = hop_correct_smem<T, KP, VP>();
     const bool with_cs = p.chunk_states != nullptr;
-    cudaError_t err = cudaFuncSetAttribute(chunk_hopper_seg_run_kernel<T, VP, COPY, HOP_MAIN>,
+    cudaError_t err = cudaFuncSetAttribute(chunk_hopper_seg_run_kernel<T, KP, VP, COPY, HOP_MAIN>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err == cudaSuccess)
-        err = cudaFuncSetAttribute(chunk_hopper_seg_run_kernel<T, HOP_KP, COPY, HOP_MAP_F>,
+        err = cudaFuncSetAttribute(chunk_hopper_seg_run_kernel<T, KP, KP, COPY, HOP_MAP_F>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_f);
     if (err == cudaSuccess && with_cs)
-        err = cudaFuncSetAttribute(chunk_hopper_seg_pass2_kernel<T, VP, COPY>,
+        err = cudaFuncSetAttribute(chunk_hopper_seg_pass2_kernel<T, KP, VP, COPY>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err == cudaSuccess)
-        err = cudaFuncSetAttribute(hop_fixup_kernel<VP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_fix);
+        err = cudaFuncSetAttribute(hop_fixup_kernel<KP, VP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)smem_fix);
     if (err == cudaSuccess && !with_cs)
-        err = cudaFuncSetAttribute(hop_correct_kernel<T, VP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        err = cudaFuncSetAttribute(hop_correct_kernel<T, KP, VP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)smem_cor);
     if (err != cudaSuccess)
         return err;
@@ -122,35 +122,39 @@ cudaError_t launch_hopper_split(const ChunkParams &p, const HopperMaps &maps, co
     /* head-fastest grids over the items (hop_grid_item: y up to 65,535, z beyond) */
     const unsigned ny = (unsigned)(l.max_items < 65535 ? l.max_items : 65535);
     const dim3 items((unsigned)p.H, ny, (unsigned)((l.max_items + ny - 1) / ny));
-    chunk_hopper_seg_run_kernel<T, VP, COPY, HOP_MAIN><<<items, HOP_THREADS, smem, stream>>>(p, maps, sp);
-    /* the F items run K x K whatever V is: one instance */
-    chunk_hopper_seg_run_kernel<T, HOP_KP, COPY, HOP_MAP_F><<<items, HOP_THREADS, smem_f, stream>>>(p, maps, sp);
+    chunk_hopper_seg_run_kernel<T, KP, VP, COPY, HOP_MAIN><<<items, HOP_THREADS, smem, stream>>>(p, maps, sp);
+    /* the F items run K x K whatever V is: one instance a K */
+    chunk_hopper_seg_run_kernel<T, KP, KP, COPY, HOP_MAP_F><<<items, HOP_THREADS, smem_f, stream>>>(p, maps, sp);
     if ((err = cudaGetLastError()) != cudaSuccess)
         return err;
-    hop_fixup_kernel<VP><<<dim3((unsigned)p.N, (unsigned)p.H, VP / HOP_FIX_COLS), HOP_FIX_THREADS, smem_fix, stream>>>(
-        p, sp);
+    hop_fixup_kernel<KP, VP>
+        <<<dim3((unsigned)p.N, (unsigned)p.H, VP / HOP_FIX_COLS), HOP_FIX_THREADS, smem_fix, stream>>>(p, sp);
     if ((err = cudaGetLastError()) != cudaSuccess)
         return err;
     if (l.max_slots <= 0) /* no sequence can have a second segment */
         return cudaSuccess;
     if (with_cs) {
-        chunk_hopper_seg_pass2_kernel<T, VP, COPY><<<items, HOP_THREADS, smem, stream>>>(p, maps, sp);
+        chunk_hopper_seg_pass2_kernel<T, KP, VP, COPY><<<items, HOP_THREADS, smem, stream>>>(p, maps, sp);
     } else {
         /* a segment's tokens: at most seg_chunks 64 / M + 1 (one straddling its start) */
         const unsigned tiles = (unsigned)(((long long)split.seg_chunks * CHUNK / p.M + 1 + CHUNK - 1) / CHUNK);
-        hop_correct_kernel<T, VP>
+        hop_correct_kernel<T, KP, VP>
             <<<dim3((unsigned)l.max_slots, (unsigned)p.H, tiles), HOP_COR_THREADS, smem_cor, stream>>>(p, sp);
     }
     return cudaGetLastError();
 }
 
-/* The instance for p's K and V; the split at K = 128 only (gdp_chunk_hopper_split_fits). */
+/* The instance for p's K and V, unsplit or split. */
 template <typename T, int COPY>
 cudaError_t launch_hopper_v(const ChunkParams &p, const HopperMaps &maps, const GdpHopperSplit *split,
                             cudaStream_t st) {
-    if (split != nullptr && split->seg_chunks > 0 && p.KP == HOP_KP)
-        return p.VP == 64 ? launch_hopper_split<T, 64, COPY>(p, maps, *split, st)
-                          : launch_hopper_split<T, 128, COPY>(p, maps, *split, st);
+    if (split != nullptr && split->seg_chunks > 0) {
+        if (p.KP == 64)
+            return p.VP == 64 ? launch_hopper_split<T, 64, 64, COPY>(p, maps, *split, st)
+                              : launch_hopper_split<T, 64, 128, COPY>(p, maps, *split, st);
+        return p.VP == 64 ? launch_hopper_split<T, 128, 64, COPY>(p, maps, *split, st)
+                          : launch_hopper_split<T, 128, 128, COPY>(p, maps, *split, st);
+    }
     if (p.KP == 64)
         return p.VP == 64 ? launch_hopper<T, 64, 64, COPY>(p, maps, st) : launch_hopper<T, 64, 128, COPY>(p, maps, st);
     return p.VP == 64 ? launch_hopper<T, 128, 64, COPY>(p, maps, st) : launch_hopper<T, 128, 128, COPY>(p, maps, st);
@@ -171,10 +175,6 @@ bool gdp_chunk_hopper_fits(const void *chunk_params) {
     const ChunkParams &p = *static_cast<const ChunkParams *>(chunk_params);
     return (p.K == 64 || p.K == 128) && p.KP == p.K && (p.V == 64 || p.V == 128) && p.VP == p.V && p.q_vec && p.k_vec &&
            p.v_vec && p.o_vec && p.T * p.M < ((int64_t)1 << 31); /* a sequence's expanded rows in 32 bits (hop_chunk) */
-}
-
-bool gdp_chunk_hopper_split_fits(const void *chunk_params) {
-    return static_cast<const ChunkParams *>(chunk_params)->KP == HOP_KP;
 }
 
 long long gdp_chunk_hopper_split_segments(long long T, long long N, int M, int seg_chunks) {

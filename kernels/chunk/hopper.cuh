@@ -9,8 +9,7 @@
  * lives in the state warpgroups' accumulators.
  *
  * One block of three warpgroups per (sequence, head), or per segment of a long sequence under the
- * split (below: outputs by correction), K = KP = 64 or 128, V = VP = 64 or 128 (the split: K = 128
- * only):
+ * split (below: outputs by correction), K = KP = 64 or 128, V = VP = 64 or 128:
  *   WG0 (aux), one chunk ahead: the chunk's loads (cp.async into the panel layout, the next chunk's
  *     issued as soon as its stage is free), A = K K^T on wgmma with Gk's warp scan beside it, the
  *     keys' norms from A's diagonal (1 / |k_r|, a row scale wherever K's products are used: the
@@ -72,9 +71,8 @@ struct HopPhases {
 
 namespace {
 
-/* Keys KP = 64 or 128 columns, values VP = 64 or 128 (template parameters). HOP_KP is the K of the
- * segment split (128 only: its maps F are K x K, and hop_fixup_kernel's tiles are sized for it). */
-constexpr int HOP_KP = 128;
+/* Keys KP = 64 or 128 columns, values VP = 64 or 128 (template parameters), the segment split's
+ * kernels included (its maps F are KP x KP). */
 constexpr int HOP_AUX_THREADS = 128, HOP_STATE_THREADS = 256;
 constexpr int HOP_THREADS = HOP_AUX_THREADS + HOP_STATE_THREADS;
 /* Registers a thread of each role holds after the split (setmaxnreg): the block starts at 168 each
@@ -690,7 +688,8 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
  * state.
  * A segment j >= 1 of sequence i has slot e = seg_base[i] - i + j - 1 (seg_base: the segments of the
  * sequences before i) for S_j (entry) and G_j (gmap), fp32 [e][H][K][V]; slot_seq[e], slot_seg[e] name
- * it (-1 past the last), slot_fitem[e] its F item t, whose map F_j is at fmap [t][H][K][K] (indexed by
+ * it (-1 past the last), slot_fitem[e] its F item t, whose map F_j is at fmap [t][H][K][K] (K = 64 or
+ * 128, as the kernel's; indexed by
  * the item, the F run's end address comes from its block index after the run: a slot's base computed
  * before it was held through the run and spilled). Items t: item_seq[t] = i (-1 past the last),
  * item_seg[t] = 2 j + 1 for F, 2 j for MAIN; the full-length segments' items first, then the short
@@ -734,9 +733,9 @@ __device__ __forceinline__ HopItem hop_item(const ChunkParams &p, const HopSegPl
  * where a computed head would hold a register: the item-major x of an earlier version spilled). */
 __device__ __forceinline__ int hop_grid_item() { return (int)(blockIdx.y + gridDim.y * blockIdx.z); }
 
-/* Pass 1, one launch a kind (HOP_MAIN or HOP_MAP_F, whose instance takes VP = K): its items (above);
+/* Pass 1, one launch a kind (HOP_MAIN or HOP_MAP_F, whose instance takes VP = KP): its items (above);
  * the other kind's blocks exit. */
-template <typename T, int VP, int COPY, int KIND>
+template <typename T, int KP, int VP, int COPY, int KIND>
 __global__ void __launch_bounds__(HOP_THREADS, 1)
     chunk_hopper_seg_run_kernel(const ChunkParams p, const __grid_constant__ HopperMaps maps, const HopSegPlan sp) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -747,16 +746,16 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
     if (i < 0 || it.f != (KIND == HOP_MAP_F))
         return;
     if constexpr (KIND == HOP_MAP_F) {
-        hop_run<T, HOP_KP, HOP_KP, COPY, HOP_MAP_F>(
+        hop_run<T, KP, KP, COPY, HOP_MAP_F>(
             p, maps, smem_raw, i, hd, it.cb, it.ce, HopStateSrc{nullptr, 0, 0},
-            StateDest{sp.fmap, GDP_DTYPE_FP32, ((int64_t)hop_grid_item() * p.H + hd) * HOP_KP * HOP_KP},
+            StateDest{sp.fmap, GDP_DTYPE_FP32, ((int64_t)hop_grid_item() * p.H + hd) * KP * KP},
             static_cast<T *>(sp.ofmap));
     } else {
         const StateDest end = j > 0         ? StateDest{sp.gmap, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, j, hd, VP)}
                               : it.ns == 1 ? final_state_dest(p, i, hd)
                                            : StateDest{sp.entry, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, 1, hd, VP)};
-        hop_run<T, HOP_KP, VP, COPY, HOP_MAIN>(p, maps, smem_raw, i, hd, it.cb, it.ce,
-                                               j == 0 ? hop_h0(p, i, hd) : HopStateSrc{nullptr, 0, 0}, end, nullptr);
+        hop_run<T, KP, VP, COPY, HOP_MAIN>(p, maps, smem_raw, i, hd, it.cb, it.ce,
+                                           j == 0 ? hop_h0(p, i, hd) : HopStateSrc{nullptr, 0, 0}, end, nullptr);
     }
 #endif
 }
@@ -764,7 +763,7 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
 /* Pass 2, only with chunk states asked (after hop_fixup_kernel): the MAIN items of segments j >= 1
  * again, from their entering states, over the outputs and chunk states of pass 1; the last segment's
  * end is the final state (the fix-up then leaves it: with no end state this kernel spilled). */
-template <typename T, int VP, int COPY>
+template <typename T, int KP, int VP, int COPY>
 __global__ void __launch_bounds__(HOP_THREADS, 1)
     chunk_hopper_seg_pass2_kernel(const ChunkParams p, const __grid_constant__ HopperMaps maps, const HopSegPlan sp) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -774,9 +773,9 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
     if (it.i < 0 || it.j == 0 || it.f)
         return;
     const HopStateSrc init{sp.entry, GDP_DTYPE_FP32, hop_slot_base(p, sp, it.i, it.j, hd, VP)};
-    hop_run<T, HOP_KP, VP, COPY, HOP_MAIN>(p, maps, smem_raw, it.i, hd, it.cb, it.ce, init,
-                                           it.j == it.ns - 1 ? final_state_dest(p, it.i, hd) : StateDest{nullptr, 0, 0},
-                                           nullptr);
+    hop_run<T, KP, VP, COPY, HOP_MAIN>(p, maps, smem_raw, it.i, hd, it.cb, it.ce, init,
+                                       it.j == it.ns - 1 ? final_state_dest(p, it.i, hd) : StateDest{nullptr, 0, 0},
+                                       nullptr);
 #endif
 }
 
@@ -890,58 +889,59 @@ __global__ void __launch_bounds__(HOP_PLAN_THREADS)
 }
 
 /* The fix-up scan of the split, one block of 256 threads per (sequence, head, 32 value columns):
- * S_(j+1) = F_j S_j + G_j for j = 1 .. nseg - 1 in order, in fp32 (each thread an 8 x 2 tile of the
- * product, sums in k order: deterministic), from S_1 (segment 0's end) to the entering states of
+ * S_(j+1) = F_j S_j + G_j for j = 1 .. nseg - 1 in order, in fp32 (each thread a KP / 16 x 2 tile of
+ * the product, sums in k order: deterministic), from S_1 (segment 0's end) to the entering states of
  * segments 2 .. nseg - 1 and, last, the sequence's final state (its slot or final_state, in its
  * dtype; nothing for a -1 slot; with chunk states asked pass 2 writes it instead). A column block
  * needs only its own columns of S_j, so the blocks of one sequence and head run side by side. */
-constexpr int HOP_FIX_THREADS = 256, HOP_FIX_COLS = 32, HOP_FIX_LD = HOP_KP + 4;
-template <int VP>
+constexpr int HOP_FIX_THREADS = 256, HOP_FIX_COLS = 32;
+template <int KP> constexpr size_t hop_fixup_smem() { return sizeof(float) * (size_t)KP * (KP + 4 + HOP_FIX_COLS + 4); }
+template <int KP, int VP>
 __global__ void __launch_bounds__(HOP_FIX_THREADS) hop_fixup_kernel(const ChunkParams p, const HopSegPlan sp) {
     extern __shared__ float fix_smem[];
-    constexpr int SLD = HOP_FIX_COLS + 4, CT = HOP_FIX_COLS / 16;
-    float *F = fix_smem;                 /* [K][HOP_FIX_LD]: F_j                  */
-    float *Sm = F + HOP_KP * HOP_FIX_LD; /* [K][SLD]: the block's columns of S_j  */
+    constexpr int FLD = KP + 4, SLD = HOP_FIX_COLS + 4, CT = HOP_FIX_COLS / 16, RT = KP / 16;
+    float *F = fix_smem;      /* [K][FLD]: F_j                         */
+    float *Sm = F + KP * FLD; /* [K][SLD]: the block's columns of S_j  */
     const int i = blockIdx.x, hd = blockIdx.y, cbase = blockIdx.z * HOP_FIX_COLS, tid = threadIdx.x;
     const int ns = sp.nseg[i];
     if (ns < 2)
         return; /* one segment: its run wrote the final state */
-    const int r0 = (tid >> 4) * 8, col0 = (tid & 15) * CT; /* the thread's rows and (block) columns */
+    const int r0 = (tid >> 4) * RT, col0 = (tid & 15) * CT; /* the thread's rows and (block) columns */
     {
         const float *s1 = sp.entry + hop_slot_base(p, sp, i, 1, hd, VP);
-        for (int e = tid; e < HOP_KP * HOP_FIX_COLS; e += HOP_FIX_THREADS)
+        for (int e = tid; e < KP * HOP_FIX_COLS; e += HOP_FIX_THREADS)
             Sm[(e / HOP_FIX_COLS) * SLD + e % HOP_FIX_COLS] = s1[(e / HOP_FIX_COLS) * VP + cbase + e % HOP_FIX_COLS];
     }
     const StateDest fin = p.chunk_states != nullptr ? StateDest{nullptr, 0, 0} : final_state_dest(p, i, hd);
     for (int j = 1; j < ns; j++) {
-        const float *f = sp.fmap + ((int64_t)sp.slot_fitem[hop_slot(sp, i, j)] * p.H + hd) * HOP_KP * HOP_KP;
+        const float *f = sp.fmap + ((int64_t)sp.slot_fitem[hop_slot(sp, i, j)] * p.H + hd) * KP * KP;
         const float *gm = sp.gmap + hop_slot_base(p, sp, i, j, hd, VP);
-        for (int e = tid; e < HOP_KP * HOP_KP; e += HOP_FIX_THREADS)
-            F[(e / HOP_KP) * HOP_FIX_LD + e % HOP_KP] = f[e];
+        for (int e = tid; e < KP * KP; e += HOP_FIX_THREADS)
+            F[(e / KP) * FLD + e % KP] = f[e];
         __syncthreads(); /* F_j and S_j in */
-        float acc[8][CT];
+        float acc[RT][CT];
 #pragma unroll
-        for (int u = 0; u < 8; u++)
+        for (int u = 0; u < RT; u++)
 #pragma unroll
             for (int v = 0; v < CT; v++)
                 acc[u][v] = 0.0f;
-        for (int k = 0; k < HOP_KP; k++) {
-            float fr[8], sr[CT];
+        for (int k = 0; k < KP; k++) {
+            float fr[RT], sr[CT];
 #pragma unroll
-            for (int u = 0; u < 8; u++)
-                fr[u] = F[(r0 + u) * HOP_FIX_LD + k];
+            for (int u = 0; u < RT; u++)
+                fr[u] = F[(r0 + u) * FLD + k];
 #pragma unroll
             for (int v = 0; v < CT; v++)
                 sr[v] = Sm[k * SLD + col0 + v];
 #pragma unroll
-            for (int u = 0; u < 8; u++)
+            for (int u = 0; u < RT; u++)
 #pragma unroll
                 for (int v = 0; v < CT; v++)
                     acc[u][v] = fmaf(fr[u], sr[v], acc[u][v]);
         }
         float *next = j + 1 < ns ? sp.entry + hop_slot_base(p, sp, i, j + 1, hd, VP) : nullptr;
 #pragma unroll
-        for (int u = 0; u < 8; u++)
+        for (int u = 0; u < RT; u++)
 #pragma unroll
             for (int v = 0; v < CT; v++) {
                 const int64_t e = (int64_t)(r0 + u) * VP + cbase + col0 + v;
@@ -953,7 +953,7 @@ __global__ void __launch_bounds__(HOP_FIX_THREADS) hop_fixup_kernel(const ChunkP
             }
         __syncthreads(); /* every read of F_j and S_j done */
 #pragma unroll
-        for (int u = 0; u < 8; u++)
+        for (int u = 0; u < RT; u++)
 #pragma unroll
             for (int v = 0; v < CT; v++)
                 Sm[(r0 + u) * SLD + col0 + v] = acc[u][v];
@@ -966,14 +966,14 @@ __global__ void __launch_bounds__(HOP_FIX_THREADS) hop_fixup_kernel(const ChunkP
  * 64 tokens): S_j rounded to T (as the kernel's own S16) and the O^F rows in shared memory, the
  * product on mma.sync with fp32 sums, then o^G added and the sum rounded once. */
 constexpr int HOP_COR_THREADS = 128;
-template <typename T, int VP> constexpr size_t hop_correct_smem() {
-    return sizeof(T) * ((size_t)HOP_KP * (VP + PAD) + (size_t)CHUNK * (HOP_KP + PAD));
+template <typename T, int KP, int VP> constexpr size_t hop_correct_smem() {
+    return sizeof(T) * ((size_t)KP * (VP + PAD) + (size_t)CHUNK * (KP + PAD));
 }
-template <typename T, int VP>
+template <typename T, int KP, int VP>
 __global__ void __launch_bounds__(HOP_COR_THREADS) hop_correct_kernel(const ChunkParams p, const HopSegPlan sp) {
     extern __shared__ __align__(16) unsigned char cor_smem[];
     T *s16 = reinterpret_cast<T *>(cor_smem); /* [K][VP + PAD]: S_j   */
-    T *of = s16 + HOP_KP * (VP + PAD);        /* [64][K + PAD]: O^F  */
+    T *of = s16 + KP * (VP + PAD);            /* [64][K + PAD]: O^F  */
     const int e = blockIdx.x, hd = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int i = sp.slot_seq[e];
     if (i < 0)
@@ -987,12 +987,11 @@ __global__ void __launch_bounds__(HOP_COR_THREADS) hop_correct_kernel(const Chun
     if (t0 >= t1)
         return;
     const int rows = min(CHUNK, t1 - t0);
-    tile_async<T, HOP_COR_THREADS>(of, HOP_KP + PAD,
-                                   static_cast<const T *>(sp.ofmap) + ((bos + t0) * H + hd) * HOP_KP,
-                                   (int64_t)H * HOP_KP, rows, HOP_KP, HOP_KP, tid);
+    tile_async<T, HOP_COR_THREADS>(of, KP + PAD, static_cast<const T *>(sp.ofmap) + ((bos + t0) * H + hd) * KP,
+                                   (int64_t)H * KP, rows, KP, KP, tid);
     cp_async_commit();
     const float *sj = sp.entry + hop_slot_base(p, sp, i, j, hd, VP);
-    for (int x = tid; x < HOP_KP * VP / 4; x += HOP_COR_THREADS) {
+    for (int x = tid; x < KP * VP / 4; x += HOP_COR_THREADS) {
         const float4 v = reinterpret_cast<const float4 *>(sj)[x];
         const int r = (4 * x) / VP, c = (4 * x) % VP;
         uint32_t *d = reinterpret_cast<uint32_t *>(s16 + r * (VP + PAD) + c);
@@ -1003,7 +1002,7 @@ __global__ void __launch_bounds__(HOP_COR_THREADS) hop_correct_kernel(const Chun
     __syncthreads();
     float acc[VP / 8][4];
     zero_tiles(acc);
-    mma_rows_kn<T, HOP_KP, VP / 8>(acc, of, HOP_KP + PAD, 16 * warp, s16, VP + PAD, 0, lane);
+    mma_rows_kn<T, KP, VP / 8>(acc, of, KP + PAD, 16 * warp, s16, VP + PAD, 0, lane);
     const int g = lane >> 2, t4 = lane & 3;
     T *o = static_cast<T *>(p.o) + ((bos + t0) * H + hd) * VP;
 #pragma unroll

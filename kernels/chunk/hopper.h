@@ -12,9 +12,6 @@
 /* Whether the Hopper kernel takes these ChunkParams (16-bit q, k, v with K and V each 64 or 128,
  * 16-byte aligned rows and outputs, T M < 2^31). The device must also have compute capability 9.0: the caller checks. */
 bool gdp_chunk_hopper_fits(const void *chunk_params);
-/* Whether the segment split below takes them (K = 128: at K = 64 the kernel runs unsplit, whatever
- * the split asks). */
-bool gdp_chunk_hopper_split_fits(const void *chunk_params);
 /* The exact segment split of long sequences (kernels/NOTES-chunk.md, "Exact segments"): segments of
  * seg_chunks expanded chunks (0: none, one block per sequence and head), at most max_segs segments in
  * all (gdp_chunk_hopper_split_segments), the split's scratch at ws (gdp_chunk_hopper_split_bytes). */

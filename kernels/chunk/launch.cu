@@ -142,13 +142,12 @@ int hopper_segment_from_env(const char **text) {
  * costs an F run, a fix-up step and its correction: short segments would spend more on the split than
  * they save), doubled
  * while the split's scratch does not fit in the staged path's intermediates (which the Hopper path
- * does not use); 0 when no sequence can be longer than one segment, for off, and at K = 64 (the
- * split holds K = 128 only: gdp_chunk_hopper_split_fits). */
+ * does not use); 0 when no sequence can be longer than one segment, and for off. */
 #ifdef GDP_HAVE_CHUNK_HOPPER
 constexpr long long HOPPER_MIN_AUTO_SEGMENT = 16;
 int hopper_segment(const ChunkParams &p, int forced, int sms, void *ws, size_t ws_bytes, GdpHopperSplit *split) {
     const long long bound = (p.T * p.M + CHUNK - 1) / CHUNK; /* expanded chunks of the longest sequence, at most */
-    if (forced == -2 || !gdp_chunk_hopper_split_fits(&p)) /* off, or K = 64: unsplit */
+    if (forced == -2) /* off: unsplit */
         return 0;
     long long seg = forced;
     if (seg == 0) {
