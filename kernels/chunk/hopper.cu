@@ -136,10 +136,8 @@ cudaError_t launch_hopper_split(const ChunkParams &p, const HopperMaps &maps, co
     if (with_cs) {
         chunk_hopper_seg_pass2_kernel<T, KP, VP, COPY><<<items, HOP_THREADS, smem, stream>>>(p, maps, sp);
     } else {
-        /* a segment's tokens: at most seg_chunks 64 / M + 1 (one straddling its start) */
-        const unsigned tiles = (unsigned)(((long long)split.seg_chunks * CHUNK / p.M + 1 + CHUNK - 1) / CHUNK);
-        hop_correct_kernel<T, KP, VP>
-            <<<dim3((unsigned)l.max_slots, (unsigned)p.H, tiles), HOP_COR_THREADS, smem_cor, stream>>>(p, sp);
+        const dim3 grid((unsigned)l.max_slots, (unsigned)p.H, hop_correct_blocks_z(split.seg_chunks, p.M));
+        hop_correct_kernel<T, KP, VP><<<grid, HOP_COR_THREADS, smem_cor, stream>>>(p, sp);
     }
     return cudaGetLastError();
 }

@@ -963,11 +963,18 @@ __global__ void __launch_bounds__(HOP_FIX_THREADS) hop_fixup_kernel(const ChunkP
 
 /* The outputs' correction of the split: o += O^F S_j over the tokens of segment j >= 1 (those whose
  * last copy lies in its chunks; o holds o^G from pass 1), one block of four warps per (slot, head,
- * 64 tokens): S_j rounded to T (as the kernel's own S16) and the O^F rows in shared memory, the
- * product on mma.sync with fp32 sums, then o^G added and the sum rounded once. */
-constexpr int HOP_COR_THREADS = 128;
+ * HOP_COR_TILES tiles of 64 tokens): S_j rounded to T once (as the kernel's own S16) and each tile's
+ * O^F rows in shared memory, the product on mma.sync with fp32 sums, then o^G added and the sum
+ * rounded once. S_j's 64 KB of fp32 are read and converted once for the block's tiles, not once a tile. */
+constexpr int HOP_COR_THREADS = 128, HOP_COR_TILES = 4;
 template <typename T, int KP, int VP> constexpr size_t hop_correct_smem() {
     return sizeof(T) * ((size_t)KP * (VP + PAD) + (size_t)CHUNK * (KP + PAD));
+}
+/* The correction's grid z for segments of seg_chunks expanded chunks: at most seg_chunks 64 / M + 1
+ * tokens a segment (one straddling its start), HOP_COR_TILES tiles of 64 a block. */
+inline unsigned hop_correct_blocks_z(int seg_chunks, int M) {
+    const long long tiles = ((long long)seg_chunks * CHUNK / M + 1 + CHUNK - 1) / CHUNK;
+    return (unsigned)((tiles + HOP_COR_TILES - 1) / HOP_COR_TILES);
 }
 template <typename T, int KP, int VP>
 __global__ void __launch_bounds__(HOP_COR_THREADS) hop_correct_kernel(const ChunkParams p, const HopSegPlan sp) {
@@ -983,13 +990,9 @@ __global__ void __launch_bounds__(HOP_COR_THREADS) hop_correct_kernel(const Chun
     const int len = (int)((int64_t)p.cu[i + 1] - bos);
     const int cb = j * sp.seg_chunks, ce = min(cb + sp.seg_chunks, hop_seq_chunks(p, i));
     const HopChunk first = hop_chunk(cb, len, M), last = hop_chunk(ce - 1, len, M);
-    const int t0 = first.tf + (int)blockIdx.z * CHUNK, t1 = last.tf + last.nq; /* the tile's tokens [t0, t1) */
-    if (t0 >= t1)
+    const int tb = first.tf + (int)blockIdx.z * HOP_COR_TILES * CHUNK, t1 = last.tf + last.nq; /* tokens [tb, t1) */
+    if (tb >= t1)
         return;
-    const int rows = min(CHUNK, t1 - t0);
-    tile_async<T, HOP_COR_THREADS>(of, KP + PAD, static_cast<const T *>(sp.ofmap) + ((bos + t0) * H + hd) * KP,
-                                   (int64_t)H * KP, rows, KP, KP, tid);
-    cp_async_commit();
     const float *sj = sp.entry + hop_slot_base(p, sp, i, j, hd, VP);
     for (int x = tid; x < KP * VP / 4; x += HOP_COR_THREADS) {
         const float4 v = reinterpret_cast<const float4 *>(sj)[x];
@@ -998,23 +1001,30 @@ __global__ void __launch_bounds__(HOP_COR_THREADS) hop_correct_kernel(const Chun
         d[0] = Elem<T>::pack(v.x, v.y);
         d[1] = Elem<T>::pack(v.z, v.w);
     }
-    cp_async_wait_all();
-    __syncthreads();
-    float acc[VP / 8][4];
-    zero_tiles(acc);
-    mma_rows_kn<T, KP, VP / 8>(acc, of, KP + PAD, 16 * warp, s16, VP + PAD, 0, lane);
     const int g = lane >> 2, t4 = lane & 3;
-    T *o = static_cast<T *>(p.o) + ((bos + t0) * H + hd) * VP;
+    for (int t0 = tb; t0 < t1 && t0 < tb + HOP_COR_TILES * CHUNK; t0 += CHUNK) {
+        const int rows = min(CHUNK, t1 - t0);
+        __syncthreads(); /* S_j stored (first tile), every read of the last tile's O^F done (the others) */
+        tile_async<T, HOP_COR_THREADS>(of, KP + PAD, static_cast<const T *>(sp.ofmap) + ((bos + t0) * H + hd) * KP,
+                                       (int64_t)H * KP, rows, KP, KP, tid);
+        cp_async_commit();
+        cp_async_wait_all();
+        __syncthreads(); /* the tile's O^F in */
+        float acc[VP / 8][4];
+        zero_tiles(acc);
+        mma_rows_kn<T, KP, VP / 8>(acc, of, KP + PAD, 16 * warp, s16, VP + PAD, 0, lane);
+        T *o = static_cast<T *>(p.o) + ((bos + t0) * H + hd) * VP;
 #pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        const int r = 16 * warp + g + 8 * hh;
-        if (r >= rows)
-            continue;
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = 16 * warp + g + 8 * hh;
+            if (r >= rows)
+                continue;
 #pragma unroll
-        for (int nt = 0; nt < VP / 8; nt++) {
-            T *at = o + (int64_t)r * H * VP + 8 * nt + 2 * t4;
-            *reinterpret_cast<uint32_t *>(at) = Elem<T>::pack(Elem<T>::to_f(at[0]) + acc[nt][2 * hh],
-                                                              Elem<T>::to_f(at[1]) + acc[nt][2 * hh + 1]);
+            for (int nt = 0; nt < VP / 8; nt++) {
+                T *at = o + (int64_t)r * H * VP + 8 * nt + 2 * t4;
+                *reinterpret_cast<uint32_t *>(at) = Elem<T>::pack(Elem<T>::to_f(at[0]) + acc[nt][2 * hh],
+                                                                  Elem<T>::to_f(at[1]) + acc[nt][2 * hh + 1]);
+            }
         }
     }
 }
