@@ -11,6 +11,7 @@
 
 #include "hopper.cuh"
 #include "hopper.h"
+#include "hopper_split.cuh"
 #include "tensor_map.h"
 #include "src/workspace.h"
 
