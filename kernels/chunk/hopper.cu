@@ -124,8 +124,23 @@ cudaError_t launch_hopper_split(const ChunkParams &p, const HopperMaps &maps, co
     const unsigned ny = (unsigned)(l.max_items < 65535 ? l.max_items : 65535);
     const dim3 items((unsigned)p.H, ny, (unsigned)((l.max_items + ny - 1) / ny));
     chunk_hopper_seg_run_kernel<T, KP, VP, COPY, HOP_MAIN><<<items, HOP_THREADS, smem, stream>>>(p, maps, sp);
-    /* the F items run K x K whatever V is: one instance a K */
-    chunk_hopper_seg_run_kernel<T, KP, KP, COPY, HOP_MAP_F><<<items, HOP_THREADS, smem_f, stream>>>(p, maps, sp);
+    /* the F items run K x K whatever V is: one instance a K; a programmatic dependent of the MAIN launch
+     * (hopper.cuh, chunk_hopper_seg_run_kernel: its blocks start as the MAIN launch's drain) */
+    {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = items;
+        cfg.blockDim = dim3(HOP_THREADS);
+        cfg.dynamicSmemBytes = smem_f;
+        cfg.stream = stream;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        err = cudaLaunchKernelEx(&cfg, chunk_hopper_seg_run_kernel<T, KP, KP, COPY, HOP_MAP_F>, p, maps, sp);
+        if (err != cudaSuccess)
+            return err;
+    }
     if ((err = cudaGetLastError()) != cudaSuccess)
         return err;
     hop_fixup_kernel<KP, VP>

@@ -72,22 +72,37 @@ __device__ __forceinline__ HopItem hop_item(const ChunkParams &p, const HopSegPl
 __device__ __forceinline__ int hop_grid_item() { return (int)(blockIdx.y + gridDim.y * blockIdx.z); }
 
 /* Pass 1, one launch a kind (HOP_MAIN or HOP_MAP_F, whose instance takes VP = KP): its items (above);
- * the other kind's blocks exit. */
+ * the other kind's blocks exit. The F launch is a programmatic dependent of the MAIN launch (the two
+ * are independent): every MAIN block lets it start at once (griddepcontrol.launch_dependents), so the
+ * F blocks fill the SMs the MAIN launch's last wave leaves (on the mixed batch about a quarter of pass
+ * 1). So that the F grid still completes after the MAIN grid (the fix-up, launched plainly after it,
+ * reads both, and so does whatever the caller runs next), every F block that runs waits for the MAIN
+ * grid's completion and flush (griddepcontrol.wait) after its run, and so does the F grid's last
+ * block whatever its item: at least one block of it waits, and the blocks that leave at once hold no
+ * SM. Both instructions are no-ops in a launch without the attribute. */
+__device__ __forceinline__ void hop_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void hop_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 template <typename T, int KP, int VP, int COPY, int KIND>
 __global__ void __launch_bounds__(HOP_THREADS, 1)
     chunk_hopper_seg_run_kernel(const ChunkParams p, const __grid_constant__ HopperMaps maps, const HopSegPlan sp) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
+    if constexpr (KIND == HOP_MAIN)
+        hop_pdl_trigger();
     const int hd = blockIdx.x;
     const HopItem it = hop_item(p, sp, hop_grid_item());
     const int i = it.i, j = it.j;
-    if (i < 0 || it.f != (KIND == HOP_MAP_F))
+    if (i < 0 || it.f != (KIND == HOP_MAP_F)) {
+        if (KIND == HOP_MAP_F && blockIdx.x + 1 == gridDim.x && blockIdx.y + 1 == gridDim.y && blockIdx.z + 1 == gridDim.z)
+            hop_pdl_wait();
         return;
+    }
     if constexpr (KIND == HOP_MAP_F) {
         hop_run<T, KP, KP, COPY, HOP_MAP_F>(
             p, maps, smem_raw, i, hd, it.cb, it.ce, HopStateSrc{nullptr, 0, 0},
             StateDest{sp.fmap, GDP_DTYPE_FP32, ((int64_t)hop_grid_item() * p.H + hd) * KP * KP},
             static_cast<T *>(sp.ofmap));
+        hop_pdl_wait(); /* the aux warpgroup left hop_run early: every thread waits, none stores after */
     } else {
         const StateDest end = j > 0         ? StateDest{sp.gmap, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, j, hd, VP)}
                               : it.ns == 1 ? final_state_dest(p, i, hd)
