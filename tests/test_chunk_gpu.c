@@ -24,10 +24,11 @@
  * naming it, writing nothing.
  * The Hopper kernel's exact segment split (GDP_CHUNK_SEGMENT = 1, 2, 4 expanded chunks a segment,
  * forced; auto on a sequence longer than its smallest segment; off): lengths 1 to 1100 whose tokens
- * straddle segment boundaries (M = 3), V = 64 and 128, fp16, an initial state, each against the CPU
- * backend, the split checked to have run with the forced length, two runs bitwise equal; under
- * segments of 2 the cache cases and the graph replay again; at K = 64, which the split does not take,
- * the kernel checked to have run unsplit under every length; a bad value -> INVALID_USAGE.
+ * straddle segment boundaries (M = 3), K and V each 64 and 128, fp16, an initial state, each against
+ * the CPU backend, the split checked to have run with the forced length, two runs bitwise equal; each
+ * also without chunk states (the split's outputs' correction instead of its second pass: the same
+ * bars, its own determinism); under segments of 2 the cache cases (K = 64 among them) and the graph
+ * replay again, with and without chunk states; a bad value -> INVALID_USAGE.
  * The Hopper kernel's tiles by its aux threads' cp.async and by tensor-map copies
  * (GDP_CHUNK_HOPPER_COPY=tma), with NaN in the padding rows past the last sequence, K = 64 and 128,
  * V = 64 and 128: bitwise equal, each against the CPU backend, the kernel checked to have taken each
@@ -222,6 +223,10 @@ static void cpu_run(gdp_ctx_t cpu, const inputs *in, gdp_dtype_t cs_dtype, outpu
 static gdp_phase_times *g_profile_times;
 /* gpu_run's max_seqlen (0: unknown, as every case but the auto-choice one passes it). */
 static int64_t g_max_seqlen;
+/* Whether gpu_run, test_cache and test_graph ask for chunk states (the Hopper split takes another
+ * path without them: the outputs' correction instead of a second pass); without, outputs' cs is
+ * empty and the comparisons skip it. */
+static bool g_with_cs = true;
 
 /* The GPU op on device copies; outputs poisoned first (o NaN, states NaN, chunk states 0x7f). */
 static void gpu_run(gdp_ctx_t gpu, const inputs *in, bool with_desc, gdp_dtype_t cs_dtype, outputs *out) {
@@ -242,11 +247,14 @@ static void gpu_run(gdp_ctx_t gpu, const inputs *in, bool with_desc, gdp_dtype_t
     int64_t cs_shape[4] = {in->num_chunks, in->H, in->K, in->V};
     gdp_tensor d_o = test_dev_alloc(in->q.dtype, 4, o_shape, 0xff);
     gdp_tensor d_fs = test_dev_alloc(GDP_DTYPE_FP32, 4, s_shape, 0xff);
-    gdp_tensor d_cs = test_dev_alloc(cs_dtype, 4, cs_shape, 0x7f);
+    gdp_tensor d_cs;
+    memset(&d_cs, 0, sizeof d_cs);
+    if (g_with_cs)
+        d_cs = test_dev_alloc(cs_dtype, 4, cs_shape, 0x7f);
     a.o = d_o;
     a.output_final_state = 1;
     a.final_state = d_fs;
-    a.return_chunk_states = 1;
+    a.return_chunk_states = g_with_cs;
     a.chunk_states = d_cs;
     a.max_seqlen = g_max_seqlen;
     reserve_for(gpu, in->T, in->N, in->M, in->H, in->K, in->V);
@@ -258,10 +266,13 @@ static void gpu_run(gdp_ctx_t gpu, const inputs *in, bool with_desc, gdp_dtype_t
     CUDA_OK(cudaDeviceSynchronize());
     out->o = test_dev_download(&d_o);
     out->fs = test_dev_download(&d_fs);
-    out->cs = test_dev_download(&d_cs);
+    memset(&out->cs, 0, sizeof out->cs);
+    if (g_with_cs) {
+        out->cs = test_dev_download(&d_cs);
+        test_dev_free(&d_cs);
+    }
     test_dev_free(&d_o);
     test_dev_free(&d_fs);
-    test_dev_free(&d_cs);
     for (int i = 0; i < 10; i++)
         test_dev_free(&d[i]);
 }
@@ -290,6 +301,10 @@ static void compare_runs(const char *what, const inputs *in, const outputs *gpu,
         rel_fs = test_rel_rms(a, b, in->N * row_s);
         free(a);
         free(b);
+    }
+    if (gpu->cs.data == NULL) { /* not asked (g_with_cs) */
+        printf("  %-52s rel RMS o %.2e  final %.2e  (no chunk states)\n", what, rel_o, rel_fs);
+        return;
     }
     a = test_tensor_f64(&gpu->cs);
     b = test_tensor_f64(&ref->cs);
@@ -331,8 +346,10 @@ static void set_chunk_path(const char *path) {
         setenv("GDP_CHUNK_PATH", path, 1);
 }
 
+/* o, the final states (with_fs) and the chunk states where both runs asked for them, bit for bit. */
 static bool same_outputs(const outputs *a, const outputs *b, bool with_fs) {
-    return same_bytes(&a->o, &b->o) && (!with_fs || same_bytes(&a->fs, &b->fs)) && same_bytes(&a->cs, &b->cs);
+    const bool cs = a->cs.data == NULL || b->cs.data == NULL || same_bytes(&a->cs, &b->cs);
+    return same_bytes(&a->o, &b->o) && (!with_fs || same_bytes(&a->fs, &b->fs)) && cs;
 }
 
 /* ---- golden files ------------------------------------------------------------------------------- */
@@ -575,9 +592,10 @@ static void test_hopper_segments(gdp_ctx_t cpu, gdp_ctx_t gpu, bool on_hopper) {
         {"segments: m1 k128 v128 long 1000, bf16 initial state", 1, 2, 128, 128, 1, {1000}, 1000, BF, BF, BF, 1, 0, 0.02},
         {"segments: m2 k128 v128 long 1100 (auto splits it)", 2, 2, 128, 128, 2, {1100, 40}, 1140, BF, BF, F32, 1, 0,
          0.05},
-        /* K = 64: the split holds K = 128 only, so the kernel runs unsplit under every length */
-        {"segments: m2 k64 v128 varlen 300,700 (runs unsplit)", 2, 2, 64, 128, 2, {300, 700}, 1000, BF, BF, F32, 1, 0,
-         0.1},
+        /* K = 64: maps F of 64 x 64 */
+        {"segments: m2 k64 v128 varlen 300,700", 2, 2, 64, 128, 2, {300, 700}, 1000, BF, BF, F32, 1, 0, 0.1},
+        {"segments: m3 k64 v64 fp16 200,513 (tokens straddle segments)", 3, 3, 64, 64, 2, {200, 513}, 720, F16, F16,
+         F32, 1, 0, 0.1},
     };
     static const char *const lengths[5] = {"1", "2", "4", "auto", "off"};
     CHECK_OK(gdp_ctx_reserve_workspace(gpu, (size_t)256 << 20));
@@ -597,9 +615,7 @@ static void test_hopper_segments(gdp_ctx_t cpu, gdp_ctx_t gpu, bool on_hopper) {
             compare_runs(w, &in, &out, &ref, true);
             if (on_hopper) {
                 const int forced = li < 3 ? atoi(lengths[li]) : 0;
-                if (c->K != 128)
-                    CHECK(seg == 0, "%s: the split ran at K = %d, which it does not take", w, c->K);
-                else if (forced > 0)
+                if (forced > 0)
                     CHECK(seg == forced, "%s: the split ran with segments of %d", w, seg);
                 else if (li == 4)
                     CHECK(seg == 0, "%s: split although off", w);
@@ -608,8 +624,20 @@ static void test_hopper_segments(gdp_ctx_t cpu, gdp_ctx_t gpu, bool on_hopper) {
             }
             gpu_run(gpu, &in, true, GDP_DTYPE_FP32, &again);
             CHECK(same_outputs(&out, &again, true), "%s: two runs differ (not deterministic)", w);
+            /* without chunk states the split corrects the outputs (o^G + O^F S_j) and the fix-up writes the
+             * final state, instead of running the segments again: the same bars, its own determinism */
+            g_with_cs = false;
+            outputs bare, bare_again;
+            gpu_run(gpu, &in, true, GDP_DTYPE_FP32, &bare);
+            snprintf(w, sizeof w, "%s, GDP_CHUNK_SEGMENT=%s, no chunk states", c->name, lengths[li]);
+            compare_runs(w, &in, &bare, &ref, true);
+            gpu_run(gpu, &in, true, GDP_DTYPE_FP32, &bare_again);
+            g_with_cs = true;
+            CHECK(same_outputs(&bare, &bare_again, true), "%s: two runs differ (not deterministic)", w);
             free_outputs(&out);
             free_outputs(&again);
+            free_outputs(&bare);
+            free_outputs(&bare_again);
         }
         unsetenv("GDP_CHUNK_SEGMENT");
         free_outputs(&ref);
@@ -732,9 +760,14 @@ static void test_cache(gdp_ctx_t cpu, gdp_ctx_t gpu, gdp_dtype_t cache_dtype, in
     b.state_indices = d_slots;
     b.o = d_o;
     b.chunk_states = d_cs;
+    if (!g_with_cs) {
+        b.return_chunk_states = 0;
+        memset(&b.chunk_states, 0, sizeof b.chunk_states);
+    }
     reserve_for(gpu, in.T, in.N, in.M, in.H, in.K, in.V);
-    char what[96];
-    snprintf(what, sizeof what, "cache mode, V %d, %s cache, slots [6,4,1,-1,-1]", v, gdp_dtype_name(cache_dtype));
+    char what[112];
+    snprintf(what, sizeof what, "cache mode, V %d, %s cache, slots [6,4,1,-1,-1]%s", v, gdp_dtype_name(cache_dtype),
+             g_with_cs ? "" : ", no chunk states");
     /* every state column-block width from the same cache: outputs and the whole cache bitwise equal */
     gdp_tensor cache_gpu;
     memset(&cache_gpu, 0, sizeof cache_gpu);
@@ -748,7 +781,8 @@ static void test_cache(gdp_ctx_t cpu, gdp_ctx_t gpu, gdp_dtype_t cache_dtype, in
         outputs run;
         memset(&run, 0, sizeof run);
         run.o = test_dev_download(&d_o);
-        run.cs = test_dev_download(&d_cs);
+        if (g_with_cs)
+            run.cs = test_dev_download(&d_cs);
         gdp_tensor cache_run = test_dev_download(&d_cache);
         if (wi == 0) {
             out = run;
@@ -897,10 +931,14 @@ static void test_graph(gdp_ctx_t cpu) {
     a.num_householder = A.M;
     a.use_qk_l2norm_in_kernel = 1;
     a.output_final_state = 1;
-    a.return_chunk_states = 1;
+    a.return_chunk_states = g_with_cs;
     gdp_chunk_args ga = a, ea = a;
-    ga.o = g_o; ga.final_state = g_fs; ga.chunk_states = g_cs;
-    ea.o = e_o; ea.final_state = e_fs; ea.chunk_states = e_cs;
+    ga.o = g_o; ga.final_state = g_fs;
+    ea.o = e_o; ea.final_state = e_fs;
+    if (g_with_cs) {
+        ga.chunk_states = g_cs;
+        ea.chunk_states = e_cs;
+    }
 
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
@@ -926,8 +964,13 @@ static void test_graph(gdp_ctx_t cpu) {
         outputs eo = {test_dev_download(&e_o), test_dev_download(&e_fs), test_dev_download(&e_cs)};
         const int64_t real = ((const int32_t *)in->co.data)[in->N], row_s = in->H * in->K * in->V;
         CHECK(same_bytes(&go.o, &eo.o) && same_bytes(&go.fs, &eo.fs) &&
-                  memcmp(go.cs.data, eo.cs.data, (size_t)(real * row_s) * sizeof(float)) == 0,
-              "graph replay %d (%s) differs from the eager run", round, in == &A ? "first data" : "new data");
+                  (!g_with_cs || memcmp(go.cs.data, eo.cs.data, (size_t)(real * row_s) * sizeof(float)) == 0),
+              "graph replay %d (%s%s) differs from the eager run", round, in == &A ? "first data" : "new data",
+              g_with_cs ? "" : ", no chunk states");
+        if (!g_with_cs) { /* not asked: the comparison below skips them */
+            test_host_free(&go.cs);
+            test_host_free(&eo.cs);
+        }
         outputs ref;
         inputs in_ref = *in;
         in_ref.scale = 0;
@@ -1183,14 +1226,21 @@ int main(void) {
             test_hopper_copies(cpu, gpu);
             int major = 0, minor = 0;
             test_hopper_segments(cpu, gpu, hopper_device(&major, &minor));
-            /* the cache cases and the graph replay with every sequence cut into segments of two chunks */
-            printf("== GDP_CHUNK_SEGMENT=2 (hopper): cache mode, graphs\n");
+            /* the cache cases and the graph replay with every sequence cut into segments of two chunks,
+             * with chunk states (the split's second pass) and without (its outputs' correction, the
+             * serving path's: the layer never asks for chunk states) */
             setenv("GDP_CHUNK_SEGMENT", "2", 1);
-            for (int kv = 0; kv < 3; kv++) {
-                test_cache(cpu, gpu, GDP_DTYPE_FP32, CACHE_KV[kv][0], CACHE_KV[kv][1]);
-                test_cache(cpu, gpu, GDP_DTYPE_BF16, CACHE_KV[kv][0], CACHE_KV[kv][1]);
+            for (int with_cs = 1; with_cs >= 0; with_cs--) {
+                printf("== GDP_CHUNK_SEGMENT=2 (hopper), %s: cache mode, graphs\n",
+                       with_cs ? "chunk states" : "no chunk states");
+                g_with_cs = with_cs != 0;
+                for (int kv = 0; kv < 3; kv++) {
+                    test_cache(cpu, gpu, GDP_DTYPE_FP32, CACHE_KV[kv][0], CACHE_KV[kv][1]);
+                    test_cache(cpu, gpu, GDP_DTYPE_BF16, CACHE_KV[kv][0], CACHE_KV[kv][1]);
+                }
+                test_graph(cpu);
             }
-            test_graph(cpu);
+            g_with_cs = true;
             unsetenv("GDP_CHUNK_SEGMENT");
             check_hopper_ran(hopper_before);
         }

@@ -1,6 +1,6 @@
 /*
- * hopper.cuh: the chunk op in one pass on Hopper's warpgroup MMA (hop_run, chunk_hopper_kernel, and
- * the exact segment split's kernels at the end)
+ * hopper.cuh: the chunk op in one pass on Hopper's warpgroup MMA (hop_run, chunk_hopper_kernel; the
+ * exact segment split's kernels over hop_run are in hopper_split.cuh)
  * (GDP_CHUNK_PATH=hopper; kernels/NOTES-chunk.md, "The one-pass Hopper kernel"). The math and the
  * rounding points are the fused kernel's (fused.cuh: X' = V - 2^Gk (K S16), v_new = Ai X', o =
  * scale (2^Gk[r_t] Q S16 + P v_new), S = 2^gl S + K^T (2^(gl - Gk) v_new)); what changes is who
@@ -9,7 +9,7 @@
  * lives in the state warpgroups' accumulators.
  *
  * One block of three warpgroups per (sequence, head), or per segment of a long sequence under the
- * split (below), K = KP = 64 or 128, V = VP = 64 or 128 (the split: K = 128 only):
+ * split (hopper_split.cuh: outputs by correction), K = KP = 64 or 128, V = VP = 64 or 128:
  *   WG0 (aux), one chunk ahead: the chunk's loads (cp.async into the panel layout, the next chunk's
  *     issued as soon as its stage is free), A = K K^T on wgmma with Gk's warp scan beside it, the
  *     keys' norms from A's diagonal (1 / |k_r|, a row scale wherever K's products are used: the
@@ -71,9 +71,8 @@ struct HopPhases {
 
 namespace {
 
-/* Keys KP = 64 or 128 columns, values VP = 64 or 128 (template parameters). HOP_KP is the K of the
- * segment split (128 only: its maps F are K x K, and hop_fixup_kernel's tiles are sized for it). */
-constexpr int HOP_KP = 128;
+/* Keys KP = 64 or 128 columns, values VP = 64 or 128 (template parameters), the segment split's
+ * kernels included (its maps F are KP x KP). */
 constexpr int HOP_AUX_THREADS = 128, HOP_STATE_THREADS = 256;
 constexpr int HOP_THREADS = HOP_AUX_THREADS + HOP_STATE_THREADS;
 /* Registers a thread of each role holds after the split (setmaxnreg): the block starts at 168 each
@@ -116,10 +115,11 @@ struct alignas(64) HopperMaps {
     unsigned char k[128], v[128], q[128]; /* CUtensorMap each */
 };
 /* What a run of chunks computes (hop_run): the op itself (MAIN: outputs, chunk states, the state at
- * the end), or, for the exact segment split (kernels/NOTES-chunk.md, "Exact segments"), a middle
- * segment's transfer map: F (the K x K state from I with the values taken as 0: no V, no Q, no
- * outputs; VP = 128) or G (the state from 0 with the real values, no outputs). */
-constexpr int HOP_MAIN = 0, HOP_MAP_F = 1, HOP_MAP_G = 2;
+ * the end; from a zero state, a segment's map G and its outputs' part o^G for the exact segment split,
+ * kernels/NOTES-chunk.md, "Exact segments"), or a segment's map F: the run from I (a K x K state, VP =
+ * 128) with the values taken as 0, whose end state is F and whose outputs O^F (K columns a token) are
+ * the outputs' linear part in the segment's entering state S: o = o^G + O^F S. */
+constexpr int HOP_MAIN = 0, HOP_MAP_F = 1;
 /* Who moves a chunk's K, V and Q tiles: the aux threads by cp.async (16 bytes a copy, 24 a thread),
  * or thread 0 by six tensor-map copies of the copy engine (GDP_CHUNK_HOPPER_COPY=tma). */
 constexpr int HOP_COPY_THREADS = 0, HOP_COPY_TMA = 1;
@@ -204,7 +204,7 @@ template <typename T, int KP, int VP, int COPY, int MODE>
 __device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const HopperMaps &maps, HopperSmem<T, KP, VP> &s,
                                                 int sb, int c, int64_t bos, int64_t len, int hd, int c_end,
                                                 float &gr, uint32_t &be) {
-    constexpr bool WITH_V = MODE != HOP_MAP_F, WITH_Q = MODE == HOP_MAIN; /* F: values 0; maps: no outputs */
+    constexpr bool WITH_V = MODE == HOP_MAIN; /* F: the values are 0 */
     HopperStage<T, KP, VP> &st = s.st[sb];
     const int tid = threadIdx.x;
     const int H = p.H, M = p.M;
@@ -224,15 +224,14 @@ __device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const Hopp
          * padding): hop_aux_chunk zeroes K's and V's rows past n once landed; Q's rows past nq are
          * never used (masked scores, discarded outputs) */
         if (tid == 0) {
-            constexpr int COLS = KP + (WITH_Q ? KP : 0) + (WITH_V ? VP : 0);
+            constexpr int COLS = 2 * KP + (WITH_V ? VP : 0);
             mbar_arrive_expect_tx(&s.loaded[sb], (uint32_t)(CHUNK * COLS * sizeof(T)));
             const int yk = (int)rowc, yq = (int)(bos + ch.tf);
             constexpr int PANEL = CHUNK * WG_PANEL_COLS; /* elements of a panel */
 #pragma unroll
             for (int pn = 0; pn < KP / WG_PANEL_COLS; pn++) {
                 tma_load_2d(st.k + pn * PANEL, maps.k, hd * KP + pn * WG_PANEL_COLS, yk, &s.loaded[sb]);
-                if constexpr (WITH_Q)
-                    tma_load_2d(st.q + pn * PANEL, maps.q, hd * KP + pn * WG_PANEL_COLS, yq, &s.loaded[sb]);
+                tma_load_2d(st.q + pn * PANEL, maps.q, hd * KP + pn * WG_PANEL_COLS, yq, &s.loaded[sb]);
             }
             if constexpr (WITH_V)
 #pragma unroll
@@ -243,8 +242,7 @@ __device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const Hopp
         hop_tile_async<T, KP>(st.k, static_cast<const T *>(p.k) + (rowc * H + hd) * KP, ld, ch.n, tid);
         if constexpr (WITH_V)
             hop_tile_async<T, VP>(st.v, static_cast<const T *>(p.v) + (rowc * H + hd) * VP, (int64_t)H * VP, ch.n, tid);
-        if constexpr (WITH_Q)
-            hop_tile_async<T, KP>(st.q, static_cast<const T *>(p.q) + ((bos + ch.tf) * H + hd) * KP, ld, ch.nq, tid);
+        hop_tile_async<T, KP>(st.q, static_cast<const T *>(p.q) + ((bos + ch.tf) * H + hd) * KP, ld, ch.nq, tid);
         cp_async_commit();
     }
     if (c + 1 < c_end) {
@@ -255,7 +253,7 @@ __device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const Hopp
             prefetch_l2(static_cast<const T *>(p.k) + ((rown + tid) * H + hd) * KP, bytes);
             if constexpr (WITH_V)
                 prefetch_l2(static_cast<const T *>(p.v) + ((rown + tid) * H + hd) * VP, VP * (int)sizeof(T));
-        } else if (WITH_Q && tid >= 64 && tid - 64 < nx.nq) {
+        } else if (tid >= 64 && tid - 64 < nx.nq) {
             prefetch_l2(static_cast<const T *>(p.q) + ((bos + nx.tf + tid - 64) * H + hd) * KP, bytes);
         }
     }
@@ -320,7 +318,7 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
     /* and the queries' norms (1 / |q_r|, a row scale of the scores and of Q S16 on the state side: the
      * query tile stays as loaded), a warp's 16 rows each: the state warpgroups normalized the tile in
      * place, then fenced it and met at a barrier before any product could start */
-    if (MODE == HOP_MAIN && p.l2norm)
+    if (p.l2norm)
         hop_inv_norms16<T, KP>(st.q, 16 * warp, lane, st.qinv);
     wg_wait<0>();
     /* |k_r|^2, row r's diagonal, is held by one thread of the warp that owns row r: it parks the value
@@ -415,12 +413,15 @@ struct HopStateSrc {
 };
 
 /* Chunks [cb, ce) of sequence i (its rows from bos, len tokens), head hd, by one block: the loop of
- * both roles, from the state init to the state end (StateDest: dst NULL stores nothing). MODE:
- * HOP_MAIN also writes the outputs and the chunk states of its chunks; HOP_MAP_F / HOP_MAP_G a
- * transfer map (above). Every thread of the block calls it (it starts with a block barrier). */
+ * both roles, from the state init to the state end (StateDest: dst NULL stores nothing), the outputs
+ * of the tokens whose last copy lies in those chunks into [T][H][VP] in T: the op's o (HOP_MAIN, which
+ * also writes the chunk states of its chunks) or f_out, the split's O^F (HOP_MAP_F: from I with the
+ * values taken as 0, above; MAIN passes NULL: o read from p at its use, as before the split had F
+ * outputs, keeps the op's own kernel as it was). Every thread of the block calls it (it starts with a
+ * block barrier). */
 template <typename T, int KP, int VP, int COPY, int MODE>
 __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &maps, unsigned char *smem_raw, int i,
-                                        int hd, int cb, int ce, const HopStateSrc init, const StateDest end) {
+                                        int hd, int cb, int ce, const HopStateSrc init, const StateDest end, T *f_out) {
     static_assert(KP == 64 || KP == 128, "keys of 64 or 128 columns");
     static_assert(MODE != HOP_MAP_F || VP == KP, "a transfer map F is K x K");
     /* 1024-byte aligned panels: the swizzle is a function of the address bits */
@@ -528,17 +529,13 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
         const auto s16_cols = [&](int ks) { return wg_desc_mnmajor(s.s16, KP, ks * 16, c0); };
         float acc[CW / 2];
         wg_gemm<CW, 0, 1, T, KP / 16, true>(acc, keys, s16_cols);
-        /* beside it (the op only) the scores P = masked decayed Q K^T on this warpgroup's 32 key columns
+        /* beside it the scores P = masked decayed Q K^T on this warpgroup's 32 key columns
          * (the aux warpgroup's work at first, which bounded the chunk: kernels/NOTES-chunk.md,
          * twenty-first session) */
         float sc[16];
-        if constexpr (MODE == HOP_MAIN) {
-            wg_gemm<32, 0, 0, T, KP / 16, true>(sc, queries,
-                                                     [&](int ks) { return wg_desc_kmajor(st.k, CHUNK, 32 * wg, ks * 16); });
-            wg_wait<1>(); /* X' */
-        } else {
-            wg_wait<0>();
-        }
+        wg_gemm<32, 0, 0, T, KP / 16, true>(sc, queries,
+                                                 [&](int ks) { return wg_desc_kmajor(st.k, CHUNK, 32 * wg, ks * 16); });
+        wg_wait<1>(); /* X' */
         /* X' in place over V; a transfer map F takes the values as 0 */
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
@@ -553,32 +550,30 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
                     Elem<T>::pack(v0 - f * acc[4 * j + 2 * hh], v1 - f * acc[4 * j + 2 * hh + 1]);
             }
         }
-        if constexpr (MODE == HOP_MAIN) {
-            /* the scores' column factors (Gk and the raw keys' scales) into registers before any store to P
-             * (read in the loop, each would be read again after every store: see A's values) */
-            float gk_c[8], kinv_c[8];
+        /* the scores' column factors (Gk and the raw keys' scales) into registers before any store to P
+         * (read in the loop, each would be read again after every store: see A's values) */
+        float gk_c[8], kinv_c[8];
 #pragma unroll
-            for (int x = 0; x < 8; x++) {
-                const int cc = 32 * wg + 8 * (x >> 1) + 2 * t4 + (x & 1);
-                gk_c[x] = st.gk[cc];
-                kinv_c[x] = st.kinv[cc];
-            }
-            wg_wait<0>(); /* the scores */
+        for (int x = 0; x < 8; x++) {
+            const int cc = 32 * wg + 8 * (x >> 1) + 2 * t4 + (x & 1);
+            gk_c[x] = st.gk[cc];
+            kinv_c[x] = st.kinv[cc];
+        }
+        wg_wait<0>(); /* the scores */
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int qi = r0 + g + hh * 8;
-                const int row = hop_query_row(ch, qi, M);
-                const float gt = row >= 0 ? st.gk[row] : 0.0f, qs = row >= 0 && p.l2norm ? st.qinv[qi] : 1.0f;
+        for (int hh = 0; hh < 2; hh++) {
+            const int qi = r0 + g + hh * 8;
+            const int row = hop_query_row(ch, qi, M);
+            const float gt = row >= 0 ? st.gk[row] : 0.0f, qs = row >= 0 && p.l2norm ? st.qinv[qi] : 1.0f;
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int cc = 32 * wg + 8 * j + 2 * t4;
-                    const float p0 =
-                        cc <= row ? sc[4 * j + 2 * hh] * exp2_ftz(gt - gk_c[2 * j]) * kinv_c[2 * j] * qs : 0.0f;
-                    const float p1 = cc + 1 <= row ? sc[4 * j + 2 * hh + 1] * exp2_ftz(gt - gk_c[2 * j + 1]) *
-                                                         kinv_c[2 * j + 1] * qs
-                                                   : 0.0f;
-                    *reinterpret_cast<uint32_t *>(hop_at(st.p, CHUNK, qi, cc)) = Elem<T>::pack(p0, p1);
-                }
+            for (int j = 0; j < 4; j++) {
+                const int cc = 32 * wg + 8 * j + 2 * t4;
+                const float p0 =
+                    cc <= row ? sc[4 * j + 2 * hh] * exp2_ftz(gt - gk_c[2 * j]) * kinv_c[2 * j] * qs : 0.0f;
+                const float p1 = cc + 1 <= row ? sc[4 * j + 2 * hh + 1] * exp2_ftz(gt - gk_c[2 * j + 1]) *
+                                                     kinv_c[2 * j + 1] * qs
+                                               : 0.0f;
+                *reinterpret_cast<uint32_t *>(hop_at(st.p, CHUNK, qi, cc)) = Elem<T>::pack(p0, p1);
             }
         }
         fence_proxy_async_smem(); /* X' (read next by this warpgroup) and P (by both, after the v_new barrier) */
@@ -598,16 +593,14 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
             for (int j = 0; j < NJ; j++) {
                 const int cc = c0 + 8 * j + 2 * t4;
                 const float v0 = acc[4 * j + 2 * hh], v1 = acc[4 * j + 2 * hh + 1];
-                if constexpr (MODE == HOP_MAIN)
-                    *reinterpret_cast<uint32_t *>(hop_at(s.vn, CHUNK, r, cc)) = Elem<T>::pack(v0, v1);
+                *reinterpret_cast<uint32_t *>(hop_at(s.vn, CHUNK, r, cc)) = Elem<T>::pack(v0, v1);
                 *reinterpret_cast<uint32_t *>(hop_at(s.vd, CHUNK, r, cc)) = Elem<T>::pack(v0 * f, v1 * f);
             }
         }
         fence_proxy_async_smem();
         /* the outputs' first term Q S16 into v_new's registers, now free, while the warpgroups meet
          * (it was issued after the barrier, alone: the update now runs beside it and beside P v_new) */
-        if constexpr (MODE == HOP_MAIN)
-            wg_gemm<CW, 0, 1, T, KP / 16, true>(acc, queries, s16_cols);
+        wg_gemm<CW, 0, 1, T, KP / 16, true>(acc, queries, s16_cols);
         bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS); /* v_new and its decayed copy complete (both halves) */
         ph.mark(3); /* state 3: v_new */
 
@@ -620,36 +613,31 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
             S, [&](int ks) { return wg_desc_mnmajor(st.k, CHUNK, ks * 16, kr0); },
             [&](int ks) { return wg_desc_mnmajor(s.vd, CHUNK, ks * 16, sc0); });
         /* o = scale (2^Gk[r_t] Q S16 + P v_new) on the warpgroup's columns (also when no query ends in
-         * the chunk, nq = 0: a wgmma under a branch makes ptxas serialize them all, warning C7520; MODE is a
-         * template parameter, so the maps' runs compile without this block) */
-        if constexpr (MODE == HOP_MAIN) {
-            wg_wait<1>(); /* Q S16; the update may still run */
-            const int ra = hop_query_row(ch, r0 + g, M), rb = hop_query_row(ch, r0 + g + 8, M);
-            const float qa = p.l2norm ? st.qinv[r0 + g] : 1.0f, qb = p.l2norm ? st.qinv[r0 + g + 8] : 1.0f;
-            const float fa = ra >= 0 ? st.gam[ra] * qa : 0.0f, fb = rb >= 0 ? st.gam[rb] * qb : 0.0f;
+         * the chunk, nq = 0: a wgmma under a branch makes ptxas serialize them all, warning C7520) */
+        wg_wait<1>(); /* Q S16; the update may still run */
+        const int ra = hop_query_row(ch, r0 + g, M), rb = hop_query_row(ch, r0 + g + 8, M);
+        const float qa = p.l2norm ? st.qinv[r0 + g] : 1.0f, qb = p.l2norm ? st.qinv[r0 + g + 8] : 1.0f;
+        const float fa = ra >= 0 ? st.gam[ra] * qa : 0.0f, fb = rb >= 0 ? st.gam[rb] * qb : 0.0f;
 #pragma unroll
-            for (int j = 0; j < NJ; j++) {
-                acc[4 * j] *= fa;
-                acc[4 * j + 1] *= fa;
-                acc[4 * j + 2] *= fb;
-                acc[4 * j + 3] *= fb;
-            }
-            wg_gemm<CW, 0, 1, T, CHUNK / 16, false>(
-                acc, [&](int ks) { return wg_desc_kmajor(st.p, CHUNK, 0, ks * 16); },
-                [&](int ks) { return wg_desc_mnmajor(s.vn, CHUNK, ks * 16, c0); });
-            wg_wait<0>(); /* P v_new and the update */
-            T *o = static_cast<T *>(p.o) + ((bos + ch.tf) * H + hd) * VP;
+        for (int j = 0; j < NJ; j++) {
+            acc[4 * j] *= fa;
+            acc[4 * j + 1] *= fa;
+            acc[4 * j + 2] *= fb;
+            acc[4 * j + 3] *= fb;
+        }
+        wg_gemm<CW, 0, 1, T, CHUNK / 16, false>(
+            acc, [&](int ks) { return wg_desc_kmajor(st.p, CHUNK, 0, ks * 16); },
+            [&](int ks) { return wg_desc_mnmajor(s.vn, CHUNK, ks * 16, c0); });
+        wg_wait<0>(); /* P v_new and the update */
+        T *o = (MODE == HOP_MAP_F ? f_out : static_cast<T *>(p.o)) + ((bos + ch.tf) * H + hd) * VP;
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int qi = r0 + g + hh * 8;
-                if (qi < nq)
+        for (int hh = 0; hh < 2; hh++) {
+            const int qi = r0 + g + hh * 8;
+            if (qi < nq)
 #pragma unroll
-                    for (int j = 0; j < NJ; j++)
-                        *reinterpret_cast<uint32_t *>(o + (int64_t)qi * H * VP + c0 + 8 * j + 2 * t4) =
-                            Elem<T>::pack(acc[4 * j + 2 * hh] * p.scale, acc[4 * j + 2 * hh + 1] * p.scale);
-            }
-        } else {
-            wg_wait<0>();
+                for (int j = 0; j < NJ; j++)
+                    *reinterpret_cast<uint32_t *>(o + (int64_t)qi * H * VP + c0 + 8 * j + 2 * t4) =
+                        Elem<T>::pack(acc[4 * j + 2 * hh] * p.scale, acc[4 * j + 2 * hh + 1] * p.scale);
         }
         ph.mark(4); /* state 4: the update and the outputs */
         /* every read of stage b, S16, v_new and its decayed copy is done */
@@ -682,218 +670,8 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
     extern __shared__ unsigned char smem_raw[];
     const int hd = blockIdx.y, i = blockIdx.z;
     hop_run<T, KP, VP, COPY, HOP_MAIN>(p, maps, smem_raw, i, hd, 0, hop_seq_chunks(p, i), hop_h0(p, i, hd),
-                                   final_state_dest(p, i, hd));
+                                       final_state_dest(p, i, hd), nullptr);
 #endif
-}
-
-/* ---- the exact segment split (kernels/NOTES-chunk.md, "Exact segments") ----
- * Sequence i's expanded chunks are cut into nseg[i] segments of seg_chunks chunks (the last
- * shorter), work items t = seg_first[i] + j in sequence order (item_seq[t] = i, item_seg[t] = j;
- * -1 past the last item). A segment j >= 1 has workspace slot e = seg_first[i] - i + j - 1 for its
- * entering state (entry) and, in the middle (0 < j < nseg - 1), for its maps F (fmap, K x K) and G
- * (gmap, K x V); all fp32, [e][H][K][K or V]. */
-struct HopSegPlan {
-    const int *item_seq, *item_seg, *seg_first, *nseg;
-    float *entry, *fmap, *gmap;
-    int seg_chunks;
-};
-__device__ __forceinline__ int64_t hop_slot_base(const ChunkParams &p, const HopSegPlan &sp, int i, int j, int hd,
-                                                 int cols) {
-    const int64_t e = (int64_t)sp.seg_first[i] - i + j - 1;
-    return (e * p.H + hd) * p.K * cols;
-}
-
-/* Work item t of the split: sequence i (< 0 past the last item), its segment j of ns, that segment's
- * chunks [cb, ce). */
-struct HopItem {
-    int i, j, ns, cb, ce;
-};
-__device__ __forceinline__ HopItem hop_item(const ChunkParams &p, const HopSegPlan &sp, int t) {
-    HopItem it{sp.item_seq[t], 0, 0, 0, 0};
-    if (it.i < 0)
-        return it;
-    it.j = sp.item_seg[t];
-    it.ns = sp.nseg[it.i];
-    it.cb = it.j * sp.seg_chunks;
-    it.ce = min(it.cb + sp.seg_chunks, hop_seq_chunks(p, it.i));
-    return it;
-}
-
-/* Pass 1, one launch a role (one body a kernel: three in one spilled up to 596 bytes): ROLE
- * HOP_MAIN, segment 0 of every sequence from its initial state (the whole op for a sequence of one
- * segment; else its end state is segment 1's entering state); HOP_MAP_F and HOP_MAP_G, the maps of
- * the middle segments. Blocks of other items exit at once. */
-template <typename T, int VP, int COPY, int ROLE>
-__global__ void __launch_bounds__(HOP_THREADS, 1)
-    chunk_hopper_seg_pass1_kernel(const ChunkParams p, const __grid_constant__ HopperMaps maps, const HopSegPlan sp) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    extern __shared__ unsigned char smem_raw[];
-    const int hd = blockIdx.y;
-    const HopItem it = hop_item(p, sp, blockIdx.x);
-    const int i = it.i, j = it.j, ns = it.ns, cb = it.cb, ce = it.ce;
-    if (i < 0)
-        return;
-    if constexpr (ROLE == HOP_MAIN) {
-        if (j != 0)
-            return;
-        const StateDest end = ns == 1 ? final_state_dest(p, i, hd)
-                                      : StateDest{sp.entry, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, 1, hd, VP)};
-        hop_run<T, HOP_KP, VP, COPY, HOP_MAIN>(p, maps, smem_raw, i, hd, cb, ce, hop_h0(p, i, hd), end);
-    } else {
-        if (j == 0 || j == ns - 1)
-            return;
-        constexpr int W = ROLE == HOP_MAP_F ? HOP_KP : VP; /* F is K x K, G K x V */
-        float *dst = ROLE == HOP_MAP_F ? sp.fmap : sp.gmap;
-        hop_run<T, HOP_KP, W, COPY, ROLE>(p, maps, smem_raw, i, hd, cb, ce, HopStateSrc{nullptr, 0, 0},
-                                  StateDest{dst, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, j, hd, W)});
-    }
-#endif
-}
-
-/* Pass 2 (after hop_fixup_kernel): segments j >= 1 from their entering states; the last one's end
- * state is the sequence's final state. */
-template <typename T, int VP, int COPY>
-__global__ void __launch_bounds__(HOP_THREADS, 1)
-    chunk_hopper_seg_pass2_kernel(const ChunkParams p, const __grid_constant__ HopperMaps maps, const HopSegPlan sp) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    extern __shared__ unsigned char smem_raw[];
-    const int hd = blockIdx.y;
-    const HopItem it = hop_item(p, sp, blockIdx.x);
-    const int i = it.i, j = it.j, ns = it.ns, cb = it.cb, ce = it.ce;
-    if (i < 0 || j == 0)
-        return;
-    const HopStateSrc init{sp.entry, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, j, hd, VP)};
-    const StateDest end = j == ns - 1 ? final_state_dest(p, i, hd) : StateDest{nullptr, 0, 0};
-    hop_run<T, HOP_KP, VP, COPY, HOP_MAIN>(p, maps, smem_raw, i, hd, cb, ce, init, end);
-#endif
-}
-
-/* The plan of the split, from cu_seqlens on the device (no host sync; one block of 1024 threads):
- * nseg[i] = max(1, ceil(ceil(len_i M / 64) / seg_chunks)) (a sequence of no token still has its one
- * item: its final state is its initial state), seg_first by a block scan in sequence order, the
- * items, and -1 in item_seq past the last of max_items. */
-constexpr int HOP_PLAN_THREADS = 1024;
-__global__ void __launch_bounds__(HOP_PLAN_THREADS)
-    hop_plan_kernel(const int32_t *cu, int N, int M, int seg_chunks, int max_items, int *item_seq, int *item_seg,
-                    int *seg_first, int *nseg) {
-    __shared__ int warp_sums[HOP_PLAN_THREADS / 32];
-    __shared__ int carry;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    for (int t = tid; t < max_items; t += HOP_PLAN_THREADS) {
-        item_seq[t] = -1;
-        item_seg[t] = 0;
-    }
-    if (tid == 0)
-        carry = 0;
-    __syncthreads();
-    for (int base = 0; base < N; base += HOP_PLAN_THREADS) {
-        const int i = base + tid;
-        int ns = 0;
-        if (i < N) {
-            const int64_t nexp = (((int64_t)cu[i + 1] - cu[i]) * M + CHUNK - 1) / CHUNK;
-            ns = (int)max((int64_t)1, (nexp + seg_chunks - 1) / seg_chunks);
-        }
-        /* exclusive scan of ns over the block: within the warp, then over the warps' sums */
-        int x = ns;
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, x, d);
-            if (lane >= d)
-                x += y;
-        }
-        if (lane == 31)
-            warp_sums[warp] = x;
-        __syncthreads();
-        if (warp == 0) {
-            int w = warp_sums[lane];
-#pragma unroll
-            for (int d = 1; d < 32; d <<= 1) {
-                const int y = __shfl_up_sync(0xffffffffu, w, d);
-                if (lane >= d)
-                    w += y;
-            }
-            warp_sums[lane] = w; /* inclusive over the warps */
-        }
-        __syncthreads();
-        const int first = carry + (warp > 0 ? warp_sums[warp - 1] : 0) + x - ns;
-        if (i < N) {
-            seg_first[i] = first;
-            nseg[i] = ns;
-            for (int j = 0; j < ns && first + j < max_items; j++) {
-                item_seq[first + j] = i;
-                item_seg[first + j] = j;
-            }
-        }
-        __syncthreads(); /* every thread has read carry and warp_sums */
-        if (tid == 0)
-            carry += warp_sums[HOP_PLAN_THREADS / 32 - 1];
-        __syncthreads();
-    }
-}
-
-/* The fix-up scan of the split, one block of 256 threads per (sequence, head): S_(j+1) = F_j S_j + G_j
- * for the middle segments j = 1 .. nseg - 2 in order, in fp32 (each thread an 8 x VP/16 tile of the
- * product, sums in k order: deterministic), from S_1 (pass 1's end of segment 0) to S_(nseg - 1). */
-constexpr int HOP_FIX_THREADS = 256, HOP_FIX_LD = HOP_KP + 4;
-template <int VP>
-__global__ void __launch_bounds__(HOP_FIX_THREADS) hop_fixup_kernel(const ChunkParams p, const HopSegPlan sp) {
-    extern __shared__ float fix_smem[];
-    float *F = fix_smem;                 /* [K][HOP_FIX_LD]: F_j       */
-    float *Sm = F + HOP_KP * HOP_FIX_LD; /* [K][VP + 4]: S_j          */
-    constexpr int SLD = VP + 4, CT = VP / 16;
-    const int i = blockIdx.x, hd = blockIdx.y, tid = threadIdx.x;
-    const int ns = sp.nseg[i];
-    if (ns < 3)
-        return; /* no middle segment: pass 1 wrote S_1 (or the final state) already */
-    const int r0 = (tid >> 4) * 8, col0 = (tid & 15) * CT; /* the thread's rows and columns */
-    {
-        const float *s1 = sp.entry + hop_slot_base(p, sp, i, 1, hd, VP);
-        for (int e = tid; e < HOP_KP * VP; e += HOP_FIX_THREADS)
-            Sm[(e / VP) * SLD + e % VP] = s1[e];
-    }
-    for (int j = 1; j + 1 < ns; j++) {
-        const float *f = sp.fmap + hop_slot_base(p, sp, i, j, hd, HOP_KP);
-        const float *gm = sp.gmap + hop_slot_base(p, sp, i, j, hd, VP);
-        for (int e = tid; e < HOP_KP * HOP_KP; e += HOP_FIX_THREADS)
-            F[(e / HOP_KP) * HOP_FIX_LD + e % HOP_KP] = f[e];
-        __syncthreads(); /* F_j and S_j in */
-        float acc[8][CT];
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-#pragma unroll
-            for (int v = 0; v < CT; v++)
-                acc[u][v] = 0.0f;
-        for (int k = 0; k < HOP_KP; k++) {
-            float fr[8], sr[CT];
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                fr[u] = F[(r0 + u) * HOP_FIX_LD + k];
-#pragma unroll
-            for (int v = 0; v < CT; v++)
-                sr[v] = Sm[k * SLD + col0 + v];
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-#pragma unroll
-                for (int v = 0; v < CT; v++)
-                    acc[u][v] = fmaf(fr[u], sr[v], acc[u][v]);
-        }
-        float *next = sp.entry + hop_slot_base(p, sp, i, j + 1, hd, VP);
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-#pragma unroll
-            for (int v = 0; v < CT; v++) {
-                const int64_t e = (int64_t)(r0 + u) * VP + col0 + v;
-                acc[u][v] += gm[e];
-                next[e] = acc[u][v];
-            }
-        __syncthreads(); /* every read of F_j and S_j done */
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-#pragma unroll
-            for (int v = 0; v < CT; v++)
-                Sm[(r0 + u) * SLD + col0 + v] = acc[u][v];
-        /* the next step's barrier (after F_(j+1) lands) publishes S_(j+1) */
-    }
 }
 
 } // namespace

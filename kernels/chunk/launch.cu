@@ -135,18 +135,19 @@ int hopper_segment_from_env(const char **text) {
 }
 
 /* The segment length the split takes: the forced one, else the power of two at least the
- * expanded chunks' bound x heads / SMs (one segment a block and about one wave: 8 x 2048 and 1 x
- * 16384 at M = 2, H = 16 on 132 SMs both give 64, which splits only the long sequence) and at least
- * HOPPER_MIN_AUTO_SEGMENT (a segment past a sequence's first costs a map pass and a fix-up step of
- * about one chunk's time: short segments would spend more on the split than they save), doubled
+ * expanded chunks' bound x heads / SMs (one segment a block and about one wave of MAIN items, the F
+ * items a second: 8 x 2048 and 1 x 16384 at M = 2, H = 16 on 132 SMs both give 64, which splits only
+ * the long sequence; 1 x 16384 then runs 128 + 112 items of 64 chunks, about two chunk chains of 64
+ * where unsplit is one of 512) and at least HOPPER_MIN_AUTO_SEGMENT (a segment past a sequence's first
+ * costs an F run, a fix-up step and its correction: short segments would spend more on the split than
+ * they save), doubled
  * while the split's scratch does not fit in the staged path's intermediates (which the Hopper path
- * does not use); 0 when no sequence can be longer than one segment, for off, and at K = 64 (the
- * split holds K = 128 only: gdp_chunk_hopper_split_fits). */
+ * does not use); 0 when no sequence can be longer than one segment, and for off. */
 #ifdef GDP_HAVE_CHUNK_HOPPER
 constexpr long long HOPPER_MIN_AUTO_SEGMENT = 16;
 int hopper_segment(const ChunkParams &p, int forced, int sms, void *ws, size_t ws_bytes, GdpHopperSplit *split) {
     const long long bound = (p.T * p.M + CHUNK - 1) / CHUNK; /* expanded chunks of the longest sequence, at most */
-    if (forced == -2 || !gdp_chunk_hopper_split_fits(&p)) /* off, or K = 64: unsplit */
+    if (forced == -2) /* off: unsplit */
         return 0;
     long long seg = forced;
     if (seg == 0) {
@@ -156,10 +157,11 @@ int hopper_segment(const ChunkParams &p, int forced, int sms, void *ws, size_t w
             seg *= 2;
     }
     for (; seg < bound; seg *= 2) {
-        const long long items = gdp_chunk_hopper_split_items(p.T, p.N, p.M, (int)seg);
-        if (items < (1ll << 31) && gdp_chunk_hopper_split_bytes(&p, items) <= ws_bytes) {
+        const long long segs = gdp_chunk_hopper_split_segments(p.T, p.N, p.M, (int)seg);
+        /* at most 2 segs - N items (int indices) */
+        if (2 * segs - p.N < (1ll << 31) && gdp_chunk_hopper_split_bytes(&p, segs) <= ws_bytes) {
             split->seg_chunks = (int)seg;
-            split->max_items = (int)items;
+            split->max_segs = (int)segs;
             split->ws = ws;
             return (int)seg;
         }

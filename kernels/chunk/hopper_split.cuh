@@ -1,0 +1,387 @@
+/*
+ * hopper_split.cuh: the exact segment split of the one-pass Hopper kernel (hopper.cuh's hop_run over
+ * segments of a long sequence, kernels/NOTES-chunk.md, "Exact segments" and twenty-seventh session):
+ * the plan of work items from cu_seqlens on the device, pass 1's MAIN and F runs, the fix-up scan of
+ * the entering states, and the outputs' correction (or, with chunk states, pass 2). Included by
+ * hopper.cu after hopper.cuh; compiled for sm_90a only.
+ */
+#ifndef GDP_CHUNK_HOPPER_SPLIT_CUH
+#define GDP_CHUNK_HOPPER_SPLIT_CUH
+
+#include "hopper.cuh"
+
+namespace {
+
+/* ---- the exact segment split (kernels/NOTES-chunk.md, "Exact segments" and twenty-seventh session) ----
+ * Sequence i's expanded chunks are cut into nseg[i] segments of seg_chunks chunks (the last shorter).
+ * Every segment runs once as a MAIN item: segment 0 from the initial state (its outputs are the op's,
+ * its end state S_1 or the final state), a segment j >= 1 from zero (its end state is the map G_j, its
+ * outputs o^G, written into o). Every segment j >= 1 also runs as an F item: the map F_j and the
+ * outputs' part O^F (K columns a token). The two kinds are independent; each has its launch (both
+ * bodies in one kernel spilled up to 576 bytes). Then
+ * S_(j+1) = F_j S_j + G_j in fp32 (hop_fixup_kernel; the last is the final state) and o = o^G + O^F S_j
+ * over segment j's tokens (hop_correct_kernel): each sequence's chain is run about twice in parallel
+ * pieces instead of once in one piece. With chunk states asked, segments j >= 1 instead run again as
+ * MAIN from S_j (pass 2), writing their outputs and chunk states over the MAIN items' and the final
+ * state.
+ * A segment j >= 1 of sequence i has slot e = seg_base[i] - i + j - 1 (seg_base: the segments of the
+ * sequences before i) for S_j (entry) and G_j (gmap), fp32 [e][H][K][V]; slot_seq[e], slot_seg[e] name
+ * it (-1 past the last), slot_fitem[e] its F item t, whose map F_j is at fmap [t][H][K][K] (K = 64 or
+ * 128, as the kernel's; indexed by
+ * the item, the F run's end address comes from its block index after the run: a slot's base computed
+ * before it was held through the run and spilled). Items t: item_seq[t] = i (-1 past the last),
+ * item_seg[t] = 2 j + 1 for F, 2 j for MAIN; the full-length segments' items first, then the short
+ * last ones, so that no long item starts late. O^F (ofmap) is [T][H][K] in the inputs' type. */
+struct HopSegPlan {
+    const int *item_seq, *item_seg, *seg_base, *nseg, *slot_seq, *slot_seg, *slot_fitem;
+    float *entry, *fmap, *gmap;
+    void *ofmap;
+    int seg_chunks;
+    int max_items; /* the item arrays' length: a grid's blocks past it (its last z slice) have no item */
+};
+__device__ __forceinline__ int64_t hop_slot(const HopSegPlan &sp, int i, int j) {
+    return (int64_t)sp.seg_base[i] - i + j - 1;
+}
+__device__ __forceinline__ int64_t hop_slot_base(const ChunkParams &p, const HopSegPlan &sp, int i, int j, int hd,
+                                                 int cols) {
+    return (hop_slot(sp, i, j) * p.H + hd) * p.K * cols;
+}
+
+/* Work item t of the split: sequence i (< 0 past the last item), its segment j of ns, that segment's
+ * chunks [cb, ce), and whether it is the F item. */
+struct HopItem {
+    int i, j, ns, cb, ce;
+    bool f;
+};
+__device__ __forceinline__ HopItem hop_item(const ChunkParams &p, const HopSegPlan &sp, int t) {
+    HopItem it{t < sp.max_items ? sp.item_seq[t] : -1, 0, 0, 0, 0, false};
+    if (it.i < 0)
+        return it;
+    const int code = sp.item_seg[t];
+    it.j = code >> 1;
+    it.f = (code & 1) != 0;
+    it.ns = sp.nseg[it.i];
+    it.cb = it.j * sp.seg_chunks;
+    it.ce = min(it.cb + sp.seg_chunks, hop_seq_chunks(p, it.i));
+    return it;
+}
+
+/* The split's grids: head blockIdx.x of item blockIdx.y + gridDim.y blockIdx.z (head-fastest, so the
+ * blocks start in the items' order; both special registers, which the long run reads again for free
+ * where a computed head would hold a register: the item-major x of an earlier version spilled). */
+__device__ __forceinline__ int hop_grid_item() { return (int)(blockIdx.y + gridDim.y * blockIdx.z); }
+
+/* Pass 1, one launch a kind (HOP_MAIN or HOP_MAP_F, whose instance takes VP = KP): its items (above);
+ * the other kind's blocks exit. The F launch is a programmatic dependent of the MAIN launch (the two
+ * are independent): every MAIN block lets it start at once (griddepcontrol.launch_dependents), so the
+ * F blocks fill the SMs the MAIN launch's last wave leaves (on the mixed batch about a quarter of pass
+ * 1). So that the F grid still completes after the MAIN grid (the fix-up, launched plainly after it,
+ * reads both, and so does whatever the caller runs next), every F block that runs waits for the MAIN
+ * grid's completion and flush (griddepcontrol.wait) after its run, and so does the F grid's last
+ * block whatever its item: at least one block of it waits, and the blocks that leave at once hold no
+ * SM. Both instructions are no-ops in a launch without the attribute. */
+__device__ __forceinline__ void hop_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void hop_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+template <typename T, int KP, int VP, int COPY, int KIND>
+__global__ void __launch_bounds__(HOP_THREADS, 1)
+    chunk_hopper_seg_run_kernel(const ChunkParams p, const __grid_constant__ HopperMaps maps, const HopSegPlan sp) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char smem_raw[];
+    if constexpr (KIND == HOP_MAIN)
+        hop_pdl_trigger();
+    const int hd = blockIdx.x;
+    const HopItem it = hop_item(p, sp, hop_grid_item());
+    const int i = it.i, j = it.j;
+    if (i < 0 || it.f != (KIND == HOP_MAP_F)) {
+        if (KIND == HOP_MAP_F && blockIdx.x + 1 == gridDim.x && blockIdx.y + 1 == gridDim.y && blockIdx.z + 1 == gridDim.z)
+            hop_pdl_wait();
+        return;
+    }
+    if constexpr (KIND == HOP_MAP_F) {
+        hop_run<T, KP, KP, COPY, HOP_MAP_F>(
+            p, maps, smem_raw, i, hd, it.cb, it.ce, HopStateSrc{nullptr, 0, 0},
+            StateDest{sp.fmap, GDP_DTYPE_FP32, ((int64_t)hop_grid_item() * p.H + hd) * KP * KP},
+            static_cast<T *>(sp.ofmap));
+        hop_pdl_wait(); /* the aux warpgroup left hop_run early: every thread waits, none stores after */
+    } else {
+        const StateDest end = j > 0         ? StateDest{sp.gmap, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, j, hd, VP)}
+                              : it.ns == 1 ? final_state_dest(p, i, hd)
+                                           : StateDest{sp.entry, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, 1, hd, VP)};
+        hop_run<T, KP, VP, COPY, HOP_MAIN>(p, maps, smem_raw, i, hd, it.cb, it.ce,
+                                           j == 0 ? hop_h0(p, i, hd) : HopStateSrc{nullptr, 0, 0}, end, nullptr);
+    }
+#endif
+}
+
+/* Pass 2, only with chunk states asked (after hop_fixup_kernel): the MAIN items of segments j >= 1
+ * again, from their entering states, over the outputs and chunk states of pass 1; the last segment's
+ * end is the final state (the fix-up then leaves it: with no end state this kernel spilled). */
+template <typename T, int KP, int VP, int COPY>
+__global__ void __launch_bounds__(HOP_THREADS, 1)
+    chunk_hopper_seg_pass2_kernel(const ChunkParams p, const __grid_constant__ HopperMaps maps, const HopSegPlan sp) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char smem_raw[];
+    const int hd = blockIdx.x;
+    const HopItem it = hop_item(p, sp, hop_grid_item());
+    if (it.i < 0 || it.j == 0 || it.f)
+        return;
+    const HopStateSrc init{sp.entry, GDP_DTYPE_FP32, hop_slot_base(p, sp, it.i, it.j, hd, VP)};
+    hop_run<T, KP, VP, COPY, HOP_MAIN>(p, maps, smem_raw, it.i, hd, it.cb, it.ce, init,
+                                       it.j == it.ns - 1 ? final_state_dest(p, it.i, hd) : StateDest{nullptr, 0, 0},
+                                       nullptr);
+#endif
+}
+
+/* An exclusive scan of x over the block (HOP_PLAN_THREADS threads; warp_sums: HOP_PLAN_THREADS / 32
+ * ints of shared memory); total gets the block's sum. Every thread calls it. */
+constexpr int HOP_PLAN_THREADS = 1024;
+__device__ __forceinline__ int hop_block_scan(int x, int *warp_sums, int &total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int inc = x;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, inc, d);
+        if (lane >= d)
+            inc += y;
+    }
+    if (lane == 31)
+        warp_sums[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+        int w = warp_sums[lane];
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, w, d);
+            if (lane >= d)
+                w += y;
+        }
+        warp_sums[lane] = w; /* inclusive over the warps */
+    }
+    __syncthreads();
+    const int excl = (warp > 0 ? warp_sums[warp - 1] : 0) + inc - x;
+    total = warp_sums[HOP_PLAN_THREADS / 32 - 1];
+    __syncthreads(); /* every thread has read warp_sums before the next scan writes it */
+    return excl;
+}
+
+/* Sequence i's segments: ns in all, full of them seg_chunks long (the rest, at most one, shorter). */
+__device__ __forceinline__ void hop_plan_counts(const int32_t *cu, int i, int M, int seg_chunks, int &ns, int &full) {
+    const int64_t nexp = (((int64_t)cu[i + 1] - cu[i]) * M + CHUNK - 1) / CHUNK;
+    ns = (int)max((int64_t)1, (nexp + seg_chunks - 1) / seg_chunks);
+    full = (int)(nexp / seg_chunks);
+}
+
+/* The plan of the split, from cu_seqlens on the device (no host sync; one block of 1024 threads):
+ * nseg[i] = max(1, ceil(ceil(len_i M / 64) / seg_chunks)) (a sequence of no token still has its MAIN
+ * item: its final state is its initial state), seg_base by a block scan, the items (full-length
+ * ones by one scan, after them the short ones by another) and the slots; -1 in item_seq and
+ * slot_seq past the last of max_items and max_slots. */
+__global__ void __launch_bounds__(HOP_PLAN_THREADS)
+    hop_plan_kernel(const int32_t *cu, int N, int M, int seg_chunks, int max_items, int max_slots, int *item_seq,
+                    int *item_seg, int *seg_base, int *nseg, int *slot_seq, int *slot_seg, int *slot_fitem) {
+    __shared__ int warp_sums[HOP_PLAN_THREADS / 32];
+    const int tid = threadIdx.x;
+    for (int t = tid; t < max_items; t += HOP_PLAN_THREADS) {
+        item_seq[t] = -1;
+        item_seg[t] = 0;
+    }
+    for (int e = tid; e < max_slots; e += HOP_PLAN_THREADS) {
+        slot_seq[e] = -1;
+        slot_seg[e] = 0;
+        slot_fitem[e] = 0;
+    }
+    /* the full-length items of all sequences come first: their count */
+    int full_items = 0;
+    for (int base = 0; base < N; base += HOP_PLAN_THREADS) {
+        int ns = 0, full = 0, sum;
+        if (base + tid < N)
+            hop_plan_counts(cu, base + tid, M, seg_chunks, ns, full);
+        hop_block_scan(full + max(full - 1, 0), warp_sums, sum); /* MAIN j < full, F 1 <= j < full */
+        full_items += sum;
+    }
+    __syncthreads(); /* the item and slot markers above are written before any item below */
+    int seg_carry = 0, full_carry = 0, short_carry = 0;
+    for (int base = 0; base < N; base += HOP_PLAN_THREADS) {
+        const int i = base + tid;
+        int ns = 0, full = 0, sum;
+        if (i < N)
+            hop_plan_counts(cu, i, M, seg_chunks, ns, full);
+        const bool has_short = ns > full;
+        const int nfull = full + max(full - 1, 0), nshort = has_short ? (ns > 1 ? 2 : 1) : 0;
+        const int sb = seg_carry + hop_block_scan(ns, warp_sums, sum);
+        seg_carry += sum;
+        const int fpos = full_carry + hop_block_scan(nfull, warp_sums, sum);
+        full_carry += sum;
+        const int spos = full_items + short_carry + hop_block_scan(nshort, warp_sums, sum);
+        short_carry += sum;
+        if (i >= N)
+            continue;
+        seg_base[i] = sb;
+        nseg[i] = ns;
+        const auto put = [&](int t, int code) {
+            if (t < max_items) {
+                item_seq[t] = i;
+                item_seg[t] = code;
+            }
+        };
+        for (int j = 0; j < full; j++)
+            put(fpos + j, 2 * j);
+        if (has_short)
+            put(spos, 2 * (ns - 1));
+        for (int j = 1; j < ns; j++) { /* the F items, and the slots */
+            const int t = j < full ? fpos + full + j - 1 : spos + 1;
+            put(t, 2 * j + 1);
+            const int e = sb - i + j - 1;
+            if (e < max_slots) {
+                slot_seq[e] = i;
+                slot_seg[e] = j;
+                slot_fitem[e] = t;
+            }
+        }
+    }
+}
+
+/* The fix-up scan of the split, one block of 256 threads per (sequence, head, 32 value columns):
+ * S_(j+1) = F_j S_j + G_j for j = 1 .. nseg - 1 in order, in fp32 (each thread a KP / 16 x 2 tile of
+ * the product, sums in k order: deterministic), from S_1 (segment 0's end) to the entering states of
+ * segments 2 .. nseg - 1 and, last, the sequence's final state (its slot or final_state, in its
+ * dtype; nothing for a -1 slot; with chunk states asked pass 2 writes it instead). A column block
+ * needs only its own columns of S_j, so the blocks of one sequence and head run side by side. */
+constexpr int HOP_FIX_THREADS = 256, HOP_FIX_COLS = 32;
+template <int KP> constexpr size_t hop_fixup_smem() { return sizeof(float) * (size_t)KP * (KP + 4 + HOP_FIX_COLS + 4); }
+template <int KP, int VP>
+__global__ void __launch_bounds__(HOP_FIX_THREADS) hop_fixup_kernel(const ChunkParams p, const HopSegPlan sp) {
+    extern __shared__ float fix_smem[];
+    constexpr int FLD = KP + 4, SLD = HOP_FIX_COLS + 4, CT = HOP_FIX_COLS / 16, RT = KP / 16;
+    float *F = fix_smem;      /* [K][FLD]: F_j                         */
+    float *Sm = F + KP * FLD; /* [K][SLD]: the block's columns of S_j  */
+    const int i = blockIdx.x, hd = blockIdx.y, cbase = blockIdx.z * HOP_FIX_COLS, tid = threadIdx.x;
+    const int ns = sp.nseg[i];
+    if (ns < 2)
+        return; /* one segment: its run wrote the final state */
+    const int r0 = (tid >> 4) * RT, col0 = (tid & 15) * CT; /* the thread's rows and (block) columns */
+    {
+        const float *s1 = sp.entry + hop_slot_base(p, sp, i, 1, hd, VP);
+        for (int e = tid; e < KP * HOP_FIX_COLS; e += HOP_FIX_THREADS)
+            Sm[(e / HOP_FIX_COLS) * SLD + e % HOP_FIX_COLS] = s1[(e / HOP_FIX_COLS) * VP + cbase + e % HOP_FIX_COLS];
+    }
+    const StateDest fin = p.chunk_states != nullptr ? StateDest{nullptr, 0, 0} : final_state_dest(p, i, hd);
+    for (int j = 1; j < ns; j++) {
+        const float *f = sp.fmap + ((int64_t)sp.slot_fitem[hop_slot(sp, i, j)] * p.H + hd) * KP * KP;
+        const float *gm = sp.gmap + hop_slot_base(p, sp, i, j, hd, VP);
+        for (int e = tid; e < KP * KP; e += HOP_FIX_THREADS)
+            F[(e / KP) * FLD + e % KP] = f[e];
+        __syncthreads(); /* F_j and S_j in */
+        float acc[RT][CT];
+#pragma unroll
+        for (int u = 0; u < RT; u++)
+#pragma unroll
+            for (int v = 0; v < CT; v++)
+                acc[u][v] = 0.0f;
+        for (int k = 0; k < KP; k++) {
+            float fr[RT], sr[CT];
+#pragma unroll
+            for (int u = 0; u < RT; u++)
+                fr[u] = F[(r0 + u) * FLD + k];
+#pragma unroll
+            for (int v = 0; v < CT; v++)
+                sr[v] = Sm[k * SLD + col0 + v];
+#pragma unroll
+            for (int u = 0; u < RT; u++)
+#pragma unroll
+                for (int v = 0; v < CT; v++)
+                    acc[u][v] = fmaf(fr[u], sr[v], acc[u][v]);
+        }
+        float *next = j + 1 < ns ? sp.entry + hop_slot_base(p, sp, i, j + 1, hd, VP) : nullptr;
+#pragma unroll
+        for (int u = 0; u < RT; u++)
+#pragma unroll
+            for (int v = 0; v < CT; v++) {
+                const int64_t e = (int64_t)(r0 + u) * VP + cbase + col0 + v;
+                acc[u][v] += gm[e];
+                if (next != nullptr)
+                    next[e] = acc[u][v];
+                else if (fin.dst != nullptr)
+                    store_any(fin.dst, fin.dtype, fin.base + e, acc[u][v]);
+            }
+        __syncthreads(); /* every read of F_j and S_j done */
+#pragma unroll
+        for (int u = 0; u < RT; u++)
+#pragma unroll
+            for (int v = 0; v < CT; v++)
+                Sm[(r0 + u) * SLD + col0 + v] = acc[u][v];
+        /* the next step's barrier (after F_(j+1) lands) publishes S_(j+1) */
+    }
+}
+
+/* The outputs' correction of the split: o += O^F S_j over the tokens of segment j >= 1 (those whose
+ * last copy lies in its chunks; o holds o^G from pass 1), one block of four warps per (slot, head,
+ * HOP_COR_TILES tiles of 64 tokens): S_j rounded to T once (as the kernel's own S16) and each tile's
+ * O^F rows in shared memory, the product on mma.sync with fp32 sums, then o^G added and the sum
+ * rounded once. S_j's 64 KB of fp32 are read and converted once for the block's tiles, not once a tile. */
+constexpr int HOP_COR_THREADS = 128, HOP_COR_TILES = 4;
+template <typename T, int KP, int VP> constexpr size_t hop_correct_smem() {
+    return sizeof(T) * ((size_t)KP * (VP + PAD) + (size_t)CHUNK * (KP + PAD));
+}
+/* The correction's grid z for segments of seg_chunks expanded chunks: at most seg_chunks 64 / M + 1
+ * tokens a segment (one straddling its start), HOP_COR_TILES tiles of 64 a block. */
+inline unsigned hop_correct_blocks_z(int seg_chunks, int M) {
+    const long long tiles = ((long long)seg_chunks * CHUNK / M + 1 + CHUNK - 1) / CHUNK;
+    return (unsigned)((tiles + HOP_COR_TILES - 1) / HOP_COR_TILES);
+}
+template <typename T, int KP, int VP>
+__global__ void __launch_bounds__(HOP_COR_THREADS) hop_correct_kernel(const ChunkParams p, const HopSegPlan sp) {
+    extern __shared__ __align__(16) unsigned char cor_smem[];
+    T *s16 = reinterpret_cast<T *>(cor_smem); /* [K][VP + PAD]: S_j   */
+    T *of = s16 + KP * (VP + PAD);            /* [64][K + PAD]: O^F  */
+    const int e = blockIdx.x, hd = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int i = sp.slot_seq[e];
+    if (i < 0)
+        return;
+    const int j = sp.slot_seg[e], H = p.H, M = p.M;
+    const int64_t bos = p.cu[i];
+    const int len = (int)((int64_t)p.cu[i + 1] - bos);
+    const int cb = j * sp.seg_chunks, ce = min(cb + sp.seg_chunks, hop_seq_chunks(p, i));
+    const HopChunk first = hop_chunk(cb, len, M), last = hop_chunk(ce - 1, len, M);
+    const int tb = first.tf + (int)blockIdx.z * HOP_COR_TILES * CHUNK, t1 = last.tf + last.nq; /* tokens [tb, t1) */
+    if (tb >= t1)
+        return;
+    const float *sj = sp.entry + hop_slot_base(p, sp, i, j, hd, VP);
+    for (int x = tid; x < KP * VP / 4; x += HOP_COR_THREADS) {
+        const float4 v = reinterpret_cast<const float4 *>(sj)[x];
+        const int r = (4 * x) / VP, c = (4 * x) % VP;
+        uint32_t *d = reinterpret_cast<uint32_t *>(s16 + r * (VP + PAD) + c);
+        d[0] = Elem<T>::pack(v.x, v.y);
+        d[1] = Elem<T>::pack(v.z, v.w);
+    }
+    const int g = lane >> 2, t4 = lane & 3;
+    for (int t0 = tb; t0 < t1 && t0 < tb + HOP_COR_TILES * CHUNK; t0 += CHUNK) {
+        const int rows = min(CHUNK, t1 - t0);
+        __syncthreads(); /* S_j stored (first tile), every read of the last tile's O^F done (the others) */
+        tile_async<T, HOP_COR_THREADS>(of, KP + PAD, static_cast<const T *>(sp.ofmap) + ((bos + t0) * H + hd) * KP,
+                                       (int64_t)H * KP, rows, KP, KP, tid);
+        cp_async_commit();
+        cp_async_wait_all();
+        __syncthreads(); /* the tile's O^F in */
+        float acc[VP / 8][4];
+        zero_tiles(acc);
+        mma_rows_kn<T, KP, VP / 8>(acc, of, KP + PAD, 16 * warp, s16, VP + PAD, 0, lane);
+        T *o = static_cast<T *>(p.o) + ((bos + t0) * H + hd) * VP;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = 16 * warp + g + 8 * hh;
+            if (r >= rows)
+                continue;
+#pragma unroll
+            for (int nt = 0; nt < VP / 8; nt++) {
+                T *at = o + (int64_t)r * H * VP + 8 * nt + 2 * t4;
+                *reinterpret_cast<uint32_t *>(at) = Elem<T>::pack(Elem<T>::to_f(at[0]) + acc[nt][2 * hh],
+                                                                  Elem<T>::to_f(at[1]) + acc[nt][2 * hh + 1]);
+            }
+        }
+    }
+}
+
+} // namespace
+
+#endif /* GDP_CHUNK_HOPPER_SPLIT_CUH */
