@@ -33,6 +33,7 @@
 #include "backend.h" /* gdp_gemm_nt_ex, the layer's projection GEMM (internal) */
 #include "gdp/gdp.h"
 #include "gdp/profile.h"
+#include "kernels/gdp_kernels.h" /* which chunk kernels a prefill row ran (gdp_cuda_chunk_hopper_*) */
 
 #define COPY_BW 4.17e12   /* measured device-to-device copy, bytes read + written per second */
 #define BF16_FLOPS 7.9e14 /* measured dense bf16 GEMM rate, FLOP/s */
@@ -636,7 +637,7 @@ static void bench_prefill(bench_env *e, int64_t H, int64_t K, int64_t V, int64_t
                           const char *lens_desc, double peer_us) {
     row_stats rs = {0};
     double stage_us[GDP_CHUNK_STAGE_NUM] = {0};
-    char shape[64];
+    char shape[64], kernels[64] = "";
     snprintf(shape, sizeof shape, "H=%lld K=%lld V=%lld M=%lld %s", (long long)H, (long long)K, (long long)V,
              (long long)M, lens_desc);
     int32_t *cu = malloc(sizeof(int32_t) * (size_t)(nseq + 1));
@@ -689,8 +690,16 @@ static void bench_prefill(bench_env *e, int64_t H, int64_t K, int64_t V, int64_t
         if (rs.ran) {
             CUDA_TRY(cudaMemset(a.o.data, 0xFF, tensor_bytes(&a.o)));
             CUDA_TRY(cudaMemset(a.final_state.data, 0xFF, tensor_bytes(&a.final_state)));
+            const long long hopper_before = gdp_cuda_chunk_hopper_calls();
             if (chunk_fn(&a) != GDP_STATUS_SUCCESS)
                 rs.wrong++;
+            if (gdp_cuda_chunk_hopper_calls() == hopper_before)
+                snprintf(kernels, sizeof kernels, "the staged chain");
+            else if (gdp_cuda_chunk_hopper_last_segment() > 0)
+                snprintf(kernels, sizeof kernels, "the Hopper kernel, segments of %d expanded chunks",
+                         gdp_cuda_chunk_hopper_last_segment());
+            else
+                snprintf(kernels, sizeof kernels, "the Hopper kernel, unsplit");
             CUDA_TRY(cudaStreamSynchronize(e->stream));
             rs.wrong += count_nonfinite(&a.o) + count_nonfinite(&a.final_state);
             chunk_stage_times(e, chunk_fn, &a, stage_us);
@@ -705,8 +714,10 @@ static void bench_prefill(bench_env *e, int64_t H, int64_t K, int64_t V, int64_t
     const double flops = F * (double)T * (double)H;
     const double bytes = (2 * Kd + 2 * Md * Kd + 2 * Md * Vd + 2 * Vd + 4 * Md + 4) * (double)T * (double)H;
     print_row("prefill", shape, (double)T, bytes, flops, flops / BF16_FLOPS * 1e6, peer_us, &rs);
-    if (rs.ran)
+    if (rs.ran) {
+        printf("#   ran %s (GDP_CHUNK_PATH %s)\n", kernels, getenv("GDP_CHUNK_PATH") ? getenv("GDP_CHUNK_PATH") : "unset: auto");
         bench_print_chunk_stages("eager, median", stage_us, rs.med_us);
+    }
     free(cu), free(ci), free(cidp), free(co);
 }
 

@@ -112,37 +112,106 @@ gdp_status_t gdp_build_chunk_descriptors(const int32_t *cu_seqlens, int32_t pref
     return GDP_STATUS_SUCCESS;
 }
 
-/* The op's own choice between the staged chain and the one-pass Hopper kernel (GDP_CHUNK_PATH unset
- * or auto, on a device and shape the Hopper kernel takes), from the work's shape alone. The Hopper
- * kernel runs one block a (sequence, head), each walking its sequence's chunks one after another, so
- * its time is the waves of blocks times the longest sequence's chunks times a chunk's time; the
- * staged chain spreads every stage over all chunks, so its time follows the total chunks. Both rates
- * are the H200's (`GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=off` and `GDP_CHUNK_PATH=staged
- * ./build/examples/gdp-bench ops --op prefill`; docs/performance.md): the Hopper kernel 433 us for 64
- * chunks at V = 128 (6.8 us a chunk) and 551 us for 96 at V = 64 (5.8; twenty-fifth session), the
- * staged chain 784 us for 8,192 (chunk, head) pairs at V = 128 (0.096 us each) and 861 us for 12,288
- * at V = 64 (0.070; twenty-second session); a long sequence makes the staged chain slower still (its state sweep walks
- * the chunks in order), so the staged estimate is a lower bound and the rule below favours staged.
- * The rates are K = 128 figures: at any other K (the Hopper kernel also takes 64) nothing was measured
- * and the staged chain is kept. The segment split is not chosen here: it loses to the staged chain
- * on every row measured. */
+/* The state sweep's value-column block for VP padded value columns, heads x seqs (sequence, head)
+ * pairs on sms multiprocessors (the staged chain's chunk_state_kernel, and the auto choice's estimate
+ * of it). The sweep is sequential over a sequence's chunks, so its parallelism is its grid, (VP / VB)
+ * x H x N blocks; a few long sequences (1 x 16384 with H = 16, V = 128: 32 blocks of 64 columns) leave
+ * most of the device idle. The columns of the state evolve independently (state.cuh), so narrower blocks give more,
+ * lighter blocks with bitwise the same results: each still walks the whole chain, but a step does
+ * 64 / VB times less tensor-core work. The widest block whose grid still fills three quarters of the
+ * SMs is chosen (fewest re-reads of w and K); when even 16 columns do not, 16. Measured on the H200
+ * (kernels/NOTES-chunk.md): 8 x 2048 (256 blocks at 64) 64 best, 1.00 ms vs 1.12 (32) and 1.36 (16);
+ * 1 x 16384 (32 blocks at 64) 16 best, 1.49 ms vs 1.72 and 1.98; H 32 V 64 4 x 2048 (128 blocks at 64,
+ * 97 % of the SMs) 64 best, 1.07 ms vs 1.12 (32): a nearly full grid of wide blocks beats a fuller one. */
+int gdp_chunk_state_vb(int vp, int64_t heads, int64_t seqs, int sms) {
+    const int64_t items = heads * seqs, enough = (3 * (int64_t)sms + 3) / 4;
+    if ((int64_t)(vp / 64) * items >= enough)
+        return 64;
+    if ((int64_t)(vp / 32) * items >= enough)
+        return 32;
+    return 16;
+}
+
+/* The Hopper split's segment length when the op chooses it: the power of two at least the expanded
+ * chunks x heads / SMs (one segment a block and about one wave of MAIN items, the F items a second:
+ * 8 x 2048 and 1 x 16384 at M = 2, H = 16 on 132 SMs both give 64; 1 x 16384 then runs 128 + 112 items
+ * of 64 chunks where unsplit is one chain of 512) and at least 16 (a segment past a sequence's first
+ * costs an F run, a fix-up step and its correction: short segments spend more on the split than they
+ * save). */
+int64_t gdp_chunk_split_segment(int64_t num_chunks_dp, int64_t H, int sms) {
+    const int64_t want = (num_chunks_dp * H + sms - 1) / (sms > 0 ? sms : 1);
+    int64_t seg = 16;
+    while (seg < want)
+        seg *= 2;
+    return seg;
+}
+
+/* The op's own choice among the staged chain, the one-pass Hopper kernel and its exact segment split
+ * (GDP_CHUNK_PATH unset or auto, on a device and shape the Hopper kernel takes), from the work's
+ * shape alone: estimates in microseconds from the H200's rates (132 SMs), each fitted to measured
+ * `gdp-bench ops --op prefill` rows (GDP_CHUNK_PATH=hopper|staged, GDP_CHUNK_SEGMENT=off|auto;
+ * kernels/NOTES-chunk.md, twenty-fifth and twenty-ninth sessions); test_descriptors checks the choice
+ * on every measured row.
+ * - Hopper, unsplit: one block a (sequence, head) walking its chunks in order: waves of blocks x the
+ *   longest sequence's chunks x a chunk's time (433 us for 64 chunks at K = V = 128: 6.8 us; 551 us
+ *   for 96 at V = 64: 5.8; 374 us for 64 at K = 64, V = 128: 5.84).
+ * - Hopper, split (K = V = 128 only: measured there): the longest item chain is a segment of S chunks
+ *   and the items' work is (C + F) x H chunks for C expanded chunks and F <= C - S chunks past a
+ *   sequence's first segment, so max(S, (C + F) H / SMs) chunks of 6.8 us, plus 99 us (the plan, the
+ *   fix-up's launch, the outputs' correction over every token) and 20.75 us a fix-up step (one a
+ *   segment past the longest sequence's first, in order): fitted to 1 x 16384 (1040 us, 7 steps) and
+ *   the mixed batch (957 us, 3 steps) at S = 64.
+ * - Staged: the parallel stages (cumsums, WY, outputs) 0.0656 us a (chunk, head) pair, plus the state
+ *   sweep, a chain per (sequence, head, VB columns): the longest chain at a lone block's step or all
+ *   blocks' steps over the SMs at a shared SM's step, whichever is longer (VB = 16: 1.06 us a step,
+ *   from 1 x 16384's 542 us sweep; VB = 64: 2.40 us alone, from the mixed batch, 1.99 us shared, from
+ *   8 x 2048; VB = 32 between, 1.6 and 1.45, not measured). At V = 64 (one row measured, 861 us for
+ *   12,288 pairs) 0.070 us a pair, a lower bound.
+ * K other than 128 and 64, an unknown longest sequence (max_seqlen 0), or no work: staged, which never
+ * loses by much. */
 #define HOPPER_US_PER_CHUNK_V128 6.8
 #define HOPPER_US_PER_CHUNK_V64 5.8
-#define STAGED_US_PER_CHUNK_HEAD_V128 0.096
+#define HOPPER_US_PER_CHUNK_K64 5.84
+#define SPLIT_FIXED_US 99.0
+#define SPLIT_US_PER_FIXUP_STEP 20.75
+#define STAGED_PARALLEL_US_PER_CHUNK_HEAD 0.0656
 #define STAGED_US_PER_CHUNK_HEAD_V64 0.070
 
-bool gdp_chunk_auto_prefers_hopper(int64_t num_chunks_dp, int64_t N, int64_t H, int32_t M, int64_t K, int64_t V,
-                                   int64_t max_seqlen, int sms) {
-    if (K != 128)
-        return false; /* no measured rate */
-    if (max_seqlen <= 0 || N < 1 || H < 1 || M < 1 || sms < 1 || num_chunks_dp < 1)
-        return false; /* the longest sequence unknown: the staged chain never loses by much */
-    const bool narrow = V <= 64;
-    const int64_t waves = (N * H + sms - 1) / sms;
-    const int64_t longest_chunks = (max_seqlen * M + CHUNK - 1) / CHUNK;
-    const double hopper_us =
-        (double)waves * (double)longest_chunks * (narrow ? HOPPER_US_PER_CHUNK_V64 : HOPPER_US_PER_CHUNK_V128);
-    const double staged_us =
-        (double)num_chunks_dp * (double)H * (narrow ? STAGED_US_PER_CHUNK_HEAD_V64 : STAGED_US_PER_CHUNK_HEAD_V128);
-    return hopper_us < staged_us;
+static double staged_estimate_us(int64_t num_chunks_dp, int64_t N, int64_t H, int64_t V, int64_t longest, int sms) {
+    if (V <= 64)
+        return (double)num_chunks_dp * (double)H * STAGED_US_PER_CHUNK_HEAD_V64;
+    const int vb = gdp_chunk_state_vb((int)V, H, N, sms);
+    const double lone_step = vb == 64 ? 2.40 : vb == 32 ? 1.6 : 1.06;
+    const double shared_step = vb == 64 ? 1.99 : vb == 32 ? 1.45 : 1.06;
+    const double chain = (double)longest * lone_step;
+    const double spread = (double)num_chunks_dp * (double)H * (double)(V / vb) / sms * shared_step;
+    return (double)num_chunks_dp * (double)H * STAGED_PARALLEL_US_PER_CHUNK_HEAD + (chain > spread ? chain : spread);
+}
+
+gdp_chunk_auto gdp_chunk_auto_choose(int64_t num_chunks_dp, int64_t N, int64_t H, int32_t M, int64_t K, int64_t V,
+                                     int64_t max_seqlen, int sms) {
+    gdp_chunk_auto c = {GDP_CHUNK_AUTO_STAGED, 0, 0.0, 0.0, 0.0};
+    if ((K != 128 && !(K == 64 && V == 128)) || max_seqlen <= 0 || N < 1 || H < 1 || M < 1 || sms < 1 ||
+        num_chunks_dp < 1)
+        return c;
+    const int64_t longest = (max_seqlen * M + CHUNK - 1) / CHUNK; /* the longest sequence's expanded chunks */
+    const double rate = K == 64 ? HOPPER_US_PER_CHUNK_K64 : V <= 64 ? HOPPER_US_PER_CHUNK_V64 : HOPPER_US_PER_CHUNK_V128;
+    c.staged_us = staged_estimate_us(num_chunks_dp, N, H, V, longest, sms);
+    c.hopper_us = (double)((N * H + sms - 1) / sms) * (double)longest * rate;
+    if (K == 128 && V == 128) {
+        const int64_t seg = gdp_chunk_split_segment(num_chunks_dp, H, sms);
+        if (longest > seg) {
+            const double past_first = (double)(num_chunks_dp - seg); /* F: chunks past first segments, at most */
+            const double spread = ((double)num_chunks_dp + past_first) * (double)H / sms;
+            c.seg_chunks = (int)seg;
+            c.split_us = (spread > (double)seg ? spread : (double)seg) * rate + SPLIT_FIXED_US +
+                         SPLIT_US_PER_FIXUP_STEP * (double)((longest + seg - 1) / seg - 1);
+        }
+    }
+    const bool split_best = c.seg_chunks > 0 && c.split_us < c.hopper_us && c.split_us < c.staged_us;
+    if (split_best)
+        c.path = GDP_CHUNK_AUTO_HOPPER_SPLIT;
+    else if (c.hopper_us < c.staged_us)
+        c.path = GDP_CHUNK_AUTO_HOPPER;
+    return c;
 }

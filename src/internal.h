@@ -183,12 +183,23 @@ bool gdp_debug_checks_from_env(void);
  * every call, so a test can change them between calls (a getenv is far cheaper than a launch). */
 int gdp_env_choice(const char *name, const char *const *spell, const int *value, int n, int unset, const char **text);
 
-/* The CUDA chunk op's auto choice (descriptors.c): whether the one-pass Hopper kernel, unsplit, is
- * expected to beat the staged chain for num_chunks_dp expanded chunks of N sequences, H heads, M
- * copies, K key and V value columns, the longest sequence max_seqlen tokens (0: unknown, never), on
- * sms multiprocessors (K other than 128: never, its rates are unmeasured). */
-bool gdp_chunk_auto_prefers_hopper(int64_t num_chunks_dp, int64_t N, int64_t H, int32_t M, int64_t K, int64_t V,
-                                   int64_t max_seqlen, int sms);
+/* The CUDA chunk op's auto choice (descriptors.c, gdp_chunk_auto_choose): the staged chain, the
+ * one-pass Hopper kernel unsplit, or its exact segment split with seg_chunks expanded chunks a
+ * segment, for num_chunks_dp expanded chunks of N sequences, H heads, M copies, K key and V value
+ * columns, the longest sequence max_seqlen tokens (0: unknown, staged), on sms multiprocessors; with
+ * each path's estimate in microseconds (0 where not estimated). */
+typedef enum { GDP_CHUNK_AUTO_STAGED = 0, GDP_CHUNK_AUTO_HOPPER = 1, GDP_CHUNK_AUTO_HOPPER_SPLIT = 2 } gdp_chunk_auto_path;
+typedef struct {
+    gdp_chunk_auto_path path;
+    int seg_chunks; /* the split's segment length where estimated */
+    double staged_us, hopper_us, split_us;
+} gdp_chunk_auto;
+gdp_chunk_auto gdp_chunk_auto_choose(int64_t num_chunks_dp, int64_t N, int64_t H, int32_t M, int64_t K, int64_t V,
+                                     int64_t max_seqlen, int sms);
+/* The split's segment length when the op chooses it (num_chunks_dp expanded chunks, H heads). */
+int64_t gdp_chunk_split_segment(int64_t num_chunks_dp, int64_t H, int sms);
+/* The staged chain's state-sweep column block (64, 32 or 16) for VP value columns. */
+int gdp_chunk_state_vb(int vp, int64_t heads, int64_t seqs, int sms);
 
 /* calloc that records an out-of-memory error naming `what`. */
 void *gdp_calloc(size_t count, size_t size, const char *what);

@@ -645,60 +645,106 @@ static void test_hopper_segments(gdp_ctx_t cpu, gdp_ctx_t gpu, bool on_hopper) {
     }
 }
 
-/* The op's own choice (GDP_CHUNK_PATH unset) between the staged chain and the Hopper kernel
- * (gdp_chunk_auto_prefers_hopper): on a 9.0 device a batch of equal sequences that fill about one wave
- * runs the Hopper kernel, unsplit, when max_seqlen says so or when no descriptors are given (the op
- * reads the lengths), and the staged chain when the longest sequence is unknown or much longer than
- * the rest, or at K = 64 (the choice's cost model holds measured K = 128 rows only); every run
- * against the CPU backend. */
+/* The op's own choice (GDP_CHUNK_PATH unset) among the staged chain, the Hopper kernel and its segment
+ * split: on a 9.0 device the op must run what gdp_chunk_auto_choose (descriptors.c, whose decisions
+ * test_descriptors checks on the measured rows) says for the run's shape, max_seqlen and SM count (the
+ * longest sequence read from the lengths when no descriptors are given, and staged when it is unknown),
+ * the split with the choice's segment length; elsewhere the staged chain. Every small run against the
+ * CPU backend; the long sequence (1 x 16384, H 16: the split on an H100 or H200), with and without
+ * chunk states, bitwise equal to the Hopper path forced to the same segment length and within the bars
+ * of the staged chain's outputs (its CPU reference would take minutes). */
 static void test_auto_choice(gdp_ctx_t cpu, gdp_ctx_t gpu) {
     const gdp_dtype_t BF = GDP_DTYPE_BF16, F32 = GDP_DTYPE_FP32;
-    const chunk_case cases[3] = {
+    const chunk_case cases[4] = {
         {"auto: 6 x 256 tokens, H 16, M 2", 2, 16, 128, 128, 6, {256, 256, 256, 256, 256, 256}, 1536, BF, BF, F32, 1,
          0, 0.1},
         {"auto: 1000 + 5 x 16 tokens, H 16, M 2", 2, 16, 128, 128, 6, {1000, 16, 16, 16, 16, 16}, 1080, BF, BF, F32, 1,
          0, 0.1},
         {"auto: 6 x 256 tokens, H 16, M 2, K 64", 2, 16, 64, 128, 6, {256, 256, 256, 256, 256, 256}, 1536, BF, BF, F32,
          1, 0, 0.1},
+        {"auto: 1 x 16384 tokens, H 16, M 2", 2, 16, 128, 128, 1, {16384}, 16384, BF, BF, F32, 1, 0, 0.02},
     };
-    int major = 0, minor = 0;
+    int major = 0, minor = 0, dev = 0, sms = 0;
     const bool on_hopper = hopper_device(&major, &minor);
+    CUDA_OK(cudaGetDevice(&dev));
+    CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     const struct {
         int ci; /* the case */
         int64_t max_seqlen;
-        bool with_desc, hopper;
+        bool with_desc;
         const char *what;
     } runs[] = {
-        {0, 256, true, true, "max_seqlen 256, descriptors"},
-        {0, 0, true, false, "max_seqlen unknown, descriptors"},
-        {0, 0, false, true, "no descriptors (lengths read)"},
-        {1, 1000, true, false, "max_seqlen 1000, descriptors"},
-        {1, 0, false, false, "no descriptors (lengths read)"},
-        {2, 256, true, false, "max_seqlen 256, descriptors"},
+        {0, 256, true, "max_seqlen 256, descriptors"},
+        {0, 0, true, "max_seqlen unknown, descriptors"},
+        {0, 0, false, "no descriptors (lengths read)"},
+        {1, 1000, true, "max_seqlen 1000, descriptors"},
+        {1, 0, false, "no descriptors (lengths read)"},
+        {2, 256, true, "max_seqlen 256, descriptors"},
+        {3, 16384, true, "max_seqlen 16384, descriptors"},
     };
     CHECK_OK(gdp_ctx_reserve_workspace(gpu, (size_t)256 << 20));
     for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) { /* inputs and reference once, then runs */
         const chunk_case *c = &cases[ci];
+        const bool long_case = c->T > 4096;
+        if (long_case && !on_hopper)
+            continue; /* the long case is there for the split */
         inputs in;
         outputs ref;
         make_inputs(c, 8300 + ci, &in);
-        cpu_run(cpu, &in, F32, &ref);
+        if (long_case) { /* the staged chain's outputs stand in for the CPU reference */
+            set_chunk_path("staged");
+            gpu_run(gpu, &in, true, F32, &ref);
+            set_chunk_path(NULL);
+        } else {
+            cpu_run(cpu, &in, F32, &ref);
+        }
+        int32_t longest = 0;
+        for (int i = 0; i < c->n_seq; i++)
+            longest = c->lens[i] > longest ? c->lens[i] : longest;
         for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
             if (runs[r].ci != ci)
                 continue;
-            outputs out;
-            g_max_seqlen = runs[r].max_seqlen;
-            const long long before = gdp_cuda_chunk_hopper_calls();
-            gpu_run(gpu, &in, runs[r].with_desc, F32, &out);
-            g_max_seqlen = 0;
-            const long long ran = gdp_cuda_chunk_hopper_calls() - before;
-            char w[160];
-            snprintf(w, sizeof w, "%s, %s: %s", c->name, runs[r].what, ran > 0 ? "hopper" : "staged");
-            compare_runs(w, &in, &out, &ref, true);
-            const bool want = on_hopper && runs[r].hopper;
-            CHECK((ran > 0) == want, "%s: the Hopper kernel ran %lld calls, expected %s on a %d.%d device", w, ran,
-                  want ? "one" : "none", major, minor);
-            free_outputs(&out);
+            const gdp_chunk_auto want = gdp_chunk_auto_choose(in.num_chunks_dp, in.N, in.H, in.M, in.K, in.V,
+                                                              runs[r].with_desc ? runs[r].max_seqlen : longest, sms);
+            const bool want_hopper = on_hopper && want.path != GDP_CHUNK_AUTO_STAGED;
+            const int want_seg = want_hopper && want.path == GDP_CHUNK_AUTO_HOPPER_SPLIT ? want.seg_chunks : 0;
+            for (int with_cs = 1; with_cs >= (long_case ? 0 : 1); with_cs--) {
+                g_with_cs = with_cs != 0;
+                outputs out;
+                g_max_seqlen = runs[r].max_seqlen;
+                const long long before = gdp_cuda_chunk_hopper_calls();
+                gpu_run(gpu, &in, runs[r].with_desc, F32, &out);
+                g_max_seqlen = 0;
+                const long long ran = gdp_cuda_chunk_hopper_calls() - before;
+                const int seg = ran > 0 ? gdp_cuda_chunk_hopper_last_segment() : 0;
+                char w[200];
+                snprintf(w, sizeof w, "%s, %s%s: %s (segments of %d; estimates staged %.0f, hopper %.0f, split %.0f us)",
+                         c->name, runs[r].what, with_cs ? "" : ", no chunk states", ran > 0 ? "hopper" : "staged", seg,
+                         want.staged_us, want.hopper_us, want.split_us);
+                compare_runs(w, &in, &out, &ref, true);
+                CHECK((ran > 0) == want_hopper && seg == want_seg,
+                      "%s: the Hopper kernel ran %lld calls with segments of %d, expected %s with segments of %d on a "
+                      "%d.%d device with %d SMs",
+                      w, ran, seg, want_hopper ? "one" : "none", want_seg, major, minor, sms);
+                if (want_seg > 0) { /* the same bits as the Hopper path forced to that segment length */
+                    char len[16];
+                    snprintf(len, sizeof len, "%d", want_seg);
+                    set_chunk_path("hopper");
+                    setenv("GDP_CHUNK_SEGMENT", len, 1);
+                    outputs forced;
+                    g_max_seqlen = runs[r].max_seqlen;
+                    gpu_run(gpu, &in, runs[r].with_desc, F32, &forced);
+                    g_max_seqlen = 0;
+                    unsetenv("GDP_CHUNK_SEGMENT");
+                    set_chunk_path(NULL);
+                    CHECK(same_outputs(&out, &forced, g_with_cs),
+                          "%s: outputs differ from GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=%d", w, want_seg);
+                    free_outputs(&forced);
+                }
+                printf("  %s\n", w);
+                free_outputs(&out);
+            }
+            g_with_cs = true;
         }
         free_outputs(&ref);
         free_inputs(&in);

@@ -9,7 +9,7 @@
 #include <jansson.h> /* defines: json_load_file, json_array_get, ... */
 #include <string.h>
 
-#include "internal.h" /* gdp_chunk_auto_prefers_hopper */
+#include "internal.h" /* gdp_chunk_auto_choose */
 #include "test_common.h"
 
 static void int_array(json_t *arr, int32_t *out, size_t n) {
@@ -158,11 +158,12 @@ static void bad_inputs(void) {
     CHECK_STATUS(gdp_build_chunk_descriptors(NULL, 1, 1, 64, ci, cidp, off, &nc, &ncdp), GDP_STATUS_INVALID_ARGUMENT);
 }
 
-/* The CUDA op's auto choice (gdp_chunk_auto_prefers_hopper, descriptors.c) on the prefill rows of
- * `gdp-bench ops` as the H200 measured them (kernels/NOTES-chunk.md, twenty-fifth session: the
- * unsplit Hopper kernel against the staged chain, 132 SMs): it must take the Hopper kernel where it
- * ran 1.4-1.8x faster and keep the staged chain where a long sequence made the Hopper kernel 1.3-3x
- * slower, and never choose it blind (longest sequence unknown, or K without a measured rate). */
+/* The CUDA op's auto choice (gdp_chunk_auto_choose, descriptors.c) on the prefill rows of
+ * `gdp-bench ops` as the H200 measured them (132 SMs; kernels/NOTES-chunk.md, twenty-ninth session:
+ * the Hopper kernel unsplit and split, the staged chain): it must take whichever path ran fastest on
+ * each measured row, choose the split's segment length the split ran with, and keep the staged chain
+ * where nothing was measured (a single 1024-token prefill, the serving step's) or the longest sequence
+ * is unknown. Its estimates are printed beside the measured figures. */
 static int64_t expanded_chunks(const int32_t *lens, int n, int32_t m) {
     int64_t total = 0;
     for (int i = 0; i < n; i++)
@@ -173,30 +174,37 @@ static void auto_choice(void) {
     static const int32_t eight[8] = {2048, 2048, 2048, 2048, 2048, 2048, 2048, 2048};
     static const int32_t mixed[8] = {1000, 37, 5000, 64, 2500, 7000, 400, 299};
     static const int32_t one[1] = {16384}, serve[1] = {1024};
+    const gdp_chunk_auto_path STAGED = GDP_CHUNK_AUTO_STAGED, HOPPER = GDP_CHUNK_AUTO_HOPPER,
+                              SPLIT = GDP_CHUNK_AUTO_HOPPER_SPLIT;
     const struct {
-        const char *row;
+        const char *row; /* with its measured figures: the fastest first */
         const int32_t *lens;
         int n, h, m, k, v, max_len;
-        bool hopper;
+        gdp_chunk_auto_path path;
+        int seg;
     } rows[] = {
-        {"8x2048 H16 M2 (433 vs 784 us)", eight, 8, 16, 2, 128, 128, 2048, true},
-        {"8x2048 H16 M3 (623 vs 1080 us)", eight, 8, 16, 3, 128, 128, 2048, true},
-        {"4x2048 H32 V64 M3 (551 vs 861 us)", eight, 4, 32, 3, 128, 64, 2048, true},
-        {"1x16384 H16 M2 (3322 vs 1082 us)", one, 1, 16, 2, 128, 128, 16384, false},
-        {"mixed 16300 H16 M2 (1409 vs 1070 us)", mixed, 8, 16, 2, 128, 128, 7000, false},
-        {"one 1024-token prefill, H16 M2", serve, 1, 16, 2, 128, 128, 1024, false},
-        {"8x2048 H16 M2, longest unknown", eight, 8, 16, 2, 128, 128, 0, false},
-        {"8x2048 H16 K64 M2 (no measured rate)", eight, 8, 16, 2, 64, 128, 2048, false},
+        {"8x2048 H16 M2 (hopper 431, staged 776 us)", eight, 8, 16, 2, 128, 128, 2048, HOPPER, 0},
+        {"8x2048 H16 M3 (hopper 626, staged 1080 us)", eight, 8, 16, 3, 128, 128, 2048, HOPPER, 0},
+        {"4x2048 H32 V64 M3 (hopper 553, staged 858 us)", eight, 4, 32, 3, 128, 64, 2048, HOPPER, 0},
+        {"8x2048 H16 K64 M2 (hopper 374, staged 656 us)", eight, 8, 16, 2, 64, 128, 2048, HOPPER, 0},
+        {"1x16384 H16 M2 (split 1040, staged 1078, hopper 3319 us)", one, 1, 16, 2, 128, 128, 16384, SPLIT, 64},
+        {"mixed 16300 H16 M2 (split 957, staged 1059, hopper 1410 us)", mixed, 8, 16, 2, 128, 128, 7000, SPLIT, 64},
+        {"one 1024-token prefill, H16 M2 (not measured)", serve, 1, 16, 2, 128, 128, 1024, STAGED, 0},
+        {"8x2048 H16 M2, longest unknown", eight, 8, 16, 2, 128, 128, 0, STAGED, 0},
+        {"8x2048 H16 K64 V64 M2 (no measured rate)", eight, 8, 16, 2, 64, 64, 2048, STAGED, 0},
     };
+    static const char *const name[3] = {"staged", "hopper", "split"};
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
         const int64_t chunks = expanded_chunks(rows[r].lens, rows[r].n, rows[r].m);
-        const bool got = gdp_chunk_auto_prefers_hopper(chunks, rows[r].n, rows[r].h, rows[r].m, rows[r].k, rows[r].v,
-                                                       rows[r].max_len, 132);
-        CHECK(got == rows[r].hopper, "auto choice for %s: %s, expected %s", rows[r].row, got ? "hopper" : "staged",
-              rows[r].hopper ? "hopper" : "staged");
+        const gdp_chunk_auto got =
+            gdp_chunk_auto_choose(chunks, rows[r].n, rows[r].h, rows[r].m, rows[r].k, rows[r].v, rows[r].max_len, 132);
+        const int seg = got.path == SPLIT ? got.seg_chunks : 0;
+        printf("  %-62s estimates staged %6.0f, hopper %6.0f, split %6.0f us: %s\n", rows[r].row, got.staged_us,
+               got.hopper_us, got.split_us, name[got.path]);
+        CHECK(got.path == rows[r].path && seg == rows[r].seg, "auto choice for %s: %s (segments of %d), expected %s (%d)",
+              rows[r].row, name[got.path], seg, name[rows[r].path], rows[r].seg);
     }
-    printf("  auto choice (gdp_chunk_auto_prefers_hopper): %zu rows as expected\n",
-           sizeof rows / sizeof rows[0]);
+    printf("  auto choice (gdp_chunk_auto_choose): %zu rows as expected\n", sizeof rows / sizeof rows[0]);
 }
 
 int main(void) {

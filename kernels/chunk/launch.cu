@@ -76,9 +76,10 @@ int state_vb_from_env(const char **text) {
  * fused kernel (fused.cuh, mma.sync) or the one-pass Hopper kernel (hopper.cuh, wgmma) where the
  * shape and the device allow it. GDP_CHUNK_PATH = staged | fused | hopper forces one (a shape or
  * device the asked kernel does not take runs the next: hopper -> fused -> staged); unset, empty
- * or auto lets the op choose: the Hopper kernel, unsplit, where gdp_chunk_auto_prefers_hopper
- * (descriptors.c) expects it to win from the longest sequence's length (args' max_seqlen, or the
- * lengths read when no descriptors are given), else the staged chain, or the fused kernel under
+ * or auto lets the op choose: the Hopper kernel, unsplit or split into segments, where
+ * gdp_chunk_auto_choose (descriptors.c) expects it to win from the work's shape and the longest
+ * sequence's length (args' max_seqlen, or the lengths read when no descriptors are given), else the
+ * staged chain, or the fused kernel under
  * FUSED_BY_DEFAULT (off: measured slower, kernels/NOTES-chunk.md).
  * Returns 0 staged, 1 fused, 2 auto, 3 hopper, -1 for any other value. */
 constexpr bool FUSED_BY_DEFAULT = false;
@@ -134,29 +135,20 @@ int hopper_segment_from_env(const char **text) {
     return gdp_env_choice("GDP_CHUNK_SEGMENT", spell, value, 13, 0, text);
 }
 
-/* The segment length the split takes: the forced one, else the power of two at least the
- * expanded chunks' bound x heads / SMs (one segment a block and about one wave of MAIN items, the F
- * items a second: 8 x 2048 and 1 x 16384 at M = 2, H = 16 on 132 SMs both give 64, which splits only
- * the long sequence; 1 x 16384 then runs 128 + 112 items of 64 chunks, about two chunk chains of 64
- * where unsplit is one of 512) and at least HOPPER_MIN_AUTO_SEGMENT (a segment past a sequence's first
- * costs an F run, a fix-up step and its correction: short segments would spend more on the split than
- * they save), doubled
- * while the split's scratch does not fit in the staged path's intermediates (which the Hopper path
- * does not use); 0 when no sequence can be longer than one segment, and for off. */
+/* The segment length the split takes: the forced one, else gdp_chunk_split_segment's (descriptors.c:
+ * about one wave of segments), doubled while the split's scratch does not fit in the staged path's
+ * intermediates (which the Hopper path does not use) or its items overflow int indices; 0 for off and
+ * when no sequence is longer than one segment (the longest's expanded chunks from max_len, its tokens,
+ * else from T: a batch whose sequences all fit in a segment runs unsplit, not through the split's
+ * plan and empty F items). */
 #ifdef GDP_HAVE_CHUNK_HOPPER
-constexpr long long HOPPER_MIN_AUTO_SEGMENT = 16;
-int hopper_segment(const ChunkParams &p, int forced, int sms, void *ws, size_t ws_bytes, GdpHopperSplit *split) {
-    const long long bound = (p.T * p.M + CHUNK - 1) / CHUNK; /* expanded chunks of the longest sequence, at most */
+int hopper_segment(const ChunkParams &p, int forced, int sms, int64_t num_chunks_dp, int64_t max_len, void *ws,
+                   size_t ws_bytes, GdpHopperSplit *split) {
     if (forced == -2) /* off: unsplit */
         return 0;
-    long long seg = forced;
-    if (seg == 0) {
-        const long long want = (bound * p.H + sms - 1) / (sms > 0 ? sms : 1);
-        seg = HOPPER_MIN_AUTO_SEGMENT;
-        while (seg < want)
-            seg *= 2;
-    }
-    for (; seg < bound; seg *= 2) {
+    const int64_t longest = ((max_len > 0 ? max_len : p.T) * p.M + CHUNK - 1) / CHUNK; /* expanded chunks */
+    long long seg = forced != 0 ? forced : gdp_chunk_split_segment(num_chunks_dp, p.H, sms);
+    for (; seg < longest; seg *= 2) {
         const long long segs = gdp_chunk_hopper_split_segments(p.T, p.N, p.M, (int)seg);
         /* at most 2 segs - N items (int indices) */
         if (2 * segs - p.N < (1ll << 31) && gdp_chunk_hopper_split_bytes(&p, segs) <= ws_bytes) {
@@ -416,11 +408,13 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
 
     /* ---- enqueue: the fused kernel, or the cumsums, WY, state sweep and outputs; then the zero tail ---- */
     GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_BEGIN, stream);
-    /* auto: the Hopper kernel, unsplit, where the work's shape says it wins (gdp_chunk_auto_prefers_hopper,
+    /* auto: the Hopper kernel, unsplit or split, where the work's shape says it wins (gdp_chunk_auto_choose,
      * descriptors.c: the longest sequence must be known, from max_seqlen or the lengths read above) */
     const bool hopper_fits = hopper_runs(p, cc);
-    const bool auto_hopper = hopper_fits && path == 2 &&
-                             gdp_chunk_auto_prefers_hopper(num_chunks_dp, N, H, M, K, V, max_len, sms);
+    const gdp_chunk_auto_path auto_path =
+        hopper_fits && path == 2 ? gdp_chunk_auto_choose(num_chunks_dp, N, H, M, K, V, max_len, sms).path
+                                 : GDP_CHUNK_AUTO_STAGED;
+    const bool auto_hopper = auto_path != GDP_CHUNK_AUTO_STAGED;
     if (hopper_fits && (path == 3 || auto_hopper)) {
 #ifdef GDP_HAVE_CHUNK_HOPPER
         /* the split's scratch: the staged path's intermediates (keys, w, u, chunk-entry states), which this
@@ -432,8 +426,12 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
             split_bytes = ctx->workspace_bytes - lay.total;
         }
         GdpHopperSplit split{0, 0, nullptr};
-        /* auto's choice is the unsplit kernel unless GDP_CHUNK_SEGMENT forces a length */
-        hopper_segment(p, auto_hopper && hopper_seg_env == 0 ? -2 : hopper_seg_env, sms, split_ws, split_bytes, &split);
+        /* GDP_CHUNK_SEGMENT forces a length or off; else auto's choice says split or not, and a forced Hopper
+         * path splits where a sequence is longer than a segment */
+        const int seg_ask = hopper_seg_env != 0 || !auto_hopper ? hopper_seg_env
+                            : auto_path == GDP_CHUNK_AUTO_HOPPER_SPLIT ? 0
+                                                                       : -2;
+        hopper_segment(p, seg_ask, sms, num_chunks_dp, max_len, split_ws, split_bytes, &split);
         __atomic_store_n(&hopper_last_segment, split.seg_chunks, __ATOMIC_RELAXED);
         err = gdp_chunk_hopper_launch(&p, a->q.dtype == GDP_DTYPE_BF16, hopper_copy == 1, &split, stream);
 #endif

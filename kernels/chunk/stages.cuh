@@ -19,6 +19,7 @@
 #include "tensor_map.h"
 #include "wy.cuh"
 
+#include "src/internal.h" /* gdp_chunk_state_vb: the sweep's column block, shared with the auto choice */
 #include "src/phase.h" /* GDP_CHUNK_MARK_*, the profile's stage marks */
 
 /* A mark after each stage (ids GDP_CHUNK_MARK_*): the profile's stage times (gdp/profile.h; no
@@ -29,26 +30,6 @@
 #endif
 
 namespace {
-
-/* ---- the state sweep's value-column block width ----
- * The sweep is sequential over a sequence's chunks, so its parallelism is its grid,
- * (VP / VB) x H x N blocks; a few long sequences (1 x 16384 with H = 16, V = 128: 32 blocks of 64
- * columns) leave most of the device idle. The columns of the state evolve independently
- * (state.cuh), so narrower blocks give more, lighter blocks with bitwise the same results: each
- * still walks the whole chain, but a step does 64 / VB times less tensor-core work. The widest
- * block whose grid still fills three quarters of the SMs is chosen (fewest re-reads of w and
- * K); when even 16 columns do not, 16. Measured on the H200 (kernels/NOTES-chunk.md): 8 x 2048
- * (256 blocks at 64) 64 best, 1.00 ms vs 1.12 (32) and 1.36 (16); 1 x 16384 (32 blocks at 64)
- * 16 best, 1.49 ms vs 1.72 and 1.98; H 32 V 64 4 x 2048 (128 blocks at 64, 97 % of the SMs)
- * 64 best, 1.07 ms vs 1.12 (32): a nearly full grid of wide blocks beats a fuller one. */
-inline int choose_state_vb(int vp, int heads, int seqs, int sms) {
-    const int64_t items = (int64_t)heads * seqs, enough = (3 * (int64_t)sms + 3) / 4;
-    if ((int64_t)(vp / 64) * items >= enough)
-        return 64;
-    if ((int64_t)(vp / 32) * items >= enough)
-        return 32;
-    return 16;
-}
 
 /* The launcher's run-time choices for the staged chain (launch.cu reads them from the
  * environment): state_vb, the sweep's column block (64, 32, 16) or 0 to choose it here;
@@ -134,7 +115,7 @@ template <typename T, int KP> struct Stages {
         }
         GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_WY, st);
         if (p.N > 0) {
-            const int vb = opt.state_vb != 0 ? opt.state_vb : choose_state_vb(p.VP, p.H, p.N, sms);
+            const int vb = opt.state_vb != 0 ? opt.state_vb : gdp_chunk_state_vb(p.VP, p.H, p.N, sms);
             const int64_t blocks = (int64_t)(p.VP / vb) * p.H * p.N;
             if (KP <= 128 && blocks <= sms)
                 err = launch_state_copy<KP <= 128 ? 4 : 2>(p, vb, opt.state_copy, st);
