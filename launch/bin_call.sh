@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# bin_call.sh: one device call over programs built here (this machine has the device's CUDA 13
+# toolkit), for one tree, no A/B: a device call then spends its minutes running, not in nvcc.
+#   launch/bin_call.sh pack BUNDLE PROGRAM...   here, after the build: the programs (paths under build/)
+#                             into BUNDLE (.tar.xz). A call carries 64 MiB with the tree and .golden (15
+#                             MB), and these programs are 5-17 MB each compressed (their fatbins do not
+#                             shrink): test_chunk_gpu with gdp-bench fit one call (.pre/bins.tar.xz), the
+#                             four Hopper lab benches another (.pre/lab.tar.xz)
+#   launch/bin_call.sh run    on the device, carrying the bundles GDP_CALL_BINS names (space-separated,
+#                             default .pre/bins.tar.xz), .deps and .golden: unpacks them into build/ and
+#                             runs GDP_CALL_STAGES in order, each under its own timeout, its logs tarred
+#                             into $OUT/logs.tgz as soon as it ends (a call cut at its limit still returns
+#                             what ran)
+# Stages (default "chunktest prefill alone sanitize decodeprof"):
+#   chunktest   test_chunk_gpu under the op's own choice (auto) and the Hopper path
+#   prefill     gdp-bench ops --op prefill under auto, the Hopper kernel unsplit, the staged chain
+#   alone       the Hopper kernel with each role's math left out (bench_hopper_skip1..3; h200-suite.sh
+#               hopperalone)
+#   sanitize    compute-sanitizer GDP_CALL_SANITIZE (default "synccheck racecheck memcheck") over
+#               test_chunk_gpu on the Hopper path, GDP_CALL_SANITIZE_TIMEOUT seconds each (default 150)
+#   decodeprof  the decode row kernel's ncu card by source line at B=256, fp32 and bf16 state
+#               (h200-suite.sh decodeprof)
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+build=build
+
+if [ "${1:-}" = pack ]; then
+    [ $# -ge 3 ] || { echo "usage: launch/bin_call.sh pack BUNDLE.tar.xz PROGRAM..." >&2; exit 2; }
+    bundle=$2
+    shift 2
+    for b in "$@"; do
+        [ -e "$build/$b" ] || { echo "bin_call.sh pack: $build/$b is not built (GDP_BUILD_CHUNK_DEV=ON for the lab benches)" >&2; exit 2; }
+    done
+    mkdir -p "$(dirname "$bundle")"
+    tar -C "$build" -cf - "$@" | xz -T2 -6 >"$bundle" || exit 1
+    ls -la "$bundle"
+    exit 0
+fi
+[ "${1:-}" = run ] || { echo "usage: launch/bin_call.sh pack|run" >&2; exit 2; }
+
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export JANSSON_HOME=$root/.deps/usr
+# the programs find CUDA's libraries where that machine keeps them, and libgdp.so beside them
+export LD_LIBRARY_PATH=$JANSSON_HOME/lib/x86_64-linux-gnu:$root/$build:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+export GDP_GOLDEN_DIR=$root/.golden
+PATH=$PATH:/usr/local/cuda/bin # compute-sanitizer, ncu, cuobjdump, nvdisasm
+final=${OUT:?OUT must name the folder whose files come back}
+out=/tmp/bin_call_out # the stages' logs; $final/logs.tgz after each stage (the call returns few files)
+rm -rf "$out" && mkdir -p "$out"
+work=$(mktemp -d)
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+SECONDS=0
+save_logs() { echo "[$1 at ${SECONDS}s]" | tee -a "$out/times.txt"; tar -czf "$final/logs.tgz" -C /tmp "$(basename "$out")"; }
+mkdir -p "$build"
+for bundle in ${GDP_CALL_BINS:-.pre/bins.tar.xz}; do
+    tar -xJf "$bundle" -C "$build" || { echo "no bundle at $bundle" >&2; exit 1; }
+done
+. "$root/launch/ncu_lib.sh"
+
+stage_chunktest() {
+    local p st
+    for p in auto hopper; do
+        st=0
+        GDP_TEST_CHUNK_PATH=$p timeout 240 "$build/tests/test_chunk_gpu" >"$out/chunk_test_$p.log" 2>&1 || st=$?
+        echo "## test_chunk_gpu, GDP_TEST_CHUNK_PATH=$p: exit $st"
+        grep -E "FAIL" "$out/chunk_test_$p.log" | head -20
+        grep -E "^  auto: |Hopper kernel ran|checks" "$out/chunk_test_$p.log" | tail -14
+    done
+}
+stage_prefill() {
+    local run
+    for run in "" "GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=off" "GDP_CHUNK_PATH=staged"; do
+        echo "## ${run:-auto}"
+        env $run timeout 120 "$build/examples/gdp-bench" ops --op prefill 2>&1 | grep -E "^prefill|ran the|rror"
+    done | tee "$out/prefill.log"
+}
+stage_alone() {
+    local bin
+    for bin in bench_chunk_stages bench_hopper_skip1 bench_hopper_skip2 bench_hopper_skip3; do
+        echo "## $bin (whole / skip1: aux math out / skip2: state math out / skip3: both out)"
+        GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=off timeout 100 "$build/examples/$bin" 2>&1
+    done >"$out/hopper_alone.log" 2>&1
+    grep -vE "^#" "$out/hopper_alone.log" | head -60
+}
+stage_sanitize() {
+    local tool st
+    for tool in ${GDP_CALL_SANITIZE:-synccheck racecheck memcheck}; do
+        st=0
+        GDP_TEST_CHUNK_PATH=hopper timeout "${GDP_CALL_SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" \
+            --error-exitcode 86 "$build/tests/test_chunk_gpu" >"$out/sanitize_$tool.log" 2>&1 || st=$?
+        echo "## compute-sanitizer --tool $tool test_chunk_gpu (hopper): exit $st (0 clean, 86 errors, 124 cut)"
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|checks," "$out/sanitize_$tool.log" | tail -3
+    done
+}
+stage_decodeprof() {
+    local sdt
+    ncu_sass recurrent_rows_kernel recurrent "$root/$build/examples/gdp-bench"
+    for sdt in 0 1; do
+        echo "## row kernel, state dtype $sdt (0 fp32, 1 bf16), B=256, H 16, K = V = 128, M 2"
+        ncu_card "decodeprof_$sdt" "recurrent_rows_kernel<\\(int\\)$sdt, \\(int\\)16" 2 \
+            "recurrent_rows_kernelILi${sdt}ELi16ELi32ELi2ELi1EE" recurrent "./$build/examples/gdp-bench" ops --op decode-key \
+            -i 10 -w 1
+    done >"$out/decodeprof.log" 2>&1
+    head -80 "$out/decodeprof.log"
+}
+for st in ${GDP_CALL_STAGES:-chunktest prefill alone sanitize decodeprof}; do
+    "stage_$st"
+    save_logs "$st"
+done
+rm -rf "$work"
