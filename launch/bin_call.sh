@@ -17,7 +17,9 @@
 #   alone       the Hopper kernel with each role's math left out (bench_hopper_skip1..3; h200-suite.sh
 #               hopperalone)
 #   sanitize    compute-sanitizer GDP_CALL_SANITIZE (default "synccheck racecheck memcheck") over
-#               test_chunk_gpu on the Hopper path, GDP_CALL_SANITIZE_TIMEOUT seconds each (default 150)
+#               test_chunk_gpu on the Hopper path, GDP_CALL_SANITIZE_TIMEOUT seconds each (default 150),
+#               GDP_CALL_SANITIZE_ARGS more compute-sanitizer options (e.g. --kernel-name regex:hop); the
+#               test's own GDP_TEST_CHUNK_ONLY=segments passes through
 #   decodeprof  the decode row kernel's ncu card by source line at B=256, fp32 and bf16 state
 #               (h200-suite.sh decodeprof)
 set -uo pipefail
@@ -88,7 +90,7 @@ stage_sanitize() {
     for tool in ${GDP_CALL_SANITIZE:-synccheck racecheck memcheck}; do
         st=0
         GDP_TEST_CHUNK_PATH=hopper timeout "${GDP_CALL_SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" \
-            --error-exitcode 86 "$build/tests/test_chunk_gpu" >"$out/sanitize_$tool.log" 2>&1 || st=$?
+            ${GDP_CALL_SANITIZE_ARGS:-} --error-exitcode 86 "$build/tests/test_chunk_gpu" >"$out/sanitize_$tool.log" 2>&1 || st=$?
         echo "## compute-sanitizer --tool $tool test_chunk_gpu (hopper): exit $st (0 clean, 86 errors, 124 cut)"
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|checks," "$out/sanitize_$tool.log" | tail -3
     done

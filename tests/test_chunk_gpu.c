@@ -39,10 +39,13 @@
  * WY's inverse on CUDA cores in fp32 (GDP_CHUNK_WY_INVERSE=fp32; the default is tf32 tensor
  * cores): the golden files and the random shapes again on the staged path, against the same
  * references; a bad value -> INVALID_USAGE.
- * The op's own choice (auto) on a 9.0 device: the Hopper kernel for a batch of equal sequences when
- * max_seqlen says so or the lengths are read (no descriptors), the staged chain when the longest is
- * unknown or far longer than the rest; each run against the CPU backend.
- * GDP_TEST_CHUNK_PATH=staged|fused|hopper|auto runs one path only (for the sanitizers).
+ * The op's own choice (auto) on a 9.0 device: what gdp_chunk_auto_choose says for each shape (the
+ * Hopper kernel unsplit for a batch of equal sequences when max_seqlen says so or the lengths are read,
+ * the staged chain when the longest is unknown or far longer than the rest, the segment split on one
+ * 1 x 16384 sequence, bitwise equal to the forced split); each run against the CPU backend (the long
+ * one against the staged chain).
+ * GDP_TEST_CHUNK_PATH=staged|fused|hopper|auto runs one path only (for the sanitizers);
+ * GDP_TEST_CHUNK_ONLY=segments the Hopper path's segment-split cases only.
  * The profile's stage split (gdp/profile.h) under each path: a profiled call gives the same bits,
  * the staged path fills the cumsum, WY, state and output stages and not the fused one, the one-
  * kernel path the reverse, and the stages add up to no more than the profile's span; a CPU ctx
@@ -1239,37 +1242,51 @@ int main(void) {
     /* GDP_TEST_CHUNK_PATH=staged|fused|hopper|auto runs that path only (the sanitizer runs, which
      * are slow, take one path per call) */
     const char *only = getenv("GDP_TEST_CHUNK_PATH");
+    /* GDP_TEST_CHUNK_ONLY=segments: on the Hopper path, the segment split's cases alone (test_hopper_segments
+     * and the cache and graph cases under segments of two): racecheck of the split's kernels fits a device
+     * call then (the whole hopper path under racecheck takes longer than one) */
+    const char *only_cases = getenv("GDP_TEST_CHUNK_ONLY");
+    const bool segments_only = only_cases != NULL && strcmp(only_cases, "segments") == 0;
+    if (only_cases != NULL && *only_cases != '\0' && !segments_only) {
+        fprintf(stderr, "test_chunk_gpu: GDP_TEST_CHUNK_ONLY is \"%s\"; it takes segments (or unset)\n", only_cases);
+        return 2;
+    }
     for (int pi = 0; pi < 4; pi++) {
         if (only != NULL && *only != '\0' && strcmp(only, paths[pi] != NULL ? paths[pi] : "auto") != 0)
             continue;
         set_chunk_path(paths[pi]);
+        if (segments_only && (paths[pi] == NULL || strcmp(paths[pi], "hopper") != 0))
+            continue;
         printf("== GDP_CHUNK_PATH=%s\n", paths[pi] != NULL ? paths[pi] : "(unset: auto)");
         const long long hopper_before = gdp_cuda_chunk_hopper_calls();
-        test_golden(gpu);
-        test_random(cpu, gpu);
-        if (pi == 0) { /* the staged sweep's column blocks; the fused kernel has one width */
-            test_state_widths(cpu, gpu);
-            /* WY's inverse on CUDA cores in fp32 (the default puts its off-diagonal products on
-             * tf32 tensor cores): other bits, the same bars against the references */
-            setenv("GDP_CHUNK_WY_INVERSE", "fp32", 1);
-            printf("== GDP_CHUNK_WY_INVERSE=fp32 (staged)\n");
+        if (!segments_only) {
             test_golden(gpu);
             test_random(cpu, gpu);
-            unsetenv("GDP_CHUNK_WY_INVERSE");
+            if (pi == 0) { /* the staged sweep's column blocks; the fused kernel has one width */
+                test_state_widths(cpu, gpu);
+                /* WY's inverse on CUDA cores in fp32 (the default puts its off-diagonal products on
+                 * tf32 tensor cores): other bits, the same bars against the references */
+                setenv("GDP_CHUNK_WY_INVERSE", "fp32", 1);
+                printf("== GDP_CHUNK_WY_INVERSE=fp32 (staged)\n");
+                test_golden(gpu);
+                test_random(cpu, gpu);
+                unsetenv("GDP_CHUNK_WY_INVERSE");
+            }
+            printf("cache mode, padding, graphs, rejections:\n");
+            for (int kv = 0; kv < 3; kv++) {
+                test_cache(cpu, gpu, GDP_DTYPE_FP32, CACHE_KV[kv][0], CACHE_KV[kv][1]);
+                test_cache(cpu, gpu, GDP_DTYPE_BF16, CACHE_KV[kv][0], CACHE_KV[kv][1]);
+            }
+            test_padding(gpu);
+            test_graph(cpu);
+            test_rejections();
+            test_profile_stages(cpu, gpu, paths[pi] != NULL ? paths[pi] : "auto");
+            if (paths[pi] == NULL)
+                test_auto_choice(cpu, gpu);
         }
-        printf("cache mode, padding, graphs, rejections:\n");
-        for (int kv = 0; kv < 3; kv++) {
-            test_cache(cpu, gpu, GDP_DTYPE_FP32, CACHE_KV[kv][0], CACHE_KV[kv][1]);
-            test_cache(cpu, gpu, GDP_DTYPE_BF16, CACHE_KV[kv][0], CACHE_KV[kv][1]);
-        }
-        test_padding(gpu);
-        test_graph(cpu);
-        test_rejections();
-        test_profile_stages(cpu, gpu, paths[pi] != NULL ? paths[pi] : "auto");
-        if (paths[pi] == NULL)
-            test_auto_choice(cpu, gpu);
         if (paths[pi] != NULL && strcmp(paths[pi], "hopper") == 0) {
-            test_hopper_copies(cpu, gpu);
+            if (!segments_only)
+                test_hopper_copies(cpu, gpu);
             int major = 0, minor = 0;
             test_hopper_segments(cpu, gpu, hopper_device(&major, &minor));
             /* the cache cases and the graph replay with every sequence cut into segments of two chunks,
@@ -1292,7 +1309,8 @@ int main(void) {
         }
     }
     set_chunk_path(NULL);
-    test_cumsum(cpu, gpu);
+    if (!segments_only)
+        test_cumsum(cpu, gpu);
     gdp_ctx_free(gpu);
     gdp_ctx_free(cpu);
     return test_finish("test_chunk_gpu");
