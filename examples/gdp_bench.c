@@ -715,7 +715,8 @@ static void bench_prefill(bench_env *e, int64_t H, int64_t K, int64_t V, int64_t
     const double bytes = (2 * Kd + 2 * Md * Kd + 2 * Md * Vd + 2 * Vd + 4 * Md + 4) * (double)T * (double)H;
     print_row("prefill", shape, (double)T, bytes, flops, flops / BF16_FLOPS * 1e6, peer_us, &rs);
     if (rs.ran) {
-        printf("#   ran %s (GDP_CHUNK_PATH %s)\n", kernels, getenv("GDP_CHUNK_PATH") ? getenv("GDP_CHUNK_PATH") : "unset: auto");
+        const char *path = getenv("GDP_CHUNK_PATH");
+        printf("#   ran %s (GDP_CHUNK_PATH %s)\n", kernels, path != NULL && *path != '\0' ? path : "unset: auto");
         bench_print_chunk_stages("eager, median", stage_us, rs.med_us);
     }
     free(cu), free(ci), free(cidp), free(co);

@@ -116,9 +116,9 @@ gdp_status_t gdp_build_chunk_descriptors(const int32_t *cu_seqlens, int32_t pref
  * pairs on sms multiprocessors (the staged chain's chunk_state_kernel, and the auto choice's estimate
  * of it). The sweep is sequential over a sequence's chunks, so its parallelism is its grid, (VP / VB)
  * x H x N blocks; a few long sequences (1 x 16384 with H = 16, V = 128: 32 blocks of 64 columns) leave
- * most of the device idle. The columns of the state evolve independently (state.cuh), so narrower blocks give more,
- * lighter blocks with bitwise the same results: each still walks the whole chain, but a step does
- * 64 / VB times less tensor-core work. The widest block whose grid still fills three quarters of the
+ * most of the device idle. The columns of the state evolve independently (state.cuh), so narrower
+ * blocks give more, lighter blocks with bitwise the same results: each still walks the whole chain,
+ * but a step does 64 / VB times less tensor-core work. The widest block whose grid still fills three quarters of the
  * SMs is chosen (fewest re-reads of w and K); when even 16 columns do not, 16. Measured on the H200
  * (kernels/NOTES-chunk.md): 8 x 2048 (256 blocks at 64) 64 best, 1.00 ms vs 1.12 (32) and 1.36 (16);
  * 1 x 16384 (32 blocks at 64) 16 best, 1.49 ms vs 1.72 and 1.98; H 32 V 64 4 x 2048 (128 blocks at 64,
@@ -176,15 +176,16 @@ int64_t gdp_chunk_split_segment(int64_t num_chunks_dp, int64_t H, int sms) {
 #define SPLIT_US_PER_FIXUP_STEP 20.75
 #define STAGED_PARALLEL_US_PER_CHUNK_HEAD 0.0656
 #define STAGED_US_PER_CHUNK_HEAD_V64 0.070
+/* the state sweep's step at VB = 64, 32, 16 columns: a lone block's, and an SM shared by blocks */
+static const double STAGED_LONE_STEP_US[3] = {2.40, 1.6, 1.06};
+static const double STAGED_SHARED_STEP_US[3] = {1.99, 1.45, 1.06};
 
 static double staged_estimate_us(int64_t num_chunks_dp, int64_t N, int64_t H, int64_t V, int64_t longest, int sms) {
     if (V <= 64)
         return (double)num_chunks_dp * (double)H * STAGED_US_PER_CHUNK_HEAD_V64;
-    const int vb = gdp_chunk_state_vb((int)V, H, N, sms);
-    const double lone_step = vb == 64 ? 2.40 : vb == 32 ? 1.6 : 1.06;
-    const double shared_step = vb == 64 ? 1.99 : vb == 32 ? 1.45 : 1.06;
-    const double chain = (double)longest * lone_step;
-    const double spread = (double)num_chunks_dp * (double)H * (double)(V / vb) / sms * shared_step;
+    const int vb = gdp_chunk_state_vb((int)V, H, N, sms), w = vb == 64 ? 0 : vb == 32 ? 1 : 2;
+    const double chain = (double)longest * STAGED_LONE_STEP_US[w];
+    const double spread = (double)num_chunks_dp * (double)H * (double)(V / vb) / sms * STAGED_SHARED_STEP_US[w];
     return (double)num_chunks_dp * (double)H * STAGED_PARALLEL_US_PER_CHUNK_HEAD + (chain > spread ? chain : spread);
 }
 

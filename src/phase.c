@@ -212,16 +212,20 @@ gdp_status_t gdp_phase_sum(gdp_ctx_t ctx, const gdp_phase_list *list, double *su
 
 gdp_status_t gdp_phase_stage_sum(gdp_ctx_t ctx, const gdp_phase_list *stages, double *sums) {
     /* the stage each mark ends; a BEGIN mark ends nothing (the gap before it lies between calls) */
-    static const int8_t stage_of[7] = {-1,
-                                       GDP_CHUNK_STAGE_CUMSUM,
-                                       GDP_CHUNK_STAGE_WY,
-                                       GDP_CHUNK_STAGE_STATE,
-                                       GDP_CHUNK_STAGE_OUT,
-                                       GDP_CHUNK_STAGE_OUT,
-                                       GDP_CHUNK_STAGE_FUSED};
+    static const int8_t stage_of[] = {-1,
+                                      GDP_CHUNK_STAGE_CUMSUM,
+                                      GDP_CHUNK_STAGE_WY,
+                                      GDP_CHUNK_STAGE_STATE,
+                                      GDP_CHUNK_STAGE_OUT,
+                                      GDP_CHUNK_STAGE_OUT,
+                                      GDP_CHUNK_STAGE_FUSED,
+                                      GDP_CHUNK_STAGE_SPLIT_RUNS,
+                                      GDP_CHUNK_STAGE_SPLIT_FIXUP,
+                                      GDP_CHUNK_STAGE_SPLIT_CORRECT};
+    const int marks = (int)(sizeof stage_of / sizeof stage_of[0]);
     for (int32_t i = 0; i + 1 < stages->n; i++) {
         const int mark = stages->phase[i + 1];
-        if (mark < 0 || mark > GDP_CHUNK_MARK_FUSED || stage_of[mark] < 0)
+        if (mark < 0 || mark >= marks || stage_of[mark] < 0)
             continue;
         double dt = 0;
         GDP_CHECK(mark_gap(ctx, stages, i, &dt));
@@ -249,7 +253,8 @@ void gdp_phase_list_free(gdp_phase_list *list) {
 static _Thread_local gdp_phase_list g_profile, g_profile_stages;
 
 const char *gdp_chunk_stage_name(gdp_chunk_stage_t stage) {
-    static const char *const names[GDP_CHUNK_STAGE_NUM] = {"cumsum", "wy", "state", "out", "fused"};
+    static const char *const names[GDP_CHUNK_STAGE_NUM] = {"cumsum", "wy",          "state",       "out",
+                                                           "fused",  "split-runs", "split-fixup", "split-correct"};
     return (int)stage >= 0 && stage < GDP_CHUNK_STAGE_NUM ? names[stage] : NULL;
 }
 

@@ -56,6 +56,9 @@ enum {
     GDP_CHUNK_MARK_OUT = 4,    /* the output stage ended                            */
     GDP_CHUNK_MARK_END = 5,    /* the call ended (the zero tail, if any, counts as outputs) */
     GDP_CHUNK_MARK_FUSED = 6,  /* the one-kernel path's kernel ended               */
+    GDP_CHUNK_MARK_SPLIT_RUNS = 7,    /* the Hopper split's plan and segment runs ended */
+    GDP_CHUNK_MARK_SPLIT_FIXUP = 8,   /* its fix-up scan ended                           */
+    GDP_CHUNK_MARK_SPLIT_CORRECT = 9, /* its correction (or second pass) ended           */
 };
 void gdp_phase_stage_mark_stream(void *stream, int mark);
 /* After the recorded work finished: seconds per chunk stage added to sums[GDP_CHUNK_STAGE_NUM]

@@ -896,7 +896,8 @@ static void test_profile(gdp_ctx_t ctx) {
     CHECK(t.ops_s > 0 && t.gemm_s == 0 && t.collective_s == 0 && t.head_s == 0 && t.total_s >= t.ops_s,
           "profile of a CPU chunk call: ops %g gemm %g coll %g head %g total %g s", t.ops_s, t.gemm_s, t.collective_s,
           t.head_s, t.total_s);
-    static const char *const names[GDP_CHUNK_STAGE_NUM] = {"cumsum", "wy", "state", "out", "fused"};
+    static const char *const names[GDP_CHUNK_STAGE_NUM] = {"cumsum", "wy",          "state",       "out",
+                                                           "fused",  "split-runs", "split-fixup", "split-correct"};
     for (int i = 0; i < GDP_CHUNK_STAGE_NUM; i++) {
         CHECK(t.chunk_s[i] == 0, "profile: the CPU backend reports a %s stage of %g s", names[i], t.chunk_s[i]);
         const char *name = gdp_chunk_stage_name((gdp_chunk_stage_t)i);

@@ -1112,6 +1112,9 @@ static void test_rejections(void) {
 }
 
 /* ---- the profile's stage split (gdp/profile.h) under the current GDP_CHUNK_PATH ---------------------------- */
+/* A profiled call gives the same bits; its stages are the staged chain's four, a one-kernel path's one,
+ * or the Hopper split's three (its segment runs, fix-up and correction or second pass) exactly when the
+ * split ran; they add up to no more than the profile's span; the CPU backend reports none. */
 static void test_profile_stages(gdp_ctx_t cpu, gdp_ctx_t gpu, const char *path) {
     const chunk_case c = {"profile", 2, 4, 128, 128, 3, {300, 64, 130}, 512, GDP_DTYPE_BF16, GDP_DTYPE_BF16,
                           GDP_DTYPE_FP32, 1, 0, 0.1};
@@ -1121,21 +1124,34 @@ static void test_profile_stages(gdp_ctx_t cpu, gdp_ctx_t gpu, const char *path) 
     gdp_phase_times pt;
     gpu_run(gpu, &in, true, GDP_DTYPE_FP32, &plain);
     g_profile_times = &pt;
+    const long long hopper_before = gdp_cuda_chunk_hopper_calls();
     gpu_run(gpu, &in, true, GDP_DTYPE_FP32, &profiled);
+    const bool split_ran = gdp_cuda_chunk_hopper_calls() > hopper_before && gdp_cuda_chunk_hopper_last_segment() > 0;
     g_profile_times = NULL;
     CHECK(same_outputs(&plain, &profiled, true), "profile (%s): a profiled chunk call gives other bits", path);
     const double *s = pt.chunk_s;
+    const bool no_split = s[GDP_CHUNK_STAGE_SPLIT_RUNS] == 0 && s[GDP_CHUNK_STAGE_SPLIT_FIXUP] == 0 &&
+                          s[GDP_CHUNK_STAGE_SPLIT_CORRECT] == 0;
     const bool staged = s[GDP_CHUNK_STAGE_CUMSUM] > 0 && s[GDP_CHUNK_STAGE_WY] > 0 && s[GDP_CHUNK_STAGE_STATE] > 0 &&
-                        s[GDP_CHUNK_STAGE_OUT] > 0 && s[GDP_CHUNK_STAGE_FUSED] == 0;
+                        s[GDP_CHUNK_STAGE_OUT] > 0 && s[GDP_CHUNK_STAGE_FUSED] == 0 && no_split;
     const bool fused = s[GDP_CHUNK_STAGE_FUSED] > 0 && s[GDP_CHUNK_STAGE_CUMSUM] == 0 && s[GDP_CHUNK_STAGE_WY] == 0 &&
-                       s[GDP_CHUNK_STAGE_STATE] == 0;
+                       s[GDP_CHUNK_STAGE_STATE] == 0 && no_split;
+    const bool split = s[GDP_CHUNK_STAGE_SPLIT_RUNS] > 0 && s[GDP_CHUNK_STAGE_SPLIT_FIXUP] > 0 &&
+                       s[GDP_CHUNK_STAGE_SPLIT_CORRECT] > 0 && s[GDP_CHUNK_STAGE_FUSED] == 0 &&
+                       s[GDP_CHUNK_STAGE_CUMSUM] == 0 && s[GDP_CHUNK_STAGE_WY] == 0 && s[GDP_CHUNK_STAGE_STATE] == 0;
     double sum = 0;
-    for (int i = 0; i < GDP_CHUNK_STAGE_NUM; i++)
+    char stages[256] = "";
+    for (int i = 0; i < GDP_CHUNK_STAGE_NUM; i++) {
         sum += s[i];
-    CHECK(staged != fused, "profile (%s): stages cumsum %g wy %g state %g out %g fused %g s: neither the staged nor "
-          "the fused split", path, s[0], s[1], s[2], s[3], s[4]);
+        const size_t used = strlen(stages);
+        snprintf(stages + used, sizeof stages - used, " %s %.1f", gdp_chunk_stage_name((gdp_chunk_stage_t)i), s[i] * 1e6);
+    }
+    CHECK((int)staged + (int)fused + (int)split == 1,
+          "profile (%s): stages (us)%s: not one of the staged, one-kernel or split patterns", path, stages);
     CHECK(strcmp(path, "staged") != 0 || staged, "profile (staged): the split is not the staged one");
     CHECK(strcmp(path, "fused") != 0 || fused, "profile (fused): the split is not the one-kernel one");
+    CHECK(split == split_ran, "profile (%s): the Hopper split %s, stages (us)%s", path,
+          split_ran ? "ran without its stages" : "did not run, yet its stages show", stages);
     CHECK(sum <= pt.total_s * (1 + 1e-6) && pt.ops_s <= pt.total_s * (1 + 1e-6),
           "profile (%s): the stages add up to %g s, past the profile's span %g s", path, sum, pt.total_s);
     /* the CPU backend has no stages: a profiled CPU call leaves them 0 */
@@ -1147,9 +1163,8 @@ static void test_profile_stages(gdp_ctx_t cpu, gdp_ctx_t gpu, const char *path) 
         CHECK(cpt.chunk_s[i] == 0, "profile: the CPU backend reports a %s stage of %g s",
               gdp_chunk_stage_name((gdp_chunk_stage_t)i), cpt.chunk_s[i]);
     CHECK(gdp_chunk_stage_name(GDP_CHUNK_STAGE_NUM) == NULL, "gdp_chunk_stage_name names a stage past the last");
-    printf("  profile (%s): cumsum %.1f  wy %.1f  state %.1f  out %.1f  fused %.1f us (span %.1f us); profiled "
-           "call bitwise equal\n",
-           path, s[0] * 1e6, s[1] * 1e6, s[2] * 1e6, s[3] * 1e6, s[4] * 1e6, pt.total_s * 1e6);
+    printf("  profile (%s): stages (us)%s (span %.1f us); profiled call bitwise equal\n", path, stages,
+           pt.total_s * 1e6);
     free_outputs(&plain);
     free_outputs(&profiled);
     free_outputs(&ref);
@@ -1302,6 +1317,7 @@ int main(void) {
                     test_cache(cpu, gpu, GDP_DTYPE_BF16, CACHE_KV[kv][0], CACHE_KV[kv][1]);
                 }
                 test_graph(cpu);
+                test_profile_stages(cpu, gpu, with_cs ? "hopper, segments of 2" : "hopper, segments of 2, no chunk states");
             }
             g_with_cs = true;
             unsetenv("GDP_CHUNK_SEGMENT");

@@ -9,9 +9,12 @@
  *
  * On CUDA the profile also splits the chunk op's time (gdp_chunk_gated_delta_product and its
  * varlen form) by stage: the gate cumsums, the WY stage (w, u and the chunk's inverse), the
- * state sweep, and the outputs (o, with the zero fill of rows past the last sequence), or the
- * one-kernel path (GDP_CHUNK_PATH=fused) whole. The stages are consecutive kernels on one
- * stream, so they add up to the op's time. The CPU backend leaves them 0.
+ * state sweep, and the outputs (o, with the zero fill of rows past the last sequence), or a
+ * one-kernel path (GDP_CHUNK_PATH=fused, or the Hopper kernel unsplit) whole, or the Hopper
+ * kernel's segment split by its launches: the segment runs (the plan and every segment's run),
+ * the fix-up scan, and the outputs' correction (or, with chunk states, the second pass). The
+ * stages are consecutive kernels on one stream, so they add up to the op's time. The CPU backend
+ * leaves them 0.
  */
 #ifndef GDP_PROFILE_H
 #define GDP_PROFILE_H
@@ -29,10 +32,15 @@ typedef enum gdp_chunk_stage {
     GDP_CHUNK_STAGE_STATE,      /* the state sweep: chunk states and final states */
     GDP_CHUNK_STAGE_OUT,        /* the outputs o (and the tail's zero fill)       */
     GDP_CHUNK_STAGE_FUSED,      /* the one-kernel path, whole                     */
+    GDP_CHUNK_STAGE_SPLIT_RUNS,    /* the Hopper split: its plan and segment runs */
+    GDP_CHUNK_STAGE_SPLIT_FIXUP,   /* the Hopper split: the fix-up scan           */
+    GDP_CHUNK_STAGE_SPLIT_CORRECT, /* the Hopper split: the outputs' correction,
+                                      or the second pass with chunk states       */
     GDP_CHUNK_STAGE_NUM
 } gdp_chunk_stage_t;
 
-/* "cumsum", "wy", "state", "out", "fused"; NULL for any other value. */
+/* "cumsum", "wy", "state", "out", "fused", "split-runs", "split-fixup", "split-correct"; NULL for
+ * any other value. */
 GDP_API const char *gdp_chunk_stage_name(gdp_chunk_stage_t stage);
 
 typedef struct gdp_phase_times {

@@ -13,7 +13,15 @@
 #include "hopper.h"
 #include "hopper_split.cuh"
 #include "tensor_map.h"
+#include "src/phase.h" /* GDP_CHUNK_MARK_SPLIT_*: the profile's split stages */
 #include "src/workspace.h"
+
+/* The profile's stage marks (src/phase.h; free unless a profile records on this stream): the split's
+ * launches end the split-runs, split-fixup and split-correct stages. kernels/dev/chunk_stages.cu
+ * defines it to record its own events. */
+#ifndef GDP_CHUNK_STAGE_MARK
+#define GDP_CHUNK_STAGE_MARK(mark, stream) gdp_phase_stage_mark_stream((void *)(stream), (mark))
+#endif
 
 namespace {
 
@@ -143,10 +151,12 @@ cudaError_t launch_hopper_split(const ChunkParams &p, const HopperMaps &maps, co
     }
     if ((err = cudaGetLastError()) != cudaSuccess)
         return err;
+    GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_SPLIT_RUNS, stream); /* after the F launch: PDL pairs it with MAIN */
     hop_fixup_kernel<KP, VP>
         <<<dim3((unsigned)p.N, (unsigned)p.H, VP / HOP_FIX_COLS), HOP_FIX_THREADS, smem_fix, stream>>>(p, sp);
     if ((err = cudaGetLastError()) != cudaSuccess)
         return err;
+    GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_SPLIT_FIXUP, stream);
     if (l.max_slots <= 0) /* no sequence can have a second segment */
         return cudaSuccess;
     if (with_cs) {
@@ -155,7 +165,10 @@ cudaError_t launch_hopper_split(const ChunkParams &p, const HopperMaps &maps, co
         const dim3 grid((unsigned)l.max_slots, (unsigned)p.H, hop_correct_blocks_z(split.seg_chunks, p.M));
         hop_correct_kernel<T, KP, VP><<<grid, HOP_COR_THREADS, smem_cor, stream>>>(p, sp);
     }
-    return cudaGetLastError();
+    if ((err = cudaGetLastError()) != cudaSuccess)
+        return err;
+    GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_SPLIT_CORRECT, stream);
+    return cudaSuccess;
 }
 
 /* The instance for p's K and V, unsplit or split. */

@@ -416,6 +416,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
                                  : GDP_CHUNK_AUTO_STAGED;
     const bool auto_hopper = auto_path != GDP_CHUNK_AUTO_STAGED;
     if (hopper_fits && (path == 3 || auto_hopper)) {
+        int seg_ran = 0; /* the split's segment length, 0 unsplit */
 #ifdef GDP_HAVE_CHUNK_HOPPER
         /* the split's scratch: the staged path's intermediates (keys, w, u, chunk-entry states), which this
          * path does not use, or what the ctx holds past the op's workspace if that is larger */
@@ -432,13 +433,15 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
                             : auto_path == GDP_CHUNK_AUTO_HOPPER_SPLIT ? 0
                                                                        : -2;
         hopper_segment(p, seg_ask, sms, num_chunks_dp, max_len, split_ws, split_bytes, &split);
-        __atomic_store_n(&hopper_last_segment, split.seg_chunks, __ATOMIC_RELAXED);
+        seg_ran = split.seg_chunks;
+        __atomic_store_n(&hopper_last_segment, seg_ran, __ATOMIC_RELAXED);
         err = gdp_chunk_hopper_launch(&p, a->q.dtype == GDP_DTYPE_BF16, hopper_copy == 1, &split, stream);
 #endif
         GDP_CUDA_LAUNCH_CHECK(op, err, "the Hopper chunk kernel: N %lld, H %lld, K %lld, V %lld", (long long)N,
                               (long long)H, (long long)K, (long long)V);
         __atomic_fetch_add(&hopper_calls, 1, __ATOMIC_RELAXED);
-        GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_FUSED, stream);
+        if (seg_ran == 0) /* the split marked its own stages (hopper.cu) */
+            GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_FUSED, stream);
     } else if (fused_fits(p) && (path == 1 || path == 3 || (path == 2 && FUSED_BY_DEFAULT))) {
         err = a->q.dtype == GDP_DTYPE_BF16 ? launch_fused<__nv_bfloat16>(p, stream) : launch_fused<__half>(p, stream);
         GDP_CUDA_LAUNCH_CHECK(op, err, "the fused chunk kernel: N %lld, H %lld, K %lld, V %lld", (long long)N,

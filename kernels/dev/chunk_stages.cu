@@ -36,9 +36,10 @@
 static cudaEvent_t g_stage_events[GDP_CHUNK_MARK_END + 1];
 /* Event s after stage s (launch.cu's GDP_CHUNK_MARK_* ids BEGIN to END); the fused path's one
  * mark records the events of CUMSUM to OUT at once: its kernel then counts as the cumsum stage,
- * the next three are empty. */
+ * the next three are empty. The Hopper split's marks (hopper.cu) do the same, each after its
+ * launches: the last one leaves the whole split in the cumsum column. */
 static void lab_stage_mark(int mark, cudaStream_t stream) {
-    if (mark == GDP_CHUNK_MARK_FUSED)
+    if (mark >= GDP_CHUNK_MARK_FUSED)
         for (int s = GDP_CHUNK_MARK_CUMSUM; s <= GDP_CHUNK_MARK_OUT; s++)
             cudaEventRecord(g_stage_events[s], stream);
     else
