@@ -9,8 +9,9 @@
 # Hopper test paths, so a cut call still returns the timings. Without a pack, or if linking fails,
 # it builds there (launch/h200-suite.sh hopperab for the split's A/B).
 #
-# Environment: GDP_CALL_STAGES (default "split engine batched serve layer"): the stages, in order;
-# GDP_CALL_PACK (default .pre/pack.tar.xz).
+# Environment: GDP_CALL_STAGES (default "split engine batched serve layer"): the stages, in order
+# (also ab: every patch tree in the pack against main, GDP_CALL_AB_SEGMENTS default "off auto",
+# GDP_CALL_AB_ROUNDS default 2); GDP_CALL_PACK (default .pre/pack.tar.xz).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export JANSSON_HOME=$PWD/.deps/usr
@@ -76,6 +77,14 @@ stage_layer() {
             -p 128 -n 128 -m 2 -D 1,8,64,256 -P 2048,16384 >>"$OUT/layer.log" 2>&1
     done
     grep -E "^## |decode|prefill" "$OUT/layer.log" | head -30
+}
+stage_ab() { # every patch tree of the pack against main, unsplit and on the op's own segment choice
+    GDP_AB_TESTS=last GDP_AB_SEGMENTS="${GDP_CALL_AB_SEGMENTS:-off auto}" \
+        GDP_AB_ROUNDS="${GDP_CALL_AB_ROUNDS:-2}" timeout 400 launch/prebuilt.sh ab "$P" >"$OUT/ab.log" 2>&1
+    echo "ab rc=$?"
+    cp "$OUT/hopper_ab_table.md" "$OUT/ab_table.md" 2>/dev/null
+    cat "$OUT/ab_table.md"
+    grep -E "^## .*test_chunk|FAIL|checks|Hopper kernel ran" "$OUT/ab.log" | head -20
 }
 for st in ${GDP_CALL_STAGES:-split engine batched serve layer}; do
     "stage_$st"
