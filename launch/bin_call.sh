@@ -18,7 +18,7 @@
 #               hopperalone)
 #   sanitize    compute-sanitizer GDP_CALL_SANITIZE (default "synccheck racecheck memcheck") over
 #               test_chunk_gpu on the Hopper path, GDP_CALL_SANITIZE_TIMEOUT seconds each (default 150),
-#               GDP_CALL_SANITIZE_ARGS more compute-sanitizer options (e.g. --kernel-name regex:hop); the
+#               GDP_CALL_SANITIZE_ARGS more compute-sanitizer options (e.g. --kernel-name kns=hop); the
 #               test's own GDP_TEST_CHUNK_ONLY=segments passes through
 #   decodeprof  the decode row kernel's ncu card by source line at B=256, fp32 and bf16 state
 #               (h200-suite.sh decodeprof)
