@@ -25,7 +25,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-build=build
+build=${GDP_CALL_BUILD:-$root/build} # where the programs are (pack) or go (run); tests/scripts/bin_call_check.sh
 
 if [ "${1:-}" = pack ]; then
     [ $# -ge 3 ] || { echo "usage: launch/bin_call.sh pack BUNDLE.tar.xz PROGRAM..." >&2; exit 2; }
@@ -44,16 +44,16 @@ fi
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export JANSSON_HOME=$root/.deps/usr
 # the programs find CUDA's libraries where that machine keeps them, and libgdp.so beside them
-export LD_LIBRARY_PATH=$JANSSON_HOME/lib/x86_64-linux-gnu:$root/$build:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=$JANSSON_HOME/lib/x86_64-linux-gnu:$build:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 export GDP_GOLDEN_DIR=$root/.golden
 PATH=$PATH:/usr/local/cuda/bin # compute-sanitizer, ncu, cuobjdump, nvdisasm
 final=${OUT:?OUT must name the folder whose files come back}
-out=/tmp/bin_call_out # the stages' logs; $final/logs.tgz after each stage (the call returns few files)
+out=${GDP_CALL_LOGS:-/tmp/bin_call_out} # the stages' logs; $final/logs.tgz after each stage (a call returns few files)
 rm -rf "$out" && mkdir -p "$out"
 work=$(mktemp -d)
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
 SECONDS=0
-save_logs() { echo "[$1 at ${SECONDS}s]" | tee -a "$out/times.txt"; tar -czf "$final/logs.tgz" -C /tmp "$(basename "$out")"; }
+save_logs() { echo "[$1 at ${SECONDS}s]" | tee -a "$out/times.txt"; tar -czf "$final/logs.tgz" -C "$(dirname "$out")" "$(basename "$out")"; }
 mkdir -p "$build"
 for bundle in ${GDP_CALL_BINS:-.pre/bins.tar.xz}; do
     tar -xJf "$bundle" -C "$build" || { echo "no bundle at $bundle" >&2; exit 1; }
@@ -97,11 +97,11 @@ stage_sanitize() {
 }
 stage_decodeprof() {
     local sdt
-    ncu_sass recurrent_rows_kernel recurrent "$root/$build/examples/gdp-bench"
+    ncu_sass recurrent_rows_kernel recurrent "$build/examples/gdp-bench"
     for sdt in 0 1; do
         echo "## row kernel, state dtype $sdt (0 fp32, 1 bf16), B=256, H 16, K = V = 128, M 2"
         ncu_card "decodeprof_$sdt" "recurrent_rows_kernel<\\(int\\)$sdt, \\(int\\)16" 2 \
-            "recurrent_rows_kernelILi${sdt}ELi16ELi32ELi2ELi1EE" recurrent "./$build/examples/gdp-bench" ops --op decode-key \
+            "recurrent_rows_kernelILi${sdt}ELi16ELi32ELi2ELi1EE" recurrent "$build/examples/gdp-bench" ops --op decode-key \
             -i 10 -w 1
     done >"$out/decodeprof.log" 2>&1
     head -80 "$out/decodeprof.log"

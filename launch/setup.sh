@@ -45,6 +45,7 @@ if [ "$configured" -eq 0 ]; then
     command -v cmake >/dev/null || need+=(cmake)
     command -v mpicc >/dev/null || need+=(libopenmpi-dev openmpi-bin)
     command -v pkg-config >/dev/null || need+=(pkg-config)
+    command -v xz >/dev/null || need+=(xz-utils) # launch/bin_call.sh and prebuilt.sh bundles (their cpu checks)
     [ -e /usr/include/jansson.h ] || [ -n "${JANSSON_HOME:-}" ] || need+=(libjansson-dev)
     # OpenBLAS itself, not any cblas.h: an image may carry only netlib's reference BLAS, whose GEMMs
     # run the CPU backend about 18x slower (CMakeLists.txt)

@@ -32,4 +32,7 @@ if(GDP_PYTHON3)
   # launch/prebuilt.sh ab, the device A/B over linked trees, on stand-in trees
   add_test(NAME prebuilt_ab_check COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/prebuilt_ab_check.sh ${PROJECT_SOURCE_DIR})
   set_tests_properties(prebuilt_ab_check PROPERTIES LABELS cpu TIMEOUT 60)
+  # launch/bin_call.sh: pack and run over stand-in programs (one device call's stages, no GPU)
+  add_test(NAME bin_call_check COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/bin_call_check.sh ${PROJECT_SOURCE_DIR})
+  set_tests_properties(bin_call_check PROPERTIES LABELS cpu TIMEOUT 60)
 endif()
