@@ -2,16 +2,17 @@
 # ab_call.sh: one device call over trees built here (launch/prebuilt.sh pack, carried as
 # .pre/pack.tar.xz with .deps and .golden): link them, then in order of worth, each stage under its
 # own timeout and its logs tarred into $OUT/logs.tgz as soon as it ends (a call cut at its limit still
-# returns what ran): the segment split's A/B (hopper-split2, hopper-split2-pdl), the engine's GPU
-# test (device and host swaps compared bit for bit), the batched rows' A/B (cols, vlate, kfirst), the
-# mixed serving workload under each preemption setting, the layer bench with cuBLASLt and with the
-# skinny GEMM. Each A/B runs its prefill rows (which check their own results) before the trees'
+# returns what ran): ab, every patch tree of the pack against main (unsplit and on the op's own segment
+# choice); engine, the engine's GPU test (device and host swaps compared bit for bit); serve, the
+# mixed serving workload under each preemption setting; layer, the layer bench with cuBLASLt and with
+# the skinny GEMM. The A/B runs its prefill rows (which check their own results) before the trees'
 # Hopper test paths, so a cut call still returns the timings. Without a pack, or if linking fails,
-# it builds there (launch/h200-suite.sh hopperab for the split's A/B).
+# it builds the pending patches' trees there (launch/h200-suite.sh hopperab; the patches not marked
+# "Record:", ab_lib.sh's pending_is_record).
 #
-# Environment: GDP_CALL_STAGES (default "split engine batched serve layer"): the stages, in order
-# (also ab: every patch tree in the pack against main, GDP_CALL_AB_SEGMENTS default "off auto",
-# GDP_CALL_AB_ROUNDS default 2); GDP_CALL_PACK (default .pre/pack.tar.xz).
+# Environment: GDP_CALL_STAGES (default "ab engine serve layer"): the stages, in order;
+# GDP_CALL_AB_SEGMENTS (default "off auto"), GDP_CALL_AB_ROUNDS (default 2); GDP_CALL_PACK (default
+# .pre/pack.tar.xz).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export JANSSON_HOME=$PWD/.deps/usr
@@ -31,31 +32,17 @@ lrc=$?
 tail -8 "$OUT/link.log"
 save_logs "link rc=$lrc"
 if [ $lrc -ne 0 ]; then
-    echo "no linked trees: building the split's A/B on the device instead"
-    OUT=$final GDP_AB_PATCHES=kernels/chunk/pending/hopper-split2.patch:kernels/chunk/pending/hopper-split2-pdl.patch \
-        GDP_AB_SEGMENTS=auto GDP_AB_ROUNDS=1 ./launch/h200-suite.sh hopperab >"$final/split2.log" 2>&1
+    . launch/ab_lib.sh # pending_is_record
+    patches=$(for pf in kernels/chunk/pending/*.patch; do pending_is_record "$pf" || printf '%s:' "$pf"; done)
+    echo "no linked trees: building the pending patches' A/B on the device instead (${patches%:})"
+    OUT=$final GDP_AB_PATCHES=${patches%:} GDP_AB_SEGMENTS="${GDP_CALL_AB_SEGMENTS:-off auto}" GDP_AB_ROUNDS=1 \
+        ./launch/h200-suite.sh hopperab >"$final/ab.log" 2>&1
     exit
 fi
-stage_split() {
-    GDP_AB_TESTS=last GDP_AB_TREES=main:hopper-split2:hopper-split2-pdl GDP_AB_SEGMENTS=auto GDP_AB_ROUNDS=1 \
-        timeout 240 launch/prebuilt.sh ab "$P" >"$OUT/split2.log" 2>&1
-    echo "split rc=$?"
-    cp "$OUT/hopper_ab_table.md" "$OUT/split2_table.md" 2>/dev/null
-    grep -E "^## .*test_chunk|FAIL|checks|Hopper kernel ran" "$OUT/split2.log" | head -20
-    cat "$OUT/split2_table.md"
-}
 stage_engine() {
     timeout 150 mpirun -n 2 "$P/main/bin/test_engine_gpu_np2" --backend cuda >"$OUT/engine.log" 2>&1
     echo "test_engine_gpu_np2 rc=$?"
     tail -3 "$OUT/engine.log"
-}
-stage_batched() {
-    GDP_AB_TESTS=last GDP_AB_TREES=main:hopper-cols:hopper-vlate:hopper-kfirst GDP_AB_SEGMENTS=off GDP_AB_ROUNDS=2 \
-        timeout 240 launch/prebuilt.sh ab "$P" >"$OUT/batched.log" 2>&1
-    echo "batched rc=$?"
-    cp "$OUT/hopper_ab_table.md" "$OUT/batched_table.md" 2>/dev/null
-    cat "$OUT/batched_table.md"
-    grep -E "FAIL|checks" "$OUT/batched.log" | head
 }
 stage_serve() {
     local ckpt=/tmp/gdp_serve_model.safetensors
@@ -78,7 +65,7 @@ stage_layer() {
     done
     grep -E "^## |decode|prefill" "$OUT/layer.log" | head -30
 }
-stage_ab() { # every patch tree of the pack against main, unsplit and on the op's own segment choice
+stage_ab() {
     GDP_AB_TESTS=last GDP_AB_SEGMENTS="${GDP_CALL_AB_SEGMENTS:-off auto}" \
         GDP_AB_ROUNDS="${GDP_CALL_AB_ROUNDS:-2}" timeout 400 launch/prebuilt.sh ab "$P" >"$OUT/ab.log" 2>&1
     echo "ab rc=$?"
@@ -86,7 +73,7 @@ stage_ab() { # every patch tree of the pack against main, unsplit and on the op'
     cat "$OUT/ab_table.md"
     grep -E "^## .*test_chunk|FAIL|checks|Hopper kernel ran" "$OUT/ab.log" | head -20
 }
-for st in ${GDP_CALL_STAGES:-split engine batched serve layer}; do
+for st in ${GDP_CALL_STAGES:-ab engine serve layer}; do
     "stage_$st"
     save_logs "$st"
 done

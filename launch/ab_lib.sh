@@ -1,4 +1,5 @@
-# ab_lib.sh: the hopperab measurement, sourced by launch/h200-suite.sh (trees built on the device) and
+# ab_lib.sh: the hopperab measurement and the pending patches' test (pending_is_record; also sourced by
+# launch/ab_call.sh and tests/scripts/pending_patches_apply.sh), sourced by launch/h200-suite.sh (trees built on the device) and
 # launch/prebuilt.sh ab (trees linked there from a pack built elsewhere). Functions only.
 
 # ab_hopper_test TEST_BIN LOG: test_chunk_gpu on the Hopper path into LOG, then its summary: the failures
@@ -49,4 +50,11 @@ ab_rows() {
 ab_staged_rows() {
     echo "## $2: GDP_CHUNK_PATH=staged" | tee -a "$1"
     GDP_CHUNK_PATH=staged "$3" ops --op prefill 2>&1 | grep -E "^prefill|rror" | tee -a "$1"
+}
+
+# pending_is_record PATCH: whether a kernels/chunk/pending patch is a record of a measured failure (a
+# "Record:" line in its header, before the diff) rather than a candidate that must apply to this tree
+# (tests/scripts/pending_patches_apply.sh checks the candidates; launch/ab_call.sh builds them)
+pending_is_record() {
+    sed -n '1,/^diff --git/p' "$1" | grep -q '^Record:'
 }

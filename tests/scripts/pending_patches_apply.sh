@@ -7,10 +7,11 @@
 set -uo pipefail
 root=$1
 cd "$root" || exit 1
+. launch/ab_lib.sh # pending_is_record
 shopt -s nullglob
 rc=0 checked=0
 for pf in kernels/chunk/pending/*.patch; do
-    if sed -n '1,/^diff --git/p' "$pf" | grep -q '^Record:'; then
+    if pending_is_record "$pf"; then
         echo "skip   $pf (a record)"
         continue
     fi
