@@ -20,6 +20,8 @@
 #               test_chunk_gpu on the Hopper path, GDP_CALL_SANITIZE_TIMEOUT seconds each (default 150),
 #               GDP_CALL_SANITIZE_ARGS more compute-sanitizer options (e.g. --kernel-name kns=hop); the
 #               test's own GDP_TEST_CHUNK_ONLY=segments passes through
+#   decode      test_recurrent_gpu, then gdp-bench ops --op decode under the row and the warp kernel
+#               (GDP_DECODE_STATE=rows | warps), alternated twice
 #   decodeprof  the decode row kernel's ncu card by source line at B=256, fp32 and bf16 state
 #               (h200-suite.sh decodeprof)
 set -uo pipefail
@@ -94,6 +96,16 @@ stage_sanitize() {
         echo "## compute-sanitizer --tool $tool test_chunk_gpu (hopper): exit $st (0 clean, 86 errors, 124 cut)"
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|checks," "$out/sanitize_$tool.log" | tail -3
     done
+}
+stage_decode() {
+    local st=0 run
+    timeout 200 "$build/tests/test_recurrent_gpu" >"$out/recurrent_test.log" 2>&1 || st=$?
+    echo "## test_recurrent_gpu: exit $st"
+    grep -E "FAIL|checks|GDP_DECODE_STATE=" "$out/recurrent_test.log" | head -30
+    for run in rows warps rows warps; do # alternated: both kernels see the same card state twice
+        echo "## GDP_DECODE_STATE=$run"
+        GDP_DECODE_STATE=$run timeout 60 "$build/examples/gdp-bench" ops --op decode 2>&1 | grep -E "^decode|rror"
+    done | tee "$out/decode.log"
 }
 stage_decodeprof() {
     local sdt
