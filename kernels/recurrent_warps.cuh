@@ -39,7 +39,10 @@ constexpr int WARPS_SLICES = 32 / WARPS_GROUPS;         /* lanes sharing a colum
 constexpr int WARPS_BV = WARPS_GROUPS * WARPS_LANE_COLS; /* value columns an item: 16           */
 constexpr int WARPS_CHUNK = 4;                          /* rows of q and k read per step at once */
 constexpr int WARPS_MAX_WARPS = 4;                      /* warps a block, at most               */
-constexpr int WARPS_MIN_BLOCKS = 3; /* 4-warp blocks an SM: at most 170 registers a thread        */
+/* 4-warp blocks an SM the launch bound asks for: 3 (at most 170 registers a thread) for the
+ * compiled-in M = 1 and 2, 2 (255) for M = 3 (spilled 0.1 KB a thread at 170) and the generic
+ * instances (their run-time dtype branches and step loops spilled 0.9 KB at 170) */
+template <int MT> constexpr int warps_min_blocks() { return MT == 1 || MT == 2 ? 3 : 2; }
 
 /* WARPS_CHUNK rows [r0, r0 + 4) of a q or k vector whose row 0 is element off of base, as floats
  * (rows past K read 0). vec: 8- or 16-byte loads (K % 4 == 0, base 16-byte aligned). */
@@ -67,7 +70,7 @@ __device__ __forceinline__ float warps_group_sum(float x) {
 
 /* One item: see the file comment. vec_in: q, k, v as 8- or 16-byte loads; vec_o: o likewise. */
 template <int SDT, int R, int MT, int DT>
-__global__ void __launch_bounds__(WARPS_MAX_WARPS * 32, WARPS_MIN_BLOCKS)
+__global__ void __launch_bounds__(WARPS_MAX_WARPS * 32, warps_min_blocks<MT>())
     recurrent_warps_kernel(const RecurrentParams p, int vec_in, int vec_o) {
     using Bits = typename StateStorage<SDT>::Bits;
     constexpr int KP = WARPS_SLICES * R;
