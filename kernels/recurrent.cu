@@ -1008,11 +1008,19 @@ cudaError_t launch_recurrent_warps(const RecurrentParams &p, int device, cudaStr
         (void)cudaGetLastError();
     /* one warp a block while the items do not fill every SM four times (each then gets an SM
      * of its own as far as they go), four beyond */
-    const int64_t per_block = items >= (int64_t)WARPS_MAX_WARPS * sms ? WARPS_MAX_WARPS : 1;
-    const int64_t grid = (items + per_block - 1) / per_block;
+    const int per_block = items >= (int64_t)WARPS_MAX_WARPS * sms ? WARPS_MAX_WARPS : 1;
+    const size_t smem = (size_t)per_block * R * 32 * sizeof(float4); /* each warp's state cells */
+    static int cache[2][64]; /* resident blocks by block width and device */
+    if (device < 0 || device >= 64)
+        return cudaErrorInvalidDevice;
+    const int64_t resident = resident_blocks(recurrent_warps_kernel<SDT, R, MT, DT>, cache[per_block > 1], device,
+                                             smem, 32 * per_block);
+    const int64_t needed = (items + per_block - 1) / per_block;
+    const int64_t grid = resident > 0 && resident < needed ? resident : needed; /* a resident grid */
     const int vec_in = p.K % WARPS_CHUNK == 0 && aligned16(p.q) && aligned16(p.k) && aligned16(p.v);
     const int vec_o = aligned16(p.o);
-    recurrent_warps_kernel<SDT, R, MT, DT><<<(unsigned)grid, (unsigned)(32 * per_block), 0, stream>>>(q, vec_in, vec_o);
+    recurrent_warps_kernel<SDT, R, MT, DT><<<(unsigned)grid, (unsigned)(32 * per_block), smem, stream>>>(q, vec_in,
+                                                                                                      vec_o);
     return cudaGetLastError();
 }
 

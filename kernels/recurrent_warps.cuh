@@ -21,9 +21,11 @@
  *   - then per column the deltas and outputs in the row kernel's closed form (recurrent_rows.cuh,
  *     its file comment) and the rank-M update of the registers, k re-read from L1;
  *   - a zero query (GDP's copies before the last) skips its shuffles and writes o = 0;
- *   - blocks of one warp while the items do not fill every SM four times (B = 1: 128 items on 128
- *     SMs), of four warps beyond; no resident loop: the SM's warp scheduler overlaps one warp's
- *     loads with another's arithmetic.
+ *   - a resident grid of warps (blocks of one warp while the items do not fill every SM four
+ *     times, B = 1: 128 items on 128 SMs; of four beyond) walking the items; each warp streams its
+ *     next item's state into its own shared cells by cp.async while the current item computes
+ *     (the first version loaded each item's state into registers at its start, no overlap:
+ *     NOTES-ops.md, thirtieth session).
  * S tokens of a request (drafts) run one after another with the state in registers (fp32 between
  * tokens, so S tokens in one call equal S one-token calls bit for bit for an fp32 state), the
  * snapshot of each written after its update. The arithmetic is the row kernel's closed form
@@ -68,49 +70,44 @@ __device__ __forceinline__ float warps_group_sum(float x) {
     return x;
 }
 
-/* One item: see the file comment. vec_in: q, k, v as 8- or 16-byte loads; vec_o: o likewise. */
+/* The lane's R cells of the item's state (row, h, the lane's columns col) into its own cells of the
+ * warp's shared buffer (cell i of lane l at i * 32 + l, 16 bytes), by cp.async in one group: rows
+ * past K, or no state_in, as zeros. */
+template <int SDT, int R, int DT>
+__device__ __forceinline__ void warps_issue_state(const RecurrentParams &p, int64_t row, int h, int col, int rbase,
+                                                  int lane, float4 *cells) {
+    using Bits = typename StateStorage<SDT>::Bits;
+    const int K = rows_k<DT, WARPS_SLICES * R>(p);
+    const Bits *in = p.state_in == nullptr ? nullptr
+                                           : static_cast<const Bits *>(p.state_in) + row * p.in_stride_row +
+                                                 h * p.in_stride_head + (int64_t)rbase * p.V + col;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        float4 *cell = cells + i * 32 + lane;
+        if (in == nullptr || rbase + i >= K)
+            *cell = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        else if constexpr (sizeof(Bits) == 4)
+            cp_async_16(cell, in + (int64_t)i * p.V);
+        else
+            cp_async_8(cell, in + (int64_t)i * p.V);
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/* The state of one item (row, h, vb) from st (registers) through its S tokens, then back to the
+ * slot or the dense final state: see the file comment. vec_in: q, k, v as 8- or 16-byte loads;
+ * vec_o: o likewise. */
 template <int SDT, int R, int MT, int DT>
-__global__ void __launch_bounds__(WARPS_MAX_WARPS * 32, warps_min_blocks<MT>())
-    recurrent_warps_kernel(const RecurrentParams p, int vec_in, int vec_o) {
+__device__ __forceinline__ void warps_item(const RecurrentParams &p, int64_t b, int h, int vb, int64_t row,
+                                           float (&st)[R][WARPS_LANE_COLS], bool vec_in, bool vec_o) {
     using Bits = typename StateStorage<SDT>::Bits;
     constexpr int KP = WARPS_SLICES * R;
     const int lane = threadIdx.x & 31;
-    const int64_t item = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (item >= p.B * p.H * p.n_vblocks)
-        return;
-    int64_t b;
-    int h, vb;
-    item_coords(p, item, b, h, vb);
     const int M = rows_m<MT>(p), K = rows_k<DT, KP>(p);
     const gdp_dtype_t odt = rows_odt<DT>(p);
     const int col = vb * WARPS_BV + WARPS_LANE_COLS * (lane % WARPS_GROUPS);
     const int rbase = (lane / WARPS_GROUPS) * R; /* the lane's rows: rbase + i, i < R */
     const bool writes_o = lane < WARPS_GROUPS;   /* row slice 0 stores the outputs */
-    const int64_t row = state_row(p, b);
-
-    if (row_is_padding(p, row)) { /* -1: zero outputs of the item's columns, no slot read or written */
-        for (int x = lane; x < p.T * WARPS_BV; x += 32) {
-            const int t = x / WARPS_BV, c = x - t * WARPS_BV;
-            store_from_float(p.o, p.o_dtype, ((b * p.T + t) * p.H + h) * p.V + vb * WARPS_BV + c, 0.0f);
-        }
-        return;
-    }
-
-    float st[R][WARPS_LANE_COLS];
-    {
-        const Bits *in = p.state_in == nullptr ? nullptr
-                                               : static_cast<const Bits *>(p.state_in) + row * p.in_stride_row +
-                                                     h * p.in_stride_head + (int64_t)rbase * p.V + col;
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            if (in != nullptr && rbase + i < K)
-                load_columns<SDT, WARPS_LANE_COLS>(in + (int64_t)i * p.V, st[i]);
-            else
-#pragma unroll
-                for (int c = 0; c < WARPS_LANE_COLS; c++)
-                    st[i][c] = 0.0f;
-        }
-    }
     const int64_t KV = (int64_t)K * p.V;
     const float eps = (float)GDP_L2NORM_EPS;
 
@@ -324,5 +321,64 @@ __global__ void __launch_bounds__(WARPS_MAX_WARPS * 32, warps_min_blocks<MT>())
                 if (rbase + i < K)
                     store_columns<SDT, WARPS_LANE_COLS>(out + (int64_t)i * p.V, st[i]);
         }
+    }
+}
+
+/* A resident grid of warps: warp w takes items w, w + warps, ... While an item computes, the
+ * next item's state streams into the lane's own cells of the warp's shared buffer by cp.async (no
+ * registers held, no barrier: each lane reads back only what it copied), so a warp's state load
+ * overlaps its previous item's arithmetic. */
+template <int SDT, int R, int MT, int DT>
+__global__ void __launch_bounds__(WARPS_MAX_WARPS * 32, warps_min_blocks<MT>())
+    recurrent_warps_kernel(const RecurrentParams p, int vec_in, int vec_o) {
+    using Bits = typename StateStorage<SDT>::Bits;
+    extern __shared__ __align__(16) float4 warps_cells[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float4 *cells = warps_cells + warp * (R * 32); /* [R][32] 16-byte cells: this warp's */
+    const int64_t items = p.B * p.H * p.n_vblocks, step = (int64_t)gridDim.x * (blockDim.x >> 5);
+    const int rbase = (lane / WARPS_GROUPS) * R, lcol = WARPS_LANE_COLS * (lane % WARPS_GROUPS);
+    int64_t item = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
+    if (item >= items)
+        return;
+    int64_t b;
+    int h, vb;
+    item_coords(p, item, b, h, vb);
+    int64_t row = state_row(p, b);
+    if (!row_is_padding(p, row))
+        warps_issue_state<SDT, R, DT>(p, row, h, vb * WARPS_BV + lcol, rbase, lane, cells);
+    for (; item < items; item += step) {
+        const bool padding = row_is_padding(p, row);
+        float st[R][WARPS_LANE_COLS];
+        if (!padding) {
+            asm volatile("cp.async.wait_all;\n" ::: "memory");
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const float4 *cell = cells + i * 32 + lane;
+                if constexpr (sizeof(Bits) == 4) {
+                    const float4 x = *cell;
+                    st[i][0] = x.x, st[i][1] = x.y, st[i][2] = x.z, st[i][3] = x.w;
+                } else {
+                    load_columns<SDT, WARPS_LANE_COLS>(reinterpret_cast<const Bits *>(cell), st[i]);
+                }
+            }
+        }
+        /* the next item's state into the cells just read */
+        int64_t nb = 0, nrow = -1;
+        int nh = 0, nvb = 0;
+        if (item + step < items) {
+            item_coords(p, item + step, nb, nh, nvb);
+            nrow = state_row(p, nb);
+            if (!row_is_padding(p, nrow))
+                warps_issue_state<SDT, R, DT>(p, nrow, nh, nvb * WARPS_BV + lcol, rbase, lane, cells);
+        }
+        if (padding) { /* -1: zero outputs of the item's columns, no slot read or written */
+            for (int x = lane; x < p.T * WARPS_BV; x += 32) {
+                const int t = x / WARPS_BV, c = x - t * WARPS_BV;
+                store_from_float(p.o, p.o_dtype, ((b * p.T + t) * p.H + h) * p.V + vb * WARPS_BV + c, 0.0f);
+            }
+        } else {
+            warps_item<SDT, R, MT, DT>(p, b, h, vb, row, st, vec_in != 0, vec_o != 0);
+        }
+        b = nb, h = nh, vb = nvb, row = nrow;
     }
 }
