@@ -994,60 +994,6 @@ template <int SDT> cudaError_t dispatch_rows_kernel(const RecurrentParams &p, in
     return launch_rows_spec<SDT, 8, 16>(p, device, stream);
 }
 
-#include "recurrent_warps.cuh" /* the warp kernel: GDP_DECODE_STATE=warps */
-
-template <int SDT, int R, int MT, int DT>
-cudaError_t launch_recurrent_warps(const RecurrentParams &p, int device, cudaStream_t stream) {
-    RecurrentParams q = p;
-    q.n_vblocks = p.V / WARPS_BV;
-    const int64_t items = p.B * p.H * q.n_vblocks;
-    if (items > INT32_MAX)
-        return cudaErrorInvalidConfiguration;
-    int sms = 0;
-    if (gdp_device_sm_count(device, &sms) != cudaSuccess)
-        (void)cudaGetLastError();
-    /* one warp a block while the items do not fill every SM four times (each then gets an SM
-     * of its own as far as they go), four beyond */
-    const int per_block = items >= (int64_t)WARPS_MAX_WARPS * sms ? WARPS_MAX_WARPS : 1;
-    const size_t smem = (size_t)per_block * R * 32 * sizeof(float4); /* each warp's state cells */
-    static int cache[2][64]; /* resident blocks by block width and device */
-    if (device < 0 || device >= 64)
-        return cudaErrorInvalidDevice;
-    const int64_t resident = resident_blocks(recurrent_warps_kernel<SDT, R, MT, DT>, cache[per_block > 1], device,
-                                             smem, 32 * per_block);
-    const int64_t needed = (items + per_block - 1) / per_block;
-    const int64_t grid = resident > 0 && resident < needed ? resident : needed; /* a resident grid */
-    const int vec_in = p.K % WARPS_CHUNK == 0 && aligned16(p.q) && aligned16(p.k) && aligned16(p.v);
-    const int vec_o = aligned16(p.o);
-    recurrent_warps_kernel<SDT, R, MT, DT><<<(unsigned)grid, (unsigned)(32 * per_block), smem, stream>>>(q, vec_in,
-                                                                                                      vec_o);
-    return cudaGetLastError();
-}
-
-/* Whether the warp kernel takes a launch (16-byte state columns, checked by the caller): whole
- * 16-column items, K <= 128, at most ROWS_MAX_M steps a token, no fused norm. */
-bool warps_fit(const RecurrentParams &p) {
-    return p.V % WARPS_BV == 0 && p.K <= WARPS_SLICES * 16 && p.steps_per_token <= ROWS_MAX_M && !p.norm_on;
-}
-
-/* R = K / 8 rows a lane, rounded up to 4, 8 or 16; K = 128 with bf16 q, k, v and o (the layer's
- * decode) compiles M and the dtypes in, as the row kernel does. */
-template <int SDT> cudaError_t dispatch_warps(const RecurrentParams &p, int device, cudaStream_t stream) {
-    if (p.K <= WARPS_SLICES * 4)
-        return launch_recurrent_warps<SDT, 4, 0, -1>(p, device, stream);
-    if (p.K <= WARPS_SLICES * 8)
-        return launch_recurrent_warps<SDT, 8, 0, -1>(p, device, stream);
-    if (p.K == WARPS_SLICES * 16 && p.qkv_dtype == GDP_DTYPE_BF16 && p.o_dtype == GDP_DTYPE_BF16) {
-        switch (p.steps_per_token) {
-        case 1: return launch_recurrent_warps<SDT, 16, 1, GDP_DTYPE_BF16>(p, device, stream);
-        case 2: return launch_recurrent_warps<SDT, 16, 2, GDP_DTYPE_BF16>(p, device, stream);
-        case 3: return launch_recurrent_warps<SDT, 16, 3, GDP_DTYPE_BF16>(p, device, stream);
-        default: break;
-        }
-    }
-    return launch_recurrent_warps<SDT, 16, 0, -1>(p, device, stream);
-}
-
 /* Which kernel runs. GDP_DECODE_STATE=regs | smem | head forces the register kernel, the
  * shared-memory kernel with one block per 32 value columns, or the shared-memory kernel with
  * one block per (request, head) (up to 128 columns a block; not the default until measured).
@@ -1063,15 +1009,15 @@ template <int SDT> cudaError_t dispatch_warps(const RecurrentParams &p, int devi
  * refused (GDP_STATUS_INVALID_USAGE) before anything runs. */
 constexpr int64_t REC_SMEM_MIN_PAIRS = 128;
 
-enum DecodeKernel { DECODE_REGS, DECODE_SMEM, DECODE_HEAD, DECODE_ROWS, DECODE_WARPS };
+enum DecodeKernel { DECODE_REGS, DECODE_SMEM, DECODE_HEAD, DECODE_ROWS };
 
 /* GDP_DECODE_STATE: one of the three kernels, DECODE_AUTO (unset, empty or auto: the op
  * chooses), or -1 for any other value (gdp_env_choice, src/internal.h). */
 constexpr int DECODE_AUTO = -2;
 int decode_state_choice() {
-    static const char *const spell[6] = {"auto", "regs", "smem", "head", "rows", "warps"};
-    static const int value[6] = {DECODE_AUTO, DECODE_REGS, DECODE_SMEM, DECODE_HEAD, DECODE_ROWS, DECODE_WARPS};
-    return gdp_env_choice("GDP_DECODE_STATE", spell, value, 6, DECODE_AUTO, nullptr);
+    static const char *const spell[5] = {"auto", "regs", "smem", "head", "rows"};
+    static const int value[5] = {DECODE_AUTO, DECODE_REGS, DECODE_SMEM, DECODE_HEAD, DECODE_ROWS};
+    return gdp_env_choice("GDP_DECODE_STATE", spell, value, 5, DECODE_AUTO, nullptr);
 }
 
 /* The default: the row kernel wherever it fits (rows_fit), at every batch (rows_cols narrows
@@ -1093,7 +1039,7 @@ DecodeKernel decode_kernel(const RecurrentParams &p, int state_dtype) {
     const int forced = decode_state_choice();
     if (p.norm_on) /* the fused norm's tail lives in the shared-memory kernel only */
         return forced == DECODE_HEAD ? DECODE_HEAD : DECODE_SMEM;
-    if ((forced == DECODE_ROWS && !rows_fit(p, state_dtype)) || (forced == DECODE_WARPS && !warps_fit(p)))
+    if (forced == DECODE_ROWS && !rows_fit(p, state_dtype))
         return decode_kernel_auto(p, state_dtype); /* a shape it does not hold: as auto */
     if (forced >= 0)
         return static_cast<DecodeKernel>(forced);
@@ -1134,8 +1080,6 @@ template <int SDT, bool VEC> cudaError_t dispatch_rows(const RecurrentParams &p,
 /* vec (16-byte columns) implies the shared-memory kernel's 16- or 8-byte accesses. */
 template <int SDT> cudaError_t dispatch_vec(const RecurrentParams &p, bool vec, int device, cudaStream_t stream) {
     const DecodeKernel k = decode_kernel(p, SDT);
-    if (vec && k == DECODE_WARPS)
-        return dispatch_warps<SDT>(p, device, stream);
     if constexpr (SDT != GDP_DTYPE_FP16)
         if (vec && k == DECODE_ROWS)
             return dispatch_rows_kernel<SDT>(p, device, stream);
@@ -1280,7 +1224,7 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
                  fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_ROWS_COLS"));
     if (decode_state_choice() == -1)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
-                 "%s: GDP_DECODE_STATE=%s is not known; use regs, smem, head, rows or warps (or leave it unset, empty or auto: "
+                 "%s: GDP_DECODE_STATE=%s is not known; use regs, smem, head or rows (or leave it unset, empty or auto: "
                  "the op chooses)",
                  fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_STATE"));
     if (K > REC_ROW_GROUPS * 16)

@@ -5,8 +5,8 @@
 # returns what ran): ab, every patch tree of the pack against main (unsplit and on the op's own segment
 # choice); engine, the engine's GPU test (device and host swaps compared bit for bit); serve, the
 # mixed serving workload under each preemption setting; layer, the layer bench with cuBLASLt and with
-# the skinny GEMM; decode (not by default), main's test_recurrent_gpu and the decode rows under the row
-# and the warp kernel. The A/B runs its prefill rows (which check their own results) before the trees'
+# the skinny GEMM; decode (not by default), main's test_recurrent_gpu and the decode rows (ab_lib.sh's
+# decode_stage: GDP_CALL_DECODE_KERNELS, the GDP_DECODE_STATE values to alternate). The A/B runs its prefill rows (which check their own results) before the trees'
 # Hopper test paths, so a cut call still returns the timings. Without a pack, or if linking fails,
 # it builds the pending patches' trees there (launch/h200-suite.sh hopperab; the patches not marked
 # "Record:", ab_lib.sh's pending_is_record).
@@ -27,29 +27,20 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | t
 SECONDS=0
 save_logs() { tar -czf "$final/logs.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"; echo "[$1 at ${SECONDS}s]" | tee -a "$OUT/times.txt"; }
 P=/tmp/ab_call_pack/pack
+. launch/ab_lib.sh # decode_stage, pending_is_record
 mkdir -p /tmp/ab_call_pack && tar -xJf "${GDP_CALL_PACK:-.pre/pack.tar.xz}" -C /tmp/ab_call_pack &&
     launch/prebuilt.sh link "$P" >"$OUT/link.log" 2>&1
 lrc=$?
 tail -8 "$OUT/link.log"
 save_logs "link rc=$lrc"
 if [ $lrc -ne 0 ]; then
-    . launch/ab_lib.sh # pending_is_record
     patches=$(for pf in kernels/chunk/pending/*.patch; do pending_is_record "$pf" || printf '%s:' "$pf"; done)
     echo "no linked trees: building the pending patches' A/B on the device instead (${patches%:})"
     OUT=$final GDP_AB_PATCHES=${patches%:} GDP_AB_SEGMENTS="${GDP_CALL_AB_SEGMENTS:-off auto}" GDP_AB_ROUNDS=1 \
         ./launch/h200-suite.sh hopperab >"$final/ab.log" 2>&1
     exit
 fi
-stage_decode() { # main's decode test, then the decode rows under the row and the warp kernel, alternated
-    local st=0 run
-    timeout 200 "$P/main/bin/test_recurrent_gpu" >"$OUT/recurrent_test.log" 2>&1 || st=$?
-    echo "## test_recurrent_gpu: exit $st"
-    grep -E "FAIL|checks|GDP_DECODE_STATE=" "$OUT/recurrent_test.log" | head -30
-    for run in rows warps rows warps; do
-        echo "## GDP_DECODE_STATE=$run"
-        GDP_DECODE_STATE=$run timeout 60 "$P/main/bin/gdp-bench" ops --op decode 2>&1 | grep -E "^decode|rror"
-    done | tee "$OUT/decode.log"
-}
+stage_decode() { decode_stage "$P/main/bin/test_recurrent_gpu" "$P/main/bin/gdp-bench" "$OUT"; } # (ab_lib.sh)
 stage_engine() {
     timeout 150 mpirun -n 2 "$P/main/bin/test_engine_gpu_np2" --backend cuda >"$OUT/engine.log" 2>&1
     echo "test_engine_gpu_np2 rc=$?"

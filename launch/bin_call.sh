@@ -20,8 +20,8 @@
 #               test_chunk_gpu on the Hopper path, GDP_CALL_SANITIZE_TIMEOUT seconds each (default 150),
 #               GDP_CALL_SANITIZE_ARGS more compute-sanitizer options (e.g. --kernel-name kns=hop); the
 #               test's own GDP_TEST_CHUNK_ONLY=segments passes through
-#   decode      test_recurrent_gpu, then gdp-bench ops --op decode under the row and the warp kernel
-#               (GDP_DECODE_STATE=rows | warps), alternated twice
+#   decode      test_recurrent_gpu, then gdp-bench ops --op decode under each GDP_DECODE_STATE of
+#               GDP_CALL_DECODE_KERNELS (default auto), the list twice (ab_lib.sh, decode_stage)
 #   decodeprof  the decode row kernel's ncu card by source line at B=256, fp32 and bf16 state
 #               (h200-suite.sh decodeprof)
 set -uo pipefail
@@ -61,6 +61,7 @@ for bundle in ${GDP_CALL_BINS:-.pre/bins.tar.xz}; do
     tar -xJf "$bundle" -C "$build" || { echo "no bundle at $bundle" >&2; exit 1; }
 done
 . "$root/launch/ncu_lib.sh"
+. "$root/launch/ab_lib.sh" # decode_stage
 
 stage_chunktest() {
     local p st
@@ -97,16 +98,7 @@ stage_sanitize() {
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|checks," "$out/sanitize_$tool.log" | tail -3
     done
 }
-stage_decode() {
-    local st=0 run
-    timeout 200 "$build/tests/test_recurrent_gpu" >"$out/recurrent_test.log" 2>&1 || st=$?
-    echo "## test_recurrent_gpu: exit $st"
-    grep -E "FAIL|checks|GDP_DECODE_STATE=" "$out/recurrent_test.log" | head -30
-    for run in rows warps rows warps; do # alternated: both kernels see the same card state twice
-        echo "## GDP_DECODE_STATE=$run"
-        GDP_DECODE_STATE=$run timeout 60 "$build/examples/gdp-bench" ops --op decode 2>&1 | grep -E "^decode|rror"
-    done | tee "$out/decode.log"
-}
+stage_decode() { decode_stage "$build/tests/test_recurrent_gpu" "$build/examples/gdp-bench" "$out"; } # (ab_lib.sh)
 stage_decodeprof() {
     local sdt
     ncu_sass recurrent_rows_kernel recurrent "$build/examples/gdp-bench"

@@ -11,8 +11,7 @@
  * determinism; the decode kernels regs and head bitwise equal to smem on every random case,
  * rows (recurrent_rows.cuh, the default from 256 (request, head) pairs; its compiled-in
  * K = 128 bf16 shapes for M = 1, 2, 3 among the cases) within the same bar and deterministic,
- * and under rows the graph and the S-token checks below too; warps (recurrent_warps.cuh: a warp
- * owns 16 columns of every row and reduces over K in itself) likewise, golden files included; S tokens in one call == S one-token calls bitwise (o, every snapshot,
+ * and under rows the graph and the S-token checks below too; S tokens in one call == S one-token calls bitwise (o, every snapshot,
  * the final fp32 cache); the fused decode end (decode op + grouped gated RMSNorm in one
  * launch, src/decode_core.h) bitwise equal to the two ops, whether it fused asserted, graph
  * replays (the arrival counters reset between them); GDP_DECODE_END: fused fuses whatever
@@ -309,8 +308,7 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
     } kernels[] = {{"smem", "smem", NULL, true},    {"regs", "regs", NULL, false},  {"head", "head", NULL, false},
                    {"rows", "rows", "128", true},   {"rows", "rows", "128", false}, {"rows64", "rows", "64", true},
                    {"rows64", "rows", "64", false}, {"rows32", "rows", "32", true},  {"rows32", "rows", "32", false},
-                   {"rows16", "rows", "16", true},  {"rows16", "rows", "16", false}, {"warps", "warps", NULL, true},
-                   {"warps", "warps", NULL, false}};
+                   {"rows16", "rows", "16", true},  {"rows16", "rows", "16", false}};
     gdp_recurrent_args base = {0};
     for (int kk = 0; kk < (int)(sizeof kernels / sizeof kernels[0]); kk++) {
         char *saved = test_env_swap("GDP_DECODE_STATE", kernels[kk].state);
@@ -360,8 +358,8 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
     }
     dec_free(&base, false);
     printf("  %s\n", g_test_failures == before_failures
-                          ? "ok (a second run bitwise equal; regs, head = smem bitwise; rows, rows64, rows32, "
-                            "rows16 and warps within the bar, each twice the same bits)"
+                          ? "ok (a second run bitwise equal; regs, head = smem bitwise; rows, rows64, rows32 and "
+                            "rows16 within the bar, each twice the same bits)"
                           : "FAILED");
     dec_free(&again, false);
     dec_free(&got, false);
@@ -678,10 +676,9 @@ static void decode_tests(test_rng *r) {
                             "decode_m3_draft3.safetensors"};
     for (int i = 0; i < 3; i++)
         decode_golden(files[i]);
-    for (int kk = 0; kk < 2; kk++) {
-        const char *kernel = kk == 0 ? "rows" : "warps";
-        char *saved = test_env_swap("GDP_DECODE_STATE", kernel);
-        printf("GDP_DECODE_STATE=%s:\n", kernel);
+    {
+        char *saved = test_env_swap("GDP_DECODE_STATE", "rows");
+        printf("GDP_DECODE_STATE=rows:\n");
         for (int i = 0; i < 3; i++)
             decode_golden(files[i]);
         test_env_restore("GDP_DECODE_STATE", saved);
@@ -744,16 +741,6 @@ static void decode_tests(test_rng *r) {
         for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++)
             decode_tokens_vs_single(r, &multi[i]);
         test_env_restore("GDP_DECODE_ROWS_COLS", saved_cols);
-        test_env_restore("GDP_DECODE_STATE", saved);
-    }
-    /* The same two properties of the warp kernel (recurrent_warps.cuh; it holds these shapes). */
-    {
-        char *saved = test_env_swap("GDP_DECODE_STATE", "warps");
-        printf("GDP_DECODE_STATE=warps:\n");
-        decode_graph(r, &cases[0]);
-        decode_graph(r, &cases[12]);
-        for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++)
-            decode_tokens_vs_single(r, &multi[i]);
         test_env_restore("GDP_DECODE_STATE", saved);
     }
     /* The fused decode end under GDP_DECODE_END=fused (fuse whatever fits): the layer's
