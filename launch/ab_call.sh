@@ -6,7 +6,9 @@
 # choice); engine, the engine's GPU test (device and host swaps compared bit for bit); serve, the
 # mixed serving workload under each preemption setting; layer, the layer bench with cuBLASLt and with
 # the skinny GEMM; decode (not by default), main's test_recurrent_gpu and the decode rows (ab_lib.sh's
-# decode_stage: GDP_CALL_DECODE_KERNELS, the GDP_DECODE_STATE values to alternate). The A/B runs its prefill rows (which check their own results) before the trees'
+# decode_stage: GDP_CALL_DECODE_KERNELS, the GDP_DECODE_STATE values to alternate); fusedrace (not by
+# default), racecheck of the fused kernel's first GDP_CALL_FUSEDRACE_LAUNCHES launches (default 6) on every
+# tree, GDP_CALL_FUSEDRACE_TIMEOUT seconds each (default 100): kernels/chunk/pending/fused-named-empty.patch. The A/B runs its prefill rows (which check their own results) before the trees'
 # Hopper test paths, so a cut call still returns the timings. Without a pack, or if linking fails,
 # it builds the pending patches' trees there (launch/h200-suite.sh hopperab; the patches not marked
 # "Record:", ab_lib.sh's pending_is_record).
@@ -41,6 +43,20 @@ if [ $lrc -ne 0 ]; then
     exit
 fi
 stage_decode() { decode_stage "$P/main/bin/test_recurrent_gpu" "$P/main/bin/gdp-bench" "$OUT"; } # (ab_lib.sh)
+stage_fusedrace() { # racecheck of the fused kernel's first launches on every tree (fused-named-empty.patch)
+    local tree_dir tree st
+    for tree_dir in "$P"/*/; do
+        tree=$(basename "$tree_dir")
+        [ -x "$tree_dir/bin/test_chunk_gpu" ] || continue
+        st=0
+        GDP_TEST_CHUNK_PATH=fused timeout "${GDP_CALL_FUSEDRACE_TIMEOUT:-100}" /usr/local/cuda/bin/compute-sanitizer \
+            --tool racecheck --kernel-name kns=chunk_fused --launch-count "${GDP_CALL_FUSEDRACE_LAUNCHES:-6}" \
+            --error-exitcode 86 "$tree_dir/bin/test_chunk_gpu" >"$OUT/fusedrace_$tree.log" 2>&1 || st=$?
+        echo "## $tree: racecheck of the first ${GDP_CALL_FUSEDRACE_LAUNCHES:-6} fused launches: exit $st" \
+            "(0 clean, 86 hazards, 124 cut); $(grep -c "Race reported" "$OUT/fusedrace_$tree.log") reports"
+        grep -E "RACECHECK SUMMARY|checks," "$OUT/fusedrace_$tree.log" | tail -2
+    done
+}
 stage_engine() {
     timeout 150 mpirun -n 2 "$P/main/bin/test_engine_gpu_np2" --backend cuda >"$OUT/engine.log" 2>&1
     echo "test_engine_gpu_np2 rc=$?"
