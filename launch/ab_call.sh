@@ -8,8 +8,8 @@
 # the skinny GEMM; decode (not by default), main's test_recurrent_gpu and the decode rows (ab_lib.sh's
 # decode_stage: GDP_CALL_DECODE_KERNELS, the GDP_DECODE_STATE values to alternate); fusedrace (not by
 # default), racecheck of the fused kernel's first GDP_CALL_FUSEDRACE_LAUNCHES launches (default 6) on every
-# tree, GDP_CALL_FUSEDRACE_TIMEOUT seconds each (default 100): kernels/chunk/pending/fused-named-empty.patch. The A/B runs its prefill rows (which check their own results) before the trees'
-# Hopper test paths, so a cut call still returns the timings. Without a pack, or if linking fails,
+# tree, GDP_CALL_FUSEDRACE_TIMEOUT seconds each (default 100; the fused-* pending experiments). The A/B
+# runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut call still returns the timings. Without a pack, or if linking fails,
 # it builds the pending patches' trees there (launch/h200-suite.sh hopperab; the patches not marked
 # "Record:", ab_lib.sh's pending_is_record).
 #
@@ -43,7 +43,7 @@ if [ $lrc -ne 0 ]; then
     exit
 fi
 stage_decode() { decode_stage "$P/main/bin/test_recurrent_gpu" "$P/main/bin/gdp-bench" "$OUT"; } # (ab_lib.sh)
-stage_fusedrace() { # racecheck of the fused kernel's first launches on every tree (fused-named-empty.patch)
+stage_fusedrace() { # racecheck of the fused kernel's first launches on every tree (the fused-* experiments)
     local tree_dir tree st
     for tree_dir in "$P"/*/; do
         tree=$(basename "$tree_dir")
