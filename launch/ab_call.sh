@@ -9,8 +9,9 @@
 # decode_stage: GDP_CALL_DECODE_KERNELS, the GDP_DECODE_STATE values to alternate); fusedrace (not by
 # default), racecheck of the fused kernel's first GDP_CALL_FUSEDRACE_LAUNCHES launches (default 6) on every
 # tree, GDP_CALL_FUSEDRACE_TIMEOUT seconds each (default 100; the fused-* pending experiments). The A/B
-# runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut call still returns the timings. Without a pack, or if linking fails,
-# it builds the pending patches' trees there (launch/h200-suite.sh hopperab; the patches not marked
+# runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
+# call still returns the timings. Without a pack, or if linking fails, it builds the pending patches'
+# trees there (launch/h200-suite.sh hopperab; the patches not marked
 # "Record:", ab_lib.sh's pending_is_record).
 #
 # Environment: GDP_CALL_STAGES (default "ab engine serve layer"): the stages, in order;
