@@ -30,7 +30,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | t
 SECONDS=0
 save_logs() { tar -czf "$final/logs.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"; echo "[$1 at ${SECONDS}s]" | tee -a "$OUT/times.txt"; }
 P=/tmp/ab_call_pack/pack
-. launch/ab_lib.sh # decode_stage, pending_is_record
+. launch/ab_lib.sh # decode_stage, chunk_sanitize, pending_is_record
 mkdir -p /tmp/ab_call_pack && tar -xJf "${GDP_CALL_PACK:-.pre/pack.tar.xz}" -C /tmp/ab_call_pack &&
     launch/prebuilt.sh link "$P" >"$OUT/link.log" 2>&1
 lrc=$?
@@ -45,17 +45,14 @@ if [ $lrc -ne 0 ]; then
 fi
 stage_decode() { decode_stage "$P/main/bin/test_recurrent_gpu" "$P/main/bin/gdp-bench" "$OUT"; } # (ab_lib.sh)
 stage_fusedrace() { # racecheck of the fused kernel's first launches on every tree (the fused-* experiments)
-    local tree_dir tree st
+    local tree_dir tree
     for tree_dir in "$P"/*/; do
         tree=$(basename "$tree_dir")
         [ -x "$tree_dir/bin/test_chunk_gpu" ] || continue
-        st=0
-        GDP_TEST_CHUNK_PATH=fused timeout "${GDP_CALL_FUSEDRACE_TIMEOUT:-100}" /usr/local/cuda/bin/compute-sanitizer \
-            --tool racecheck --kernel-name kns=chunk_fused --launch-count "${GDP_CALL_FUSEDRACE_LAUNCHES:-6}" \
-            --error-exitcode 86 "$tree_dir/bin/test_chunk_gpu" >"$OUT/fusedrace_$tree.log" 2>&1 || st=$?
-        echo "## $tree: racecheck of the first ${GDP_CALL_FUSEDRACE_LAUNCHES:-6} fused launches: exit $st" \
-            "(0 clean, 86 hazards, 124 cut); $(grep -c "Race reported" "$OUT/fusedrace_$tree.log") reports"
-        grep -E "RACECHECK SUMMARY|checks," "$OUT/fusedrace_$tree.log" | tail -2
+        echo "## tree $tree"
+        PATH=$PATH:/usr/local/cuda/bin chunk_sanitize racecheck fused "$tree_dir/bin/test_chunk_gpu" \
+            "$OUT/fusedrace_$tree.log" "${GDP_CALL_FUSEDRACE_TIMEOUT:-100}" --kernel-name kns=chunk_fused \
+            --launch-count "${GDP_CALL_FUSEDRACE_LAUNCHES:-6}" # (ab_lib.sh)
     done
 }
 stage_engine() {

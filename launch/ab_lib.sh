@@ -73,3 +73,17 @@ decode_stage() {
         GDP_DECODE_STATE=$kernel timeout 60 "$bench_bin" ops --op decode 2>&1 | grep -E "^decode|rror"
     done | tee "$logs/decode.log"
 }
+
+# chunk_sanitize TOOL PATH TEST_BIN LOG SECONDS [OPTION...]: compute-sanitizer --tool TOOL (with the
+# OPTIONs) over TEST_BIN (test_chunk_gpu) with GDP_TEST_CHUNK_PATH=PATH into LOG, cut after SECONDS; then
+# its exit status (0 clean, 86 reports, 124 cut) and its summary lines (launch/bin_call.sh stage sanitize,
+# launch/ab_call.sh stage fusedrace).
+chunk_sanitize() {
+    local tool=$1 path=$2 test_bin=$3 log=$4 seconds=$5 st=0
+    shift 5
+    GDP_TEST_CHUNK_PATH=$path timeout "$seconds" compute-sanitizer --tool "$tool" "$@" --error-exitcode 86 \
+        "$test_bin" >"$log" 2>&1 || st=$?
+    echo "## compute-sanitizer --tool $tool ${*:+$* }$(basename "$test_bin") ($path): exit $st (0 clean, 86 reports," \
+        "124 cut); $(grep -c "Race reported" "$log") race reports"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|checks," "$log" | tail -3
+}

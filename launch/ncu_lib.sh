@@ -1,8 +1,8 @@
 # ncu_lib.sh: one kernel launch's ncu card by source line, sourced by launch/h200-suite.sh (stagesprof,
 # decodeprof, hopperprof) and launch/bin_call.sh (decodeprof). Functions only; they read $root (the
 # repository), $build (its build folder, relative), $work (a scratch folder) and $out (the logs).
-# The source-line card of one kernel launch: the cubin holding `kernel`
-# out of libgdp.so (or another binary that embeds it), its SASS with line marks (nvdisasm -g) into $work/<sass>.sass once, then
+# The source-line card of one kernel launch: the cubin holding `kernel` out of libgdp.so (or another
+# binary that embeds it), its SASS with line marks (nvdisasm -g) into $work/<sass>.sass once, then
 #   ncu_card NAME REGEX SKIP MANGLED SASS COMMAND...
 # runs COMMAND under ncu --set full with the source counters for launch SKIP + 1 of the kernels
 # matching REGEX, writes the details page to $out/NAME_details.txt and prints the hottest lines
