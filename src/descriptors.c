@@ -118,9 +118,9 @@ gdp_status_t gdp_build_chunk_descriptors(const int32_t *cu_seqlens, int32_t pref
  * x H x N blocks; a few long sequences (1 x 16384 with H = 16, V = 128: 32 blocks of 64 columns) leave
  * most of the device idle. The columns of the state evolve independently (state.cuh), so narrower
  * blocks give more, lighter blocks with bitwise the same results: each still walks the whole chain,
- * but a step does 64 / VB times less tensor-core work. The widest block whose grid still fills three quarters of the
- * SMs is chosen (fewest re-reads of w and K); when even 16 columns do not, 16. Measured on the H200
- * (kernels/NOTES-chunk.md): 8 x 2048 (256 blocks at 64) 64 best, 1.00 ms vs 1.12 (32) and 1.36 (16);
+ * but a step does 64 / VB times less tensor-core work. The widest block whose grid still fills three
+ * quarters of the SMs is chosen (fewest re-reads of w and K); when even 16 columns do not, 16.
+ * Measured on the H200 (kernels/NOTES-chunk.md): 8 x 2048 (256 blocks at 64) 64 best, 1.00 ms vs 1.12 (32) and 1.36 (16);
  * 1 x 16384 (32 blocks at 64) 16 best, 1.49 ms vs 1.72 and 1.98; H 32 V 64 4 x 2048 (128 blocks at 64,
  * 97 % of the SMs) 64 best, 1.07 ms vs 1.12 (32): a nearly full grid of wide blocks beats a fuller one. */
 int gdp_chunk_state_vb(int vp, int64_t heads, int64_t seqs, int sms) {

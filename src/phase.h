@@ -61,6 +61,12 @@ enum {
     GDP_CHUNK_MARK_SPLIT_CORRECT = 9, /* its correction (or second pass) ended           */
 };
 void gdp_phase_stage_mark_stream(void *stream, int mark);
+/* The chunk kernels' mark after each stage (kernels/chunk/stages.cuh, hopper.cu): the profile's
+ * stage times (gdp/profile.h; no cost unless a profile records on this stream).
+ * kernels/dev/chunk_stages.cu defines it before this header to record its own events. */
+#ifndef GDP_CHUNK_STAGE_MARK
+#define GDP_CHUNK_STAGE_MARK(mark, stream) gdp_phase_stage_mark_stream((void *)(stream), (mark))
+#endif
 /* After the recorded work finished: seconds per chunk stage added to sums[GDP_CHUNK_STAGE_NUM]
  * (gdp/profile.h). */
 gdp_status_t gdp_phase_stage_sum(gdp_ctx_t ctx, const gdp_phase_list *stages, double *sums);

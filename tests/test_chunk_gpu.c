@@ -1269,9 +1269,9 @@ int main(void) {
     for (int pi = 0; pi < 4; pi++) {
         if (only != NULL && *only != '\0' && strcmp(only, paths[pi] != NULL ? paths[pi] : "auto") != 0)
             continue;
-        set_chunk_path(paths[pi]);
         if (segments_only && (paths[pi] == NULL || strcmp(paths[pi], "hopper") != 0))
             continue;
+        set_chunk_path(paths[pi]);
         printf("== GDP_CHUNK_PATH=%s\n", paths[pi] != NULL ? paths[pi] : "(unset: auto)");
         const long long hopper_before = gdp_cuda_chunk_hopper_calls();
         if (!segments_only) {

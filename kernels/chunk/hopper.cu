@@ -13,15 +13,8 @@
 #include "hopper.h"
 #include "hopper_split.cuh"
 #include "tensor_map.h"
-#include "src/phase.h" /* GDP_CHUNK_MARK_SPLIT_*: the profile's split stages */
+#include "src/phase.h" /* GDP_CHUNK_STAGE_MARK: the split's launches end its three profile stages */
 #include "src/workspace.h"
-
-/* The profile's stage marks (src/phase.h; free unless a profile records on this stream): the split's
- * launches end the split-runs, split-fixup and split-correct stages. kernels/dev/chunk_stages.cu
- * defines it to record its own events. */
-#ifndef GDP_CHUNK_STAGE_MARK
-#define GDP_CHUNK_STAGE_MARK(mark, stream) gdp_phase_stage_mark_stream((void *)(stream), (mark))
-#endif
 
 namespace {
 

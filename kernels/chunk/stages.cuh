@@ -20,14 +20,7 @@
 #include "wy.cuh"
 
 #include "src/internal.h" /* gdp_chunk_state_vb: the sweep's column block, shared with the auto choice */
-#include "src/phase.h" /* GDP_CHUNK_MARK_*, the profile's stage marks */
-
-/* A mark after each stage (ids GDP_CHUNK_MARK_*): the profile's stage times (gdp/profile.h; no
- * cost unless a profile is recording on this stream). kernels/dev/chunk_stages.cu defines it to
- * record its own events. */
-#ifndef GDP_CHUNK_STAGE_MARK
-#define GDP_CHUNK_STAGE_MARK(mark, stream) gdp_phase_stage_mark_stream((void *)(stream), (mark))
-#endif
+#include "src/phase.h" /* GDP_CHUNK_MARK_* and GDP_CHUNK_STAGE_MARK, the profile's stage marks */
 
 namespace {
 

@@ -31,6 +31,9 @@
 #include <string>
 #include <vector>
 
+/* the chunk kernels' stage marks record this lab's events (lab_stage_mark below), not the profile's:
+ * defined before src/phase.h, whose default it replaces */
+#define GDP_CHUNK_STAGE_MARK(mark, stream) lab_stage_mark((mark), (stream))
 #include "src/phase.h" /* GDP_CHUNK_MARK_* */
 
 static cudaEvent_t g_stage_events[GDP_CHUNK_MARK_END + 1];
@@ -45,7 +48,6 @@ static void lab_stage_mark(int mark, cudaStream_t stream) {
     else
         cudaEventRecord(g_stage_events[mark], stream);
 }
-#define GDP_CHUNK_STAGE_MARK(mark, stream) lab_stage_mark((mark), (stream))
 /* --fused-phases: thread 0 (aux) and thread 128 (state) of block (0, 0, 0) of the fused kernel
  * add up the clock64 cycles of each phase (fused.cuh's marks) */
 __device__ unsigned long long g_fused_cycles[2][8];
