@@ -90,7 +90,7 @@ gdp_status_t gdp_comm_agree_mpi(struct gdp_comm *c, gdp_status_t local_status) {
         free(b);
         return gdp_mpi_fail(err, "MPI_Iallreduce(agree)", __FILE__, __LINE__);
     }
-    gdp_status_t st = gdp_watch_wait(c, &req, "gdp_comm_agree");
+    gdp_status_t st = gdp_watch_wait(c, &req, 0, "gdp_comm_agree");
     if (st != GDP_STATUS_SUCCESS)
         return st; /* b stays MPI's */
     if (b->verdict[0] == 1) {
@@ -108,7 +108,7 @@ gdp_status_t gdp_comm_agree_mpi(struct gdp_comm *c, gdp_status_t local_status) {
         free(b);
         return gdp_mpi_fail(err, "MPI_Ibcast(agree report)", __FILE__, __LINE__);
     }
-    st = gdp_watch_wait(c, &req, "gdp_comm_agree (the failure report)");
+    st = gdp_watch_wait(c, &req, 0, "gdp_comm_agree (the failure report)");
     if (st != GDP_STATUS_SUCCESS)
         return st;
     if (local_status != GDP_STATUS_SUCCESS) {
@@ -403,7 +403,7 @@ gdp_status_t gdp_comm_host_bcast(gdp_comm_t comm, void *buf, size_t bytes, int32
                  bytes, INT_MAX);
     MPI_Request req = MPI_REQUEST_NULL;
     GDP_MPI_CHECK(MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, comm->mpi, &req));
-    return gdp_watch_wait(comm, &req, fn);
+    return gdp_watch_wait(comm, &req, bytes, fn);
 }
 
 /* 64-bit FNV-1a over the bytes, then the length, so equal prefixes of different lengths differ. */
@@ -436,7 +436,7 @@ gdp_status_t gdp_comm_check_consistent(gdp_comm_t comm, const void *host_buf, si
         free(mm);
         return gdp_mpi_fail(ierr, "MPI_Iallreduce(hashes)", __FILE__, __LINE__);
     }
-    GDP_CHECK(gdp_watch_wait(comm, &req, fn));
+    GDP_CHECK(gdp_watch_wait(comm, &req, 0, fn));
     const uint64_t lo = mm[2], hi = ~mm[3];
     free(mm);
     if (bad_local)
@@ -452,7 +452,7 @@ gdp_status_t gdp_comm_check_consistent(gdp_comm_t comm, const void *host_buf, si
     int err = MPI_Iallgather(&gather[all ? comm->size : 0], 1, MPI_UINT64_T, all ? (void *)all : (void *)&lone[1],
                              all ? 1 : 0, MPI_UINT64_T, comm->mpi, &req);
     if (err == MPI_SUCCESS) {
-        gdp_status_t wst = gdp_watch_wait(comm, &req, fn);
+        gdp_status_t wst = gdp_watch_wait(comm, &req, 0, fn);
         if (wst != GDP_STATUS_SUCCESS)
             return wst; /* its message; `all` stays MPI's */
     }

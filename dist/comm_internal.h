@@ -88,10 +88,12 @@ gdp_status_t gdp_comm_agree_mpi(struct gdp_comm *comm, gdp_status_t local_status
 
 /* ---- the watchdog (watchdog.c; comm.h documents the behaviour) ---- */
 /* Waits for a nonblocking MPI operation `req` on `comm` (its MPI communicator) under the
- * step timeout: polls, sleeps instead of spinning once the wait is long, answers other
- * ranks' probes, and past the timeout finds the stalled rank, records the message, marks
- * the watchdog fired and returns GDP_STATUS_REMOTE_ERROR. `what` names the call. */
-gdp_status_t gdp_watch_wait(struct gdp_comm *comm, MPI_Request *req, const char *what);
+ * step timeout: polls, sleeps instead of spinning once the wait is long (later the more
+ * `bytes` the operation moves for this rank, as MPI moves them only inside our calls),
+ * answers other ranks' probes, and past the timeout finds the stalled rank, records the
+ * message, marks the watchdog fired and returns GDP_STATUS_REMOTE_ERROR. `what` names the
+ * call. */
+gdp_status_t gdp_watch_wait(struct gdp_comm *comm, MPI_Request *req, size_t bytes, const char *what);
 /* Fails (REMOTE_ERROR, the first firing's message) once the watchdog has fired: no comm
  * call starts new communication after that. */
 gdp_status_t gdp_watch_check(const char *fn);

@@ -1,8 +1,10 @@
 /*
  * comm_mpi.c: the MPI implementation of the comm interface: host-staged collectives for
  * the CPU backend and for GPUs shared by several ranks (which NCCL refuses).
- *   - Host buffers go to MPI directly; device buffers are copied to host staging
- *     buffers on the caller's stream, reduced there and copied back (synchronous).
+ *   - Host buffers go to MPI directly; device buffers are copied to page-locked host
+ *     staging buffers on the caller's stream, reduced there and copied back (synchronous).
+ *   - A collective of 256 KB or more per rank starts once every rank has arrived
+ *     (await_peers): MPI moves its fragments only while both sides poll.
  *   - Sums of bf16/fp16 are converted to fp32, summed by MPI in fp32 and rounded once
  *     (to nearest even), so every rank gets the same bits and no precision is lost
  *     to per-step 16-bit rounding.
@@ -19,6 +21,8 @@
 typedef struct mpi_context {
     void  *stage[2];        /* host staging buffers (device buffers, in-place reduce-scatter) */
     size_t stage_bytes[2];
+    bool   pin_staging;     /* device buffers: staging in page-locked memory, copies at full link speed */
+    bool   stage_pinned[2]; /* this staging buffer is page-locked (cudaFreeHost frees it)              */
     float *sum;             /* fp32 accumulation buffer for bf16/fp16 sums                   */
     size_t sum_count;
 } mpi_context;
@@ -34,7 +38,42 @@ static gdp_status_t grow(void **buf, size_t *have, size_t need, const char *what
     return GDP_STATUS_SUCCESS;
 }
 
+static void stage_free(mpi_context *ctx, int i) {
+#ifdef GDP_HAVE_CUDA
+    if (ctx->stage_pinned[i])
+        (void)cudaFreeHost(ctx->stage[i]);
+    else
+#endif
+        free(ctx->stage[i]);
+    ctx->stage[i] = NULL;
+    ctx->stage_bytes[i] = 0;
+    ctx->stage_pinned[i] = false;
+}
+
+/* Staging buffer i of at least `bytes`. Pinned staging grows to the next power of two, so the
+ * steps' varying sizes reallocate it (a synchronizing cudaFreeHost) a few times, not every
+ * step; where page-locked memory runs out it falls back to pageable memory (slower copies,
+ * same results) rather than fail one rank inside a collective its peers have entered. */
 static gdp_status_t stage(mpi_context *ctx, int i, size_t bytes, void **out) {
+#ifdef GDP_HAVE_CUDA
+    if (ctx->pin_staging && bytes > ctx->stage_bytes[i]) {
+        size_t want = 4096;
+        while (want < bytes)
+            want *= 2;
+        stage_free(ctx, i);
+        /* portable: the lazily made buffer serves whatever context the comm's ranks use */
+        if (cudaHostAlloc(&ctx->stage[i], want, cudaHostAllocPortable) == cudaSuccess) {
+            ctx->stage_bytes[i] = want;
+            ctx->stage_pinned[i] = true;
+        } else {
+            (void)cudaGetLastError(); /* the failed allocation leaves no sticky error; clear the last one */
+            ctx->stage[i] = NULL;
+            ctx->pin_staging = false;
+        }
+    }
+    if (ctx->stage_pinned[i] && bytes > ctx->stage_bytes[i])
+        stage_free(ctx, i); /* pinned before the fallback: realloc must not see it */
+#endif
     GDP_CHECK(grow(&ctx->stage[i], &ctx->stage_bytes[i], bytes ? bytes : 1, "a host staging buffer"));
     *out = ctx->stage[i];
     return GDP_STATUS_SUCCESS;
@@ -81,12 +120,33 @@ static void from_f32(void *dst, const float *src, size_t n, gdp_dtype_t dtype) {
             h[i] = gdp_float_to_fp16(src[i]);
 }
 
-/* Starts a nonblocking collective (the expression, which sets `req`) and waits for it. */
-#define MPI_WAIT(comm, call, what)                                                          \
+/* A collective moving at least this many bytes for a rank starts only once every rank has
+ * arrived (await_peers). */
+enum { k_await_peers_bytes = 256 << 10 };
+
+/* Open MPI moves a large message fragment by fragment, and only inside MPI calls on both
+ * sides. A rank that arrived early has gone to sleeping between its polls (watchdog.c), so
+ * a late peer's fragments would wait out those sleeps: a 16 MB allreduce of two ranks took
+ * 35 ms instead of 3.6 ms when one rank came 50 ms late. So a large collective first waits,
+ * free to sleep, for every rank at a barrier, and then moves its data with every rank
+ * polling. The barrier costs one small message round (microseconds). */
+static gdp_status_t await_peers(gdp_comm_t comm, size_t bytes, const char *what) {
+    if (bytes < k_await_peers_bytes || comm->size == 1)
+        return GDP_STATUS_SUCCESS;
+    MPI_Request req = MPI_REQUEST_NULL;
+    GDP_MPI_CHECK(MPI_Ibarrier(comm->mpi, &req));
+    return gdp_watch_wait(comm, &req, 0, what);
+}
+
+/* Starts a nonblocking collective (the expression, which sets `req`) once every rank is
+ * there (await_peers) and waits for it; `bytes`, the larger of what this rank sends and
+ * receives (equal on every rank), tells both waits how long data may still be moving. */
+#define MPI_WAIT(comm, call, bytes, what)                                                   \
     do {                                                                                    \
         MPI_Request req = MPI_REQUEST_NULL;                                                 \
+        GDP_CHECK(await_peers((comm), (bytes), (what)));                                    \
         GDP_MPI_CHECK(call);                                                                \
-        GDP_CHECK(gdp_watch_wait((comm), &req, (what)));                                    \
+        GDP_CHECK(gdp_watch_wait((comm), &req, (bytes), (what)));                           \
     } while (0)
 
 static bool is_half(gdp_dtype_t dtype) { return dtype == GDP_DTYPE_BF16 || dtype == GDP_DTYPE_FP16; }
@@ -100,12 +160,12 @@ static gdp_status_t host_allreduce(gdp_comm_t comm, const void *send, void *recv
         GDP_CHECK(sum_buffer(ctx, count, &acc));
         to_f32(acc, send, count, dtype);
         MPI_WAIT(comm, MPI_Iallreduce(MPI_IN_PLACE, acc, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi, &req),
-                 "gdp_comm_allreduce");
+                 count * sizeof(float), "gdp_comm_allreduce");
         from_f32(recv, acc, count, dtype);
         return GDP_STATUS_SUCCESS;
     }
     MPI_WAIT(comm, MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, sum_type(dtype), MPI_SUM,
-                                  comm->mpi, &req), "gdp_comm_allreduce");
+                                  comm->mpi, &req), count * gdp_dtype_size(dtype), "gdp_comm_allreduce");
     return GDP_STATUS_SUCCESS;
 }
 
@@ -113,7 +173,8 @@ static gdp_status_t host_allgather(gdp_comm_t comm, const void *send, void *recv
     size_t bytes = count * gdp_dtype_size(dtype);
     bool in_place = send == (const char *)recv + (size_t)comm->rank * bytes;
     MPI_WAIT(comm, MPI_Iallgather(in_place ? MPI_IN_PLACE : send, in_place ? 0 : (int)bytes, MPI_BYTE, recv,
-                                  (int)bytes, MPI_BYTE, comm->mpi, &req), "gdp_comm_allgather");
+                                  (int)bytes, MPI_BYTE, comm->mpi, &req), bytes * (size_t)comm->size,
+             "gdp_comm_allgather");
     return GDP_STATUS_SUCCESS;
 }
 
@@ -127,7 +188,7 @@ static gdp_status_t host_reduce_scatter(gdp_comm_t comm, const void *send, void 
         GDP_CHECK(sum_buffer(ctx, total, &acc));
         to_f32(acc, send, total, dtype);
         MPI_WAIT(comm, MPI_Ireduce_scatter_block(MPI_IN_PLACE, acc, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi, &req),
-                 "gdp_comm_reduce_scatter");
+                 total * sizeof(float), "gdp_comm_reduce_scatter");
         from_f32(recv, acc, count, dtype);
         return GDP_STATUS_SUCCESS;
     }
@@ -139,24 +200,25 @@ static gdp_status_t host_reduce_scatter(gdp_comm_t comm, const void *send, void 
         void *tmp;
         GDP_CHECK(stage(ctx, 1, bytes, &tmp));
         MPI_WAIT(comm, MPI_Ireduce_scatter_block(send, tmp, (int)count, sum_type(dtype), MPI_SUM, comm->mpi, &req),
-                 "gdp_comm_reduce_scatter");
+                 total * es, "gdp_comm_reduce_scatter");
         memcpy(recv, tmp, bytes);
         return GDP_STATUS_SUCCESS;
     }
     MPI_WAIT(comm, MPI_Ireduce_scatter_block(send, recv, (int)count, sum_type(dtype), MPI_SUM, comm->mpi, &req),
-             "gdp_comm_reduce_scatter");
+             total * es, "gdp_comm_reduce_scatter");
     return GDP_STATUS_SUCCESS;
 }
 
 static gdp_status_t host_alltoall(gdp_comm_t comm, const void *send, void *recv, size_t count, gdp_dtype_t dtype) {
     int bytes = (int)(count * gdp_dtype_size(dtype));
-    MPI_WAIT(comm, MPI_Ialltoall(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, comm->mpi, &req), "gdp_comm_alltoall");
+    MPI_WAIT(comm, MPI_Ialltoall(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, comm->mpi, &req),
+             (size_t)bytes * (size_t)comm->size, "gdp_comm_alltoall");
     return GDP_STATUS_SUCCESS;
 }
 
 static gdp_status_t host_bcast(gdp_comm_t comm, void *buf, size_t count, gdp_dtype_t dtype, int32_t root) {
     MPI_WAIT(comm, MPI_Ibcast(buf, (int)(count * gdp_dtype_size(dtype)), MPI_BYTE, root, comm->mpi, &req),
-             "gdp_comm_bcast");
+             count * gdp_dtype_size(dtype), "gdp_comm_bcast");
     return GDP_STATUS_SUCCESS;
 }
 
@@ -268,7 +330,7 @@ static gdp_status_t mpi_barrier(gdp_comm_t comm, void *stream) {
     if (on_device(comm))
         GDP_CHECK(gdp_watch_stream(comm, stream, "gdp_comm_barrier (the stream's work)"));
 #endif
-    MPI_WAIT(comm, MPI_Ibarrier(comm->mpi, &req), "gdp_comm_barrier");
+    MPI_WAIT(comm, MPI_Ibarrier(comm->mpi, &req), 0, "gdp_comm_barrier");
     return GDP_STATUS_SUCCESS;
 }
 
@@ -282,8 +344,8 @@ static void mpi_free(gdp_comm_t comm) {
     mpi_context *ctx = comm->context;
     if (ctx == NULL)
         return;
-    free(ctx->stage[0]);
-    free(ctx->stage[1]);
+    stage_free(ctx, 0);
+    stage_free(ctx, 1);
     free(ctx->sum);
     free(ctx);
     comm->context = NULL;
@@ -297,6 +359,9 @@ gdp_status_t gdp_comm_mpi_open(struct gdp_comm *comm) {
         return st;
     }
     comm->context = ctx;
+#ifdef GDP_HAVE_CUDA
+    ctx->pin_staging = on_device(comm);
+#endif
     comm->iface = (struct gdp_comm_i){
         .allreduce = mpi_allreduce,
         .allgather = mpi_allgather,

@@ -98,7 +98,7 @@ static gdp_status_t nccl_barrier(gdp_comm_t comm, void *stream) {
     GDP_CHECK(gdp_watch_stream(comm, stream, "gdp_comm_barrier (the stream's NCCL work)"));
     MPI_Request req = MPI_REQUEST_NULL;
     GDP_MPI_CHECK(MPI_Ibarrier(comm->mpi, &req));
-    return gdp_watch_wait(comm, &req, "gdp_comm_barrier");
+    return gdp_watch_wait(comm, &req, 0, "gdp_comm_barrier");
 }
 
 static gdp_status_t nccl_abort(gdp_comm_t comm) {

@@ -6,6 +6,11 @@
  *     oversubscribed ranks let their peers run) up to 2 ms, then sleeps in steps growing
  *     from 20 us to 1 ms: a rank waiting for a stalled peer uses next to no CPU, and a
  *     short wait costs a few MPI_Test calls more than a blocking call;
+ *   - an MPI wait moves its data only inside MPI calls (Open MPI progresses a large message
+ *     fragment by fragment, 32 KB each over shared memory without a single-copy mechanism),
+ *     so it yields instead of sleeping for as long as its bytes could still be moving at
+ *     1 GB/s, and its sleeps never exceed 100 us: with 1 ms sleeps an 8 MB allreduce of two
+ *     ranks took 88-99 ms instead of 2.3 ms (85 MB/s; NOTES-ops, thirty-first session);
  *   - every 20 ms of a long wait it answers the probes other ranks sent it;
  *   - past the step timeout it probes every rank of the comm (a small message on a
  *     private duplicate of the communicator, answered by any rank inside a gdp wait or
@@ -31,6 +36,9 @@ static const double busy_s = 50e-6;    /* pure polling: a short wait costs no sy
 static const double spin_s = 2e-3;     /* polling with sched_yield before the first sleep */
 static const double first_nap_s = 20e-6, max_nap_s = 1e-3;
 static const double service_s = 0.02;  /* answer probes this often while waiting */
+static const double mpi_drive_Bps = 1e9;  /* an MPI wait yields (no sleep) while its bytes could move at this rate */
+static const double mpi_drive_max_s = 1.0;
+static const double mpi_max_nap_s = 100e-6; /* an MPI wait's longest sleep: its peers' data waits for our calls */
 
 static struct {
     double           timeout_s; /* < 0: not read yet (GDP_WATCHDOG_TIMEOUT, else the default) */
@@ -386,7 +394,9 @@ static void compose(struct gdp_comm *c, const char *what, double waited, verdict
     }
 }
 
-static gdp_status_t bounded_wait(struct gdp_comm *c, poll_fn poll, void *arg, int kind, const char *what) {
+/* Polls until done: busy for busy_s, yielding until yield_s, then sleeping up to max_nap between polls. */
+static gdp_status_t bounded_wait(struct gdp_comm *c, poll_fn poll, void *arg, int kind, const char *what,
+                                 double yield_s, double max_nap) {
     GDP_CHECK(gdp_watch_config());
     const int saved_kind = g.kind;
     const char *saved_what = g.what;
@@ -407,10 +417,10 @@ static gdp_status_t bounded_wait(struct gdp_comm *c, poll_fn poll, void *arg, in
         const double t = now_s();
         if (t - t0 < busy_s) {
             /* poll again at once */
-        } else if (t - t0 < spin_s) {
+        } else if (t - t0 < yield_s) {
             sched_yield();
         } else {
-            nap_s = nap_s == 0 ? first_nap_s : nap_s * 2 > max_nap_s ? max_nap_s : nap_s * 2;
+            nap_s = nap_s == 0 ? first_nap_s : nap_s * 2 > max_nap ? max_nap : nap_s * 2;
             nap(nap_s);
         }
         if (t >= next_service) {
@@ -449,7 +459,7 @@ static gdp_status_t bounded_wait(struct gdp_comm *c, poll_fn poll, void *arg, in
     return st;
 }
 
-gdp_status_t gdp_watch_wait(struct gdp_comm *c, MPI_Request *req, const char *what) {
+gdp_status_t gdp_watch_wait(struct gdp_comm *c, MPI_Request *req, size_t bytes, const char *what) {
     c->ops++; /* every rank counts the same waits, so the number names one operation */
     int done = 0;
     int err = MPI_Test(req, &done, MPI_STATUS_IGNORE);
@@ -458,7 +468,9 @@ gdp_status_t gdp_watch_wait(struct gdp_comm *c, MPI_Request *req, const char *wh
     if (done)
         return GDP_STATUS_SUCCESS;
     mpi_poll p = {.req = req, .what = what};
-    return bounded_wait(c, poll_mpi, &p, IN_WAIT, what);
+    const double drive_s = spin_s + (double)bytes / mpi_drive_Bps;
+    return bounded_wait(c, poll_mpi, &p, IN_WAIT, what, drive_s < mpi_drive_max_s ? drive_s : mpi_drive_max_s,
+                        mpi_max_nap_s);
 }
 
 #ifdef GDP_HAVE_CUDA
@@ -490,7 +502,7 @@ static gdp_status_t watch_device(struct gdp_comm *c, void *stream, void *event, 
     const int done = poll(arg);
     if (done != 0)
         return done > 0 ? GDP_STATUS_SUCCESS : GDP_STATUS_CUDA_ERROR;
-    gdp_status_t st = bounded_wait(c, poll, arg, IN_STREAM, what);
+    gdp_status_t st = bounded_wait(c, poll, arg, IN_STREAM, what, spin_s, max_nap_s); /* the GPU needs no calls */
     if (st == GDP_STATUS_MPI_ERROR)
         st = GDP_STATUS_CUDA_ERROR; /* the poll that failed was cudaStreamQuery */
     if (st == GDP_STATUS_REMOTE_ERROR && !c->aborted) {

@@ -7,11 +7,13 @@
  * of them inexact in bf16/fp16, and the MPI backend sums 16-bit data in fp32 and rounds
  * once, so the expected result is the exact sum rounded once to the dtype and the
  * comparison is bitwise (this also checks the rounding). Also: the TP input/output helpers in both modes, status agreement,
- * consistency hashes, and bad arguments. Wrong-element counts are summed over ranks
+ * consistency hashes, and bad arguments. At the largest count the last rank arrives late
+ * at every collective (the backend's wait for every rank before a large transfer). Wrong-element counts are summed over ranks
  * with MPI_Allreduce so every rank exits the same way.
  */
 #include <mpi.h>
 #include <string.h>
+#include <unistd.h> /* usleep */
 
 #include "gdp/comm.h"
 #include "internal.h" /* defines: gdp_store_elem, gdp_set_error */
@@ -65,6 +67,14 @@ static void report(const char *op, gdp_dtype_t dt, size_t count, int in_place, i
           in_place ? "in" : "out", (long long)total, g_size);
 }
 
+/* The last rank arriving 20 ms after the others at a collective of `late_count` elements or
+ * more: past 256 KB the MPI backend first waits for every rank (await_peers, comm_mpi.c). */
+static const size_t late_count = 70000;
+static void arrive(size_t count) {
+    if (count >= late_count && g_rank == g_size - 1)
+        usleep(20000);
+}
+
 static void test_collectives(gdp_comm_t comm, gdp_dtype_t dt, size_t count, int rep) {
     const size_t es = gdp_dtype_size(dt), P = (size_t)g_size;
     char *send = calloc(count * P + 1, es), *recv = calloc(count * P + 1, es), *want = calloc(count * P + 1, es);
@@ -74,6 +84,7 @@ static void test_collectives(gdp_comm_t comm, gdp_dtype_t dt, size_t count, int 
         fill(send, dt, rep, g_rank, count, 0);
         expected_sum(want, dt, rep, count, 0);
         memset(recv, 0xff, count * es);
+        arrive(count);
         CHECK_OK(gdp_comm_allreduce(comm, send, in_place ? send : recv, count, dt, NULL));
         report("allreduce", dt, count, in_place, count_wrong(in_place ? send : recv, want, dt, count));
     }
@@ -84,6 +95,7 @@ static void test_collectives(gdp_comm_t comm, gdp_dtype_t dt, size_t count, int 
         fill(src, dt, rep, g_rank, count, 0);
         for (int r = 0; r < g_size; r++)
             fill(want + (size_t)r * count * es, dt, rep, r, count, 0);
+        arrive(count);
         CHECK_OK(gdp_comm_allgather(comm, src, recv, count, dt, NULL));
         report("allgather", dt, count, in_place, count_wrong(recv, want, dt, count * P));
     }
@@ -94,6 +106,7 @@ static void test_collectives(gdp_comm_t comm, gdp_dtype_t dt, size_t count, int 
         char *dst = in_place ? send + (size_t)g_rank * count * es : recv;
         if (!in_place)
             memset(recv, 0xff, count * es);
+        arrive(count);
         CHECK_OK(gdp_comm_reduce_scatter(comm, send, dst, count, dt, NULL));
         report("reduce_scatter", dt, count, in_place, count_wrong(dst, want, dt, count));
     }
@@ -103,6 +116,7 @@ static void test_collectives(gdp_comm_t comm, gdp_dtype_t dt, size_t count, int 
     memset(recv, 0xff, count * P * es);
     for (int r = 0; r < g_size; r++)
         fill(want + (size_t)r * count * es, dt, rep, r, count, (size_t)g_rank * count);
+    arrive(count);
     CHECK_OK(gdp_comm_alltoall(comm, send, recv, count, dt, NULL));
     report("alltoall", dt, count, 0, count_wrong(recv, want, dt, count * P));
     /* bcast from every root */
@@ -113,6 +127,7 @@ static void test_collectives(gdp_comm_t comm, gdp_dtype_t dt, size_t count, int 
         else
             memset(send, 0xff, count * es);
         fill(want, dt, rep, root, count, 0);
+        arrive(count);
         CHECK_OK(gdp_comm_bcast(comm, send, count, dt, root, NULL));
         wrong += count_wrong(send, want, dt, count);
     }
@@ -250,7 +265,7 @@ int main(int argc, char **argv) {
         printf("#%15s %6s %8s %8s %8s\n", "op", "dtype", "count", "place", "#wrong");
     }
     const gdp_dtype_t dtypes[] = {GDP_DTYPE_FP32, GDP_DTYPE_BF16, GDP_DTYPE_FP16, GDP_DTYPE_INT32};
-    const size_t counts[] = {0, 1, 7, 1000, 40000};
+    const size_t counts[] = {0, 1, 7, 1000, 40000, late_count};
     int rep = 0;
     for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++)
         for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
