@@ -252,6 +252,11 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) chunk_fused_kernel(const Chu
             GDP_FUSED_PHASE_MARK(0, 7); /* aux 7: the arrive and the loop */
             fused_aux_chunk<T, KP, VB>(p, s, b, c, bos, len, hd, nchunks);
             GDP_FUSED_PHASE_MARK(0, 5); /* aux 5: waiting to start the next chunk's loads */
+            /* Every aux warp's last accesses of the chunk (Ai's stores, the inverse's scratch)
+             * behind an aux barrier before the arrive: racecheck does not credit bar.arrive
+             * with ordering them (18 hazards in the first 6 launches without it, 0 with it;
+             * the fused rows moved by 0-2 %, kernels/NOTES-chunk.md, thirty-first session). */
+            bar_sync(BAR_AUX, FUSED_AUX_THREADS);
             bar_arrive(BAR_FULL0 + b, FUSED_THREADS);
         }
         return;
