@@ -6,9 +6,11 @@
 # choice); engine, the engine's GPU test (device and host swaps compared bit for bit); serve, the
 # mixed serving workload under each preemption setting; layer, the layer bench with cuBLASLt and with
 # the skinny GEMM; decode (not by default), main's test_recurrent_gpu and the decode rows (ab_lib.sh's
-# decode_stage: GDP_CALL_DECODE_KERNELS, the GDP_DECODE_STATE values to alternate); fusedrace (not by
-# default), racecheck of the fused kernel's first GDP_CALL_FUSEDRACE_LAUNCHES launches (default 6) on every
-# tree, GDP_CALL_FUSEDRACE_TIMEOUT seconds each (default 100; the fused-* pending experiments). The A/B
+# decode_stage: GDP_CALL_DECODE_KERNELS, the GDP_DECODE_STATE values to alternate); ranks2 (not by
+# default), gdp-bench coll then the two serving workloads of issue 11 on one rank and on two ranks of
+# the one GPU (MPI comm, host-staged), GDP_CALL_RANKS2_TIMEOUT seconds each (default 120); fusedrace (not
+# by default), racecheck of the fused kernel's first GDP_CALL_FUSEDRACE_LAUNCHES launches (default 6) on
+# every tree, GDP_CALL_FUSEDRACE_TIMEOUT seconds each (default 100; the fused-* pending experiments). The A/B
 # runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
 # call still returns the timings. Without a pack, or if linking fails, it builds the pending patches'
 # trees there (launch/h200-suite.sh hopperab; the patches not marked
@@ -72,6 +74,24 @@ stage_serve() {
         timeout 60 "$P/main/bin/gdp-run" --model "$ckpt" --progress 0 "${mixed[@]}" $v >>"$OUT/serve.log" 2>&1
     done
     grep -E "^## |wall time|time to first|preemptions" "$OUT/serve.log"
+}
+stage_ranks2() { # issue 11's multi-rank figures on one GPU: two ranks share it over the MPI comm (host-staged)
+    local model=(--layers 8 --hidden 2048 --heads 16 --groups 4 --head-dim 128 --state-dim 128 --householder 2
+                 --vocab 32000)
+    timeout 60 mpirun -n 2 "$P/main/bin/gdp-bench" coll --backend cuda --hidden 2048 --tokens 1,64,1024,2048 \
+        -w 2 -i 5 >"$OUT/ranks2.log" 2>&1
+    local w
+    for w in "--slots 64 --budget 2048 --prefill-chunk 1024 --workload synthetic:n=256,rate=0,prompt=128-2048,new=128,seed=7" \
+        "--slots 128 --budget 1152 --prefill-chunk 1024 --workload synthetic:n=128,rate=0,prompt=64-128,new=512,seed=3"; do
+        for n in 1 2; do
+            echo "## $n rank(s): $w" >>"$OUT/ranks2.log"
+            timeout "${GDP_CALL_RANKS2_TIMEOUT:-120}" mpirun -n $n "$P/main/bin/gdp-run" "${model[@]}" $w --progress 10 \
+                >>"$OUT/ranks2.log" 2>&1
+            echo "rc=$?" >>"$OUT/ranks2.log"
+        done
+    done
+    grep -E "^ +(allreduce|reduce_scatter|allgather) |^## |^rc=|ranks  |wall time|time to first|time per output|throughput|^  [a-z +]+ +[0-9.]+ s " \
+        "$OUT/ranks2.log"
 }
 stage_layer() {
     for sk in off on; do
