@@ -3,7 +3,7 @@
  * the CPU backend and for GPUs shared by several ranks (which NCCL refuses).
  *   - Host buffers go to MPI directly; device buffers are copied to page-locked host
  *     staging buffers on the caller's stream, reduced there and copied back (synchronous).
- *   - A collective of 256 KB or more per rank starts once every rank has arrived
+ *   - A collective of 64 KB or more per rank starts once every rank has arrived
  *     (await_peers): MPI moves its fragments only while both sides poll.
  *   - Sums of bf16/fp16 are converted to fp32, summed by MPI in fp32 and rounded once
  *     (to nearest even), so every rank gets the same bits and no precision is lost
@@ -120,9 +120,9 @@ static void from_f32(void *dst, const float *src, size_t n, gdp_dtype_t dtype) {
             h[i] = gdp_float_to_fp16(src[i]);
 }
 
-/* A collective moving at least this many bytes for a rank starts only once every rank has
- * arrived (await_peers). */
-enum { k_await_peers_bytes = 256 << 10 };
+/* A collective moving at least this many bytes for a rank (two 32 KB fragments of Open MPI's
+ * shared-memory transport) starts only once every rank has arrived (await_peers). */
+enum { k_await_peers_bytes = 64 << 10 };
 
 /* Open MPI moves a large message fragment by fragment, and only inside MPI calls on both
  * sides. A rank that arrived early has gone to sleeping between its polls (watchdog.c), so

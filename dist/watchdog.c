@@ -9,8 +9,10 @@
  *   - an MPI wait moves its data only inside MPI calls (Open MPI progresses a large message
  *     fragment by fragment, 32 KB each over shared memory without a single-copy mechanism),
  *     so it yields instead of sleeping for as long as its bytes could still be moving at
- *     1 GB/s, and its sleeps never exceed 100 us: with 1 ms sleeps an 8 MB allreduce of two
- *     ranks took 88-99 ms instead of 2.3 ms (85 MB/s; NOTES-ops, thirty-first session);
+ *     250 MB/s: sleeping from 2 ms on, an 8 MB allreduce of two ranks took 88-99 ms instead
+ *     of 2 ms (85 MB/s; kernels/NOTES-ops.md, thirty-first session). The MPI comm starts a
+ *     large collective only once every rank is there (comm_mpi.c, await_peers), so that
+ *     window opens with the data ready to move;
  *   - every 20 ms of a long wait it answers the probes other ranks sent it;
  *   - past the step timeout it probes every rank of the comm (a small message on a
  *     private duplicate of the communicator, answered by any rank inside a gdp wait or
@@ -36,9 +38,8 @@ static const double busy_s = 50e-6;    /* pure polling: a short wait costs no sy
 static const double spin_s = 2e-3;     /* polling with sched_yield before the first sleep */
 static const double first_nap_s = 20e-6, max_nap_s = 1e-3;
 static const double service_s = 0.02;  /* answer probes this often while waiting */
-static const double mpi_drive_Bps = 1e9;  /* an MPI wait yields (no sleep) while its bytes could move at this rate */
+static const double mpi_drive_Bps = 250e6; /* an MPI wait yields (no sleep) while its bytes could move at this rate */
 static const double mpi_drive_max_s = 1.0;
-static const double mpi_max_nap_s = 100e-6; /* an MPI wait's longest sleep: its peers' data waits for our calls */
 
 static struct {
     double           timeout_s; /* < 0: not read yet (GDP_WATCHDOG_TIMEOUT, else the default) */
@@ -470,7 +471,7 @@ gdp_status_t gdp_watch_wait(struct gdp_comm *c, MPI_Request *req, size_t bytes, 
     mpi_poll p = {.req = req, .what = what};
     const double drive_s = spin_s + (double)bytes / mpi_drive_Bps;
     return bounded_wait(c, poll_mpi, &p, IN_WAIT, what, drive_s < mpi_drive_max_s ? drive_s : mpi_drive_max_s,
-                        mpi_max_nap_s);
+                        max_nap_s);
 }
 
 #ifdef GDP_HAVE_CUDA
