@@ -2,7 +2,8 @@
  * comm_mpi.c: the MPI implementation of the comm interface: host-staged collectives for
  * the CPU backend and for GPUs shared by several ranks (which NCCL refuses).
  *   - Host buffers go to MPI directly; device buffers are copied to page-locked host
- *     staging buffers on the caller's stream, reduced there and copied back (synchronous).
+ *     staging buffers on the caller's stream (waited for), reduced there and copied back in
+ *     stream order (not waited for: the next use of staging waits for that copy).
  *   - A collective of 64 KB or more per rank starts once every rank has arrived
  *     (await_peers): MPI moves its fragments only while both sides poll.
  *   - Sums of bf16/fp16 are converted to fp32, summed by MPI in fp32 and rounded once
@@ -23,6 +24,10 @@ typedef struct mpi_context {
     size_t stage_bytes[2];
     bool   pin_staging;     /* device buffers: staging in page-locked memory, copies at full link speed */
     bool   stage_pinned[2]; /* this staging buffer is page-locked (cudaFreeHost frees it)              */
+#ifdef GDP_HAVE_CUDA
+    cudaEvent_t copied_back;  /* recorded after the last copy from staging to the device */
+    bool   copy_back_pending; /* that copy may still read staging: wait before reusing it */
+#endif
     float *sum;             /* fp32 accumulation buffer for bf16/fp16 sums                   */
     size_t sum_count;
 } mpi_context;
@@ -224,6 +229,33 @@ static gdp_status_t host_bcast(gdp_comm_t comm, void *buf, size_t count, gdp_dty
 
 /* ---- device staging ---------------------------------------------------------------- */
 #ifdef GDP_HAVE_CUDA
+/* Staging is free to reuse once the last copy back from it has run (copy_back): a wait on its
+ * event, bounded by the watchdog, usually already complete (the stream has moved on). */
+static gdp_status_t staging_idle(gdp_comm_t comm) {
+    mpi_context *ctx = comm->context;
+    if (!ctx->copy_back_pending)
+        return GDP_STATUS_SUCCESS;
+    GDP_CHECK(gdp_comm_event_wait(comm, ctx->copied_back));
+    ctx->copy_back_pending = false;
+    return GDP_STATUS_SUCCESS;
+}
+
+/* The copy of a collective's result from staging to the device, in stream order and not
+ * waited for: the caller's stream orders its later work after it (as NCCL's results are), and
+ * the next use of staging waits for the event (staging_idle). Saves a host round trip a
+ * collective, which two ranks time-sharing one GPU pay in context switches. */
+static gdp_status_t copy_back(gdp_comm_t comm, void *dst, const void *src, size_t bytes, void *stream) {
+    mpi_context *ctx = comm->context;
+    if (bytes == 0)
+        return GDP_STATUS_SUCCESS;
+    if (ctx->copied_back == NULL)
+        GDP_CUDA_CHECK(cudaEventCreateWithFlags(&ctx->copied_back, cudaEventDisableTiming));
+    GDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)stream));
+    GDP_CUDA_CHECK(cudaEventRecord(ctx->copied_back, (cudaStream_t)stream));
+    ctx->copy_back_pending = true;
+    return GDP_STATUS_SUCCESS;
+}
+
 /* The copy waits for the stream's earlier work too (e.g. a GEMM): bounded by the watchdog. */
 static gdp_status_t copy_sync(gdp_comm_t comm, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
                               void *stream) {
@@ -233,7 +265,6 @@ static gdp_status_t copy_sync(gdp_comm_t comm, void *dst, const void *src, size_
     return gdp_watch_stream(comm, stream, "a host-staging copy (cudaMemcpyAsync)");
 }
 #define D2H cudaMemcpyDeviceToHost
-#define H2D cudaMemcpyHostToDevice
 
 /* A host collective (host_allreduce, host_allgather, ...): all pointers host memory. */
 typedef gdp_status_t (*host_collective)(gdp_comm_t comm, const void *send, void *recv, size_t count,
@@ -241,15 +272,16 @@ typedef gdp_status_t (*host_collective)(gdp_comm_t comm, const void *send, void 
 
 /* Device buffers: send_bytes of send copied to host staging buffer 0, the host collective from
  * there into staging buffer 1 (never aliased, so no collective needs its in-place path), and
- * recv_bytes of that copied back to recv. */
+ * recv_bytes of that copied back to recv in stream order (copy_back). */
 static gdp_status_t staged(gdp_comm_t comm, host_collective op, const void *send, size_t send_bytes, void *recv,
                            size_t recv_bytes, size_t count, gdp_dtype_t dtype, void *stream) {
     void *hs, *hr;
+    GDP_CHECK(staging_idle(comm));
     GDP_CHECK(stage(comm->context, 0, send_bytes, &hs));
     GDP_CHECK(stage(comm->context, 1, recv_bytes, &hr));
     GDP_CHECK(copy_sync(comm, hs, send, send_bytes, D2H, stream));
     GDP_CHECK(op(comm, hs, hr, count, dtype));
-    return copy_sync(comm, recv, hr, recv_bytes, H2D, stream);
+    return copy_back(comm, recv, hr, recv_bytes, stream);
 }
 #endif
 
@@ -313,13 +345,14 @@ static gdp_status_t mpi_bcast(gdp_comm_t comm, void *buf, size_t count, gdp_dtyp
     if (on_device(comm)) {
         size_t bytes = count * gdp_dtype_size(dtype);
         void *h;
+        GDP_CHECK(staging_idle(comm));
         GDP_CHECK(stage(comm->context, 0, bytes, &h));
         if (comm->rank == root)
             GDP_CHECK(copy_sync(comm, h, buf, bytes, D2H, stream));
         GDP_CHECK(host_bcast(comm, h, count, dtype, root));
         if (comm->rank == root)
             return GDP_STATUS_SUCCESS;
-        return copy_sync(comm, buf, h, bytes, H2D, stream);
+        return copy_back(comm, buf, h, bytes, stream);
     }
 #endif
     return host_bcast(comm, buf, count, dtype, root);
@@ -344,6 +377,12 @@ static void mpi_free(gdp_comm_t comm) {
     mpi_context *ctx = comm->context;
     if (ctx == NULL)
         return;
+#ifdef GDP_HAVE_CUDA
+    if (ctx->copied_back != NULL) {
+        (void)cudaEventSynchronize(ctx->copied_back); /* the last copy back read staging */
+        (void)cudaEventDestroy(ctx->copied_back);
+    }
+#endif
     stage_free(ctx, 0);
     stage_free(ctx, 1);
     free(ctx->sum);

@@ -7,8 +7,10 @@
 # mixed serving workload under each preemption setting; layer, the layer bench with cuBLASLt and with
 # the skinny GEMM; decode (not by default), main's test_recurrent_gpu and the decode rows (ab_lib.sh's
 # decode_stage: GDP_CALL_DECODE_KERNELS, the GDP_DECODE_STATE values to alternate); ranks2 (not by
-# default), gdp-bench coll then the two serving workloads of issue 11 on one rank and on two ranks of
-# the one GPU (MPI comm, host-staged), GDP_CALL_RANKS2_TIMEOUT seconds each (default 120); fusedrace (not
+# default), the host-staged comm's two-rank GPU tests (test_comm_mpi_gpu_np2, test_layer_cp_gpu_np2,
+# test_layer_tp_gpu_np2, test_layer_tp_gpu_sp_np2), gdp-bench coll,
+# then the two serving workloads of issue 11 on one rank and on two ranks of the one GPU (MPI comm,
+# host-staged), GDP_CALL_RANKS2_TIMEOUT seconds each (default 120); fusedrace (not
 # by default), racecheck of the fused kernel's first GDP_CALL_FUSEDRACE_LAUNCHES launches (default 6) on
 # every tree, GDP_CALL_FUSEDRACE_TIMEOUT seconds each (default 100; the fused-* pending experiments). The A/B
 # runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
@@ -78,6 +80,13 @@ stage_serve() {
 stage_ranks2() { # issue 11's multi-rank figures on one GPU: two ranks share it over the MPI comm (host-staged)
     local model=(--layers 8 --hidden 2048 --heads 16 --groups 4 --head-dim 128 --state-dim 128 --householder 2
                  --vocab 32000)
+    local t
+    for t in "test_comm_mpi_gpu_np2 --device" "test_layer_cp_gpu_np2 --backend cuda" \
+        "test_layer_tp_gpu_np2 --backend cuda" "test_layer_tp_gpu_sp_np2 --backend cuda --sp"; do
+        timeout 120 mpirun -n 2 "$P/main/bin/"$t >"$OUT/ranks2_${t%% *}.log" 2>&1
+        echo "$t rc=$?"
+        grep -E "checks|FAIL|skipped" "$OUT/ranks2_${t%% *}.log" | tail -3
+    done
     timeout 60 mpirun -n 2 "$P/main/bin/gdp-bench" coll --backend cuda --hidden 2048 --tokens 1,64,1024,2048 \
         -w 2 -i 5 >"$OUT/ranks2.log" 2>&1
     local w

@@ -3,6 +3,8 @@
 # failure path (one rank fails, every rank ends non-zero within seconds).
 gdp_add_test(test_comm_mpi_np2 SOURCES test_comm_mpi.c LABEL mpi NPROCS 2 TIMEOUT 60)
 gdp_add_test(test_comm_mpi_np4 SOURCES test_comm_mpi.c LABEL mpi NPROCS 4 TIMEOUT 60)
+# the host-staged device path (two ranks on one GPU or two); skips (77) without a GPU
+gdp_add_test(test_comm_mpi_gpu_np2 SOURCES test_comm_mpi.c LABEL "gpu;mpi" NPROCS 2 TIMEOUT 120 ARGS --device)
 gdp_add_test(test_checkpoint LABEL cpu TIMEOUT 60)
 gdp_add_test(test_checkpoint_mpi SOURCES test_checkpoint.c LABEL mpi NPROCS 2 TIMEOUT 60 ARGS --mpi)
 

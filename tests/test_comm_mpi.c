@@ -8,7 +8,11 @@
  * once, so the expected result is the exact sum rounded once to the dtype and the
  * comparison is bitwise (this also checks the rounding). Also: the TP input/output helpers in both modes, status agreement,
  * consistency hashes, and bad arguments. At the largest count the last rank arrives late
- * at every collective (the backend's wait for every rank before a large transfer). Wrong-element counts are summed over ranks
+ * at every collective (the backend's wait for every rank before a large transfer).
+ * With --device (test_comm_mpi_gpu_np2; skipped without a GPU on every rank): device buffers
+ * on a non-blocking stream, host-staged, in chains of collectives with no host wait between
+ * them (each result is copied back in stream order, and the next collective reuses the
+ * staging): the results read back once at the end of a chain, bitwise. Wrong-element counts are summed over ranks
  * with MPI_Allreduce so every rank exits the same way.
  */
 #include <mpi.h>
@@ -18,6 +22,7 @@
 #include "gdp/comm.h"
 #include "internal.h" /* defines: gdp_store_elem, gdp_set_error */
 #include "test_common.h"
+#include "test_gpu.h" /* defines: test_gpu_usable, CUDA_OK */
 
 static int g_rank, g_size;
 
@@ -242,10 +247,104 @@ static void test_bad_arguments(gdp_comm_t comm) {
         CHECK_STATUS(gdp_comm_init(&other, GDP_COMM_MPI, NULL, GDP_COMM_DEVICE_BUFFERS), GDP_STATUS_UNSUPPORTED);
 }
 
+#ifdef GDP_HAVE_CUDA
+/* Host data up to the device, a device buffer back to the host: on `stream`, waited for. */
+static void *to_device(const void *host, size_t bytes, cudaStream_t stream) {
+    void *d = NULL;
+    CUDA_OK(cudaMalloc(&d, bytes ? bytes : 1));
+    CUDA_OK(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    return d;
+}
+
+/* Two chains a (dtype, count), each enqueued without a host wait and read back at its end:
+ * allreduce -> allgather of the sum (every block the sum), and reduce_scatter -> bcast of
+ * root 0's block (every rank root 0's block of the sum). */
+static void test_device_chains(gdp_comm_t comm, cudaStream_t stream, gdp_dtype_t dt, size_t count, int rep) {
+    const size_t es = gdp_dtype_size(dt), P = (size_t)g_size, n = count * P;
+    char *host = calloc(n + 1, es), *want = calloc(n + 1, es), *got = calloc(n + 1, es);
+    /* chain 1 */
+    fill(host, dt, rep, g_rank, count, 0);
+    expected_sum(want, dt, rep, count, 0);
+    void *d_send = to_device(host, count * es, stream), *d_sum = NULL, *d_all = NULL;
+    CUDA_OK(cudaMalloc(&d_sum, count * es + 1));
+    CUDA_OK(cudaMalloc(&d_all, n * es + 1));
+    arrive(count);
+    CHECK_OK(gdp_comm_allreduce(comm, d_send, d_sum, count, dt, stream));
+    CHECK_OK(gdp_comm_allgather(comm, d_sum, d_all, count, dt, stream));
+    CUDA_OK(cudaMemcpyAsync(got, d_all, n * es, cudaMemcpyDeviceToHost, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    int64_t wrong = 0;
+    for (size_t r = 0; r < P; r++)
+        wrong += count_wrong(got + r * count * es, want, dt, count);
+    report("dev allreduce+allgather", dt, count, 0, wrong);
+    /* chain 2 */
+    fill(host, dt, rep, g_rank, n, 0);
+    expected_sum(want, dt, rep, count, 0); /* root 0's block of the sum */
+    void *d_big = to_device(host, n * es, stream);
+    arrive(count);
+    CHECK_OK(gdp_comm_reduce_scatter(comm, d_big, d_sum, count, dt, stream));
+    CHECK_OK(gdp_comm_bcast(comm, d_sum, count, dt, 0, stream));
+    CUDA_OK(cudaMemcpyAsync(got, d_sum, count * es, cudaMemcpyDeviceToHost, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    report("dev reduce_scatter+bcast", dt, count, 0, count_wrong(got, want, dt, count));
+    CUDA_OK(cudaFree(d_send));
+    CUDA_OK(cudaFree(d_sum));
+    CUDA_OK(cudaFree(d_all));
+    CUDA_OK(cudaFree(d_big));
+    free(host);
+    free(want);
+    free(got);
+}
+#endif
+
+/* --device: the host-staged device path; TEST_SKIP on every rank without a GPU on each. */
+static int device_main(void) {
+#ifdef GDP_HAVE_CUDA
+    char why[160] = "";
+    int gpus = 0;
+    const int usable = test_gpu_usable(why, sizeof why, &gpus);
+    if (!test_gpu_all_ranks_usable(usable, "test_comm_mpi --device", why))
+        return TEST_SKIP;
+    gdp_comm_t comm = NULL;
+    GDP_FATAL_IF_ERROR(NULL, gdp_comm_init(&comm, GDP_COMM_MPI, NULL, GDP_COMM_DEVICE_BUFFERS));
+    const char *name = NULL;
+    CHECK_OK(gdp_comm_name(comm, &name));
+    if (g_rank == 0) {
+        printf("# gdp comm test: %d ranks, backend %s\n", g_size, name);
+        printf("#%23s %6s %8s %8s %8s\n", "op", "dtype", "count", "place", "#wrong");
+    }
+    cudaStream_t stream = NULL;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const gdp_dtype_t dtypes[] = {GDP_DTYPE_FP32, GDP_DTYPE_BF16, GDP_DTYPE_INT32};
+    const size_t counts[] = {1, 1000, late_count};
+    int rep = 0;
+    for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++)
+        for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
+            test_device_chains(comm, stream, dtypes[d], counts[c], rep++);
+    CHECK_OK(gdp_comm_free(comm));
+    CUDA_OK(cudaStreamDestroy(stream));
+    return 0;
+#else
+    if (g_rank == 0)
+        printf("test_comm_mpi --device: skipped: this libgdp was built without CUDA\n");
+    return TEST_SKIP;
+#endif
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    if (argc > 1 && strcmp(argv[1], "--device") == 0) {
+        const int code = device_main();
+        int failures = 0;
+        MPI_Allreduce(&g_test_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        if (code != TEST_SKIP && g_rank == 0)
+            test_finish("test_comm_mpi --device");
+        MPI_Finalize();
+        return code == TEST_SKIP ? TEST_SKIP : failures ? 1 : 0;
+    }
     gdp_comm_t comm = NULL;
     GDP_FATAL_IF_ERROR(NULL, gdp_comm_init(&comm, GDP_COMM_MPI, NULL, GDP_COMM_HOST_BUFFERS));
     int32_t rank = -1, size = -1, local_rank = -1, local_size = -1, device = 0;
