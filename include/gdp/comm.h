@@ -6,8 +6,10 @@
  *     local_rank comes from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Device buffers,
  *     asynchronous on the given stream.
  *   - GDP_COMM_MPI: host-staged reference and fallback (the CPU backend, or several
- *     ranks sharing one GPU, which NCCL refuses). Host buffers, or device buffers that
- *     it copies through host memory. Synchronous: returns when the result is in `recv`.
+ *     ranks sharing one GPU, which NCCL refuses). Host buffers: synchronous, returns when
+ *     the result is in `recv`. Device buffers: it waits for the stream's work, copies
+ *     through host memory, and queues the copy of the result into `recv` on the stream
+ *     (ordered with the stream's later work, as NCCL's results are).
  *
  * The caller initializes MPI (MPI_Init or MPI_Init_thread) before gdp_comm_init and
  * finalizes it after gdp_comm_free. MPI and CUDA types stay out of this header: an
