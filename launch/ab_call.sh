@@ -8,9 +8,10 @@
 # the skinny GEMM; decode (not by default), main's test_recurrent_gpu and the decode rows (ab_lib.sh's
 # decode_stage: GDP_CALL_DECODE_KERNELS, the GDP_DECODE_STATE values to alternate); ranks2 (not by
 # default), the host-staged comm's two-rank GPU tests (test_comm_mpi_gpu_np2, test_layer_cp_gpu_np2,
-# test_layer_tp_gpu_np2, test_layer_tp_gpu_sp_np2), gdp-bench coll,
-# then the two serving workloads of issue 11 on one rank and on two ranks of the one GPU (MPI comm,
-# host-staged), GDP_CALL_RANKS2_TIMEOUT seconds each (default 120); fusedrace (not
+# test_layer_tp_gpu_np2, test_layer_tp_gpu_sp_np2; GDP_CALL_RANKS2_TESTS= (empty) skips them), then for
+# GDP_CALL_RANKS2_ROUNDS rounds (default 1) over GDP_CALL_RANKS2_TREES (colon-separated, default main)
+# gdp-bench coll and the two serving workloads of issue 11 on two ranks of the one GPU (MPI comm,
+# host-staged), then main's on one rank; GDP_CALL_RANKS2_TIMEOUT seconds a run (default 120); fusedrace (not
 # by default), racecheck of the fused kernel's first GDP_CALL_FUSEDRACE_LAUNCHES launches (default 6) on
 # every tree, GDP_CALL_FUSEDRACE_TIMEOUT seconds each (default 100; the fused-* pending experiments). The A/B
 # runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
@@ -81,25 +82,35 @@ stage_ranks2() { # issue 11's multi-rank figures on one GPU: two ranks share it 
     local model=(--layers 8 --hidden 2048 --heads 16 --groups 4 --head-dim 128 --state-dim 128 --householder 2
                  --vocab 32000)
     local t
-    for t in "test_comm_mpi_gpu_np2 --device" "test_layer_cp_gpu_np2 --backend cuda" \
+    [ -n "${GDP_CALL_RANKS2_TESTS-x}" ] && for t in "test_comm_mpi_gpu_np2 --device" "test_layer_cp_gpu_np2 --backend cuda" \
         "test_layer_tp_gpu_np2 --backend cuda" "test_layer_tp_gpu_sp_np2 --backend cuda --sp"; do
         timeout 120 mpirun -n 2 "$P/main/bin/"$t >"$OUT/ranks2_${t%% *}.log" 2>&1
         echo "$t rc=$?"
         grep -E "checks|FAIL|skipped" "$OUT/ranks2_${t%% *}.log" | tail -3
     done
-    timeout 60 mpirun -n 2 "$P/main/bin/gdp-bench" coll --backend cuda --hidden 2048 --tokens 1,64,1024,2048 \
-        -w 2 -i 5 >"$OUT/ranks2.log" 2>&1
-    local w
-    for w in "--slots 64 --budget 2048 --prefill-chunk 1024 --workload synthetic:n=256,rate=0,prompt=128-2048,new=128,seed=7" \
-        "--slots 128 --budget 1152 --prefill-chunk 1024 --workload synthetic:n=128,rate=0,prompt=64-128,new=512,seed=3"; do
-        for n in 1 2; do
-            echo "## $n rank(s): $w" >>"$OUT/ranks2.log"
-            timeout "${GDP_CALL_RANKS2_TIMEOUT:-120}" mpirun -n $n "$P/main/bin/gdp-run" "${model[@]}" $w --progress 10 \
-                >>"$OUT/ranks2.log" 2>&1
-            echo "rc=$?" >>"$OUT/ranks2.log"
+    local w n round tree trees=${GDP_CALL_RANKS2_TREES:-main}
+    local work=("--slots 64 --budget 2048 --prefill-chunk 1024 --workload synthetic:n=256,rate=0,prompt=128-2048,new=128,seed=7"
+                "--slots 128 --budget 1152 --prefill-chunk 1024 --workload synthetic:n=128,rate=0,prompt=64-128,new=512,seed=3")
+    for round in $(seq "${GDP_CALL_RANKS2_ROUNDS:-1}"); do
+        for tree in ${trees//:/ }; do
+            echo "## tree $tree round $round: gdp-bench coll, 2 ranks" >>"$OUT/ranks2.log"
+            timeout 60 mpirun -n 2 "$P/$tree/bin/gdp-bench" coll --backend cuda --hidden 2048 --tokens 1,64,1024,2048 \
+                -w 2 -i 5 >>"$OUT/ranks2.log" 2>&1
+            for w in "${work[@]}"; do
+                echo "## tree $tree round $round: 2 rank(s): $w" >>"$OUT/ranks2.log"
+                timeout "${GDP_CALL_RANKS2_TIMEOUT:-120}" mpirun -n 2 "$P/$tree/bin/gdp-run" "${model[@]}" $w --progress 10 \
+                    >>"$OUT/ranks2.log" 2>&1
+                echo "rc=$?" >>"$OUT/ranks2.log"
+            done
         done
     done
-    grep -E "^ +(allreduce|reduce_scatter|allgather) |^## |^rc=|ranks  |wall time|time to first|time per output|throughput|^  [a-z +]+ +[0-9.]+ s " \
+    for w in "${work[@]}"; do # one rank: NCCL, graphs (the reference the two-rank figures compare with)
+        echo "## tree main: 1 rank(s): $w" >>"$OUT/ranks2.log"
+        timeout "${GDP_CALL_RANKS2_TIMEOUT:-120}" mpirun -n 1 "$P/main/bin/gdp-run" "${model[@]}" $w --progress 10 \
+            >>"$OUT/ranks2.log" 2>&1
+        echo "rc=$?" >>"$OUT/ranks2.log"
+    done
+    grep -E "^ +(allreduce|reduce_scatter|allgather) |^## |^rc=|wall time|time to first|time per output|^  [a-z +]+ +[0-9.]+ s " \
         "$OUT/ranks2.log"
 }
 stage_layer() {
