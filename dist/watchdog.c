@@ -4,9 +4,8 @@
  * poll with a deadline instead of a blocking call:
  *   - the poll spins for 50 us, then yields the CPU between polls (sched_yield, so
  *     oversubscribed ranks let their peers run) up to 2 ms, then sleeps in steps growing
- *     from 20 us to 1 ms but never past a tenth of the wait so far: a rank waiting for a
- *     stalled peer uses next to no CPU, a short wait costs a few MPI_Test calls more than a
- *     blocking call, and no sleep lengthens a wait by more than 10 %;
+ *     from 20 us to 1 ms: a rank waiting for a stalled peer uses next to no CPU, and a
+ *     short wait costs a few MPI_Test calls more than a blocking call;
  *   - an MPI wait moves its data only inside MPI calls (Open MPI progresses a large message
  *     fragment by fragment, 32 KB each over shared memory without a single-copy mechanism),
  *     so it yields instead of sleeping for as long as its bytes could still be moving at
@@ -422,11 +421,7 @@ static gdp_status_t bounded_wait(struct gdp_comm *c, poll_fn poll, void *arg, in
         } else if (t - t0 < yield_s) {
             sched_yield();
         } else {
-            /* growing, but never past a tenth of the wait so far: a sleep adds at most 10 % to
-             * the wait it ends (two ranks time-sharing one GPU wait a few ms for each other's
-             * copies, where a 1 ms sleep would add a third) */
-            const double cap = (t - t0) * 0.1 < max_nap ? (t - t0) * 0.1 : max_nap;
-            nap_s = nap_s == 0 ? first_nap_s : nap_s * 2 > cap ? cap : nap_s * 2;
+            nap_s = nap_s == 0 ? first_nap_s : nap_s * 2 > max_nap ? max_nap : nap_s * 2;
             nap(nap_s);
         }
         if (t >= next_service) {
