@@ -19,7 +19,8 @@
 #   sanitize    compute-sanitizer GDP_CALL_SANITIZE (default "synccheck racecheck memcheck") over
 #               test_chunk_gpu on the Hopper path, GDP_CALL_SANITIZE_TIMEOUT seconds each (default 150),
 #               GDP_CALL_SANITIZE_ARGS more compute-sanitizer options (e.g. --kernel-name kns=hop); the
-#               test's own GDP_TEST_CHUNK_ONLY=segments passes through
+#               test's own GDP_TEST_CHUNK_ONLY=segments (and GDP_TEST_CHUNK_REPEAT=0: no determinism
+#               reruns, so a racecheck of the segment cases fits one call) pass through
 #   decode      test_recurrent_gpu, then gdp-bench ops --op decode under each GDP_DECODE_STATE of
 #               GDP_CALL_DECODE_KERNELS (default auto), the list twice (ab_lib.sh, decode_stage)
 #   decodeprof  the decode row kernel's ncu card by source line at B=256, fp32 and bf16 state
