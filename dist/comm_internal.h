@@ -94,6 +94,10 @@ gdp_status_t gdp_comm_agree_mpi(struct gdp_comm *comm, gdp_status_t local_status
  * message, marks the watchdog fired and returns GDP_STATUS_REMOTE_ERROR. `what` names the
  * call. */
 gdp_status_t gdp_watch_wait(struct gdp_comm *comm, MPI_Request *req, size_t bytes, const char *what);
+/* Before a collective that moves `bytes` for each rank (equal on every rank): from 64 KB on,
+ * waits at a barrier (free to sleep) until every rank of comm has arrived, so the data then
+ * moves with every rank polling (comm.c says why). Every rank calls it with the same bytes. */
+gdp_status_t gdp_comm_await_peers(struct gdp_comm *comm, size_t bytes, const char *what);
 /* Fails (REMOTE_ERROR, the first firing's message) once the watchdog has fired: no comm
  * call starts new communication after that. */
 gdp_status_t gdp_watch_check(const char *fn);

@@ -5,7 +5,7 @@
  *     staging buffers on the caller's stream (waited for), reduced there and copied back in
  *     stream order (not waited for: the next use of staging waits for that copy).
  *   - A collective of 64 KB or more per rank starts once every rank has arrived
- *     (await_peers): MPI moves its fragments only while both sides poll.
+ *     (gdp_comm_await_peers): MPI moves its fragments only while both sides poll.
  *   - Sums of bf16/fp16 are converted to fp32, summed by MPI in fp32 and rounded once
  *     (to nearest even), so every rank gets the same bits and no precision is lost
  *     to per-step 16-bit rounding.
@@ -125,31 +125,13 @@ static void from_f32(void *dst, const float *src, size_t n, gdp_dtype_t dtype) {
             h[i] = gdp_float_to_fp16(src[i]);
 }
 
-/* A collective moving at least this many bytes for a rank (two 32 KB fragments of Open MPI's
- * shared-memory transport) starts only once every rank has arrived (await_peers). */
-enum { k_await_peers_bytes = 64 << 10 };
-
-/* Open MPI moves a large message fragment by fragment, and only inside MPI calls on both
- * sides. A rank that arrived early has gone to sleeping between its polls (watchdog.c), so
- * a late peer's fragments would wait out those sleeps: a 16 MB allreduce of two ranks took
- * 35 ms instead of 3.6 ms when one rank came 50 ms late. So a large collective first waits,
- * free to sleep, for every rank at a barrier, and then moves its data with every rank
- * polling. The barrier costs one small message round (microseconds). */
-static gdp_status_t await_peers(gdp_comm_t comm, size_t bytes, const char *what) {
-    if (bytes < k_await_peers_bytes || comm->size == 1)
-        return GDP_STATUS_SUCCESS;
-    MPI_Request req = MPI_REQUEST_NULL;
-    GDP_MPI_CHECK(MPI_Ibarrier(comm->mpi, &req));
-    return gdp_watch_wait(comm, &req, 0, what);
-}
-
 /* Starts a nonblocking collective (the expression, which sets `req`) once every rank is
- * there (await_peers) and waits for it; `bytes`, the larger of what this rank sends and
+ * there (gdp_comm_await_peers) and waits for it; `bytes`, the larger of what this rank sends and
  * receives (equal on every rank), tells both waits how long data may still be moving. */
 #define MPI_WAIT(comm, call, bytes, what)                                                   \
     do {                                                                                    \
         MPI_Request req = MPI_REQUEST_NULL;                                                 \
-        GDP_CHECK(await_peers((comm), (bytes), (what)));                                    \
+        GDP_CHECK(gdp_comm_await_peers((comm), (bytes), (what)));                           \
         GDP_MPI_CHECK(call);                                                                \
         GDP_CHECK(gdp_watch_wait((comm), &req, (bytes), (what)));                           \
     } while (0)

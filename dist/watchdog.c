@@ -11,7 +11,7 @@
  *     so it yields instead of sleeping for as long as its bytes could still be moving at
  *     250 MB/s: sleeping from 2 ms on, an 8 MB allreduce of two ranks took 88-99 ms instead
  *     of 2 ms (85 MB/s; kernels/NOTES-ops.md, thirty-first session). The MPI comm starts a
- *     large collective only once every rank is there (comm_mpi.c, await_peers), so that
+ *     large collective only once every rank is there (comm.c, gdp_comm_await_peers), so that
  *     window opens with the data ready to move;
  *   - every 20 ms of a long wait it answers the probes other ranks sent it;
  *   - past the step timeout it probes every rank of the comm (a small message on a
@@ -395,9 +395,9 @@ static void compose(struct gdp_comm *c, const char *what, double waited, verdict
     }
 }
 
-/* Polls until done: busy for busy_s, yielding until yield_s, then sleeping up to max_nap between polls. */
+/* Polls until done: busy for busy_s, yielding until yield_s, then sleeping up to max_nap_s between polls. */
 static gdp_status_t bounded_wait(struct gdp_comm *c, poll_fn poll, void *arg, int kind, const char *what,
-                                 double yield_s, double max_nap) {
+                                 double yield_s) {
     GDP_CHECK(gdp_watch_config());
     const int saved_kind = g.kind;
     const char *saved_what = g.what;
@@ -421,7 +421,7 @@ static gdp_status_t bounded_wait(struct gdp_comm *c, poll_fn poll, void *arg, in
         } else if (t - t0 < yield_s) {
             sched_yield();
         } else {
-            nap_s = nap_s == 0 ? first_nap_s : nap_s * 2 > max_nap ? max_nap : nap_s * 2;
+            nap_s = nap_s == 0 ? first_nap_s : nap_s * 2 > max_nap_s ? max_nap_s : nap_s * 2;
             nap(nap_s);
         }
         if (t >= next_service) {
@@ -470,8 +470,7 @@ gdp_status_t gdp_watch_wait(struct gdp_comm *c, MPI_Request *req, size_t bytes, 
         return GDP_STATUS_SUCCESS;
     mpi_poll p = {.req = req, .what = what};
     const double drive_s = spin_s + (double)bytes / mpi_drive_Bps;
-    return bounded_wait(c, poll_mpi, &p, IN_WAIT, what, drive_s < mpi_drive_max_s ? drive_s : mpi_drive_max_s,
-                        max_nap_s);
+    return bounded_wait(c, poll_mpi, &p, IN_WAIT, what, drive_s < mpi_drive_max_s ? drive_s : mpi_drive_max_s);
 }
 
 #ifdef GDP_HAVE_CUDA
@@ -503,7 +502,7 @@ static gdp_status_t watch_device(struct gdp_comm *c, void *stream, void *event, 
     const int done = poll(arg);
     if (done != 0)
         return done > 0 ? GDP_STATUS_SUCCESS : GDP_STATUS_CUDA_ERROR;
-    gdp_status_t st = bounded_wait(c, poll, arg, IN_STREAM, what, spin_s, max_nap_s); /* the GPU needs no calls */
+    gdp_status_t st = bounded_wait(c, poll, arg, IN_STREAM, what, spin_s); /* the GPU needs no calls */
     if (st == GDP_STATUS_MPI_ERROR)
         st = GDP_STATUS_CUDA_ERROR; /* the poll that failed was cudaStreamQuery */
     if (st == GDP_STATUS_REMOTE_ERROR && !c->aborted) {

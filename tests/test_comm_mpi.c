@@ -73,7 +73,7 @@ static void report(const char *op, gdp_dtype_t dt, size_t count, int in_place, i
 }
 
 /* The last rank arriving 20 ms after the others at a collective of `late_count` elements or
- * more: from 64 KB on the MPI backend first waits for every rank (await_peers, comm_mpi.c). */
+ * more: from 64 KB on the MPI backend first waits for every rank (gdp_comm_await_peers, comm.c). */
 static const size_t late_count = 70000;
 static void arrive(size_t count) {
     if (count >= late_count && g_rank == g_size - 1)

@@ -144,8 +144,9 @@ GDP_API gdp_status_t gdp_comm_check_consistent(gdp_comm_t comm, const void *host
  * then yielding the CPU between polls up to 2 ms (an MPI wait: longer by its bytes at
  * 250 MB/s, as MPI moves data only inside its calls), then sleeping in steps growing to
  * 1 ms, so a short wait costs well under a microsecond more than a blocking call and a rank
- * waiting for a stalled peer uses almost no CPU. The MPI backend starts a collective of
- * 64 KB or more per rank once every rank has arrived (one small barrier first). When one wait passes the timeout, the rank probes every rank
+ * waiting for a stalled peer uses almost no CPU. The MPI backend's collectives and
+ * gdp_comm_host_bcast start a transfer of 64 KB or more per rank once every rank has
+ * arrived (one small barrier first). When one wait passes the timeout, the rank probes every rank
  * of the comm (a small message on a private duplicate of its communicator, answered by
  * any rank that is inside a gdp wait or gdp_comm_sleep) and then:
  *   - a rank that does not answer within the grace time (timeout / 4, in [0.5, 5] s) is
