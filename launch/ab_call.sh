@@ -65,22 +65,29 @@ stage_engine() {
     echo "test_engine_gpu_np2 rc=$?"
     tail -3 "$OUT/engine.log"
 }
+# issue 11's serving model and its two workloads (stages serve and ranks2)
+serve_model=(--layers 8 --hidden 2048 --heads 16 --groups 4 --head-dim 128 --state-dim 128 --householder 2
+             --vocab 32000)
+serve_mixed="--slots 64 --budget 2048 --prefill-chunk 1024 --workload synthetic:n=256,rate=0,prompt=128-2048,new=128,seed=7"
+serve_decode="--slots 128 --budget 1152 --prefill-chunk 1024 --workload synthetic:n=128,rate=0,prompt=64-128,new=512,seed=3"
 stage_serve() {
     local ckpt=/tmp/gdp_serve_model.safetensors
-    "$P/main/bin/gdp-run" --layers 8 --hidden 2048 --heads 16 --groups 4 --head-dim 128 --state-dim 128 \
-        --householder 2 --vocab 32000 --write-model "$ckpt" >/dev/null
-    local mixed=(--slots 64 --budget 2048 --prefill-chunk 1024
-                 --workload synthetic:n=256,rate=0,prompt=128-2048,new=128,seed=7)
+    "$P/main/bin/gdp-run" "${serve_model[@]}" --write-model "$ckpt" >/dev/null
     for v in "" "--preempt-wait-ms 200" "--preempt-wait-ms 200 --swap-memory host" "--preempt-wait-ms 100" \
         "--preempt-wait-ms 200 --preempt-after 32" "--preempt-wait-ms 0"; do
         echo "## mixed $v" >>"$OUT/serve.log"
-        timeout 60 "$P/main/bin/gdp-run" --model "$ckpt" --progress 0 "${mixed[@]}" $v >>"$OUT/serve.log" 2>&1
+        timeout 60 "$P/main/bin/gdp-run" --model "$ckpt" --progress 0 $serve_mixed $v >>"$OUT/serve.log" 2>&1
     done
     grep -E "^## |wall time|time to first|preemptions" "$OUT/serve.log"
 }
+# ranks2_run RANKS TREE LABEL WORKLOAD: gdp-run of TREE on RANKS ranks into ranks2.log (stage ranks2)
+ranks2_run() {
+    echo "## tree $2$3: $1 rank(s): $4" >>"$OUT/ranks2.log"
+    timeout "${GDP_CALL_RANKS2_TIMEOUT:-120}" mpirun -n "$1" "$P/$2/bin/gdp-run" "${serve_model[@]}" $4 --progress 10 \
+        >>"$OUT/ranks2.log" 2>&1
+    echo "rc=$?" >>"$OUT/ranks2.log"
+}
 stage_ranks2() { # issue 11's multi-rank figures on one GPU: two ranks share it over the MPI comm (host-staged)
-    local model=(--layers 8 --hidden 2048 --heads 16 --groups 4 --head-dim 128 --state-dim 128 --householder 2
-                 --vocab 32000)
     local t
     [ -n "${GDP_CALL_RANKS2_TESTS-x}" ] && for t in "test_comm_mpi_gpu_np2 --device" "test_layer_cp_gpu_np2 --backend cuda" \
         "test_layer_tp_gpu_np2 --backend cuda" "test_layer_tp_gpu_sp_np2 --backend cuda --sp"; do
@@ -88,28 +95,17 @@ stage_ranks2() { # issue 11's multi-rank figures on one GPU: two ranks share it 
         echo "$t rc=$?"
         grep -E "checks|FAIL|skipped" "$OUT/ranks2_${t%% *}.log" | tail -3
     done
-    local w n round tree trees=${GDP_CALL_RANKS2_TREES:-main}
-    local work=("--slots 64 --budget 2048 --prefill-chunk 1024 --workload synthetic:n=256,rate=0,prompt=128-2048,new=128,seed=7"
-                "--slots 128 --budget 1152 --prefill-chunk 1024 --workload synthetic:n=128,rate=0,prompt=64-128,new=512,seed=3")
+    local w round tree trees=${GDP_CALL_RANKS2_TREES:-main}
     for round in $(seq "${GDP_CALL_RANKS2_ROUNDS:-1}"); do
         for tree in ${trees//:/ }; do
             echo "## tree $tree round $round: gdp-bench coll, 2 ranks" >>"$OUT/ranks2.log"
             timeout 60 mpirun -n 2 "$P/$tree/bin/gdp-bench" coll --backend cuda --hidden 2048 --tokens 1,64,1024,2048 \
                 -w 2 -i 5 >>"$OUT/ranks2.log" 2>&1
-            for w in "${work[@]}"; do
-                echo "## tree $tree round $round: 2 rank(s): $w" >>"$OUT/ranks2.log"
-                timeout "${GDP_CALL_RANKS2_TIMEOUT:-120}" mpirun -n 2 "$P/$tree/bin/gdp-run" "${model[@]}" $w --progress 10 \
-                    >>"$OUT/ranks2.log" 2>&1
-                echo "rc=$?" >>"$OUT/ranks2.log"
-            done
+            for w in "$serve_mixed" "$serve_decode"; do ranks2_run 2 "$tree" " round $round" "$w"; done
         done
     done
-    for w in "${work[@]}"; do # one rank: NCCL, graphs (the reference the two-rank figures compare with)
-        echo "## tree main: 1 rank(s): $w" >>"$OUT/ranks2.log"
-        timeout "${GDP_CALL_RANKS2_TIMEOUT:-120}" mpirun -n 1 "$P/main/bin/gdp-run" "${model[@]}" $w --progress 10 \
-            >>"$OUT/ranks2.log" 2>&1
-        echo "rc=$?" >>"$OUT/ranks2.log"
-    done
+    # one rank: NCCL, graphs (the reference the two-rank figures compare with)
+    for w in "$serve_mixed" "$serve_decode"; do ranks2_run 1 main "" "$w"; done
     grep -E "^ +(allreduce|reduce_scatter|allgather) |^## |^rc=|wall time|time to first|time per output|^  [a-z +]+ +[0-9.]+ s " \
         "$OUT/ranks2.log"
 }
