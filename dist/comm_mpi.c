@@ -238,15 +238,14 @@ static gdp_status_t copy_back(gdp_comm_t comm, void *dst, const void *src, size_
     return GDP_STATUS_SUCCESS;
 }
 
-/* The copy waits for the stream's earlier work too (e.g. a GEMM): bounded by the watchdog. */
-static gdp_status_t copy_sync(gdp_comm_t comm, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
-                              void *stream) {
+/* A collective's input from the device into staging, waited for (MPI reads it next); the copy
+ * waits for the stream's earlier work too (e.g. a GEMM): bounded by the watchdog. */
+static gdp_status_t copy_to_host(gdp_comm_t comm, void *dst, const void *src, size_t bytes, void *stream) {
     if (bytes == 0)
         return GDP_STATUS_SUCCESS;
-    GDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, (cudaStream_t)stream));
+    GDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream));
     return gdp_watch_stream(comm, stream, "a host-staging copy (cudaMemcpyAsync)");
 }
-#define D2H cudaMemcpyDeviceToHost
 
 /* A host collective (host_allreduce, host_allgather, ...): all pointers host memory. */
 typedef gdp_status_t (*host_collective)(gdp_comm_t comm, const void *send, void *recv, size_t count,
@@ -261,7 +260,7 @@ static gdp_status_t staged(gdp_comm_t comm, host_collective op, const void *send
     GDP_CHECK(staging_idle(comm));
     GDP_CHECK(stage(comm->context, 0, send_bytes, &hs));
     GDP_CHECK(stage(comm->context, 1, recv_bytes, &hr));
-    GDP_CHECK(copy_sync(comm, hs, send, send_bytes, D2H, stream));
+    GDP_CHECK(copy_to_host(comm, hs, send, send_bytes, stream));
     GDP_CHECK(op(comm, hs, hr, count, dtype));
     return copy_back(comm, recv, hr, recv_bytes, stream);
 }
@@ -330,7 +329,7 @@ static gdp_status_t mpi_bcast(gdp_comm_t comm, void *buf, size_t count, gdp_dtyp
         GDP_CHECK(staging_idle(comm));
         GDP_CHECK(stage(comm->context, 0, bytes, &h));
         if (comm->rank == root)
-            GDP_CHECK(copy_sync(comm, h, buf, bytes, D2H, stream));
+            GDP_CHECK(copy_to_host(comm, h, buf, bytes, stream));
         GDP_CHECK(host_bcast(comm, h, count, dtype, root));
         if (comm->rank == root)
             return GDP_STATUS_SUCCESS;
