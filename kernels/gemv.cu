@@ -13,6 +13,8 @@
 
 #include "dtype_access.cuh" /* aligned16 */
 #include "gemv.h"
+#include "norm_math.cuh"
+#include "pdl.cuh"
 #include "src/cuda_check.h"
 #include "src/internal.h"
 
@@ -162,6 +164,162 @@ cudaError_t launch_typed(int rows, int64_t n, int64_t k, const void *A, int64_t 
     return launch_rows<T, TC, 8>(rows, n, k, A, lda, B, beta, C, ldc, stream);
 }
 
+
+/* ---- the norm-GEMV: the input's norm formed in shared memory, then the product ---- */
+
+struct NormGemvParams {
+    NormParams norm; /* the prologue's norm; out is set to the block's shared rows */
+    int rows, n, k;
+    const void *B;
+    float beta;
+    void *C;
+    int64_t ldc;
+};
+
+/* One warp a column (CPW = 1 of gemv_nt_kernel, the same sum order: the same bits as the norm
+ * op then gemv_nt). Launched as a programmatic dependent (pdl.cuh): the weight does not depend on
+ * the kernels ahead, so each warp issues its column's first GEMV_U chunks and sends the rest of
+ * the column to L2 before it waits; then the block forms the norm of every row in shared memory
+ * (the norm kernels' own body and work split: BLOCK, NCH chunks a thread), and multiplies. */
+template <typename T, typename TC, int R, bool GATED, bool BLOCK, int NCH>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) norm_gemv_kernel(const NormGemvParams p) {
+    extern __shared__ __align__(16) unsigned char norm_gemv_smem[];
+    T *As = reinterpret_cast<T *>(norm_gemv_smem);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t col = (int64_t)blockIdx.x * GEMV_WARPS + warp;
+    const bool has_col = col < p.n;
+    const T *brow = static_cast<const T *>(p.B) + (has_col ? col : 0) * (int64_t)p.k;
+    pdl_trigger(); /* whatever follows may start as soon as it can: it waits for this grid itself */
+
+    /* 1. The weight, independent of the kernels ahead. */
+    uint4 bv[GEMV_U];
+#pragma unroll
+    for (int u = 0; u < GEMV_U; u++) {
+        const int idx = u * GEMV_SPAN + lane * 8;
+        bv[u] = has_col && idx < p.k ? load_stream(brow + idx) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    if (has_col && lane == 0 && p.k > GEMV_SPAN * GEMV_U)
+        prefetch_l2_bulk(brow + GEMV_SPAN * GEMV_U, (uint32_t)(p.k - GEMV_SPAN * GEMV_U) * (uint32_t)sizeof(T));
+
+    /* 2. The input, written by the kernels ahead. */
+    pdl_wait();
+    NormParams q = p.norm;
+    q.out = As;
+    if constexpr (BLOCK) {
+        for (int64_t v = 0; v < q.vectors; v++) {
+            norm_fast_vector<false, GATED, true, NCH>(q, v, (int)threadIdx.x);
+            __syncthreads(); /* the body's partial sums are reused by the next vector */
+        }
+    } else {
+        for (int64_t v = warp; v < q.vectors; v += GEMV_WARPS)
+            norm_fast_vector<false, GATED, false, NCH>(q, v, lane);
+        __syncthreads();
+    }
+    if (!has_col)
+        return;
+
+    /* 3. The product, as gemv_nt_kernel's. */
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        acc[r] = 0.0f;
+    for (int base = 0; base < p.k; base += GEMV_SPAN * GEMV_U) {
+        if (base > 0) {
+#pragma unroll
+            for (int u = 0; u < GEMV_U; u++) {
+                const int idx = base + u * GEMV_SPAN + lane * 8;
+                bv[u] = idx < p.k ? load_stream(brow + idx) : make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+            const int idx = base + u * GEMV_SPAN + lane * 8;
+            if (idx >= p.k)
+                break;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (r < p.rows) {
+                    const uint4 av = *reinterpret_cast<const uint4 *>(As + (int64_t)r * p.k + idx);
+                    acc[r] = dot8<T>(acc[r], av, bv[u]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (lane == r && r < p.rows) {
+            TC *dst = static_cast<TC *>(p.C) + r * p.ldc + col;
+            float v = acc[r];
+            if constexpr (std::is_same<TC, float>::value) {
+                if (p.beta != 0.0f)
+                    v = fmaf(p.beta, *dst, v);
+                *dst = v;
+            } else {
+                if (p.beta != 0.0f)
+                    v = fmaf(p.beta, Pair<T>::to_f(*dst), v);
+                *dst = Pair<T>::from_f(v);
+            }
+        }
+    }
+}
+
+/* Chunks a thread of the norm's body, as the norm kernels choose them (norm.cu, launch_fast). */
+int norm_gemv_chunks(int64_t n, bool block) {
+    const int64_t lanes = block ? FAST_BLOCK_THREADS : 32;
+    return (int)((n / 8 + lanes - 1) / lanes);
+}
+
+template <typename T, typename TC, int R, bool GATED, bool BLOCK, int NCH>
+cudaError_t launch_norm_gemv_inst(const NormGemvParams &p, bool pdl, cudaStream_t stream) {
+    auto kernel = norm_gemv_kernel<T, TC, R, GATED, BLOCK, NCH>;
+    const size_t smem = (size_t)p.rows * (size_t)p.k * sizeof(T);
+    if (smem > 48 * 1024) {
+        const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (err != cudaSuccess)
+            return err;
+    }
+    const dim3 grid((unsigned)((p.n + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
+    if (pdl)
+        return launch_pdl(kernel, grid, block, smem, stream, p);
+    kernel<<<grid, block, smem, stream>>>(p);
+    return cudaGetLastError();
+}
+
+template <typename T, typename TC, int R, bool GATED>
+cudaError_t launch_norm_gemv_shape(const NormGemvParams &p, bool pdl, cudaStream_t stream) {
+    const bool block = p.norm.n > FAST_WARP_MAX;
+    if (norm_gemv_chunks(p.norm.n, block) <= 1)
+        return block ? launch_norm_gemv_inst<T, TC, R, GATED, true, 1>(p, pdl, stream)
+                     : launch_norm_gemv_inst<T, TC, R, GATED, false, 1>(p, pdl, stream);
+    return block ? launch_norm_gemv_inst<T, TC, R, GATED, true, 2>(p, pdl, stream)
+                 : launch_norm_gemv_inst<T, TC, R, GATED, false, 2>(p, pdl, stream);
+}
+
+template <typename T, typename TC, bool GATED>
+cudaError_t launch_norm_gemv_rows(const NormGemvParams &p, bool pdl, cudaStream_t stream) {
+    if (p.rows <= 1)
+        return launch_norm_gemv_shape<T, TC, 1, GATED>(p, pdl, stream);
+    if (p.rows <= 2)
+        return launch_norm_gemv_shape<T, TC, 2, GATED>(p, pdl, stream);
+    if (p.rows <= 4)
+        return launch_norm_gemv_shape<T, TC, 4, GATED>(p, pdl, stream);
+    return launch_norm_gemv_shape<T, TC, 8, GATED>(p, pdl, stream);
+}
+
+/* The RMS prologue writes A's dtype (C too: in_proj); the gated one writes C in fp32 or A's dtype. */
+template <typename T>
+cudaError_t launch_norm_gemv_typed(const NormGemvParams &p, bool gated, gdp_dtype_t c_dtype, bool pdl,
+                                   cudaStream_t stream) {
+    if (!gated)
+        return launch_norm_gemv_rows<T, T, false>(p, pdl, stream);
+    return c_dtype == GDP_DTYPE_FP32 ? launch_norm_gemv_rows<T, float, true>(p, pdl, stream)
+                                     : launch_norm_gemv_rows<T, T, true>(p, pdl, stream);
+}
 } // namespace
 
 // kernel launchers
@@ -192,5 +350,55 @@ extern "C" gdp_status_t gdp_cuda_gemv_nt(struct gdp_ctx *ctx, int64_t rows, int6
                                         : launch_typed<__half, __half>(r, n, k, A, lda, B, beta, C, ldc, stream);
     GDP_CUDA_LAUNCH_CHECK("gdp_gemm_nt (skinny)", err, "rows %lld, n %lld, k %lld", (long long)rows, (long long)n,
                           (long long)k);
+    return GDP_STATUS_SUCCESS;
+}
+
+extern "C" int gdp_cuda_norm_gemv_fits(const gdp_norm_gemv_args *a) {
+    const bool gated = a->kind == GDP_NORM_GEMV_GATED;
+    /* bf16 only: the CUDA layer's activations and weights (gdp_backend_act_dtype) */
+    const bool half = a->ab_dtype == GDP_DTYPE_BF16;
+    /* the RMS prologue feeds in_proj, whose output is A's dtype; the gated one out_proj (fp32 or A's dtype) */
+    const bool c_ok = a->c_dtype == a->ab_dtype || (gated && a->c_dtype == GDP_DTYPE_FP32);
+    const int64_t group = gated ? a->group : a->k;
+    const size_t xs = gdp_dtype_size(a->x_dtype), zs = gated ? gdp_dtype_size(a->z_dtype) : 0;
+    return half && c_ok && a->rows >= 1 && a->rows <= GDP_GEMV_MAX_ROWS && a->n >= 1 && a->n <= INT32_MAX &&
+           a->k % 8 == 0 && a->k <= INT32_MAX && group >= 8 && group % 8 == 0 && a->k % group == 0 &&
+           norm_gemv_chunks(group, group > FAST_WARP_MAX) <= 2 &&
+           (size_t)a->rows * (size_t)a->k * 2 <= GDP_NORM_GEMV_MAX_SMEM && aligned16(a->B) && aligned16(a->x) &&
+           aligned16(a->norm_weight) && ((size_t)a->x_row * xs) % 16 == 0 &&
+           (!gated || (aligned16(a->z) && ((size_t)a->z_row * zs) % 16 == 0));
+}
+
+extern "C" gdp_status_t gdp_cuda_norm_gemv(struct gdp_ctx *ctx, const gdp_norm_gemv_args *a, int pdl) {
+    if (a->rows <= 0 || a->n <= 0)
+        return GDP_STATUS_SUCCESS;
+    const bool gated = a->kind == GDP_NORM_GEMV_GATED;
+    NormGemvParams p = {};
+    p.norm.x = a->x;
+    p.norm.x_dtype = a->x_dtype;
+    p.norm.x_row = a->x_row;
+    p.norm.z = gated ? a->z : nullptr;
+    p.norm.z_dtype = gated ? a->z_dtype : GDP_DTYPE_FP32;
+    p.norm.z_row = gated ? a->z_row : 0;
+    p.norm.weight = a->norm_weight;
+    p.norm.w_dtype = a->w_dtype;
+    p.norm.out_dtype = a->ab_dtype;
+    p.norm.n = gated ? a->group : a->k;
+    p.norm.groups = a->k / p.norm.n;
+    p.norm.vectors = a->rows * p.norm.groups;
+    /* as the norm ops: torch's mean multiplies by 1/n rounded once */
+    p.norm.inv_n = 1.0f / (float)p.norm.n;
+    p.norm.eps = (float)a->eps;
+    p.rows = (int)a->rows;
+    p.n = (int)a->n;
+    p.k = (int)a->k;
+    p.B = a->B;
+    p.beta = a->beta;
+    p.C = a->C;
+    p.ldc = a->ldc;
+    cudaStream_t stream = static_cast<cudaStream_t>(ctx->stream);
+    const cudaError_t err = launch_norm_gemv_typed<__nv_bfloat16>(p, gated, a->c_dtype, pdl != 0, stream);
+    GDP_CUDA_LAUNCH_CHECK(gated ? "gdp_gated_rmsnorm_gemm" : "gdp_rmsnorm_gemm", err, "rows %lld, n %lld, k %lld",
+                          (long long)a->rows, (long long)a->n, (long long)a->k);
     return GDP_STATUS_SUCCESS;
 }

@@ -5,6 +5,10 @@
  * rows <= GDP_GEMV_MAX_ROWS. src/backend_cuda.c runs it only under GDP_GEMM_SKINNY=on: measured
  * on the H200 it matched cuBLASLt at one row (both about half the copy bandwidth) and lost from
  * four rows on (kernels/NOTES-ops.md, "Skinny GEMM"), so cuBLASLt stays the default.
+ * The norm-GEMV is the same product with its input's norm folded in (the layer's pre-RMSNorm
+ * before in_proj, its grouped gated RMSNorm before out_proj): one launch instead of two, the
+ * norm's output kept in shared memory, the weight's loads issued before the launch waits for
+ * the kernels ahead (programmatic dependent launch, kernels/pdl.cuh).
  */
 #ifndef GDP_GEMV_H
 #define GDP_GEMV_H
@@ -32,6 +36,44 @@ int gdp_cuda_gemv_fits(int64_t rows, int64_t k, const void *A, int64_t lda, cons
 gdp_status_t gdp_cuda_gemv_nt(struct gdp_ctx *ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
                               const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
                               gdp_dtype_t c_dtype);
+
+/* The norm-GEMV: C[r, j] = sum_i A[r, i] B[j, i] (+ beta C[r, j]) with A = the norm of x rounded
+ * to B's dtype, as gdp_rmsnorm (RMS: one vector a row of k) or gdp_gated_rmsnorm (GATED: x is y,
+ * gated by z, vectors of `group` elements) would write it. */
+typedef enum { GDP_NORM_GEMV_RMS = 0, GDP_NORM_GEMV_GATED = 1 } gdp_norm_gemv_kind;
+
+#define GDP_NORM_GEMV_MAX_SMEM (96 * 1024) /* rows * k * 2 bytes: the norm's rows in shared memory */
+
+typedef struct gdp_norm_gemv_args {
+    gdp_norm_gemv_kind kind;
+    int64_t rows, k, group;  /* group: elements a norm vector (GATED; RMS normalizes whole rows) */
+    const void *x;           /* [rows, k], x_row elements apart (RMS: x; GATED: y)          */
+    gdp_dtype_t x_dtype;
+    int64_t x_row;
+    const void *z;           /* GATED: the gate, like y, z_row elements apart                 */
+    gdp_dtype_t z_dtype;
+    int64_t z_row;
+    const void *norm_weight; /* [k] */
+    gdp_dtype_t w_dtype;
+    double eps;
+    int64_t n;               /* columns of C: rows of B [n, k]                               */
+    const void *B;
+    gdp_dtype_t ab_dtype;
+    float beta;
+    void *C;
+    int64_t ldc;
+    gdp_dtype_t c_dtype;
+} gdp_norm_gemv_args;
+
+/* Whether gdp_cuda_norm_gemv takes these arguments: bf16 B (the CUDA layer's weights), C in B's
+ * dtype (or fp32 for GATED), 1 <= rows <= GDP_GEMV_MAX_ROWS, rows * k * 2 <= GDP_NORM_GEMV_MAX_SMEM,
+ * the norm on its fast path with at most two 8-element chunks a thread, 16-byte aligned rows. */
+int gdp_cuda_norm_gemv_fits(const gdp_norm_gemv_args *a);
+
+/* The norm-GEMV on the ctx's stream, one launch; pdl: as a programmatic dependent of the work
+ * ahead (kernels/pdl.cuh). The same bits as the norm op followed by gdp_cuda_gemv_nt. The caller
+ * checked gdp_cuda_norm_gemv_fits. */
+gdp_status_t gdp_cuda_norm_gemv(struct gdp_ctx *ctx, const gdp_norm_gemv_args *a, int pdl);
 
 #ifdef __cplusplus
 }

@@ -39,6 +39,7 @@
 #include "dtype_access.cuh"
 #include "gdp_kernels.h"
 #include "norm_math.cuh"
+#include "pdl.cuh"
 #include "src/cuda_check.h"
 #include "src/internal.h"
 

@@ -615,9 +615,12 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
  * item's state streams into the thread's own shared-memory cells by cp.async (no registers
  * held, no barrier: each thread reads back only what it copied), and its q, k, v rows into L2;
  * the slot of the item after that is copied a whole item ahead. So a block's state load
- * overlaps its previous item's compute instead of following it. */
+ * overlaps its previous item's compute instead of following it. The grid lets a programmatic
+ * dependent (the layer's out_proj norm-GEMV, kernels/gemv.cu) start at once, so that its weight
+ * streams while the update runs. */
 template <int SDT, int R, int LPR, int MT, int DT>
 __global__ void __launch_bounds__(ROWS_THREADS, ROWS_MIN_BLOCKS) recurrent_rows_kernel(const RecurrentParams p) {
+    pdl_trigger();
     using G = RowsGeom<LPR>;
     using Bits = typename StateStorage<SDT>::Bits;
     constexpr int BV = G::BV, KP = G::ROUND * R;

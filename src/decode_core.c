@@ -4,12 +4,16 @@
  * front). Both ops' front-end checks run first, so a refused call is refused exactly as the two
  * ops would refuse it and modifies nothing; then the fused CUDA launches (kernels/decode_core.cu,
  * kernels/recurrent.cu, kernels/conv1d.cu) when the step fits them, else the two ops in order.
+ * gdp_norm_gemm (a norm and the projection that reads it) likewise, with kernels/gemv.cu.
  */
 #include "decode_core.h"
+#include "backend.h"
 #include "internal.h"
+#include "phase.h"
 
 #ifdef GDP_HAVE_CUDA
 #include "kernels/gdp_kernels.h"
+#include "kernels/gemv.h"
 #endif
 
 /* Both fronts' pairing rule: two argument structs, and the prepare reading the conv's output
@@ -128,4 +132,101 @@ gdp_status_t gdp_decode_recurrent_norm_ex(gdp_ctx_t ctx, const gdp_recurrent_arg
 #endif
     GDP_CHECK(gdp_fused_recurrent_gated_delta_rule_update(ctx, rec));
     return gdp_gated_rmsnorm(ctx, out, y, z, weight, group_size, eps);
+}
+
+/* ---- the norm-GEMMs ---- */
+
+enum { NORM_GEMM_CHAIN = 0, NORM_GEMM_FUSED, NORM_GEMM_SERIAL };
+
+/* GDP_NORM_GEMM: NORM_GEMM_* (auto and fused, and unset or empty: fused), -1 for anything else. */
+static int norm_gemm_choice(const char **text) {
+    static const char *const spell[4] = {"auto", "fused", "serial", "chain"};
+    static const int value[4] = {NORM_GEMM_FUSED, NORM_GEMM_FUSED, NORM_GEMM_SERIAL, NORM_GEMM_CHAIN};
+    return gdp_env_choice("GDP_NORM_GEMM", spell, value, 4, NORM_GEMM_FUSED, text);
+}
+
+#ifdef GDP_HAVE_CUDA
+/* The kernel's arguments for a (checked) call: [rows, k] the norm output's shape. */
+static gdp_norm_gemv_args norm_gemv_args(const gdp_norm_gemm_args *a) {
+    const bool gated = a->z != NULL;
+    const int64_t k = a->out->shape[a->out->ndim - 1], rows = k > 0 ? gdp_tensor_numel(a->out) / k : 0;
+    /* a 2-D row view (the gated norm allows one for y and z) or contiguous rows */
+    const int64_t x_row = a->x->ndim == 2 ? gdp_tensor_stride(a->x, 0) : k;
+    return (gdp_norm_gemv_args){
+        .kind = gated ? GDP_NORM_GEMV_GATED : GDP_NORM_GEMV_RMS,
+        .rows = rows, .k = k, .group = gated ? a->group_size : k,
+        .x = a->x->data, .x_dtype = a->x->dtype, .x_row = x_row,
+        .z = gated ? a->z->data : NULL, .z_dtype = gated ? a->z->dtype : GDP_DTYPE_FP32,
+        .z_row = gated ? (a->z->ndim == 2 ? gdp_tensor_stride(a->z, 0) : k) : 0,
+        .norm_weight = a->weight->data, .w_dtype = a->weight->dtype, .eps = a->eps,
+        .n = a->n, .B = a->B, .ab_dtype = a->out->dtype,
+        .beta = a->beta, .C = a->C, .ldc = a->ldc, .c_dtype = a->c_dtype,
+    };
+}
+#endif
+
+/* The fused launch's mode for a checked call: NORM_GEMM_FUSED or _SERIAL, or CHAIN where it does not fit. */
+static int norm_gemm_mode(gdp_ctx_t ctx, const gdp_norm_gemm_args *a) {
+    const int mode = norm_gemm_choice(NULL);
+#ifdef GDP_HAVE_CUDA
+    if (mode > NORM_GEMM_CHAIN && ctx->backend == GDP_BACKEND_CUDA && !ctx->debug_checks && a->ldc >= a->n) {
+        const gdp_norm_gemv_args g = norm_gemv_args(a);
+        if (gdp_cuda_norm_gemv_fits(&g))
+            return mode;
+    }
+#else
+    (void)ctx, (void)a;
+#endif
+    return NORM_GEMM_CHAIN;
+}
+
+/* Both ops' rules, without running either. */
+static gdp_status_t norm_gemm_check(gdp_ctx_t ctx, const gdp_norm_gemm_args *a) {
+    static const char *op = "gdp_norm_gemm";
+    if (a == NULL || a->out == NULL || a->x == NULL || a->weight == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: the arguments, out, x and weight must not be NULL", op);
+    const char *text = NULL;
+    if (norm_gemm_choice(&text) < 0)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "%s: GDP_NORM_GEMM=%s is not known; use auto (or leave it unset or empty), fused, serial or chain",
+                 op, text);
+    if (a->z != NULL)
+        GDP_CHECK(gdp_gated_rmsnorm_check(ctx, a->out, a->x, a->z, a->weight, a->group_size, a->eps));
+    else
+        GDP_CHECK(gdp_rmsnorm_check(ctx, a->out, a->x, a->weight, a->eps));
+    const char *why = NULL;
+    if (!gdp_gemm_supported_ex(ctx, a->out->dtype, a->c_dtype, &why))
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_gemm_nt: %s", why);
+    return GDP_STATUS_SUCCESS;
+}
+
+bool gdp_norm_gemm_fuses(gdp_ctx_t ctx, const gdp_norm_gemm_args *a) {
+    /* with debug checks the norm's value checks would read x now (the layer asks before the
+     * decode op writes y), and the chain runs anyway */
+    return gdp_ctx_check(ctx, "gdp_norm_gemm") == GDP_STATUS_SUCCESS && !ctx->debug_checks &&
+           norm_gemm_check(ctx, a) == GDP_STATUS_SUCCESS && norm_gemm_mode(ctx, a) != NORM_GEMM_CHAIN;
+}
+
+gdp_status_t gdp_norm_gemm(gdp_ctx_t ctx, const gdp_norm_gemm_args *a) {
+    GDP_CHECK(gdp_ctx_check(ctx, "gdp_norm_gemm"));
+    GDP_CHECK(norm_gemm_check(ctx, a));
+    const int mode = norm_gemm_mode(ctx, a);
+#ifdef GDP_HAVE_CUDA
+    if (mode != NORM_GEMM_CHAIN) {
+        const gdp_norm_gemv_args g = norm_gemv_args(a);
+        gdp_phase_mark(ctx, GDP_MARK_GEMM); /* measured phases (phase.h): a GEMM with its input's norm */
+        const gdp_status_t st = gdp_cuda_norm_gemv(ctx, &g, mode == NORM_GEMM_FUSED);
+        gdp_phase_mark(ctx, GDP_MARK_OPS);
+        return st;
+    }
+#else
+    (void)mode;
+#endif
+    if (a->z != NULL)
+        GDP_CHECK(gdp_gated_rmsnorm(ctx, a->out, a->x, a->z, a->weight, a->group_size, a->eps));
+    else
+        GDP_CHECK(gdp_rmsnorm(ctx, a->out, a->x, a->weight, a->eps));
+    const int64_t k = a->out->shape[a->out->ndim - 1], rows = k > 0 ? gdp_tensor_numel(a->out) / k : 0;
+    return gdp_gemm_nt_ex(ctx, rows, a->n, k, a->out->data, k, a->B, a->out->dtype, a->beta, a->C, a->ldc,
+                          a->c_dtype);
 }

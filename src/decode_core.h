@@ -22,6 +22,8 @@ gdp_status_t gdp_conv1d_varlen_check(gdp_ctx_t ctx, const gdp_conv1d_varlen_args
 gdp_status_t gdp_prepare_check(gdp_ctx_t ctx, const gdp_prepare_args *args, int decode, const char *op);
 /* The same for the decode op (src/ops_recurrent.c) and the gated norm (src/ops_norm.c). */
 gdp_status_t gdp_recurrent_check(gdp_ctx_t ctx, const gdp_recurrent_args *args);
+gdp_status_t gdp_rmsnorm_check(gdp_ctx_t ctx, const gdp_tensor *out, const gdp_tensor *x, const gdp_tensor *weight,
+                               double eps);
 gdp_status_t gdp_gated_rmsnorm_check(gdp_ctx_t ctx, const gdp_tensor *out, const gdp_tensor *y, const gdp_tensor *z,
                                      const gdp_tensor *weight, int64_t group_size, double eps);
 
@@ -66,6 +68,35 @@ gdp_status_t gdp_decode_recurrent_norm(gdp_ctx_t ctx, const gdp_recurrent_args *
 gdp_status_t gdp_decode_recurrent_norm_ex(gdp_ctx_t ctx, const gdp_recurrent_args *rec, gdp_tensor *out,
                                           const gdp_tensor *y, const gdp_tensor *z, const gdp_tensor *weight,
                                           int64_t group_size, double eps, bool *fused);
+
+/* A norm and the projection that reads it: out = norm(x), then C = out B^T + beta C over out's
+ * [rows, k] (gdp_gemm_nt_ex with A = out, lda = k, B [n, k] in out's dtype). z == NULL: the
+ * pre-RMSNorm (gdp_rmsnorm(out, x, weight, eps)); otherwise the grouped gated RMSNorm
+ * (gdp_gated_rmsnorm(out, x, z, weight, group_size, eps): x is y). */
+typedef struct gdp_norm_gemm_args {
+    gdp_tensor *out; /* the norm's output; unspecified after the one launch (below) */
+    const gdp_tensor *x, *z, *weight;
+    int64_t group_size;
+    double eps;
+    int64_t n;
+    const void *B;
+    float beta;
+    void *C;
+    int64_t ldc;
+    gdp_dtype_t c_dtype;
+} gdp_norm_gemm_args;
+
+/* The norm op then the GEMM: the same C. On CUDA, where the norm-GEMV takes the call
+ * (kernels/gemv.h: at most GDP_GEMV_MAX_ROWS rows, bf16), one launch that never writes out and
+ * whose products are gdp_cuda_gemv_nt's (not cuBLASLt's). GDP_NORM_GEMM, read at every call:
+ * auto (unset or empty) and fused take the one launch where it fits, serial the same launch
+ * without programmatic dependent launch (the A/B), chain the two ops; any other value is
+ * GDP_STATUS_INVALID_USAGE before anything runs. Both ops' checks run first, so a refused
+ * call writes nothing. */
+gdp_status_t gdp_norm_gemm(gdp_ctx_t ctx, const gdp_norm_gemm_args *a);
+/* Whether gdp_norm_gemm(ctx, a) would take the one launch (the layer then leaves the gated norm
+ * out of its decode end; the tests assert it where they expect it). */
+bool gdp_norm_gemm_fuses(gdp_ctx_t ctx, const gdp_norm_gemm_args *a);
 
 #ifdef __cplusplus
 }

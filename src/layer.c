@@ -757,10 +757,12 @@ static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, cons
         gdp_tensor xn_local = view(ws->xn_local, a, 2, SHAPE(T_local, D), NULL);
         GDP_CHECK(gdp_rmsnorm(l->ctx, &xn_local, x, &norm_w, l->norm_eps));
         GDP_CHECK(gdp_comm_tp_gather_input(l->comm, l->mode, ws->xn_local, ws->xn, Tc, D, a, l->ctx->stream));
-    } else {
-        GDP_CHECK(gdp_rmsnorm(l->ctx, &xn, x, &norm_w, l->norm_eps));
+        GDP_CHECK(gdp_gemm_nt_ex(l->ctx, Tc, WT, D, ws->xn, D, l->in_proj, a, 0.0f, ws->proj, WT, a));
+    } else { /* one launch at a few rows (decode_core.h) */
+        const gdp_norm_gemm_args in = {.out = &xn, .x = x, .weight = &norm_w, .eps = l->norm_eps,
+                                       .n = WT, .B = l->in_proj, .beta = 0.0f, .C = ws->proj, .ldc = WT, .c_dtype = a};
+        GDP_CHECK(gdp_norm_gemm(l->ctx, &in));
     }
-    GDP_CHECK(gdp_gemm_nt_ex(l->ctx, Tc, WT, D, ws->xn, D, l->in_proj, a, 0.0f, ws->proj, WT, a));
 
     /* The core, on every row of the step for its heads. */
     core_io io = {.proj = ws->proj, .pitch = WT, .conv_col = di, .ba_col = di + l->conv_dim, .y = ws->y};
@@ -791,29 +793,33 @@ static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, cons
         .group = di / l->G,
         .eps = l->out_norm_eps,
     };
+    /* out_proj into the residual dtype, with the residual folded in as the GEMM's C
+     * (beta = 1) on exactly one place per row: rank 0's partial (all-reduce), or the row
+     * block's owner (SP); the gated norm goes with it where the two are one launch
+     * (decode_core.h), else with the decode op (y_in_place) or on its own. */
+    const gdp_norm_gemm_args out = {.out = &norm.out, .x = &norm.y, .z = &norm.z, .weight = &norm.weight,
+                                    .group_size = norm.group, .eps = norm.eps, .n = D, .B = l->out_proj,
+                                    .beta = 1.0f, .C = l->comm == NULL ? x->data : ws->out, .ldc = D, .c_dtype = r};
+    const bool norm_at_decode = y_in_place && !gdp_norm_gemm_fuses(l->ctx, &out);
     if (m->padded_decode_count > 0)
-        GDP_CHECK(run_decode(l, cache, m, &io, ws, !y_in_place, y_in_place ? &norm : NULL));
+        GDP_CHECK(run_decode(l, cache, m, &io, ws, !y_in_place, norm_at_decode ? &norm : NULL));
     if (m->padded_prefill_count > 0 && m->prefill_rows > 0)
         GDP_CHECK(run_prefill(l, cache, m, &io, ws));
     if (l->cp_comm != NULL)
         GDP_CHECK(cp_gather_heads(l, Tc, ws));
 
-    if (!y_in_place)
-        GDP_CHECK(gdp_gated_rmsnorm(l->ctx, &norm.out, &norm.y, &norm.z, &norm.weight, norm.group, norm.eps));
-
-    /* out_proj into the residual dtype, with the residual folded in as the GEMM's C
-     * (beta = 1) on exactly one place per row: rank 0's partial (all-reduce), or the row
-     * block's owner (SP). */
-    if (l->comm == NULL)
-        return gdp_gemm_nt_ex(l->ctx, Tc, D, di, ws->normed, di, l->out_proj, a, 1.0f, x->data, D, r);
-    const size_t row_bytes = (size_t)D * gdp_dtype_size(r);
-    GDP_CHECK(gdp_buf_zero(l->ctx, ws->out, (size_t)Tc * row_bytes));
-    if (sp)
-        GDP_CHECK(gdp_buf_copy(l->ctx, (char *)ws->out + (size_t)(l->shard.tp_rank * T_local) * row_bytes,
-                               x->data, (size_t)T_local * row_bytes));
-    else if (l->shard.tp_rank == 0)
-        GDP_CHECK(gdp_buf_copy(l->ctx, ws->out, x->data, (size_t)Tc * row_bytes));
-    return gdp_gemm_nt_ex(l->ctx, Tc, D, di, ws->normed, di, l->out_proj, a, 1.0f, ws->out, D, r);
+    if (l->comm != NULL) {
+        const size_t row_bytes = (size_t)D * gdp_dtype_size(r);
+        GDP_CHECK(gdp_buf_zero(l->ctx, ws->out, (size_t)Tc * row_bytes));
+        if (sp)
+            GDP_CHECK(gdp_buf_copy(l->ctx, (char *)ws->out + (size_t)(l->shard.tp_rank * T_local) * row_bytes,
+                                   x->data, (size_t)T_local * row_bytes));
+        else if (l->shard.tp_rank == 0)
+            GDP_CHECK(gdp_buf_copy(l->ctx, ws->out, x->data, (size_t)Tc * row_bytes));
+    }
+    if (norm_at_decode)
+        return gdp_gemm_nt_ex(l->ctx, Tc, D, di, ws->normed, di, l->out_proj, a, 1.0f, out.C, D, r);
+    return gdp_norm_gemm(l->ctx, &out);
 }
 
 /* A status agreement over every rank the layer's collectives involve: the TP group, then the

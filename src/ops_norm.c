@@ -108,8 +108,9 @@ gdp_status_t gdp_gated_rmsnorm(gdp_ctx_t ctx, gdp_tensor *out, const gdp_tensor 
     return gdp_cpu_gated_rmsnorm(out, y, z, weight, group_size, eps);
 }
 
-gdp_status_t gdp_rmsnorm(gdp_ctx_t ctx, gdp_tensor *out, const gdp_tensor *x, const gdp_tensor *weight,
-                         double eps) {
+/* Every rule of gdp_rmsnorm, without running it (also for the fused norm-GEMM, decode_core.h). */
+gdp_status_t gdp_rmsnorm_check(gdp_ctx_t ctx, const gdp_tensor *out, const gdp_tensor *x, const gdp_tensor *weight,
+                               double eps) {
     static const char *op = "gdp_rmsnorm";
     GDP_CHECK(gdp_ctx_check(ctx, op));
     GDP_CHECK(check_rows(op, "x", x, weight, eps));
@@ -119,8 +120,14 @@ gdp_status_t gdp_rmsnorm(gdp_ctx_t ctx, gdp_tensor *out, const gdp_tensor *x, co
     GDP_CHECK(gdp_check_aliasing(op, bufs, 3));
     for (int i = 0; i < 2; i++)
         GDP_CHECK(gdp_debug_check_values(ctx, op, bufs[i].name, bufs[i].t, false));
+    return GDP_STATUS_SUCCESS;
+}
+
+gdp_status_t gdp_rmsnorm(gdp_ctx_t ctx, gdp_tensor *out, const gdp_tensor *x, const gdp_tensor *weight,
+                         double eps) {
+    GDP_CHECK(gdp_rmsnorm_check(ctx, out, x, weight, eps));
     if (ctx->backend == GDP_BACKEND_CUDA) {
-        GDP_CUDA_OP(op, gdp_cuda_rmsnorm(ctx, out, x, weight, eps));
+        GDP_CUDA_OP("gdp_rmsnorm", gdp_cuda_rmsnorm(ctx, out, x, weight, eps));
     }
     return gdp_cpu_rmsnorm(out, x, weight, eps);
 }

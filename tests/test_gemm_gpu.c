@@ -10,6 +10,15 @@
  *   - the skinny kernel twice on the same inputs: the same bits;
  *   - shapes the skinny kernel does not take (k % 8 != 0, a misaligned pitch) still run (cuBLASLt);
  *   - GDP_GEMM_SKINNY with an unknown value is refused naming the variable and the value.
+ * And the norm-GEMMs (src/decode_core.h gdp_norm_gemm: the pre-RMSNorm with in_proj, the gated
+ * RMSNorm with out_proj), each in one launch (kernels/gemv.h, the norm-GEMV), on the layer's
+ * shapes and random ones (rows 1 to 12, x fp32 or bf16, y and z row views, C fp32 or bf16):
+ *   - the one launch, with and without programmatic dependent launch, gives the bits of the
+ *     norm op followed by the skinny kernel (GDP_NORM_GEMM=chain, GDP_GEMM_SKINNY=on), and its C
+ *     is within the accumulation bound of the double product of the norm's output;
+ *   - captured in a graph after a kernel that writes its input, replayed with new inputs: the
+ *     same bits as the eager chain on those inputs (the launch waits for the writer);
+ *   - past the kernel's row limit it runs the chain; an unknown GDP_NORM_GEMM is refused.
  * Without a CUDA build or a visible GPU it prints why and exits 77 (skip).
  */
 #include <math.h>
@@ -17,6 +26,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "decode_core.h"
 #include "internal.h"
 #include "kernels/gemv.h"
 #include "test_gpu.h"
@@ -112,6 +122,196 @@ static void gemm_one(const gemm_case *cs, test_rng *rng) {
     test_host_free(&a), test_host_free(&b), test_host_free(&c0), test_host_free(&skinny), test_host_free(&blas);
 }
 
+
+/* ---- the norm-GEMMs ---- */
+
+typedef struct norm_gemm_case {
+    int64_t rows, k, group, n; /* group 0: the pre-RMSNorm; else the gated norm's groups   */
+    int64_t x_pad, z_pad;      /* row views: extra elements a row of x (y) and of z         */
+    gdp_dtype_t x, c;
+    float beta;
+} norm_gemm_case;
+
+/* x is the first k columns of x_full = l2norm(x_src), [rows, k + x_pad]: a kernel writes the
+ * norm-GEMM's input, and x is a row view where x_pad > 0. */
+typedef struct norm_gemm_dev {
+    gdp_tensor x_src, x_full, x, z, w, out, B, C;
+    gdp_norm_gemm_args args;
+} norm_gemm_dev;
+
+/* The writer, then the norm-GEMM. */
+static gdp_status_t norm_gemm_after_writer(void *p) {
+    norm_gemm_dev *d = p;
+    GDP_CHECK(gdp_l2norm(g_test_gpu, &d->x_full, &d->x_src));
+    return gdp_norm_gemm(g_test_gpu, &d->args);
+}
+
+/* The host inputs of one case: x_src, z, the norm weight, B and C0. */
+typedef struct norm_gemm_host {
+    gdp_tensor x_src, z, w, B, C0;
+} norm_gemm_host;
+
+static norm_gemm_host norm_gemm_host_make(const norm_gemm_case *cs, test_rng *rng) {
+    const bool gated = cs->group > 0;
+    const int64_t sx[2] = {cs->rows, cs->k}, sxf[2] = {cs->rows, cs->k + cs->x_pad}, sw[1] = {cs->k},
+                  sb[2] = {cs->n, cs->k}, sc[2] = {cs->rows, cs->n};
+    norm_gemm_host h;
+    h.x_src = test_tensor_alloc(cs->x, 2, sxf);
+    test_fill_uniform(&h.x_src, rng, -3.0, 3.0);
+    h.z = test_alloc_rows(GDP_DTYPE_BF16, 2, sx, cs->z_pad);
+    test_fill_uniform(&h.z, rng, -4.0, 4.0);
+    if (!gated)
+        h.z.data = (free(h.z.data), NULL);
+    h.w = test_tensor_alloc(GDP_DTYPE_BF16, 1, sw);
+    test_fill_uniform(&h.w, rng, 0.5, 1.5);
+    h.B = test_tensor_alloc(GDP_DTYPE_BF16, 2, sb);
+    test_fill_uniform(&h.B, rng, -1.0, 1.0);
+    h.C0 = test_tensor_alloc(cs->c, 2, sc);
+    test_fill_uniform(&h.C0, rng, -4.0, 4.0);
+    if (cs->beta == 0.0f)
+        test_fill_nan(&h.C0); /* C is not read at beta 0 */
+    return h;
+}
+
+static void norm_gemm_host_free(norm_gemm_host *h) {
+    test_host_free(&h->x_src), test_host_free(&h->z), test_host_free(&h->w), test_host_free(&h->B),
+        test_host_free(&h->C0);
+}
+
+static norm_gemm_dev norm_gemm_dev_make(const norm_gemm_case *cs, const norm_gemm_host *h) {
+    const int64_t so[2] = {cs->rows, cs->k};
+    norm_gemm_dev d;
+    d.x_src = test_dev_upload(&h->x_src);
+    d.x_full = test_dev_upload(&h->x_src);
+    d.x = d.x_full;
+    d.x.shape[1] = cs->k; /* the row view: x_full's row stride */
+    d.z = test_dev_clone(&h->z);
+    d.w = test_dev_upload(&h->w);
+    d.out = test_dev_alloc(GDP_DTYPE_BF16, 2, so, 0);
+    d.B = test_dev_upload(&h->B);
+    d.C = test_dev_upload(&h->C0);
+    d.args = (gdp_norm_gemm_args){.out = &d.out, .x = &d.x, .z = cs->group > 0 ? &d.z : NULL, .weight = &d.w,
+                                  .group_size = cs->group, .eps = 1e-6, .n = cs->n, .B = d.B.data,
+                                  .beta = cs->beta, .C = d.C.data, .ldc = cs->n, .c_dtype = cs->c};
+    return d;
+}
+
+static void norm_gemm_dev_free(norm_gemm_dev *d) {
+    test_dev_free(&d->x_src), test_dev_free(&d->x_full), test_dev_free(&d->z), test_dev_free(&d->w),
+        test_dev_free(&d->out), test_dev_free(&d->B), test_dev_free(&d->C);
+}
+
+/* One eager call (writer then norm-GEMM) under GDP_NORM_GEMM=mode and GDP_GEMM_SKINNY=skinny:
+ * C, and the norm's output in *normed when the chain ran (NULL: not wanted). */
+static gdp_tensor norm_gemm_run(const norm_gemm_case *cs, const norm_gemm_host *h, const char *mode, const char *skinny,
+                                bool *fused, gdp_tensor *normed) {
+    norm_gemm_dev d = norm_gemm_dev_make(cs, h);
+    char *saved_mode = test_env_swap("GDP_NORM_GEMM", mode), *saved_skinny = test_env_swap("GDP_GEMM_SKINNY", skinny);
+    CHECK_OK(gdp_l2norm(g_test_gpu, &d.x_full, &d.x_src));
+    if (fused != NULL)
+        *fused = gdp_norm_gemm_fuses(g_test_gpu, &d.args);
+    CHECK_OK(gdp_norm_gemm(g_test_gpu, &d.args));
+    test_env_restore("GDP_GEMM_SKINNY", saved_skinny), test_env_restore("GDP_NORM_GEMM", saved_mode);
+    CUDA_OK(cudaStreamSynchronize(g_test_stream));
+    gdp_tensor c = test_dev_download(&d.C);
+    if (normed != NULL)
+        *normed = test_dev_download(&d.out);
+    norm_gemm_dev_free(&d);
+    return c;
+}
+
+static void norm_gemm_one(const norm_gemm_case *cs, test_rng *rng) {
+    const bool gated = cs->group > 0, fits = cs->rows <= GDP_GEMV_MAX_ROWS;
+    const char *what = gated ? "gated" : "rms";
+    norm_gemm_host h = norm_gemm_host_make(cs, rng);
+    bool fused = false, serial_fused = false, chain_fused = true;
+    gdp_tensor normed;
+    gdp_tensor c_fused = norm_gemm_run(cs, &h, "auto", "off", &fused, NULL);
+    gdp_tensor c_serial = norm_gemm_run(cs, &h, "serial", "off", &serial_fused, NULL);
+    gdp_tensor c_chain = norm_gemm_run(cs, &h, "chain", "on", &chain_fused, &normed);
+    CHECK(fused == fits && serial_fused == fits && !chain_fused,
+          "%s rows %lld: the one launch ran %d / %d / %d (auto / serial / chain), expected %d", what,
+          (long long)cs->rows, fused, serial_fused, chain_fused, fits);
+    test_same_bytes(gated ? "gated norm-GEMM, one launch vs the chain" : "rms norm-GEMM, one launch vs the chain",
+                    &c_fused, &c_chain);
+    test_same_bytes(gated ? "gated norm-GEMM, with and without PDL" : "rms norm-GEMM, with and without PDL",
+                    &c_fused, &c_serial);
+    /* the product against the double product of the norm's (chain) output */
+    const gemm_case gc = {cs->rows, cs->n, cs->k, 0, 0, GDP_DTYPE_BF16, cs->c, cs->beta};
+    double *ha = test_tensor_f64(&normed), *hb = test_tensor_f64(&h.B), *hc = test_tensor_f64(&h.C0);
+    check_gemm(fits ? (gated ? "gated-1" : "rms-1") : (gated ? "gated-ch" : "rms-ch"), &gc, &c_fused, ha, hb, hc);
+    free(ha), free(hb), free(hc);
+
+    /* graph capture after the writer, replayed with new inputs */
+    norm_gemm_dev d = norm_gemm_dev_make(cs, &h);
+    cudaGraphExec_t exec = test_graph_capture(norm_gemm_after_writer, &d);
+    CHECK(exec != NULL, "%s rows %lld: the norm-GEMM did not capture", what, (long long)cs->rows);
+    if (exec != NULL) {
+        test_fill_uniform(&h.x_src, rng, -2.0, 2.0);
+        if (gated)
+            test_fill_uniform(&h.z, rng, -4.0, 4.0);
+        test_dev_put(&d.x_src, &h.x_src);
+        if (gated)
+            test_dev_put(&d.z, &h.z);
+        test_dev_put(&d.C, &h.C0);
+        test_graph_replay(exec);
+        gdp_tensor c_graph = test_dev_download(&d.C), normed2;
+        gdp_tensor c_ref = norm_gemm_run(cs, &h, "chain", "on", NULL, &normed2);
+        test_same_bytes(gated ? "gated norm-GEMM, graph replay vs the chain" : "rms norm-GEMM, graph replay vs the chain",
+                        &c_graph, &c_ref);
+        CUDA_OK(cudaGraphExecDestroy(exec));
+        test_host_free(&c_graph), test_host_free(&c_ref), test_host_free(&normed2);
+    }
+    norm_gemm_dev_free(&d);
+    test_host_free(&c_fused), test_host_free(&c_serial), test_host_free(&c_chain), test_host_free(&normed);
+    norm_gemm_host_free(&h);
+}
+
+static void norm_gemm_tests(test_rng *rng) {
+    printf("the norm-GEMMs, one launch vs the norm op and the skinny kernel:\n");
+    static const norm_gemm_case fixed[] = {
+        {1, 2048, 0, 7728, 0, 0, GDP_DTYPE_FP32, GDP_DTYPE_BF16, 0.0f},     /* in_proj at B = 1, fp32 residual */
+        {8, 2048, 0, 7728, 0, 0, GDP_DTYPE_BF16, GDP_DTYPE_BF16, 0.0f},     /* in_proj at 8 rows, bf16 residual */
+        {1, 2048, 512, 2048, 4096, 5680, GDP_DTYPE_BF16, GDP_DTYPE_FP32, 1.0f}, /* out_proj: y, z row views */
+        {5, 2048, 512, 2048, 2048, 24, GDP_DTYPE_BF16, GDP_DTYPE_BF16, 1.0f},
+        {3, 4096, 0, 300, 0, 0, GDP_DTYPE_FP32, GDP_DTYPE_BF16, 0.0f},      /* two chunks a thread (block) */
+        {2, 512, 0, 129, 0, 0, GDP_DTYPE_FP32, GDP_DTYPE_BF16, 0.0f},       /* a warp a row */
+        {4, 1024, 256, 65, 0, 0, GDP_DTYPE_BF16, GDP_DTYPE_FP32, 0.0f},     /* groups of 256: one chunk */
+        {9, 2048, 0, 700, 0, 0, GDP_DTYPE_FP32, GDP_DTYPE_BF16, 0.0f},      /* past the row limit: the chain */
+        {12, 1024, 512, 300, 0, 8, GDP_DTYPE_BF16, GDP_DTYPE_FP32, 1.0f},
+    };
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        norm_gemm_one(&fixed[i], rng);
+    for (int t = 0; t < 8; t++) {
+        norm_gemm_case cs;
+        cs.rows = 1 + (int64_t)(test_uniform(rng) * 8);
+        const bool gated = test_uniform(rng) < 0.5;
+        cs.group = gated ? 8 * (1 + (int64_t)(test_uniform(rng) * 64)) : 0;
+        cs.k = gated ? cs.group * (1 + (int64_t)(test_uniform(rng) * 6)) : 8 * (1 + (int64_t)(test_uniform(rng) * 500));
+        cs.n = 1 + (int64_t)(test_uniform(rng) * 2000);
+        cs.x_pad = gated ? 8 * (int64_t)(test_uniform(rng) * 3) : 0; /* the pre-norm's x is contiguous */
+        cs.z_pad = gated ? 8 * (int64_t)(test_uniform(rng) * 3) : 0;
+        cs.x = gated ? GDP_DTYPE_BF16 : (test_uniform(rng) < 0.5 ? GDP_DTYPE_FP32 : GDP_DTYPE_BF16);
+        cs.c = gated && test_uniform(rng) < 0.5 ? GDP_DTYPE_FP32 : GDP_DTYPE_BF16;
+        cs.beta = gated ? 1.0f : 0.0f;
+        norm_gemm_one(&cs, rng);
+    }
+    /* an unknown GDP_NORM_GEMM is refused before any launch */
+    {
+        const norm_gemm_case cs = {1, 64, 0, 8, 0, 0, GDP_DTYPE_FP32, GDP_DTYPE_BF16, 0.0f};
+        norm_gemm_host h = norm_gemm_host_make(&cs, rng);
+        norm_gemm_dev d = norm_gemm_dev_make(&cs, &h);
+        char *saved = test_env_swap("GDP_NORM_GEMM", "fastest");
+        CHECK_STATUS(gdp_norm_gemm(g_test_gpu, &d.args), GDP_STATUS_INVALID_USAGE);
+        CHECK(strstr(gdp_last_error(), "GDP_NORM_GEMM") != NULL && strstr(gdp_last_error(), "fastest") != NULL,
+              "the GDP_NORM_GEMM refusal names neither the variable nor its value: %s", gdp_last_error());
+        printf("  GDP_NORM_GEMM=fastest: %s\n", gdp_last_error());
+        test_env_restore("GDP_NORM_GEMM", saved);
+        norm_gemm_dev_free(&d);
+        norm_gemm_host_free(&h);
+    }
+}
+
 static void gemm_tests(test_rng *rng) {
     CHECK_OK(gdp_gemm_acquire(g_test_gpu));
     printf("the projection GEMM, skinny kernel and cuBLASLt vs the double product:\n");
@@ -154,6 +354,7 @@ static void gemm_tests(test_rng *rng) {
         test_env_restore("GDP_GEMM_SKINNY", saved);
         test_dev_free(&d), test_dev_free(&dc), test_host_free(&h), test_host_free(&hc);
     }
+    norm_gemm_tests(rng);
     gdp_gemm_release(g_test_gpu);
 }
 

@@ -127,22 +127,9 @@ cudaError_t launch_hopper_split(const ChunkParams &p, const HopperMaps &maps, co
     chunk_hopper_seg_run_kernel<T, KP, VP, COPY, HOP_MAIN><<<items, HOP_THREADS, smem, stream>>>(p, maps, sp);
     /* the F items run K x K whatever V is: one instance a K; a programmatic dependent of the MAIN launch
      * (hopper.cuh, chunk_hopper_seg_run_kernel: its blocks start as the MAIN launch's drain) */
-    {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = items;
-        cfg.blockDim = dim3(HOP_THREADS);
-        cfg.dynamicSmemBytes = smem_f;
-        cfg.stream = stream;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        err = cudaLaunchKernelEx(&cfg, chunk_hopper_seg_run_kernel<T, KP, KP, COPY, HOP_MAP_F>, p, maps, sp);
-        if (err != cudaSuccess)
-            return err;
-    }
-    if ((err = cudaGetLastError()) != cudaSuccess)
+    err = launch_pdl(chunk_hopper_seg_run_kernel<T, KP, KP, COPY, HOP_MAP_F>, items, dim3(HOP_THREADS), smem_f, stream,
+                     p, maps, sp);
+    if (err != cudaSuccess)
         return err;
     GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_SPLIT_RUNS, stream); /* after the F launch: PDL pairs it with MAIN */
     hop_fixup_kernel<KP, VP>

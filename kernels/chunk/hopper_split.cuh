@@ -9,6 +9,7 @@
 #define GDP_CHUNK_HOPPER_SPLIT_CUH
 
 #include "hopper.cuh"
+#include "kernels/pdl.cuh"
 
 namespace {
 
@@ -80,21 +81,19 @@ __device__ __forceinline__ int hop_grid_item() { return (int)(blockIdx.y + gridD
  * grid's completion and flush (griddepcontrol.wait) after its run, and so does the F grid's last
  * block whatever its item: at least one block of it waits, and the blocks that leave at once hold no
  * SM. Both instructions are no-ops in a launch without the attribute. */
-__device__ __forceinline__ void hop_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void hop_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 template <typename T, int KP, int VP, int COPY, int KIND>
 __global__ void __launch_bounds__(HOP_THREADS, 1)
     chunk_hopper_seg_run_kernel(const ChunkParams p, const __grid_constant__ HopperMaps maps, const HopSegPlan sp) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
     if constexpr (KIND == HOP_MAIN)
-        hop_pdl_trigger();
+        pdl_trigger();
     const int hd = blockIdx.x;
     const HopItem it = hop_item(p, sp, hop_grid_item());
     const int i = it.i, j = it.j;
     if (i < 0 || it.f != (KIND == HOP_MAP_F)) {
         if (KIND == HOP_MAP_F && blockIdx.x + 1 == gridDim.x && blockIdx.y + 1 == gridDim.y && blockIdx.z + 1 == gridDim.z)
-            hop_pdl_wait();
+            pdl_wait();
         return;
     }
     if constexpr (KIND == HOP_MAP_F) {
@@ -102,7 +101,7 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
             p, maps, smem_raw, i, hd, it.cb, it.ce, HopStateSrc{nullptr, 0, 0},
             StateDest{sp.fmap, GDP_DTYPE_FP32, ((int64_t)hop_grid_item() * p.H + hd) * KP * KP},
             static_cast<T *>(sp.ofmap));
-        hop_pdl_wait(); /* the aux warpgroup left hop_run early: every thread waits, none stores after */
+        pdl_wait(); /* the aux warpgroup left hop_run early: every thread waits, none stores after */
     } else {
         const StateDest end = j > 0         ? StateDest{sp.gmap, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, j, hd, VP)}
                               : it.ns == 1 ? final_state_dest(p, i, hd)
