@@ -13,7 +13,9 @@
 # gdp-bench coll and the two serving workloads of issue 11 on two ranks of the one GPU (MPI comm,
 # host-staged), then main's on one rank; GDP_CALL_RANKS2_TIMEOUT seconds a run (default 120); fusedrace (not
 # by default), racecheck of the fused kernel's first GDP_CALL_FUSEDRACE_LAUNCHES launches (default 6) on
-# every tree, GDP_CALL_FUSEDRACE_TIMEOUT seconds each (default 100; the fused-* pending experiments). The A/B
+# every tree, GDP_CALL_FUSEDRACE_TIMEOUT seconds each (default 100; the fused-* pending experiments); normgemm
+# (not by default), main's test_gemm_gpu, the layer and engine GPU tests, then the layer bench's decode rows
+# (GDP_CALL_NG_BATCHES, default 1,2,4,8,64) under GDP_NORM_GEMM=chain, serial and fused, two rounds. The A/B
 # runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
 # call still returns the timings. Without a pack, or if linking fails, it builds the pending patches'
 # trees there (launch/h200-suite.sh hopperab; the patches not marked
@@ -116,6 +118,27 @@ stage_layer() {
             -p 128 -n 128 -m 2 -D 1,8,64,256 -P 2048,16384 >>"$OUT/layer.log" 2>&1
     done
     grep -E "^## |decode|prefill" "$OUT/layer.log" | head -30
+}
+stage_normgemm() { # the norm-GEMV (kernels/gemv.cu): its tests, then the layer's decode rows under each GDP_NORM_GEMM
+    local t mode round
+    timeout 120 "$P/main/bin/test_gemm_gpu" >"$OUT/gemm.log" 2>&1
+    echo "test_gemm_gpu rc=$?"
+    grep -E "checks|FAIL|GDP_NORM_GEMM=" "$OUT/gemm.log" | tail -4
+    for t in "1 test_layer_tp_gpu_nccl_np1 --backend cuda --comm nccl" "2 test_layer_tp_gpu_np2 --backend cuda" \
+        "2 test_layer_tp_gpu_sp_np2 --backend cuda --sp" "2 test_engine_gpu_np2 --backend cuda" "1 test_recurrent_gpu"; do
+        set -- $t
+        timeout 150 mpirun -n "$1" "$P/main/bin/$2" "${@:3}" >"$OUT/ng_$2.log" 2>&1
+        echo "$2 rc=$?"
+        grep -E "checks|FAIL|skipped" "$OUT/ng_$2.log" | tail -2
+    done
+    for round in 1 2; do
+        for mode in chain serial fused; do
+            echo "## round $round GDP_NORM_GEMM=$mode" >>"$OUT/layer_ng.log"
+            GDP_NORM_GEMM=$mode timeout 90 mpirun -n 1 "$P/main/bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 \
+                -p 128 -n 128 -m 2 -D ${GDP_CALL_NG_BATCHES:-1,2,4,8,64} -P 2048 >>"$OUT/layer_ng.log" 2>&1
+        done
+    done
+    grep -E "^## |decode|prefill|wrong" "$OUT/layer_ng.log" | head -60
 }
 stage_ab() {
     GDP_AB_TESTS=last GDP_AB_SEGMENTS="${GDP_CALL_AB_SEGMENTS:-off auto}" \
