@@ -9,8 +9,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <type_traits>
 
+#include "device_info.h"
 #include "dtype_access.cuh" /* aligned16 */
 #include "gemv.h"
 #include "norm_math.cuh"
@@ -167,6 +169,10 @@ cudaError_t launch_typed(int rows, int64_t n, int64_t k, const void *A, int64_t 
 
 /* ---- the norm-GEMV: the input's norm formed in shared memory, then the product ---- */
 
+constexpr int NG_BLOCKS_PER_SM = 2; /* the resident grid: two 8-warp blocks an SM             */
+constexpr int NG_U = 8;             /* 16-byte chunks a lane loads per column at once: k 2048 */
+constexpr int NG_PREFETCH = 4;      /* columns a warp keeps in flight to L2 ahead of its loads */
+
 struct NormGemvParams {
     NormParams norm; /* the prologue's norm; out is set to the block's shared rows */
     int rows, n, k;
@@ -176,93 +182,154 @@ struct NormGemvParams {
     int64_t ldc;
 };
 
-/* One warp a column (CPW = 1 of gemv_nt_kernel, the same sum order: the same bits as the norm
- * op then gemv_nt). Launched as a programmatic dependent (pdl.cuh): the weight does not depend on
- * the kernels ahead, so each warp issues its column's first GEMV_U chunks and sends the rest of
- * the column to L2 before it waits; then the block forms the norm of every row in shared memory
- * (the norm kernels' own body and work split: BLOCK, NCH chunks a thread), and multiplies. */
+/* The RMSNorm of one row of more than 1024 elements by one warp, in the sum order of the norm
+ * kernels' block body (norm_fast_vector<BLOCK>, NCH chunks a thread of 256): thread t = 32 w + lane
+ * of that block sums chunks t, t + 256, ... in order, each warp's 32 sums are added by warp_sum,
+ * then the 8 warp sums in warp order from 0. Here lane `lane` plays thread 32 w + lane for every w:
+ * the same operations on the same values, so the same bits, with every row of a step in parallel
+ * (one warp each) instead of one row after the other through the block. */
+template <int NCH> __device__ void rms_row_block_order(const NormParams &q, int64_t row, int lane) {
+    constexpr int W = FAST_BLOCK_THREADS / 32, LANES = FAST_BLOCK_THREADS;
+    const int chunks = (int)(q.n / 8);
+    const int64_t xb = row * q.x_row, base = row * q.n;
+    float ss[W];
+#pragma unroll
+    for (int w = 0; w < W; w++)
+        ss[w] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NCH; c++) { /* each thread's chain in its own order: chunk c of every w */
+        float v[W][8];
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            const int ch = 32 * w + lane + c * LANES;
+            if (ch < chunks)
+                load_vec_as_float<8>(q.x, q.x_dtype, xb + (int64_t)ch * 8, v[w]);
+        }
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            if (32 * w + lane + c * LANES < chunks) {
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    ss[w] = fmaf(v[w][j], v[w][j], ss[w]);
+            }
+        }
+    }
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < W; w++)
+        total += warp_sum(ss[w]);
+    const float rstd = norm_rstd<false>(q, total);
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            const int ch = 32 * w + lane + c * LANES;
+            if (ch < chunks) {
+                float v[8], wt[8], out[8];
+                load_vec_as_float<8>(q.x, q.x_dtype, xb + (int64_t)ch * 8, v); /* again: an L1 hit */
+                load_vec_as_float<8>(q.weight, q.w_dtype, (int64_t)ch * 8, wt);
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    out[j] = __fmul_rn(__fmul_rn(v[j], rstd), wt[j]);
+                store_vec_from_float<8>(q.out, q.out_dtype, base + (int64_t)ch * 8, out);
+            }
+        }
+    }
+}
+
+/* A resident grid (NG_BLOCKS_PER_SM blocks an SM); block b owns a contiguous run of output
+ * columns (rows of B), its warp w the run's columns w, w + 8, ... Launched as a programmatic
+ * dependent (pdl.cuh): the weight does not depend on the kernels ahead, so before it waits each
+ * warp sends its first NG_PREFETCH columns to L2 (a bulk prefetch: no registers); then the block
+ * forms the norm of every row in shared memory (the norm kernels' sum orders: the same A as the
+ * norm op writes) and each warp walks its columns, NG_U chunks a lane in flight per column and
+ * one more column sent to L2 per column done. Each column's sum is gemv_nt_kernel's (chunk
+ * lane*8 + 256 i in increasing i, then the shuffle tree): the same bits as the norm op then
+ * gemv_nt. BLOCK: rows of more than 1024 elements (rms_row_block_order; GATED: the block body,
+ * one vector after the other), else a warp a vector; NCH chunks a thread as the norm kernels. */
 template <typename T, typename TC, int R, bool GATED, bool BLOCK, int NCH>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) norm_gemv_kernel(const NormGemvParams p) {
+__global__ void __launch_bounds__(GEMV_WARPS * 32, NG_BLOCKS_PER_SM) norm_gemv_kernel(const NormGemvParams p) {
     extern __shared__ __align__(16) unsigned char norm_gemv_smem[];
     T *As = reinterpret_cast<T *>(norm_gemv_smem);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t col = (int64_t)blockIdx.x * GEMV_WARPS + warp;
-    const bool has_col = col < p.n;
-    const T *brow = static_cast<const T *>(p.B) + (has_col ? col : 0) * (int64_t)p.k;
+    const int per_block = (p.n + (int)gridDim.x - 1) / (int)gridDim.x;
+    const int first = (int)blockIdx.x * per_block, last = min(p.n, first + per_block);
+    const size_t col_bytes = (size_t)p.k * sizeof(T);
     pdl_trigger(); /* whatever follows may start as soon as it can: it waits for this grid itself */
 
     /* 1. The weight, independent of the kernels ahead. */
-    uint4 bv[GEMV_U];
-#pragma unroll
-    for (int u = 0; u < GEMV_U; u++) {
-        const int idx = u * GEMV_SPAN + lane * 8;
-        bv[u] = has_col && idx < p.k ? load_stream(brow + idx) : make_uint4(0u, 0u, 0u, 0u);
-    }
-    if (has_col && lane == 0 && p.k > GEMV_SPAN * GEMV_U)
-        prefetch_l2_bulk(brow + GEMV_SPAN * GEMV_U, (uint32_t)(p.k - GEMV_SPAN * GEMV_U) * (uint32_t)sizeof(T));
+    if (lane == 0)
+        for (int i = 0, col = first + warp; i < NG_PREFETCH && col < last; i++, col += GEMV_WARPS)
+            prefetch_l2_bulk(static_cast<const T *>(p.B) + (int64_t)col * p.k, (uint32_t)col_bytes);
 
-    /* 2. The input, written by the kernels ahead. */
+    /* 2. The input, written by the kernels ahead: its norm, every row, in shared memory. */
     pdl_wait();
     NormParams q = p.norm;
     q.out = As;
-    if constexpr (BLOCK) {
+    if constexpr (GATED && BLOCK) {
         for (int64_t v = 0; v < q.vectors; v++) {
-            norm_fast_vector<false, GATED, true, NCH>(q, v, (int)threadIdx.x);
+            norm_fast_vector<false, true, true, NCH>(q, v, (int)threadIdx.x);
             __syncthreads(); /* the body's partial sums are reused by the next vector */
         }
+    } else if constexpr (BLOCK) {
+        if (warp < p.rows)
+            rms_row_block_order<NCH>(q, warp, lane);
     } else {
         for (int64_t v = warp; v < q.vectors; v += GEMV_WARPS)
             norm_fast_vector<false, GATED, false, NCH>(q, v, lane);
-        __syncthreads();
     }
-    if (!has_col)
-        return;
+    __syncthreads();
 
-    /* 3. The product, as gemv_nt_kernel's. */
-    float acc[R];
+    /* 3. The products. */
+    for (int col = first + warp; col < last; col += GEMV_WARPS) {
+        const int ahead = col + NG_PREFETCH * GEMV_WARPS;
+        if (lane == 0 && ahead < last)
+            prefetch_l2_bulk(static_cast<const T *>(p.B) + (int64_t)ahead * p.k, (uint32_t)col_bytes);
+        const T *brow = static_cast<const T *>(p.B) + (int64_t)col * p.k;
+        float acc[R];
 #pragma unroll
-    for (int r = 0; r < R; r++)
-        acc[r] = 0.0f;
-    for (int base = 0; base < p.k; base += GEMV_SPAN * GEMV_U) {
-        if (base > 0) {
+        for (int r = 0; r < R; r++)
+            acc[r] = 0.0f;
+        for (int base = 0; base < p.k; base += GEMV_SPAN * NG_U) {
+            uint4 bv[NG_U];
 #pragma unroll
-            for (int u = 0; u < GEMV_U; u++) {
+            for (int u = 0; u < NG_U; u++) {
                 const int idx = base + u * GEMV_SPAN + lane * 8;
                 bv[u] = idx < p.k ? load_stream(brow + idx) : make_uint4(0u, 0u, 0u, 0u);
             }
-        }
 #pragma unroll
-        for (int u = 0; u < GEMV_U; u++) {
-            const int idx = base + u * GEMV_SPAN + lane * 8;
-            if (idx >= p.k)
-                break;
+            for (int u = 0; u < NG_U; u++) {
+                const int idx = base + u * GEMV_SPAN + lane * 8;
+                if (idx >= p.k)
+                    break;
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (r < p.rows) {
-                    const uint4 av = *reinterpret_cast<const uint4 *>(As + (int64_t)r * p.k + idx);
-                    acc[r] = dot8<T>(acc[r], av, bv[u]);
+                for (int r = 0; r < R; r++) {
+                    if (r < p.rows) {
+                        const uint4 av = *reinterpret_cast<const uint4 *>(As + (int64_t)r * p.k + idx);
+                        acc[r] = dot8<T>(acc[r], av, bv[u]);
+                    }
                 }
             }
         }
-    }
 #pragma unroll
-    for (int r = 0; r < R; r++)
+        for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+            for (int o = 16; o > 0; o >>= 1)
+                acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        if (lane == r && r < p.rows) {
-            TC *dst = static_cast<TC *>(p.C) + r * p.ldc + col;
-            float v = acc[r];
-            if constexpr (std::is_same<TC, float>::value) {
-                if (p.beta != 0.0f)
-                    v = fmaf(p.beta, *dst, v);
-                *dst = v;
-            } else {
-                if (p.beta != 0.0f)
-                    v = fmaf(p.beta, Pair<T>::to_f(*dst), v);
-                *dst = Pair<T>::from_f(v);
+        for (int r = 0; r < R; r++) {
+            if (lane == r && r < p.rows) {
+                TC *dst = static_cast<TC *>(p.C) + r * p.ldc + col;
+                float v = acc[r];
+                if constexpr (std::is_same<TC, float>::value) {
+                    if (p.beta != 0.0f)
+                        v = fmaf(p.beta, *dst, v);
+                    *dst = v;
+                } else {
+                    if (p.beta != 0.0f)
+                        v = fmaf(p.beta, Pair<T>::to_f(*dst), v);
+                    *dst = Pair<T>::from_f(v);
+                }
             }
         }
     }
@@ -275,7 +342,7 @@ int norm_gemv_chunks(int64_t n, bool block) {
 }
 
 template <typename T, typename TC, int R, bool GATED, bool BLOCK, int NCH>
-cudaError_t launch_norm_gemv_inst(const NormGemvParams &p, bool pdl, cudaStream_t stream) {
+cudaError_t launch_norm_gemv_inst(const NormGemvParams &p, int device, bool pdl, cudaStream_t stream) {
     auto kernel = norm_gemv_kernel<T, TC, R, GATED, BLOCK, NCH>;
     const size_t smem = (size_t)p.rows * (size_t)p.k * sizeof(T);
     if (smem > 48 * 1024) {
@@ -283,7 +350,13 @@ cudaError_t launch_norm_gemv_inst(const NormGemvParams &p, bool pdl, cudaStream_
         if (err != cudaSuccess)
             return err;
     }
-    const dim3 grid((unsigned)((p.n + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
+    int sms = 0;
+    const cudaError_t err = gdp_device_sm_count(device, &sms);
+    if (err != cudaSuccess)
+        return err;
+    const int64_t warps_needed = ((int64_t)p.n + GEMV_WARPS - 1) / GEMV_WARPS;
+    const dim3 grid((unsigned)std::min<int64_t>(warps_needed, (int64_t)NG_BLOCKS_PER_SM * sms)),
+        block(GEMV_WARPS * 32);
     if (pdl)
         return launch_pdl(kernel, grid, block, smem, stream, p);
     kernel<<<grid, block, smem, stream>>>(p);
@@ -291,34 +364,34 @@ cudaError_t launch_norm_gemv_inst(const NormGemvParams &p, bool pdl, cudaStream_
 }
 
 template <typename T, typename TC, int R, bool GATED>
-cudaError_t launch_norm_gemv_shape(const NormGemvParams &p, bool pdl, cudaStream_t stream) {
+cudaError_t launch_norm_gemv_shape(const NormGemvParams &p, int device, bool pdl, cudaStream_t stream) {
     const bool block = p.norm.n > FAST_WARP_MAX;
     if (norm_gemv_chunks(p.norm.n, block) <= 1)
-        return block ? launch_norm_gemv_inst<T, TC, R, GATED, true, 1>(p, pdl, stream)
-                     : launch_norm_gemv_inst<T, TC, R, GATED, false, 1>(p, pdl, stream);
-    return block ? launch_norm_gemv_inst<T, TC, R, GATED, true, 2>(p, pdl, stream)
-                 : launch_norm_gemv_inst<T, TC, R, GATED, false, 2>(p, pdl, stream);
+        return block ? launch_norm_gemv_inst<T, TC, R, GATED, true, 1>(p, device, pdl, stream)
+                     : launch_norm_gemv_inst<T, TC, R, GATED, false, 1>(p, device, pdl, stream);
+    return block ? launch_norm_gemv_inst<T, TC, R, GATED, true, 2>(p, device, pdl, stream)
+                 : launch_norm_gemv_inst<T, TC, R, GATED, false, 2>(p, device, pdl, stream);
 }
 
 template <typename T, typename TC, bool GATED>
-cudaError_t launch_norm_gemv_rows(const NormGemvParams &p, bool pdl, cudaStream_t stream) {
+cudaError_t launch_norm_gemv_rows(const NormGemvParams &p, int device, bool pdl, cudaStream_t stream) {
     if (p.rows <= 1)
-        return launch_norm_gemv_shape<T, TC, 1, GATED>(p, pdl, stream);
+        return launch_norm_gemv_shape<T, TC, 1, GATED>(p, device, pdl, stream);
     if (p.rows <= 2)
-        return launch_norm_gemv_shape<T, TC, 2, GATED>(p, pdl, stream);
+        return launch_norm_gemv_shape<T, TC, 2, GATED>(p, device, pdl, stream);
     if (p.rows <= 4)
-        return launch_norm_gemv_shape<T, TC, 4, GATED>(p, pdl, stream);
-    return launch_norm_gemv_shape<T, TC, 8, GATED>(p, pdl, stream);
+        return launch_norm_gemv_shape<T, TC, 4, GATED>(p, device, pdl, stream);
+    return launch_norm_gemv_shape<T, TC, 8, GATED>(p, device, pdl, stream);
 }
 
 /* The RMS prologue writes A's dtype (C too: in_proj); the gated one writes C in fp32 or A's dtype. */
 template <typename T>
-cudaError_t launch_norm_gemv_typed(const NormGemvParams &p, bool gated, gdp_dtype_t c_dtype, bool pdl,
+cudaError_t launch_norm_gemv_typed(const NormGemvParams &p, bool gated, gdp_dtype_t c_dtype, int device, bool pdl,
                                    cudaStream_t stream) {
     if (!gated)
-        return launch_norm_gemv_rows<T, T, false>(p, pdl, stream);
-    return c_dtype == GDP_DTYPE_FP32 ? launch_norm_gemv_rows<T, float, true>(p, pdl, stream)
-                                     : launch_norm_gemv_rows<T, T, true>(p, pdl, stream);
+        return launch_norm_gemv_rows<T, T, false>(p, device, pdl, stream);
+    return c_dtype == GDP_DTYPE_FP32 ? launch_norm_gemv_rows<T, float, true>(p, device, pdl, stream)
+                                     : launch_norm_gemv_rows<T, T, true>(p, device, pdl, stream);
 }
 } // namespace
 
@@ -397,7 +470,7 @@ extern "C" gdp_status_t gdp_cuda_norm_gemv(struct gdp_ctx *ctx, const gdp_norm_g
     p.C = a->C;
     p.ldc = a->ldc;
     cudaStream_t stream = static_cast<cudaStream_t>(ctx->stream);
-    const cudaError_t err = launch_norm_gemv_typed<__nv_bfloat16>(p, gated, a->c_dtype, pdl != 0, stream);
+    const cudaError_t err = launch_norm_gemv_typed<__nv_bfloat16>(p, gated, a->c_dtype, ctx->device, pdl != 0, stream);
     GDP_CUDA_LAUNCH_CHECK(gated ? "gdp_gated_rmsnorm_gemm" : "gdp_rmsnorm_gemm", err, "rows %lld, n %lld, k %lld",
                           (long long)a->rows, (long long)a->n, (long long)a->k);
     return GDP_STATUS_SUCCESS;

@@ -178,7 +178,8 @@ static void norm_gemm_host_free(norm_gemm_host *h) {
         test_host_free(&h->C0);
 }
 
-static norm_gemm_dev norm_gemm_dev_make(const norm_gemm_case *cs, const norm_gemm_host *h) {
+/* In place: args points into *d. */
+static void norm_gemm_dev_make(norm_gemm_dev *dp, const norm_gemm_case *cs, const norm_gemm_host *h) {
     const int64_t so[2] = {cs->rows, cs->k};
     norm_gemm_dev d;
     d.x_src = test_dev_upload(&h->x_src);
@@ -193,7 +194,9 @@ static norm_gemm_dev norm_gemm_dev_make(const norm_gemm_case *cs, const norm_gem
     d.args = (gdp_norm_gemm_args){.out = &d.out, .x = &d.x, .z = cs->group > 0 ? &d.z : NULL, .weight = &d.w,
                                   .group_size = cs->group, .eps = 1e-6, .n = cs->n, .B = d.B.data,
                                   .beta = cs->beta, .C = d.C.data, .ldc = cs->n, .c_dtype = cs->c};
-    return d;
+    *dp = d;
+    dp->args.out = &dp->out, dp->args.x = &dp->x, dp->args.weight = &dp->w;
+    dp->args.z = cs->group > 0 ? &dp->z : NULL;
 }
 
 static void norm_gemm_dev_free(norm_gemm_dev *d) {
@@ -205,7 +208,8 @@ static void norm_gemm_dev_free(norm_gemm_dev *d) {
  * C, and the norm's output in *normed when the chain ran (NULL: not wanted). */
 static gdp_tensor norm_gemm_run(const norm_gemm_case *cs, const norm_gemm_host *h, const char *mode, const char *skinny,
                                 bool *fused, gdp_tensor *normed) {
-    norm_gemm_dev d = norm_gemm_dev_make(cs, h);
+    norm_gemm_dev d;
+    norm_gemm_dev_make(&d, cs, h);
     char *saved_mode = test_env_swap("GDP_NORM_GEMM", mode), *saved_skinny = test_env_swap("GDP_GEMM_SKINNY", skinny);
     CHECK_OK(gdp_l2norm(g_test_gpu, &d.x_full, &d.x_src));
     if (fused != NULL)
@@ -243,7 +247,8 @@ static void norm_gemm_one(const norm_gemm_case *cs, test_rng *rng) {
     free(ha), free(hb), free(hc);
 
     /* graph capture after the writer, replayed with new inputs */
-    norm_gemm_dev d = norm_gemm_dev_make(cs, &h);
+    norm_gemm_dev d;
+    norm_gemm_dev_make(&d, cs, &h);
     cudaGraphExec_t exec = test_graph_capture(norm_gemm_after_writer, &d);
     CHECK(exec != NULL, "%s rows %lld: the norm-GEMM did not capture", what, (long long)cs->rows);
     if (exec != NULL) {
@@ -300,7 +305,8 @@ static void norm_gemm_tests(test_rng *rng) {
     {
         const norm_gemm_case cs = {1, 64, 0, 8, 0, 0, GDP_DTYPE_FP32, GDP_DTYPE_BF16, 0.0f};
         norm_gemm_host h = norm_gemm_host_make(&cs, rng);
-        norm_gemm_dev d = norm_gemm_dev_make(&cs, &h);
+        norm_gemm_dev d;
+        norm_gemm_dev_make(&d, &cs, &h);
         char *saved = test_env_swap("GDP_NORM_GEMM", "fastest");
         CHECK_STATUS(gdp_norm_gemm(g_test_gpu, &d.args), GDP_STATUS_INVALID_USAGE);
         CHECK(strstr(gdp_last_error(), "GDP_NORM_GEMM") != NULL && strstr(gdp_last_error(), "fastest") != NULL,
