@@ -30,7 +30,8 @@
 #include <string.h>
 
 #include "bench_common.h"
-#include "backend.h" /* gdp_gemm_nt_ex, the layer's projection GEMM (internal) */
+#include "backend.h"     /* gdp_gemm_nt_ex, the layer's projection GEMM (internal) */
+#include "decode_core.h" /* gdp_norm_gemm, the layer's norm-GEMMs (internal) */
 #include "gdp/gdp.h"
 #include "gdp/profile.h"
 #include "kernels/gdp_kernels.h" /* which chunk kernels a prefill row ran (gdp_cuda_chunk_hopper_*) */
@@ -535,6 +536,23 @@ static void bench_prepare(bench_env *e, int decode, int64_t n, int64_t T, int64_
     free(hx), free(hba), free(halog), free(hdt);
 }
 
+/* setenv(name, value) for one measurement: the previous value to give env_restore. */
+static char *env_swap(const char *name, const char *value) {
+    const char *prev = getenv(name);
+    char *saved = prev != NULL ? strdup(prev) : NULL;
+    setenv(name, value, 1);
+    return saved;
+}
+
+static void env_restore(const char *name, char *saved) {
+    if (saved != NULL) {
+        setenv(name, saved, 1);
+        free(saved);
+    } else {
+        unsetenv(name);
+    }
+}
+
 /* ---- the projection GEMM (src/backend.h; internal: gdp-bench links gdp_static) ------------- */
 
 typedef struct gemm_job {
@@ -574,9 +592,7 @@ static void bench_gemm(bench_env *e, const char *what, int64_t rows, int64_t n, 
         char shape[64];
         snprintf(shape, sizeof shape, "%s rows=%lld n=%lld k=%lld %s", what, (long long)rows, (long long)n,
                  (long long)k, modes[m]);
-        const char *prev = getenv("GDP_GEMM_SKINNY");
-        char *saved = prev != NULL ? strdup(prev) : NULL;
-        setenv("GDP_GEMM_SKINNY", modes[m], 1);
+        char *saved = env_swap("GDP_GEMM_SKINNY", modes[m]);
         time_calls(e, gemm_fn, &j, 1, bytes < 2.0 * (double)e->l2_bytes, &rs);
         if (rs.ran) { /* one call from the starting C (beta 1 accumulates across the timed calls) */
             CUDA_TRY(cudaMemcpy(dc.data, hc, tensor_bytes(&dc), cudaMemcpyHostToDevice));
@@ -585,12 +601,7 @@ static void bench_gemm(bench_env *e, const char *what, int64_t rows, int64_t n, 
             CUDA_TRY(cudaStreamSynchronize(e->stream));
             result[m] = download(&dc);
         }
-        if (saved != NULL) {
-            setenv("GDP_GEMM_SKINNY", saved, 1);
-            free(saved);
-        } else {
-            unsetenv("GDP_GEMM_SKINNY");
-        }
+        env_restore("GDP_GEMM_SKINNY", saved);
         if (m == 1 && result[0] != NULL && result[1] != NULL) {
             double peak = 0.0;
             for (int64_t i = 0; i < rows * n; i++)
@@ -605,6 +616,70 @@ static void bench_gemm(bench_env *e, const char *what, int64_t rows, int64_t n, 
     free(result[0]), free(result[1]);
     dev_free(&da), dev_free(&db), dev_free(&dc);
     free(ha), free(hb), free(hc);
+}
+
+/* ---- the norm-GEMMs (src/decode_core.h; internal) ------------------------------------------ */
+
+typedef struct norm_gemm_job {
+    gdp_tensor x, z, w, out, b, c;
+    gdp_norm_gemm_args a;
+} norm_gemm_job;
+
+static gdp_status_t norm_gemm_fn(void *p) { return gdp_norm_gemm(g_env->gpu, &((norm_gemm_job *)p)->a); }
+
+/* A decode step's norm-GEMM at D 2048 (H 16, G 4, P 128, M 2): the pre-RMSNorm of the fp32
+ * residual with in_proj (7728 wide, bf16 out), or the gated norm (groups of 512, y and z bf16)
+ * with out_proj (fp32 C, beta 1), under GDP_NORM_GEMM = chain (the norm op and cuBLASLt), serial
+ * and fused (the norm-GEMV without and with programmatic dependent launch); graph-replayed, L2
+ * flushed, so the weight comes from memory (a programmatic dependent's prefetch has nothing to
+ * overlap here: the layer bench shows that). Bound: the weight, input and C bytes once. #wrong:
+ * elements farther than 1e-2 of the largest from the chain's. */
+static void bench_norm_gemm(bench_env *e, int gated, int64_t rows) {
+    static const char *const modes[3] = {"chain", "serial", "fused"};
+    const int64_t k = 2048, n = gated ? 2048 : 7728;
+    const gdp_dtype_t x_dt = gated ? GDP_DTYPE_BF16 : GDP_DTYPE_FP32, c_dt = gated ? GDP_DTYPE_FP32 : GDP_DTYPE_BF16;
+    const int64_t xs[2] = {rows, k}, ws[1] = {k}, bs[2] = {n, k}, cs[2] = {rows, n};
+    double one = 1.0, small = 1.0 / sqrt((double)k);
+    void *hx = host_fill(x_dt, rows * k, gen_normal, &one), *hz = host_fill(GDP_DTYPE_BF16, rows * k, gen_normal, &one);
+    void *hw = host_fill(GDP_DTYPE_BF16, k, gen_normal, &one), *hb = host_fill(GDP_DTYPE_BF16, n * k, gen_normal, &small);
+    void *hc = host_fill(c_dt, rows * n, gen_normal, &one);
+    norm_gemm_job j;
+    j.x = dev_tensor(x_dt, 2, xs, hx), j.z = dev_tensor(GDP_DTYPE_BF16, 2, xs, hz), j.w = dev_tensor(GDP_DTYPE_BF16, 1, ws, hw);
+    j.out = dev_tensor(GDP_DTYPE_BF16, 2, xs, NULL), j.b = dev_tensor(GDP_DTYPE_BF16, 2, bs, hb), j.c = dev_tensor(c_dt, 2, cs, hc);
+    j.a = (gdp_norm_gemm_args){.out = &j.out, .x = &j.x, .z = gated ? &j.z : NULL, .weight = &j.w,
+                               .group_size = 512, .eps = 1e-6, .n = n, .B = j.b.data, .beta = gated ? 1.0f : 0.0f,
+                               .C = j.c.data, .ldc = n, .c_dtype = c_dt};
+    const double bytes = (double)(tensor_bytes(&j.b) + tensor_bytes(&j.x) + (gated ? tensor_bytes(&j.z) : 0) +
+                                  tensor_bytes(&j.c) * (gated ? 2 : 1));
+    void *result[3] = {NULL, NULL, NULL};
+    for (int m = 0; m < 3; m++) {
+        row_stats rs = {0};
+        char shape[64];
+        snprintf(shape, sizeof shape, "%s rows=%lld %s", gated ? "gated+out_proj" : "rms+in_proj", (long long)rows,
+                 modes[m]);
+        char *saved = env_swap("GDP_NORM_GEMM", modes[m]);
+        time_calls(e, norm_gemm_fn, &j, 1, bytes < 2.0 * (double)e->l2_bytes, &rs);
+        if (rs.ran) { /* one call from the starting C (beta 1 accumulates across the timed calls) */
+            CUDA_TRY(cudaMemcpy(j.c.data, hc, tensor_bytes(&j.c), cudaMemcpyHostToDevice));
+            if (norm_gemm_fn(&j) != GDP_STATUS_SUCCESS)
+                rs.wrong++;
+            CUDA_TRY(cudaStreamSynchronize(e->stream));
+            result[m] = download(&j.c);
+        }
+        env_restore("GDP_NORM_GEMM", saved);
+        if (m > 0 && result[0] != NULL && result[m] != NULL) {
+            double peak = 0.0;
+            for (int64_t i = 0; i < rows * n; i++)
+                peak = fmax(peak, fabs(elem(result[0], c_dt, i)));
+            for (int64_t i = 0; i < rows * n; i++)
+                rs.wrong += !(fabs(elem(result[m], c_dt, i) - elem(result[0], c_dt, i)) <= 1e-2 * peak);
+        }
+        print_row("normgemm", shape, (double)rows, bytes, 2.0 * (double)(rows * n * k), bytes / COPY_BW * 1e6, 0.0, &rs);
+    }
+    for (int m = 0; m < 3; m++)
+        free(result[m]);
+    dev_free(&j.x), dev_free(&j.z), dev_free(&j.w), dev_free(&j.out), dev_free(&j.b), dev_free(&j.c);
+    free(hx), free(hz), free(hw), free(hb), free(hc);
 }
 
 /* ---- prefill (chunk op) ------------------------------------------------------------------- */
@@ -817,6 +892,11 @@ static int run_ops(const char *which, int iters, int warmup) {
                 bench_gemm(&e, "in_proj", batch[i], 7728, 2048, BF16, 0.0f);
                 bench_gemm(&e, "out_proj", batch[i], 2048, 2048, F32, 1.0f);
                 bench_gemm(&e, "head", batch[i], 32000, 2048, F32, 0.0f);
+            }
+            static const int64_t few[4] = {1, 2, 4, 8};
+            for (int i = 0; i < 4; i++) {
+                bench_norm_gemm(&e, 0, few[i]);
+                bench_norm_gemm(&e, 1, few[i]);
             }
             gdp_gemm_release(e.gpu);
         }
