@@ -630,12 +630,12 @@ static gdp_status_t norm_gemm_fn(void *p) { return gdp_norm_gemm(g_env->gpu, &((
 /* A decode step's norm-GEMM at D 2048 (H 16, G 4, P 128, M 2): the pre-RMSNorm of the fp32
  * residual with in_proj (7728 wide, bf16 out), or the gated norm (groups of 512, y and z bf16)
  * with out_proj (fp32 C, beta 1), under GDP_NORM_GEMM = chain (the norm op and cuBLASLt), serial
- * and fused (the norm-GEMV without and with programmatic dependent launch); graph-replayed, L2
+ * and pdl (the norm-GEMV without and with programmatic dependent launch); graph-replayed, L2
  * flushed, so the weight comes from memory (a programmatic dependent's prefetch has nothing to
  * overlap here: the layer bench shows that). Bound: the weight, input and C bytes once. #wrong:
  * elements farther than 1e-2 of the largest from the chain's. */
 static void bench_norm_gemm(bench_env *e, int gated, int64_t rows) {
-    static const char *const modes[3] = {"chain", "serial", "fused"};
+    static const char *const modes[3] = {"chain", "serial", "pdl"};
     const int64_t k = 2048, n = gated ? 2048 : 7728;
     const gdp_dtype_t x_dt = gated ? GDP_DTYPE_BF16 : GDP_DTYPE_FP32, c_dt = gated ? GDP_DTYPE_FP32 : GDP_DTYPE_BF16;
     const int64_t xs[2] = {rows, k}, ws[1] = {k}, bs[2] = {n, k}, cs[2] = {rows, n};

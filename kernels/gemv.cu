@@ -172,6 +172,7 @@ cudaError_t launch_typed(int rows, int64_t n, int64_t k, const void *A, int64_t 
 constexpr int NG_BLOCKS_PER_SM = 2; /* the resident grid: two 8-warp blocks an SM             */
 constexpr int NG_U = 8;             /* 16-byte chunks a lane loads per column at once: k 2048 */
 constexpr int NG_PREFETCH = 4;      /* columns a warp keeps in flight to L2 ahead of its loads */
+constexpr int NG_SEG = GEMV_SPAN * NG_U; /* elements of a column a warp loads at once          */
 
 struct NormGemvParams {
     NormParams norm; /* the prologue's norm; out is set to the block's shared rows */
@@ -240,10 +241,11 @@ template <int NCH> __device__ void rms_row_block_order(const NormParams &q, int6
 /* A resident grid (NG_BLOCKS_PER_SM blocks an SM); block b owns a contiguous run of output
  * columns (rows of B), its warp w the run's columns w, w + 8, ... Launched as a programmatic
  * dependent (pdl.cuh): the weight does not depend on the kernels ahead, so before it waits each
- * warp sends its first NG_PREFETCH columns to L2 (a bulk prefetch: no registers); then the block
- * forms the norm of every row in shared memory (the norm kernels' sum orders: the same A as the
- * norm op writes) and each warp walks its columns, NG_U chunks a lane in flight per column and
- * one more column sent to L2 per column done. Each column's sum is gemv_nt_kernel's (chunk
+ * warp loads its first column segment (NG_U chunks a lane) and sends its next NG_PREFETCH columns
+ * to L2 (a bulk prefetch: no registers); then the block forms the norm of every row in shared
+ * memory (the norm kernels' sum orders: the same A as the norm op writes) and each warp walks its
+ * columns with the next segment's loads in flight while the current one multiplies, one more
+ * column sent to L2 per column begun. Each column's sum is gemv_nt_kernel's (chunk
  * lane*8 + 256 i in increasing i, then the shuffle tree): the same bits as the norm op then
  * gemv_nt. BLOCK: rows of more than 1024 elements (rms_row_block_order; GATED: the block body,
  * one vector after the other), else a warp a vector; NCH chunks a thread as the norm kernels. */
@@ -257,9 +259,28 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, NG_BLOCKS_PER_SM) norm_gemv_k
     const size_t col_bytes = (size_t)p.k * sizeof(T);
     pdl_trigger(); /* whatever follows may start as soon as it can: it waits for this grid itself */
 
-    /* 1. The weight, independent of the kernels ahead. */
+    /* The warp's work as a stream of segments: column first + warp + 8 (s / spans), its chunks
+     * from (s % spans) * NG_SEG, NG_U a lane. */
+    const int spans = (p.k + NG_SEG - 1) / NG_SEG;
+    const int cols = first + warp < last ? (last - 1 - (first + warp)) / GEMV_WARPS + 1 : 0;
+    const int segs = cols * spans;
+    auto load_segment = [&](int sg, uint4(&bv)[NG_U]) {
+        const T *brow = static_cast<const T *>(p.B) + (int64_t)(first + warp + (sg / spans) * GEMV_WARPS) * p.k;
+        const int base = (sg % spans) * NG_SEG;
+#pragma unroll
+        for (int u = 0; u < NG_U; u++) {
+            const int idx = base + u * GEMV_SPAN + lane * 8;
+            bv[u] = idx < p.k ? load_stream(brow + idx) : make_uint4(0u, 0u, 0u, 0u);
+        }
+    };
+
+    /* 1. The weight, independent of the kernels ahead: the first segment in registers, the
+     *    warp's next columns on their way to L2. */
+    uint4 cur[NG_U];
+    if (segs > 0)
+        load_segment(0, cur);
     if (lane == 0)
-        for (int i = 0, col = first + warp; i < NG_PREFETCH && col < last; i++, col += GEMV_WARPS)
+        for (int i = 1, col = first + warp + GEMV_WARPS; i <= NG_PREFETCH && col < last; i++, col += GEMV_WARPS)
             prefetch_l2_bulk(static_cast<const T *>(p.B) + (int64_t)col * p.k, (uint32_t)col_bytes);
 
     /* 2. The input, written by the kernels ahead: its norm, every row, in shared memory. */
@@ -280,57 +301,60 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, NG_BLOCKS_PER_SM) norm_gemv_k
     }
     __syncthreads();
 
-    /* 3. The products. */
-    for (int col = first + warp; col < last; col += GEMV_WARPS) {
-        const int ahead = col + NG_PREFETCH * GEMV_WARPS;
-        if (lane == 0 && ahead < last)
+    /* 3. The products: segment s + 1's loads in flight while segment s multiplies. */
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        acc[r] = 0.0f;
+    for (int sg = 0; sg < segs; sg++) {
+        const int col = first + warp + (sg / spans) * GEMV_WARPS, base = (sg % spans) * NG_SEG;
+        uint4 nxt[NG_U];
+        if (sg + 1 < segs)
+            load_segment(sg + 1, nxt);
+        const int ahead = col + (NG_PREFETCH + 1) * GEMV_WARPS;
+        if (lane == 0 && base == 0 && ahead < last)
             prefetch_l2_bulk(static_cast<const T *>(p.B) + (int64_t)ahead * p.k, (uint32_t)col_bytes);
-        const T *brow = static_cast<const T *>(p.B) + (int64_t)col * p.k;
-        float acc[R];
 #pragma unroll
-        for (int r = 0; r < R; r++)
-            acc[r] = 0.0f;
-        for (int base = 0; base < p.k; base += GEMV_SPAN * NG_U) {
-            uint4 bv[NG_U];
+        for (int u = 0; u < NG_U; u++) {
+            const int idx = base + u * GEMV_SPAN + lane * 8;
+            if (idx >= p.k)
+                break;
 #pragma unroll
-            for (int u = 0; u < NG_U; u++) {
-                const int idx = base + u * GEMV_SPAN + lane * 8;
-                bv[u] = idx < p.k ? load_stream(brow + idx) : make_uint4(0u, 0u, 0u, 0u);
-            }
-#pragma unroll
-            for (int u = 0; u < NG_U; u++) {
-                const int idx = base + u * GEMV_SPAN + lane * 8;
-                if (idx >= p.k)
-                    break;
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    if (r < p.rows) {
-                        const uint4 av = *reinterpret_cast<const uint4 *>(As + (int64_t)r * p.k + idx);
-                        acc[r] = dot8<T>(acc[r], av, bv[u]);
-                    }
+            for (int r = 0; r < R; r++) {
+                if (r < p.rows) {
+                    const uint4 av = *reinterpret_cast<const uint4 *>(As + (int64_t)r * p.k + idx);
+                    acc[r] = dot8<T>(acc[r], av, cur[u]);
                 }
             }
         }
+        if (base + NG_SEG >= p.k) { /* the column's last segment: sum over the lanes, store */
 #pragma unroll
-        for (int r = 0; r < R; r++)
+            for (int r = 0; r < R; r++)
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+                for (int o = 16; o > 0; o >>= 1)
+                    acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            if (lane == r && r < p.rows) {
-                TC *dst = static_cast<TC *>(p.C) + r * p.ldc + col;
-                float v = acc[r];
-                if constexpr (std::is_same<TC, float>::value) {
-                    if (p.beta != 0.0f)
-                        v = fmaf(p.beta, *dst, v);
-                    *dst = v;
-                } else {
-                    if (p.beta != 0.0f)
-                        v = fmaf(p.beta, Pair<T>::to_f(*dst), v);
-                    *dst = Pair<T>::from_f(v);
+            for (int r = 0; r < R; r++) {
+                if (lane == r && r < p.rows) {
+                    TC *dst = static_cast<TC *>(p.C) + r * p.ldc + col;
+                    float v = acc[r];
+                    if constexpr (std::is_same<TC, float>::value) {
+                        if (p.beta != 0.0f)
+                            v = fmaf(p.beta, *dst, v);
+                        *dst = v;
+                    } else {
+                        if (p.beta != 0.0f)
+                            v = fmaf(p.beta, Pair<T>::to_f(*dst), v);
+                        *dst = Pair<T>::from_f(v);
+                    }
                 }
+                acc[r] = 0.0f;
             }
+        }
+        if (sg + 1 < segs) {
+#pragma unroll
+            for (int u = 0; u < NG_U; u++)
+                cur[u] = nxt[u];
         }
     }
 }

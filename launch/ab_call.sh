@@ -16,7 +16,7 @@
 # every tree, GDP_CALL_FUSEDRACE_TIMEOUT seconds each (default 100; the fused-* pending experiments); normgemm
 # (not by default), gdp-bench ops --op gemm (the norm-GEMM rows), main's test_gemm_gpu, the layer and engine
 # GPU tests (GDP_CALL_NG_TESTS=0 skips them), then the layer bench's decode rows (GDP_CALL_NG_BATCHES, default
-# 1,2,4,8,64) under GDP_NORM_GEMM=chain, serial and fused, two rounds. The A/B
+# 1,2,4,8,64) under GDP_NORM_GEMM=chain, serial and pdl, two rounds. The A/B
 # runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
 # call still returns the timings. Without a pack, or if linking fails, it builds the pending patches'
 # trees there (launch/h200-suite.sh hopperab; the patches not marked
@@ -136,7 +136,7 @@ stage_normgemm() { # the norm-GEMV (kernels/gemv.cu): its tests, then the layer'
         grep -E "checks|FAIL|skipped" "$OUT/ng_$2.log" | tail -2
     done
     for round in 1 2; do
-        for mode in chain serial fused; do
+        for mode in chain serial pdl; do
             echo "## round $round GDP_NORM_GEMM=$mode" >>"$OUT/layer_ng.log"
             GDP_NORM_GEMM=$mode timeout 90 mpirun -n 1 "$P/main/bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 \
                 -p 128 -n 128 -m 2 -D ${GDP_CALL_NG_BATCHES:-1,2,4,8,64} -P 2048 >>"$OUT/layer_ng.log" 2>&1

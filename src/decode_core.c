@@ -136,13 +136,17 @@ gdp_status_t gdp_decode_recurrent_norm_ex(gdp_ctx_t ctx, const gdp_recurrent_arg
 
 /* ---- the norm-GEMMs ---- */
 
-enum { NORM_GEMM_CHAIN = 0, NORM_GEMM_FUSED, NORM_GEMM_SERIAL };
+enum { NORM_GEMM_CHAIN = 0, NORM_GEMM_AUTO, NORM_GEMM_SERIAL, NORM_GEMM_PDL };
 
-/* GDP_NORM_GEMM: NORM_GEMM_* (auto and fused, and unset or empty: fused), -1 for anything else. */
+/* Rows up to which auto takes the one launch: measured faster than the two ops at 1 and 2 rows
+ * of the layer's decode step and slower from 4 (kernels/NOTES-ops.md, thirty-second session). */
+#define NORM_GEMM_AUTO_ROWS 2
+
+/* GDP_NORM_GEMM: NORM_GEMM_* (unset or empty: auto), -1 for anything else. */
 static int norm_gemm_choice(const char **text) {
-    static const char *const spell[4] = {"auto", "fused", "serial", "chain"};
-    static const int value[4] = {NORM_GEMM_FUSED, NORM_GEMM_FUSED, NORM_GEMM_SERIAL, NORM_GEMM_CHAIN};
-    return gdp_env_choice("GDP_NORM_GEMM", spell, value, 4, NORM_GEMM_FUSED, text);
+    static const char *const spell[4] = {"auto", "serial", "pdl", "chain"};
+    static const int value[4] = {NORM_GEMM_AUTO, NORM_GEMM_SERIAL, NORM_GEMM_PDL, NORM_GEMM_CHAIN};
+    return gdp_env_choice("GDP_NORM_GEMM", spell, value, 4, NORM_GEMM_AUTO, text);
 }
 
 #ifdef GDP_HAVE_CUDA
@@ -165,14 +169,14 @@ static gdp_norm_gemv_args norm_gemv_args(const gdp_norm_gemm_args *a) {
 }
 #endif
 
-/* The fused launch's mode for a checked call: NORM_GEMM_FUSED or _SERIAL, or CHAIN where it does not fit. */
+/* How a checked call runs: NORM_GEMM_SERIAL or _PDL (the one launch), or _CHAIN. */
 static int norm_gemm_mode(gdp_ctx_t ctx, const gdp_norm_gemm_args *a) {
     const int mode = norm_gemm_choice(NULL);
 #ifdef GDP_HAVE_CUDA
-    if (mode > NORM_GEMM_CHAIN && ctx->backend == GDP_BACKEND_CUDA && !ctx->debug_checks && a->ldc >= a->n) {
+    if (mode != NORM_GEMM_CHAIN && ctx->backend == GDP_BACKEND_CUDA && !ctx->debug_checks && a->ldc >= a->n) {
         const gdp_norm_gemv_args g = norm_gemv_args(a);
-        if (gdp_cuda_norm_gemv_fits(&g))
-            return mode;
+        if (gdp_cuda_norm_gemv_fits(&g) && (mode != NORM_GEMM_AUTO || g.rows <= NORM_GEMM_AUTO_ROWS))
+            return mode == NORM_GEMM_PDL ? NORM_GEMM_PDL : NORM_GEMM_SERIAL;
     }
 #else
     (void)ctx, (void)a;
@@ -188,7 +192,7 @@ static gdp_status_t norm_gemm_check(gdp_ctx_t ctx, const gdp_norm_gemm_args *a) 
     const char *text = NULL;
     if (norm_gemm_choice(&text) < 0)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
-                 "%s: GDP_NORM_GEMM=%s is not known; use auto (or leave it unset or empty), fused, serial or chain",
+                 "%s: GDP_NORM_GEMM=%s is not known; use auto (or leave it unset or empty), serial, pdl or chain",
                  op, text);
     if (a->z != NULL)
         GDP_CHECK(gdp_gated_rmsnorm_check(ctx, a->out, a->x, a->z, a->weight, a->group_size, a->eps));
@@ -215,7 +219,7 @@ gdp_status_t gdp_norm_gemm(gdp_ctx_t ctx, const gdp_norm_gemm_args *a) {
     if (mode != NORM_GEMM_CHAIN) {
         const gdp_norm_gemv_args g = norm_gemv_args(a);
         gdp_phase_mark(ctx, GDP_MARK_GEMM); /* measured phases (phase.h): a GEMM with its input's norm */
-        const gdp_status_t st = gdp_cuda_norm_gemv(ctx, &g, mode == NORM_GEMM_FUSED);
+        const gdp_status_t st = gdp_cuda_norm_gemv(ctx, &g, mode == NORM_GEMM_PDL);
         gdp_phase_mark(ctx, GDP_MARK_OPS);
         return st;
     }

@@ -89,8 +89,9 @@ typedef struct gdp_norm_gemm_args {
 /* The norm op then the GEMM: the same C. On CUDA, where the norm-GEMV takes the call
  * (kernels/gemv.h: at most GDP_GEMV_MAX_ROWS rows, bf16), one launch that never writes out and
  * whose products are gdp_cuda_gemv_nt's (not cuBLASLt's). GDP_NORM_GEMM, read at every call:
- * auto (unset or empty) and fused take the one launch where it fits, serial the same launch
- * without programmatic dependent launch (the A/B), chain the two ops; any other value is
+ * auto (unset or empty) takes the one launch at up to 2 rows (where it was measured faster),
+ * serial wherever it fits, pdl likewise as a programmatic dependent of the work ahead (its
+ * weight's first columns loaded before it waits), chain the two ops; any other value is
  * GDP_STATUS_INVALID_USAGE before anything runs. Both ops' checks run first, so a refused
  * call writes nothing. */
 gdp_status_t gdp_norm_gemm(gdp_ctx_t ctx, const gdp_norm_gemm_args *a);

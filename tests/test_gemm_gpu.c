@@ -13,11 +13,12 @@
  * And the norm-GEMMs (src/decode_core.h gdp_norm_gemm: the pre-RMSNorm with in_proj, the gated
  * RMSNorm with out_proj), each in one launch (kernels/gemv.h, the norm-GEMV), on the layer's
  * shapes and random ones (rows 1 to 12, x fp32 or bf16, y and z row views, C fp32 or bf16):
- *   - the one launch, with and without programmatic dependent launch, gives the bits of the
- *     norm op followed by the skinny kernel (GDP_NORM_GEMM=chain, GDP_GEMM_SKINNY=on), and its C
- *     is within the accumulation bound of the double product of the norm's output;
- *   - captured in a graph after a kernel that writes its input, replayed with new inputs: the
- *     same bits as the eager chain on those inputs (the launch waits for the writer);
+ *   - the one launch, with and without programmatic dependent launch (GDP_NORM_GEMM=pdl, serial),
+ *     gives the bits of the norm op followed by the skinny kernel (GDP_NORM_GEMM=chain,
+ *     GDP_GEMM_SKINNY=on), and its C is within the accumulation bound of the double product of
+ *     the norm's output; auto takes it at up to 2 rows, with the same bits;
+ *   - captured in a graph (pdl) after a kernel that writes its input, replayed with new inputs:
+ *     the same bits as the eager chain on those inputs (the launch waits for the writer);
  *   - past the kernel's row limit it runs the chain; an unknown GDP_NORM_GEMM is refused.
  * Without a CUDA build or a visible GPU it prints why and exits 77 (skip).
  */
@@ -225,21 +226,25 @@ static gdp_tensor norm_gemm_run(const norm_gemm_case *cs, const norm_gemm_host *
 }
 
 static void norm_gemm_one(const norm_gemm_case *cs, test_rng *rng) {
-    const bool gated = cs->group > 0, fits = cs->rows <= GDP_GEMV_MAX_ROWS;
+    /* auto takes the one launch at up to 2 rows (decode_core.h), serial and pdl up to the kernel's limit */
+    const bool gated = cs->group > 0, fits = cs->rows <= GDP_GEMV_MAX_ROWS, auto_fits = cs->rows <= 2;
     const char *what = gated ? "gated" : "rms";
     norm_gemm_host h = norm_gemm_host_make(cs, rng);
-    bool fused = false, serial_fused = false, chain_fused = true;
+    bool auto_fused = false, fused = false, pdl_fused = false, chain_fused = true;
     gdp_tensor normed;
-    gdp_tensor c_fused = norm_gemm_run(cs, &h, "auto", "off", &fused, NULL);
-    gdp_tensor c_serial = norm_gemm_run(cs, &h, "serial", "off", &serial_fused, NULL);
+    gdp_tensor c_auto = norm_gemm_run(cs, &h, "auto", "on", &auto_fused, NULL);
+    gdp_tensor c_fused = norm_gemm_run(cs, &h, "serial", "off", &fused, NULL);
+    gdp_tensor c_pdl = norm_gemm_run(cs, &h, "pdl", "off", &pdl_fused, NULL);
     gdp_tensor c_chain = norm_gemm_run(cs, &h, "chain", "on", &chain_fused, &normed);
-    CHECK(fused == fits && serial_fused == fits && !chain_fused,
-          "%s rows %lld: the one launch ran %d / %d / %d (auto / serial / chain), expected %d", what,
-          (long long)cs->rows, fused, serial_fused, chain_fused, fits);
+    CHECK(auto_fused == auto_fits && fused == fits && pdl_fused == fits && !chain_fused,
+          "%s rows %lld: the one launch ran %d / %d / %d / %d (auto / serial / pdl / chain), expected %d / %d", what,
+          (long long)cs->rows, auto_fused, fused, pdl_fused, chain_fused, auto_fits, fits);
     test_same_bytes(gated ? "gated norm-GEMM, one launch vs the chain" : "rms norm-GEMM, one launch vs the chain",
                     &c_fused, &c_chain);
     test_same_bytes(gated ? "gated norm-GEMM, with and without PDL" : "rms norm-GEMM, with and without PDL",
-                    &c_fused, &c_serial);
+                    &c_fused, &c_pdl);
+    test_same_bytes(gated ? "gated norm-GEMM, auto vs the chain" : "rms norm-GEMM, auto vs the chain", &c_auto,
+                    &c_chain);
     /* the product against the double product of the norm's (chain) output */
     const gemm_case gc = {cs->rows, cs->n, cs->k, 0, 0, GDP_DTYPE_BF16, cs->c, cs->beta};
     double *ha = test_tensor_f64(&normed), *hb = test_tensor_f64(&h.B), *hc = test_tensor_f64(&h.C0);
@@ -249,7 +254,9 @@ static void norm_gemm_one(const norm_gemm_case *cs, test_rng *rng) {
     /* graph capture after the writer, replayed with new inputs */
     norm_gemm_dev d;
     norm_gemm_dev_make(&d, cs, &h);
+    char *saved_mode = test_env_swap("GDP_NORM_GEMM", "pdl"); /* the programmatic edge after the writer */
     cudaGraphExec_t exec = test_graph_capture(norm_gemm_after_writer, &d);
+    test_env_restore("GDP_NORM_GEMM", saved_mode);
     CHECK(exec != NULL, "%s rows %lld: the norm-GEMM did not capture", what, (long long)cs->rows);
     if (exec != NULL) {
         test_fill_uniform(&h.x_src, rng, -2.0, 2.0);
@@ -268,7 +275,8 @@ static void norm_gemm_one(const norm_gemm_case *cs, test_rng *rng) {
         test_host_free(&c_graph), test_host_free(&c_ref), test_host_free(&normed2);
     }
     norm_gemm_dev_free(&d);
-    test_host_free(&c_fused), test_host_free(&c_serial), test_host_free(&c_chain), test_host_free(&normed);
+    test_host_free(&c_auto), test_host_free(&c_fused), test_host_free(&c_pdl), test_host_free(&c_chain),
+        test_host_free(&normed);
     norm_gemm_host_free(&h);
 }
 
