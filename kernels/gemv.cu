@@ -165,18 +165,13 @@ cudaError_t launch_typed(int rows, int64_t n, int64_t k, const void *A, int64_t 
 }
 
 
-/* ---- the norm-GEMV: the product with its input's norm folded in ---- */
+/* ---- the norm-GEMV: the input's norm formed in shared memory, then the product ---- */
 
 constexpr int NG_U = 8;                  /* 16-byte chunks a lane loads per column at once: k 2048 */
 constexpr int NG_SEG = GEMV_SPAN * NG_U; /* elements of a column a warp loads at once             */
-constexpr int NG_MAX_GROUPS = 4;         /* norm groups a row (GATED): the lane's sums per group  */
 
 struct NormGemvParams {
-    const void *x, *z, *w; /* x (GATED: y) and z rows x_row / z_row elements apart; w [k] */
-    gdp_dtype_t x_dtype, z_dtype, w_dtype;
-    int64_t x_row, z_row;
-    int groups, group; /* GATED: vectors a row and their length; RMS: 1 and k */
-    float inv_n, eps;
+    NormParams norm; /* the prologue's norm; out is set to the block's shared rows */
     int rows, n, k;
     const void *B;
     float beta;
@@ -184,47 +179,117 @@ struct NormGemvParams {
     int64_t ldc;
 };
 
-/* 8 consecutive elements of a row as floats (16-bit: one 16-byte load; fp32: two). */
-__device__ __forceinline__ void load8(const void *base, gdp_dtype_t dt, int64_t i, float (&v)[8]) {
-    load_vec_as_float<8>(base, dt, i, v);
+/* The RMSNorm of one row of more than 1024 elements by one warp, in the sum order of the norm
+ * kernels' block body (norm_fast_vector<BLOCK>, NCH chunks a thread of 256): thread t = 32 w + lane
+ * of that block sums chunks t, t + 256, ... in order, each warp's 32 sums are added by warp_sum,
+ * then the 8 warp sums in warp order from 0. Here lane `lane` plays thread 32 w + lane for every w:
+ * the same operations on the same values, so the same bits, with every row of a step in parallel
+ * (one warp each) instead of one row after the other through the block. */
+template <int NCH> __device__ void rms_row_block_order(const NormParams &q, int64_t row, int lane) {
+    constexpr int W = FAST_BLOCK_THREADS / 32, LANES = FAST_BLOCK_THREADS;
+    const int chunks = (int)(q.n / 8);
+    const int64_t xb = row * q.x_row, base = row * q.n;
+    float ss[W];
+#pragma unroll
+    for (int w = 0; w < W; w++)
+        ss[w] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NCH; c++) { /* each thread's chain in its own order: chunk c of every w */
+        float v[W][8];
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            const int ch = 32 * w + lane + c * LANES;
+            if (ch < chunks)
+                load_vec_as_float<8>(q.x, q.x_dtype, xb + (int64_t)ch * 8, v[w]);
+        }
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            if (32 * w + lane + c * LANES < chunks) {
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    ss[w] = fmaf(v[w][j], v[w][j], ss[w]);
+            }
+        }
+    }
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < W; w++)
+        total += warp_sum(ss[w]);
+    const float rstd = norm_rstd<false>(q, total);
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            const int ch = 32 * w + lane + c * LANES;
+            if (ch < chunks) {
+                float v[8], wt[8], out[8];
+                load_vec_as_float<8>(q.x, q.x_dtype, xb + (int64_t)ch * 8, v); /* again: an L1 hit */
+                load_vec_as_float<8>(q.weight, q.w_dtype, (int64_t)ch * 8, wt);
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    out[j] = __fmul_rn(__fmul_rn(v[j], rstd), wt[j]);
+                store_vec_from_float<8>(q.out, q.out_dtype, base + (int64_t)ch * 8, out);
+            }
+        }
+    }
 }
 
-/* One warp a column (row of B): a block takes 8 consecutive columns, as gemv_nt_kernel. The
- * norm is a scale of each row (RMS) or of each row's groups (GATED), so it need not come first:
- * the warp walks its column once and, for each of its chunks (lane * 8 + 256 i), forms the
- * input u = x * w (GATED: y silu(z) w) in fp32, adds b . u to the row's (group's) sum and x^2
- * (GATED: (y silu(z))^2) to its sum of squares; after the shuffle trees every lane holds both,
- * and C = rstd * sum (GATED: sum over the groups of rstd_g sum_g). So no block barrier, no
- * shared memory, and the weight's loads, issued first (before the programmatic wait when
- * launched as a dependent), never wait for the norm: the input chunks come from L1 / L2, read
- * by every warp of the block. The normalized input is never rounded to B's dtype (the chain
- * rounds it to bf16 before its GEMM): the result is within the fp32 accumulation bound of the
- * exact product, and one fixed order per element (the same bits every call, every batch). */
-template <typename T, typename TC, int R, bool GATED>
+/* One warp a column (row of B), a block of 8 consecutive columns: gemv_nt_kernel's grid, which
+ * keeps the SMs full as blocks end (a resident grid walking several columns a warp, measured
+ * slower: kernels/NOTES-ops.md). The weight does not depend on the kernels ahead, so each warp
+ * first issues its column's first NG_SEG elements (NG_U 16-byte chunks a lane) and sends the rest
+ * of the column to L2, before the programmatic wait when launched as a dependent (pdl.cuh);
+ * while they arrive the block forms the norm of every row in shared memory, with the norm
+ * kernels' body and sum orders (the same A as the norm op writes); then each warp multiplies in
+ * gemv_nt_kernel's per-column order (chunk lane * 8 + 256 i in increasing i, then the shuffle
+ * tree): the same bits as the norm op followed by gemv_nt. BLOCK: rows of more than 1024
+ * elements (RMS: rms_row_block_order, a warp a row; GATED: the block body, one vector after the
+ * other), else a warp a vector; NCH chunks a thread as the norm kernels. */
+template <typename T, typename TC, int R, bool GATED, bool BLOCK, int NCH>
 __global__ void __launch_bounds__(GEMV_WARPS * 32) norm_gemv_kernel(const NormGemvParams p) {
-    constexpr int G = GATED ? NG_MAX_GROUPS : 1;
+    extern __shared__ __align__(16) unsigned char norm_gemv_smem[];
+    T *As = reinterpret_cast<T *>(norm_gemv_smem);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t col = (int64_t)blockIdx.x * GEMV_WARPS + warp;
+    const bool has_col = col < p.n;
+    const T *brow = static_cast<const T *>(p.B) + (has_col ? col : 0) * (int64_t)p.k;
     pdl_trigger(); /* whatever follows may start as soon as it can: it waits for this grid itself */
-    if (col >= p.n)
-        return;
-    const T *brow = static_cast<const T *>(p.B) + col * (int64_t)p.k;
 
-    /* the column's first segment: independent of the kernels ahead */
+    /* 1. The weight, independent of the kernels ahead. */
     uint4 bv[NG_U];
 #pragma unroll
     for (int u = 0; u < NG_U; u++) {
         const int idx = u * GEMV_SPAN + lane * 8;
-        bv[u] = idx < p.k ? load_stream(brow + idx) : make_uint4(0u, 0u, 0u, 0u);
+        bv[u] = has_col && idx < p.k ? load_stream(brow + idx) : make_uint4(0u, 0u, 0u, 0u);
     }
-    pdl_wait(); /* x, z: written by the kernels ahead */
+    if (has_col && lane == 0 && p.k > NG_SEG)
+        prefetch_l2_bulk(brow + NG_SEG, (uint32_t)(p.k - NG_SEG) * (uint32_t)sizeof(T));
 
-    float acc[R][G], ss[R][G];
+    /* 2. The input, written by the kernels ahead: its norm, every row, in shared memory. */
+    pdl_wait();
+    NormParams q = p.norm;
+    q.out = As;
+    if constexpr (GATED && BLOCK) {
+        for (int64_t v = 0; v < q.vectors; v++) {
+            norm_fast_vector<false, true, true, NCH>(q, v, (int)threadIdx.x);
+            __syncthreads(); /* the body's partial sums are reused by the next vector */
+        }
+    } else if constexpr (BLOCK) {
+        if (warp < p.rows)
+            rms_row_block_order<NCH>(q, warp, lane);
+    } else {
+        for (int64_t v = warp; v < q.vectors; v += GEMV_WARPS)
+            norm_fast_vector<false, GATED, false, NCH>(q, v, lane);
+    }
+    __syncthreads();
+    if (!has_col)
+        return;
+
+    /* 3. The product. */
+    float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int g = 0; g < G; g++)
-            acc[r][g] = 0.0f, ss[r][g] = 0.0f;
+        acc[r] = 0.0f;
     for (int base = 0; base < p.k; base += NG_SEG) {
         if (base > 0) {
 #pragma unroll
@@ -238,88 +303,90 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) norm_gemv_kernel(const NormGe
             const int idx = base + u * GEMV_SPAN + lane * 8;
             if (idx >= p.k)
                 break;
-            const int g = GATED ? idx / p.group : 0;
-            float wt[8], b[8];
-            load8(p.w, p.w_dtype, idx, wt);
-            const uint32_t bw[4] = {bv[u].x, bv[u].y, bv[u].z, bv[u].w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float2 f = Pair<T>::f2(bw[j]);
-                b[2 * j] = f.x, b[2 * j + 1] = f.y;
-            }
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (r < p.rows) {
-                    float xv[8];
-                    load8(p.x, p.x_dtype, r * p.x_row + idx, xv);
-                    if constexpr (GATED) {
-                        float zv[8];
-                        load8(p.z, p.z_dtype, r * p.z_row + idx, zv);
-#pragma unroll
-                        for (int j = 0; j < 8; j++)
-                            xv[j] = gated(xv[j], zv[j]);
-                    }
-                    float a = 0.0f, q = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < 8; j++) {
-                        a = fmaf(b[j], __fmul_rn(xv[j], wt[j]), a);
-                        q = fmaf(xv[j], xv[j], q);
-                    }
-#pragma unroll
-                    for (int gg = 0; gg < G; gg++) /* a register index known at compile time */
-                        if (gg == g)
-                            acc[r][gg] += a, ss[r][gg] += q;
+                    const uint4 av = *reinterpret_cast<const uint4 *>(As + (int64_t)r * p.k + idx);
+                    acc[r] = dot8<T>(acc[r], av, bv[u]);
                 }
             }
         }
     }
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        float out = 0.0f;
+    for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int g = 0; g < G; g++) {
-            if (g < p.groups) {
-                const float sum = warp_sum(acc[r][g]), sq = warp_sum(ss[r][g]);
-                const float rstd = __fdiv_rn(1.0f, sqrtf(__fadd_rn(__fmul_rn(sq, p.inv_n), p.eps)));
-                out = fmaf(rstd, sum, out);
-            }
-        }
+        for (int o = 16; o > 0; o >>= 1)
+            acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
         if (lane == r && r < p.rows) {
             TC *dst = static_cast<TC *>(p.C) + r * p.ldc + col;
+            float v = acc[r];
             if constexpr (std::is_same<TC, float>::value) {
                 if (p.beta != 0.0f)
-                    out = fmaf(p.beta, *dst, out);
-                *dst = out;
+                    v = fmaf(p.beta, *dst, v);
+                *dst = v;
             } else {
                 if (p.beta != 0.0f)
-                    out = fmaf(p.beta, Pair<T>::to_f(*dst), out);
-                *dst = Pair<T>::from_f(out);
+                    v = fmaf(p.beta, Pair<T>::to_f(*dst), v);
+                *dst = Pair<T>::from_f(v);
             }
         }
     }
 }
 
-template <typename T, typename TC, int R, bool GATED>
+/* Chunks a thread of the norm's body, as the norm kernels choose them (norm.cu, launch_fast). */
+int norm_gemv_chunks(int64_t n, bool block) {
+    const int64_t lanes = block ? FAST_BLOCK_THREADS : 32;
+    return (int)((n / 8 + lanes - 1) / lanes);
+}
+
+template <typename T, typename TC, int R, bool GATED, bool BLOCK, int NCH>
 cudaError_t launch_norm_gemv_inst(const NormGemvParams &p, bool pdl, cudaStream_t stream) {
-    auto kernel = norm_gemv_kernel<T, TC, R, GATED>;
+    auto kernel = norm_gemv_kernel<T, TC, R, GATED, BLOCK, NCH>;
+    const size_t smem = (size_t)p.rows * (size_t)p.k * sizeof(T);
+    if (smem > 48 * 1024) {
+        const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (err != cudaSuccess)
+            return err;
+    }
     const dim3 grid((unsigned)(((int64_t)p.n + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
     if (pdl)
-        return launch_pdl(kernel, grid, block, 0, stream, p);
-    kernel<<<grid, block, 0, stream>>>(p);
+        return launch_pdl(kernel, grid, block, smem, stream, p);
+    kernel<<<grid, block, smem, stream>>>(p);
     return cudaGetLastError();
+}
+
+template <typename T, typename TC, int R, bool GATED>
+cudaError_t launch_norm_gemv_shape(const NormGemvParams &p, bool pdl, cudaStream_t stream) {
+    const bool block = p.norm.n > FAST_WARP_MAX;
+    if (norm_gemv_chunks(p.norm.n, block) <= 1)
+        return block ? launch_norm_gemv_inst<T, TC, R, GATED, true, 1>(p, pdl, stream)
+                     : launch_norm_gemv_inst<T, TC, R, GATED, false, 1>(p, pdl, stream);
+    return block ? launch_norm_gemv_inst<T, TC, R, GATED, true, 2>(p, pdl, stream)
+                 : launch_norm_gemv_inst<T, TC, R, GATED, false, 2>(p, pdl, stream);
 }
 
 template <typename T, typename TC, bool GATED>
 cudaError_t launch_norm_gemv_rows(const NormGemvParams &p, bool pdl, cudaStream_t stream) {
     if (p.rows <= 1)
-        return launch_norm_gemv_inst<T, TC, 1, GATED>(p, pdl, stream);
+        return launch_norm_gemv_shape<T, TC, 1, GATED>(p, pdl, stream);
     if (p.rows <= 2)
-        return launch_norm_gemv_inst<T, TC, 2, GATED>(p, pdl, stream);
+        return launch_norm_gemv_shape<T, TC, 2, GATED>(p, pdl, stream);
     if (p.rows <= 4)
-        return launch_norm_gemv_inst<T, TC, 4, GATED>(p, pdl, stream);
-    return launch_norm_gemv_inst<T, TC, 8, GATED>(p, pdl, stream);
+        return launch_norm_gemv_shape<T, TC, 4, GATED>(p, pdl, stream);
+    return launch_norm_gemv_shape<T, TC, 8, GATED>(p, pdl, stream);
 }
 
+/* The RMS prologue writes A's dtype (C too: in_proj); the gated one writes C in fp32 or A's dtype. */
+template <typename T>
+cudaError_t launch_norm_gemv_typed(const NormGemvParams &p, bool gated, gdp_dtype_t c_dtype, bool pdl,
+                                   cudaStream_t stream) {
+    if (!gated)
+        return launch_norm_gemv_rows<T, T, false>(p, pdl, stream);
+    return c_dtype == GDP_DTYPE_FP32 ? launch_norm_gemv_rows<T, float, true>(p, pdl, stream)
+                                     : launch_norm_gemv_rows<T, T, true>(p, pdl, stream);
+}
 } // namespace
 
 // kernel launchers
@@ -357,14 +424,16 @@ extern "C" int gdp_cuda_norm_gemv_fits(const gdp_norm_gemv_args *a) {
     const bool gated = a->kind == GDP_NORM_GEMV_GATED;
     /* bf16 only: the CUDA layer's activations and weights (gdp_backend_act_dtype) */
     const bool half = a->ab_dtype == GDP_DTYPE_BF16;
-    /* the RMS form feeds in_proj, whose output is A's dtype; the gated one out_proj (fp32 or A's dtype) */
+    /* the RMS prologue feeds in_proj, whose output is A's dtype; the gated one out_proj (fp32 or A's dtype) */
     const bool c_ok = a->c_dtype == a->ab_dtype || (gated && a->c_dtype == GDP_DTYPE_FP32);
     const int64_t group = gated ? a->group : a->k;
     const size_t xs = gdp_dtype_size(a->x_dtype), zs = gated ? gdp_dtype_size(a->z_dtype) : 0;
     return half && c_ok && a->rows >= 1 && a->rows <= GDP_GEMV_MAX_ROWS && a->n >= 1 && a->n <= INT32_MAX &&
-           a->k >= 8 && a->k % 8 == 0 && a->k <= INT32_MAX && group >= 8 && group % 8 == 0 && a->k % group == 0 &&
-           a->k / group <= NG_MAX_GROUPS && aligned16(a->B) && aligned16(a->x) && aligned16(a->norm_weight) &&
-           ((size_t)a->x_row * xs) % 16 == 0 && (!gated || (aligned16(a->z) && ((size_t)a->z_row * zs) % 16 == 0));
+           a->k % 8 == 0 && a->k <= INT32_MAX && group >= 8 && group % 8 == 0 && a->k % group == 0 &&
+           norm_gemv_chunks(group, group > FAST_WARP_MAX) <= 2 &&
+           (size_t)a->rows * (size_t)a->k * 2 <= GDP_NORM_GEMV_MAX_SMEM && aligned16(a->B) && aligned16(a->x) &&
+           aligned16(a->norm_weight) && ((size_t)a->x_row * xs) % 16 == 0 &&
+           (!gated || (aligned16(a->z) && ((size_t)a->z_row * zs) % 16 == 0));
 }
 
 extern "C" gdp_status_t gdp_cuda_norm_gemv(struct gdp_ctx *ctx, const gdp_norm_gemv_args *a, int pdl) {
@@ -372,19 +441,21 @@ extern "C" gdp_status_t gdp_cuda_norm_gemv(struct gdp_ctx *ctx, const gdp_norm_g
         return GDP_STATUS_SUCCESS;
     const bool gated = a->kind == GDP_NORM_GEMV_GATED;
     NormGemvParams p = {};
-    p.x = a->x;
-    p.x_dtype = a->x_dtype;
-    p.x_row = a->x_row;
-    p.z = gated ? a->z : nullptr;
-    p.z_dtype = gated ? a->z_dtype : GDP_DTYPE_FP32;
-    p.z_row = gated ? a->z_row : 0;
-    p.w = a->norm_weight;
-    p.w_dtype = a->w_dtype;
-    p.group = (int)(gated ? a->group : a->k);
-    p.groups = (int)(a->k / p.group);
+    p.norm.x = a->x;
+    p.norm.x_dtype = a->x_dtype;
+    p.norm.x_row = a->x_row;
+    p.norm.z = gated ? a->z : nullptr;
+    p.norm.z_dtype = gated ? a->z_dtype : GDP_DTYPE_FP32;
+    p.norm.z_row = gated ? a->z_row : 0;
+    p.norm.weight = a->norm_weight;
+    p.norm.w_dtype = a->w_dtype;
+    p.norm.out_dtype = a->ab_dtype;
+    p.norm.n = gated ? a->group : a->k;
+    p.norm.groups = a->k / p.norm.n;
+    p.norm.vectors = a->rows * p.norm.groups;
     /* as the norm ops: torch's mean multiplies by 1/n rounded once */
-    p.inv_n = 1.0f / (float)p.group;
-    p.eps = (float)a->eps;
+    p.norm.inv_n = 1.0f / (float)p.norm.n;
+    p.norm.eps = (float)a->eps;
     p.rows = (int)a->rows;
     p.n = (int)a->n;
     p.k = (int)a->k;
@@ -393,11 +464,8 @@ extern "C" gdp_status_t gdp_cuda_norm_gemv(struct gdp_ctx *ctx, const gdp_norm_g
     p.C = a->C;
     p.ldc = a->ldc;
     cudaStream_t stream = static_cast<cudaStream_t>(ctx->stream);
-    using bf16 = __nv_bfloat16;
-    const cudaError_t err = !gated ? launch_norm_gemv_rows<bf16, bf16, false>(p, pdl != 0, stream)
-                            : a->c_dtype == GDP_DTYPE_FP32 ? launch_norm_gemv_rows<bf16, float, true>(p, pdl != 0, stream)
-                                                           : launch_norm_gemv_rows<bf16, bf16, true>(p, pdl != 0, stream);
-    GDP_CUDA_LAUNCH_CHECK(gated ? "gdp_norm_gemm (gated)" : "gdp_norm_gemm (rms)", err, "rows %lld, n %lld, k %lld",
+    const cudaError_t err = launch_norm_gemv_typed<__nv_bfloat16>(p, gated, a->c_dtype, pdl != 0, stream);
+    GDP_CUDA_LAUNCH_CHECK(gated ? "gdp_gated_rmsnorm_gemm" : "gdp_rmsnorm_gemm", err, "rows %lld, n %lld, k %lld",
                           (long long)a->rows, (long long)a->n, (long long)a->k);
     return GDP_STATUS_SUCCESS;
 }

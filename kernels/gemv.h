@@ -7,8 +7,8 @@
  * four rows on (kernels/NOTES-ops.md, "Skinny GEMM"), so cuBLASLt stays the default.
  * The norm-GEMV is the same product with its input's norm folded in (the layer's pre-RMSNorm
  * before in_proj, its grouped gated RMSNorm before out_proj): one launch instead of two, the
- * norm applied as a scale of each row's (group's) sum, so the weight streams without waiting
- * for it; launched plainly or as a programmatic dependent (kernels/pdl.cuh).
+ * norm's output kept in shared memory, the weight's loads issued before the launch waits for
+ * the kernels ahead (programmatic dependent launch, kernels/pdl.cuh).
  */
 #ifndef GDP_GEMV_H
 #define GDP_GEMV_H
@@ -37,12 +37,12 @@ gdp_status_t gdp_cuda_gemv_nt(struct gdp_ctx *ctx, int64_t rows, int64_t n, int6
                               const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
                               gdp_dtype_t c_dtype);
 
-/* The norm-GEMV: C[r, j] = sum_i A[r, i] B[j, i] (+ beta C[r, j]) with A = the norm of x, as
- * gdp_rmsnorm (RMS: one vector a row of k) or gdp_gated_rmsnorm (GATED: x is y, gated by z,
- * vectors of `group` elements) defines it, but never rounded to B's dtype: C = rstd * sum_i
- * B[j, i] (x_i w_i) in fp32 (GATED: the sum over the groups of rstd_g times the group's sum of
- * B[j, i] (y_i silu(z_i) w_i)), within the fp32 accumulation bound of the exact product. */
+/* The norm-GEMV: C[r, j] = sum_i A[r, i] B[j, i] (+ beta C[r, j]) with A = the norm of x rounded
+ * to B's dtype, as gdp_rmsnorm (RMS: one vector a row of k) or gdp_gated_rmsnorm (GATED: x is y,
+ * gated by z, vectors of `group` elements) would write it. */
 typedef enum { GDP_NORM_GEMV_RMS = 0, GDP_NORM_GEMV_GATED = 1 } gdp_norm_gemv_kind;
+
+#define GDP_NORM_GEMV_MAX_SMEM (96 * 1024) /* rows * k * 2 bytes: the norm's rows in shared memory */
 
 typedef struct gdp_norm_gemv_args {
     gdp_norm_gemv_kind kind;
@@ -66,13 +66,13 @@ typedef struct gdp_norm_gemv_args {
 } gdp_norm_gemv_args;
 
 /* Whether gdp_cuda_norm_gemv takes these arguments: bf16 B (the CUDA layer's weights), C in B's
- * dtype (or fp32 for GATED), 1 <= rows <= GDP_GEMV_MAX_ROWS, k a multiple of 8 and of group, at
- * most 4 groups a row, 16-byte aligned rows. */
+ * dtype (or fp32 for GATED), 1 <= rows <= GDP_GEMV_MAX_ROWS, rows * k * 2 <= GDP_NORM_GEMV_MAX_SMEM,
+ * the norm on its fast path with at most two 8-element chunks a thread, 16-byte aligned rows. */
 int gdp_cuda_norm_gemv_fits(const gdp_norm_gemv_args *a);
 
 /* The norm-GEMV on the ctx's stream, one launch; pdl: as a programmatic dependent of the work
- * ahead (kernels/pdl.cuh). Each element one fixed-order sum: the same bits every call, whatever
- * the other rows. The caller checked gdp_cuda_norm_gemv_fits. */
+ * ahead (kernels/pdl.cuh). The same bits as the norm op followed by gdp_cuda_gemv_nt. The caller
+ * checked gdp_cuda_norm_gemv_fits. */
 gdp_status_t gdp_cuda_norm_gemv(struct gdp_ctx *ctx, const gdp_norm_gemv_args *a, int pdl);
 
 #ifdef __cplusplus

@@ -86,10 +86,9 @@ typedef struct gdp_norm_gemm_args {
     gdp_dtype_t c_dtype;
 } gdp_norm_gemm_args;
 
-/* The norm op then the GEMM. On CUDA, where the norm-GEMV takes the call (kernels/gemv.h: at
- * most GDP_GEMV_MAX_ROWS rows, bf16), one launch that never writes out and never rounds the
- * normalized input to bf16 (the two ops do, before the GEMM): C within the fp32 accumulation
- * bound of the exact product, not the two ops' bits. GDP_NORM_GEMM, read at every call:
+/* The norm op then the GEMM: the same C. On CUDA, where the norm-GEMV takes the call
+ * (kernels/gemv.h: at most GDP_GEMV_MAX_ROWS rows, bf16), one launch that never writes out and
+ * whose products are gdp_cuda_gemv_nt's (not cuBLASLt's). GDP_NORM_GEMM, read at every call:
  * auto (unset or empty) takes the one launch at up to 2 rows (where it was measured faster),
  * serial wherever it fits, pdl likewise as a programmatic dependent of the work ahead (its
  * weight's first columns loaded before it waits), chain the two ops; any other value is
