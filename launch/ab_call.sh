@@ -14,9 +14,10 @@
 # host-staged), then main's on one rank; GDP_CALL_RANKS2_TIMEOUT seconds a run (default 120); fusedrace (not
 # by default), racecheck of the fused kernel's first GDP_CALL_FUSEDRACE_LAUNCHES launches (default 6) on
 # every tree, GDP_CALL_FUSEDRACE_TIMEOUT seconds each (default 100; the fused-* pending experiments); normgemm
-# (not by default), gdp-bench ops --op gemm (the norm-GEMM rows), main's test_gemm_gpu, the layer and engine
-# GPU tests (GDP_CALL_NG_TESTS=0 skips them), then the layer bench's decode rows (GDP_CALL_NG_BATCHES, default
-# 1,2,4,8,64) under GDP_NORM_GEMM=chain, serial and pdl, two rounds. The A/B
+# (not by default), gdp-bench ops --op gemm (the norm-GEMM rows; GDP_CALL_NG_OPS=0 skips it), main's
+# test_gemm_gpu, the layer and engine GPU tests (GDP_CALL_NG_TESTS=0 skips them), then the layer bench's decode
+# rows (GDP_CALL_NG_BATCHES, default 1,2,4,8,64) under each GDP_NORM_GEMM of GDP_CALL_NG_MODES (default "chain
+# serial pdl"), two rounds. The A/B
 # runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
 # call still returns the timings. Without a pack, or if linking fails, it builds the pending patches'
 # trees there (launch/h200-suite.sh hopperab; the patches not marked
@@ -122,10 +123,10 @@ stage_layer() {
 }
 stage_normgemm() { # the norm-GEMV (kernels/gemv.cu): its tests, then the layer's decode rows under each GDP_NORM_GEMM
     local t mode round
-    timeout 120 "$P/main/bin/gdp-bench" ops --op gemm >"$OUT/ops_gemm.log" 2>&1
+    [ "${GDP_CALL_NG_OPS:-1}" = 0 ] || timeout 120 "$P/main/bin/gdp-bench" ops --op gemm >"$OUT/ops_gemm.log" 2>&1
     echo "gdp-bench ops --op gemm rc=$?"
     grep -E "^#  *op|normgemm|gemm  *(in|out)_proj" "$OUT/ops_gemm.log"
-    [ "${GDP_CALL_NG_TESTS:-1}" = 0 ] || timeout 120 "$P/main/bin/test_gemm_gpu" >"$OUT/gemm.log" 2>&1
+    timeout 120 "$P/main/bin/test_gemm_gpu" >"$OUT/gemm.log" 2>&1
     echo "test_gemm_gpu rc=$?"
     grep -E "checks|FAIL|GDP_NORM_GEMM=" "$OUT/gemm.log" | tail -4
     [ "${GDP_CALL_NG_TESTS:-1}" = 0 ] || for t in "1 test_layer_tp_gpu_nccl_np1 --backend cuda --comm nccl" "2 test_layer_tp_gpu_np2 --backend cuda" \
@@ -136,7 +137,7 @@ stage_normgemm() { # the norm-GEMV (kernels/gemv.cu): its tests, then the layer'
         grep -E "checks|FAIL|skipped" "$OUT/ng_$2.log" | tail -2
     done
     for round in 1 2; do
-        for mode in chain serial pdl; do
+        for mode in ${GDP_CALL_NG_MODES:-chain serial pdl}; do
             echo "## round $round GDP_NORM_GEMM=$mode" >>"$OUT/layer_ng.log"
             GDP_NORM_GEMM=$mode timeout 90 mpirun -n 1 "$P/main/bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 \
                 -p 128 -n 128 -m 2 -D ${GDP_CALL_NG_BATCHES:-1,2,4,8,64} -P 2048 >>"$OUT/layer_ng.log" 2>&1

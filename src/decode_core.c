@@ -138,8 +138,10 @@ gdp_status_t gdp_decode_recurrent_norm_ex(gdp_ctx_t ctx, const gdp_recurrent_arg
 
 enum { NORM_GEMM_CHAIN = 0, NORM_GEMM_AUTO, NORM_GEMM_SERIAL, NORM_GEMM_PDL };
 
-/* Rows up to which auto takes the one launch: measured faster than the two ops at 1 and 2 rows
- * of the layer's decode step and slower from 4 (kernels/NOTES-ops.md, thirty-second session). */
+/* Where auto takes the one launch: the gated norm with out_proj at up to 2 rows, measured faster
+ * than the norm op and cuBLASLt there (H100, graph-replayed, L2 flushed: 12.6 against 14.7 us at
+ * one row, 13.8 against 14.8 at two) and slower from 4 rows; the pre-RMSNorm with in_proj was
+ * slower at every row count in every form tried (kernels/NOTES-ops.md, thirty-second session). */
 #define NORM_GEMM_AUTO_ROWS 2
 
 /* GDP_NORM_GEMM: NORM_GEMM_* (unset or empty: auto), -1 for anything else. */
@@ -175,7 +177,8 @@ static int norm_gemm_mode(gdp_ctx_t ctx, const gdp_norm_gemm_args *a) {
 #ifdef GDP_HAVE_CUDA
     if (mode != NORM_GEMM_CHAIN && ctx->backend == GDP_BACKEND_CUDA && !ctx->debug_checks && a->ldc >= a->n) {
         const gdp_norm_gemv_args g = norm_gemv_args(a);
-        if (gdp_cuda_norm_gemv_fits(&g) && (mode != NORM_GEMM_AUTO || g.rows <= NORM_GEMM_AUTO_ROWS))
+        if (gdp_cuda_norm_gemv_fits(&g) &&
+            (mode != NORM_GEMM_AUTO || (g.kind == GDP_NORM_GEMV_GATED && g.rows <= NORM_GEMM_AUTO_ROWS)))
             return mode == NORM_GEMM_PDL ? NORM_GEMM_PDL : NORM_GEMM_SERIAL;
     }
 #else

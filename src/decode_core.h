@@ -89,8 +89,8 @@ typedef struct gdp_norm_gemm_args {
 /* The norm op then the GEMM: the same C. On CUDA, where the norm-GEMV takes the call
  * (kernels/gemv.h: at most GDP_GEMV_MAX_ROWS rows, bf16), one launch that never writes out and
  * whose products are gdp_cuda_gemv_nt's (not cuBLASLt's). GDP_NORM_GEMM, read at every call:
- * auto (unset or empty) takes the one launch at up to 2 rows (where it was measured faster),
- * serial wherever it fits, pdl likewise as a programmatic dependent of the work ahead (its
+ * auto (unset or empty) takes the one launch for the gated norm at up to 2 rows (where it was
+ * measured faster; the pre-RMSNorm's one launch was measured slower), serial wherever it fits, pdl likewise as a programmatic dependent of the work ahead (its
  * weight's first columns loaded before it waits), chain the two ops; any other value is
  * GDP_STATUS_INVALID_USAGE before anything runs. Both ops' checks run first, so a refused
  * call writes nothing. */

@@ -16,7 +16,7 @@
  *   - the one launch, with and without programmatic dependent launch (GDP_NORM_GEMM=pdl, serial),
  *     gives the bits of the norm op followed by the skinny kernel (GDP_NORM_GEMM=chain,
  *     GDP_GEMM_SKINNY=on), and its C is within the accumulation bound of the double product of
- *     the norm's output; auto takes it at up to 2 rows, with the same bits;
+ *     the norm's output; auto takes it for the gated norm at up to 2 rows, with the same bits;
  *   - captured in a graph (pdl) after a kernel that writes its input, replayed with new inputs:
  *     the same bits as the eager chain on those inputs (the launch waits for the writer);
  *   - past the kernel's row limit it runs the chain; an unknown GDP_NORM_GEMM is refused.
@@ -226,8 +226,9 @@ static gdp_tensor norm_gemm_run(const norm_gemm_case *cs, const norm_gemm_host *
 }
 
 static void norm_gemm_one(const norm_gemm_case *cs, test_rng *rng) {
-    /* auto takes the one launch at up to 2 rows (decode_core.h), serial and pdl up to the kernel's limit */
-    const bool gated = cs->group > 0, fits = cs->rows <= GDP_GEMV_MAX_ROWS, auto_fits = cs->rows <= 2;
+    /* auto takes the one launch for the gated norm at up to 2 rows (decode_core.h), serial and pdl up
+     * to the kernel's limit */
+    const bool gated = cs->group > 0, fits = cs->rows <= GDP_GEMV_MAX_ROWS, auto_fits = gated && cs->rows <= 2;
     const char *what = gated ? "gated" : "rms";
     norm_gemm_host h = norm_gemm_host_make(cs, rng);
     bool auto_fused = false, fused = false, pdl_fused = false, chain_fused = true;
