@@ -7,8 +7,10 @@
  * four rows on (kernels/NOTES-ops.md, "Skinny GEMM"), so cuBLASLt stays the default.
  * The norm-GEMV is the same product with its input's norm folded in (the layer's pre-RMSNorm
  * before in_proj, its grouped gated RMSNorm before out_proj): one launch instead of two, the
- * norm's output kept in shared memory, the weight's loads issued before the launch waits for
- * the kernels ahead (programmatic dependent launch, kernels/pdl.cuh).
+ * norm's output kept in shared memory, each warp's weight loads issued before the norm is formed
+ * (and, launched as a programmatic dependent, before it waits for the kernels ahead:
+ * kernels/pdl.cuh). src/decode_core.c takes it by default only for the gated norm at one or two
+ * rows, where it was measured faster than the two ops (kernels/NOTES-ops.md).
  */
 #ifndef GDP_GEMV_H
 #define GDP_GEMV_H
