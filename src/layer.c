@@ -758,7 +758,7 @@ static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, cons
         GDP_CHECK(gdp_rmsnorm(l->ctx, &xn_local, x, &norm_w, l->norm_eps));
         GDP_CHECK(gdp_comm_tp_gather_input(l->comm, l->mode, ws->xn_local, ws->xn, Tc, D, a, l->ctx->stream));
         GDP_CHECK(gdp_gemm_nt_ex(l->ctx, Tc, WT, D, ws->xn, D, l->in_proj, a, 0.0f, ws->proj, WT, a));
-    } else { /* one launch at a few rows (decode_core.h) */
+    } else { /* one op: by default the two (the one launch measured slower here: decode_core.h) */
         const gdp_norm_gemm_args in = {.out = &xn, .x = x, .weight = &norm_w, .eps = l->norm_eps,
                                        .n = WT, .B = l->in_proj, .beta = 0.0f, .C = ws->proj, .ldc = WT, .c_dtype = a};
         GDP_CHECK(gdp_norm_gemm(l->ctx, &in));
