@@ -9,11 +9,18 @@
  *     the gate from its projection) bitwise equal to the same rows made contiguous; row
  *     views with overlapping rows, a strided last dim or more than 2 dims are refused;
  *   - bad inputs (group_size 0, negative, not dividing d; a weight, z or out of the wrong
- *     shape; negative eps) give INVALID_ARGUMENT and leave out untouched.
+ *     shape; negative eps) give INVALID_ARGUMENT and leave out untouched;
+ *   - the norm-GEMMs (src/decode_core.h gdp_norm_gemm: the pre-RMSNorm then in_proj, the gated
+ *     norm then out_proj with beta 1) bitwise equal to the norm op followed by the GEMM on the CPU
+ *     backend (which never takes the CUDA one launch: gdp_norm_gemm_fuses is false); an unknown
+ *     GDP_NORM_GEMM, a group not dividing d and missing arguments are refused before anything is
+ *     written.
  */
 #include <string.h>
 
-#include "internal.h" /* defines: gdp_tensor_get/set */
+#include "backend.h"     /* gdp_gemm_nt_ex */
+#include "decode_core.h" /* gdp_norm_gemm */
+#include "internal.h"    /* defines: gdp_tensor_get/set */
 #include "test_common.h"
 
 static void golden(gdp_ctx_t ctx) {
@@ -206,6 +213,61 @@ static void bad_inputs(gdp_ctx_t ctx) {
     free(y.data); free(z.data); free(w.data); free(out.data);
 }
 
+/* One norm-GEMM case on the CPU backend: gdp_norm_gemm against the norm op then the GEMM. */
+static void norm_gemm_case(gdp_ctx_t ctx, test_rng *rng, bool gated) {
+    const int64_t rows = 3, k = 64, n = 40, group = gated ? 16 : k;
+    const int64_t sx[2] = {rows, k}, sw[1] = {k}, sb[2] = {n, k}, sc[2] = {rows, n};
+    gdp_tensor x = test_tensor_alloc(GDP_DTYPE_FP32, 2, sx), z = test_tensor_alloc(GDP_DTYPE_FP32, 2, sx);
+    gdp_tensor w = test_tensor_alloc(GDP_DTYPE_FP32, 1, sw), B = test_tensor_alloc(GDP_DTYPE_FP32, 2, sb);
+    gdp_tensor c1 = test_tensor_alloc(GDP_DTYPE_FP32, 2, sc), c2 = test_tensor_alloc(GDP_DTYPE_FP32, 2, sc);
+    gdp_tensor o1 = test_tensor_alloc(GDP_DTYPE_FP32, 2, sx), o2 = test_tensor_alloc(GDP_DTYPE_FP32, 2, sx);
+    test_fill_uniform(&x, rng, -2.0, 2.0), test_fill_uniform(&z, rng, -3.0, 3.0);
+    test_fill_uniform(&w, rng, 0.5, 1.5), test_fill_uniform(&B, rng, -1.0, 1.0);
+    test_fill_uniform(&c1, rng, -4.0, 4.0);
+    memcpy(c2.data, c1.data, test_tensor_bytes(&c1));
+    const float beta = gated ? 1.0f : 0.0f;
+    const gdp_norm_gemm_args a = {.out = &o1, .x = &x, .z = gated ? &z : NULL, .weight = &w, .group_size = group,
+                                  .eps = 1e-5, .n = n, .B = B.data, .beta = beta, .C = c1.data, .ldc = n,
+                                  .c_dtype = GDP_DTYPE_FP32};
+    CHECK(!gdp_norm_gemm_fuses(ctx, &a), "gdp_norm_gemm_fuses is true on the CPU backend");
+    CHECK_OK(gdp_norm_gemm(ctx, &a));
+    if (gated)
+        CHECK_OK(gdp_gated_rmsnorm(ctx, &o2, &x, &z, &w, group, 1e-5));
+    else
+        CHECK_OK(gdp_rmsnorm(ctx, &o2, &x, &w, 1e-5));
+    CHECK_OK(gdp_gemm_nt_ex(ctx, rows, n, k, o2.data, k, B.data, GDP_DTYPE_FP32, beta, c2.data, n, GDP_DTYPE_FP32));
+    test_same_bytes(gated ? "gated norm-GEMM: C" : "rms norm-GEMM: C", &c1, &c2);
+    test_same_bytes(gated ? "gated norm-GEMM: the norm's output" : "rms norm-GEMM: the norm's output", &o1, &o2);
+
+    /* refusals: nothing written */
+    memcpy(c2.data, c1.data, test_tensor_bytes(&c1));
+    memcpy(o2.data, o1.data, test_tensor_bytes(&o1));
+    char *saved = test_env_swap("GDP_NORM_GEMM", "fastest");
+    CHECK_STATUS(gdp_norm_gemm(ctx, &a), GDP_STATUS_INVALID_USAGE);
+    CHECK(strstr(gdp_last_error(), "GDP_NORM_GEMM") != NULL && strstr(gdp_last_error(), "fastest") != NULL,
+          "the GDP_NORM_GEMM refusal names neither the variable nor its value: %s", gdp_last_error());
+    test_env_restore("GDP_NORM_GEMM", saved);
+    gdp_norm_gemm_args bad = a;
+    if (gated) {
+        bad.group_size = 12; /* does not divide 64 */
+        CHECK_STATUS(gdp_norm_gemm(ctx, &bad), GDP_STATUS_INVALID_ARGUMENT);
+        CHECK(strstr(gdp_last_error(), "group_size") != NULL, "message lacks group_size: %s", gdp_last_error());
+    } else {
+        bad.eps = -1.0;
+        CHECK_STATUS(gdp_norm_gemm(ctx, &bad), GDP_STATUS_INVALID_ARGUMENT);
+    }
+    bad = a;
+    bad.weight = NULL;
+    CHECK_STATUS(gdp_norm_gemm(ctx, &bad), GDP_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(gdp_norm_gemm(ctx, NULL), GDP_STATUS_INVALID_ARGUMENT);
+    test_same_bytes("a refused norm-GEMM: C untouched", &c1, &c2);
+    test_same_bytes("a refused norm-GEMM: out untouched", &o1, &o2);
+    printf("  %s norm-GEMM [%lld, %lld] x [%lld, %lld]^T: bitwise the norm op then the GEMM; refusals write nothing\n",
+           gated ? "gated" : "rms", (long long)rows, (long long)k, (long long)n, (long long)k);
+    free(x.data), free(z.data), free(w.data), free(B.data), free(c1.data), free(c2.data), free(o1.data),
+        free(o2.data);
+}
+
 int main(void) {
     gdp_ctx_t ctx = NULL;
     CHECK_OK(gdp_ctx_init(&ctx, GDP_BACKEND_CPU, 0));
@@ -215,6 +277,9 @@ int main(void) {
     random_cases(ctx, &rng);
     row_views(ctx, &rng);
     bad_inputs(ctx);
+    printf("the norm-GEMMs:\n");
+    norm_gemm_case(ctx, &rng, false);
+    norm_gemm_case(ctx, &rng, true);
     gdp_ctx_free(ctx);
     return test_finish("test_norm_cpu");
 }
