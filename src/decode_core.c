@@ -182,7 +182,7 @@ static int norm_gemm_mode(gdp_ctx_t ctx, const gdp_norm_gemm_args *a) {
             return mode == NORM_GEMM_PDL ? NORM_GEMM_PDL : NORM_GEMM_SERIAL;
     }
 #else
-    (void)ctx, (void)a;
+    (void)ctx, (void)a, (void)mode;
 #endif
     return NORM_GEMM_CHAIN;
 }
