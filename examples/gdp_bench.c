@@ -15,7 +15,8 @@
  * bf16 4 KV; plus S K V for the snapshots of S > 1 draft tokens) over 4.17e12 B/s;
  * prefill F = M (6CK + 4CV + 2C^2/3 + 4KV) + 2KV FLOP per token and head over 7.9e14 FLOP/s;
  * prepare and gemm the bytes they must move over 4.17e12 B/s (gemm: the projection GEMM of a
- * decode step, src/backend.h, on its two paths: GDP_GEMM_SKINNY off (cuBLASLt) and on).
+ * decode step, src/backend.h, on its two paths: GDP_GEMM_SKINNY off (cuBLASLt) and on; then the
+ * norm-GEMMs, src/decode_core.h, under GDP_NORM_GEMM chain, serial and pdl, rows 1 to 8).
  * Checks (#wrong): decode compares request 0 of the last call with the CPU backend (atol =
  * rtol = 1e-3) and counts non-finite outputs; prepare compares every output with the CPU
  * backend (q, k, v bitwise, beta and g within 4 ulp); prefill counts non-finite or unwritten
