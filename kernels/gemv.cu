@@ -3,7 +3,8 @@
  * weight: each warp owns CPW output columns (rows of B) and walks k with 16-byte loads, U of
  * them a column issued before the first use (B streamed past L1; A, a few KB shared by every
  * warp, through L1), fp32 multiply-adds in a fixed order, then a shuffle sum per (row, column).
- * No shared memory and no block barrier.
+ * No shared memory and no block barrier. Then the norm-GEMV: the same product, one column a warp,
+ * with its input's norm formed first in shared memory (gemv.h).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -59,6 +60,19 @@ template <typename T> __device__ __forceinline__ float dot8(float acc, const uin
     return acc;
 }
 
+/* *dst = v (+ beta *dst when beta != 0; dst is not read at beta 0), rounded to C's dtype. */
+template <typename T, typename TC> __device__ __forceinline__ void store_sum(TC *dst, float v, float beta) {
+    if constexpr (std::is_same<TC, float>::value) {
+        if (beta != 0.0f)
+            v = fmaf(beta, *dst, v);
+        *dst = v;
+    } else {
+        if (beta != 0.0f)
+            v = fmaf(beta, Pair<T>::to_f(*dst), v);
+        *dst = Pair<T>::from_f(v);
+    }
+}
+
 /* R: rows rounded up to a compiled count (1, 2, 4, 8); CPW: columns a warp. */
 template <typename T, typename TC, int R, int CPW>
 __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_nt_kernel(int rows, int n, int k, const T *__restrict__ A,
@@ -109,27 +123,13 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_nt_kernel(int rows, int 
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int c = 0; c < CPW; c++)
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                acc[r][c] += __shfl_xor_sync(0xffffffffu, acc[r][c], o);
+            acc[r][c] = warp_sum(acc[r][c]);
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int c = 0; c < CPW; c++) {
-            if (lane == r * CPW + c && r < rows && col0 + c < n) {
-                TC *dst = C + r * ldc + col0 + c;
-                float v = acc[r][c];
-                if constexpr (std::is_same<TC, float>::value) {
-                    if (beta != 0.0f)
-                        v = fmaf(beta, *dst, v);
-                    *dst = v;
-                } else {
-                    if (beta != 0.0f)
-                        v = fmaf(beta, Pair<T>::to_f(*dst), v);
-                    *dst = Pair<T>::from_f(v);
-                }
-            }
-        }
+        for (int c = 0; c < CPW; c++)
+            if (lane == r * CPW + c && r < rows && col0 + c < n)
+                store_sum<T>(C + r * ldc + col0 + c, acc[r][c], beta);
 }
 
 template <typename T, typename TC, int R>
@@ -314,31 +314,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) norm_gemv_kernel(const NormGe
     }
 #pragma unroll
     for (int r = 0; r < R; r++)
+        acc[r] = warp_sum(acc[r]); /* gemv_nt_kernel's tree */
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        if (lane == r && r < p.rows) {
-            TC *dst = static_cast<TC *>(p.C) + r * p.ldc + col;
-            float v = acc[r];
-            if constexpr (std::is_same<TC, float>::value) {
-                if (p.beta != 0.0f)
-                    v = fmaf(p.beta, *dst, v);
-                *dst = v;
-            } else {
-                if (p.beta != 0.0f)
-                    v = fmaf(p.beta, Pair<T>::to_f(*dst), v);
-                *dst = Pair<T>::from_f(v);
-            }
-        }
-    }
-}
-
-/* Chunks a thread of the norm's body, as the norm kernels choose them (norm.cu, launch_fast). */
-int norm_gemv_chunks(int64_t n, bool block) {
-    const int64_t lanes = block ? FAST_BLOCK_THREADS : 32;
-    return (int)((n / 8 + lanes - 1) / lanes);
+    for (int r = 0; r < R; r++)
+        if (lane == r && r < p.rows)
+            store_sum<T>(static_cast<TC *>(p.C) + r * p.ldc + col, acc[r], p.beta);
 }
 
 template <typename T, typename TC, int R, bool GATED, bool BLOCK, int NCH>
@@ -359,8 +339,9 @@ cudaError_t launch_norm_gemv_inst(const NormGemvParams &p, bool pdl, cudaStream_
 
 template <typename T, typename TC, int R, bool GATED>
 cudaError_t launch_norm_gemv_shape(const NormGemvParams &p, bool pdl, cudaStream_t stream) {
-    const bool block = p.norm.n > FAST_WARP_MAX;
-    if (norm_gemv_chunks(p.norm.n, block) <= 1)
+    /* the norm kernels' own choice (norm_math.cuh), so the prologue sums as they do */
+    const bool block = fast_block_vector(p.norm.n);
+    if (fast_chunks_per_thread(p.norm.n, block) <= 1)
         return block ? launch_norm_gemv_inst<T, TC, R, GATED, true, 1>(p, pdl, stream)
                      : launch_norm_gemv_inst<T, TC, R, GATED, false, 1>(p, pdl, stream);
     return block ? launch_norm_gemv_inst<T, TC, R, GATED, true, 2>(p, pdl, stream)
@@ -430,7 +411,7 @@ extern "C" int gdp_cuda_norm_gemv_fits(const gdp_norm_gemv_args *a) {
     const size_t xs = gdp_dtype_size(a->x_dtype), zs = gated ? gdp_dtype_size(a->z_dtype) : 0;
     return half && c_ok && a->rows >= 1 && a->rows <= GDP_GEMV_MAX_ROWS && a->n >= 1 && a->n <= INT32_MAX &&
            a->k % 8 == 0 && a->k <= INT32_MAX && group >= 8 && group % 8 == 0 && a->k % group == 0 &&
-           norm_gemv_chunks(group, group > FAST_WARP_MAX) <= 2 &&
+           fast_chunks_per_thread(group, fast_block_vector(group)) <= 2 &&
            (size_t)a->rows * (size_t)a->k * 2 <= GDP_NORM_GEMV_MAX_SMEM && aligned16(a->B) && aligned16(a->x) &&
            aligned16(a->norm_weight) && ((size_t)a->x_row * xs) % 16 == 0 &&
            (!gated || (aligned16(a->z) && ((size_t)a->z_row * zs) % 16 == 0));

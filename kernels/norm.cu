@@ -82,8 +82,7 @@ __global__ void __launch_bounds__(BLOCK ? FAST_BLOCK_THREADS : NORM_THREADS) nor
 /* The fast kernel with the fewest chunks per thread (1, 2, 4, or 8 for a block) that cover n. */
 template <bool L2, bool GATED, bool BLOCK>
 void launch_fast(const NormParams &p, unsigned blocks, cudaStream_t stream) {
-    constexpr int64_t LANES = BLOCK ? FAST_BLOCK_THREADS : 32;
-    const int64_t per_thread = (p.n / 8 + LANES - 1) / LANES; /* <= 4 (warp) or 8 (block): fast_path_fits */
+    const int64_t per_thread = fast_chunks_per_thread(p.n, BLOCK); /* <= 4 (warp) or 8 (block): fast_path_fits */
     const unsigned threads = BLOCK ? FAST_BLOCK_THREADS : NORM_THREADS;
     if (per_thread <= 1)
         norm_fast_kernel<L2, GATED, BLOCK, 1><<<blocks, threads, 0, stream>>>(p);
@@ -98,7 +97,7 @@ void launch_fast(const NormParams &p, unsigned blocks, cudaStream_t stream) {
 template <bool L2, bool GATED> cudaError_t launch_norm(const NormParams &p, cudaStream_t stream) {
     if (p.vectors <= 0)
         return cudaGetLastError();
-    if (fast_path_fits(p) && p.n > FAST_WARP_MAX) {
+    if (fast_path_fits(p) && fast_block_vector(p.n)) {
         if (p.vectors > INT32_MAX)
             return cudaErrorInvalidConfiguration;
         launch_fast<L2, GATED, true>(p, (unsigned)p.vectors, stream);

@@ -126,6 +126,16 @@ __device__ __forceinline__ void norm_fast_vector(const NormParams &p, int64_t ve
     }
 }
 
+/* The fast path's work split for vectors of n elements: a block per vector above
+ * FAST_WARP_MAX, else a warp; and the chunks a thread holds (the body's CHUNKS, the smallest
+ * count that covers the vector). The norm kernels and the norm-GEMV's prologue (gemv.cu)
+ * both choose by these, so both sum in the same order. */
+inline bool fast_block_vector(int64_t n) { return n > FAST_WARP_MAX; }
+inline int64_t fast_chunks_per_thread(int64_t n, bool block) {
+    const int64_t lanes = block ? FAST_BLOCK_THREADS : 32;
+    return (n / 8 + lanes - 1) / lanes;
+}
+
 /* The fast path's shapes: 8-element chunks, registers enough, 16-byte aligned rows. */
 inline bool fast_path_fits(const NormParams &p) {
     const size_t xs = gdp_dtype_size(p.x_dtype), zs = p.z != nullptr ? gdp_dtype_size(p.z_dtype) : 0;

@@ -179,25 +179,21 @@ static void norm_gemm_host_free(norm_gemm_host *h) {
         test_host_free(&h->C0);
 }
 
-/* In place: args points into *d. */
-static void norm_gemm_dev_make(norm_gemm_dev *dp, const norm_gemm_case *cs, const norm_gemm_host *h) {
+/* args points into *d. */
+static void norm_gemm_dev_make(norm_gemm_dev *d, const norm_gemm_case *cs, const norm_gemm_host *h) {
     const int64_t so[2] = {cs->rows, cs->k};
-    norm_gemm_dev d;
-    d.x_src = test_dev_upload(&h->x_src);
-    d.x_full = test_dev_upload(&h->x_src);
-    d.x = d.x_full;
-    d.x.shape[1] = cs->k; /* the row view: x_full's row stride */
-    d.z = test_dev_clone(&h->z);
-    d.w = test_dev_upload(&h->w);
-    d.out = test_dev_alloc(GDP_DTYPE_BF16, 2, so, 0);
-    d.B = test_dev_upload(&h->B);
-    d.C = test_dev_upload(&h->C0);
-    d.args = (gdp_norm_gemm_args){.out = &d.out, .x = &d.x, .z = cs->group > 0 ? &d.z : NULL, .weight = &d.w,
-                                  .group_size = cs->group, .eps = 1e-6, .n = cs->n, .B = d.B.data,
-                                  .beta = cs->beta, .C = d.C.data, .ldc = cs->n, .c_dtype = cs->c};
-    *dp = d;
-    dp->args.out = &dp->out, dp->args.x = &dp->x, dp->args.weight = &dp->w;
-    dp->args.z = cs->group > 0 ? &dp->z : NULL;
+    d->x_src = test_dev_upload(&h->x_src);
+    d->x_full = test_dev_upload(&h->x_src);
+    d->x = d->x_full;
+    d->x.shape[1] = cs->k; /* the row view: x_full's row stride */
+    d->z = test_dev_clone(&h->z);
+    d->w = test_dev_upload(&h->w);
+    d->out = test_dev_alloc(GDP_DTYPE_BF16, 2, so, 0);
+    d->B = test_dev_upload(&h->B);
+    d->C = test_dev_upload(&h->C0);
+    d->args = (gdp_norm_gemm_args){.out = &d->out, .x = &d->x, .z = cs->group > 0 ? &d->z : NULL, .weight = &d->w,
+                                   .group_size = cs->group, .eps = 1e-6, .n = cs->n, .B = d->B.data,
+                                   .beta = cs->beta, .C = d->C.data, .ldc = cs->n, .c_dtype = cs->c};
 }
 
 static void norm_gemm_dev_free(norm_gemm_dev *d) {
