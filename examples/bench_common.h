@@ -45,7 +45,7 @@ typedef struct bench_opt {
 } bench_opt;
 
 /* The most options a benchmark's table holds (its table functions assert it). */
-#define BENCH_MAX_OPTS 16
+#define BENCH_MAX_OPTS 20
 
 enum { BENCH_PARSE_OK = 0, BENCH_PARSE_HELP = 1, BENCH_PARSE_ERROR = 2 };
 

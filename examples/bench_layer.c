@@ -214,7 +214,8 @@ typedef struct layer_opts {
     gdp_layer_config cfg;
     bench_list       decode, prefill;
     int              warmup, iters, check;
-    int              cp; /* context-parallel size; tp = ranks / cp */
+    int              cp;    /* context-parallel size; tp = ranks / cp */
+    int              split; /* decode micro-batches on their own streams in one graph (CUDA, one rank) */
     int              hidden, layers, heads, groups, head_dim, state_dim, householder; /* into cfg */
 } layer_opts;
 
@@ -399,6 +400,122 @@ static int64_t count_wrong(const float *in, const float *a, const float *b, int6
     return wrong;
 }
 
+/* The --split experiment: a decode batch as micro-batches, each on its own stack, ctx and
+ * stream, captured as the parallel branches of one graph. Rows never meet inside a layer at
+ * one rank, so the branches are independent; the question is how much of one micro-batch's
+ * launch- and latency-bound kernels the GPU hides behind another's. */
+#define MAX_SPLIT 8
+
+typedef struct micro_batches {
+    int       n;                 /* 0: off */
+    gdp_ctx_t ctx[MAX_SPLIT];    /* [0] is the bench's own ctx */
+    void     *stream[MAX_SPLIT]; /* [0] is the bench's own stream */
+    stack     st[MAX_SPLIT];
+    void     *x[MAX_SPLIT];
+} micro_batches;
+
+#ifdef GDP_HAVE_CUDA
+static void split_init(micro_batches *mb, const bench_env *e, int n, const char *path, const gdp_step_bucket *buckets,
+                       int n_buckets, int32_t n_slots, int64_t rows, int64_t D, bool conv_fp32, gdp_dtype_t ssm_dtype) {
+    memset(mb, 0, sizeof *mb);
+    mb->n = n;
+    for (int s = 0; s < n; s++) {
+        if (s == 0) {
+            mb->ctx[0] = e->ctx, mb->stream[0] = e->stream;
+        } else {
+            cudaStream_t st = NULL;
+            GDP_FATAL_IF_ERROR(e->comm, gdp_ctx_init(&mb->ctx[s], GDP_BACKEND_CUDA, e->device));
+            if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess)
+                GDP_FATAL(e->comm, "cudaStreamCreateWithFlags failed");
+            mb->stream[s] = st;
+            GDP_FATAL_IF_ERROR(e->comm, gdp_ctx_set_stream(mb->ctx[s], st));
+        }
+        stack_init(&mb->st[s], e, NULL, NULL, NULL, mb->ctx[s], path, buckets, n_buckets, n_slots, conv_fp32, ssm_dtype);
+        mb->x[s] = buf_alloc(e, sizeof(float) * (size_t)(rows * D));
+    }
+}
+
+static void split_free(micro_batches *mb, const bench_env *e) {
+    for (int s = 0; s < mb->n; s++) {
+        stack_free(&mb->st[s]);
+        buf_free(e, mb->x[s]);
+        if (s > 0) {
+            gdp_ctx_free(mb->ctx[s]);
+            cudaStreamDestroy((cudaStream_t)mb->stream[s]);
+        }
+    }
+}
+
+/* Median seconds of iters replays of one graph whose branches decode v / n requests each
+ * (claimed here with one token, released at the end); *bad counts non-finite outputs. */
+static double split_graph_time(micro_batches *mb, const bench_env *e, int32_t v, int64_t D, int iters, double *times,
+                               float *host, int64_t *bad) {
+    const int32_t vb = v / mb->n;
+    int32_t *slots = calloc((size_t)mb->n * (size_t)vb, sizeof *slots);
+    gdp_prefill_request *pre = calloc((size_t)vb, sizeof *pre);
+    const gdp_step_metadata *m[MAX_SPLIT];
+    for (int s = 0; s < mb->n; s++) {
+        for (int32_t i = 0; i < vb; i++)
+            pre[i] = (gdp_prefill_request){.slot = GDP_SLOT_AUTO, .n_tokens = 1, .flags = GDP_PREFILL_NEW};
+        gdp_step_desc claim = {.prefill_count = vb, .prefill = pre, .decode_tokens = 1, .bucket = GDP_BUCKET_AUTO};
+        const gdp_step_metadata *mc = stack_step(&mb->st[s], e, &claim);
+        for (int32_t i = 0; i < vb; i++)
+            slots[s * vb + i] = mc->step->prefill[i].slot;
+        fill_rows(host, mc->padded_token_count, D, 77 + (uint64_t)s);
+        cudaMemcpy(mb->x[s], host, sizeof(float) * (size_t)(mc->padded_token_count * D), cudaMemcpyHostToDevice);
+        stack_forward(&mb->st[s], e, mc, mb->x[s], D);
+        gdp_step_desc dec = {.decode_count = vb, .decode_tokens = 1, .decode_slots = slots + s * vb,
+                             .bucket = GDP_BUCKET_AUTO};
+        m[s] = stack_step(&mb->st[s], e, &dec);
+        fill_rows(host, m[s]->padded_token_count, D, 1000 + (uint64_t)s);
+        cudaMemcpy(mb->x[s], host, sizeof(float) * (size_t)(m[s]->padded_token_count * D), cudaMemcpyHostToDevice);
+    }
+    if (cudaDeviceSynchronize() != cudaSuccess)
+        GDP_FATAL(e->comm, "the micro-batches' claim steps failed");
+    cudaStream_t s0 = (cudaStream_t)mb->stream[0];
+    cudaEvent_t fork = NULL, join[MAX_SPLIT] = {NULL};
+    cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
+    for (int s = 1; s < mb->n; s++)
+        cudaEventCreateWithFlags(&join[s], cudaEventDisableTiming);
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    if (cudaStreamBeginCapture(s0, cudaStreamCaptureModeRelaxed) != cudaSuccess)
+        GDP_FATAL(e->comm, "cudaStreamBeginCapture failed");
+    cudaEventRecord(fork, s0);
+    for (int s = 1; s < mb->n; s++)
+        cudaStreamWaitEvent((cudaStream_t)mb->stream[s], fork, 0);
+    for (int s = 0; s < mb->n; s++)
+        stack_forward(&mb->st[s], e, m[s], mb->x[s], D);
+    for (int s = 1; s < mb->n; s++) {
+        cudaEventRecord(join[s], (cudaStream_t)mb->stream[s]);
+        cudaStreamWaitEvent(s0, join[s], 0);
+    }
+    if (cudaStreamEndCapture(s0, &g) != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess)
+        GDP_FATAL(e->comm, "capturing the micro-batches as one CUDA graph failed: %s",
+                  cudaGetErrorString(cudaGetLastError()));
+    graph_replay r = {.e = e, .exec = ge};
+    bench_time_host(3, iters, replay_graph, barrier, &r, times);
+    *bad = 0;
+    for (int s = 0; s < mb->n; s++) {
+        cudaMemcpy(host, mb->x[s], sizeof(float) * (size_t)(vb * D), cudaMemcpyDeviceToHost);
+        for (int64_t i = 0; i < vb * D; i++)
+            *bad += !isfinite(host[i]);
+        gdp_step_desc rel = {.release_count = vb, .release_slots = slots + s * vb, .decode_tokens = 1,
+                             .bucket = GDP_BUCKET_AUTO};
+        stack_step(&mb->st[s], e, &rel);
+    }
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaEventDestroy(fork);
+    for (int s = 1; s < mb->n; s++)
+        cudaEventDestroy(join[s]);
+    if (cudaGetLastError() != cudaSuccess)
+        GDP_FATAL(e->comm, "replaying the micro-batches' graph failed");
+    free(slots), free(pre);
+    return bench_median(times, iters);
+}
+#endif
+
 static const char *const LAYER_SYNOPSIS = "[options]   (under mpirun)";
 
 /* The layer benchmark's options (defaults: a small stack that runs anywhere). */
@@ -429,6 +546,11 @@ static int layer_table(layer_opts *o, bench_opt *t) {
          "context parallelism: tp = ranks / C, each rank's layer core on H/(tp*C) heads of every row, its block of "
          "T/C rows around it (docs/cp.md; CP groups over MPI)",
          &o->cp, 1, 1 << 20, NULL},
+        {"split", 'x', BENCH_OPT_INT, "1",
+         "also time each decode batch as this many micro-batches, each on its own stack, ctx and stream, the "
+         "branches of one graph (CUDA, one rank): how much of a step the small kernels of one micro-batch can hide "
+         "behind another's",
+         &o->split, 1, 8, NULL},
     };
     _Static_assert(sizeof opts / sizeof opts[0] <= BENCH_MAX_OPTS, "the table outgrows BENCH_MAX_OPTS");
     memcpy(t, opts, sizeof opts);
@@ -534,6 +656,30 @@ int gdp_bench_layer_main(int argc, char **argv) {
     stack_init(&tp, &e, e.comm, tp_comm, cp_comm, e.ctx, path, buckets, nb, max_batch + 1, conv_fp32, ssm_dtype);
     if (o.check)
         stack_init(&ref, &e, NULL, NULL, NULL, e.ctx, path, buckets, nb, max_batch + 1, conv_fp32, ssm_dtype);
+    micro_batches mb = {.n = 0};
+    if (o.split > 1) {
+#ifdef GDP_HAVE_CUDA
+        if (e.backend != GDP_BACKEND_CUDA || e.size != 1 || cp != 1)
+            GDP_FATAL(e.comm, "gdp-bench layer: --split %d needs the CUDA backend on one rank without --cp", o.split);
+        gdp_step_bucket mbuckets[2 * MAX_CASES];
+        int nmb = 0;
+        int32_t max_vb = 1;
+        for (int i = 0; i < o.decode.n; i++) {
+            const int32_t vb = o.decode.v[i] / o.split, rows = vb < 2 ? 2 : vb;
+            if (vb < 1 || o.decode.v[i] % o.split != 0)
+                continue;
+            mbuckets[nmb++] = (gdp_step_bucket){.decode_count = 0, .prefill_count = vb, .token_count = rows};
+            mbuckets[nmb++] = (gdp_step_bucket){.decode_count = vb, .prefill_count = 0, .token_count = rows};
+            max_vb = vb > max_vb ? vb : max_vb;
+        }
+        if (nmb == 0)
+            GDP_FATAL(e.comm, "gdp-bench layer: --split %d divides none of the decode batches", o.split);
+        split_init(&mb, &e, o.split, path, mbuckets, nmb, max_vb + 1, max_vb < 2 ? 2 : max_vb, D, conv_fp32,
+                   ssm_dtype);
+#else
+        GDP_FATAL(e.comm, "gdp-bench layer: --split needs a build with CUDA");
+#endif
+    }
     MPI_Barrier(MPI_COMM_WORLD);
     if (local == 0)
         remove(path);
@@ -639,6 +785,12 @@ int gdp_bench_layer_main(int argc, char **argv) {
             const gdp_phase_times pt = step_phases(&tp, &e, last, x, D);
             double tg = graph_time(&tp, &e, last, x, D, o.iters, times), tg_max = tg;
             MPI_Allreduce(&tg, &tg_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            double t_split = -1;
+            int64_t split_bad = 0;
+#ifdef GDP_HAVE_CUDA
+            if (phase == 0 && mb.n > 1 && v % mb.n == 0)
+                t_split = split_graph_time(&mb, &e, v, D, o.iters, times, host_in, &split_bad);
+#endif
             /* free the case's slots (a release-only step: no forward pass) */
             gdp_step_desc d = {.release_count = phase == 0 ? v : 1, .release_slots = phase == 0 ? slots : rel,
                                .decode_tokens = 1, .bucket = GDP_BUCKET_AUTO};
@@ -653,7 +805,7 @@ int gdp_bench_layer_main(int argc, char **argv) {
             MPI_Allreduce(&wrong, &wrong_all, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
             const double bytes = (double)o.cfg.num_layers * (double)(T / cp) * (double)D * 4.0; /* per rank */
             const double algbw = bytes / t_max / 1e9, busbw = algbw * bus_factor;
-            wrong_total += wrong_all;
+            wrong_total += wrong_all + split_bad;
             bus_sum += busbw;
             n_rows_printed++;
             if (e.rank == 0) {
@@ -671,6 +823,10 @@ int gdp_bench_layer_main(int argc, char **argv) {
                 for (int st = 0; st < GDP_CHUNK_STAGE_NUM; st++)
                     stage_us[st] = pt.chunk_s[st] * 1e6;
                 bench_print_chunk_stages("the eager step's layers together", stage_us, t_max * 1e6);
+                if (t_split > 0)
+                    printf("#   split: %d micro-batches of %d, each on its own stream, one graph: %.1f us "
+                           "(%lld non-finite outputs)\n",
+                           mb.n, v / mb.n, t_split * 1e6, (long long)split_bad);
             }
             fflush(stdout);
         }
@@ -684,6 +840,10 @@ int gdp_bench_layer_main(int argc, char **argv) {
     stack_free(&tp);
     if (o.check)
         stack_free(&ref);
+#ifdef GDP_HAVE_CUDA
+    if (mb.n > 1)
+        split_free(&mb, &e);
+#endif
     MPI_Comm_free(&node);
     if (cp > 1) {
         gdp_comm_free(cp_comm);

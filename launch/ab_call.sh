@@ -17,7 +17,10 @@
 # (not by default), gdp-bench ops --op gemm (the norm-GEMM rows; GDP_CALL_NG_OPS=0 skips it), main's
 # test_gemm_gpu, the layer and engine GPU tests (GDP_CALL_NG_TESTS=0 skips them), then the layer bench's decode
 # rows (GDP_CALL_NG_BATCHES, default 1,2,4,8,64) under each GDP_NORM_GEMM of GDP_CALL_NG_MODES (default "chain
-# serial pdl"), two rounds. The A/B
+# serial pdl"; a mode X+skinny also sets GDP_GEMM_SKINNY=on), two rounds; profile (not by default), ncu's duration
+# of every kernel of main's layer bench in launch order (decode rows GDP_CALL_PROF_BATCHES, default 1,128); split
+# (not by default), the layer bench's decode rows GDP_CALL_SPLIT_BATCHES also as GDP_CALL_SPLITS micro-batches
+# on their own streams (--split), two rounds. The A/B
 # runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
 # call still returns the timings. Without a pack, or if linking fails, it builds the pending patches'
 # trees there (launch/h200-suite.sh hopperab; the patches not marked
@@ -130,20 +133,51 @@ stage_normgemm() { # the norm-GEMV (kernels/gemv.cu): its tests, then the layer'
     echo "test_gemm_gpu rc=$?"
     grep -E "checks|FAIL|GDP_NORM_GEMM=" "$OUT/gemm.log" | tail -4
     [ "${GDP_CALL_NG_TESTS:-1}" = 0 ] || for t in "1 test_layer_tp_gpu_nccl_np1 --backend cuda --comm nccl" "2 test_layer_tp_gpu_np2 --backend cuda" \
-        "2 test_layer_tp_gpu_sp_np2 --backend cuda --sp" "2 test_engine_gpu_np2 --backend cuda" "1 test_recurrent_gpu"; do
+        "2 test_layer_tp_gpu_sp_np2 --backend cuda --sp" "2 test_engine_gpu_np2 --backend cuda" "2 test_layer_cp_gpu_np2 --backend cuda" "1 test_recurrent_gpu"; do
         set -- $t
         timeout 150 mpirun -n "$1" "$P/main/bin/$2" "${@:3}" >"$OUT/ng_$2.log" 2>&1
         echo "$2 rc=$?"
         grep -E "checks|FAIL|skipped" "$OUT/ng_$2.log" | tail -2
     done
     for round in 1 2; do
-        for mode in ${GDP_CALL_NG_MODES:-chain serial pdl}; do
+        for mode in ${GDP_CALL_NG_MODES:-chain serial pdl}; do # a mode "X+skinny" also sets GDP_GEMM_SKINNY=on
             echo "## round $round GDP_NORM_GEMM=$mode" >>"$OUT/layer_ng.log"
-            GDP_NORM_GEMM=$mode timeout 90 mpirun -n 1 "$P/main/bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 \
+            skinny=auto
+            [ "${mode%+skinny}" = "$mode" ] || skinny=on
+            GDP_NORM_GEMM=${mode%+skinny} GDP_GEMM_SKINNY=$skinny timeout 90 mpirun -n 1 "$P/main/bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 \
                 -p 128 -n 128 -m 2 -D ${GDP_CALL_NG_BATCHES:-1,2,4,8,64} -P 2048 >>"$OUT/layer_ng.log" 2>&1
         done
     done
     grep -E "^## |decode|prefill|wrong" "$OUT/layer_ng.log" | head -60
+}
+stage_profile() { # ncu's duration of every kernel of main's layer bench, in launch order (decode rows GDP_CALL_PROF_BATCHES)
+    command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
+    timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$P/main/bin/gdp-bench" layer -b cuda -d 2048 \
+        -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 -D "${GDP_CALL_PROF_BATCHES:-1,128}" -P 64 -w 1 -i 1 -c 0 \
+        >"$OUT/profile_layer.csv" 2>"$OUT/profile_layer.err"
+    echo "ncu layer rc=$?"
+    python3 - "$OUT/profile_layer.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows:
+    sys.exit("no ncu rows (see profile_layer.err)")
+h = rows[0]
+ki, vi = h.index("Kernel Name"), h.index("Metric Value")
+for r in rows[1:]:
+    print(f"{r[ki][:64]:64s} {float(r[vi].replace(',', '')) / 1000.0:8.2f}")
+PY
+}
+stage_split() { # the layer bench's decode rows as micro-batches on their own streams (gdp-bench layer --split)
+    local n round
+    for round in 1 2; do
+        for n in ${GDP_CALL_SPLITS:-2 4}; do
+            echo "## round $round --split $n" >>"$OUT/layer_split.log"
+            timeout 120 mpirun -n 1 "$P/main/bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 \
+                -D ${GDP_CALL_SPLIT_BATCHES:-8,64,128,256} -P 64 -c 0 -x "$n" >>"$OUT/layer_split.log" 2>&1
+            echo "split $n rc=$?"
+        done
+    done
+    grep -E "^## |^ *decode|split:" "$OUT/layer_split.log" | head -60
 }
 stage_ab() {
     GDP_AB_TESTS=last GDP_AB_SEGMENTS="${GDP_CALL_AB_SEGMENTS:-off auto}" \
