@@ -156,16 +156,7 @@ stage_profile() { # ncu's duration of every kernel of main's layer bench, in lau
         -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 -D "${GDP_CALL_PROF_BATCHES:-1,128}" -P 64 -w 1 -i 1 -c 0 \
         >"$OUT/profile_layer.csv" 2>"$OUT/profile_layer.err"
     echo "ncu layer rc=$?"
-    python3 - "$OUT/profile_layer.csv" <<'PY'
-import csv, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-if not rows:
-    sys.exit("no ncu rows (see profile_layer.err)")
-h = rows[0]
-ki, vi = h.index("Kernel Name"), h.index("Metric Value")
-for r in rows[1:]:
-    print(f"{r[ki][:64]:64s} {float(r[vi].replace(',', '')) / 1000.0:8.2f}")
-PY
+    python3 launch/ncu_durations.py --order "$OUT/profile_layer.csv"
 }
 stage_split() { # the layer bench's decode rows as micro-batches on their own streams (gdp-bench layer --split)
     local n round

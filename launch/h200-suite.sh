@@ -224,20 +224,7 @@ if [ "$stage" = profile ]; then
     ncu --clock-control none --metrics gpu__time_duration.sum --csv "./$build/examples/gdp-bench" layer -b cuda \
         -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 -D "${GDP_PROFILE_DECODE:-1,64,256}" \
         -P "${GDP_PROFILE_PREFILL:-2048}" -w 1 -i 1 -c 0 >"$out/profile_layer.csv" 2>"$out/profile_layer.err" || rc=1
-    python3 - "$out/profile_layer.csv" <<'PY'
-import csv, statistics, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-if not rows:
-    sys.exit("no ncu rows (see profile_layer.err)")
-h = rows[0]
-ki, vi = h.index("Kernel Name"), h.index("Metric Value")
-by = {}
-for r in rows[1:]:
-    by.setdefault(r[ki][:70], []).append(float(r[vi].replace(",", "")) / 1000.0)
-print(f"{'kernel':70s} {'count':>6s} {'median us':>10s}")
-for k, v in sorted(by.items(), key=lambda kv: -statistics.median(kv[1]) * len(kv[1])):
-    print(f"{k:70s} {len(v):6d} {statistics.median(v):10.1f}")
-PY
+    python3 "$root/launch/ncu_durations.py" "$out/profile_layer.csv"
 fi
 if [ "$stage" = chunkprof ]; then
     # the fused chunk kernel's stall card (kernels/NOTES-chunk.md, "Where f4's instructions go"):
