@@ -819,6 +819,22 @@ double prefetch_generations() {
     return g;
 }
 
+/* At most this many row-kernel blocks an SM (GDP_DECODE_BLOCKS_PER_SM, 1..8, read once; unset or 0:
+ * as many as the occupancy allows, the default). An experiment's switch: a resident grid holds every
+ * SM for the whole launch, so work on other streams (gdp-bench layer --split's micro-batches) can only
+ * share the GPU with a smaller one. */
+int64_t rows_grid_cap(int device) {
+    static const int per_sm = [] {
+        const char *e = getenv("GDP_DECODE_BLOCKS_PER_SM");
+        const int v = e != nullptr ? atoi(e) : 0;
+        return v >= 1 && v <= 8 ? v : 0;
+    }();
+    int sms = 0;
+    if (per_sm == 0 || gdp_device_sm_count(device, &sms) != cudaSuccess || sms <= 0)
+        return 0;
+    return (int64_t)per_sm * sms;
+}
+
 template <int SDT, int R, bool VEC>
 cudaError_t launch_recurrent(const RecurrentParams &p, int device, cudaStream_t stream) {
     using G = RecGeom<SDT, R, VEC>;
@@ -903,7 +919,9 @@ cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStre
     }
     /* a resident grid: every block loops over items (recurrent_rows.cuh) */
     const int64_t resident = resident_blocks(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, cache, device, most, ROWS_THREADS);
-    const int64_t grid = resident > 0 && resident < items ? resident : items;
+    int64_t grid = resident > 0 && resident < items ? resident : items;
+    const int64_t cap = rows_grid_cap(device);
+    grid = cap > 0 && cap < grid ? cap : grid;
     recurrent_rows_kernel<SDT, R, LPR, MT, DT><<<(unsigned)grid, ROWS_THREADS, bytes, stream>>>(q);
     return cudaGetLastError();
 }
