@@ -819,20 +819,27 @@ double prefetch_generations() {
     return g;
 }
 
-/* At most this many row-kernel blocks an SM (GDP_DECODE_BLOCKS_PER_SM, 1..8, read once; unset or 0:
- * as many as the occupancy allows, the default). An experiment's switch: a resident grid holds every
- * SM for the whole launch, so work on other streams (gdp-bench layer --split's micro-batches) can only
- * share the GPU with a smaller one. */
-int64_t rows_grid_cap(int device) {
-    static const int per_sm = [] {
+/* The row kernel's grid for `items` items when the device holds `resident` blocks at once: a resident
+ * grid (every block loops over items) by default. GDP_DECODE_BLOCKS_PER_SM (read once), an experiment's
+ * switch: 1..8 caps the grid at that many blocks an SM, "items" launches a block an item (no loop); unset,
+ * 0 or anything else: the default. A resident grid holds every SM for the whole launch, so work on other
+ * streams (gdp-bench layer --split's micro-batches) can only share the GPU with a smaller grid or with
+ * blocks that end. */
+int64_t rows_grid(int64_t items, int64_t resident, int device) {
+    static const int per_sm = [] { /* -1: a block an item */
         const char *e = getenv("GDP_DECODE_BLOCKS_PER_SM");
+        if (e != nullptr && strcmp(e, "items") == 0)
+            return -1;
         const int v = e != nullptr ? atoi(e) : 0;
         return v >= 1 && v <= 8 ? v : 0;
     }();
+    int64_t grid = resident > 0 && resident < items ? resident : items;
     int sms = 0;
-    if (per_sm == 0 || gdp_device_sm_count(device, &sms) != cudaSuccess || sms <= 0)
-        return 0;
-    return (int64_t)per_sm * sms;
+    if (per_sm < 0)
+        grid = items;
+    else if (per_sm > 0 && gdp_device_sm_count(device, &sms) == cudaSuccess && sms > 0 && (int64_t)per_sm * sms < grid)
+        grid = (int64_t)per_sm * sms;
+    return grid;
 }
 
 template <int SDT, int R, bool VEC>
@@ -919,9 +926,7 @@ cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStre
     }
     /* a resident grid: every block loops over items (recurrent_rows.cuh) */
     const int64_t resident = resident_blocks(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, cache, device, most, ROWS_THREADS);
-    int64_t grid = resident > 0 && resident < items ? resident : items;
-    const int64_t cap = rows_grid_cap(device);
-    grid = cap > 0 && cap < grid ? cap : grid;
+    const int64_t grid = rows_grid(items, resident, device);
     recurrent_rows_kernel<SDT, R, LPR, MT, DT><<<(unsigned)grid, ROWS_THREADS, bytes, stream>>>(q);
     return cudaGetLastError();
 }

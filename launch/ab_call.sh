@@ -20,7 +20,8 @@
 # serial pdl"; a mode X+skinny also sets GDP_GEMM_SKINNY=on), two rounds; profile (not by default), ncu's duration
 # of every kernel of main's layer bench in launch order (decode rows GDP_CALL_PROF_BATCHES, default 1,128); split
 # (not by default), the layer bench's decode rows GDP_CALL_SPLIT_BATCHES also as GDP_CALL_SPLITS micro-batches
-# on their own streams (--split), under each GDP_DECODE_BLOCKS_PER_SM of GDP_CALL_SPLIT_BPS (default "0 1"), two rounds. The A/B
+# on their own streams (--split), under each GDP_DECODE_BLOCKS_PER_SM of GDP_CALL_SPLIT_BPS (default "0 1 items"),
+# two rounds. The A/B
 # runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
 # call still returns the timings. Without a pack, or if linking fails, it builds the pending patches'
 # trees there (launch/h200-suite.sh hopperab; the patches not marked
@@ -161,7 +162,7 @@ stage_profile() { # ncu's duration of every kernel of main's layer bench, in lau
 stage_split() { # the layer bench's decode rows as micro-batches on their own streams (gdp-bench layer --split)
     local n round bps
     for round in 1 2; do
-        for bps in ${GDP_CALL_SPLIT_BPS:-0 1}; do
+        for bps in ${GDP_CALL_SPLIT_BPS:-0 1 items}; do
         for n in ${GDP_CALL_SPLITS:-2 4}; do
             echo "## round $round --split $n GDP_DECODE_BLOCKS_PER_SM=$bps" >>"$OUT/layer_split.log"
             GDP_DECODE_BLOCKS_PER_SM=$bps timeout 120 mpirun -n 1 "$P/main/bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 \
