@@ -11,6 +11,9 @@
  * (and, launched as a programmatic dependent, before it waits for the kernels ahead:
  * kernels/pdl.cuh). src/decode_core.c takes it by default only for the gated norm at one or two
  * rows, where it was measured faster than the two ops (kernels/NOTES-ops.md).
+ * The GEMV with the decode front as its epilogue (in_proj's output read by the conv update and the
+ * decode prepare without a launch of their own) is kernels/gemv_front.cu, behind
+ * gdp_gemm_decode_front (src/decode_core.h).
  */
 #ifndef GDP_GEMV_H
 #define GDP_GEMV_H
@@ -18,6 +21,7 @@
 #include <stdint.h>
 
 #include "gdp/gdp.h"
+#include "gdp/ops.h" /* the front's argument structs */
 
 #ifdef __cplusplus
 extern "C" {
@@ -76,6 +80,33 @@ int gdp_cuda_norm_gemv_fits(const gdp_norm_gemv_args *a);
  * ahead (kernels/pdl.cuh). The same bits as the norm op followed by gdp_cuda_gemv_nt. The caller
  * checked gdp_cuda_norm_gemv_fits. */
 gdp_status_t gdp_cuda_norm_gemv(struct gdp_ctx *ctx, const gdp_norm_gemv_args *a, int pdl);
+
+/* in_proj's GEMV for decode rows with the decode front as its epilogue (kernels/gemv_front.cu):
+ * C = A B^T (gdp_cuda_gemv_nt's sums, C in A's dtype, beta 0), then what
+ * gdp_decode_conv_prepare(conv, prep) computes when conv->x and prep->ba are column views of C
+ * (one token a request): query, key, value, beta, g and the conv state, bit for bit; conv->y is
+ * not written. */
+typedef struct gdp_gemv_front_args {
+    int64_t rows, n, k;
+    const void *A;
+    int64_t lda;
+    const void *B;
+    gdp_dtype_t ab_dtype;
+    void *C;
+    int64_t ldc;
+    const gdp_conv1d_update_args *conv; /* conv->x [rows, 1, channels]: columns of C, pitch ldc */
+    const gdp_prepare_args *prep;       /* prep->ba [rows, 1, (M + 1) H]: columns of C          */
+} gdp_gemv_front_args;
+
+/* Whether gdp_cuda_gemv_front takes these arguments: gdp_cuda_gemv_fits (C in A's dtype), conv->x
+ * and prep->ba views of C's rows (its dtype and pitch) inside its n columns, one token a request,
+ * conv width 4 without snapshots, the front's channel layout (value, key, query: M H P + M G N +
+ * G N channels), query, key, value and beta in C's dtype. The front ops' own rules are the
+ * caller's (gdp_gemm_decode_front checks them first). */
+int gdp_cuda_gemv_front_fits(const gdp_gemv_front_args *a);
+
+/* The one launch on the ctx's stream. The caller checked gdp_cuda_gemv_front_fits. */
+gdp_status_t gdp_cuda_gemv_front(struct gdp_ctx *ctx, const gdp_gemv_front_args *a);
 
 #ifdef __cplusplus
 }

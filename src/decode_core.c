@@ -4,7 +4,8 @@
  * front). Both ops' front-end checks run first, so a refused call is refused exactly as the two
  * ops would refuse it and modifies nothing; then the fused CUDA launches (kernels/decode_core.cu,
  * kernels/recurrent.cu, kernels/conv1d.cu) when the step fits them, else the two ops in order.
- * gdp_norm_gemm (a norm and the projection that reads it) likewise, with kernels/gemv.cu.
+ * gdp_norm_gemm (a norm and the projection that reads it) likewise, with kernels/gemv.cu, and
+ * gdp_gemm_decode_front (in_proj, then the decode front on its output) with kernels/gemv_front.cu.
  */
 #include "decode_core.h"
 #include "backend.h"
@@ -236,4 +237,88 @@ gdp_status_t gdp_norm_gemm(gdp_ctx_t ctx, const gdp_norm_gemm_args *a) {
     const int64_t k = a->out->shape[a->out->ndim - 1], rows = k > 0 ? gdp_tensor_numel(a->out) / k : 0;
     return gdp_gemm_nt_ex(ctx, rows, a->n, k, a->out->data, k, a->B, a->out->dtype, a->beta, a->C, a->ldc,
                           a->c_dtype);
+}
+
+/* ---- in_proj with the decode front ---- */
+
+enum { GEMM_FRONT_CHAIN = 0, GEMM_FRONT_AUTO, GEMM_FRONT_FUSED };
+
+/* GDP_GEMM_FRONT: GEMM_FRONT_* (unset or empty: auto), -1 for anything else. */
+static int gemm_front_choice(const char **text) {
+    static const char *const spell[3] = {"auto", "fused", "chain"};
+    static const int value[3] = {GEMM_FRONT_AUTO, GEMM_FRONT_FUSED, GEMM_FRONT_CHAIN};
+    return gdp_env_choice("GDP_GEMM_FRONT", spell, value, 3, GEMM_FRONT_AUTO, text);
+}
+
+/* The call's own rules: the arguments, GDP_GEMM_FRONT, the front's pairing. */
+static gdp_status_t gemm_front_check_call(const gdp_gemm_front_args *a) {
+    static const char *op = "gdp_gemm_decode_front";
+    if (a == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: the arguments must not be NULL", op);
+    const char *text = NULL;
+    if (gemm_front_choice(&text) < 0)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "%s: GDP_GEMM_FRONT=%s is not known; use auto (or leave it unset or empty), fused or chain", op,
+                 text);
+    return front_pair_check(op, a->conv != NULL ? &a->conv->y : NULL, a->prep);
+}
+
+/* Both ops' rules, without running either (no debug checks: their value checks would read C). */
+static gdp_status_t gemm_front_check(gdp_ctx_t ctx, const gdp_gemm_front_args *a) {
+    GDP_CHECK(gemm_front_check_call(a));
+    GDP_CHECK(gdp_conv1d_update_check(ctx, a->conv, "gdp_causal_conv1d_update"));
+    GDP_CHECK(gdp_prepare_check(ctx, a->prep, 1, "gdp_decode_prepare"));
+    const char *why = NULL;
+    if (!gdp_gemm_supported_ex(ctx, a->ab_dtype, a->ab_dtype, &why))
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_gemm_nt: %s", why);
+    return GDP_STATUS_SUCCESS;
+}
+
+#ifdef GDP_HAVE_CUDA
+static gdp_gemv_front_args gemv_front_args(const gdp_gemm_front_args *a) {
+    return (gdp_gemv_front_args){.rows = a->rows, .n = a->n, .k = a->k, .A = a->A, .lda = a->lda, .B = a->B,
+                                 .ab_dtype = a->ab_dtype, .C = a->C, .ldc = a->ldc, .conv = a->conv,
+                                 .prep = a->prep};
+}
+#endif
+
+/* Whether a checked call takes the one launch. */
+static bool gemm_front_one_launch(gdp_ctx_t ctx, const gdp_gemm_front_args *a) {
+#ifdef GDP_HAVE_CUDA
+    if (gemm_front_choice(NULL) == GEMM_FRONT_FUSED && ctx->backend == GDP_BACKEND_CUDA) {
+        const gdp_gemv_front_args g = gemv_front_args(a);
+        return gdp_cuda_gemv_front_fits(&g) != 0;
+    }
+#else
+    (void)ctx, (void)a;
+#endif
+    return false;
+}
+
+bool gdp_gemm_decode_front_fuses(gdp_ctx_t ctx, const gdp_gemm_front_args *a) {
+    return gdp_ctx_check(ctx, "gdp_gemm_decode_front") == GDP_STATUS_SUCCESS && !ctx->debug_checks &&
+           gemm_front_check(ctx, a) == GDP_STATUS_SUCCESS && gemm_front_one_launch(ctx, a);
+}
+
+gdp_status_t gdp_gemm_decode_front(gdp_ctx_t ctx, const gdp_gemm_front_args *a) {
+    GDP_CHECK(gdp_ctx_check(ctx, "gdp_gemm_decode_front"));
+    if (ctx->debug_checks) { /* the two ops, each with its checks: the front's read C once the GEMM wrote it */
+        GDP_CHECK(gemm_front_check_call(a));
+        GDP_CHECK(gdp_gemm_nt_ex(ctx, a->rows, a->n, a->k, a->A, a->lda, a->B, a->ab_dtype, 0.0f, a->C, a->ldc,
+                                 a->ab_dtype));
+        return gdp_decode_conv_prepare(ctx, a->conv, a->prep);
+    }
+    GDP_CHECK(gemm_front_check(ctx, a));
+#ifdef GDP_HAVE_CUDA
+    if (gemm_front_one_launch(ctx, a)) {
+        const gdp_gemv_front_args g = gemv_front_args(a);
+        gdp_phase_mark(ctx, GDP_MARK_GEMM); /* measured phases (phase.h): a GEMM with the front after it */
+        const gdp_status_t st = gdp_cuda_gemv_front(ctx, &g);
+        gdp_phase_mark(ctx, GDP_MARK_OPS);
+        return st;
+    }
+#endif
+    GDP_CHECK(gdp_gemm_nt_ex(ctx, a->rows, a->n, a->k, a->A, a->lda, a->B, a->ab_dtype, 0.0f, a->C, a->ldc,
+                             a->ab_dtype));
+    return gdp_decode_conv_prepare(ctx, a->conv, a->prep);
 }

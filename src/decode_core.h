@@ -1,8 +1,9 @@
 /*
  * decode_core.h: the layer's fused ops (src/decode_core.c): the decode front (the conv update
  * and the decode prepare of one step's decode rows as one op), the decode end (the decode op and
- * the grouped gated RMSNorm of its outputs as one op), and the prefill front (the varlen conv and
- * the prefill prepare as one op).
+ * the grouped gated RMSNorm of its outputs as one op), the prefill front (the varlen conv and
+ * the prefill prepare as one op), the norm-GEMMs (a norm and the projection that reads it) and
+ * in_proj with the decode front.
  */
 #ifndef GDP_DECODE_CORE_H
 #define GDP_DECODE_CORE_H
@@ -98,6 +99,34 @@ gdp_status_t gdp_norm_gemm(gdp_ctx_t ctx, const gdp_norm_gemm_args *a);
 /* Whether gdp_norm_gemm(ctx, a) would take the one launch (the layer then leaves the gated norm
  * out of its decode end; the tests assert it where they expect it). */
 bool gdp_norm_gemm_fuses(gdp_ctx_t ctx, const gdp_norm_gemm_args *a);
+
+/* in_proj then the decode front: C = A B^T (gdp_gemm_nt_ex, beta 0, C in A's dtype), then
+ * gdp_decode_conv_prepare(conv, prep), where conv->x and prep->ba are columns of C (the layer's
+ * conv and ba sections of in_proj's output). On CUDA, where the GEMV with the front as its epilogue
+ * takes the call (kernels/gemv.h gdp_cuda_gemv_front_fits: at most GDP_GEMV_MAX_ROWS rows, one
+ * token a request, width 4, every tensor of the front in C's 16-bit dtype), one launch: the skinny
+ * kernel's product (not cuBLASLt's) and then the front, bit for bit, with conv->y left unwritten.
+ * GDP_GEMM_FRONT, read at every call: fused takes the one launch wherever it fits, chain the two
+ * ops, auto (unset or empty) the two ops until the one launch is measured faster in the layer step
+ * (kernels/NOTES-ops.md, thirty-third session); any other value is GDP_STATUS_INVALID_USAGE before
+ * anything runs. Both ops' checks run first, so a refused call writes nothing (with debug checks
+ * on, the two ops run in order, each with its own checks: the front's read C after the GEMM). */
+typedef struct gdp_gemm_front_args {
+    int64_t rows, n, k;
+    const void *A; /* [rows, k], lda elements apart */
+    int64_t lda;
+    const void *B; /* [n, k] */
+    gdp_dtype_t ab_dtype;
+    void *C; /* [rows, n], ldc elements apart, in ab_dtype */
+    int64_t ldc;
+    const gdp_conv1d_update_args *conv;
+    const gdp_prepare_args *prep;
+} gdp_gemm_front_args;
+
+gdp_status_t gdp_gemm_decode_front(gdp_ctx_t ctx, const gdp_gemm_front_args *a);
+/* Whether gdp_gemm_decode_front(ctx, a) would take the one launch (the layer then leaves the front
+ * out of its decode block; the tests assert it where they expect it). */
+bool gdp_gemm_decode_front_fuses(gdp_ctx_t ctx, const gdp_gemm_front_args *a);
 
 #ifdef __cplusplus
 }

@@ -540,8 +540,6 @@ typedef struct core_io {
     void   *y;        /* [T, c_inner] the core's output                      */
 } core_io;
 
-/* The decode block: rows [0, pd * S). copy_y: gather token s of request r (o row
- * (r*S + s)*M + M-1) into y; otherwise the gated norm reads those rows of d_o in place. */
 /* The grouped gated RMSNorm of a step, as forward runs it (out, y, z, weight views). */
 typedef struct gated_norm {
     gdp_tensor out, y, z, weight;
@@ -549,33 +547,37 @@ typedef struct gated_norm {
     double eps;
 } gated_norm;
 
-/* The decode block. copy_y: gather y from the op's last copies into io->y (mixed or CP
- * steps); norm (a decode-only step, y read in place): also the step's gated norm, fused into
- * the decode op's launch where it fits (decode_core.h). */
-static gdp_status_t run_decode(struct gdp_layer *l, struct gdp_cache *cache, const gdp_step_metadata *m,
-                               const core_io *io, const step_ws *ws, bool copy_y, gated_norm *norm) {
+/* The decode block's cache views and its front's arguments (the conv update, then the decode
+ * prepare reading the conv's output), for rows [0, pd * S) of io. */
+typedef struct decode_views {
+    gdp_tensor ssm, conv, draft_ssm, draft_conv, slots;
+    gdp_conv1d_update_args cu;
+    gdp_prepare_args pr;
+} decode_views;
+
+static gdp_status_t decode_views_make(struct gdp_layer *l, struct gdp_cache *cache, const gdp_step_metadata *m,
+                                      const core_io *io, const step_ws *ws, decode_views *d) {
     const int64_t n = m->padded_decode_count, S = m->decode_tokens, M = l->M, E = S * M;
-    const int64_t H = l->cH, N = l->N, P = l->P, C = l->c_conv, WT = io->pitch, di = l->c_inner;
+    const int64_t H = l->cH, N = l->N, P = l->P, C = l->c_conv, WT = io->pitch;
     const gdp_dtype_t a = l->act;
     const size_t es = gdp_dtype_size(a);
     char *proj = io->proj;
-    gdp_tensor ssm, conv, draft_ssm = {0}, draft_conv = {0};
-    GDP_CHECK(gdp_cache_state_views(cache, l->layer_index, &ssm, &conv));
+    memset(d, 0, sizeof *d);
+    GDP_CHECK(gdp_cache_state_views(cache, l->layer_index, &d->ssm, &d->conv));
     if (S > 1 && cache->cfg.max_draft_tokens >= S)
-        GDP_CHECK(gdp_cache_draft_views(cache, l->layer_index, (int32_t)S, &draft_ssm, &draft_conv));
-    const gdp_tensor slots = view((void *)m->device.decode_slots, GDP_DTYPE_INT32, 1, SHAPE(n), NULL);
-
-    gdp_conv1d_update_args cu = {
+        GDP_CHECK(gdp_cache_draft_views(cache, l->layer_index, (int32_t)S, &d->draft_ssm, &d->draft_conv));
+    d->slots = view((void *)m->device.decode_slots, GDP_DTYPE_INT32, 1, SHAPE(n), NULL);
+    d->cu = (gdp_conv1d_update_args){
         .x = view(proj + (size_t)io->conv_col * es, a, 3, SHAPE(n, S, C), SHAPE(S * WT, WT, 1)),
         .weight = view(l->conv_w, a, 2, SHAPE(C, l->W), NULL),
-        .conv_state = conv,
-        .conv_state_indices = slots,
-        .intermediate_conv_states = draft_conv,
+        .conv_state = d->conv,
+        .conv_state_indices = d->slots,
+        .intermediate_conv_states = d->draft_conv,
         .silu = 1,
         .y = view(ws->d_conv, a, 3, SHAPE(n, S, C), NULL),
     };
-    gdp_prepare_args pr = {
-        .x = cu.y,
+    d->pr = (gdp_prepare_args){
+        .x = d->cu.y,
         .ba = view(proj + (size_t)io->ba_col * es, a, 3, SHAPE(n, S, l->c_ba), SHAPE(S * WT, WT, 1)),
         .A_log = view(l->A_log, GDP_DTYPE_FP32, 1, SHAPE(H), NULL),
         .dt_bias = view(l->dt_bias, a, 1, SHAPE(H), NULL),
@@ -587,13 +589,27 @@ static gdp_status_t run_decode(struct gdp_layer *l, struct gdp_cache *cache, con
         .beta = view(ws->d_beta, a, 3, SHAPE(n, E, H), NULL),
         .g = view(ws->d_g, GDP_DTYPE_FP32, 3, SHAPE(n, E, H), NULL),
     };
-    GDP_CHECK(gdp_decode_conv_prepare(l->ctx, &cu, &pr)); /* one launch where it fits (decode_core.h) */
+    return GDP_STATUS_SUCCESS;
+}
+
+/* The decode block: rows [0, pd * S) (d: decode_views_make's, for the same step and io). front_done:
+ * in_proj ran the front already (gdp_gemm_decode_front). copy_y: gather token s of request r (o row
+ * (r*S + s)*M + M-1) into y; otherwise the gated norm reads those rows of d_o in place (and with
+ * norm, the decode end runs it). */
+static gdp_status_t run_decode(struct gdp_layer *l, const gdp_step_metadata *m, const core_io *io, const step_ws *ws,
+                               const decode_views *d, bool front_done, bool copy_y, gated_norm *norm) {
+    const int64_t n = m->padded_decode_count, S = m->decode_tokens, M = l->M, E = S * M;
+    const int64_t H = l->cH, P = l->P, di = l->c_inner;
+    const gdp_dtype_t a = l->act;
+    const size_t es = gdp_dtype_size(a);
+    if (!front_done)
+        GDP_CHECK(gdp_decode_conv_prepare(l->ctx, &d->cu, &d->pr)); /* one launch where it fits (decode_core.h) */
 
     gdp_recurrent_args rc = {
-        .q = pr.query, .k = pr.key, .v = pr.value, .g = pr.g, .beta = pr.beta,
+        .q = d->pr.query, .k = d->pr.key, .v = d->pr.value, .g = d->pr.g, .beta = d->pr.beta,
         .use_qk_l2norm_in_kernel = 1,
-        .state = ssm, .state_indices = slots,
-        .intermediate_states = draft_ssm,
+        .state = d->ssm, .state_indices = d->slots,
+        .intermediate_states = d->draft_ssm,
         .steps_per_token = (int32_t)M,
         .o = view(ws->d_o, a, 4, SHAPE(n, E, H, P), NULL),
     };
@@ -750,6 +766,20 @@ static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, cons
     const gdp_tensor norm_w = view(l->norm_w, a, 1, SHAPE(D), NULL);
     const bool sp = l->mode == GDP_TP_MODE_SEQUENCE_PARALLEL && l->comm != NULL;
 
+    /* The core's view of in_proj's output (CP: moved below, after the exchange), and the decode
+     * block's views and front arguments on it. */
+    core_io io = {.proj = ws->proj, .pitch = WT, .conv_col = di, .ba_col = di + l->conv_dim, .y = ws->y};
+    decode_views dv;
+    memset(&dv, 0, sizeof dv);
+    if (m->padded_decode_count > 0 && l->cp_comm == NULL)
+        GDP_CHECK(decode_views_make(l, cache, m, &io, ws, &dv));
+    /* A step of one-token decode rows only, without CP or SP: in_proj may run the decode front as
+     * its epilogue (gdp_gemm_decode_front; by default it does not: decode_core.h). */
+    const gdp_gemm_front_args front = {.rows = Tc, .n = WT, .k = D, .A = ws->xn, .lda = D, .B = l->in_proj,
+                                       .ab_dtype = a, .C = ws->proj, .ldc = WT, .conv = &dv.cu, .prep = &dv.pr};
+    const bool front_in_proj = !sp && l->cp_comm == NULL && m->padded_prefill_count == 0 && m->decode_tokens == 1 &&
+                               m->padded_decode_count == T && T > 0 && gdp_gemm_decode_front_fuses(l->ctx, &front);
+
     /* Pre-norm (x in the residual dtype, out in the activation dtype) on the rows this rank
      * holds; sequence parallel then gathers the TP group's rows (this CP rank's Tc). */
     gdp_tensor xn = view(ws->xn, a, 2, SHAPE(Tc, D), NULL);
@@ -758,6 +788,9 @@ static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, cons
         GDP_CHECK(gdp_rmsnorm(l->ctx, &xn_local, x, &norm_w, l->norm_eps));
         GDP_CHECK(gdp_comm_tp_gather_input(l->comm, l->mode, ws->xn_local, ws->xn, Tc, D, a, l->ctx->stream));
         GDP_CHECK(gdp_gemm_nt_ex(l->ctx, Tc, WT, D, ws->xn, D, l->in_proj, a, 0.0f, ws->proj, WT, a));
+    } else if (front_in_proj) {
+        GDP_CHECK(gdp_rmsnorm(l->ctx, &xn, x, &norm_w, l->norm_eps));
+        GDP_CHECK(gdp_gemm_decode_front(l->ctx, &front));
     } else { /* one op: by default the two (the one launch measured slower here: decode_core.h) */
         const gdp_norm_gemm_args in = {.out = &xn, .x = x, .weight = &norm_w, .eps = l->norm_eps,
                                        .n = WT, .B = l->in_proj, .beta = 0.0f, .C = ws->proj, .ldc = WT, .c_dtype = a};
@@ -765,11 +798,12 @@ static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, cons
     }
 
     /* The core, on every row of the step for its heads. */
-    core_io io = {.proj = ws->proj, .pitch = WT, .conv_col = di, .ba_col = di + l->conv_dim, .y = ws->y};
     if (l->cp_comm != NULL) {
         GDP_CHECK(cp_scatter_heads(l, Tc, ws));
         io = (core_io){.proj = ws->core_proj, .pitch = l->core_dim, .conv_col = 0, .ba_col = l->c_conv,
                        .y = ws->core_y};
+        if (m->padded_decode_count > 0)
+            GDP_CHECK(decode_views_make(l, cache, m, &io, ws, &dv));
     }
     /* A step of decode rows only (no CP): every row is a decode row, the recurrent op writes
      * 0 on padding rows, so the gated norm reads y straight from the op's output (no zero
@@ -802,7 +836,7 @@ static gdp_status_t run_mixer(struct gdp_layer *l, struct gdp_cache *cache, cons
                                     .beta = 1.0f, .C = l->comm == NULL ? x->data : ws->out, .ldc = D, .c_dtype = r};
     const bool norm_at_decode = y_in_place && !gdp_norm_gemm_fuses(l->ctx, &out);
     if (m->padded_decode_count > 0)
-        GDP_CHECK(run_decode(l, cache, m, &io, ws, !y_in_place, norm_at_decode ? &norm : NULL));
+        GDP_CHECK(run_decode(l, m, &io, ws, &dv, front_in_proj, !y_in_place, norm_at_decode ? &norm : NULL));
     if (m->padded_prefill_count > 0 && m->prefill_rows > 0)
         GDP_CHECK(run_prefill(l, cache, m, &io, ws));
     if (l->cp_comm != NULL)
