@@ -21,7 +21,9 @@
 # of every kernel of main's layer bench in launch order (decode rows GDP_CALL_PROF_BATCHES, default 1,128); split
 # (not by default), the layer bench's decode rows GDP_CALL_SPLIT_BATCHES also as GDP_CALL_SPLITS micro-batches
 # on their own streams (--split), under each GDP_DECODE_BLOCKS_PER_SM of GDP_CALL_SPLIT_BPS (default "0 1 items"),
-# two rounds. The A/B
+# two rounds; gemmfront (not by default), in_proj with the decode front: test_conv1d_gpu, the layer and engine GPU
+# tests under GDP_GEMM_FRONT=fused, then the layer's decode rows GDP_CALL_GF_BATCHES (default 1,2,4,8) with cuBLASLt and
+# the front (chain), the skinny GEMV and the front (skinny) and the one launch (fused), two rounds. The A/B
 # runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
 # call still returns the timings. Without a pack, or if linking fails, it builds the pending patches'
 # trees there (launch/h200-suite.sh hopperab; the patches not marked
@@ -172,6 +174,29 @@ stage_split() { # the layer bench's decode rows as micro-batches on their own st
         done
     done
     grep -E "^## |^ *decode|split:" "$OUT/layer_split.log" | head -60
+}
+stage_gemmfront() { # in_proj with the decode front (GDP_GEMM_FRONT): its tests, then the layer's decode rows
+    local t mode round
+    timeout 150 "$P/main/bin/test_conv1d_gpu" >"$OUT/gf_conv.log" 2>&1
+    echo "test_conv1d_gpu rc=$?"
+    grep -E "checks|FAIL|in_proj \+ decode front" "$OUT/gf_conv.log" | tail -10
+    for t in "1 test_layer_tp_gpu_nccl_np1 --backend cuda --comm nccl" "2 test_layer_tp_gpu_np2 --backend cuda" \
+        "2 test_engine_gpu_np2 --backend cuda"; do
+        set -- $t
+        GDP_GEMM_FRONT=fused timeout 150 mpirun -n "$1" "$P/main/bin/$2" "${@:3}" >"$OUT/gf_$2.log" 2>&1
+        echo "GDP_GEMM_FRONT=fused $2 rc=$?"
+        grep -E "checks|FAIL|skipped" "$OUT/gf_$2.log" | tail -2
+    done
+    for round in 1 2; do
+        for mode in chain skinny fused; do # chain: cuBLASLt in_proj and the front; skinny: the skinny GEMV and the front
+            echo "## round $round $mode" >>"$OUT/layer_gf.log"
+            skinny=auto
+            [ "$mode" = chain ] || skinny=on
+            GDP_GEMM_FRONT=${mode/skinny/chain} GDP_GEMM_SKINNY=$skinny timeout 90 mpirun -n 1 "$P/main/bin/gdp-bench" layer \
+                -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 -D ${GDP_CALL_GF_BATCHES:-1,2,4,8} -P 64 >>"$OUT/layer_gf.log" 2>&1
+        done
+    done
+    grep -E "^## |^ *decode|wrong" "$OUT/layer_gf.log" | head -60
 }
 stage_ab() {
     GDP_AB_TESTS=last GDP_AB_SEGMENTS="${GDP_CALL_AB_SEGMENTS:-off auto}" \

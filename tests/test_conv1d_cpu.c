@@ -9,11 +9,16 @@
  *     one S-token update gives the same y as S single-token ones; other rows untouched;
  *   - -1 rows: update gives y = 0 and touches no slot; a -1 varlen request equals one
  *     whose slot holds zeros and writes nothing;
- *   - bad inputs give INVALID_ARGUMENT and modify nothing.
+ *   - bad inputs give INVALID_ARGUMENT and modify nothing;
+ *   - in_proj with the decode front (gdp_gemm_decode_front) equals the GEMM and the front called
+ *     in order, bit for bit; its refusals (an unknown GDP_GEMM_FRONT, NULL, a prepare not reading
+ *     the conv's output, mismatched channels) write nothing.
  */
 #include <string.h>
 
-#include "internal.h" /* defines: gdp_tensor_get/set */
+#include "backend.h"     /* gdp_gemm_nt_ex */
+#include "decode_core.h" /* gdp_gemm_decode_front, gdp_decode_conv_prepare */
+#include "internal.h"    /* defines: gdp_tensor_get/set */
 #include "test_common.h"
 
 static void golden(gdp_ctx_t ctx) {
@@ -350,6 +355,109 @@ static void bad_inputs(gdp_ctx_t ctx, test_rng *r) {
     free_problem(&p);
 }
 
+/* in_proj with the decode front (gdp_gemm_decode_front, src/decode_core.h) on the CPU: the GEMM and
+ * the front in order (the CPU has no one launch), on the layer's layout (conv->x and prep->ba column
+ * views of C); equal bit for bit to calling the two ops; never reported as fused; an unknown
+ * GDP_GEMM_FRONT, NULL arguments and a prepare not reading the conv's output are refused with
+ * nothing written. */
+typedef struct gemm_front_bufs {
+    gdp_tensor A, B, C, st, w, b, A_log, dtb, idx, y, q, k, v, beta, g;
+    gdp_conv1d_update_args cu;
+    gdp_prepare_args pr;
+    gdp_gemm_front_args args;
+} gemm_front_bufs;
+
+enum { GF_ROWS = 3, GF_M = 2, GF_H = 4, GF_G = 2, GF_P = 8, GF_N = 8, GF_Z = 4, GF_K = 16, GF_SLOTS = 4 };
+
+static void gemm_front_bufs_make(gemm_front_bufs *t, uint64_t seed) {
+    test_rng r;
+    test_rng_seed(&r, seed);
+    const int64_t C = GF_M * GF_H * GF_P + (GF_M + 1) * GF_G * GF_N, BA = (GF_M + 1) * GF_H, n = GF_Z + C + BA;
+    const int64_t ldc = n + 2, E = GF_M, f = GDP_DTYPE_FP32;
+    t->A = test_tensor_alloc(f, 2, (const int64_t[]){GF_ROWS, GF_K});
+    t->B = test_tensor_alloc(f, 2, (const int64_t[]){n, GF_K});
+    t->C = test_tensor_alloc(f, 2, (const int64_t[]){GF_ROWS, ldc});
+    t->st = test_tensor_alloc(f, 3, (const int64_t[]){GF_SLOTS, C, 4});
+    t->w = test_tensor_alloc(f, 2, (const int64_t[]){C, 4});
+    t->b = test_tensor_alloc(f, 1, (const int64_t[]){C});
+    t->A_log = test_tensor_alloc(f, 1, (const int64_t[]){GF_H});
+    t->dtb = test_tensor_alloc(f, 1, (const int64_t[]){GF_H});
+    t->y = test_tensor_alloc(f, 3, (const int64_t[]){GF_ROWS, 1, C});
+    t->q = test_tensor_alloc(f, 4, (const int64_t[]){GF_ROWS, E, GF_H, GF_N});
+    t->k = test_tensor_alloc(f, 4, (const int64_t[]){GF_ROWS, E, GF_H, GF_N});
+    t->v = test_tensor_alloc(f, 4, (const int64_t[]){GF_ROWS, E, GF_H, GF_P});
+    t->beta = test_tensor_alloc(f, 3, (const int64_t[]){GF_ROWS, E, GF_H});
+    t->g = test_tensor_alloc(f, 3, (const int64_t[]){GF_ROWS, E, GF_H});
+    test_fill_normal(&t->A, &r, 1.0), test_fill_normal(&t->B, &r, 0.25), test_fill_normal(&t->st, &r, 1.0);
+    test_fill_normal(&t->w, &r, 0.5), test_fill_normal(&t->b, &r, 0.1);
+    test_fill_uniform(&t->A_log, &r, -1.0, 1.0), test_fill_uniform(&t->dtb, &r, -0.5, 0.5);
+    gdp_tensor *outs[7] = {&t->C, &t->y, &t->q, &t->k, &t->v, &t->beta, &t->g};
+    for (int i = 0; i < 7; i++)
+        test_fill_nan(outs[i]);
+    static const int32_t slots[GF_ROWS] = {2, -1, 0}; /* a padding row between two requests */
+    t->idx = test_int_tensor(slots, GF_ROWS);
+    float *c0 = t->C.data;
+    t->cu = (gdp_conv1d_update_args){
+        .x = {.data = c0 + GF_Z, .dtype = GDP_DTYPE_FP32, .ndim = 3, .shape = {GF_ROWS, 1, C}, .stride = {ldc, ldc, 1}},
+        .weight = t->w, .bias = t->b, .conv_state = t->st, .conv_state_indices = t->idx, .silu = 1, .y = t->y};
+    t->pr = (gdp_prepare_args){
+        .x = t->y,
+        .ba = {.data = c0 + GF_Z + C, .dtype = GDP_DTYPE_FP32, .ndim = 3, .shape = {GF_ROWS, 1, BA},
+               .stride = {ldc, ldc, 1}},
+        .A_log = t->A_log, .dt_bias = t->dtb, .num_householder = GF_M, .num_heads = GF_H, .num_groups = GF_G,
+        .head_dim = GF_P, .state_dim = GF_N, .query = t->q, .key = t->k, .value = t->v, .beta = t->beta, .g = t->g};
+    t->args = (gdp_gemm_front_args){.rows = GF_ROWS, .n = n, .k = GF_K, .A = t->A.data, .lda = GF_K, .B = t->B.data,
+                                    .ab_dtype = GDP_DTYPE_FP32, .C = t->C.data, .ldc = ldc, .conv = &t->cu,
+                                    .prep = &t->pr};
+}
+
+static void gemm_front_bufs_free(gemm_front_bufs *t) {
+    gdp_tensor *all[15] = {&t->A, &t->B, &t->C, &t->st, &t->w, &t->b, &t->A_log, &t->dtb, &t->idx,
+                           &t->y, &t->q, &t->k, &t->v, &t->beta, &t->g};
+    for (int i = 0; i < 15; i++)
+        test_host_free(all[i]);
+}
+
+/* Whether every output of two runs (C, the cache, q, k, v, beta, g) has the same bytes. */
+static void gemm_front_same(const char *what, const gemm_front_bufs *a, const gemm_front_bufs *b) {
+    const gdp_tensor *x[7] = {&a->C, &a->st, &a->q, &a->k, &a->v, &a->beta, &a->g};
+    const gdp_tensor *y[7] = {&b->C, &b->st, &b->q, &b->k, &b->v, &b->beta, &b->g};
+    static const char *const names[7] = {"C", "conv state", "query", "key", "value", "beta", "g"};
+    char label[96];
+    for (int i = 0; i < 7; i++) {
+        snprintf(label, sizeof label, "%s: %s", what, names[i]);
+        test_same_bytes(label, x[i], y[i]);
+    }
+}
+
+static void gemm_front_cpu(gdp_ctx_t ctx) {
+    gemm_front_bufs one, two, bad;
+    gemm_front_bufs_make(&one, 7), gemm_front_bufs_make(&two, 7), gemm_front_bufs_make(&bad, 7);
+    CHECK(!gdp_gemm_decode_front_fuses(ctx, &one.args), "the CPU has no one launch for in_proj + the front");
+    CHECK_OK(gdp_gemm_decode_front(ctx, &one.args));
+    CHECK_OK(gdp_gemm_nt_ex(ctx, two.args.rows, two.args.n, two.args.k, two.args.A, two.args.lda, two.args.B,
+                            GDP_DTYPE_FP32, 0.0f, two.args.C, two.args.ldc, GDP_DTYPE_FP32));
+    CHECK_OK(gdp_decode_conv_prepare(ctx, &two.cu, &two.pr));
+    gemm_front_same("gdp_gemm_decode_front vs the GEMM and the front", &one, &two);
+    /* refusals, each with nothing written (bad is still as made: compare with a fresh copy) */
+    gemm_front_bufs fresh;
+    gemm_front_bufs_make(&fresh, 7);
+    char *saved = test_env_swap("GDP_GEMM_FRONT", "sideways");
+    CHECK_STATUS(gdp_gemm_decode_front(ctx, &bad.args), GDP_STATUS_INVALID_USAGE);
+    CHECK(strstr(gdp_last_error(), "GDP_GEMM_FRONT") != NULL && strstr(gdp_last_error(), "sideways") != NULL,
+          "the GDP_GEMM_FRONT refusal names neither the variable nor its value: %s", gdp_last_error());
+    test_env_restore("GDP_GEMM_FRONT", saved);
+    CHECK_STATUS(gdp_gemm_decode_front(ctx, NULL), GDP_STATUS_INVALID_ARGUMENT);
+    bad.pr.x = bad.q; /* the prepare must read the conv's output */
+    CHECK_STATUS(gdp_gemm_decode_front(ctx, &bad.args), GDP_STATUS_INVALID_ARGUMENT);
+    bad.pr.x = bad.y;
+    bad.cu.x.shape[2] -= 1; /* a conv whose channels do not match its weight */
+    CHECK(gdp_gemm_decode_front(ctx, &bad.args) != GDP_STATUS_SUCCESS, "a conv of %lld channels over weights of %lld",
+          (long long)bad.cu.x.shape[2], (long long)bad.w.shape[0]);
+    gemm_front_same("refused gdp_gemm_decode_front calls wrote nothing", &bad, &fresh);
+    gemm_front_bufs_free(&one), gemm_front_bufs_free(&two), gemm_front_bufs_free(&bad), gemm_front_bufs_free(&fresh);
+}
+
 int main(void) {
     gdp_ctx_t ctx = NULL;
     CHECK_OK(gdp_ctx_init(&ctx, GDP_BACKEND_CPU, 0));
@@ -364,6 +472,7 @@ int main(void) {
     intermediate_rows(ctx, &rng);
     padding_rows(ctx, &rng);
     bad_inputs(ctx, &rng);
+    gemm_front_cpu(ctx);
     gdp_ctx_free(ctx);
     return test_finish("test_conv1d_cpu");
 }

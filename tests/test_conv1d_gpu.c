@@ -10,7 +10,9 @@
  * order, and the prefill front (varlen conv + prefill prepare as one op) bitwise equal to the two
  * ops in order; the varlen op's row output kernel (16-bit x and y, the default) bitwise equal to the
  * scalar one (GDP_CONV_KERNEL=scalar) on the same inputs, sequences starting inside and across
- * its 8-token tiles; GDP_CONV_KERNEL set to anything else refused.
+ * its 8-token tiles; GDP_CONV_KERNEL set to anything else refused; in_proj with the decode front as
+ * its epilogue (gdp_gemm_decode_front, one launch) bitwise equal to the skinny GEMM and the front in
+ * order, eager and graph-replayed, an unknown GDP_GEMM_FRONT refused with nothing written.
  * Device helpers: test_gpu.h. Without a CUDA build or a visible GPU it prints why and exits
  * 77 (skip).
  */
@@ -18,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h" /* gdp_gemm_acquire */
 #include "decode_core.h"
 #include "internal.h" /* defines: gdp_tensor_get/set, gdp_tensor_stride */
 #include "test_gpu.h"
@@ -471,6 +474,152 @@ static void decode_core_vs_chain(test_rng *r, const fuse_cfg *c) {
     test_host_free(&hidx), test_host_free(&hy), test_host_free(&hq), test_host_free(&hv), test_host_free(&hbeta), test_host_free(&hg);
 }
 
+/* in_proj with the decode front (gdp_gemm_decode_front, src/decode_core.h) on the layer's layout:
+ * C's columns are [z | conv channels | ba] (plus a pitch gap), conv->x and prep->ba views of them.
+ * The one launch (GDP_GEMM_FRONT=fused) against the two ops (chain, with the skinny GEMM: the bits
+ * the one launch promises): C, query, key, value, beta, g and the conv state bytewise; whether it
+ * fuses as the shape says; auto runs the two ops; an unknown GDP_GEMM_FRONT writes nothing; and a
+ * captured one launch replayed with a new A gives the chain's bits on that A. */
+typedef struct gemm_front_cfg {
+    int64_t rows, M, H, G, P, N, z_cols, k, slots;
+    gdp_dtype_t act;
+    bool bias, fuses;
+} gemm_front_cfg;
+
+typedef struct gemm_front_run {
+    gdp_gemm_front_args args;
+    gdp_conv1d_update_args cu;
+    gdp_prepare_args pr;
+} gemm_front_run;
+
+/* args' C, conv state and outputs are the caller's device buffers; conv and prep point into *g. */
+static void gemm_front_bind(gemm_front_run *g, const gemm_front_cfg *c, const front_params *fp, gdp_tensor *dA,
+                            gdp_tensor *dB, gdp_tensor *dC, gdp_tensor *dst, gdp_tensor *didx, gdp_tensor out[6],
+                            int64_t ldc) {
+    const int64_t C = c->M * c->H * c->P + (c->M + 1) * c->G * c->N, BA = (c->M + 1) * c->H;
+    const size_t es = gdp_dtype_size(c->act);
+    char *cbase = (char *)dC->data;
+    g->cu = (gdp_conv1d_update_args){
+        .x = {.data = cbase + (size_t)c->z_cols * es, .dtype = c->act, .ndim = 3, .shape = {c->rows, 1, C},
+              .stride = {ldc, ldc, 1}},
+        .weight = fp->dw, .conv_state = *dst, .conv_state_indices = *didx, .silu = 1, .y = out[5]};
+    if (c->bias)
+        g->cu.bias = fp->db;
+    g->pr = (gdp_prepare_args){
+        .x = g->cu.y,
+        .ba = {.data = cbase + (size_t)(c->z_cols + C) * es, .dtype = c->act, .ndim = 3, .shape = {c->rows, 1, BA},
+               .stride = {ldc, ldc, 1}},
+        .A_log = fp->dA, .dt_bias = fp->ddt, .num_householder = (int32_t)c->M, .num_heads = (int32_t)c->H,
+        .num_groups = (int32_t)c->G, .head_dim = (int32_t)c->P, .state_dim = (int32_t)c->N,
+        .query = out[0], .key = out[1], .value = out[2], .beta = out[3], .g = out[4]};
+    g->args = (gdp_gemm_front_args){.rows = c->rows, .n = c->z_cols + C + BA, .k = c->k, .A = dA->data, .lda = c->k,
+                                    .B = dB->data, .ab_dtype = c->act, .C = dC->data, .ldc = ldc, .conv = &g->cu,
+                                    .prep = &g->pr};
+}
+
+static gdp_status_t gemm_front_call(void *p) {
+    gemm_front_run *g = p;
+    return gdp_gemm_decode_front(g_test_gpu, &g->args);
+}
+
+static void gemm_front_vs_chain(test_rng *r, const gemm_front_cfg *c) {
+    const int64_t C = c->M * c->H * c->P + (c->M + 1) * c->G * c->N, BA = (c->M + 1) * c->H;
+    const int64_t n = c->z_cols + C + BA, ldc = n + 8, E = c->M;
+    front_params fp = front_params_make(r, C, c->H, c->slots, c->act, c->act);
+    const int64_t a_shape[2] = {c->rows, c->k}, b_shape[2] = {n, c->k}, c_shape[2] = {c->rows, ldc};
+    gdp_tensor hA = test_tensor_alloc(c->act, 2, a_shape), hB = test_tensor_alloc(c->act, 2, b_shape);
+    gdp_tensor hC = test_tensor_alloc(c->act, 2, c_shape);
+    test_fill_normal(&hA, r, 1.0), test_fill_normal(&hB, r, 1.0 / sqrt((double)c->k));
+    int32_t idx[64];
+    for (int64_t i = 0; i < c->rows; i++)
+        idx[i] = i % 3 == 2 ? -1 : (int32_t)((i * 7 + 1) % c->slots); /* distinct slots, every third a padding row */
+    gdp_tensor hidx = test_int_tensor(idx, c->rows), didx = test_dev_clone(&hidx);
+    const int64_t y_shape[3] = {c->rows, 1, C}, q_shape[4] = {c->rows, E, c->H, c->N}, v_shape[4] = {c->rows, E, c->H, c->P};
+    const int64_t g_shape[3] = {c->rows, E, c->H};
+    gdp_tensor hy = test_tensor_alloc(c->act, 3, y_shape), hq = test_tensor_alloc(c->act, 4, q_shape);
+    gdp_tensor hv = test_tensor_alloc(c->act, 4, v_shape), hbeta = test_tensor_alloc(c->act, 3, g_shape);
+    gdp_tensor hg = test_tensor_alloc(GDP_DTYPE_FP32, 3, g_shape);
+    gdp_tensor dA = test_dev_clone(&hA), dB = test_dev_clone(&hB);
+    /* runs: 0 chain, 1 fused, 2 auto, 3 a refused switch value */
+    gdp_tensor dC[4], dst[4], out[4][6];
+    gemm_front_run g[4];
+    for (int f = 0; f < 4; f++) {
+        dC[f] = test_dev_poisoned(&hC), dst[f] = test_dev_clone(&fp.st);
+        out[f][0] = test_dev_poisoned(&hq), out[f][1] = test_dev_poisoned(&hq), out[f][2] = test_dev_poisoned(&hv);
+        out[f][3] = test_dev_poisoned(&hbeta), out[f][4] = test_dev_poisoned(&hg), out[f][5] = test_dev_poisoned(&hy);
+        gemm_front_bind(&g[f], c, &fp, &dA, &dB, &dC[f], &dst[f], &didx, out[f], ldc);
+    }
+    static const char *const modes[4] = {"chain", "fused", "auto", "sideways"};
+    char *saved_skinny = test_env_swap("GDP_GEMM_SKINNY", "on");
+    for (int f = 0; f < 4; f++) {
+        char *saved = test_env_swap("GDP_GEMM_FRONT", modes[f]);
+        const bool fuses = gdp_gemm_decode_front_fuses(g_test_gpu, &g[f].args);
+        CHECK(fuses == (f == 1 && c->fuses), "GDP_GEMM_FRONT=%s, %lld rows: the one launch %s", modes[f],
+              (long long)c->rows, fuses ? "would run" : "would not run");
+        if (f == 3) {
+            CHECK_STATUS(gdp_gemm_decode_front(g_test_gpu, &g[f].args), GDP_STATUS_INVALID_USAGE);
+            CHECK(strstr(gdp_last_error(), "GDP_GEMM_FRONT") != NULL && strstr(gdp_last_error(), "sideways") != NULL,
+                  "the refusal names neither GDP_GEMM_FRONT nor its value: %s", gdp_last_error());
+        } else {
+            CHECK_OK(gdp_gemm_decode_front(g_test_gpu, &g[f].args));
+        }
+        test_env_restore("GDP_GEMM_FRONT", saved);
+    }
+    CUDA_OK(cudaStreamSynchronize(g_test_stream));
+    printf("in_proj + decode front, one launch vs the chain (rows %lld, M %lld, H %lld, G %lld, P %lld, N %lld, k %lld, "
+           "%s%s, fuses %d):\n", (long long)c->rows, (long long)c->M, (long long)c->H, (long long)c->G, (long long)c->P,
+           (long long)c->N, (long long)c->k, gdp_dtype_name(c->act), c->bias ? ", bias" : "", c->fuses);
+    const gdp_tensor *likes[5] = {&hq, &hq, &hv, &hbeta, &hg};
+    for (int f = 1; f < 3; f++) {
+        char what[48];
+        snprintf(what, sizeof what, "GDP_GEMM_FRONT=%s vs chain", modes[f]);
+        (void)fused_outputs_same(what, likes, out[0], out[f], &fp.st, &dst[0], &dst[f]);
+        gdp_tensor ca = test_host_clone(&hC), cb = test_host_clone(&hC);
+        test_dev_fetch(&ca, &dC[0]), test_dev_fetch(&cb, &dC[f]);
+        snprintf(what, sizeof what, "GDP_GEMM_FRONT=%s vs chain: C", modes[f]);
+        test_same_bytes(what, &cb, &ca);
+        test_host_free(&ca), test_host_free(&cb);
+    }
+    { /* the refused call wrote nothing: C and outputs still poisoned, the cache as it was */
+        gdp_tensor c0 = test_host_clone(&hC), p0 = test_host_clone(&hC), s0 = test_host_clone(&fp.st);
+        test_dev_fetch(&c0, &dC[3]);
+        memset(p0.data, TEST_SENTINEL_BYTE, (size_t)gdp_tensor_numel(&hC) * gdp_dtype_size(c->act));
+        test_same_bytes("refused GDP_GEMM_FRONT: C untouched", &c0, &p0);
+        test_dev_fetch(&s0, &dst[3]);
+        test_same_bytes("refused GDP_GEMM_FRONT: conv state untouched", &s0, &fp.st);
+        test_host_free(&c0), test_host_free(&p0), test_host_free(&s0);
+    }
+    /* captured (fused), replayed on a new A and a fresh cache: the chain's bits on that A */
+    if (c->fuses) {
+        char *saved = test_env_swap("GDP_GEMM_FRONT", "fused");
+        cudaGraphExec_t exec = test_graph_capture(gemm_front_call, &g[1]);
+        test_env_restore("GDP_GEMM_FRONT", saved);
+        CHECK(exec != NULL, "in_proj + decode front did not capture");
+        if (exec != NULL) {
+            test_fill_normal(&hA, r, 1.0);
+            test_dev_put(&dA, &hA);
+            test_dev_put(&dst[1], &fp.st), test_dev_put(&dst[0], &fp.st);
+            test_graph_replay(exec);
+            saved = test_env_swap("GDP_GEMM_FRONT", "chain");
+            CHECK_OK(gdp_gemm_decode_front(g_test_gpu, &g[0].args));
+            test_env_restore("GDP_GEMM_FRONT", saved);
+            CUDA_OK(cudaStreamSynchronize(g_test_stream));
+            (void)fused_outputs_same("graph replay vs chain", likes, out[0], out[1], &fp.st, &dst[0], &dst[1]);
+            CUDA_OK(cudaGraphExecDestroy(exec));
+        }
+    }
+    test_env_restore("GDP_GEMM_SKINNY", saved_skinny);
+    for (int f = 0; f < 4; f++) {
+        test_dev_free(&dC[f]), test_dev_free(&dst[f]);
+        for (int i = 0; i < 6; i++)
+            test_dev_free(&out[f][i]);
+    }
+    test_dev_free(&dA), test_dev_free(&dB), test_dev_free(&didx);
+    test_host_free(&hA), test_host_free(&hB), test_host_free(&hC), test_host_free(&hidx), test_host_free(&hy);
+    test_host_free(&hq), test_host_free(&hv), test_host_free(&hbeta), test_host_free(&hg);
+    front_params_free(&fp);
+}
+
 /* The prefill front (gdp_prefill_conv_prepare, src/decode_core.h): the varlen conv and the
  * prefill prepare as one op against the two ops in order, on the layer's layout (x and ba strided
  * views of one projection row, sequences with a -1 slot, an empty one and padding rows): query,
@@ -634,6 +783,19 @@ static void conv_tests(test_rng *r) {
     };
     for (size_t i = 0; i < sizeof front / sizeof front[0]; i++)
         prefill_front_vs_chain(r, &front[i]);
+    CHECK_OK(gdp_gemm_acquire(g_test_gpu)); /* the chain's GEMM (cuBLASLt past the skinny kernel's rows) */
+    const gemm_front_cfg gf[] = {
+        /* rows, M, H, G, P, N, z cols, k, slots, act, bias, fuses */
+        {1, 2, 16, 4, 128, 128, 2048, 2048, 4, BF16, false, true}, /* the layer's in_proj at B = 1 */
+        {2, 2, 16, 4, 128, 128, 2048, 2048, 6, BF16, false, true},
+        {8, 2, 16, 4, 128, 128, 2048, 2048, 12, BF16, true, true}, /* the kernel's row limit, -1 rows */
+        {3, 3, 8, 2, 64, 32, 64, 520, 5, FP16, true, true},        /* M 3, GQA 4, fp16, k not a multiple of 256 */
+        {5, 1, 4, 4, 16, 16, 8, 64, 9, BF16, true, true},          /* M 1, no GQA, two blocks of columns */
+        {9, 2, 8, 2, 32, 32, 16, 256, 12, BF16, true, false},      /* past the row limit: the two ops */
+    };
+    for (size_t i = 0; i < sizeof gf / sizeof gf[0]; i++)
+        gemm_front_vs_chain(r, &gf[i]);
+    gdp_gemm_release(g_test_gpu);
     /* a GDP_CONV_KERNEL the op does not know: refused before any launch */
     gdp_conv1d_varlen_args h = varlen_random(r, &vcases[0]);
     gdp_conv1d_varlen_args d = varlen_to_device(&h);
