@@ -296,8 +296,9 @@ static bool gemm_front_one_launch(gdp_ctx_t ctx, const gdp_gemm_front_args *a) {
 }
 
 bool gdp_gemm_decode_front_fuses(gdp_ctx_t ctx, const gdp_gemm_front_args *a) {
-    return gdp_ctx_check(ctx, "gdp_gemm_decode_front") == GDP_STATUS_SUCCESS && !ctx->debug_checks &&
-           gemm_front_check(ctx, a) == GDP_STATUS_SUCCESS && gemm_front_one_launch(ctx, a);
+    /* the switch first: the layer asks every decode step, and auto never fuses */
+    return gemm_front_choice(NULL) == GEMM_FRONT_FUSED && gdp_ctx_check(ctx, "gdp_gemm_decode_front") == GDP_STATUS_SUCCESS &&
+           !ctx->debug_checks && gemm_front_check(ctx, a) == GDP_STATUS_SUCCESS && gemm_front_one_launch(ctx, a);
 }
 
 gdp_status_t gdp_gemm_decode_front(gdp_ctx_t ctx, const gdp_gemm_front_args *a) {
