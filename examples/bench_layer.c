@@ -469,6 +469,7 @@ static double split_graph_time(micro_batches *mb, const bench_env *e, int32_t v,
         m[s] = stack_step(&mb->st[s], e, &dec);
         fill_rows(host, m[s]->padded_token_count, D, 1000 + (uint64_t)s);
         cudaMemcpy(mb->x[s], host, sizeof(float) * (size_t)(m[s]->padded_token_count * D), cudaMemcpyHostToDevice);
+        stack_forward(&mb->st[s], e, m[s], mb->x[s], D); /* eager first: the layers size their workspaces */
     }
     if (cudaDeviceSynchronize() != cudaSuccess)
         GDP_FATAL(e->comm, "the micro-batches' claim steps failed");
