@@ -18,7 +18,8 @@
 # test_gemm_gpu, the layer and engine GPU tests (GDP_CALL_NG_TESTS=0 skips them), then the layer bench's decode
 # rows (GDP_CALL_NG_BATCHES, default 1,2,4,8,64) under each GDP_NORM_GEMM of GDP_CALL_NG_MODES (default "chain
 # serial pdl"; a mode X+skinny also sets GDP_GEMM_SKINNY=on), two rounds; profile (not by default), ncu's duration
-# of every kernel of main's layer bench in launch order (decode rows GDP_CALL_PROF_BATCHES, default 1,128); split
+# of every kernel of main's layer bench in launch order (decode rows GDP_CALL_PROF_BATCHES, default 1,128), then per kernel
+# name over gdp-run's decode-heavy workload cut to GDP_CALL_PROF_NEW (default 6) new tokens; split
 # (not by default), the layer bench's decode rows GDP_CALL_SPLIT_BATCHES also as GDP_CALL_SPLITS micro-batches
 # on their own streams (--split), under each GDP_DECODE_BLOCKS_PER_SM of GDP_CALL_SPLIT_BPS (default "0 1 items"),
 # two rounds; gemmfront (not by default), in_proj with the decode front: test_conv1d_gpu, the layer and engine GPU
@@ -160,6 +161,16 @@ stage_profile() { # ncu's duration of every kernel of main's layer bench, in lau
         >"$OUT/profile_layer.csv" 2>"$OUT/profile_layer.err"
     echo "ncu layer rc=$?"
     python3 launch/ncu_durations.py --order "$OUT/profile_layer.csv"
+    # gdp-run's decode-heavy step (8 layers, head and sampling), a few new tokens: per kernel name, count and median
+    local ckpt=/tmp/ab_call_model.safetensors
+    "$P/main/bin/gdp-run" --layers 8 --hidden 2048 --heads 16 --groups 4 --head-dim 128 --state-dim 128 \
+        --householder 2 --vocab 32000 --write-model "$ckpt" >/dev/null 2>&1
+    timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$P/main/bin/gdp-run" --model "$ckpt" \
+        --progress 0 --slots 128 --budget 1152 --prefill-chunk 1024 \
+        --workload synthetic:n=128,rate=0,prompt=64-128,new=${GDP_CALL_PROF_NEW:-6},seed=3 \
+        >"$OUT/profile_run.csv" 2>"$OUT/profile_run.err"
+    echo "ncu gdp-run rc=$?"
+    python3 launch/ncu_durations.py "$OUT/profile_run.csv" | head -40
 }
 stage_split() { # the layer bench's decode rows as micro-batches on their own streams (gdp-bench layer --split)
     local n round bps
