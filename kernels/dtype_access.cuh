@@ -105,6 +105,17 @@ __device__ __forceinline__ uint16_t round_to_half_bits(gdp_dtype_t dtype, float 
     return dtype == GDP_DTYPE_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v)) : __half_as_ushort(__float2half_rn(v));
 }
 
+/* Two values rounded to a 16-bit dtype in one conversion (cvt.rn.bf16x2.f32 / .f16x2), packed as they
+ * are stored: lo in the low half. The bits of round_to_half_bits on each, without the pack. */
+__device__ __forceinline__ uint32_t round_pair_to_half_bits(gdp_dtype_t dtype, float lo, float hi) {
+    if (dtype == GDP_DTYPE_BF16) {
+        const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<const uint32_t *>(&p);
+    }
+    const __half2 p = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&p);
+}
+
 template <int N> __device__ __forceinline__ void store_vec_from_float(void *base, gdp_dtype_t dtype, int64_t i, const float (&v)[N]) {
     static_assert(N == 4 || N == 8, "4 or 8 elements");
     if (dtype == GDP_DTYPE_FP32) {
@@ -117,7 +128,7 @@ template <int N> __device__ __forceinline__ void store_vec_from_float(void *base
     uint32_t w[N / 2];
 #pragma unroll
     for (int j = 0; j < N / 2; j++)
-        w[j] = (uint32_t)round_to_half_bits(dtype, v[2 * j]) | ((uint32_t)round_to_half_bits(dtype, v[2 * j + 1]) << 16);
+        w[j] = round_pair_to_half_bits(dtype, v[2 * j], v[2 * j + 1]);
     if constexpr (N == 8)
         *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + i) = make_uint4(w[0], w[1], w[2], w[3]);
     else

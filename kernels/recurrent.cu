@@ -92,15 +92,25 @@ template <> struct StateStorage<GDP_DTYPE_FP32> {
     static __device__ __forceinline__ float to_float(Bits b) { return __uint_as_float(b); }
     static __device__ __forceinline__ Bits from_float(float f) { return __float_as_uint(f); }
 };
+/* The 16-bit states also pack two values a word in one conversion (cvt.rn.bf16x2.f32 / .f16x2: the
+ * same round-to-nearest-even bits as two single conversions, without the pack of their halves). */
 template <> struct StateStorage<GDP_DTYPE_BF16> {
     using Bits = uint16_t;
     static __device__ __forceinline__ float to_float(Bits b) { return __uint_as_float((uint32_t)b << 16); }
     static __device__ __forceinline__ Bits from_float(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+    static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<const uint32_t *>(&v);
+    }
 };
 template <> struct StateStorage<GDP_DTYPE_FP16> {
     using Bits = uint16_t;
     static __device__ __forceinline__ float to_float(Bits b) { return __half2float(__ushort_as_half(b)); }
     static __device__ __forceinline__ Bits from_float(float f) { return __half_as_ushort(__float2half_rn(f)); }
+    static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+        const __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<const uint32_t *>(&v);
+    }
 };
 
 /* CW consecutive elements: one 16-byte access when CW * sizeof(Bits) == 16, one 8-byte access
@@ -138,7 +148,12 @@ template <int SDT, int CW>
 __device__ __forceinline__ void store_columns(typename StateStorage<SDT>::Bits *dst, const float (&src)[CW]) {
     using Store = StateStorage<SDT>;
     using Bits = typename Store::Bits;
-    if constexpr (CW * sizeof(Bits) == 16) {
+    if constexpr (sizeof(Bits) == 2 && CW * sizeof(Bits) == 16) { /* 16-bit: a word a pair */
+        *reinterpret_cast<uint4 *>(dst) = make_uint4(Store::pack2(src[0], src[1]), Store::pack2(src[2], src[3]),
+                                                     Store::pack2(src[4], src[5]), Store::pack2(src[6], src[7]));
+    } else if constexpr (sizeof(Bits) == 2 && CW * sizeof(Bits) == 8) {
+        *reinterpret_cast<uint2 *>(dst) = make_uint2(Store::pack2(src[0], src[1]), Store::pack2(src[2], src[3]));
+    } else if constexpr (CW * sizeof(Bits) == 16) {
         union {
             uint4 raw;
             Bits e[CW];
