@@ -97,6 +97,10 @@ template <> struct StateStorage<GDP_DTYPE_FP32> {
 template <> struct StateStorage<GDP_DTYPE_BF16> {
     using Bits = uint16_t;
     static __device__ __forceinline__ float to_float(Bits b) { return __uint_as_float((uint32_t)b << 16); }
+    /* the two values of a loaded word: a shift and a mask, no extraction of the halves first */
+    static __device__ __forceinline__ float2 unpack2(uint32_t w) {
+        return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+    }
     static __device__ __forceinline__ Bits from_float(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
     static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
         const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -119,7 +123,19 @@ template <int SDT, int CW>
 __device__ __forceinline__ void load_columns(const typename StateStorage<SDT>::Bits *src, float (&dst)[CW]) {
     using Store = StateStorage<SDT>;
     using Bits = typename Store::Bits;
-    if constexpr (CW * sizeof(Bits) == 16) {
+    if constexpr (SDT == GDP_DTYPE_BF16 && CW == 8) {
+        const uint4 raw = *reinterpret_cast<const uint4 *>(src);
+        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float2 f = Store::unpack2(w[j]);
+            dst[2 * j] = f.x, dst[2 * j + 1] = f.y;
+        }
+    } else if constexpr (SDT == GDP_DTYPE_BF16 && CW == 4) {
+        const uint2 raw = *reinterpret_cast<const uint2 *>(src);
+        const float2 a = Store::unpack2(raw.x), b = Store::unpack2(raw.y);
+        dst[0] = a.x, dst[1] = a.y, dst[2] = b.x, dst[3] = b.y;
+    } else if constexpr (CW * sizeof(Bits) == 16) {
         union {
             uint4 raw;
             Bits e[CW];
