@@ -42,9 +42,9 @@ __device__ __forceinline__ void halves_to_float(gdp_dtype_t dtype, const uint32_
 #pragma unroll
     for (int j = 0; j < N / 2; j++) {
         const uint16_t lo = (uint16_t)(w[j] & 0xffffu), hi = (uint16_t)(w[j] >> 16);
-        if (dtype == GDP_DTYPE_BF16) {
-            v[2 * j] = __bfloat162float(__ushort_as_bfloat16(lo));
-            v[2 * j + 1] = __bfloat162float(__ushort_as_bfloat16(hi));
+        if (dtype == GDP_DTYPE_BF16) { /* a bf16 value is the top half of its fp32: a shift and a mask */
+            v[2 * j] = __uint_as_float(w[j] << 16);
+            v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
         } else {
             v[2 * j] = __half2float(__ushort_as_half(lo));
             v[2 * j + 1] = __half2float(__ushort_as_half(hi));
