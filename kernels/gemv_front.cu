@@ -106,11 +106,13 @@ template <typename T> struct FrontPrefetch {
     }
 };
 
-/* A width-4 window of 16-bit elements (8 bytes, aligned: the host checked) as floats. */
-template <typename T> __device__ __forceinline__ void load_window4(const T *at, float (&v)[FRONT_W]) {
+/* A width-4 window of 16-bit elements (8 bytes, aligned: the host checked) as floats; its raw words in *raw. */
+template <typename T> __device__ __forceinline__ void load_window4(const T *at, float (&v)[FRONT_W], uint2 *raw) {
     const uint2 w = *reinterpret_cast<const uint2 *>(at);
     const float2 lo = Pair<T>::f2(w.x), hi = Pair<T>::f2(w.y);
     v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
+    if (raw != nullptr)
+        *raw = w;
 }
 
 /* The front's unit of row b for the value x it reads from C (decode_core_kernel's arithmetic and
@@ -133,16 +135,16 @@ __device__ __forceinline__ void front_unit(const GemvFrontParams &p, int64_t b, 
     if (slot >= 0) {
         T *win_at = static_cast<T *>(p.state) + (slot * p.channels + unit.j) * FRONT_W;
         float win[FRONT_W], w[FRONT_W];
-        load_window4<T>(win_at, win);
-        load_window4<T>(static_cast<const T *>(p.conv_w) + (int64_t)unit.j * FRONT_W, w);
+        uint2 old;
+        load_window4<T>(win_at, win, &old);
+        load_window4<T>(static_cast<const T *>(p.conv_w) + (int64_t)unit.j * FRONT_W, w, nullptr);
         const float bias = p.conv_b != nullptr ? Pair<T>::to_f(static_cast<const T *>(p.conv_b)[unit.j]) : 0.0f;
         y = Pair<T>::from_f(conv_step<FRONT_W>(win, w, bias, p.silu, x));
-        /* the shifted window: its values are 16-bit already, so rounding them again keeps their bits */
-        __align__(8) T nw[FRONT_W];
-#pragma unroll
-        for (int t = 0; t < FRONT_W; t++)
-            nw[t] = Pair<T>::from_f(win[t]);
-        *reinterpret_cast<uint2 *>(win_at) = *reinterpret_cast<const uint2 *>(nw);
+        /* the shifted window in its bits, as the fast front forms it (taps 1, 2 | 3, x): no NaN payload is
+         * rewritten by a round trip through fp32 */
+        const T xin = Pair<T>::from_f(x);
+        const uint32_t xbits = *reinterpret_cast<const uint16_t *>(&xin);
+        *reinterpret_cast<uint2 *>(win_at) = make_uint2((old.x >> 16) | (old.y << 16), (old.y >> 16) | (xbits << 16));
     }
     const T zero = Pair<T>::from_f(0.0f);
     const int64_t value_elems = (int64_t)M * H * p.P, kq_elems = (int64_t)M * H * N;
