@@ -209,6 +209,13 @@ stage_gemmfront() { # in_proj with the decode front (GDP_GEMM_FRONT): its tests,
     done
     grep -E "^## |^ *decode|wrong" "$OUT/layer_gf.log" | head -60
 }
+stage_floor() { # what a kernel boundary costs against a grid barrier (kernels/dev/launch_floor.cu, built here: seconds)
+    command -v nvcc >/dev/null || PATH=$PATH:/usr/local/cuda/bin
+    nvcc -O3 -arch=sm_90 -o /tmp/launch_floor kernels/dev/launch_floor.cu >"$OUT/floor.log" 2>&1 &&
+        timeout 120 /tmp/launch_floor >>"$OUT/floor.log" 2>&1
+    echo "launch_floor rc=$?"
+    cat "$OUT/floor.log"
+}
 stage_ab() {
     GDP_AB_TESTS=last GDP_AB_SEGMENTS="${GDP_CALL_AB_SEGMENTS:-off auto}" \
         GDP_AB_ROUNDS="${GDP_CALL_AB_ROUNDS:-2}" timeout 400 launch/prebuilt.sh ab "$P" >"$OUT/ab.log" 2>&1
