@@ -251,7 +251,9 @@ extern "C" int gdp_cuda_gemv_front_fits(const gdp_gemv_front_args *a) {
                        prep->ba.shape[2] == (M + 1) * H && prep->ba.dtype == a->ab_dtype &&
                        gdp_tensor_stride(&prep->ba, 0) == a->ldc && gdp_tensor_stride(&prep->ba, 2) == 1 &&
                        ba_col >= 0 && ba_col + (M + 1) * H <= a->n;
-    const bool shape_ok = G > 0 && H % G == 0 && C == M * H * P + M * G * N + G * N && conv->weight.ndim == 2 &&
+    /* each column feeds one unit at most: the conv and ba sections of C do not overlap */
+    const bool apart = ba_col >= conv_col + C || ba_col + (M + 1) * H <= conv_col;
+    const bool shape_ok = apart && G > 0 && H % G == 0 && C == M * H * P + M * G * N + G * N && conv->weight.ndim == 2 &&
                           conv->weight.shape[1] == FRONT_W && !gdp_tensor_present(&conv->intermediate_conv_states) &&
                           C <= INT32_MAX && (M + 1) * H <= INT32_MAX;
     /* every tensor of the front in C's dtype (as the fused front's fast variant), windows in one
