@@ -82,6 +82,10 @@ struct gdp_layer {
     /* workspace */
     void  *ws;
     size_t ws_bytes;
+    /* gdp_layer_init_shared: the layer whose weights this one uses (NULL: its own), and how many
+     * layers use this one's */
+    struct gdp_layer *owner;
+    int32_t sharers;
     uint32_t magic_end;
 };
 
@@ -142,9 +146,13 @@ static gdp_status_t upload_weight(gdp_ctx_t ctx, const gdp_tensor *t, gdp_dtype_
 }
 
 static void layer_destroy(struct gdp_layer *l) {
-    void *bufs[] = {l->norm_w, l->in_proj, l->conv_w, l->A_log, l->dt_bias, l->out_norm_w, l->out_proj, l->ws};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    void *bufs[] = {l->ws, l->norm_w, l->in_proj, l->conv_w, l->A_log, l->dt_bias, l->out_norm_w, l->out_proj};
+    /* a shared layer owns its workspace only; the weights are its owner's */
+    const size_t owned = l->owner != NULL ? 1 : sizeof bufs / sizeof bufs[0];
+    for (size_t i = 0; i < owned; i++)
         gdp_buf_free(l->ctx, bufs[i]);
+    if (l->owner != NULL)
+        l->owner->sharers--;
     free(l->pack);
     if (l->blas)
         gdp_gemm_release(l->ctx);
@@ -330,10 +338,57 @@ fail:
     return st;
 }
 
+gdp_status_t gdp_layer_init_shared(gdp_layer_t *out, gdp_ctx_t ctx, gdp_layer_t src) {
+    static const char *op = "gdp_layer_init_shared";
+    if (out == NULL)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT, "%s: out must not be NULL", op);
+    *out = NULL;
+    GDP_CHECK(gdp_ctx_check(ctx, op));
+    GDP_CHECK(check_layer(src, op));
+    struct gdp_layer *owner = src->owner != NULL ? src->owner : src;
+    if (ctx->backend != owner->ctx->backend || ctx->device != owner->ctx->device)
+        GDP_FAIL(GDP_STATUS_INVALID_ARGUMENT,
+                 "%s: the weights live on the %s backend, device %d, but ctx is on the %s backend, device %d; share "
+                 "them with a ctx of the same device",
+                 op, owner->ctx->backend == GDP_BACKEND_CUDA ? "CUDA" : "CPU", owner->ctx->device,
+                 ctx->backend == GDP_BACKEND_CUDA ? "CUDA" : "CPU", ctx->device);
+    if (owner->comm != NULL || owner->cp_comm != NULL)
+        GDP_FAIL(GDP_STATUS_UNSUPPORTED,
+                 "%s: src is a layer of a TP or CP group (tp %d, cp %d), whose comm another stream cannot share; "
+                 "create each replica with gdp_layer_init and a comm of its own",
+                 op, owner->shard.tp_size, owner->cp.cp_size);
+    struct gdp_layer *l = gdp_calloc(1, sizeof *l, "gdp_layer");
+    if (l == NULL)
+        return GDP_STATUS_SYSTEM_ERROR;
+    *l = *owner; /* sizes, config and weight pointers */
+    l->ctx = ctx;
+    l->ws = NULL, l->ws_bytes = 0;
+    l->pack = NULL, l->n_pack = 0; /* cp = 1: none */
+    l->agreed_cache = 0;
+    l->blas = 0;
+    l->owner = owner;
+    l->sharers = 0;
+    const gdp_status_t st = gdp_gemm_acquire(ctx);
+    if (st != GDP_STATUS_SUCCESS) {
+        l->magic = l->magic_end = 0;
+        free(l);
+        return st;
+    }
+    l->blas = 1;
+    owner->sharers++;
+    *out = l;
+    return GDP_STATUS_SUCCESS;
+}
+
 gdp_status_t gdp_layer_free(gdp_layer_t layer) {
     if (layer == NULL)
         return GDP_STATUS_SUCCESS;
     GDP_CHECK(check_layer(layer, "gdp_layer_free"));
+    if (layer->sharers > 0)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "gdp_layer_free: %d layers made by gdp_layer_init_shared still use this layer's weights; free them "
+                 "first",
+                 layer->sharers);
     layer_destroy(layer);
     return GDP_STATUS_SUCCESS;
 }

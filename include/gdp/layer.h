@@ -75,7 +75,20 @@ GDP_API gdp_status_t gdp_layer_init(gdp_layer_t *out, gdp_ctx_t ctx, gdp_comm_t 
  * by G/tp), or cp_comm == comm with both of size > 1. */
 GDP_API gdp_status_t gdp_layer_init_cp(gdp_layer_t *out, gdp_ctx_t ctx, gdp_comm_t comm, gdp_comm_t cp_comm,
                                        const gdp_layer_weights *weights, gdp_tp_mode_t mode);
-/* Frees the layer and its workspace. NULL is a no-op. */
+/* A second layer over src's weights (not copied) with its own workspace, running on ctx: for
+ * several streams of one device that serve different requests at once (micro-batches, replicas),
+ * each with its own cache and plan. ctx must be on src's backend and device. The new layer is
+ * src's shard at tp = cp = 1 (a layer of a TP or CP group would share its comm across streams,
+ * whose collectives must keep one order: create each replica with gdp_layer_init and a comm of its
+ * own instead). src (or the layer it shares) must outlive it: gdp_layer_free refuses a layer whose
+ * weights others still share. Not thread-safe against another init or free of the same src.
+ * Errors (nothing allocated): INVALID_ARGUMENT (NULL, a ctx on another backend or device),
+ * INVALID_USAGE (src not a live layer), UNSUPPORTED (src of a TP or CP group), those of cuBLASLt's
+ * start on ctx. */
+GDP_API gdp_status_t gdp_layer_init_shared(gdp_layer_t *out, gdp_ctx_t ctx, gdp_layer_t src);
+/* Frees the layer and its workspace (and its weights, unless they are another layer's).
+ * GDP_STATUS_INVALID_USAGE, nothing freed, while layers made by gdp_layer_init_shared still
+ * share its weights (free those first). NULL is a no-op. */
 GDP_API gdp_status_t gdp_layer_free(gdp_layer_t layer);
 /* The shard the layer runs (config, tp rank and size, TP-local sizes). */
 GDP_API gdp_status_t gdp_layer_get_shard(gdp_layer_t layer, gdp_tp_shard *shard);
