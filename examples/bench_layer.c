@@ -232,6 +232,23 @@ typedef struct stack {
     gdp_tp_shard  shard;
 } stack;
 
+/* A stack's cache (sized for its layers' core, conv windows in the act dtype unless conv_fp32) and plan. */
+static void stack_finish(stack *s, const bench_env *e, gdp_ctx_t ctx, const gdp_step_bucket *buckets, int n_buckets,
+                         int32_t n_slots, bool conv_fp32, gdp_dtype_t ssm_dtype) {
+    gdp_cp_shard cs;
+    GDP_FATAL_IF_ERROR(e->comm, gdp_layer_get_cp_shard(s->layers[0], &cs));
+    gdp_cache_config cc;
+    GDP_FATAL_IF_ERROR(e->comm, gdp_cache_config_init_cp(&cc, &cs, n_slots));
+    /* conv windows in the act dtype: the same values as fp32 ones, half the bytes (as gdp-run) */
+    if (!conv_fp32)
+        GDP_FATAL_IF_ERROR(e->comm, gdp_layer_get_act_dtype(s->layers[0], &cc.conv_dtype));
+    cc.ssm_dtype = ssm_dtype;
+    GDP_FATAL_IF_ERROR(e->comm, gdp_cache_init(&s->cache, ctx, &cc));
+    gdp_plan_config pc = {.num_householder = s->shard.config.num_householder, .n_slots = n_slots,
+                          .max_decode_tokens = 1, .n_buckets = n_buckets, .buckets = buckets};
+    GDP_FATAL_IF_ERROR(e->comm, gdp_plan_init(&s->plan, ctx, &pc));
+}
+
 static void stack_init(stack *s, const bench_env *e, gdp_comm_t comm, gdp_comm_t tp_comm, gdp_comm_t cp_comm,
                        gdp_ctx_t ctx, const char *path, const gdp_step_bucket *buckets, int n_buckets,
                        int32_t n_slots, bool conv_fp32, gdp_dtype_t ssm_dtype) {
@@ -264,18 +281,21 @@ static void stack_init(stack *s, const bench_env *e, gdp_comm_t comm, gdp_comm_t
         gdp_layer_weights_free(&w);
     }
     gdp_checkpoint_free(ck);
-    gdp_cp_shard cs;
-    GDP_FATAL_IF_ERROR(e->comm, gdp_layer_get_cp_shard(s->layers[0], &cs));
-    gdp_cache_config cc;
-    GDP_FATAL_IF_ERROR(e->comm, gdp_cache_config_init_cp(&cc, &cs, n_slots));
-    /* conv windows in the act dtype: the same values as fp32 ones, half the bytes (as gdp-run) */
-    if (!conv_fp32)
-        GDP_FATAL_IF_ERROR(e->comm, gdp_layer_get_act_dtype(s->layers[0], &cc.conv_dtype));
-    cc.ssm_dtype = ssm_dtype;
-    GDP_FATAL_IF_ERROR(e->comm, gdp_cache_init(&s->cache, ctx, &cc));
-    gdp_plan_config pc = {.num_householder = cfg.num_householder, .n_slots = n_slots, .max_decode_tokens = 1,
-                          .n_buckets = n_buckets, .buckets = buckets};
-    GDP_FATAL_IF_ERROR(e->comm, gdp_plan_init(&s->plan, ctx, &pc));
+    stack_finish(s, e, ctx, buckets, n_buckets, n_slots, conv_fp32, ssm_dtype);
+}
+
+/* A stack over src's weights (gdp_layer_init_shared: tp = cp = 1) on ctx, with its own cache and plan. */
+static void stack_init_shared(stack *s, const bench_env *e, const stack *src, gdp_ctx_t ctx,
+                              const gdp_step_bucket *buckets, int n_buckets, int32_t n_slots, bool conv_fp32,
+                              gdp_dtype_t ssm_dtype) {
+    memset(s, 0, sizeof *s);
+    s->cp_size = 1;
+    s->n_layers = src->n_layers;
+    s->layers = calloc((size_t)s->n_layers, sizeof *s->layers);
+    for (int32_t l = 0; l < s->n_layers; l++)
+        GDP_FATAL_IF_ERROR(e->comm, gdp_layer_init_shared(&s->layers[l], ctx, src->layers[l]));
+    s->shard = src->shard;
+    stack_finish(s, e, ctx, buckets, n_buckets, n_slots, conv_fp32, ssm_dtype);
 }
 
 static void stack_free(stack *s) {
@@ -400,10 +420,11 @@ static int64_t count_wrong(const float *in, const float *a, const float *b, int6
     return wrong;
 }
 
-/* The --split experiment: a decode batch as micro-batches, each on its own stack, ctx and
- * stream, captured as the parallel branches of one graph. Rows never meet inside a layer at
- * one rank, so the branches are independent; the question is how much of one micro-batch's
- * launch- and latency-bound kernels the GPU hides behind another's. */
+/* The --split experiment: a decode batch as micro-batches, each on its own stack (the main
+ * stack's weights, shared: gdp_layer_init_shared; its own cache, plan and workspaces), ctx and
+ * stream, captured as the parallel branches of one graph. Rows never meet inside a layer at one
+ * rank, so the branches are independent; the question is how much of one micro-batch's launch-
+ * and latency-bound kernels the GPU hides behind another's. */
 #define MAX_SPLIT 8
 
 typedef struct micro_batches {
@@ -415,7 +436,7 @@ typedef struct micro_batches {
 } micro_batches;
 
 #ifdef GDP_HAVE_CUDA
-static void split_init(micro_batches *mb, const bench_env *e, int n, const char *path, const gdp_step_bucket *buckets,
+static void split_init(micro_batches *mb, const bench_env *e, int n, const stack *src, const gdp_step_bucket *buckets,
                        int n_buckets, int32_t n_slots, int64_t rows, int64_t D, bool conv_fp32, gdp_dtype_t ssm_dtype) {
     memset(mb, 0, sizeof *mb);
     mb->n = n;
@@ -430,7 +451,7 @@ static void split_init(micro_batches *mb, const bench_env *e, int n, const char 
             mb->stream[s] = st;
             GDP_FATAL_IF_ERROR(e->comm, gdp_ctx_set_stream(mb->ctx[s], st));
         }
-        stack_init(&mb->st[s], e, NULL, NULL, NULL, mb->ctx[s], path, buckets, n_buckets, n_slots, conv_fp32, ssm_dtype);
+        stack_init_shared(&mb->st[s], e, src, mb->ctx[s], buckets, n_buckets, n_slots, conv_fp32, ssm_dtype);
         mb->x[s] = buf_alloc(e, sizeof(float) * (size_t)(rows * D));
     }
 }
@@ -548,9 +569,9 @@ static int layer_table(layer_opts *o, bench_opt *t) {
          "T/C rows around it (docs/cp.md; CP groups over MPI)",
          &o->cp, 1, 1 << 20, NULL},
         {"split", 'x', BENCH_OPT_INT, "1",
-         "also time each decode batch as this many micro-batches, each on its own stack, ctx and stream, the "
-         "branches of one graph (CUDA, one rank): how much of a step the small kernels of one micro-batch can hide "
-         "behind another's",
+         "also time each decode batch as this many micro-batches, each on its own stack (the weights shared), ctx and "
+         "stream, the branches of one graph (CUDA, one rank): how much of a step the small kernels of one micro-batch "
+         "can hide behind another's",
          &o->split, 1, 8, NULL},
     };
     _Static_assert(sizeof opts / sizeof opts[0] <= BENCH_MAX_OPTS, "the table outgrows BENCH_MAX_OPTS");
@@ -675,7 +696,7 @@ int gdp_bench_layer_main(int argc, char **argv) {
         }
         if (nmb == 0)
             GDP_FATAL(e.comm, "gdp-bench layer: --split %d divides none of the decode batches", o.split);
-        split_init(&mb, &e, o.split, path, mbuckets, nmb, max_vb + 1, max_vb < 2 ? 2 : max_vb, D, conv_fp32,
+        split_init(&mb, &e, o.split, &tp, mbuckets, nmb, max_vb + 1, max_vb < 2 ? 2 : max_vb, D, conv_fp32,
                    ssm_dtype);
 #else
         GDP_FATAL(e.comm, "gdp-bench layer: --split needs a build with CUDA");
@@ -838,13 +859,13 @@ int gdp_bench_layer_main(int argc, char **argv) {
     }
     free(host_in), free(host_a), free(host_b), free(times);
     buf_free(&e, x), buf_free(&e, xr);
+#ifdef GDP_HAVE_CUDA
+    if (mb.n > 1) /* before tp: they share its weights */
+        split_free(&mb, &e);
+#endif
     stack_free(&tp);
     if (o.check)
         stack_free(&ref);
-#ifdef GDP_HAVE_CUDA
-    if (mb.n > 1)
-        split_free(&mb, &e);
-#endif
     MPI_Comm_free(&node);
     if (cp > 1) {
         gdp_comm_free(cp_comm);
