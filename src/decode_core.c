@@ -31,6 +31,12 @@ gdp_status_t gdp_decode_conv_prepare(gdp_ctx_t ctx, const gdp_conv1d_update_args
     static const char *op = "gdp_decode_conv_prepare";
     GDP_CHECK(front_pair_check(op, conv != NULL ? &conv->y : NULL, prep));
     GDP_CHECK(gdp_conv1d_update_check(ctx, conv, "gdp_causal_conv1d_update"));
+    /* with debug checks the prepare's value checks read conv->y, which the conv writes first: the two
+     * ops in order, each with its own checks (as the prefill front) */
+    if (ctx->debug_checks) {
+        GDP_CHECK(gdp_causal_conv1d_update(ctx, conv));
+        return gdp_decode_prepare(ctx, prep);
+    }
     GDP_CHECK(gdp_prepare_check(ctx, prep, 1, "gdp_decode_prepare"));
 #ifdef GDP_HAVE_CUDA
     if (ctx->backend == GDP_BACKEND_CUDA) {

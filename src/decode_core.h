@@ -32,7 +32,8 @@ gdp_status_t gdp_gated_rmsnorm_check(gdp_ctx_t ctx, const gdp_tensor *out, const
  * the same outputs (query, key, value, beta, g and the conv state) bit for bit. On CUDA,
  * with one token per request, no conv snapshots, width 4, 16-byte runs and at most 64
  * requests (measured: faster there, slower at 256; kernels/decode_core.cu), one launch
- * that never writes conv->y (its contents are then unspecified); otherwise the two ops. */
+ * that never writes conv->y (its contents are then unspecified); otherwise, and with debug checks
+ * on (the prepare's value checks read conv->y), the two ops. */
 gdp_status_t gdp_decode_conv_prepare(gdp_ctx_t ctx, const gdp_conv1d_update_args *conv, const gdp_prepare_args *prep);
 
 /* gdp_causal_conv1d_varlen(conv) then gdp_prefill_prepare(prep), where prep->x is conv->y
