@@ -206,37 +206,19 @@ template <int VEC, int DT> __global__ void __launch_bounds__(CORE_THREADS) decod
     }
 
     /* prepare's copies of those channels (y in the act dtype: store_vec rounds as the chain's
-     * store did). Offsets within a request in 32 bits (a request's q, k and v elements are far
-     * below 2^31; 64-bit division was a software loop per thread). */
-    const int64_t value_elems = (int64_t)M * H * p.P, kq_elems = (int64_t)M * H * N;
-    const int32_t ch = u * VEC;
-    if (ch < (int32_t)p.k_base) { /* value[(m), h, :] = x[(m*H + h)*P + :] */
-        store_vec_from_float<VEC>(p.value, act, b * value_elems + ch, y);
-    } else if (ch < (int32_t)p.q_base) { /* key[(m), h, c] = x[K_BASE + (m*G + h/hpg)*N + c] for each h of the group */
-        const int32_t kk = ch - (int32_t)p.k_base;
-        const int32_t c = kk % N, mg = kk / N, grp = mg % p.G, m = mg / p.G;
-        for (int32_t i = 0; i < p.hpg; i++) {
-            const int32_t h = grp * p.hpg + i;
-            store_vec_from_float<VEC>(p.key, act, b * kq_elems + ((m * H + h) * N + c), y);
-        }
-    } else { /* query[(M-1), h, c] = x[Q_BASE + (h/hpg)*N + c]; zeros on the other copies */
-        const int32_t qq = ch - (int32_t)p.q_base;
-        const int32_t c = qq % N, grp = qq / N;
-        float zero[VEC];
+     * store did) */
+    float zero[VEC];
 #pragma unroll
-        for (int k = 0; k < VEC; k++)
-            zero[k] = 0.0f;
-        for (int32_t i = 0; i < p.hpg; i++) {
-            const int32_t h = grp * p.hpg + i;
-            for (int32_t m = 0; m < M; m++) { /* two calls, not a choice of arrays: that would put both on the stack */
-                const int64_t at = b * kq_elems + ((m * H + h) * N + c);
-                if (m == M - 1)
-                    store_vec_from_float<VEC>(p.query, act, at, y);
-                else
-                    store_vec_from_float<VEC>(p.query, act, at, zero);
-            }
-        }
-    }
+    for (int k = 0; k < VEC; k++)
+        zero[k] = 0.0f;
+    prepare_copy_targets(u * VEC, b, M, H, p.G, p.P, N, p.hpg, p.k_base, p.q_base, p.value, p.key, p.query,
+                         [&](void *dst, int64_t at, bool z) { /* two calls, not a choice of arrays: that would
+                                                                 put both on the stack */
+                             if (z)
+                                 store_vec_from_float<VEC>(dst, act, at, zero);
+                             else
+                                 store_vec_from_float<VEC>(dst, act, at, y);
+                         });
 }
 
 } // namespace

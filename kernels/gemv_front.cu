@@ -147,21 +147,8 @@ __device__ __forceinline__ void front_unit(const GemvFrontParams &p, int64_t b, 
         *reinterpret_cast<uint2 *>(win_at) = make_uint2((old.x >> 16) | (old.y << 16), (old.y >> 16) | (xbits << 16));
     }
     const T zero = Pair<T>::from_f(0.0f);
-    const int64_t value_elems = (int64_t)M * H * p.P, kq_elems = (int64_t)M * H * N;
-    const int32_t ch = unit.j;
-    if (ch < p.k_base) { /* value[(m), h, :] = x[(m*H + h)*P + :] */
-        static_cast<T *>(p.value)[b * value_elems + ch] = y;
-    } else if (ch < p.q_base) { /* key[(m), h, c] = x[K_BASE + (m*G + h/hpg)*N + c] for each h of the group */
-        const int32_t kk = ch - p.k_base, c = kk % N, mg = kk / N, grp = mg % p.G, m = mg / p.G;
-        for (int32_t i = 0; i < p.hpg; i++)
-            static_cast<T *>(p.key)[b * kq_elems + ((int64_t)(m * H + grp * p.hpg + i) * N + c)] = y;
-    } else { /* query[(M-1), h, c] = x[Q_BASE + (h/hpg)*N + c]; zeros on the other copies */
-        const int32_t qq = ch - p.q_base, c = qq % N, grp = qq / N;
-        for (int32_t i = 0; i < p.hpg; i++)
-            for (int32_t m = 0; m < M; m++)
-                static_cast<T *>(p.query)[b * kq_elems + ((int64_t)(m * H + grp * p.hpg + i) * N + c)] =
-                    m == M - 1 ? y : zero;
-    }
+    prepare_copy_targets(unit.j, b, M, H, p.G, p.P, N, p.hpg, p.k_base, p.q_base, p.value, p.key, p.query,
+                         [&](void *dst, int64_t at, bool z) { static_cast<T *>(dst)[at] = z ? zero : y; });
 }
 
 /* Blocks an SM the launch bounds ask for: 6 (40 registers, no spill by ptxas) where one column a
