@@ -117,6 +117,17 @@ static void sync_backend(const bench_env *e) {
 #endif
 }
 
+#ifdef GDP_HAVE_CUDA
+/* A non-blocking stream of its own for a CUDA ctx (graphs cannot capture the legacy one). */
+static void *ctx_own_stream(gdp_comm_t comm, gdp_ctx_t ctx) {
+    cudaStream_t st = NULL;
+    if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess)
+        GDP_FATAL(comm, "cudaStreamCreateWithFlags failed");
+    GDP_FATAL_IF_ERROR(comm, gdp_ctx_set_stream(ctx, st));
+    return st;
+}
+#endif
+
 /* MPI (if nobody did), the comm and the ctx on the requested backend ("auto": CUDA when this
  * build has it and every rank can create a CUDA context). */
 static int env_init(bench_env *e, int *argc, char ***argv, const char *backend) {
@@ -157,13 +168,8 @@ static int env_init(bench_env *e, int *argc, char ***argv, const char *backend) 
     }
     GDP_FATAL_IF_ERROR(e->comm, gdp_ctx_init(&e->ctx, e->backend, e->device));
 #ifdef GDP_HAVE_CUDA
-    if (cuda) {
-        cudaStream_t st = NULL;
-        if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess)
-            GDP_FATAL(e->comm, "cudaStreamCreateWithFlags failed");
-        e->stream = st;
-        GDP_FATAL_IF_ERROR(e->comm, gdp_ctx_set_stream(e->ctx, e->stream));
-    }
+    if (cuda)
+        e->stream = ctx_own_stream(e->comm, e->ctx);
 #endif
     return 0;
 }
@@ -444,12 +450,8 @@ static void split_init(micro_batches *mb, const bench_env *e, int n, const stack
         if (s == 0) {
             mb->ctx[0] = e->ctx, mb->stream[0] = e->stream;
         } else {
-            cudaStream_t st = NULL;
             GDP_FATAL_IF_ERROR(e->comm, gdp_ctx_init(&mb->ctx[s], GDP_BACKEND_CUDA, e->device));
-            if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess)
-                GDP_FATAL(e->comm, "cudaStreamCreateWithFlags failed");
-            mb->stream[s] = st;
-            GDP_FATAL_IF_ERROR(e->comm, gdp_ctx_set_stream(mb->ctx[s], st));
+            mb->stream[s] = ctx_own_stream(e->comm, mb->ctx[s]);
         }
         stack_init_shared(&mb->st[s], e, src, mb->ctx[s], buckets, n_buckets, n_slots, conv_fp32, ssm_dtype);
         mb->x[s] = buf_alloc(e, sizeof(float) * (size_t)(rows * D));
