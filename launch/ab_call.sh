@@ -22,7 +22,8 @@
 # name over gdp-run's decode-heavy workload cut to GDP_CALL_PROF_NEW (default 6) new tokens; split
 # (not by default), the layer bench's decode rows GDP_CALL_SPLIT_BATCHES also as GDP_CALL_SPLITS micro-batches
 # on their own streams (--split), under each GDP_DECODE_BLOCKS_PER_SM of GDP_CALL_SPLIT_BPS (default "0 1 items"),
-# two rounds; gemmfront (not by default), in_proj with the decode front: test_conv1d_gpu, the layer and engine GPU
+# two rounds; python (not by default), the Python package's torch GPU tests and its decode bench beside the C call
+# (a libgdp.so linked there from the pack); gemmfront (not by default), in_proj with the decode front: test_conv1d_gpu, the layer and engine GPU
 # tests under GDP_GEMM_FRONT=fused, then the layer's decode rows GDP_CALL_GF_BATCHES (default 1,2,4,8) with cuBLASLt and
 # the front (chain), the skinny GEMV and the front (skinny) and the one launch (fused), two rounds. The A/B
 # runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
@@ -215,6 +216,23 @@ stage_floor() { # what a kernel boundary costs against a grid barrier (kernels/d
         timeout 120 /tmp/launch_floor >>"$OUT/floor.log" 2>&1
     echo "launch_floor rc=$?"
     cat "$OUT/floor.log"
+}
+stage_python() { # the Python package on the GPU: its torch tests and the decode bench beside the C call (issue 14's
+    # "within 1 us" row), against a libgdp.so linked here from the pack's static library (its objects are PIC)
+    g++ -shared -o /tmp/libgdp.so -Wl,--whole-archive "$P/main/libgdp.a" -Wl,--no-whole-archive \
+        -L/usr/local/cuda/lib64 -L/usr/local/cuda/targets/x86_64-linux/lib -lcudart -lcublasLt -lnccl \
+        -L"$JANSSON_HOME/lib/x86_64-linux-gnu" -ljansson -lopenblas $(mpicc --showme:link 2>/dev/null) -lstdc++ -lm \
+        >"$OUT/python.log" 2>&1
+    echo "libgdp.so link rc=$?"
+    if python3 -c "import pytest" 2>/dev/null; then
+        GDP_LIBRARY=/tmp/libgdp.so timeout 200 python3 -m pytest -q -rs python/tests/test_torch_gpu.py >>"$OUT/python.log" 2>&1
+        echo "pytest test_torch_gpu.py rc=$?"
+    else
+        echo "no pytest on this machine: test_torch_gpu.py not run"
+    fi
+    (cd python/tests && GDP_LIBRARY=/tmp/libgdp.so PYTHONPATH=$PWD/.. timeout 120 python3 bench_decode_gpu.py) >>"$OUT/python.log" 2>&1
+    echo "bench_decode_gpu.py rc=$?"
+    tail -12 "$OUT/python.log"
 }
 stage_ab() {
     GDP_AB_TESTS=last GDP_AB_SEGMENTS="${GDP_CALL_AB_SEGMENTS:-off auto}" \
