@@ -23,7 +23,9 @@
 # (not by default), the layer bench's decode rows GDP_CALL_SPLIT_BATCHES also as GDP_CALL_SPLITS micro-batches
 # on their own streams (--split), under each GDP_DECODE_BLOCKS_PER_SM of GDP_CALL_SPLIT_BPS (default "0 1 items"),
 # two rounds; python (not by default), the Python package's torch GPU tests and its decode bench beside the C call
-# (a libgdp.so linked there from the pack); gemmfront (not by default), in_proj with the decode front: test_conv1d_gpu, the layer and engine GPU
+# (a libgdp.so linked there from the pack); packab (not by default), main of a second pack (GDP_CALL_PACK_B) against
+# the first's: its GEMM, conv, layer, engine and recurrent GPU tests, then the ops gemm rows and the layer's decode
+# rows of both, alternated (GDP_CALL_PAB_SKINNY, GDP_CALL_PAB_BATCHES); gemmfront (not by default), in_proj with the decode front: test_conv1d_gpu, the layer and engine GPU
 # tests under GDP_GEMM_FRONT=fused, then the layer's decode rows GDP_CALL_GF_BATCHES (default 1,2,4,8) with cuBLASLt and
 # the front (chain), the skinny GEMV and the front (skinny) and the one launch (fused), two rounds. The A/B
 # runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
@@ -60,6 +62,40 @@ if [ $lrc -ne 0 ]; then
         ./launch/h200-suite.sh hopperab >"$final/ab.log" 2>&1
     exit
 fi
+# a second pack (GDP_CALL_PACK_B, built from another commit), linked beside the first for stage packab
+PB=/tmp/ab_call_pack_b/pack
+if [ -n "${GDP_CALL_PACK_B:-}" ]; then
+    mkdir -p /tmp/ab_call_pack_b && tar -xJf "$GDP_CALL_PACK_B" -C /tmp/ab_call_pack_b &&
+        launch/prebuilt.sh link "$PB" >"$OUT/link_b.log" 2>&1
+    echo "pack b link rc=$?"
+fi
+stage_packab() { # main of GDP_CALL_PACK (a) against main of GDP_CALL_PACK_B (b): b's GEMM, conv, layer, engine and
+    # recurrent GPU tests, then per round (two) and GDP_GEMM_SKINNY value (GDP_CALL_PAB_SKINNY, default "auto on")
+    # gdp-bench ops --op gemm and the layer bench's decode rows (GDP_CALL_PAB_BATCHES, default 1,2,4,8,64) of a then b
+    local t round tree sk
+    [ -x "$PB/main/bin/gdp-bench" ] || { echo "packab: no pack b (GDP_CALL_PACK_B)"; return; }
+    for t in "1 test_gemm_gpu" "1 test_conv1d_gpu" "1 test_layer_tp_gpu_nccl_np1 --backend cuda --comm nccl" \
+        "2 test_layer_tp_gpu_np2 --backend cuda" "2 test_engine_gpu_np2 --backend cuda" "1 test_recurrent_gpu"; do
+        set -- $t
+        timeout 150 mpirun -n "$1" "$PB/main/bin/$2" "${@:3}" >"$OUT/pab_$2.log" 2>&1
+        echo "b: $2 rc=$?"
+        grep -E "checks|FAIL|skipped" "$OUT/pab_$2.log" | tail -2
+    done
+    for round in 1 2; do
+        for sk in ${GDP_CALL_PAB_SKINNY:-auto on}; do
+            for tree in a b; do
+                local bin=$P/main/bin
+                [ $tree = b ] && bin=$PB/main/bin
+                echo "## round $round tree $tree GDP_GEMM_SKINNY=$sk" | tee -a "$OUT/pab_ops.log" >>"$OUT/pab_layer.log"
+                GDP_GEMM_SKINNY=$sk timeout 120 "$bin/gdp-bench" ops --op gemm >>"$OUT/pab_ops.log" 2>&1
+                GDP_GEMM_SKINNY=$sk timeout 90 mpirun -n 1 "$bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 \
+                    -n 128 -m 2 -D ${GDP_CALL_PAB_BATCHES:-1,2,4,8,64} -P 64 >>"$OUT/pab_layer.log" 2>&1
+            done
+        done
+    done
+    grep -E "^## |^#  *op|gemm " "$OUT/pab_ops.log" | head -80
+    grep -E "^## |^ *decode|wrong" "$OUT/pab_layer.log" | head -80
+}
 stage_decode() { decode_stage "$P/main/bin/test_recurrent_gpu" "$P/main/bin/gdp-bench" "$OUT"; } # (ab_lib.sh)
 stage_fusedrace() { # racecheck of the fused kernel's first launches on every tree (the fused-* experiments)
     local tree_dir tree

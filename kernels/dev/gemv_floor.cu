@@ -18,6 +18,7 @@
  *     (clamped rows, no branch) or staged in shared memory by the block first; u4 / u8 fence: A-reg
  *     with every sum made to depend on a word of every load of the trip (x & 0 with a run-time 0), so
  *     that ptxas cannot sink the loads between the multiplies (it does, to save registers: SASS);
+ *     u4 / u8 smem fence: A staged in shared memory, the fence over the weight's loads only;
  *   - ksplit2 / ksplit4: 2 or 4 warps a column, each a contiguous part of k in one trip, the partial
  *     sums added in a fixed order through shared memory (more warps, more bytes in flight early);
  *   - w2 u4 (A-reg): a warp two columns, four chunks each in flight (the library's CPW = 2 form).
@@ -113,7 +114,7 @@ template <int R, int CPW, int U, int AM> __global__ void __launch_bounds__(WARPS
     extern __shared__ uint4 a_smem[];
     const int lane = threadIdx.x & 31;
     const int64_t col0 = ((int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5)) * CPW;
-    if (AM == 2) {
+    if (AM == 2 || AM == 4) {
         const int n16 = a.rows * a.k / 8;
         for (int i = threadIdx.x; i < n16; i += blockDim.x)
             a_smem[i] = __ldg(reinterpret_cast<const uint4 *>(a.A) + i);
@@ -169,13 +170,26 @@ template <int R, int CPW, int U, int AM> __global__ void __launch_bounds__(WARPS
                         acc[r][c] = dot8(acc[r][c], av[r][u], bv[c][u]);
             continue;
         }
+        if (AM == 4) { /* the fence over the weight's loads only (A from shared memory) */
+            uint32_t dep = 0;
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int c = 0; c < CPW; c++)
+                    dep ^= bv[c][u].x;
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int c = 0; c < CPW; c++)
+                    acc[r][c] = __uint_as_float(__float_as_uint(acc[r][c]) | (dep & a.zero));
+        }
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (r < a.rows) {
                     const int at = r * a.k + base + u * 256 + lane * 8;
-                    const uint4 av = AM == 2 ? a_smem[at / 8] : __ldg(reinterpret_cast<const uint4 *>(a.A + at));
+                    const uint4 av = AM >= 2 ? a_smem[at / 8] : __ldg(reinterpret_cast<const uint4 *>(a.A + at));
 #pragma unroll
                     for (int c = 0; c < CPW; c++)
                         acc[r][c] = dot8(acc[r][c], av, bv[c][u]);
@@ -244,7 +258,7 @@ struct Case {
 template <int R> void launch_read(const Args &a, cudaStream_t s, int sms) { read_kernel<<<sms * 8, 256, 0, s>>>(a); }
 template <int R, int CPW, int U, int AM> void launch_warp(const Args &a, cudaStream_t s, int) {
     const int64_t warps = (a.n + CPW - 1) / CPW;
-    const size_t smem = AM == 2 ? (size_t)a.rows * a.k * sizeof(bf16) : 0;
+    const size_t smem = AM == 2 || AM == 4 ? (size_t)a.rows * a.k * sizeof(bf16) : 0;
     warp_kernel<R, CPW, U, AM><<<(unsigned)((warps + WARPS - 1) / WARPS), WARPS * 32, smem, s>>>(a);
 }
 template <int R, int S> void launch_ksplit(const Args &a, cudaStream_t s, int) {
@@ -261,6 +275,8 @@ template <int R> std::vector<Case> cases() {
             {"u8 A-reg", launch_warp<R, 1, 8, 1>, true},
             {"u8 fence", launch_warp<R, 1, 8, 3>, true},
             {"u8 A-smem", launch_warp<R, 1, 8, 2>, true},
+            {"u4 smem fence", launch_warp<R, 1, 4, 4>, true},
+            {"u8 smem fence", launch_warp<R, 1, 8, 4>, true},
             {"w2 u4", launch_warp<R, 2, 4, 0>, true},
             {"w2 u4 A-reg", launch_warp<R, 2, 4, 1>, true},
             {"w2 u4 fence", launch_warp<R, 2, 4, 3>, true},
