@@ -70,12 +70,14 @@ if [ -n "${GDP_CALL_PACK_B:-}" ]; then
     echo "pack b link rc=$?"
 fi
 stage_packab() { # main of GDP_CALL_PACK (a) against main of GDP_CALL_PACK_B (b): b's GEMM, conv, layer, engine and
-    # recurrent GPU tests, then per round (two) and GDP_GEMM_SKINNY value (GDP_CALL_PAB_SKINNY, default "auto on")
+    # recurrent GPU tests (GDP_CALL_PAB_TESTS=gemv: the GEMM and conv ones only), then per round (two) and GDP_GEMM_SKINNY value (GDP_CALL_PAB_SKINNY, default "auto on")
     # gdp-bench ops --op gemm and the layer bench's decode rows (GDP_CALL_PAB_BATCHES, default 1,2,4,8,64) of a then b
     local t round tree sk
     [ -x "$PB/main/bin/gdp-bench" ] || { echo "packab: no pack b (GDP_CALL_PACK_B)"; return; }
-    for t in "1 test_gemm_gpu" "1 test_conv1d_gpu" "1 test_layer_tp_gpu_nccl_np1 --backend cuda --comm nccl" \
-        "2 test_layer_tp_gpu_np2 --backend cuda" "2 test_engine_gpu_np2 --backend cuda" "1 test_recurrent_gpu"; do
+    local tests=("1 test_gemm_gpu" "1 test_conv1d_gpu" "1 test_layer_tp_gpu_nccl_np1 --backend cuda --comm nccl"
+        "2 test_layer_tp_gpu_np2 --backend cuda" "2 test_engine_gpu_np2 --backend cuda" "1 test_recurrent_gpu")
+    [ "${GDP_CALL_PAB_TESTS:-all}" = gemv ] && tests=("1 test_gemm_gpu" "1 test_conv1d_gpu")
+    for t in "${tests[@]}"; do
         set -- $t
         timeout 150 mpirun -n "$1" "$PB/main/bin/$2" "${@:3}" >"$OUT/pab_$2.log" 2>&1
         echo "b: $2 rc=$?"
