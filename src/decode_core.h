@@ -108,8 +108,9 @@ bool gdp_norm_gemm_fuses(gdp_ctx_t ctx, const gdp_norm_gemm_args *a);
  * token a request, width 4, every tensor of the front in C's 16-bit dtype), one launch: the skinny
  * kernel's product (not cuBLASLt's) and then the front, bit for bit, with conv->y left unwritten.
  * GDP_GEMM_FRONT, read at every call: fused takes the one launch wherever it fits, chain the two
- * ops, auto (unset or empty) the two ops until the one launch is measured faster in the layer step
- * (kernels/NOTES-ops.md, thirty-third session); any other value is GDP_STATUS_INVALID_USAGE before
+ * ops, auto (unset or empty) the two ops (the one launch measured no faster in the layer step than
+ * the skinny GEMM and the front, both slower than cuBLASLt and the front: kernels/NOTES-ops.md,
+ * thirty-fourth session); any other value is GDP_STATUS_INVALID_USAGE before
  * anything runs. Both ops' checks run first, so a refused call writes nothing (with debug checks
  * on, the two ops run in order, each with its own checks: the front's read C after the GEMM). */
 typedef struct gdp_gemm_front_args {
