@@ -70,7 +70,7 @@ if [ -n "${GDP_CALL_PACK_B:-}" ]; then
     echo "pack b link rc=$?"
 fi
 stage_packab() { # main of GDP_CALL_PACK (a) against main of GDP_CALL_PACK_B (b): b's GEMM, conv, layer, engine and
-    # recurrent GPU tests (GDP_CALL_PAB_TESTS=gemv: the GEMM and conv ones only), then per round (two) and GDP_GEMM_SKINNY value (GDP_CALL_PAB_SKINNY, default "auto on")
+    # recurrent GPU tests (GDP_CALL_PAB_TESTS=gemv: the GEMM and conv ones only), then per round (GDP_CALL_PAB_ROUNDS, default 2) and GDP_GEMM_SKINNY value (GDP_CALL_PAB_SKINNY, default "auto on")
     # gdp-bench ops --op gemm and the layer bench's decode rows (GDP_CALL_PAB_BATCHES, default 1,2,4,8,64) of a then b
     local t round tree sk
     [ -x "$PB/main/bin/gdp-bench" ] || { echo "packab: no pack b (GDP_CALL_PACK_B)"; return; }
@@ -83,7 +83,7 @@ stage_packab() { # main of GDP_CALL_PACK (a) against main of GDP_CALL_PACK_B (b)
         echo "b: $2 rc=$?"
         grep -E "checks|FAIL|skipped" "$OUT/pab_$2.log" | tail -2
     done
-    for round in 1 2; do
+    for round in $(seq 1 "${GDP_CALL_PAB_ROUNDS:-2}"); do
         for sk in ${GDP_CALL_PAB_SKINNY:-auto on}; do
             for tree in a b; do
                 local bin=$P/main/bin
