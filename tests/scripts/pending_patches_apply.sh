@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# pending_patches_apply.sh ROOT: every kernels/chunk/pending/*.patch still applies to this tree
+# pending_patches_apply.sh ROOT: every kernels/chunk/pending/*.patch and kernels/pending/*.patch still applies to this tree
 # (git apply --check, which also works in a copy without .git), unless its header marks it as a
 # record ("Record:" at the start of a header line): a kernel change measured on the device later
 # is made from these patches (launch/h200-suite.sh hopperab, GDP_AB_PATCHES), so an edit of main that
@@ -10,7 +10,7 @@ cd "$root" || exit 1
 . launch/ab_lib.sh # pending_is_record
 shopt -s nullglob
 rc=0 checked=0
-for pf in kernels/chunk/pending/*.patch; do
+for pf in kernels/chunk/pending/*.patch kernels/pending/*.patch; do
     if pending_is_record "$pf"; then
         echo "skip   $pf (a record)"
         continue
