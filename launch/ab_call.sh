@@ -25,7 +25,10 @@
 # two rounds; python (not by default), the Python package's torch GPU tests and its decode bench beside the C call
 # (a libgdp.so linked there from the pack); packab (not by default), main of a second pack (GDP_CALL_PACK_B) against
 # the first's: its GEMM, conv, layer, engine and recurrent GPU tests, then the ops gemm rows and the layer's decode
-# rows of both, alternated (GDP_CALL_PAB_SKINNY, GDP_CALL_PAB_BATCHES); gemmfront (not by default), in_proj with the decode front: test_conv1d_gpu, the layer and engine GPU
+# rows of both, alternated (GDP_CALL_PAB_SKINNY, GDP_CALL_PAB_BATCHES); gemvfloor (not by default),
+# kernels/dev/gemv_floor.cu built and run there; gemvprof (not by default), ncu's detailed set
+# (throughput, occupancy, warp stalls) of the layer's one-row kernels, with cuBLASLt's in_proj and the skinny one;
+# gemmfront (not by default), in_proj with the decode front: test_conv1d_gpu, the layer and engine GPU
 # tests under GDP_GEMM_FRONT=fused, then the layer's decode rows GDP_CALL_GF_BATCHES (default 1,2,4,8) with cuBLASLt and
 # the front (chain), the skinny GEMV and the front (skinny) and the one launch (fused), two rounds. The A/B
 # runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
@@ -271,6 +274,27 @@ stage_python() { # the Python package on the GPU: its torch tests and the decode
     (cd python/tests && GDP_LIBRARY=/tmp/libgdp.so PYTHONPATH=$PWD/.. timeout 120 python3 bench_decode_gpu.py) >>"$OUT/python.log" 2>&1
     echo "bench_decode_gpu.py rc=$?"
     tail -12 "$OUT/python.log"
+}
+stage_gemvprof() { # ncu's detail of the layer's one-row kernels (why the projections run at a third of the copy rate)
+    command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
+    local env
+    for env in "GDP_GEMM_SKINNY=auto" "GDP_GEMM_SKINNY=on"; do
+        echo "## $env" >>"$OUT/gemvprof.txt"
+        env $env timeout 200 ncu --clock-control none --set detailed \
+            --kernel-name regex:"norm_gemv|nvjet|gemv_nt|decode_core|recurrent_rows|norm_fast" --launch-count 12 \
+            "$P/main/bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 -D 1 -P 64 -w 1 -i 1 -c 0 \
+            >>"$OUT/gemvprof.txt" 2>&1
+        echo "ncu gemvprof $env rc=$?"
+    done
+    grep -E "^## |^  [a-zA-Z_<].*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per Thread|Warp Cycles Per Issued|One or More Eligible|Theoretical Occupancy" \
+        "$OUT/gemvprof.txt" | head -150
+}
+stage_gemvfloor() { # the one-to-four-row GEMV forms against a plain read (kernels/dev/gemv_floor.cu, built here: seconds)
+    command -v nvcc >/dev/null || PATH=$PATH:/usr/local/cuda/bin
+    nvcc -O3 -arch=sm_90 -diag-suppress 128 -o /tmp/gemv_floor kernels/dev/gemv_floor.cu >"$OUT/gemv_floor.log" 2>&1 &&
+        timeout 120 /tmp/gemv_floor >>"$OUT/gemv_floor.log" 2>&1
+    echo "gemv_floor rc=$?"
+    cat "$OUT/gemv_floor.log"
 }
 stage_ab() {
     GDP_AB_TESTS=last GDP_AB_SEGMENTS="${GDP_CALL_AB_SEGMENTS:-off auto}" \
