@@ -291,7 +291,7 @@ stage_gemvprof() { # ncu's detail of the layer's one-row kernels (why the projec
 }
 stage_gemvfloor() { # the one-to-four-row GEMV forms against a plain read (kernels/dev/gemv_floor.cu, built here: seconds)
     command -v nvcc >/dev/null || PATH=$PATH:/usr/local/cuda/bin
-    nvcc -O3 -arch=sm_90 -diag-suppress 128 -o /tmp/gemv_floor kernels/dev/gemv_floor.cu >"$OUT/gemv_floor.log" 2>&1 &&
+    nvcc -O3 -arch=sm_90 -diag-suppress 128 -Iinclude -Ikernels -o /tmp/gemv_floor kernels/dev/gemv_floor.cu >"$OUT/gemv_floor.log" 2>&1 &&
         timeout 120 /tmp/gemv_floor >>"$OUT/gemv_floor.log" 2>&1
     echo "gemv_floor rc=$?"
     cat "$OUT/gemv_floor.log"

@@ -3,8 +3,8 @@
  * weights on this GPU, against a plain read of the same bytes: the measurement under issue 11's
  * B = 1 layer step, where ncu puts cuBLASLt's in_proj (7728 x 2048, 31.7 MB) at 14.7 us and the
  * gated norm with out_proj (2048 x 2048, 8.4 MB) at 11.8 us on the H100 (thirty-fourth session),
- * against 9.5 and 2.5 us of bytes at the copy rate. A developer tool with no library dependency:
- *   nvcc -O3 -arch=sm_90 -o gemv_floor kernels/dev/gemv_floor.cu && ./gemv_floor
+ * against 9.5 and 2.5 us of bytes at the copy rate. A developer tool that links nothing of the library (it includes its GEMV product's helpers):
+ *   nvcc -O3 -arch=sm_90 -Iinclude -Ikernels -o gemv_floor kernels/dev/gemv_floor.cu && ./gemv_floor
  * Each case is a chain of launches over distinct copies of the weight (together over three times the
  * L2, so no launch finds its weight in L2, as in a layer step whose weights exceed it), captured as
  * one CUDA graph and replayed; us a launch = a replay's median time / the chain's length, so a
@@ -34,6 +34,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "gemv_math.cuh"
+
 #define CK(call)                                                                                             \
     do {                                                                                                     \
         const cudaError_t e_ = (call);                                                                       \
@@ -44,35 +46,10 @@
     } while (0)
 
 typedef __nv_bfloat16 bf16;
-constexpr int WARPS = 8, REPLAYS = 30;
+constexpr int WARPS = GEMV_WARPS, REPLAYS = 30;
 
-__device__ __forceinline__ uint4 load_stream(const void *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
-
-__device__ __forceinline__ float dot8(float acc, const uint4 &a, const uint4 &b) {
-    const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-    for (int w = 0; w < 4; w++) {
-        const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&aw[w]));
-        const float2 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&bw[w]));
-        acc = fmaf(x.x, y.x, acc);
-        acc = fmaf(x.y, y.y, acc);
-    }
-    return acc;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
+/* load_stream, dot8 and warp_sum: the library's own (gemv_math.cuh, norm_math.cuh), so every form here
+ * streams and sums as gemv_sums does */
 struct Args {
     int rows, n, k;
     const bf16 *A; /* [rows, k] */
@@ -167,7 +144,7 @@ template <int R, int CPW, int U, int AM> __global__ void __launch_bounds__(WARPS
                 for (int r = 0; r < R; r++)
 #pragma unroll
                     for (int c = 0; c < CPW; c++)
-                        acc[r][c] = dot8(acc[r][c], av[r][u], bv[c][u]);
+                        acc[r][c] = dot8<bf16>(acc[r][c], av[r][u], bv[c][u]);
             continue;
         }
         if (AM == 4) { /* the fence over the weight's loads only (A from shared memory) */
@@ -192,7 +169,7 @@ template <int R, int CPW, int U, int AM> __global__ void __launch_bounds__(WARPS
                     const uint4 av = AM >= 2 ? a_smem[at / 8] : __ldg(reinterpret_cast<const uint4 *>(a.A + at));
 #pragma unroll
                     for (int c = 0; c < CPW; c++)
-                        acc[r][c] = dot8(acc[r][c], av, bv[c][u]);
+                        acc[r][c] = dot8<bf16>(acc[r][c], av, bv[c][u]);
                 }
             }
     }
@@ -230,7 +207,7 @@ template <int R, int S> __global__ void __launch_bounds__(WARPS * 32) ksplit_ker
                     if (r < a.rows) {
                         const uint4 av =
                             __ldg(reinterpret_cast<const uint4 *>(a.A + r * a.k + s * span + u * 256 + lane * 8));
-                        acc[r] = dot8(acc[r], av, bv[u]);
+                        acc[r] = dot8<bf16>(acc[r], av, bv[u]);
                     }
     }
 #pragma unroll
