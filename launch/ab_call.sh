@@ -73,8 +73,9 @@ if [ -n "${GDP_CALL_PACK_B:-}" ]; then
     echo "pack b link rc=$?"
 fi
 stage_packab() { # main of GDP_CALL_PACK (a) against main of GDP_CALL_PACK_B (b): b's GEMM, conv, layer, engine and
-    # recurrent GPU tests (GDP_CALL_PAB_TESTS=gemv: the GEMM and conv ones only), then per round (GDP_CALL_PAB_ROUNDS, default 2) and GDP_GEMM_SKINNY value (GDP_CALL_PAB_SKINNY, default "auto on")
-    # gdp-bench ops --op gemm and the layer bench's decode rows (GDP_CALL_PAB_BATCHES, default 1,2,4,8,64) of a then b
+    # recurrent GPU tests (GDP_CALL_PAB_TESTS=gemv: the GEMM and conv ones only), then per round (GDP_CALL_PAB_ROUNDS,
+    # default 2) and GDP_GEMM_SKINNY value (GDP_CALL_PAB_SKINNY, default "auto on") gdp-bench ops --op gemm and the
+    # layer bench's decode rows (GDP_CALL_PAB_BATCHES, default 1,2,4,8,64) of a, then of b
     local t round tree sk
     [ -x "$PB/main/bin/gdp-bench" ] || { echo "packab: no pack b (GDP_CALL_PACK_B)"; return; }
     local tests=("1 test_gemm_gpu" "1 test_conv1d_gpu" "1 test_layer_tp_gpu_nccl_np1 --backend cuda --comm nccl"
