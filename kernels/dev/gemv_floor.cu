@@ -21,7 +21,9 @@
  *     u4 / u8 smem fence: A staged in shared memory, the fence over the weight's loads only;
  *   - ksplit2 / ksplit4: 2 or 4 warps a column, each a contiguous part of k in one trip, the partial
  *     sums added in a fixed order through shared memory (more warps, more bytes in flight early);
- *   - w2 u4 (A-reg): a warp two columns, four chunks each in flight (the library's CPW = 2 form).
+ *   - w2 u4 (A-reg): a warp two columns, four chunks each in flight (the library's CPW = 2 form);
+ *   - bulk: a warp a column moved whole into shared memory by the copy engine (one cp.async.bulk
+ *     on the warp's mbarrier), A staged in shared memory, no load held in registers.
  * Every GEMV's C is checked against a host product of the same bf16 values (relative error < 1e-2).
  */
 #include <algorithm>
@@ -34,6 +36,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "chunk/mma.cuh" /* mbarriers */
 #include "gemv_math.cuh"
 
 #define CK(call)                                                                                             \
@@ -226,6 +229,54 @@ template <int R, int S> __global__ void __launch_bounds__(WARPS * 32) ksplit_ker
     }
 }
 
+/* A warp a column by the copy engine: lane 0 moves the whole column (k elements, one
+ * cp.async.bulk) into the warp's shared buffer, counted on the warp's mbarrier, while the block
+ * stages A in shared memory; then the lanes multiply from shared memory in gemv_sums' order (chunk
+ * lane * 8 + 256 i). No register holds a load in flight, so occupancy is set by shared memory. */
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
+template <int R> __global__ void __launch_bounds__(WARPS * 32) bulk_kernel(const Args a) {
+    extern __shared__ __align__(128) unsigned char bulk_smem[];
+    uint64_t *bar = reinterpret_cast<uint64_t *>(bulk_smem);
+    bf16 *As = reinterpret_cast<bf16 *>(bulk_smem + 128);
+    bf16 *Bs = As + ((a.rows * a.k + 63) / 64) * 64;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t col = (int64_t)blockIdx.x * WARPS + warp;
+    if (threadIdx.x < WARPS)
+        mbar_init(&bar[threadIdx.x], 1);
+    fence_mbar_init();
+    __syncthreads();
+    if (lane == 0 && col < a.n) {
+        mbar_arrive_expect_tx(&bar[warp], (uint32_t)a.k * 2u);
+        bulk_copy(Bs + warp * a.k, a.B + col * a.k, (uint32_t)a.k * 2u, &bar[warp]);
+    }
+    const int n16 = a.rows * a.k / 8;
+    for (int i = threadIdx.x; i < n16; i += blockDim.x)
+        reinterpret_cast<uint4 *>(As)[i] = __ldg(reinterpret_cast<const uint4 *>(a.A) + i);
+    __syncthreads();
+    if (col >= a.n)
+        return;
+    mbar_wait(&bar[warp], 0);
+    float acc[R] = {};
+    for (int idx = lane * 8; idx < a.k; idx += 256) {
+        const uint4 b = *reinterpret_cast<const uint4 *>(Bs + warp * a.k + idx);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (r < a.rows)
+                acc[r] = dot8<bf16>(acc[r], *reinterpret_cast<const uint4 *>(As + r * a.k + idx), b);
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0 && r < a.rows)
+            a.C[r * a.n + col] = __float2bfloat16_rn(v);
+    }
+}
+
 struct Case {
     const char *name;
     void (*launch)(const Args &, cudaStream_t, int sms);
@@ -243,6 +294,11 @@ template <int R, int S> void launch_ksplit(const Args &a, cudaStream_t s, int) {
     ksplit_kernel<R, S><<<(unsigned)((a.n + COLS - 1) / COLS), WARPS * 32, 0, s>>>(a);
 }
 
+template <int R> void launch_bulk(const Args &a, cudaStream_t s, int) {
+    const size_t smem = 128 + (size_t)((a.rows * a.k + 63) / 64) * 64 * sizeof(bf16) + (size_t)WARPS * a.k * sizeof(bf16);
+    CK(cudaFuncSetAttribute(bulk_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    bulk_kernel<R><<<(unsigned)((a.n + WARPS - 1) / WARPS), WARPS * 32, smem, s>>>(a);
+}
 template <int R> std::vector<Case> cases() {
     return {{"read", launch_read<R>, false},
             {"warp u4", launch_warp<R, 1, 4, 0>, true},
@@ -258,7 +314,8 @@ template <int R> std::vector<Case> cases() {
             {"w2 u4 A-reg", launch_warp<R, 2, 4, 1>, true},
             {"w2 u4 fence", launch_warp<R, 2, 4, 3>, true},
             {"ksplit2", launch_ksplit<R, 2>, true},
-            {"ksplit4", launch_ksplit<R, 4>, true}};
+            {"ksplit4", launch_ksplit<R, 4>, true},
+            {"bulk", launch_bulk<R>, true}};
 }
 
 static float bf(bf16 x) { return __bfloat162float(x); }
