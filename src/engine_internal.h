@@ -231,7 +231,8 @@ gdp_status_t eng_check(const struct gdp_engine *e, const char *op);
 
 /* engine_sched.c */
 gdp_status_t eng_make_buckets(struct gdp_engine *e);
-int32_t      eng_bucket_for(const struct gdp_engine *e, int32_t S, int32_t n_decode, int32_t prefill_tokens);
+int32_t      eng_bucket_for(const struct gdp_engine *e, int32_t S, int32_t n_decode, int32_t prefill_tokens,
+                            int32_t n_prefill);
 gdp_status_t eng_validate_workload(const struct gdp_engine *e, const gdp_workload *wl, int64_t *total_new);
 gdp_status_t eng_run_init(struct gdp_engine *e, run *r, const gdp_workload *wl, int32_t keep_logits,
                           int first_logits);

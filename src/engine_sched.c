@@ -25,10 +25,27 @@ static int32_t level_at_least(const int32_t *levels, int32_t n, int32_t v) {
     return -1;
 }
 
+/* The prefill request entries of the buckets at prefill-token level pt (top: the largest level).
+ * Every step of a bucket has that many (padding ones are empty), and each costs a layer its
+ * initial state's gather (the state's bytes: 1 MB at H 16, 128 x 128, fp32, zeros for a padding
+ * entry) and a head row, so a level takes one entry per GDP_CHUNK_SIZE tokens, at least
+ * ENG_MIN_PREFILL_ENTRIES, at most max_prefill; the top level takes max_prefill, so every step has
+ * a bucket (eng_bucket_for moves a step with more slices than its level's entries up a level). */
+enum { ENG_MIN_PREFILL_ENTRIES = 4 };
+static int32_t prefill_entries(const struct gdp_engine *e, int32_t pt, bool top) {
+    if (pt == 0)
+        return 0;
+    int32_t n = top ? e->max_prefill : pt / GDP_CHUNK_SIZE;
+    if (n < ENG_MIN_PREFILL_ENTRIES)
+        n = ENG_MIN_PREFILL_ENTRIES;
+    return n < e->max_prefill ? n : e->max_prefill;
+}
+
 /* Buckets for S = 1 and S = S_max: decode counts 0, 1, 2, 4 .. n_slots x prefill tokens
  * 0, 64, 128, 256 .. budget; rows = max(2, decode * S + prefill) (never a one-row GEMM),
- * with CP at least 2 per CP rank and rounded up to a multiple of cp (equal row blocks).
- * A bucket's head samples decode * S + (prefill ? max_prefill : 0) rows, padded. */
+ * with CP at least 2 per CP rank and rounded up to a multiple of cp (equal row blocks);
+ * prefill_entries(level) prefill requests. A bucket's head samples decode * S + its prefill
+ * requests rows, padded. */
 gdp_status_t eng_make_buckets(struct gdp_engine *e) {
     const gdp_engine_config *c = &e->cfg;
     int32_t nd = 0, np = 0;
@@ -61,13 +78,13 @@ gdp_status_t eng_make_buckets(struct gdp_engine *e) {
                 }
                 const int32_t cp = e->cp.cp_size, need = dc * S + pt < 2 * cp ? 2 * cp : dc * S + pt;
                 const int32_t rows = (need + cp - 1) / cp * cp;
-                e->buckets[n] = (gdp_step_bucket){.decode_count = dc, .prefill_count = pt ? e->max_prefill : 0,
-                                                  .token_count = rows};
+                const int32_t entries = prefill_entries(e, pt, pi == np - 1);
+                e->buckets[n] = (gdp_step_bucket){.decode_count = dc, .prefill_count = entries, .token_count = rows};
                 if (rows > e->max_rows)
                     e->max_rows = rows;
                 e->bucket_S[n] = S;
                 /* the head samples every decode row and one row per prefill slice */
-                e->bucket_head[n] = dc * S + (pt ? e->max_prefill : 0);
+                e->bucket_head[n] = dc * S + entries;
                 if (e->bucket_head[n] > e->max_head)
                     e->max_head = e->bucket_head[n];
                 *slot = n++;
@@ -77,13 +94,20 @@ gdp_status_t eng_make_buckets(struct gdp_engine *e) {
     return GDP_STATUS_SUCCESS;
 }
 
-int32_t eng_bucket_for(const struct gdp_engine *e, int32_t S, int32_t n_decode, int32_t prefill_tokens) {
+int32_t eng_bucket_for(const struct gdp_engine *e, int32_t S, int32_t n_decode, int32_t prefill_tokens,
+                       int32_t n_prefill) {
     const int32_t si = S > 1 ? 1 : 0;
     const int32_t di = level_at_least(e->dec_levels, e->n_dec_levels, n_decode);
     const int32_t pi = level_at_least(e->pre_levels, e->n_pre_levels, prefill_tokens);
     if (di < 0 || pi < 0 || (S > 1 && S != e->S_max))
         return -1;
-    return e->bucket_of[(si * e->n_dec_levels + di) * e->n_pre_levels + pi];
+    /* the smallest prefill level that holds both the tokens and the slices */
+    for (int32_t p = pi; p < e->n_pre_levels; p++) {
+        const int32_t b = e->bucket_of[(si * e->n_dec_levels + di) * e->n_pre_levels + p];
+        if (b >= 0 && e->buckets[b].prefill_count >= n_prefill)
+            return b;
+    }
+    return -1;
 }
 /* ---- the root's run state ---------------------------------------------------------------- */
 
@@ -482,10 +506,11 @@ gdp_status_t eng_compose(struct gdp_engine *e, run *r, step_plan *sp, double t0,
         f[F_STEP] = (int32_t)step_no, f[F_SWAP_OUT] = n_out, f[F_SWAP_IN] = n_in, f[F_DECODE] = n_dec, f[F_S] = S;
         f[F_PREFILL] = n_pre, f[F_TOKENS] = n_tok;
         if (n_dec > 0 || n_pre > 0) {
-            sp->desc.bucket = eng_bucket_for(e, S, n_dec, pre_tokens);
+            sp->desc.bucket = eng_bucket_for(e, S, n_dec, pre_tokens, n_pre);
             if (sp->desc.bucket < 0)
-                GDP_FAIL(GDP_STATUS_INTERNAL_ERROR, "engine: no bucket for S %d, %d decode requests, %d prefill tokens",
-                         S, n_dec, pre_tokens);
+                GDP_FAIL(GDP_STATUS_INTERNAL_ERROR,
+                         "engine: no bucket for S %d, %d decode requests, %d prefill tokens in %d slices", S, n_dec,
+                         pre_tokens, n_pre);
             f[F_HEAD] = compose_head(e, r, sp, S, n_dec, n_pre);
             f[F_KIND] = FRAME_STEP;
             break;

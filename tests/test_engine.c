@@ -6,7 +6,8 @@
  *     seeded prompts; every error names the file, line and field and leaves *out alone), the
  *     synthetic generator and its spec parser, the checkpoint's model tensors, the model's
  *     embedding and LM head against a double-precision reference (and a one-row request
- *     getting the same bits as in a batch), engine config errors, and a TP = 1 run over a
+ *     getting the same bits as in a batch), the step buckets (every composable step has one that
+ *     holds it, and few slices take few entries), engine config errors, and a TP = 1 run over a
  *     JSONL file whose results file matches the results API.
  *
  *   (default, mpi, np 4; 2 and 1 work too): one seeded checkpoint; every TP size t in
@@ -51,6 +52,7 @@
 #include "gdp/comm.h"
 #include "gdp/engine.h"
 #include "gdp/model.h"
+#include "engine_internal.h" /* the step buckets (engine_sched.c) */
 #include "test_common.h"
 #include "test_gpu.h"
 
@@ -200,6 +202,53 @@ static void units_workload(long job) {
     gdp_workload_free(&a), gdp_workload_free(&b);
     printf("workloads: JSONL fields, defaults, order, seeded prompts, 12 refused files; synthetic spec and "
            "generator: checked\n");
+}
+
+/* The step buckets (engine_sched.c): every step the scheduler can compose (decode requests up to
+ * the slots, S = 1 or S_max, prefill tokens within the budget's rest, 1 .. min(tokens, max_prefill)
+ * slices) has a bucket that holds its decode rows, tokens and slices with S; a bucket's head holds
+ * its decode rows and one row per slice entry; and a step of few slices does not pay for
+ * max_prefill of them: below the largest level, a level's slice entries are one per 64 of its
+ * tokens, at least 4, so a step whose slices fit that room takes at most max(4, 2 * tokens / 64)
+ * entries (its level is under twice its tokens). */
+static void units_buckets(void) {
+    struct gdp_engine e;
+    memset(&e, 0, sizeof e);
+    e.cfg.n_slots = 24, e.cfg.max_step_tokens = 1152, e.S_max = 3, e.cp.cp_size = 1, e.max_prefill = 24;
+    CHECK(eng_make_buckets(&e) == GDP_STATUS_SUCCESS, "eng_make_buckets failed");
+    const int32_t top = e.pre_levels[e.n_pre_levels - 1];
+    int64_t steps = 0, small = 0;
+    for (int32_t S = 1; S <= e.S_max; S += e.S_max - 1)
+        for (int32_t n_dec = 0; n_dec <= e.cfg.n_slots; n_dec++)
+            for (int32_t tokens = 0; tokens <= e.cfg.max_step_tokens - n_dec * S; tokens += tokens < 130 ? 1 : 37)
+                for (int32_t n_pre = tokens > 0; n_pre <= (tokens < e.max_prefill ? tokens : e.max_prefill); n_pre++) {
+                    if (n_dec == 0 && tokens == 0)
+                        continue;
+                    const int32_t b = eng_bucket_for(&e, S, n_dec, tokens, n_pre);
+                    steps++;
+                    if (b < 0 || b >= e.n_buckets) {
+                        CHECK(0, "no bucket for S %d, %d decode, %d tokens in %d slices", S, n_dec, tokens, n_pre);
+                        continue;
+                    }
+                    const gdp_step_bucket *k = &e.buckets[b];
+                    CHECK(e.bucket_S[b] == S && k->decode_count >= n_dec && k->prefill_count >= n_pre &&
+                              k->token_count >= n_dec * S + tokens && e.bucket_head[b] >= n_dec * S + n_pre &&
+                              e.bucket_head[b] <= e.max_head,
+                          "S %d, %d decode, %d tokens in %d slices: bucket %d (S %d, decode %d, %d slices, %d rows, "
+                          "head %d)",
+                          S, n_dec, tokens, n_pre, b, e.bucket_S[b], k->decode_count, k->prefill_count,
+                          k->token_count, e.bucket_head[b]);
+                    const int32_t room = 2 * tokens / 64 > 4 ? 2 * tokens / 64 : 4;
+                    if (tokens > 0 && tokens <= top / 2 && n_pre <= tokens / 64) {
+                        small++;
+                        CHECK(k->prefill_count <= room, "%d tokens in %d slices: %d slice entries, more than %d",
+                              tokens, n_pre, k->prefill_count, room);
+                    }
+                }
+    CHECK(small > 1000, "only %lld steps of few slices checked", (long long)small);
+    printf("step buckets: %d buckets, %lld steps each in a bucket that holds it (%lld of few slices in a small one)\n",
+           e.n_buckets, (long long)steps, (long long)small);
+    free(e.bucket_of), free(e.buckets), free(e.bucket_S), free(e.bucket_head);
 }
 
 static void units_model(long job) {
@@ -987,6 +1036,7 @@ int main(int argc, char **argv) {
     if (units) {
         const long job = (long)getpid();
         units_workload(job);
+        units_buckets();
         units_model(job);
         return test_finish("test_engine_units");
     }
