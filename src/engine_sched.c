@@ -29,8 +29,9 @@ static int32_t level_at_least(const int32_t *levels, int32_t n, int32_t v) {
  * Every step of a bucket has that many (padding ones are empty), and each costs a layer its
  * initial state's gather (the state's bytes: 1 MB at H 16, 128 x 128, fp32, zeros for a padding
  * entry) and a head row, so a level takes one entry per GDP_CHUNK_SIZE tokens, at least
- * ENG_MIN_PREFILL_ENTRIES, at most max_prefill; the top level takes max_prefill, so every step has
- * a bucket (eng_bucket_for moves a step with more slices than its level's entries up a level). */
+ * ENG_MIN_PREFILL_ENTRIES, at most max_prefill; the top level (the budget's second copy, where
+ * there is one) takes max_prefill, so every step has a bucket (eng_bucket_for moves a step with
+ * more slices than its level's entries up a level). */
 enum { ENG_MIN_PREFILL_ENTRIES = 4 };
 static int32_t prefill_entries(const struct gdp_engine *e, int32_t pt, bool top) {
     if (pt == 0)
@@ -42,7 +43,7 @@ static int32_t prefill_entries(const struct gdp_engine *e, int32_t pt, bool top)
 }
 
 /* Buckets for S = 1 and S = S_max: decode counts 0, 1, 2, 4 .. n_slots x prefill tokens
- * 0, 64, 128, 256 .. budget; rows = max(2, decode * S + prefill) (never a one-row GEMM),
+ * 0, 64, 128, 256 .. budget (the budget twice: its own entries, then max_prefill); rows = max(2, decode * S + prefill) (never a one-row GEMM),
  * with CP at least 2 per CP rank and rounded up to a multiple of cp (equal row blocks);
  * prefill_entries(level) prefill requests. A bucket's head samples decode * S + its prefill
  * requests rows, padded. */
@@ -57,6 +58,11 @@ gdp_status_t eng_make_buckets(struct gdp_engine *e) {
     for (int32_t p = GDP_CHUNK_SIZE; p < c->max_step_tokens; p *= 2)
         e->pre_levels[np++] = p;
     e->pre_levels[np++] = c->max_step_tokens;
+    /* the budget's level once more where its entries (prefill_entries) are fewer than max_prefill:
+     * the first copy has those, the last max_prefill, so a full step of a few slices does not pay
+     * for max_prefill of them and a step of many short slices still has a bucket */
+    if (prefill_entries(e, c->max_step_tokens, false) < e->max_prefill)
+        e->pre_levels[np++] = c->max_step_tokens;
     e->n_dec_levels = nd, e->n_pre_levels = np;
     const int32_t n_s = e->S_max > 1 ? 2 : 1;
     e->bucket_of = gdp_calloc((size_t)(n_s * nd * np), sizeof(int32_t), "the engine's bucket table");

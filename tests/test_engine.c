@@ -208,15 +208,14 @@ static void units_workload(long job) {
  * the slots, S = 1 or S_max, prefill tokens within the budget's rest, 1 .. min(tokens, max_prefill)
  * slices) has a bucket that holds its decode rows, tokens and slices with S; a bucket's head holds
  * its decode rows and one row per slice entry; and a step of few slices does not pay for
- * max_prefill of them: below the largest level, a level's slice entries are one per 64 of its
- * tokens, at least 4, so a step whose slices fit that room takes at most max(4, 2 * tokens / 64)
- * entries (its level is under twice its tokens). */
+ * max_prefill of them: a level's slice entries are one per 64 of its tokens, at least 4 (the
+ * budget's level comes twice, the second with max_prefill), so a step whose slices fit that room
+ * takes at most max(4, 2 * tokens / 64) entries (its level is under twice its tokens). */
 static void units_buckets(void) {
     struct gdp_engine e;
     memset(&e, 0, sizeof e);
     e.cfg.n_slots = 24, e.cfg.max_step_tokens = 1152, e.S_max = 3, e.cp.cp_size = 1, e.max_prefill = 24;
     CHECK(eng_make_buckets(&e) == GDP_STATUS_SUCCESS, "eng_make_buckets failed");
-    const int32_t top = e.pre_levels[e.n_pre_levels - 1];
     int64_t steps = 0, small = 0;
     for (int32_t S = 1; S <= e.S_max; S += e.S_max - 1)
         for (int32_t n_dec = 0; n_dec <= e.cfg.n_slots; n_dec++)
@@ -239,7 +238,7 @@ static void units_buckets(void) {
                           S, n_dec, tokens, n_pre, b, e.bucket_S[b], k->decode_count, k->prefill_count,
                           k->token_count, e.bucket_head[b]);
                     const int32_t room = 2 * tokens / 64 > 4 ? 2 * tokens / 64 : 4;
-                    if (tokens > 0 && tokens <= top / 2 && n_pre <= tokens / 64) {
+                    if (tokens > 0 && n_pre <= tokens / 64) {
                         small++;
                         CHECK(k->prefill_count <= room, "%d tokens in %d slices: %d slice entries, more than %d",
                               tokens, n_pre, k->prefill_count, room);
