@@ -3,7 +3,8 @@
  * weights on this GPU, against a plain read of the same bytes: the measurement under issue 11's
  * B = 1 layer step, where ncu puts cuBLASLt's in_proj (7728 x 2048, 31.7 MB) at 14.7 us and the
  * gated norm with out_proj (2048 x 2048, 8.4 MB) at 11.8 us on the H100 (thirty-fourth session),
- * against 9.5 and 2.5 us of bytes at the copy rate. A developer tool that links nothing of the library (it includes its GEMV product's helpers):
+ * against 9.5 and 2.5 us of bytes at the copy rate. A developer tool that links nothing of the
+ * library (it includes its GEMV product's helpers):
  *   nvcc -O3 -arch=sm_90 -Iinclude -Ikernels -o gemv_floor kernels/dev/gemv_floor.cu && ./gemv_floor
  * Each case is a chain of launches over distinct copies of the weight (together over three times the
  * L2, so no launch finds its weight in L2, as in a layer step whose weights exceed it), captured as
@@ -13,7 +14,9 @@
  *   - read: every block streams its share of the weight (16-byte loads, four in flight a thread):
  *     the floor a kernel of this size reaches;
  *   - warp u4: a warp a column, four 16-byte chunks a lane in flight, then the next four, A read a
- *     chunk at a time behind `if (r < rows)` (the library's gemv_sums today: two trips at k = 2048);
+ *     chunk at a time behind `if (r < rows)`: gemv_sums' source form (two trips at k = 2048), though
+ *     ptxas schedules it differently here (it sinks the weight's loads too; in the library, with
+ *     its `idx < k` guards, it issues them together: kernels/NOTES-ops.md, thirty-fourth session);
  *   - u4 / u8 A-reg, A-smem: four or eight chunks a trip with A's chunks loaded beside the weight's
  *     (clamped rows, no branch) or staged in shared memory by the block first; u4 / u8 fence: A-reg
  *     with every sum made to depend on a word of every load of the trip (x & 0 with a run-time 0), so
@@ -296,7 +299,11 @@ template <int R, int S> void launch_ksplit(const Args &a, cudaStream_t s, int) {
 
 template <int R> void launch_bulk(const Args &a, cudaStream_t s, int) {
     const size_t smem = 128 + (size_t)((a.rows * a.k + 63) / 64) * 64 * sizeof(bf16) + (size_t)WARPS * a.k * sizeof(bf16);
-    CK(cudaFuncSetAttribute(bulk_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    static size_t allowed = 0; /* once an instantiation and size, not at every captured launch */
+    if (smem > allowed) {
+        CK(cudaFuncSetAttribute(bulk_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        allowed = smem;
+    }
     bulk_kernel<R><<<(unsigned)((a.n + WARPS - 1) / WARPS), WARPS * 32, smem, s>>>(a);
 }
 template <int R> std::vector<Case> cases() {
