@@ -25,7 +25,8 @@
 # two rounds; python (not by default), the Python package's torch GPU tests and its decode bench beside the C call
 # (a libgdp.so linked there from the pack); packab (not by default), main of a second pack (GDP_CALL_PACK_B) against
 # the first's: its GEMM, conv, layer, engine and recurrent GPU tests, then the ops gemm rows and the layer's decode
-# rows of both, alternated (GDP_CALL_PAB_SKINNY, GDP_CALL_PAB_BATCHES); gemvfloor (not by default),
+# rows of both, alternated (GDP_CALL_PAB_SKINNY, GDP_CALL_PAB_BATCHES); serveab (not by default), the serving
+# workloads of main of both packs, alternated (GDP_CALL_SA_ROUNDS); gemvfloor (not by default),
 # kernels/dev/gemv_floor.cu built and run there; gemvprof (not by default), ncu's detailed set
 # (throughput, occupancy, warp stalls) of the layer's one-row kernels, with cuBLASLt's in_proj and the skinny one;
 # gemmfront (not by default), in_proj with the decode front: test_conv1d_gpu, the layer and engine GPU
@@ -133,6 +134,24 @@ stage_serve() {
         timeout 60 "$P/main/bin/gdp-run" --model "$ckpt" --progress 0 $serve_mixed $v >>"$OUT/serve.log" 2>&1
     done
     grep -E "^## |wall time|time to first|preemptions" "$OUT/serve.log"
+}
+stage_serveab() { # the two serving workloads of main of a (GDP_CALL_PACK) against main of b (GDP_CALL_PACK_B),
+    # alternated a, b for GDP_CALL_SA_ROUNDS rounds (default 2), default options: an engine change's A/B
+    local ckpt=/tmp/gdp_serve_model.safetensors round tree w bin
+    [ -x "$PB/main/bin/gdp-run" ] || { echo "serveab: no pack b (GDP_CALL_PACK_B)"; return; }
+    "$P/main/bin/gdp-run" "${serve_model[@]}" --write-model "$ckpt" >/dev/null
+    for round in $(seq 1 "${GDP_CALL_SA_ROUNDS:-2}"); do
+        for w in decode mixed; do
+            for tree in a b; do
+                bin=$P/main/bin
+                [ $tree = b ] && bin=$PB/main/bin
+                echo "## round $round tree $tree $w" >>"$OUT/serveab.log"
+                if [ $w = decode ]; then set -- $serve_decode; else set -- $serve_mixed; fi
+                timeout 120 "$bin/gdp-run" --model "$ckpt" --progress 0 "$@" >>"$OUT/serveab.log" 2>&1
+            done
+        done
+    done
+    grep -E "^## |wall time|time to first|time per output|throughput|^steps|^  [a-z]|floor" "$OUT/serveab.log" | grep -v "^  rank\|^  [0-9]"
 }
 # ranks2_run RANKS TREE LABEL WORKLOAD: gdp-run of TREE on RANKS ranks into ranks2.log (stage ranks2)
 ranks2_run() {
