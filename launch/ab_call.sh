@@ -25,8 +25,9 @@
 # two rounds; python (not by default), the Python package's torch GPU tests and its decode bench beside the C call
 # (a libgdp.so linked there from the pack); packab (not by default), main of a second pack (GDP_CALL_PACK_B) against
 # the first's: its GEMM, conv, layer, engine and recurrent GPU tests, then the ops gemm rows and the layer's decode
-# rows of both, alternated (GDP_CALL_PAB_SKINNY, GDP_CALL_PAB_BATCHES); serveab (not by default), the serving
-# workloads of main of both packs, alternated (GDP_CALL_SA_ROUNDS); gemvfloor (not by default),
+# rows of both, alternated (GDP_CALL_PAB_TREE, a tree of the first pack instead; GDP_CALL_PAB_SKINNY, GDP_CALL_PAB_BATCHES); serveab (not by default), the serving
+# workloads of two trees, alternated (GDP_CALL_SA_ROUNDS; b: GDP_CALL_SA_TREE of the first pack or main of the
+# second, as packab's GDP_CALL_PAB_TREE); gemvfloor (not by default),
 # kernels/dev/gemv_floor.cu built and run there; gemvprof (not by default), ncu's detailed set
 # (throughput, occupancy, warp stalls) of the layer's one-row kernels, with cuBLASLt's in_proj and the skinny one;
 # gemmfront (not by default), in_proj with the decode front: test_conv1d_gpu, the layer and engine GPU
@@ -73,18 +74,22 @@ if [ -n "${GDP_CALL_PACK_B:-}" ]; then
         launch/prebuilt.sh link "$PB" >"$OUT/link_b.log" 2>&1
     echo "pack b link rc=$?"
 fi
-stage_packab() { # main of GDP_CALL_PACK (a) against main of GDP_CALL_PACK_B (b): b's GEMM, conv, layer, engine and
+b_bin() { # b_bin TREE: the binaries of the A/B's side b: TREE of the first pack when named, else main of pack b
+    if [ -n "$1" ]; then echo "$P/$1/bin"; else echo "$PB/main/bin"; fi
+}
+stage_packab() { # main of GDP_CALL_PACK (a) against main of GDP_CALL_PACK_B, or its tree GDP_CALL_PAB_TREE (b): b's GEMM, conv, layer, engine and
     # recurrent GPU tests (GDP_CALL_PAB_TESTS=gemv: the GEMM and conv ones only), then per round (GDP_CALL_PAB_ROUNDS,
     # default 2) and GDP_GEMM_SKINNY value (GDP_CALL_PAB_SKINNY, default "auto on") gdp-bench ops --op gemm and the
     # layer bench's decode rows (GDP_CALL_PAB_BATCHES, default 1,2,4,8,64) of a, then of b
-    local t round tree sk
-    [ -x "$PB/main/bin/gdp-bench" ] || { echo "packab: no pack b (GDP_CALL_PACK_B)"; return; }
+    local t round tree sk bbin
+    bbin=$(b_bin "${GDP_CALL_PAB_TREE:-}")
+    [ -x "$bbin/gdp-bench" ] || { echo "packab: no tree b ($bbin)"; return; }
     local tests=("1 test_gemm_gpu" "1 test_conv1d_gpu" "1 test_layer_tp_gpu_nccl_np1 --backend cuda --comm nccl"
         "2 test_layer_tp_gpu_np2 --backend cuda" "2 test_engine_gpu_np2 --backend cuda" "1 test_recurrent_gpu")
     [ "${GDP_CALL_PAB_TESTS:-all}" = gemv ] && tests=("1 test_gemm_gpu" "1 test_conv1d_gpu")
     for t in "${tests[@]}"; do
         set -- $t
-        timeout 150 mpirun -n "$1" "$PB/main/bin/$2" "${@:3}" >"$OUT/pab_$2.log" 2>&1
+        timeout 150 mpirun -n "$1" "$bbin/$2" "${@:3}" >"$OUT/pab_$2.log" 2>&1
         echo "b: $2 rc=$?"
         grep -E "checks|FAIL|skipped" "$OUT/pab_$2.log" | tail -2
     done
@@ -92,7 +97,7 @@ stage_packab() { # main of GDP_CALL_PACK (a) against main of GDP_CALL_PACK_B (b)
         for sk in ${GDP_CALL_PAB_SKINNY:-auto on}; do
             for tree in a b; do
                 local bin=$P/main/bin
-                [ $tree = b ] && bin=$PB/main/bin
+                [ $tree = b ] && bin=$bbin
                 echo "## round $round tree $tree GDP_GEMM_SKINNY=$sk" | tee -a "$OUT/pab_ops.log" >>"$OUT/pab_layer.log"
                 GDP_GEMM_SKINNY=$sk timeout 120 "$bin/gdp-bench" ops --op gemm >>"$OUT/pab_ops.log" 2>&1
                 GDP_GEMM_SKINNY=$sk timeout 90 mpirun -n 1 "$bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 \
@@ -135,16 +140,18 @@ stage_serve() {
     done
     grep -E "^## |wall time|time to first|preemptions" "$OUT/serve.log"
 }
-stage_serveab() { # the two serving workloads of main of a (GDP_CALL_PACK) against main of b (GDP_CALL_PACK_B),
+stage_serveab() { # the two serving workloads of main of a (GDP_CALL_PACK) against b (main of GDP_CALL_PACK_B, or
+    # the first pack's tree GDP_CALL_SA_TREE),
     # alternated a, b for GDP_CALL_SA_ROUNDS rounds (default 2), default options: an engine change's A/B
-    local ckpt=/tmp/gdp_serve_model.safetensors round tree w bin
-    [ -x "$PB/main/bin/gdp-run" ] || { echo "serveab: no pack b (GDP_CALL_PACK_B)"; return; }
+    local ckpt=/tmp/gdp_serve_model.safetensors round tree w bin bbin
+    bbin=$(b_bin "${GDP_CALL_SA_TREE:-}")
+    [ -x "$bbin/gdp-run" ] || { echo "serveab: no tree b ($bbin)"; return; }
     "$P/main/bin/gdp-run" "${serve_model[@]}" --write-model "$ckpt" >/dev/null
     for round in $(seq 1 "${GDP_CALL_SA_ROUNDS:-2}"); do
         for w in decode mixed; do
             for tree in a b; do
                 bin=$P/main/bin
-                [ $tree = b ] && bin=$PB/main/bin
+                [ $tree = b ] && bin=$bbin
                 echo "## round $round tree $tree $w" >>"$OUT/serveab.log"
                 if [ $w = decode ]; then set -- $serve_decode; else set -- $serve_mixed; fi
                 timeout 120 "$bin/gdp-run" --model "$ckpt" --progress 0 "$@" >>"$OUT/serveab.log" 2>&1
