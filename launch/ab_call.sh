@@ -28,7 +28,8 @@
 # rows of both, alternated (GDP_CALL_PAB_TREE, a tree of the first pack instead; GDP_CALL_PAB_SKINNY, GDP_CALL_PAB_BATCHES); serveab (not by default), the serving
 # workloads of two trees, alternated (GDP_CALL_SA_ROUNDS; b: GDP_CALL_SA_TREE of the first pack or main of the
 # second, as packab's GDP_CALL_PAB_TREE); gemvfloor (not by default),
-# kernels/dev/gemv_floor.cu built and run there; gemvprof (not by default), ncu's detailed set
+# kernels/dev/gemv_floor.cu built and run there; opsdecode (not by default), main's decode op rows
+# twice, without decode's tests; gemvprof (not by default), ncu's detailed set
 # (throughput, occupancy, warp stalls) of the layer's one-row kernels, with cuBLASLt's in_proj and the skinny one;
 # gemmfront (not by default), in_proj with the decode front: test_conv1d_gpu, the layer and engine GPU
 # tests under GDP_GEMM_FRONT=fused, then the layer's decode rows GDP_CALL_GF_BATCHES (default 1,2,4,8) with cuBLASLt and
@@ -109,6 +110,13 @@ stage_packab() { # main of GDP_CALL_PACK (a) against main of GDP_CALL_PACK_B, or
     grep -E "^## |^ *decode|wrong" "$OUT/pab_layer.log" | head -80
 }
 stage_decode() { decode_stage "$P/main/bin/test_recurrent_gpu" "$P/main/bin/gdp-bench" "$OUT"; } # (ab_lib.sh)
+stage_opsdecode() { # gdp-bench ops --op decode of main, twice (the decode rows alone, without decode's tests)
+    local r
+    for r in 1 2; do
+        echo "## round $r"
+        timeout 60 "$P/main/bin/gdp-bench" ops --op decode 2>&1 | grep -E "^decode|rror"
+    done | tee "$OUT/opsdecode.log"
+}
 stage_fusedrace() { # racecheck of the fused kernel's first launches on every tree (the fused-* experiments)
     local tree_dir tree
     for tree_dir in "$P"/*/; do
