@@ -30,7 +30,8 @@
 # second, as packab's GDP_CALL_PAB_TREE); gemvfloor (not by default),
 # kernels/dev/gemv_floor.cu built and run there; opsdecode (not by default), main's decode op rows
 # twice, without decode's tests; gemvprof (not by default), ncu's detailed set
-# (throughput, occupancy, warp stalls) of the layer's one-row kernels, with cuBLASLt's in_proj and the skinny one;
+# (throughput, occupancy, warp stalls) of the layer's one-row kernels, with cuBLASLt's in_proj and the skinny one
+# (GDP_CALL_GEMVPROF_ENVS, default "GDP_GEMM_SKINNY=auto GDP_GEMM_SKINNY=on");
 # gemmfront (not by default), in_proj with the decode front: test_conv1d_gpu, the layer and engine GPU
 # tests under GDP_GEMM_FRONT=fused, then the layer's decode rows GDP_CALL_GF_BATCHES (default 1,2,4,8) with cuBLASLt and
 # the front (chain), the skinny GEMV and the front (skinny) and the one launch (fused), two rounds. The A/B
@@ -313,7 +314,7 @@ stage_python() { # the Python package on the GPU: its torch tests and the decode
 stage_gemvprof() { # ncu's detail of the layer's one-row kernels (why the projections run at a third of the copy rate)
     command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
     local env
-    for env in "GDP_GEMM_SKINNY=auto" "GDP_GEMM_SKINNY=on"; do
+    for env in ${GDP_CALL_GEMVPROF_ENVS:-GDP_GEMM_SKINNY=auto GDP_GEMM_SKINNY=on}; do
         echo "## $env" >>"$OUT/gemvprof.txt"
         env $env timeout 200 ncu --clock-control none --set detailed \
             --kernel-name regex:"norm_gemv|nvjet|gemv_nt|decode_core|recurrent_rows|norm_fast" --launch-count 12 \
