@@ -2,9 +2,11 @@
  * gemv.h: the projection GEMM for a few rows (decode at small batch): C[rows, n] = A[rows, k]
  * B[n, k]^T + beta C with 16-bit A and B, fp32 accumulation and C fp32 or A's dtype
  * (kernels/gemv.cu): the weight B read once, 16 bytes a lane with several loads in flight, for
- * rows <= GDP_GEMV_MAX_ROWS. src/backend_cuda.c runs it only under GDP_GEMM_SKINNY=on: measured
- * on the H200 it matched cuBLASLt at one row (both about half the copy bandwidth) and lost from
- * four rows on (kernels/NOTES-ops.md, "Skinny GEMM"), so cuBLASLt stays the default.
+ * rows <= GDP_GEMV_MAX_ROWS. src/backend_cuda.c runs it by default at up to GDP_GEMV_AUTO_ROWS
+ * rows (GDP_GEMM_SKINNY=on: up to GDP_GEMV_MAX_ROWS): with a trip's loads all issued before its
+ * multiplies (gemv_math.cuh's fence) it streams the weight at a plain read's rate at one and two
+ * rows and beats cuBLASLt there, and loses to it from four rows on (kernels/NOTES-ops.md,
+ * "Skinny GEMM" and the thirty-fifth session).
  * The norm-GEMV is the same product with its input's norm folded in (the layer's pre-RMSNorm
  * before in_proj, its grouped gated RMSNorm before out_proj): one launch instead of two, the
  * norm's output kept in shared memory, each warp's weight loads issued before the norm is formed
@@ -28,6 +30,7 @@ extern "C" {
 #endif
 
 #define GDP_GEMV_MAX_ROWS 8
+#define GDP_GEMV_AUTO_ROWS 2 /* the rows GDP_GEMM_SKINNY=auto sends to it */
 
 struct gdp_ctx;
 

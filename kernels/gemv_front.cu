@@ -152,9 +152,12 @@ __device__ __forceinline__ void front_unit(const GemvFrontParams &p, int64_t b, 
 }
 
 /* Blocks an SM the launch bounds ask for: 6 (40 registers, no spill by ptxas) where one column a
- * warp and up to four rows leave it room; ptxas's own choice elsewhere (the epilogue needs 46-59
+ * warp and three or four rows leave it room (at one or two rows A's chunks are held beside the
+ * weight's, gemv_math.cuh, and 40 registers spill); ptxas's own choice elsewhere (the epilogue needs 46-59
  * registers at one row unbounded, against gemv_nt's 32; at 32 registers it spills). */
-template <int R, int CPW> constexpr int front_min_blocks() { return CPW == 1 && R <= 4 ? 6 : 1; }
+template <int R, int CPW> constexpr int front_min_blocks() {
+    return CPW == 1 && R > GEMV_A_REG_ROWS && R <= 4 ? 6 : 1; /* A's chunks in registers: ptxas's own count */
+}
 
 /* gemv_nt_kernel's grid and product (TC = T), then each stored element's front unit. */
 template <typename T, int R, int CPW>

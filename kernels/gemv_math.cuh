@@ -22,6 +22,7 @@ namespace {
 constexpr int GEMV_WARPS = 8;     /* warps a block                                */
 constexpr int GEMV_U = 4;         /* 16-byte chunks a lane loads per column ahead */
 constexpr int GEMV_SPAN = 32 * 8; /* elements of k a warp covers per chunk        */
+constexpr int GEMV_A_REG_ROWS = 2; /* rows of A whose chunks load with the weight's   */
 
 template <typename T> struct Pair;
 template <> struct Pair<__nv_bfloat16> {
@@ -94,8 +95,12 @@ __device__ __forceinline__ void gemv_sums(int rows, int n, int k, const T *__res
     for (int c = 0; c < CPW; c++)
         brow[c] = B + (col0 + c < n ? col0 + c : col0) * (int64_t)k;
 
+    /* A's chunks of a trip go out with the weight's at up to GEMV_A_REG_ROWS rows (beyond, a chunk's
+     * rows are read as it is multiplied: their registers would cost blocks an SM) */
+    constexpr bool a_early = R <= GEMV_A_REG_ROWS;
+    const uint32_t zero = (uint32_t)((uint64_t)lda >> 63); /* 0: lda >= k > 0 (the launcher checked) */
     for (int base = 0; base < k; base += GEMV_SPAN * GEMV_U) {
-        uint4 bv[CPW][GEMV_U];
+        uint4 bv[CPW][GEMV_U], av[a_early ? R : 1][GEMV_U];
 #pragma unroll
         for (int u = 0; u < GEMV_U; u++) {
             const int idx = base + u * GEMV_SPAN + lane * 8;
@@ -103,6 +108,36 @@ __device__ __forceinline__ void gemv_sums(int rows, int n, int k, const T *__res
             for (int c = 0; c < CPW; c++)
                 bv[c][u] = idx < k ? load_stream(brow[c] + idx) : make_uint4(0u, 0u, 0u, 0u);
         }
+        if (a_early) {
+#pragma unroll
+            for (int u = 0; u < GEMV_U; u++) {
+                const int idx = base + u * GEMV_SPAN + lane * 8;
+#pragma unroll
+                for (int r = 0; r < (a_early ? R : 1); r++) /* a row past `rows` reads row 0, unused */
+                    av[r][u] = idx < k ? __ldg(reinterpret_cast<const uint4 *>(A + (r < rows ? r : 0) * lda + idx))
+                                       : make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+        /* The fence: every sum takes a word of every load of the trip (OR-ed in as x & 0 with a
+         * run-time 0, so the bits do not change), so ptxas cannot sink a load between the
+         * multiplies of earlier chunks, which it does to save registers (the SASS of gemv_nt had
+         * one dependent trip to A a chunk; kernels/NOTES-ops.md, thirty-fourth session). */
+        uint32_t dep = 0;
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+#pragma unroll
+            for (int c = 0; c < CPW; c++)
+                dep ^= bv[c][u].x;
+            if (a_early)
+#pragma unroll
+                for (int r = 0; r < (a_early ? R : 1); r++)
+                    dep ^= av[r][u].x;
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int c = 0; c < CPW; c++)
+                acc[r][c] = __uint_as_float(__float_as_uint(acc[r][c]) | (dep & zero));
         if (base == 0)
             hook();
 #pragma unroll
@@ -113,10 +148,11 @@ __device__ __forceinline__ void gemv_sums(int rows, int n, int k, const T *__res
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (r < rows) {
-                    const uint4 av = __ldg(reinterpret_cast<const uint4 *>(A + r * lda + idx));
+                    const uint4 a = a_early ? av[a_early ? r : 0][u]
+                                            : __ldg(reinterpret_cast<const uint4 *>(A + r * lda + idx));
 #pragma unroll
                     for (int c = 0; c < CPW; c++)
-                        acc[r][c] = dot8<T>(acc[r][c], av, bv[c][u]);
+                        acc[r][c] = dot8<T>(acc[r][c], a, bv[c][u]);
                 }
             }
         }

@@ -15,9 +15,9 @@
 # by default), racecheck of the fused kernel's first GDP_CALL_FUSEDRACE_LAUNCHES launches (default 6) on
 # every tree, GDP_CALL_FUSEDRACE_TIMEOUT seconds each (default 100; the fused-* pending experiments); normgemm
 # (not by default), gdp-bench ops --op gemm (the norm-GEMM rows; GDP_CALL_NG_OPS=0 skips it), main's
-# test_gemm_gpu, the layer and engine GPU tests (GDP_CALL_NG_TESTS=0 skips them), then the layer bench's decode
+# test_gemm_gpu, the layer and engine GPU tests (GDP_CALL_NG_TESTS=0 skips them, quick runs the NCCL layer test and the engine test only), then the layer bench's decode
 # rows (GDP_CALL_NG_BATCHES, default 1,2,4,8,64) under each GDP_NORM_GEMM of GDP_CALL_NG_MODES (default "chain
-# serial pdl"; a mode X+skinny also sets GDP_GEMM_SKINNY=on), two rounds; profile (not by default), ncu's duration
+# serial pdl"; a mode X+skinny also sets GDP_GEMM_SKINNY=on, X+blas off), two rounds; profile (not by default), ncu's duration
 # of every kernel of main's layer bench in launch order (decode rows GDP_CALL_PROF_BATCHES, default 1,128), then per kernel
 # name over gdp-run's decode-heavy workload cut to GDP_CALL_PROF_NEW (default 6) new tokens; split
 # (not by default), the layer bench's decode rows GDP_CALL_SPLIT_BATCHES also as GDP_CALL_SPLITS micro-batches
@@ -214,19 +214,23 @@ stage_normgemm() { # the norm-GEMV (kernels/gemv.cu): its tests, then the layer'
     timeout 120 "$P/main/bin/test_gemm_gpu" >"$OUT/gemm.log" 2>&1
     echo "test_gemm_gpu rc=$?"
     grep -E "checks|FAIL|GDP_NORM_GEMM=" "$OUT/gemm.log" | tail -4
-    [ "${GDP_CALL_NG_TESTS:-1}" = 0 ] || for t in "1 test_layer_tp_gpu_nccl_np1 --backend cuda --comm nccl" "2 test_layer_tp_gpu_np2 --backend cuda" \
-        "2 test_layer_tp_gpu_sp_np2 --backend cuda --sp" "2 test_engine_gpu_np2 --backend cuda" "2 test_layer_cp_gpu_np2 --backend cuda" "1 test_recurrent_gpu"; do
+    local tests=("1 test_layer_tp_gpu_nccl_np1 --backend cuda --comm nccl" "2 test_layer_tp_gpu_np2 --backend cuda"
+        "2 test_layer_tp_gpu_sp_np2 --backend cuda --sp" "2 test_engine_gpu_np2 --backend cuda" "2 test_layer_cp_gpu_np2 --backend cuda"
+        "1 test_recurrent_gpu")
+    [ "${GDP_CALL_NG_TESTS:-1}" = quick ] && tests=("${tests[0]}" "${tests[3]}") # one layer test and the engine's
+    [ "${GDP_CALL_NG_TESTS:-1}" = 0 ] || for t in "${tests[@]}"; do
         set -- $t
         timeout 150 mpirun -n "$1" "$P/main/bin/$2" "${@:3}" >"$OUT/ng_$2.log" 2>&1
         echo "$2 rc=$?"
         grep -E "checks|FAIL|skipped" "$OUT/ng_$2.log" | tail -2
     done
     for round in 1 2; do
-        for mode in ${GDP_CALL_NG_MODES:-chain serial pdl}; do # a mode "X+skinny" also sets GDP_GEMM_SKINNY=on
+        for mode in ${GDP_CALL_NG_MODES:-chain serial pdl}; do # a mode "X+skinny" also sets GDP_GEMM_SKINNY=on, "X+blas" off
             echo "## round $round GDP_NORM_GEMM=$mode" >>"$OUT/layer_ng.log"
             skinny=auto
             [ "${mode%+skinny}" = "$mode" ] || skinny=on
-            GDP_NORM_GEMM=${mode%+skinny} GDP_GEMM_SKINNY=$skinny timeout 90 mpirun -n 1 "$P/main/bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 \
+            [ "${mode%+blas}" = "$mode" ] || skinny=off
+            GDP_NORM_GEMM=${mode%+*} GDP_GEMM_SKINNY=$skinny timeout 90 mpirun -n 1 "$P/main/bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 \
                 -p 128 -n 128 -m 2 -D ${GDP_CALL_NG_BATCHES:-1,2,4,8,64} -P 2048 >>"$OUT/layer_ng.log" 2>&1
         done
     done

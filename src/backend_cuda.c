@@ -13,9 +13,11 @@
  * C^T = B . A^T, where the weight B [n, k] row-major is column-major [k, n] (ld k) used
  * transposed, and A [rows, k] (pitch lda) is column-major [k, rows] (ld lda) used as is:
  * the "TN" GEMM, the layout cuBLASLt serves best for 16-bit inputs.
- * GDP_GEMM_SKINNY=on sends up to GDP_GEMV_MAX_ROWS rows of 16-bit operands to the skinny kernel
- * instead (kernels/gemv.h; read at every call; auto, the default, and off keep cuBLASLt: the
- * kernel measured no faster, kernels/NOTES-ops.md "Skinny GEMM").
+ * The skinny kernel (kernels/gemv.h) takes 16-bit operands of a few rows instead: under
+ * GDP_GEMM_SKINNY=auto, the default, one or two rows (GDP_GEMV_AUTO_ROWS: with every load of a trip
+ * issued before its multiplies it streams the weight at a plain read's rate there and beats
+ * cuBLASLt, which it loses to from four rows on; kernels/NOTES-ops.md, thirty-fifth session); on:
+ * up to GDP_GEMV_MAX_ROWS rows; off: never (read at every call).
  */
 #include <string.h>
 
@@ -257,16 +259,17 @@ gdp_status_t gdp_gemm_cuda_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k,
     if (lda < k || ldc < n || k < 1)
         GDP_FAIL(GDP_STATUS_INTERNAL_ERROR, "gdp_gemm_nt: pitches lda %lld < k %lld or ldc %lld < n %lld",
                  (long long)lda, (long long)k, (long long)ldc, (long long)n);
-    /* a few rows: the skinny kernel only when GDP_GEMM_SKINNY=on (kernels/gemv.h); auto keeps
-     * cuBLASLt, which measured as fast at one row and faster from 4 (kernels/NOTES-ops.md) */
+    /* a few rows: the skinny kernel (kernels/gemv.h) at up to GDP_GEMV_AUTO_ROWS rows under auto,
+     * up to GDP_GEMV_MAX_ROWS under on, never under off; cuBLASLt otherwise */
     const char *skinny_text = NULL;
     static const char *const skinny_spell[3] = {"auto", "on", "off"};
-    static const int skinny_value[3] = {0, 1, 0};
-    const int skinny = gdp_env_choice("GDP_GEMM_SKINNY", skinny_spell, skinny_value, 3, 0, &skinny_text);
+    static const int skinny_value[3] = {GDP_GEMV_AUTO_ROWS, GDP_GEMV_MAX_ROWS, 0};
+    const int skinny = gdp_env_choice("GDP_GEMM_SKINNY", skinny_spell, skinny_value, 3, GDP_GEMV_AUTO_ROWS,
+                                      &skinny_text);
     if (skinny < 0)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE, "gdp_gemm_nt: GDP_GEMM_SKINNY is \"%s\"; it takes auto, on or off "
                  "(unset: auto)", skinny_text);
-    if (skinny == 1 && gdp_cuda_gemv_fits(rows, k, A, lda, B, ab_dtype, c_dtype))
+    if (rows <= skinny && gdp_cuda_gemv_fits(rows, k, A, lda, B, ab_dtype, c_dtype))
         return gdp_cuda_gemv_nt(ctx, rows, n, k, A, lda, B, ab_dtype, beta, C, ldc, c_dtype);
     gemm_key key;
     memset(&key, 0, sizeof key); /* the key is compared bytewise: no padding garbage */

@@ -8,6 +8,8 @@
  *     16-bit C), NaN never passes; at beta 0 C starts as NaN (C must not be read);
  *   - C's pitch gap (columns n .. ldc) untouched;
  *   - the skinny kernel twice on the same inputs: the same bits;
+ *   - GDP_GEMM_SKINNY=auto (the default) gives the skinny kernel's bits up to GDP_GEMV_AUTO_ROWS
+ *     rows where it fits, cuBLASLt's beyond (a deterministic cuBLASLt plan: the same bits twice);
  *   - shapes the skinny kernel does not take (k % 8 != 0, a misaligned pitch) still run (cuBLASLt);
  *   - GDP_GEMM_SKINNY with an unknown value is refused naming the variable and the value.
  * And the norm-GEMMs (src/decode_core.h gdp_norm_gemm: the pre-RMSNorm with in_proj, the gated
@@ -119,6 +121,12 @@ static void gemm_one(const gemm_case *cs, test_rng *rng) {
         test_same_bytes("skinny GEMM twice", &skinny, &again);
         test_host_free(&again);
     }
+    /* auto (the default) takes the skinny kernel up to GDP_GEMV_AUTO_ROWS rows, cuBLASLt beyond:
+     * its bits are those of the path it names */
+    gdp_tensor chosen = run_gemm(cs, "auto", &a, &b, &c0);
+    test_same_bytes(fits && cs->rows <= GDP_GEMV_AUTO_ROWS ? "auto = skinny" : "auto = cublasLt", &chosen,
+                    fits && cs->rows <= GDP_GEMV_AUTO_ROWS ? &skinny : &blas);
+    test_host_free(&chosen);
     free(ha), free(hb), free(hc);
     test_host_free(&a), test_host_free(&b), test_host_free(&c0), test_host_free(&skinny), test_host_free(&blas);
 }
