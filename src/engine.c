@@ -498,14 +498,33 @@ static void add_floor(struct gdp_engine *e, const gdp_step_metadata *m) {
     e->report.floor_s += fmax(bytes / GDP_FLOOR_BANDWIDTH, flops / GDP_FLOOR_PEAK);
 }
 
+/* Whether bucket a is at least as large as bucket b in every size a step's workspaces follow:
+ * its rows, its prefill entries (initial states, chunk descriptors) and its decode rows. */
+static bool bucket_covers(const struct gdp_engine *e, int32_t a, int32_t b) {
+    const gdp_step_bucket *x = &e->buckets[a], *y = &e->buckets[b];
+    return x->token_count >= y->token_count && x->prefill_count >= y->prefill_count &&
+           x->decode_count * e->bucket_S[a] >= y->decode_count * e->bucket_S[b];
+}
+
 /* Before any capture: one step of the largest bucket (one token of a throwaway request,
  * then its release), so every workspace and buffer has its final size and address;
- * growing one later would leave captured graphs pointing at freed memory. Collective. */
+ * growing one later would leave captured graphs pointing at freed memory. The largest is the
+ * one that covers every other (bucket_covers): several share the most rows (the budget's level
+ * comes twice, with fewer prefill entries first), and a step of one with fewer entries would
+ * size the initial states' gather for those. Collective. */
 static gdp_status_t warm_up(struct gdp_engine *e) {
     int32_t big = 0;
     for (int32_t b = 1; b < e->n_buckets; b++)
-        if (e->buckets[b].token_count > e->buckets[big].token_count)
+        if (!bucket_covers(e, big, b))
             big = b;
+    for (int32_t b = 0; b < e->n_buckets; b++)
+        if (!bucket_covers(e, big, b))
+            GDP_FAIL(GDP_STATUS_INTERNAL_ERROR,
+                     "engine: no bucket covers every other (bucket %d: %d rows, %d prefill entries, %d decode "
+                     "requests; bucket %d: %d, %d, %d), so the warm-up step cannot size the workspaces before "
+                     "graphs are captured", big, e->buckets[big].token_count, e->buckets[big].prefill_count,
+                     e->buckets[big].decode_count, b, e->buckets[b].token_count, e->buckets[b].prefill_count,
+                     e->buckets[b].decode_count);
     gdp_prefill_request p = {.slot = GDP_SLOT_AUTO, .n_tokens = 1, .flags = GDP_PREFILL_NEW};
     gdp_step_desc d = {.decode_tokens = e->bucket_S[big], .prefill_count = 1, .prefill = &p, .bucket = big};
     const gdp_step_metadata *m = NULL;
