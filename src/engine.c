@@ -553,6 +553,18 @@ static gdp_status_t warm_up(struct gdp_engine *e) {
     return backend_sync(e);
 }
 
+/* No step after the warm-up may grow a workspace: a graph captured before would replay into the
+ * freed one (on the CPU nothing is captured, but the warm-up's promise is the same, so the CPU
+ * tests catch a bucket it does not cover). */
+static gdp_status_t check_no_growth(const struct gdp_engine *e, const char *when) {
+    if (e->ctx->workspace_grows == e->ws_grows_warm)
+        return GDP_STATUS_SUCCESS;
+    GDP_FAIL(GDP_STATUS_INTERNAL_ERROR,
+             "engine: %lld step workspace(s) grew %s, after the warm-up step sized them for the largest bucket: "
+             "a bucket is larger than the warm-up's in a size it did not cover (graphs captured before would "
+             "replay into freed memory)", (long long)(e->ctx->workspace_grows - e->ws_grows_warm), when);
+}
+
 /* With graphs_at_init: both graphs of every bucket, captured from an empty step of the bucket
  * (a step's launches depend only on its bucket, so any step of it is the graph of all), before
  * any run, so no step waits for a capture. Collective: every rank builds the same plans and
@@ -806,7 +818,11 @@ gdp_status_t gdp_engine_init(gdp_engine_t *out, gdp_ctx_t ctx, gdp_comm_t comm, 
     if (st == GDP_STATUS_SUCCESS)
         st = warm_up(e); /* collective */
     if (st == GDP_STATUS_SUCCESS)
+        e->ws_grows_warm = e->ctx->workspace_grows;
+    if (st == GDP_STATUS_SUCCESS)
         st = capture_all(e); /* collective */
+    if (st == GDP_STATUS_SUCCESS)
+        st = check_no_growth(e, "while the buckets' graphs were captured");
     if (st != GDP_STATUS_SUCCESS) {
         if (e != NULL)
             engine_destroy(e);
@@ -1208,6 +1224,8 @@ gdp_status_t gdp_engine_run(gdp_engine_t engine, const gdp_workload *workload) {
         st = gdp_comm_agree(e->comm, st);
     if (st == GDP_STATUS_SUCCESS)
         st = run_loop(e, e->rank == 0 ? &e->main : NULL, true);
+    if (st == GDP_STATUS_SUCCESS)
+        st = check_no_growth(e, "during the run");
     gdp_engine_report *rep = &e->report;
     device_phases(e);
     for (int p = 0; p < GDP_PHASE_NUM; p++)

@@ -34,6 +34,9 @@ struct gdp_ctx {
                                       (gdp_ctx_set_debug_checks, GDP_DEBUG_CHECKS; op_checks.c) */
     void         *arrivals;        /* CUDA: zeroed counters of the fused decode norm
                                       (kernels/recurrent.cu), NULL until its first use */
+    int64_t       workspace_grows; /* step workspaces (a layer's, the chunk op's) reallocated on this
+                                      ctx: a CUDA graph captured before holds the freed one (the
+                                      engine checks none grows after its warm-up step) */
 };
 
 /* ---- errors -------------------------------------------------------------- */

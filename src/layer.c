@@ -580,6 +580,7 @@ static gdp_status_t grow_workspaces(struct gdp_layer *l, size_t bytes, size_t ch
         gdp_buf_free(l->ctx, l->ws);
         l->ws = ws;
         l->ws_bytes = bytes;
+        l->ctx->workspace_grows++;
     }
     return gdp_ctx_reserve_workspace(l->ctx, chunk_bytes);
 }

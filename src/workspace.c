@@ -97,6 +97,7 @@ gdp_status_t gdp_ctx_reserve_workspace(gdp_ctx_t ctx, size_t bytes) {
                       bytes);
     ctx->workspace = p;
     ctx->workspace_bytes = bytes;
+    ctx->workspace_grows++;
     return GDP_STATUS_SUCCESS;
 #else
     GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_ctx_reserve_workspace: this libgdp was built without CUDA");
