@@ -561,8 +561,8 @@ static gdp_status_t check_no_growth(const struct gdp_engine *e, const char *when
         return GDP_STATUS_SUCCESS;
     GDP_FAIL(GDP_STATUS_INTERNAL_ERROR,
              "engine: %lld step workspace(s) grew %s, after the warm-up step sized them for the largest bucket: "
-             "a bucket is larger than the warm-up's in a size it did not cover (graphs captured before would "
-             "replay into freed memory)", (long long)(e->ctx->workspace_grows - e->ws_grows_warm), when);
+             "a bucket is larger than the warm-up's in a size it did not cover, or a call outside the engine grew "
+             "a workspace of its ctx (graphs captured before would replay into freed memory)", (long long)(e->ctx->workspace_grows - e->ws_grows_warm), when);
 }
 
 /* With graphs_at_init: both graphs of every bucket, captured from an empty step of the bucket
