@@ -557,12 +557,12 @@ static gdp_status_t warm_up(struct gdp_engine *e) {
  * freed one (on the CPU nothing is captured, but the warm-up's promise is the same, so the CPU
  * tests catch a bucket it does not cover). */
 static gdp_status_t check_no_growth(const struct gdp_engine *e, const char *when) {
-    if (e->ctx->workspace_grows == e->ws_grows_warm)
+    if (gdp_model_workspace_grows(e->model) == e->ws_grows_warm)
         return GDP_STATUS_SUCCESS;
     GDP_FAIL(GDP_STATUS_INTERNAL_ERROR,
              "engine: %lld step workspace(s) grew %s, after the warm-up step sized them for the largest bucket: "
              "a bucket is larger than the warm-up's in a size it did not cover, or a call outside the engine grew "
-             "a workspace of its ctx (graphs captured before would replay into freed memory)", (long long)(e->ctx->workspace_grows - e->ws_grows_warm), when);
+             "a workspace of its ctx (graphs captured before would replay into freed memory)", (long long)(gdp_model_workspace_grows(e->model) - e->ws_grows_warm), when);
 }
 
 /* With graphs_at_init: both graphs of every bucket, captured from an empty step of the bucket
@@ -818,7 +818,7 @@ gdp_status_t gdp_engine_init(gdp_engine_t *out, gdp_ctx_t ctx, gdp_comm_t comm, 
     if (st == GDP_STATUS_SUCCESS)
         st = warm_up(e); /* collective */
     if (st == GDP_STATUS_SUCCESS)
-        e->ws_grows_warm = e->ctx->workspace_grows;
+        e->ws_grows_warm = gdp_model_workspace_grows(e->model);
     if (st == GDP_STATUS_SUCCESS)
         st = capture_all(e); /* collective */
     if (st == GDP_STATUS_SUCCESS)

@@ -167,7 +167,7 @@ struct gdp_engine {
     int               graphs_live;  /* graphs really captured (CUDA with NCCL or tp = 1)  */
     int32_t           graphs_at_init; /* buckets captured at init (capture_all), and how long */
     double            graphs_init_s;
-    int64_t           ws_grows_warm;   /* ctx->workspace_grows after the warm-up step: no step may
+    int64_t           ws_grows_warm;   /* gdp_model_workspace_grows after the warm-up step: no step may
                                           change it (captured graphs hold the workspaces' addresses) */
     /* step buffers */
     int32_t          *frame;

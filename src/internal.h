@@ -34,9 +34,9 @@ struct gdp_ctx {
                                       (gdp_ctx_set_debug_checks, GDP_DEBUG_CHECKS; op_checks.c) */
     void         *arrivals;        /* CUDA: zeroed counters of the fused decode norm
                                       (kernels/recurrent.cu), NULL until its first use */
-    int64_t       workspace_grows; /* step workspaces (a layer's, the chunk op's) reallocated on this
-                                      ctx: a CUDA graph captured before holds the freed one (the
-                                      engine checks none grows after its warm-up step) */
+    int64_t       workspace_grows; /* reallocations of `workspace` (the chunk op's): a CUDA graph
+                                      captured before holds the freed one (the engine checks none
+                                      happens after its warm-up step; gdp_model_workspace_grows) */
 };
 
 /* ---- errors -------------------------------------------------------------- */
@@ -89,6 +89,14 @@ gdp_status_t gdp_ctx_check(gdp_ctx_t ctx, const char *op);
 static inline gdp_dtype_t gdp_backend_act_dtype(gdp_backend_t backend) {
     return backend == GDP_BACKEND_CPU ? GDP_DTYPE_FP32 : GDP_DTYPE_BF16;
 }
+struct gdp_layer;
+struct gdp_model;
+/* Reallocations of a layer's step workspace since its init (src/layer.c), and of every workspace a
+ * model's steps use: its layers' and its ctx's (src/model.c). A graph captured before one holds the
+ * freed buffer, so the engine checks that none happens after its warm-up step. */
+int64_t gdp_layer_workspace_grows(const struct gdp_layer *layer);
+int64_t gdp_model_workspace_grows(const struct gdp_model *model);
+
 static inline bool gdp_tensor_present(const gdp_tensor *t) { return t != NULL && t->data != NULL; }
 
 /* Checks that `t` (named `name` in the message of op `op`) is present, has

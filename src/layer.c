@@ -80,8 +80,9 @@ struct gdp_layer {
     cp_pack *pack;
     int32_t  n_pack;
     /* workspace */
-    void  *ws;
-    size_t ws_bytes;
+    void   *ws;
+    size_t  ws_bytes;
+    int64_t ws_grows; /* reallocations of ws (gdp_layer_workspace_grows) */
     /* gdp_layer_init_shared: the layer whose weights this one uses (NULL: its own), and how many
      * layers use this one's */
     struct gdp_layer *owner;
@@ -401,6 +402,8 @@ gdp_status_t gdp_layer_get_shard(gdp_layer_t layer, gdp_tp_shard *shard) {
     return GDP_STATUS_SUCCESS;
 }
 
+int64_t gdp_layer_workspace_grows(const struct gdp_layer *layer) { return layer->ws_grows; }
+
 gdp_status_t gdp_layer_get_act_dtype(gdp_layer_t layer, gdp_dtype_t *dtype) {
     GDP_CHECK(check_layer(layer, "gdp_layer_get_act_dtype"));
     if (dtype == NULL)
@@ -580,7 +583,7 @@ static gdp_status_t grow_workspaces(struct gdp_layer *l, size_t bytes, size_t ch
         gdp_buf_free(l->ctx, l->ws);
         l->ws = ws;
         l->ws_bytes = bytes;
-        l->ctx->workspace_grows++;
+        l->ws_grows++;
     }
     return gdp_ctx_reserve_workspace(l->ctx, chunk_bytes);
 }

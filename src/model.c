@@ -260,6 +260,13 @@ gdp_status_t gdp_model_get_cp_shard(gdp_model_t model, gdp_cp_shard *shard) {
     return GDP_STATUS_SUCCESS;
 }
 
+int64_t gdp_model_workspace_grows(const struct gdp_model *model) {
+    int64_t n = model->ctx->workspace_grows;
+    for (int32_t l = 0; l < model->n_layers; l++)
+        n += gdp_layer_workspace_grows(model->layers[l]);
+    return n;
+}
+
 gdp_status_t gdp_model_weight_bytes(gdp_model_t model, size_t *bytes) {
     GDP_CHECK(check_model(model, "gdp_model_weight_bytes"));
     if (bytes == NULL)
