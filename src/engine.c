@@ -557,12 +557,14 @@ static gdp_status_t warm_up(struct gdp_engine *e) {
  * freed one (on the CPU nothing is captured, but the warm-up's promise is the same, so the CPU
  * tests catch a bucket it does not cover). */
 static gdp_status_t check_no_growth(const struct gdp_engine *e, const char *when) {
-    if (gdp_model_workspace_grows(e->model) == e->ws_grows_warm)
+    const int64_t grown = gdp_model_workspace_grows(e->model) - e->ws_grows_warm;
+    if (grown == 0)
         return GDP_STATUS_SUCCESS;
     GDP_FAIL(GDP_STATUS_INTERNAL_ERROR,
              "engine: %lld step workspace(s) grew %s, after the warm-up step sized them for the largest bucket: "
              "a bucket is larger than the warm-up's in a size it did not cover, or a call outside the engine grew "
-             "a workspace of its ctx (graphs captured before would replay into freed memory)", (long long)(gdp_model_workspace_grows(e->model) - e->ws_grows_warm), when);
+             "a workspace of its ctx (graphs captured before would replay into freed memory)", (long long)grown,
+             when);
 }
 
 /* With graphs_at_init: both graphs of every bucket, captured from an empty step of the bucket
