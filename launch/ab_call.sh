@@ -76,6 +76,18 @@ if [ -n "${GDP_CALL_PACK_B:-}" ]; then
         launch/prebuilt.sh link "$PB" >"$OUT/link_b.log" 2>&1
     echo "pack b link rc=$?"
 fi
+# run_gpu_tests BIN LOG LABEL SPEC...: each SPEC "RANKS TARGET ARG..." under mpirun from folder BIN, its log
+# $OUT/LOG_TARGET.log, then "LABELTARGET rc=" and the log's checks line (packab, normgemm, gemmfront)
+run_gpu_tests() {
+    local bin=$1 log=$2 label=$3 t
+    shift 3
+    for t in "$@"; do
+        set -- $t
+        timeout 150 mpirun -n "$1" "$bin/$2" "${@:3}" >"$OUT/${log}_$2.log" 2>&1
+        echo "$label$2 rc=$?"
+        grep -E "checks|FAIL|skipped" "$OUT/${log}_$2.log" | tail -2
+    done
+}
 b_bin() { # b_bin TREE: the binaries of the A/B's side b: TREE of the first pack when named, else main of pack b
     if [ -n "$1" ]; then echo "$P/$1/bin"; else echo "$PB/main/bin"; fi
 }
@@ -83,18 +95,13 @@ stage_packab() { # main of GDP_CALL_PACK (a) against main of GDP_CALL_PACK_B, or
     # recurrent GPU tests (GDP_CALL_PAB_TESTS=gemv: the GEMM and conv ones only), then per round (GDP_CALL_PAB_ROUNDS,
     # default 2) and GDP_GEMM_SKINNY value (GDP_CALL_PAB_SKINNY, default "auto on") gdp-bench ops --op gemm and the
     # layer bench's decode rows (GDP_CALL_PAB_BATCHES, default 1,2,4,8,64) of a, then of b
-    local t round tree sk bbin
+    local round tree sk bbin
     bbin=$(b_bin "${GDP_CALL_PAB_TREE:-}")
     [ -x "$bbin/gdp-bench" ] || { echo "packab: no tree b ($bbin)"; return; }
     local tests=("1 test_gemm_gpu" "1 test_conv1d_gpu" "1 test_layer_tp_gpu_nccl_np1 --backend cuda --comm nccl"
         "2 test_layer_tp_gpu_np2 --backend cuda" "2 test_engine_gpu_np2 --backend cuda" "1 test_recurrent_gpu")
     [ "${GDP_CALL_PAB_TESTS:-all}" = gemv ] && tests=("1 test_gemm_gpu" "1 test_conv1d_gpu")
-    for t in "${tests[@]}"; do
-        set -- $t
-        timeout 150 mpirun -n "$1" "$bbin/$2" "${@:3}" >"$OUT/pab_$2.log" 2>&1
-        echo "b: $2 rc=$?"
-        grep -E "checks|FAIL|skipped" "$OUT/pab_$2.log" | tail -2
-    done
+    run_gpu_tests "$bbin" pab "b: " "${tests[@]}"
     for round in $(seq 1 "${GDP_CALL_PAB_ROUNDS:-2}"); do
         for sk in ${GDP_CALL_PAB_SKINNY:-auto on}; do
             for tree in a b; do
@@ -207,7 +214,7 @@ stage_layer() {
     grep -E "^## |decode|prefill" "$OUT/layer.log" | head -30
 }
 stage_normgemm() { # the norm-GEMV (kernels/gemv.cu): its tests, then the layer's decode rows under each GDP_NORM_GEMM
-    local t mode round
+    local mode round
     [ "${GDP_CALL_NG_OPS:-1}" = 0 ] || timeout 120 "$P/main/bin/gdp-bench" ops --op gemm >"$OUT/ops_gemm.log" 2>&1
     echo "gdp-bench ops --op gemm rc=$?"
     grep -E "^#  *op|normgemm|gemm  *(in|out)_proj" "$OUT/ops_gemm.log"
@@ -218,12 +225,7 @@ stage_normgemm() { # the norm-GEMV (kernels/gemv.cu): its tests, then the layer'
         "2 test_layer_tp_gpu_sp_np2 --backend cuda --sp" "2 test_engine_gpu_np2 --backend cuda" "2 test_layer_cp_gpu_np2 --backend cuda"
         "1 test_recurrent_gpu")
     [ "${GDP_CALL_NG_TESTS:-1}" = quick ] && tests=("${tests[0]}" "${tests[3]}") # one layer test and the engine's
-    [ "${GDP_CALL_NG_TESTS:-1}" = 0 ] || for t in "${tests[@]}"; do
-        set -- $t
-        timeout 150 mpirun -n "$1" "$P/main/bin/$2" "${@:3}" >"$OUT/ng_$2.log" 2>&1
-        echo "$2 rc=$?"
-        grep -E "checks|FAIL|skipped" "$OUT/ng_$2.log" | tail -2
-    done
+    [ "${GDP_CALL_NG_TESTS:-1}" = 0 ] || run_gpu_tests "$P/main/bin" ng "" "${tests[@]}"
     for round in 1 2; do
         for mode in ${GDP_CALL_NG_MODES:-chain serial pdl}; do # a mode "X+skinny" also sets GDP_GEMM_SKINNY=on, "X+blas" off
             echo "## round $round GDP_NORM_GEMM=$mode" >>"$OUT/layer_ng.log"
@@ -269,17 +271,13 @@ stage_split() { # the layer bench's decode rows as micro-batches on their own st
     grep -E "^## |^ *decode|split:" "$OUT/layer_split.log" | head -60
 }
 stage_gemmfront() { # in_proj with the decode front (GDP_GEMM_FRONT): its tests, then the layer's decode rows
-    local t mode round
+    local mode round
     timeout 150 "$P/main/bin/test_conv1d_gpu" >"$OUT/gf_conv.log" 2>&1
     echo "test_conv1d_gpu rc=$?"
     grep -E "checks|FAIL|in_proj \+ decode front" "$OUT/gf_conv.log" | tail -10
-    for t in "1 test_layer_tp_gpu_nccl_np1 --backend cuda --comm nccl" "2 test_layer_tp_gpu_np2 --backend cuda" \
-        "2 test_engine_gpu_np2 --backend cuda"; do
-        set -- $t
-        GDP_GEMM_FRONT=fused timeout 150 mpirun -n "$1" "$P/main/bin/$2" "${@:3}" >"$OUT/gf_$2.log" 2>&1
-        echo "GDP_GEMM_FRONT=fused $2 rc=$?"
-        grep -E "checks|FAIL|skipped" "$OUT/gf_$2.log" | tail -2
-    done
+    (export GDP_GEMM_FRONT=fused
+     run_gpu_tests "$P/main/bin" gf "GDP_GEMM_FRONT=fused " "1 test_layer_tp_gpu_nccl_np1 --backend cuda --comm nccl" \
+         "2 test_layer_tp_gpu_np2 --backend cuda" "2 test_engine_gpu_np2 --backend cuda")
     for round in 1 2; do
         for mode in chain skinny fused; do # chain: cuBLASLt in_proj and the front; skinny: the skinny GEMV and the front
             echo "## round $round $mode" >>"$OUT/layer_gf.log"
