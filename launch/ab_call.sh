@@ -16,7 +16,7 @@
 # every tree, GDP_CALL_FUSEDRACE_TIMEOUT seconds each (default 100; the fused-* pending experiments); normgemm
 # (not by default), gdp-bench ops --op gemm (the norm-GEMM rows; GDP_CALL_NG_OPS=0 skips it), main's
 # test_gemm_gpu, the layer and engine GPU tests (GDP_CALL_NG_TESTS=0 skips them, quick runs the NCCL layer test and the engine test only), then the layer bench's decode
-# rows (GDP_CALL_NG_BATCHES, default 1,2,4,8,64) under each GDP_NORM_GEMM of GDP_CALL_NG_MODES (default "chain
+# rows (GDP_CALL_NG_BATCHES, default 1,2,4,8,64) of each tree of GDP_CALL_NG_TREES (default main) under each GDP_NORM_GEMM of GDP_CALL_NG_MODES (default "chain
 # serial pdl"; a mode X+skinny also sets GDP_GEMM_SKINNY=on, X+blas off), two rounds; profile (not by default), ncu's duration
 # of every kernel of main's layer bench in launch order (decode rows GDP_CALL_PROF_BATCHES, default 1,128), then per kernel
 # name over gdp-run's decode-heavy workload cut to GDP_CALL_PROF_NEW (default 6) new tokens; split
@@ -226,14 +226,17 @@ stage_normgemm() { # the norm-GEMV (kernels/gemv.cu): its tests, then the layer'
         "1 test_recurrent_gpu")
     [ "${GDP_CALL_NG_TESTS:-1}" = quick ] && tests=("${tests[0]}" "${tests[3]}") # one layer test and the engine's
     [ "${GDP_CALL_NG_TESTS:-1}" = 0 ] || run_gpu_tests "$P/main/bin" ng "" "${tests[@]}"
+    local tree
     for round in 1 2; do
-        for mode in ${GDP_CALL_NG_MODES:-chain serial pdl}; do # a mode "X+skinny" also sets GDP_GEMM_SKINNY=on, "X+blas" off
-            echo "## round $round GDP_NORM_GEMM=$mode" >>"$OUT/layer_ng.log"
-            skinny=auto
-            [ "${mode%+skinny}" = "$mode" ] || skinny=on
-            [ "${mode%+blas}" = "$mode" ] || skinny=off
-            GDP_NORM_GEMM=${mode%+*} GDP_GEMM_SKINNY=$skinny timeout 90 mpirun -n 1 "$P/main/bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 \
-                -p 128 -n 128 -m 2 -D ${GDP_CALL_NG_BATCHES:-1,2,4,8,64} -P 2048 >>"$OUT/layer_ng.log" 2>&1
+        for tree in ${GDP_CALL_NG_TREES:-main}; do # the pack's trees, each under every mode
+            for mode in ${GDP_CALL_NG_MODES:-chain serial pdl}; do # a mode "X+skinny" also sets GDP_GEMM_SKINNY=on, "X+blas" off
+                echo "## round $round tree $tree GDP_NORM_GEMM=$mode" >>"$OUT/layer_ng.log"
+                skinny=auto
+                [ "${mode%+skinny}" = "$mode" ] || skinny=on
+                [ "${mode%+blas}" = "$mode" ] || skinny=off
+                GDP_NORM_GEMM=${mode%+*} GDP_GEMM_SKINNY=$skinny timeout 90 mpirun -n 1 "$P/$tree/bin/gdp-bench" layer -b cuda \
+                    -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 -D ${GDP_CALL_NG_BATCHES:-1,2,4,8,64} -P 2048 >>"$OUT/layer_ng.log" 2>&1
+            done
         done
     done
     grep -E "^## |decode|prefill|wrong" "$OUT/layer_ng.log" | head -60
