@@ -239,7 +239,7 @@ stage_normgemm() { # the norm-GEMV (kernels/gemv.cu): its tests, then the layer'
             done
         done
     done
-    grep -E "^## |decode|prefill|wrong" "$OUT/layer_ng.log" | head -60
+    grep -E "^## |decode|prefill|wrong" "$OUT/layer_ng.log" | head -150 # (two trees, three modes: 84 lines)
 }
 stage_profile() { # ncu's duration of every kernel of main's layer bench, in launch order (decode rows GDP_CALL_PROF_BATCHES)
     command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
