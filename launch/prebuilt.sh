@@ -17,16 +17,16 @@
 #       base; GDP_AB_SEGMENTS, GDP_AB_ROUNDS as the suite's; GDP_AB_TESTS first | last | none: each
 #       tree's Hopper test path before the rows, after them, or not), logs and the table under $OUT.
 #
-# Targets: gdp-bench, test_chunk_gpu, gdp-run, test_gemm_gpu and test_conv1d_gpu for every tree;
-# test_engine_gpu_np2, test_recurrent_gpu, test_comm_mpi_gpu_np2, test_layer_cp_gpu_np2, test_layer_tp_gpu_np2,
-# test_layer_tp_gpu_sp_np2 and test_layer_tp_gpu_nccl_np1 for main.
+# Targets: gdp-bench, test_chunk_gpu, gdp-run, test_gemm_gpu, test_conv1d_gpu, test_engine_gpu_np2, test_layer_tp_gpu_nccl_np1
+# and test_layer_tp_gpu_np2 for every tree (packab's tests of side b); test_recurrent_gpu, test_comm_mpi_gpu_np2,
+# test_layer_cp_gpu_np2 and test_layer_tp_gpu_sp_np2 for main.
 # Environment: GDP_BUILD_DIR (default build). The patches may touch sources only (no new targets).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${GDP_BUILD_DIR:-build}
-tree_targets=(gdp-bench test_chunk_gpu gdp-run test_gemm_gpu test_conv1d_gpu)
-main_targets=(test_engine_gpu_np2 test_recurrent_gpu test_comm_mpi_gpu_np2 test_layer_cp_gpu_np2
-              test_layer_tp_gpu_np2 test_layer_tp_gpu_sp_np2 test_layer_tp_gpu_nccl_np1)
+tree_targets=(gdp-bench test_chunk_gpu gdp-run test_gemm_gpu test_conv1d_gpu test_engine_gpu_np2 test_layer_tp_gpu_nccl_np1
+              test_layer_tp_gpu_np2)
+main_targets=(test_recurrent_gpu test_comm_mpi_gpu_np2 test_layer_cp_gpu_np2 test_layer_tp_gpu_sp_np2)
 mode=${1:-}
 dir=${2:-}
 [ -n "$mode" ] && [ -n "$dir" ] || { sed -n '2,20p' "${BASH_SOURCE[0]}" >&2; exit 2; }
