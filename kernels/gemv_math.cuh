@@ -108,12 +108,12 @@ __device__ __forceinline__ void gemv_sums(int rows, int n, int k, const T *__res
             for (int c = 0; c < CPW; c++)
                 bv[c][u] = idx < k ? load_stream(brow[c] + idx) : make_uint4(0u, 0u, 0u, 0u);
         }
-        if (a_early) {
+        if constexpr (a_early) {
 #pragma unroll
             for (int u = 0; u < GEMV_U; u++) {
                 const int idx = base + u * GEMV_SPAN + lane * 8;
 #pragma unroll
-                for (int r = 0; r < (a_early ? R : 1); r++) /* a row past `rows` reads row 0, unused */
+                for (int r = 0; r < R; r++) /* a row past `rows` reads row 0, unused */
                     av[r][u] = idx < k ? __ldg(reinterpret_cast<const uint4 *>(A + (r < rows ? r : 0) * lda + idx))
                                        : make_uint4(0u, 0u, 0u, 0u);
             }
@@ -128,9 +128,9 @@ __device__ __forceinline__ void gemv_sums(int rows, int n, int k, const T *__res
 #pragma unroll
             for (int c = 0; c < CPW; c++)
                 dep ^= bv[c][u].x;
-            if (a_early)
+            if constexpr (a_early)
 #pragma unroll
-                for (int r = 0; r < (a_early ? R : 1); r++)
+                for (int r = 0; r < R; r++)
                     dep ^= av[r][u].x;
         }
 #pragma unroll
@@ -148,8 +148,11 @@ __device__ __forceinline__ void gemv_sums(int rows, int n, int k, const T *__res
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (r < rows) {
-                    const uint4 a = a_early ? av[a_early ? r : 0][u]
-                                            : __ldg(reinterpret_cast<const uint4 *>(A + r * lda + idx));
+                    uint4 a;
+                    if constexpr (a_early)
+                        a = av[r][u];
+                    else
+                        a = __ldg(reinterpret_cast<const uint4 *>(A + r * lda + idx));
 #pragma unroll
                     for (int c = 0; c < CPW; c++)
                         acc[r][c] = dot8<T>(acc[r][c], a, bv[c][u]);
