@@ -123,9 +123,9 @@ static void gemm_one(const gemm_case *cs, test_rng *rng) {
     }
     /* auto (the default) takes the skinny kernel up to GDP_GEMV_AUTO_ROWS rows, cuBLASLt beyond:
      * its bits are those of the path it names */
+    const bool auto_skinny = fits && cs->rows <= GDP_GEMV_AUTO_ROWS;
     gdp_tensor chosen = run_gemm(cs, "auto", &a, &b, &c0);
-    test_same_bytes(fits && cs->rows <= GDP_GEMV_AUTO_ROWS ? "auto = skinny" : "auto = cublasLt", &chosen,
-                    fits && cs->rows <= GDP_GEMV_AUTO_ROWS ? &skinny : &blas);
+    test_same_bytes(auto_skinny ? "auto = skinny" : "auto = cublasLt", &chosen, auto_skinny ? &skinny : &blas);
     test_host_free(&chosen);
     free(ha), free(hb), free(hc);
     test_host_free(&a), test_host_free(&b), test_host_free(&c0), test_host_free(&skinny), test_host_free(&blas);
