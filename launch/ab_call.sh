@@ -83,6 +83,7 @@ run_gpu_tests() {
     shift 3
     for t in "$@"; do
         set -- $t
+        [ -x "$bin/$2" ] || { echo "$label$2: not linked in $bin (a patch tree links prebuilt.sh's tree_targets only)"; continue; }
         timeout 150 mpirun -n "$1" "$bin/$2" "${@:3}" >"$OUT/${log}_$2.log" 2>&1
         echo "$label$2 rc=$?"
         grep -E "checks|FAIL|skipped" "$OUT/${log}_$2.log" | tail -2
@@ -214,7 +215,7 @@ stage_layer() {
     grep -E "^## |decode|prefill" "$OUT/layer.log" | head -30
 }
 stage_normgemm() { # the norm-GEMV (kernels/gemv.cu): its tests, then the layer's decode rows under each GDP_NORM_GEMM
-    local mode round
+    local mode round skinny
     [ "${GDP_CALL_NG_OPS:-1}" = 0 ] || timeout 120 "$P/main/bin/gdp-bench" ops --op gemm >"$OUT/ops_gemm.log" 2>&1
     echo "gdp-bench ops --op gemm rc=$?"
     grep -E "^#  *op|normgemm|gemm  *(in|out)_proj" "$OUT/ops_gemm.log"
