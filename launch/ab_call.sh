@@ -275,7 +275,7 @@ stage_split() { # the layer bench's decode rows as micro-batches on their own st
     grep -E "^## |^ *decode|split:" "$OUT/layer_split.log" | head -60
 }
 stage_gemmfront() { # in_proj with the decode front (GDP_GEMM_FRONT): its tests, then the layer's decode rows
-    local mode round
+    local mode round skinny
     timeout 150 "$P/main/bin/test_conv1d_gpu" >"$OUT/gf_conv.log" 2>&1
     echo "test_conv1d_gpu rc=$?"
     grep -E "checks|FAIL|in_proj \+ decode front" "$OUT/gf_conv.log" | tail -10
