@@ -663,7 +663,9 @@ int gdp_bench_layer_main(int argc, char **argv) {
     for (int i = 0; i < o.decode.n; i++) {
         const int32_t b = o.decode.v[i], rows = ROWS(b);
         buckets[nb++] = (gdp_step_bucket){.decode_count = 0, .prefill_count = b, .token_count = rows};
-        buckets[nb++] = (gdp_step_bucket){.decode_count = b, .prefill_count = 0, .token_count = rows};
+        /* a decode entry for every row (padding ones slot -1), as the engine's decode-only buckets:
+         * the layer then reads the decode op's output in place at one request too */
+        buckets[nb++] = (gdp_step_bucket){.decode_count = cp == 1 ? rows : b, .prefill_count = 0, .token_count = rows};
         max_batch = b > max_batch ? b : max_batch;
         max_rows = rows > max_rows ? rows : max_rows;
     }

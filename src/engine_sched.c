@@ -85,12 +85,18 @@ gdp_status_t eng_make_buckets(struct gdp_engine *e) {
                 const int32_t cp = e->cp.cp_size, need = dc * S + pt < 2 * cp ? 2 * cp : dc * S + pt;
                 const int32_t rows = (need + cp - 1) / cp * cp;
                 const int32_t entries = prefill_entries(e, pt, pi == np - 1);
-                e->buckets[n] = (gdp_step_bucket){.decode_count = dc, .prefill_count = entries, .token_count = rows};
+                /* A decode-only bucket (no CP) has a decode entry for every row (padding ones slot -1):
+                 * then every row is a decode row and the layer reads the decode op's output in place
+                 * (layer.c y_in_place) instead of zeroing y and gathering it, as at one request in two
+                 * rows (the two-row floor above) it otherwise would. At most n_slots entries, the
+                 * largest decode level, so that the warm-up's bucket still covers every other. */
+                const int32_t dcount = pt == 0 && cp == 1 && rows % S == 0 && rows / S <= c->n_slots ? rows / S : dc;
+                e->buckets[n] = (gdp_step_bucket){.decode_count = dcount, .prefill_count = entries, .token_count = rows};
                 if (rows > e->max_rows)
                     e->max_rows = rows;
                 e->bucket_S[n] = S;
                 /* the head samples every decode row and one row per prefill slice */
-                e->bucket_head[n] = dc * S + entries;
+                e->bucket_head[n] = dcount * S + entries;
                 if (e->bucket_head[n] > e->max_head)
                     e->max_head = e->bucket_head[n];
                 *slot = n++;
