@@ -34,7 +34,8 @@
 # (GDP_CALL_GEMVPROF_ENVS, default "GDP_GEMM_SKINNY=auto GDP_GEMM_SKINNY=on");
 # ngsrc (not by default), ncu's full set with source counters (report, details and the per-instruction SASS table
 # in logs.tgz) on the layer's out_proj launch at B = 1 of tree GDP_CALL_NGSRC_TREE (default main) under
-# GDP_CALL_NGSRC_MODES (default auto: the norm-GEMV; under chain at two rows out_proj is cuBLASLt's); gemmfront (not by default), in_proj with the decode front: test_conv1d_gpu, the layer and engine GPU
+# GDP_CALL_NGSRC_MODES (default auto: the norm-GEMV; under chain at two rows out_proj is cuBLASLt's); other kernels
+# and rows by GDP_CALL_NGSRC_KERNEL (a regex), GDP_CALL_NGSRC_D, _SKIP and _COUNT (launches skipped and profiled); gemmfront (not by default), in_proj with the decode front: test_conv1d_gpu, the layer and engine GPU
 # tests under GDP_GEMM_FRONT=fused, then the layer's decode rows GDP_CALL_GF_BATCHES (default 1,2,4,8) with cuBLASLt and
 # the front (chain), the skinny GEMV and the front (skinny) and the one launch (fused), two rounds. The A/B
 # runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
@@ -339,9 +340,10 @@ stage_ngsrc() { # ncu's full set with source counters on the out_proj norm-GEMV 
     local tree=${GDP_CALL_NGSRC_TREE:-main}
     for mode in ${GDP_CALL_NGSRC_MODES:-auto}; do
         GDP_NORM_GEMM=$mode timeout 200 ncu --clock-control none --set full --import-source no \
-            --kernel-name regex:"norm_gemv|gemv_nt_kernel<__nv_bfloat16, float" --launch-skip 2 --launch-count 1 \
-            -o "$OUT/ngsrc_$mode" "$P/$tree/bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 \
-            -D 1 -P 64 -w 1 -i 1 -c 0 >"$OUT/ngsrc_$mode.log" 2>&1
+            --kernel-name regex:"${GDP_CALL_NGSRC_KERNEL:-norm_gemv}" --launch-skip "${GDP_CALL_NGSRC_SKIP:-2}" \
+            --launch-count "${GDP_CALL_NGSRC_COUNT:-1}" -o "$OUT/ngsrc_$mode" "$P/$tree/bin/gdp-bench" layer -b cuda \
+            -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 -D "${GDP_CALL_NGSRC_D:-1}" -P 64 -w 1 -i 1 -c 0 \
+            >"$OUT/ngsrc_$mode.log" 2>&1
         echo "ncu ngsrc $mode rc=$?"
         ncu --import "$OUT/ngsrc_$mode.ncu-rep" --page details >"$OUT/ngsrc_${mode}_details.txt" 2>&1
         ncu --import "$OUT/ngsrc_$mode.ncu-rep" --page source --print-source sass --csv >"$OUT/ngsrc_${mode}_sass.csv" 2>&1
