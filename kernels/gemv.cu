@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_nt_kernel(int rows, int 
     if (col0 >= n)
         return;
     float acc[R][CPW];
-    gemv_sums<T, R, CPW>(rows, n, k, A, lda, B, col0, lane, acc);
+    gemv_sums<T, R, CPW>(rows, n, k, GlobalRows<T, R>{A, lda, rows}, B, col0, lane, acc);
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -146,85 +146,56 @@ template <int NCH> __device__ void rms_row_block_order(const NormParams &q, int6
  * first issues its column's first NG_SEG elements (NG_U 16-byte chunks a lane) and sends the rest
  * of the column to L2, before the programmatic wait when launched as a dependent (pdl.cuh);
  * while they arrive the block forms the norm of every row in shared memory, with the norm
- * kernels' body and sum orders (the same A as the norm op writes); then each warp multiplies in
- * gemv_nt_kernel's per-column order (chunk lane * 8 + 256 i in increasing i, then the shuffle
- * tree): the same bits as the norm op followed by gemv_nt. BLOCK: rows of more than 1024
+ * kernels' body and sum orders (the same A as the norm op writes): all of it gemv_sums' hook, A then
+ * read from shared memory; so each warp multiplies in gemv_nt_kernel's per-column order (chunk
+ * lane * 8 + 256 i in increasing i, then the shuffle tree): the same bits as the norm op followed
+ * by gemv_nt. BLOCK: rows of more than 1024
  * elements (RMS: rms_row_block_order, a warp a row; GATED: the block body, one vector after the
  * other), else a warp a vector; NCH chunks a thread as the norm kernels. */
 template <typename T, typename TC, int R, bool GATED, bool BLOCK, int NCH>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) norm_gemv_kernel(const NormGemvParams p) {
+__global__ void __launch_bounds__(GEMV_WARPS * 32) norm_gemv_kernel(const __grid_constant__ NormGemvParams p) {
     extern __shared__ __align__(16) unsigned char norm_gemv_smem[];
     T *As = reinterpret_cast<T *>(norm_gemv_smem);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t col = (int64_t)blockIdx.x * GEMV_WARPS + warp;
     const bool has_col = col < p.n;
-    const T *brow = static_cast<const T *>(p.B) + (has_col ? col : 0) * (int64_t)p.k;
     pdl_trigger(); /* whatever follows may start as soon as it can: it waits for this grid itself */
 
-    /* 1. The weight, independent of the kernels ahead. */
-    uint4 bv[NG_U];
-#pragma unroll
-    for (int u = 0; u < NG_U; u++) {
-        const int idx = u * GEMV_SPAN + lane * 8;
-        bv[u] = has_col && idx < p.k ? load_stream(brow + idx) : make_uint4(0u, 0u, 0u, 0u);
-    }
-    if (has_col && lane == 0 && p.k > NG_SEG)
-        prefetch_l2_bulk(brow + NG_SEG, (uint32_t)(p.k - NG_SEG) * (uint32_t)sizeof(T));
-
-    /* 2. The input, written by the kernels ahead: its norm, every row, in shared memory. */
-    pdl_wait();
-    NormParams q = p.norm;
-    q.out = As;
-    if constexpr (GATED && BLOCK) {
-        for (int64_t v = 0; v < q.vectors; v++) {
-            norm_fast_vector<false, true, true, NCH>(q, v, (int)threadIdx.x);
-            __syncthreads(); /* the body's partial sums are reused by the next vector */
+    /* 1. The weight, independent of the kernels ahead: gemv_sums issues the column's first NG_SEG
+     * elements, then runs the hook (a column past n reads column 0, its sum unused). */
+    const T *B = static_cast<const T *>(p.B);
+    const T *brow = B + (has_col ? col : 0) * (int64_t)p.k;
+    const auto prologue = [&]() {
+        if (has_col && lane == 0 && p.k > NG_SEG) /* the rest of the column to L2 */
+            prefetch_l2_bulk(brow + NG_SEG, (uint32_t)(p.k - NG_SEG) * (uint32_t)sizeof(T));
+        /* 2. The input, written by the kernels ahead: its norm, every row, in shared memory. */
+        pdl_wait();
+        NormParams q = p.norm;
+        q.out = As;
+        if constexpr (GATED && BLOCK) {
+            for (int64_t v = 0; v < q.vectors; v++) {
+                norm_fast_vector<false, true, true, NCH>(q, v, (int)threadIdx.x);
+                __syncthreads(); /* the body's partial sums are reused by the next vector */
+            }
+        } else if constexpr (BLOCK) {
+            if (warp < p.rows)
+                rms_row_block_order<NCH>(q, warp, lane);
+        } else {
+            for (int64_t v = warp; v < q.vectors; v += GEMV_WARPS)
+                norm_fast_vector<false, GATED, false, NCH>(q, v, lane);
         }
-    } else if constexpr (BLOCK) {
-        if (warp < p.rows)
-            rms_row_block_order<NCH>(q, warp, lane);
-    } else {
-        for (int64_t v = warp; v < q.vectors; v += GEMV_WARPS)
-            norm_fast_vector<false, GATED, false, NCH>(q, v, lane);
-    }
-    __syncthreads();
+        __syncthreads();
+    };
+
+    /* 3. The product, in gemv_nt_kernel's order, A from shared memory. */
+    float acc[R][1];
+    gemv_sums<T, R, 1, NG_U, true>(p.rows, p.n, p.k, SharedRows<T>{As, p.k}, B, has_col ? col : 0, lane, acc, prologue);
     if (!has_col)
         return;
-
-    /* 3. The product. */
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-        acc[r] = 0.0f;
-    for (int base = 0; base < p.k; base += NG_SEG) {
-        if (base > 0) {
-#pragma unroll
-            for (int u = 0; u < NG_U; u++) {
-                const int idx = base + u * GEMV_SPAN + lane * 8;
-                bv[u] = idx < p.k ? load_stream(brow + idx) : make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < NG_U; u++) {
-            const int idx = base + u * GEMV_SPAN + lane * 8;
-            if (idx >= p.k)
-                break;
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (r < p.rows) {
-                    const uint4 av = *reinterpret_cast<const uint4 *>(As + (int64_t)r * p.k + idx);
-                    acc[r] = dot8<T>(acc[r], av, bv[u]);
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++)
-        acc[r] = warp_sum(acc[r]); /* gemv_nt_kernel's tree */
 #pragma unroll
     for (int r = 0; r < R; r++)
         if (lane == r && r < p.rows)
-            store_sum<T>(static_cast<TC *>(p.C) + r * p.ldc + col, acc[r], p.beta);
+            store_sum<T>(static_cast<TC *>(p.C) + r * p.ldc + col, acc[r][0], p.beta);
 }
 
 template <typename T, typename TC, int R, bool GATED, bool BLOCK, int NCH>

@@ -169,8 +169,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, front_min_blocks<R, CPW>()) g
     const int r = lane / CPW, c = lane % CPW; /* the (row, column) whose element this lane stores */
     const bool mine = lane < R * CPW && r < p.rows && col0 + c < p.n;
     float acc[R][CPW];
-    gemv_sums<T, R, CPW>(p.rows, p.n, p.k, static_cast<const T *>(p.A), p.lda, static_cast<const T *>(p.B), col0,
-                         lane, acc, FrontPrefetch<T>{p, mine, r, col0 + c});
+    gemv_sums<T, R, CPW>(p.rows, p.n, p.k, GlobalRows<T, R>{static_cast<const T *>(p.A), p.lda, p.rows},
+                         static_cast<const T *>(p.B), col0, lane, acc, FrontPrefetch<T>{p, mine, r, col0 + c});
     float v = 0.0f;
 #pragma unroll
     for (int rr = 0; rr < R; rr++)

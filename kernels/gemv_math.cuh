@@ -77,14 +77,44 @@ struct NoHook {
     __device__ __forceinline__ void operator()() const {}
 };
 
+/* Where gemv_sums reads A [rows, k]: global memory with a row pitch (its chunks of a trip go out
+ * with the weight's at up to GEMV_A_REG_ROWS rows; beyond, a chunk's rows are read as it is
+ * multiplied: their registers would cost blocks an SM), or shared memory of pitch k that the
+ * hook fills (read as multiplied, after the hook: the norm-GEMV's normalized rows). */
+template <typename T, int R> struct GlobalRows {
+    static constexpr bool early = R <= GEMV_A_REG_ROWS;
+    const T *A;
+    int64_t lda;
+    int rows;
+    __device__ __forceinline__ uint4 operator()(int r, int idx) const {
+        return __ldg(reinterpret_cast<const uint4 *>(A + r * lda + idx));
+    }
+    /* early, every compiled row: a row past `rows` reads row 0, unused */
+    __device__ __forceinline__ uint4 clamped(int r, int idx) const { return (*this)(r < rows ? r : 0, idx); }
+    /* 0 (lda >= k > 0: the launcher checked), from a value the compiler cannot bound */
+    __device__ __forceinline__ uint32_t fence_zero() const { return (uint32_t)((uint64_t)lda >> 63); }
+};
+template <typename T> struct SharedRows {
+    static constexpr bool early = false;
+    const T *As;
+    int k;
+    __device__ __forceinline__ uint4 operator()(int r, int idx) const {
+        return *reinterpret_cast<const uint4 *>(As + (int64_t)r * k + idx);
+    }
+    /* no fence: the hook's barrier and programmatic wait already keep the weight's loads ahead */
+    __device__ __forceinline__ uint32_t fence_zero() const { return 0u; }
+};
+
 /* The sums of columns col0 .. col0 + CPW - 1 (rows of B [n, k]) with rows 0 .. rows - 1 of A
- * (R >= rows, compiled): acc[r][c], the same total in every lane of the warp. A column past n
- * repeats col0 (its sums unused). hook() runs once, right after the first chunks of B are issued
- * (an epilogue's own loads can go out there without delaying the weight's stream). */
-template <typename T, int R, int CPW, typename Hook = NoHook>
-__device__ __forceinline__ void gemv_sums(int rows, int n, int k, const T *__restrict__ A, int64_t lda,
-                                          const T *__restrict__ B, int64_t col0, int lane, float (&acc)[R][CPW],
-                                          const Hook &hook = Hook()) {
+ * (R >= rows, compiled; read through a_rows, GlobalRows or SharedRows): acc[r][c], the same total
+ * in every lane of the warp. A column past n repeats col0 (its sums unused). U 16-byte chunks of
+ * each column a lane go out a trip. hook() runs once, right after the first trip's chunks of B are
+ * issued (an epilogue's own loads can go out there without delaying the weight's stream; the
+ * norm-GEMV forms its A there). PEEL: the first trip outside the loop, so a large hook's registers
+ * are not the loop's (the norm-GEMV's RMS prologue took 30 more in the loop: 138 against 108). */
+template <typename T, int R, int CPW, int U = GEMV_U, bool PEEL = false, typename ARows, typename Hook = NoHook>
+__device__ __forceinline__ void gemv_sums(int rows, int n, int k, const ARows &a_rows, const T *__restrict__ B,
+                                          int64_t col0, int lane, float (&acc)[R][CPW], const Hook &hook = Hook()) {
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -95,14 +125,14 @@ __device__ __forceinline__ void gemv_sums(int rows, int n, int k, const T *__res
     for (int c = 0; c < CPW; c++)
         brow[c] = B + (col0 + c < n ? col0 + c : col0) * (int64_t)k;
 
-    /* A's chunks of a trip go out with the weight's at up to GEMV_A_REG_ROWS rows (beyond, a chunk's
-     * rows are read as it is multiplied: their registers would cost blocks an SM) */
-    constexpr bool a_early = R <= GEMV_A_REG_ROWS;
-    const uint32_t zero = (uint32_t)((uint64_t)lda >> 63); /* 0: lda >= k > 0 (the launcher checked) */
-    for (int base = 0; base < k; base += GEMV_SPAN * GEMV_U) {
-        uint4 bv[CPW][GEMV_U], av[a_early ? R : 1][GEMV_U];
+    constexpr bool a_early = ARows::early;
+    const uint32_t zero = a_rows.fence_zero();
+    /* one trip: its loads, the fence, then (the first trip only) the hook, then its multiplies */
+    const auto trip = [&](int base, auto first) {
+        uint4 bv[CPW][U];
+        [[maybe_unused]] uint4 av[a_early ? R : 1][U]; /* the early rows of A (GlobalRows) */
 #pragma unroll
-        for (int u = 0; u < GEMV_U; u++) {
+        for (int u = 0; u < U; u++) {
             const int idx = base + u * GEMV_SPAN + lane * 8;
 #pragma unroll
             for (int c = 0; c < CPW; c++)
@@ -110,12 +140,11 @@ __device__ __forceinline__ void gemv_sums(int rows, int n, int k, const T *__res
         }
         if constexpr (a_early) {
 #pragma unroll
-            for (int u = 0; u < GEMV_U; u++) {
+            for (int u = 0; u < U; u++) {
                 const int idx = base + u * GEMV_SPAN + lane * 8;
 #pragma unroll
-                for (int r = 0; r < R; r++) /* a row past `rows` reads row 0, unused */
-                    av[r][u] = idx < k ? __ldg(reinterpret_cast<const uint4 *>(A + (r < rows ? r : 0) * lda + idx))
-                                       : make_uint4(0u, 0u, 0u, 0u);
+                for (int r = 0; r < R; r++)
+                    av[r][u] = idx < k ? a_rows.clamped(r, idx) : make_uint4(0u, 0u, 0u, 0u);
             }
         }
         /* The fence: every sum takes a word of every load of the trip (OR-ed in as x & 0 with a
@@ -124,7 +153,7 @@ __device__ __forceinline__ void gemv_sums(int rows, int n, int k, const T *__res
          * one dependent trip to A a chunk; kernels/NOTES-ops.md, thirty-fourth session). */
         uint32_t dep = 0;
 #pragma unroll
-        for (int u = 0; u < GEMV_U; u++) {
+        for (int u = 0; u < U; u++) {
 #pragma unroll
             for (int c = 0; c < CPW; c++)
                 dep ^= bv[c][u].x;
@@ -138,10 +167,14 @@ __device__ __forceinline__ void gemv_sums(int rows, int n, int k, const T *__res
 #pragma unroll
             for (int c = 0; c < CPW; c++)
                 acc[r][c] = __uint_as_float(__float_as_uint(acc[r][c]) | (dep & zero));
-        if (base == 0)
+        if constexpr (std::is_same<decltype(first), bool>::value) {
+            if (first)
+                hook();
+        } else if constexpr (decltype(first)::value) {
             hook();
+        }
 #pragma unroll
-        for (int u = 0; u < GEMV_U; u++) {
+        for (int u = 0; u < U; u++) {
             const int idx = base + u * GEMV_SPAN + lane * 8;
             if (idx >= k)
                 break;
@@ -152,13 +185,21 @@ __device__ __forceinline__ void gemv_sums(int rows, int n, int k, const T *__res
                     if constexpr (a_early)
                         a = av[r][u];
                     else
-                        a = __ldg(reinterpret_cast<const uint4 *>(A + r * lda + idx));
+                        a = a_rows(r, idx);
 #pragma unroll
                     for (int c = 0; c < CPW; c++)
                         acc[r][c] = dot8<T>(acc[r][c], a, bv[c][u]);
                 }
             }
         }
+    };
+    if constexpr (PEEL) {
+        trip(0, std::true_type{});
+        for (int base = GEMV_SPAN * U; base < k; base += GEMV_SPAN * U)
+            trip(base, std::false_type{});
+    } else {
+        for (int base = 0; base < k; base += GEMV_SPAN * U)
+            trip(base, base == 0);
     }
     /* one shuffle tree per (row, column): every lane ends with the same fixed-order total */
 #pragma unroll
