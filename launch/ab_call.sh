@@ -35,7 +35,9 @@
 # ngsrc (not by default), ncu's full set with source counters (report, details and the per-instruction SASS table
 # in logs.tgz) on the layer's out_proj launch at B = 1 of tree GDP_CALL_NGSRC_TREE (default main) under
 # GDP_CALL_NGSRC_MODES (default auto: the norm-GEMV; under chain at two rows out_proj is cuBLASLt's); other kernels
-# and rows by GDP_CALL_NGSRC_KERNEL (a regex), GDP_CALL_NGSRC_D, _SKIP and _COUNT (launches skipped and profiled); gemmfront (not by default), in_proj with the decode front: test_conv1d_gpu, the layer and engine GPU
+# and rows by GDP_CALL_NGSRC_KERNEL (a regex), GDP_CALL_NGSRC_D, _SKIP and _COUNT (launches skipped and profiled);
+# sampab (not by default), the sampling kernels of main and of tree GDP_CALL_SAMP_TREE: the tree's test_sampling_gpu,
+# then both trees' test_sampling_gpu --bench alternated (GDP_CALL_SAMP_ROUNDS); gemmfront (not by default), in_proj with the decode front: test_conv1d_gpu, the layer and engine GPU
 # tests under GDP_GEMM_FRONT=fused, then the layer's decode rows GDP_CALL_GF_BATCHES (default 1,2,4,8) with cuBLASLt and
 # the front (chain), the skinny GEMV and the front (skinny) and the one launch (fused), two rounds. The A/B
 # runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
@@ -128,6 +130,17 @@ stage_opsdecode() { # gdp-bench ops --op decode of main, twice (the decode rows 
         echo "## round $r"
         timeout 60 "$P/main/bin/gdp-bench" ops --op decode 2>&1 | grep -E "^decode|rror"
     done | tee "$OUT/opsdecode.log"
+}
+stage_sampab() { # the sampling kernels of main against tree GDP_CALL_SAMP_TREE: the tree's test_sampling_gpu, then
+    # test_sampling_gpu --bench (stage 1 + 2, 256 rows) of both, alternated, GDP_CALL_SAMP_ROUNDS rounds (default 2)
+    local tree=${GDP_CALL_SAMP_TREE:?stage sampab needs GDP_CALL_SAMP_TREE, a tree of the pack} r side
+    run_gpu_tests "$P/$tree/bin" samp "b: " "1 test_sampling_gpu"
+    for r in $(seq 1 "${GDP_CALL_SAMP_ROUNDS:-2}"); do
+        for side in main "$tree"; do
+            echo "## round $r tree $side"
+            timeout 120 "$P/$side/bin/test_sampling_gpu" --bench 2>&1 | grep -vE "^$"
+        done
+    done | tee "$OUT/sampab.log"
 }
 stage_fusedrace() { # racecheck of the fused kernel's first launches on every tree (the fused-* experiments)
     local tree_dir tree

@@ -25,7 +25,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${GDP_BUILD_DIR:-build}
 tree_targets=(gdp-bench test_chunk_gpu gdp-run test_gemm_gpu test_conv1d_gpu test_engine_gpu_np2 test_layer_tp_gpu_nccl_np1
-              test_layer_tp_gpu_np2)
+              test_layer_tp_gpu_np2 test_sampling_gpu)
 main_targets=(test_recurrent_gpu test_comm_mpi_gpu_np2 test_layer_cp_gpu_np2 test_layer_tp_gpu_sp_np2)
 mode=${1:-}
 dir=${2:-}
