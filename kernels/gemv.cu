@@ -152,8 +152,8 @@ template <int NCH> __device__ void rms_row_block_order(const NormParams &q, int6
  * by gemv_nt. BLOCK: rows of more than 1024
  * elements (RMS: rms_row_block_order, a warp a row; GATED: the block body, one vector after the
  * other), else a warp a vector; NCH chunks a thread as the norm kernels. */
+/* p is __grid_constant__: the hook takes it by reference, read in place from the parameter space. */
 template <typename T, typename TC, int R, bool GATED, bool BLOCK, int NCH>
-/* p is __grid_constant__: the hook takes it by reference, read in place from the parameter space */
 __global__ void __launch_bounds__(GEMV_WARPS * 32) norm_gemv_kernel(const __grid_constant__ NormGemvParams p) {
     extern __shared__ __align__(16) unsigned char norm_gemv_smem[];
     T *As = reinterpret_cast<T *>(norm_gemv_smem);
