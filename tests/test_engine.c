@@ -248,6 +248,34 @@ static void units_buckets(void) {
     printf("step buckets: %d buckets, %lld steps each in a bucket that holds it (%lld of few slices in a small one)\n",
            e.n_buckets, (long long)steps, (long long)small);
     free(e.bucket_of), free(e.buckets), free(e.bucket_S), free(e.bucket_head);
+
+    /* A decode-only bucket (no CP) has a decode entry for every row where at most n_slots entries
+     * cover them, so the layer reads the decode op's output in place (layer.c y_in_place): also
+     * at one request, which takes two rows; a one-slot engine keeps its one entry (the warm-up's
+     * bucket must cover every other). */
+    static const struct { int32_t slots, S_max; } shapes[] = {{24, 3}, {1, 1}, {5, 1}, {128, 4}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        memset(&e, 0, sizeof e);
+        e.cfg.n_slots = shapes[i].slots, e.cfg.max_step_tokens = 1024, e.S_max = shapes[i].S_max;
+        e.cp.cp_size = 1, e.max_prefill = shapes[i].slots;
+        CHECK(eng_make_buckets(&e) == GDP_STATUS_SUCCESS, "eng_make_buckets failed (%d slots)", shapes[i].slots);
+        int32_t filled = 0;
+        for (int32_t b = 0; b < e.n_buckets; b++) {
+            const gdp_step_bucket *k = &e.buckets[b];
+            if (k->prefill_count != 0)
+                continue;
+            const int32_t S = e.bucket_S[b], fits = k->token_count % S == 0 && k->token_count / S <= e.cfg.n_slots;
+            CHECK(k->decode_count <= e.cfg.n_slots && k->decode_count * S <= k->token_count &&
+                      (!fits || k->decode_count * S == k->token_count),
+                  "%d slots, S %d: decode-only bucket %d has %d decode entries for %d rows", shapes[i].slots, S, b,
+                  k->decode_count, k->token_count);
+            filled += k->decode_count * S == k->token_count;
+        }
+        CHECK(filled > 0 || e.cfg.n_slots < 2, "%d slots: no decode-only bucket with an entry for every row",
+              shapes[i].slots);
+        free(e.bucket_of), free(e.buckets), free(e.bucket_S), free(e.bucket_head);
+    }
+    printf("decode-only buckets: a decode entry for every row within the slots (4 engine shapes)\n");
 }
 
 static void units_model(long job) {
