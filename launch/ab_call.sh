@@ -37,8 +37,8 @@
 # GDP_CALL_NGSRC_MODES (default auto: the norm-GEMV; under chain at two rows out_proj is cuBLASLt's); other kernels
 # and rows by GDP_CALL_NGSRC_KERNEL (a regex), GDP_CALL_NGSRC_D, _SKIP and _COUNT (launches skipped and profiled);
 # sampab (not by default), the sampling kernels of main and of tree GDP_CALL_SAMP_TREE: the tree's test_sampling_gpu,
-# then both trees' test_sampling_gpu --bench alternated (GDP_CALL_SAMP_ROUNDS); gemmfront (not by default), in_proj with the decode front: test_conv1d_gpu, the layer and engine GPU
-# tests under GDP_GEMM_FRONT=fused, then the layer's decode rows GDP_CALL_GF_BATCHES (default 1,2,4,8) with cuBLASLt and
+# then both trees' test_sampling_gpu --bench alternated (GDP_CALL_SAMP_ROUNDS); gemmfront (not by default), in_proj
+# with the decode front: test_conv1d_gpu, the layer and engine GPU tests under GDP_GEMM_FRONT=fused, then the layer's decode rows GDP_CALL_GF_BATCHES (default 1,2,4,8) with cuBLASLt and
 # the front (chain), the skinny GEMV and the front (skinny) and the one launch (fused), two rounds. The A/B
 # runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
 # call still returns the timings. Without a pack, or if linking fails, it builds the pending patches'
@@ -347,7 +347,7 @@ stage_gemvprof() { # ncu's detail of the layer's one-row kernels (why the projec
     grep -E "^## |^  [a-zA-Z_<].*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per Thread|Warp Cycles Per Issued|One or More Eligible|Theoretical Occupancy" \
         "$OUT/gemvprof.txt" | head -150
 }
-stage_ngsrc() { # ncu's full set with source counters on the out_proj norm-GEMV of the layer's B = 1 step
+stage_ngsrc() { # ncu's full set with source counters on kernels of the layer bench (default: the B = 1 out_proj norm-GEMV)
     command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
     local mode
     local tree=${GDP_CALL_NGSRC_TREE:-main}
