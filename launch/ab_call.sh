@@ -38,8 +38,8 @@
 # and rows by GDP_CALL_NGSRC_KERNEL (a regex), GDP_CALL_NGSRC_D, _SKIP and _COUNT (launches skipped and profiled);
 # sampab (not by default), the sampling kernels of main and of tree GDP_CALL_SAMP_TREE: the tree's test_sampling_gpu,
 # then both trees' test_sampling_gpu --bench alternated (GDP_CALL_SAMP_ROUNDS); gemmfront (not by default), in_proj
-# with the decode front: test_conv1d_gpu, the layer and engine GPU tests under GDP_GEMM_FRONT=fused, then the layer's decode rows GDP_CALL_GF_BATCHES (default 1,2,4,8) with cuBLASLt and
-# the front (chain), the skinny GEMV and the front (skinny) and the one launch (fused), two rounds. The A/B
+# with the decode front: test_conv1d_gpu, the layer and engine GPU tests under GDP_GEMM_FRONT=fused, then the
+# layer's decode rows GDP_CALL_GF_BATCHES (default 1,2,4,8) with cuBLASLt and the front (chain), the skinny GEMV and the front (skinny) and the one launch (fused), two rounds. The A/B
 # runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
 # call still returns the timings. Without a pack, or if linking fails, it builds the pending patches'
 # trees there (launch/h200-suite.sh hopperab; the patches not marked
