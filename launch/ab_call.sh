@@ -54,6 +54,8 @@ export JANSSON_HOME=$PWD/.deps/usr
 # the linked binaries find CUDA's libraries where that machine keeps them (no rpath to them from here)
 export LD_LIBRARY_PATH=$JANSSON_HOME/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 export GDP_GOLDEN_DIR=$PWD/.golden
+# the layer bench's model, every stage's: issue 11's shape (2 layers, D 2048, H 16, G 4, P = N = 128, M 2)
+layer_shape=(-b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2)
 final=${OUT:?OUT must name the folder whose files come back}
 export OUT=/tmp/ab_call_out # the stages' logs; $final/logs.tgz after each stage (the call returns few files)
 mkdir -p "$OUT"
@@ -115,8 +117,8 @@ stage_packab() { # main of GDP_CALL_PACK (a) against main of GDP_CALL_PACK_B, or
                 [ $tree = b ] && bin=$bbin
                 echo "## round $round tree $tree GDP_GEMM_SKINNY=$sk" | tee -a "$OUT/pab_ops.log" >>"$OUT/pab_layer.log"
                 GDP_GEMM_SKINNY=$sk timeout 120 "$bin/gdp-bench" ops --op gemm >>"$OUT/pab_ops.log" 2>&1
-                GDP_GEMM_SKINNY=$sk timeout 90 mpirun -n 1 "$bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 \
-                    -n 128 -m 2 -D ${GDP_CALL_PAB_BATCHES:-1,2,4,8,64} -P 64 >>"$OUT/pab_layer.log" 2>&1
+                GDP_GEMM_SKINNY=$sk timeout 90 mpirun -n 1 "$bin/gdp-bench" layer "${layer_shape[@]}" \
+                    -D ${GDP_CALL_PAB_BATCHES:-1,2,4,8,64} -P 64 >>"$OUT/pab_layer.log" 2>&1
             done
         done
     done
@@ -225,8 +227,8 @@ stage_ranks2() { # issue 11's multi-rank figures on one GPU: two ranks share it 
 stage_layer() {
     for sk in off on; do
         echo "## GDP_GEMM_SKINNY=$sk" >>"$OUT/layer.log"
-        GDP_GEMM_SKINNY=$sk timeout 90 mpirun -n 1 "$P/main/bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 \
-            -p 128 -n 128 -m 2 -D 1,8,64,256 -P 2048,16384 >>"$OUT/layer.log" 2>&1
+        GDP_GEMM_SKINNY=$sk timeout 90 mpirun -n 1 "$P/main/bin/gdp-bench" layer "${layer_shape[@]}" \
+            -D 1,8,64,256 -P 2048,16384 >>"$OUT/layer.log" 2>&1
     done
     grep -E "^## |decode|prefill" "$OUT/layer.log" | head -30
 }
@@ -251,8 +253,8 @@ stage_normgemm() { # the norm-GEMV (kernels/gemv.cu): its tests, then the layer'
                 skinny=auto
                 [ "${mode%+skinny}" = "$mode" ] || skinny=on
                 [ "${mode%+blas}" = "$mode" ] || skinny=off
-                GDP_NORM_GEMM=${mode%+*} GDP_GEMM_SKINNY=$skinny timeout 90 mpirun -n 1 "$P/$tree/bin/gdp-bench" layer -b cuda \
-                    -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 -D ${GDP_CALL_NG_BATCHES:-1,2,4,8,64} -P 2048 >>"$OUT/layer_ng.log" 2>&1
+                GDP_NORM_GEMM=${mode%+*} GDP_GEMM_SKINNY=$skinny timeout 90 mpirun -n 1 "$P/$tree/bin/gdp-bench" layer \
+                    "${layer_shape[@]}" -D ${GDP_CALL_NG_BATCHES:-1,2,4,8,64} -P 2048 >>"$OUT/layer_ng.log" 2>&1
             done
         done
     done
@@ -260,8 +262,8 @@ stage_normgemm() { # the norm-GEMV (kernels/gemv.cu): its tests, then the layer'
 }
 stage_profile() { # ncu's duration of every kernel of main's layer bench, in launch order (decode rows GDP_CALL_PROF_BATCHES)
     command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
-    timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$P/main/bin/gdp-bench" layer -b cuda -d 2048 \
-        -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 -D "${GDP_CALL_PROF_BATCHES:-1,128}" -P 64 -w 1 -i 1 -c 0 \
+    timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$P/main/bin/gdp-bench" layer \
+        "${layer_shape[@]}" -D "${GDP_CALL_PROF_BATCHES:-1,128}" -P 64 -w 1 -i 1 -c 0 \
         >"$OUT/profile_layer.csv" 2>"$OUT/profile_layer.err"
     echo "ncu layer rc=$?"
     python3 launch/ncu_durations.py --order "$OUT/profile_layer.csv"
@@ -282,7 +284,7 @@ stage_split() { # the layer bench's decode rows as micro-batches on their own st
         for bps in ${GDP_CALL_SPLIT_BPS:-0 1 items}; do
         for n in ${GDP_CALL_SPLITS:-2 4}; do
             echo "## round $round --split $n GDP_DECODE_BLOCKS_PER_SM=$bps" >>"$OUT/layer_split.log"
-            GDP_DECODE_BLOCKS_PER_SM=$bps timeout 120 mpirun -n 1 "$P/main/bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 \
+            GDP_DECODE_BLOCKS_PER_SM=$bps timeout 120 mpirun -n 1 "$P/main/bin/gdp-bench" layer "${layer_shape[@]}" \
                 -D ${GDP_CALL_SPLIT_BATCHES:-8,64,128,256} -P 64 -c 0 -x "$n" >>"$OUT/layer_split.log" 2>&1
             echo "split $n bps $bps rc=$?"
         done
@@ -304,7 +306,7 @@ stage_gemmfront() { # in_proj with the decode front (GDP_GEMM_FRONT): its tests,
             skinny=auto
             [ "$mode" = chain ] || skinny=on
             GDP_GEMM_FRONT=${mode/skinny/chain} GDP_GEMM_SKINNY=$skinny timeout 90 mpirun -n 1 "$P/main/bin/gdp-bench" layer \
-                -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 -D ${GDP_CALL_GF_BATCHES:-1,2,4,8} -P 64 >>"$OUT/layer_gf.log" 2>&1
+                "${layer_shape[@]}" -D ${GDP_CALL_GF_BATCHES:-1,2,4,8} -P 64 >>"$OUT/layer_gf.log" 2>&1
         done
     done
     grep -E "^## |^ *decode|wrong" "$OUT/layer_gf.log" | head -60
@@ -340,7 +342,7 @@ stage_gemvprof() { # ncu's detail of the layer's one-row kernels (why the projec
         echo "## $env" >>"$OUT/gemvprof.txt"
         env $env timeout 200 ncu --clock-control none --set detailed \
             --kernel-name regex:"norm_gemv|nvjet|gemv_nt|decode_core|recurrent_rows|norm_fast" --launch-count 12 \
-            "$P/main/bin/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 -D 1 -P 64 -w 1 -i 1 -c 0 \
+            "$P/main/bin/gdp-bench" layer "${layer_shape[@]}" -D 1 -P 64 -w 1 -i 1 -c 0 \
             >>"$OUT/gemvprof.txt" 2>&1
         echo "ncu gemvprof $env rc=$?"
     done
@@ -354,8 +356,8 @@ stage_ngsrc() { # ncu's full set with source counters on kernels of the layer be
     for mode in ${GDP_CALL_NGSRC_MODES:-auto}; do
         GDP_NORM_GEMM=$mode timeout 200 ncu --clock-control none --set full --import-source no \
             --kernel-name regex:"${GDP_CALL_NGSRC_KERNEL:-norm_gemv}" --launch-skip "${GDP_CALL_NGSRC_SKIP:-2}" \
-            --launch-count "${GDP_CALL_NGSRC_COUNT:-1}" -o "$OUT/ngsrc_$mode" "$P/$tree/bin/gdp-bench" layer -b cuda \
-            -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 -D "${GDP_CALL_NGSRC_D:-1}" -P 64 -w 1 -i 1 -c 0 \
+            --launch-count "${GDP_CALL_NGSRC_COUNT:-1}" -o "$OUT/ngsrc_$mode" "$P/$tree/bin/gdp-bench" layer \
+            "${layer_shape[@]}" -D "${GDP_CALL_NGSRC_D:-1}" -P 64 -w 1 -i 1 -c 0 \
             >"$OUT/ngsrc_$mode.log" 2>&1
         echo "ncu ngsrc $mode rc=$?"
         ncu --import "$OUT/ngsrc_$mode.ncu-rep" --page details >"$OUT/ngsrc_${mode}_details.txt" 2>&1

@@ -17,8 +17,8 @@
 #       base; GDP_AB_SEGMENTS, GDP_AB_ROUNDS as the suite's; GDP_AB_TESTS first | last | none: each
 #       tree's Hopper test path before the rows, after them, or not), logs and the table under $OUT.
 #
-# Targets: gdp-bench, test_chunk_gpu, gdp-run, test_gemm_gpu, test_conv1d_gpu, test_engine_gpu_np2, test_layer_tp_gpu_nccl_np1
-# and test_layer_tp_gpu_np2 for every tree (packab's tests of side b); test_recurrent_gpu, test_comm_mpi_gpu_np2,
+# Targets: gdp-bench, test_chunk_gpu, gdp-run, test_gemm_gpu, test_conv1d_gpu, test_engine_gpu_np2, test_layer_tp_gpu_nccl_np1,
+# test_layer_tp_gpu_np2 and test_sampling_gpu for every tree (packab's and sampab's tests of side b); test_recurrent_gpu, test_comm_mpi_gpu_np2,
 # test_layer_cp_gpu_np2 and test_layer_tp_gpu_sp_np2 for main.
 # Environment: GDP_BUILD_DIR (default build). The patches may touch sources only (no new targets).
 set -euo pipefail
