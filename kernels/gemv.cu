@@ -163,9 +163,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) norm_gemv_kernel(const __grid
     pdl_trigger(); /* whatever follows may start as soon as it can: it waits for this grid itself */
 
     /* 1. The weight, independent of the kernels ahead: gemv_sums issues the column's first NG_SEG
-     * elements, then runs the hook (a column past n reads column 0, its sum unused). */
+     * elements, then runs the hook. */
+    const int64_t col_read = has_col ? col : 0; /* a column past n reads column 0, its sum unused */
     const T *B = static_cast<const T *>(p.B);
-    const T *brow = B + (has_col ? col : 0) * (int64_t)p.k;
+    const T *brow = B + col_read * (int64_t)p.k;
     const auto prologue = [&]() {
         if (has_col && lane == 0 && p.k > NG_SEG) /* the rest of the column to L2 */
             prefetch_l2_bulk(brow + NG_SEG, (uint32_t)(p.k - NG_SEG) * (uint32_t)sizeof(T));
@@ -190,7 +191,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) norm_gemv_kernel(const __grid
 
     /* 3. The product, in gemv_nt_kernel's order, A from shared memory. */
     float acc[R][1];
-    gemv_sums<T, R, 1, NG_U, true>(p.rows, p.n, p.k, SharedRows<T>{As, p.k}, B, has_col ? col : 0, lane, acc, prologue);
+    gemv_sums<T, R, 1, NG_U, true>(p.rows, p.n, p.k, SharedRows<T>{As, p.k}, B, col_read, lane, acc, prologue);
     if (!has_col)
         return;
 #pragma unroll
