@@ -28,7 +28,8 @@
 # rows of both, alternated (GDP_CALL_PAB_TREE, a tree of the first pack instead; GDP_CALL_PAB_SKINNY, GDP_CALL_PAB_BATCHES); serveab (not by default), the serving
 # workloads of two trees, alternated (GDP_CALL_SA_ROUNDS; b: GDP_CALL_SA_TREE of the first pack or main of the
 # second, as packab's GDP_CALL_PAB_TREE); gemvfloor (not by default),
-# kernels/dev/gemv_floor.cu built and run there; opsdecode (not by default), main's decode op rows
+# kernels/dev/gemv_floor.cu built and run there; gemmskinny (not by default), kernels/dev/gemm_skinny.cu built and
+# run there (cuBLASLt's heuristic results and split-k forms of the decode projections, rows GDP_CALL_GS_ROWS); opsdecode (not by default), main's decode op rows
 # twice, without decode's tests; gemvprof (not by default), ncu's detailed set
 # (throughput, occupancy, warp stalls) of the layer's one-row kernels, with cuBLASLt's in_proj and the skinny one
 # (GDP_CALL_GEMVPROF_ENVS, default "GDP_GEMM_SKINNY=auto GDP_GEMM_SKINNY=on");
@@ -373,6 +374,13 @@ stage_gemvfloor() { # the one-to-four-row GEMV forms against a plain read (kerne
         timeout 120 /tmp/gemv_floor >>"$OUT/gemv_floor.log" 2>&1
     echo "gemv_floor rc=$?"
     cat "$OUT/gemv_floor.log"
+}
+stage_gemmskinny() { # cuBLASLt's algorithms for the decode projections (kernels/dev/gemm_skinny.cu, built here: seconds)
+    command -v nvcc >/dev/null || PATH=$PATH:/usr/local/cuda/bin
+    nvcc -O3 -arch=sm_90 -o /tmp/gemm_skinny kernels/dev/gemm_skinny.cu -lcublasLt >"$OUT/gemm_skinny.log" 2>&1 &&
+        timeout 240 /tmp/gemm_skinny "${GDP_CALL_GS_ROWS:-8,32,64,128,256}" >>"$OUT/gemm_skinny.log" 2>&1
+    echo "gemm_skinny rc=$?"
+    cat "$OUT/gemm_skinny.log"
 }
 stage_ab() {
     GDP_AB_TESTS=last GDP_AB_SEGMENTS="${GDP_CALL_AB_SEGMENTS:-off auto}" \
