@@ -18,15 +18,15 @@
 #       tree's Hopper test path before the rows, after them, or not), logs and the table under $OUT.
 #
 # Targets: gdp-bench, test_chunk_gpu, gdp-run, test_gemm_gpu, test_conv1d_gpu, test_engine_gpu_np2, test_layer_tp_gpu_nccl_np1,
-# test_layer_tp_gpu_np2 and test_sampling_gpu for every tree (packab's and sampab's tests of side b); test_recurrent_gpu, test_comm_mpi_gpu_np2,
+# test_layer_tp_gpu_np2, test_sampling_gpu and test_recurrent_gpu for every tree (packab's and sampab's tests of side b); test_comm_mpi_gpu_np2,
 # test_layer_cp_gpu_np2 and test_layer_tp_gpu_sp_np2 for main.
 # Environment: GDP_BUILD_DIR (default build). The patches may touch sources only (no new targets).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${GDP_BUILD_DIR:-build}
 tree_targets=(gdp-bench test_chunk_gpu gdp-run test_gemm_gpu test_conv1d_gpu test_engine_gpu_np2 test_layer_tp_gpu_nccl_np1
-              test_layer_tp_gpu_np2 test_sampling_gpu)
-main_targets=(test_recurrent_gpu test_comm_mpi_gpu_np2 test_layer_cp_gpu_np2 test_layer_tp_gpu_sp_np2)
+              test_layer_tp_gpu_np2 test_sampling_gpu test_recurrent_gpu)
+main_targets=(test_comm_mpi_gpu_np2 test_layer_cp_gpu_np2 test_layer_tp_gpu_sp_np2)
 mode=${1:-}
 dir=${2:-}
 [ -n "$mode" ] && [ -n "$dir" ] || { sed -n '2,20p' "${BASH_SOURCE[0]}" >&2; exit 2; }
