@@ -570,13 +570,17 @@ static gdp_status_t gemm_fn(void *p) {
                           j->c_dtype);
 }
 
-/* One GEMM shape of a decode step (bf16 A and weight, fp32 accumulation) under
- * GDP_GEMM_SKINNY=mode ("on": the skinny kernel where it fits, "off": cuBLASLt), graph-replayed,
- * L2 flushed. Bound: the weight, A and C bytes once over the copy bandwidth. #wrong: elements
- * whose difference from the other path's result exceeds 1e-2 of the output's largest value. */
+/* One GEMM shape of a decode step (bf16 A and weight, fp32 accumulation) on each path: "off"
+ * cuBLASLt (GDP_GEMM_SKINNY=off GDP_GEMM_SPLITK=off), "on" the skinny kernel where it fits
+ * (GDP_GEMM_SKINNY=on), "splitk" the cluster split-k kernel where it splits (GDP_GEMM_SPLITK=on),
+ * graph-replayed, L2 flushed. Bound: the weight, A and C bytes once over the copy bandwidth.
+ * #wrong: elements whose difference from cuBLASLt's result exceeds 1e-2 of the output's largest
+ * value. */
 static void bench_gemm(bench_env *e, const char *what, int64_t rows, int64_t n, int64_t k, gdp_dtype_t c_dtype,
                        float beta) {
-    static const char *const modes[2] = {"off", "on"};
+    enum { MODES = 3 };
+    static const char *const modes[MODES] = {"off", "on", "splitk"};
+    static const char *const skinny_of[MODES] = {"off", "on", "off"}, *const splitk_of[MODES] = {"off", "off", "on"};
     const int64_t as[2] = {rows, k}, bs[2] = {n, k}, cs[2] = {rows, n};
     double one = 1.0, small = 1.0 / sqrt((double)k);
     void *ha = host_fill(GDP_DTYPE_BF16, rows * k, gen_normal, &one);
@@ -587,13 +591,13 @@ static void bench_gemm(bench_env *e, const char *what, int64_t rows, int64_t n, 
     gemm_job j = {.rows = rows, .n = n, .k = k, .a = da.data, .b = db.data, .c = dc.data, .c_dtype = c_dtype,
                   .beta = beta};
     const double bytes = (double)(tensor_bytes(&da) + tensor_bytes(&db) + tensor_bytes(&dc) * (beta != 0.0f ? 2 : 1));
-    void *result[2] = {NULL, NULL};
-    for (int m = 0; m < 2; m++) {
+    void *result[MODES] = {NULL, NULL, NULL};
+    for (int m = 0; m < MODES; m++) {
         row_stats rs = {0};
         char shape[64];
         snprintf(shape, sizeof shape, "%s rows=%lld n=%lld k=%lld %s", what, (long long)rows, (long long)n,
                  (long long)k, modes[m]);
-        char *saved = env_swap("GDP_GEMM_SKINNY", modes[m]);
+        char *saved = env_swap("GDP_GEMM_SKINNY", skinny_of[m]), *saved_splitk = env_swap("GDP_GEMM_SPLITK", splitk_of[m]);
         time_calls(e, gemm_fn, &j, 1, bytes < 2.0 * (double)e->l2_bytes, &rs);
         if (rs.ran) { /* one call from the starting C (beta 1 accumulates across the timed calls) */
             CUDA_TRY(cudaMemcpy(dc.data, hc, tensor_bytes(&dc), cudaMemcpyHostToDevice));
@@ -602,19 +606,21 @@ static void bench_gemm(bench_env *e, const char *what, int64_t rows, int64_t n, 
             CUDA_TRY(cudaStreamSynchronize(e->stream));
             result[m] = download(&dc);
         }
+        env_restore("GDP_GEMM_SPLITK", saved_splitk);
         env_restore("GDP_GEMM_SKINNY", saved);
-        if (m == 1 && result[0] != NULL && result[1] != NULL) {
+        if (m > 0 && result[0] != NULL && result[m] != NULL) {
             double peak = 0.0;
             for (int64_t i = 0; i < rows * n; i++)
                 peak = fmax(peak, fabs(elem(result[0], c_dtype, i)));
             for (int64_t i = 0; i < rows * n; i++) {
-                const double d = fabs(elem(result[1], c_dtype, i) - elem(result[0], c_dtype, i));
+                const double d = fabs(elem(result[m], c_dtype, i) - elem(result[0], c_dtype, i));
                 rs.wrong += !(d <= 1e-2 * peak);
             }
         }
         print_row("gemm", shape, (double)rows, bytes, 2.0 * (double)(rows * n * k), bytes / COPY_BW * 1e6, 0.0, &rs);
     }
-    free(result[0]), free(result[1]);
+    for (int m = 0; m < MODES; m++)
+        free(result[m]);
     dev_free(&da), dev_free(&db), dev_free(&dc);
     free(ha), free(hb), free(hc);
 }
@@ -888,8 +894,8 @@ static int run_ops(const char *which, int iters, int warmup) {
             fprintf(stderr, "gdp-bench: %s\n", gdp_last_error());
             g_errors++;
         } else {
-            static const int64_t batch[4] = {1, 4, 8, 64};
-            for (int i = 0; i < 4; i++) {
+            static const int64_t batch[6] = {1, 4, 8, 64, 128, 256};
+            for (int i = 0; i < 6; i++) {
                 bench_gemm(&e, "in_proj", batch[i], 7728, 2048, BF16, 0.0f);
                 bench_gemm(&e, "out_proj", batch[i], 2048, 2048, F32, 1.0f);
                 bench_gemm(&e, "head", batch[i], 32000, 2048, F32, 0.0f);

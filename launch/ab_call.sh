@@ -25,9 +25,11 @@
 # two rounds; python (not by default), the Python package's torch GPU tests and its decode bench beside the C call
 # (a libgdp.so linked there from the pack); packab (not by default), main of a second pack (GDP_CALL_PACK_B) against
 # the first's: its GEMM, conv, layer, engine and recurrent GPU tests, then the ops gemm rows and the layer's decode
-# rows of both, alternated (GDP_CALL_PAB_TREE, a tree of the first pack instead; GDP_CALL_PAB_SKINNY, GDP_CALL_PAB_BATCHES); serveab (not by default), the serving
+# rows of both, alternated (GDP_CALL_PAB_TREE, a tree of the first pack instead; GDP_CALL_PAB_SKINNY, GDP_CALL_PAB_BATCHES;
+# GDP_CALL_PAB_OPS=0 skips the ops rows); serveab (not by default), the serving
 # workloads of two trees, alternated (GDP_CALL_SA_ROUNDS; b: GDP_CALL_SA_TREE of the first pack or main of the
-# second, as packab's GDP_CALL_PAB_TREE); gemvfloor (not by default),
+# second, as packab's GDP_CALL_PAB_TREE; packab and serveab run side a under GDP_CALL_AB_ENV_A and b under
+# GDP_CALL_AB_ENV_B, e.g. one tree's two settings); gemvfloor (not by default),
 # kernels/dev/gemv_floor.cu built and run there; gemmskinny (not by default), kernels/dev/gemm_skinny.cu built and
 # run there (cuBLASLt's heuristic results and split-k forms of the decode projections, rows GDP_CALL_GS_ROWS); opsdecode (not by default), main's decode op rows
 # twice, without decode's tests; gemvprof (not by default), ncu's detailed set
@@ -100,6 +102,10 @@ run_gpu_tests() {
 b_bin() { # b_bin TREE: the binaries of the A/B's side b: TREE of the first pack when named, else main of pack b
     if [ -n "$1" ]; then echo "$P/$1/bin"; else echo "$PB/main/bin"; fi
 }
+side_env() { # side_env a|b: the environment assignments of an A/B side (GDP_CALL_AB_ENV_A, _B; default none),
+    # so that one tree's two settings can be the two sides (b: GDP_CALL_PAB_TREE / GDP_CALL_SA_TREE = main)
+    if [ "$1" = b ]; then echo "${GDP_CALL_AB_ENV_B:-}"; else echo "${GDP_CALL_AB_ENV_A:-}"; fi
+}
 stage_packab() { # main of GDP_CALL_PACK (a) against main of GDP_CALL_PACK_B, or its tree GDP_CALL_PAB_TREE (b): b's GEMM, conv, layer, engine and
     # recurrent GPU tests (GDP_CALL_PAB_TESTS=gemv: the GEMM and conv ones only), then per round (GDP_CALL_PAB_ROUNDS,
     # default 2) and GDP_GEMM_SKINNY value (GDP_CALL_PAB_SKINNY, default "auto on") gdp-bench ops --op gemm and the
@@ -110,15 +116,17 @@ stage_packab() { # main of GDP_CALL_PACK (a) against main of GDP_CALL_PACK_B, or
     local tests=("1 test_gemm_gpu" "1 test_conv1d_gpu" "1 test_layer_tp_gpu_nccl_np1 --backend cuda --comm nccl"
         "2 test_layer_tp_gpu_np2 --backend cuda" "2 test_engine_gpu_np2 --backend cuda" "1 test_recurrent_gpu")
     [ "${GDP_CALL_PAB_TESTS:-all}" = gemv ] && tests=("1 test_gemm_gpu" "1 test_conv1d_gpu")
-    run_gpu_tests "$bbin" pab "b: " "${tests[@]}"
+    local benv
+    benv=$(side_env b)
+    ( [ -z "$benv" ] || export $benv; run_gpu_tests "$bbin" pab "b: " "${tests[@]}" ) # b's tests under b's settings
     for round in $(seq 1 "${GDP_CALL_PAB_ROUNDS:-2}"); do
         for sk in ${GDP_CALL_PAB_SKINNY:-auto on}; do
             for tree in a b; do
                 local bin=$P/main/bin
                 [ $tree = b ] && bin=$bbin
-                echo "## round $round tree $tree GDP_GEMM_SKINNY=$sk" | tee -a "$OUT/pab_ops.log" >>"$OUT/pab_layer.log"
-                GDP_GEMM_SKINNY=$sk timeout 120 "$bin/gdp-bench" ops --op gemm >>"$OUT/pab_ops.log" 2>&1
-                GDP_GEMM_SKINNY=$sk timeout 90 mpirun -n 1 "$bin/gdp-bench" layer "${layer_shape[@]}" \
+                echo "## round $round tree $tree GDP_GEMM_SKINNY=$sk $(side_env $tree)" | tee -a "$OUT/pab_ops.log" >>"$OUT/pab_layer.log"
+                [ "${GDP_CALL_PAB_OPS:-1}" = 1 ] && env $(side_env $tree) GDP_GEMM_SKINNY=$sk timeout 120 "$bin/gdp-bench" ops --op gemm >>"$OUT/pab_ops.log" 2>&1
+                env $(side_env $tree) GDP_GEMM_SKINNY=$sk timeout 90 mpirun -n 1 "$bin/gdp-bench" layer "${layer_shape[@]}" \
                     -D ${GDP_CALL_PAB_BATCHES:-1,2,4,8,64} -P 64 >>"$OUT/pab_layer.log" 2>&1
             done
         done
@@ -190,7 +198,7 @@ stage_serveab() { # the two serving workloads of main of a (GDP_CALL_PACK) again
                 [ $tree = b ] && bin=$bbin
                 echo "## round $round tree $tree $w" >>"$OUT/serveab.log"
                 if [ $w = decode ]; then set -- $serve_decode; else set -- $serve_mixed; fi
-                timeout 120 "$bin/gdp-run" --model "$ckpt" --progress 0 "$@" >>"$OUT/serveab.log" 2>&1
+                env $(side_env $tree) timeout 120 "$bin/gdp-run" --model "$ckpt" --progress 0 "$@" >>"$OUT/serveab.log" 2>&1
             done
         done
     done

@@ -11,6 +11,9 @@
  *   - GDP_GEMM_SKINNY=auto (the default) gives the skinny kernel's bits up to GDP_GEMV_AUTO_ROWS
  *     rows where it fits, cuBLASLt's beyond (a deterministic cuBLASLt plan: the same bits twice);
  *   - shapes the skinny kernel does not take (k % 8 != 0, a misaligned pitch) still run (cuBLASLt);
+ *   - the split-k kernel (kernels/gemm_splitk.h, GDP_GEMM_SPLITK=on) on the decode step's projections
+ *     (64 to 256 rows of in_proj and out_proj) and on partial tiles: within the bound, twice the same
+ *     bits, cuBLASLt's bits where it does not take the call, and auto takes it from 3 rows;
  *   - GDP_GEMM_SKINNY with an unknown value is refused naming the variable and the value.
  * And the norm-GEMMs (src/decode_core.h gdp_norm_gemm: the pre-RMSNorm with in_proj, the gated
  * RMSNorm with out_proj), each in one launch (kernels/gemv.h, the norm-GEMV), on the layer's
@@ -31,6 +34,7 @@
 #include "backend.h"
 #include "decode_core.h"
 #include "internal.h"
+#include "kernels/gemm_splitk.h"
 #include "kernels/gemv.h"
 #include "test_gpu.h"
 
@@ -42,13 +46,21 @@ typedef struct gemm_case {
     float beta;
 } gemm_case;
 
-/* One run of the GEMM on device copies of a, b and c0 under GDP_GEMM_SKINNY=mode; the host C. */
-static gdp_tensor run_gemm(const gemm_case *cs, const char *mode, const gdp_tensor *a, const gdp_tensor *b,
-                           const gdp_tensor *c0) {
+/* One run of the GEMM on device copies of a, b and c0 under GDP_GEMM_SKINNY=mode and
+ * GDP_GEMM_SPLITK=splitk; the host C. *ways (may be NULL): the split-k kernel's ways for these
+ * device operands (0: it does not take them). */
+static gdp_tensor run_gemm(const gemm_case *cs, const char *mode, const char *splitk, const gdp_tensor *a,
+                           const gdp_tensor *b, const gdp_tensor *c0, int *ways) {
     gdp_tensor da = test_dev_upload(a), db = test_dev_upload(b), dc = test_dev_upload(c0);
+    const int64_t lda = cs->k + cs->lda_pad, ldc = cs->n + cs->ldc_pad;
+    if (ways != NULL)
+        *ways = gdp_cuda_gemm_splitk_ways(g_test_gpu, cs->rows, cs->n, cs->k, da.data, lda, db.data, cs->ab, dc.data,
+                                          ldc, cs->c);
     char *saved = test_env_swap("GDP_GEMM_SKINNY", mode);
-    CHECK_OK(gdp_gemm_nt_ex(g_test_gpu, cs->rows, cs->n, cs->k, da.data, cs->k + cs->lda_pad, db.data, cs->ab,
-                            cs->beta, dc.data, cs->n + cs->ldc_pad, cs->c));
+    char *saved_splitk = test_env_swap("GDP_GEMM_SPLITK", splitk);
+    CHECK_OK(gdp_gemm_nt_ex(g_test_gpu, cs->rows, cs->n, cs->k, da.data, lda, db.data, cs->ab, cs->beta, dc.data, ldc,
+                            cs->c));
+    test_env_restore("GDP_GEMM_SPLITK", saved_splitk);
     test_env_restore("GDP_GEMM_SKINNY", saved);
     CUDA_OK(cudaStreamSynchronize(g_test_stream));
     gdp_tensor out = test_dev_download(&dc);
@@ -113,22 +125,38 @@ static void gemm_one(const gemm_case *cs, test_rng *rng) {
     double *ha = test_tensor_f64(&a), *hb = test_tensor_f64(&b), *hc = test_tensor_f64(&c0);
     /* what gdp_cuda_gemv_fits asks of these operands (device copies are 256-byte aligned) */
     const int fits = cs->rows <= GDP_GEMV_MAX_ROWS && cs->k % 8 == 0 && lda % 8 == 0;
-    gdp_tensor skinny = run_gemm(cs, "on", &a, &b, &c0), blas = run_gemm(cs, "off", &a, &b, &c0);
+    int ways = 0;
+    gdp_tensor skinny = run_gemm(cs, "on", "off", &a, &b, &c0, NULL), blas = run_gemm(cs, "off", "off", &a, &b, &c0, NULL);
+    gdp_tensor split = run_gemm(cs, "off", "on", &a, &b, &c0, &ways);
     check_gemm(fits ? "skinny" : "fallback", cs, &skinny, ha, hb, hc);
     check_gemm("cublasLt", cs, &blas, ha, hb, hc);
+    if (ways >= 2) {
+        char what[32];
+        snprintf(what, sizeof what, "splitk%d", ways);
+        check_gemm(what, cs, &split, ha, hb, hc);
+        gdp_tensor again = run_gemm(cs, "off", "on", &a, &b, &c0, NULL);
+        test_same_bytes("split-k GEMM twice", &split, &again);
+        test_host_free(&again);
+    } else { /* it does not take them: GDP_GEMM_SPLITK=on runs cuBLASLt */
+        test_same_bytes("split-k not taken = cublasLt", &split, &blas);
+    }
     if (fits) {
-        gdp_tensor again = run_gemm(cs, "on", &a, &b, &c0);
+        gdp_tensor again = run_gemm(cs, "on", "off", &a, &b, &c0, NULL);
         test_same_bytes("skinny GEMM twice", &skinny, &again);
         test_host_free(&again);
     }
-    /* auto (the default) takes the skinny kernel up to GDP_GEMV_AUTO_ROWS rows, cuBLASLt beyond:
-     * its bits are those of the path it names */
+    /* auto (the default) takes the skinny kernel up to GDP_GEMV_AUTO_ROWS rows, the split-k kernel from
+     * GDP_GEMM_SPLITK_AUTO_MIN_ROWS where it splits, cuBLASLt elsewhere: its bits are those of the path
+     * it names */
     const bool auto_skinny = fits && cs->rows <= GDP_GEMV_AUTO_ROWS;
-    gdp_tensor chosen = run_gemm(cs, "auto", &a, &b, &c0);
-    test_same_bytes(auto_skinny ? "auto = skinny" : "auto = cublasLt", &chosen, auto_skinny ? &skinny : &blas);
+    const bool auto_split = !auto_skinny && ways >= 2 && cs->rows >= GDP_GEMM_SPLITK_AUTO_MIN_ROWS;
+    gdp_tensor chosen = run_gemm(cs, "auto", "auto", &a, &b, &c0, NULL);
+    test_same_bytes(auto_skinny ? "auto = skinny" : auto_split ? "auto = split-k" : "auto = cublasLt", &chosen,
+                    auto_skinny ? &skinny : auto_split ? &split : &blas);
     test_host_free(&chosen);
     free(ha), free(hb), free(hc);
     test_host_free(&a), test_host_free(&b), test_host_free(&c0), test_host_free(&skinny), test_host_free(&blas);
+    test_host_free(&split);
 }
 
 
@@ -343,6 +371,16 @@ static void gemm_tests(test_rng *rng) {
         {4, 129, 4096, 16, 0, GDP_DTYPE_BF16, GDP_DTYPE_FP32, 1.0f},  /* k past two spans         */
         {2, 65, 100, 4, 0, GDP_DTYPE_BF16, GDP_DTYPE_FP32, 0.0f},     /* k % 8 != 0: cuBLASLt     */
         {5, 64, 256, 3, 0, GDP_DTYPE_FP16, GDP_DTYPE_FP32, 0.0f},     /* lda % 8 != 0: cuBLASLt   */
+        /* the split-k kernel: the decode step's projections, partial tiles in rows and columns,
+         * pitches, every C dtype, beta 0 and 1 */
+        {64, 2048, 2048, 0, 0, GDP_DTYPE_BF16, GDP_DTYPE_BF16, 1.0f},  /* out_proj at B = 64       */
+        {128, 7728, 2048, 0, 0, GDP_DTYPE_BF16, GDP_DTYPE_BF16, 0.0f}, /* in_proj at B = 128       */
+        {256, 2048, 2048, 8, 5, GDP_DTYPE_BF16, GDP_DTYPE_FP32, 1.0f}, /* two row tiles            */
+        {37, 300, 512, 8, 3, GDP_DTYPE_FP16, GDP_DTYPE_FP16, 1.0f},    /* partial tiles, fp16      */
+        {200, 129, 1024, 0, 1, GDP_DTYPE_BF16, GDP_DTYPE_BF16, 0.0f},  /* 129 columns: two tiles   */
+        {3, 64, 128, 0, 0, GDP_DTYPE_BF16, GDP_DTYPE_FP32, 0.0f},      /* two chunks: two ways     */
+        {17, 4000, 640, 0, 0, GDP_DTYPE_BF16, GDP_DTYPE_FP32, 1.0f},   /* 10 chunks, 32 tiles: 2   */
+        {300, 256, 512, 0, 0, GDP_DTYPE_BF16, GDP_DTYPE_BF16, 0.0f},   /* past 256 rows: cuBLASLt  */
     };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         gemm_one(&fixed[i], rng);
@@ -358,7 +396,7 @@ static void gemm_tests(test_rng *rng) {
         cs.beta = test_uniform(rng) < 0.5 ? 0.0f : 1.0f;
         gemm_one(&cs, rng);
     }
-    /* an unknown GDP_GEMM_SKINNY is refused before any launch */
+    /* an unknown GDP_GEMM_SKINNY or GDP_GEMM_SPLITK is refused before any launch */
     {
         const gemm_case cs = {1, 8, 8, 0, 0, GDP_DTYPE_BF16, GDP_DTYPE_FP32, 0.0f};
         const int64_t s[2] = {1, 8};
@@ -371,6 +409,13 @@ static void gemm_tests(test_rng *rng) {
               "the GDP_GEMM_SKINNY refusal names neither the variable nor its value: %s", gdp_last_error());
         printf("  GDP_GEMM_SKINNY=fastest: %s\n", gdp_last_error());
         test_env_restore("GDP_GEMM_SKINNY", saved);
+        saved = test_env_swap("GDP_GEMM_SPLITK", "sometimes");
+        CHECK_STATUS(gdp_gemm_nt_ex(g_test_gpu, 4, cs.n, cs.k, d.data, 8, d.data, cs.ab, 0.0f, dc.data, 8, cs.c),
+                     GDP_STATUS_INVALID_USAGE);
+        CHECK(strstr(gdp_last_error(), "GDP_GEMM_SPLITK") != NULL && strstr(gdp_last_error(), "sometimes") != NULL,
+              "the GDP_GEMM_SPLITK refusal names neither the variable nor its value: %s", gdp_last_error());
+        printf("  GDP_GEMM_SPLITK=sometimes: %s\n", gdp_last_error());
+        test_env_restore("GDP_GEMM_SPLITK", saved);
         test_dev_free(&d), test_dev_free(&dc), test_host_free(&h), test_host_free(&hc);
     }
     norm_gemm_tests(rng);
