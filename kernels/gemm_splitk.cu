@@ -3,7 +3,12 @@
  * B[n, k]^T + beta C with 16-bit A and B, fp32 accumulation and C fp32 or A's dtype
  * (kernels/gemm_splitk.h), split along k across the CTAs of a thread-block cluster.
  *
- * Why (kernels/dev/gemm_skinny.cu, thirty-eighth session, H100): cuBLASLt takes 6.0-7.1 us for
+ * Status: correct (test_gemm_gpu) and slower than cuBLASLt at every row count (kernels/NOTES-ops.md,
+ * thirty-eighth session): off unless GDP_GEMM_SPLITK asks for it. ncu (H100, the layer at B = 128):
+ * out_proj's 16 clusters of 8 exceed the 15 that fit at once (a second wave), and both launches'
+ * warps wait more on the partials' reduction and the cluster barriers than on the weight's bytes.
+ *
+ * Why it was built (kernels/dev/gemm_skinny.cu, thirty-eighth session, H100): cuBLASLt takes 6.0-7.1 us for
  * out_proj (2048 x 2048, 8.4 MB: 1.2-1.4 TB/s) and 14-16 us for in_proj (7728 x 2048, 31.7 MB:
  * 2.0-2.3 TB/s) at every row count from 8 to 256, and none of its heuristic's algorithms nor its
  * split-k forms (a second reduction launch) does better: with 128-column tiles out_proj is 16-32

@@ -1,10 +1,12 @@
 /*
  * gemm_splitk.h: the projection GEMM of 3 to 256 rows split along k across a thread-block cluster
  * (kernels/gemm_splitk.cu): C[rows, n] = A[rows, k] B[n, k]^T + beta C with 16-bit A and B, fp32
- * accumulation, C fp32 or A's dtype, on Hopper (sm_90) and later. src/backend_cuda.c runs it under
- * GDP_GEMM_SPLITK=auto from GDP_GEMM_SPLITK_AUTO_MIN_ROWS rows wherever it splits (a grid of at most
- * one CTA an SM with 2 to 8 CTAs a 128 x 128 tile), under on from one row, never under off (and
- * unset, until measured on a GPU); cuBLASLt otherwise.
+ * accumulation, C fp32 or A's dtype, on Hopper (sm_90) and later. An experiment, not the default:
+ * measured slower than cuBLASLt at every row count on the H100 (kernels/NOTES-ops.md, thirty-eighth
+ * session: out_proj 17.7-31.2 us against 9.6-10.8, in_proj 24-26 against 19-22 in gdp-bench ops), so
+ * src/backend_cuda.c runs it only under GDP_GEMM_SPLITK=auto (from GDP_GEMM_SPLITK_AUTO_MIN_ROWS rows
+ * wherever it splits: a grid of at most one CTA an SM with 2 to 8 CTAs a 128 x 128 tile) or on (from
+ * one row); off, or unset, never.
  */
 #ifndef GDP_GEMM_SPLITK_H
 #define GDP_GEMM_SPLITK_H

@@ -17,11 +17,10 @@
  * GDP_GEMM_SKINNY=auto, the default, one or two rows (GDP_GEMV_AUTO_ROWS: with every load of a trip
  * issued before its multiplies it streams the weight at a plain read's rate there and beats
  * cuBLASLt, which it loses to from four rows on; kernels/NOTES-ops.md, thirty-fifth session); on:
- * up to GDP_GEMV_MAX_ROWS rows; off: never (read at every call). From 3 to 256 rows the k split over
- * a thread-block cluster (kernels/gemm_splitk.h) takes the call where its grid splits each 128 x 128
- * tile 2 to 8 ways within one CTA an SM (the decode step's in_proj and out_proj, not the LM head):
- * GDP_GEMM_SPLITK=auto from GDP_GEMM_SPLITK_AUTO_MIN_ROWS rows, on from one, off (unset: not yet
- * measured on a GPU) never.
+ * up to GDP_GEMV_MAX_ROWS rows; off: never (read at every call). The k split over a thread-block
+ * cluster (kernels/gemm_splitk.h, an experiment measured slower than cuBLASLt) takes the call only when
+ * asked: GDP_GEMM_SPLITK=auto from GDP_GEMM_SPLITK_AUTO_MIN_ROWS rows, on from one, where its grid
+ * splits each 128 x 128 tile 2 to 8 ways within one CTA an SM; off or unset never.
  */
 #include <string.h>
 
@@ -274,15 +273,15 @@ gdp_status_t gdp_gemm_cuda_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k,
     if (skinny < 0)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE, "gdp_gemm_nt: GDP_GEMM_SKINNY is \"%s\"; it takes auto, on or off "
                  "(unset: auto)", skinny_text);
-    /* 3 to 256 rows: the k split over a cluster (kernels/gemm_splitk.h) where it splits, under auto;
-     * from one row under on; never under off, which is the default until it is measured on the GPU */
+    /* the k split over a cluster (kernels/gemm_splitk.h) where it splits: from 3 rows under auto, from
+     * one under on; never under off, the default (measured slower than cuBLASLt) */
     const char *splitk_text = NULL;
     static const char *const splitk_spell[3] = {"auto", "on", "off"};
     static const int splitk_value[3] = {GDP_GEMM_SPLITK_AUTO_MIN_ROWS, 1, 0};
     const int splitk_min = gdp_env_choice("GDP_GEMM_SPLITK", splitk_spell, splitk_value, 3, 0, &splitk_text);
     if (splitk_min < 0)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE, "gdp_gemm_nt: GDP_GEMM_SPLITK is \"%s\"; it takes auto, on or off "
-                 "(unset: auto)", splitk_text);
+                 "(unset: off)", splitk_text);
     if (rows <= skinny && gdp_cuda_gemv_fits(rows, k, A, lda, B, ab_dtype, c_dtype))
         return gdp_cuda_gemv_nt(ctx, rows, n, k, A, lda, B, ab_dtype, beta, C, ldc, c_dtype);
     if (splitk_min > 0 && rows >= splitk_min) {
