@@ -35,7 +35,7 @@
 #include <cuda_runtime.h>
 
 #include "chunk/mma.cuh"        /* Elem<T>, ldmatrix, mbarriers, tma_load_2d */
-#include "chunk/tensor_map.h" /* tensor_map_encoder */
+#include "chunk/tensor_map.h" /* encode_tile_map */
 #include "device_info.h"
 #include "gemm_splitk.h"
 #include "src/cuda_check.h"
@@ -193,15 +193,7 @@ __global__ void __launch_bounds__(SK_THREADS, 1) gemm_splitk_kernel(const __grid
 /* The copy engine's map of a row-major [rows, cols] 16-bit matrix with rows ld elements apart, in
  * boxes of SK_TILE rows x SK_KC columns, 128-byte swizzle (sk_at); rows past the end read as zeros. */
 bool sk_encode(CUtensorMap *map, const void *base, int64_t rows, int64_t cols, int64_t ld) {
-    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-    if (encode == nullptr)
-        return false;
-    const cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-    const cuuint64_t stride[1] = {(cuuint64_t)ld * 2u};
-    const cuuint32_t box[2] = {(cuuint32_t)SK_KC, (cuuint32_t)SK_TILE}, elem_stride[2] = {1, 1};
-    return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void *>(base), dim, stride, box, elem_stride,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    return encode_tile_map(map, base, rows, cols, SK_KC, SK_TILE, CU_TENSOR_MAP_SWIZZLE_128B, ld);
 }
 
 /* The split: S = 8, 4 or 2 CTAs a tile (k chunks divisible by S), the most whose grid still fits

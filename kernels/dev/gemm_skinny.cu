@@ -28,6 +28,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "chain_timer.cuh"
+
 #define CK(call)                                                                                               \
     do {                                                                                                       \
         const cudaError_t e_ = (call);                                                                         \
@@ -181,39 +183,14 @@ static void run_shape(cublasLtHandle_t lt, const Shape &s, int rows, size_t l2, 
             num += (v - ref[i]) * (v - ref[i]), den += ref[i] * ref[i];
         }
         const double rel = std::sqrt(num / (den > 0 ? den : 1));
-        cudaGraph_t gr;
-        cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        for (int c = 0; c < copies; c++)
+        const float med = chain_median_us(st, copies, REPLAYS, [&](int c, cudaStream_t cs_) {
             LT(cublasLtMatmul(lt, g.op, &one, dw[c], g.w, dx, g.x, &s.beta, dc, g.c, dc, g.c, &cs.algo, ws, WORKSPACE,
-                              st));
-        CK(cudaStreamEndCapture(st, &gr));
-        CK(cudaGraphInstantiate(&ge, gr, 0));
-        for (int w = 0; w < 3; w++)
-            CK(cudaGraphLaunch(ge, st));
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
-        std::vector<float> t;
-        for (int rep = 0; rep < REPLAYS; rep++) {
-            CK(cudaEventRecord(e0, st));
-            CK(cudaGraphLaunch(ge, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            t.push_back(ms * 1000.0f / copies);
-        }
-        std::sort(t.begin(), t.end());
-        const float med = t[t.size() / 2];
+                              cs_));
+        });
         char desc[160];
         algo_describe(cs.algo, desc, sizeof desc);
         printf("  %-16s %8.2f us  %5.2f TB/s  rel rms %.1e%s  %s\n", cs.label, med, wbytes / (med * 1e-6) / 1e12, rel,
                rel < 1e-2 ? "" : " WRONG", desc);
-        CK(cudaEventDestroy(e0));
-        CK(cudaEventDestroy(e1));
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(gr));
     }
     LT(cublasLtMatmulPreferenceDestroy(pref));
     cublasLtMatmulDescDestroy(g.op);

@@ -41,6 +41,7 @@
 
 #include "chunk/mma.cuh" /* mbarriers */
 #include "gemv_math.cuh"
+#include "dev/chain_timer.cuh"
 
 #define CK(call)                                                                                             \
     do {                                                                                                     \
@@ -373,41 +374,15 @@ void run_shape(int n, int k, int rows, int sms, size_t l2, cudaStream_t s, uint4
             }
             worst = std::sqrt(num / (den > 0 ? den : 1));
         }
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-        for (int c = 0; c < copies; c++) {
+        const float med = chain_median_us(s, copies, REPLAYS, [&](int c, cudaStream_t st) {
             a.B = dB[c];
-            cs.launch(a, s, sms);
-        }
-        CK(cudaStreamEndCapture(s, &g));
-        CK(cudaGraphInstantiate(&ge, g, 0));
-        for (int w = 0; w < 3; w++)
-            CK(cudaGraphLaunch(ge, s));
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
-        std::vector<float> t;
-        for (int rep = 0; rep < REPLAYS; rep++) {
-            CK(cudaEventRecord(e0, s));
-            CK(cudaGraphLaunch(ge, s));
-            CK(cudaEventRecord(e1, s));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            t.push_back(ms * 1000.0f / copies);
-        }
-        std::sort(t.begin(), t.end());
-        const float med = t[t.size() / 2];
+            cs.launch(a, st, sms);
+        });
         printf("  %-9s n %5d k %5d rows %d  copies %2d  %8.2f us a launch  %6.2f TB/s", cs.name, n, k, rows, copies, med,
                bytes / (med * 1e-6) / 1e12);
         if (cs.checks)
             printf("  rel rms %.2e%s", worst, worst < 1e-2 ? "" : "  WRONG");
         printf("\n");
-        CK(cudaEventDestroy(e0));
-        CK(cudaEventDestroy(e1));
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(g));
     }
     for (bf16 *p : dB)
         CK(cudaFree(p));
