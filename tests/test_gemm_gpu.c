@@ -145,9 +145,9 @@ static void gemm_one(const gemm_case *cs, test_rng *rng) {
         test_same_bytes("skinny GEMM twice", &skinny, &again);
         test_host_free(&again);
     }
-    /* auto (the default) takes the skinny kernel up to GDP_GEMV_AUTO_ROWS rows, the split-k kernel from
-     * GDP_GEMM_SPLITK_AUTO_MIN_ROWS where it splits, cuBLASLt elsewhere: its bits are those of the path
-     * it names */
+    /* auto for both switches (GDP_GEMM_SKINNY's default; GDP_GEMM_SPLITK is off when unset) takes the
+     * skinny kernel up to GDP_GEMV_AUTO_ROWS rows, the split-k kernel from GDP_GEMM_SPLITK_AUTO_MIN_ROWS
+     * where it splits, cuBLASLt elsewhere: its bits are those of the path it names */
     const bool auto_skinny = fits && cs->rows <= GDP_GEMV_AUTO_ROWS;
     const bool auto_split = !auto_skinny && ways >= 2 && cs->rows >= GDP_GEMM_SPLITK_AUTO_MIN_ROWS;
     gdp_tensor chosen = run_gemm(cs, "auto", "auto", &a, &b, &c0, NULL);
