@@ -37,6 +37,7 @@
 #include "chunk/mma.cuh"        /* Elem<T>, ldmatrix, mbarriers, tma_load_2d */
 #include "chunk/tensor_map.h" /* encode_tile_map */
 #include "device_info.h"
+#include "dtype_access.cuh" /* aligned16 */
 #include "gemm_splitk.h"
 #include "src/cuda_check.h"
 #include "src/internal.h"
@@ -237,7 +238,6 @@ template <typename T, bool C32> cudaError_t launch_splitk(const SplitkParams &p,
 extern "C" int gdp_cuda_gemm_splitk_ways(struct gdp_ctx *ctx, int64_t rows, int64_t n, int64_t k, const void *A,
                                          int64_t lda, const void *B, gdp_dtype_t ab_dtype, const void *C,
                                          int64_t ldc, gdp_dtype_t c_dtype) {
-    const auto aligned16 = [](const void *x) { return ((uintptr_t)x & 15u) == 0; };
     if ((ab_dtype != GDP_DTYPE_BF16 && ab_dtype != GDP_DTYPE_FP16) ||
         (c_dtype != GDP_DTYPE_FP32 && c_dtype != ab_dtype) || rows < 1 || rows > GDP_GEMM_SPLITK_MAX_ROWS ||
         n < 1 || n > INT32_MAX || k % SK_KC != 0 || k > INT32_MAX || lda % 8 != 0 || !aligned16(A) ||
