@@ -32,7 +32,8 @@
 # GDP_CALL_AB_ENV_B, e.g. one tree's two settings); gemvfloor (not by default),
 # kernels/dev/gemv_floor.cu built and run there; gemmskinny (not by default), kernels/dev/gemm_skinny.cu built and
 # run there (cuBLASLt's heuristic results and split-k forms of the decode projections, rows GDP_CALL_GS_ROWS); opsdecode (not by default), main's decode op rows
-# twice, without decode's tests; gemvprof (not by default), ncu's detailed set
+# twice, without decode's tests; opsprefill (not by default), main's prefill op rows with their stages
+# twice (GDP_CALL_OPF_ENV: the environment they run under); gemvprof (not by default), ncu's detailed set
 # (throughput, occupancy, warp stalls) of the layer's one-row kernels, with cuBLASLt's in_proj and the skinny one
 # (GDP_CALL_GEMVPROF_ENVS, default "GDP_GEMM_SKINNY=auto GDP_GEMM_SKINNY=on");
 # ngsrc (not by default), ncu's full set with source counters (report, details and the per-instruction SASS table
@@ -141,6 +142,14 @@ stage_opsdecode() { # gdp-bench ops --op decode of main, twice (the decode rows 
         echo "## round $r"
         timeout 60 "$P/main/bin/gdp-bench" ops --op decode 2>&1 | grep -E "^decode|rror"
     done | tee "$OUT/opsdecode.log"
+}
+stage_opsprefill() { # gdp-bench ops --op prefill of main under GDP_CALL_OPF_ENV (e.g. GDP_CHUNK_SEGMENT=off): the
+    # prefill rows with each row's time by stage (the split's runs, fix-up and correction), twice
+    local r
+    for r in 1 2; do
+        echo "## round $r ${GDP_CALL_OPF_ENV:-}"
+        env ${GDP_CALL_OPF_ENV:-} timeout 120 "$P/main/bin/gdp-bench" ops --op prefill 2>&1
+    done | tee -a "$OUT/opsprefill.log"
 }
 stage_sampab() { # the sampling kernels of main against tree GDP_CALL_SAMP_TREE: the tree's test_sampling_gpu, then
     # test_sampling_gpu --bench (stage 1 + 2, 256 rows) of both, alternated, GDP_CALL_SAMP_ROUNDS rounds (default 2)
