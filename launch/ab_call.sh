@@ -33,7 +33,8 @@
 # kernels/dev/gemv_floor.cu built and run there; gemmskinny (not by default), kernels/dev/gemm_skinny.cu built and
 # run there (cuBLASLt's heuristic results and split-k forms of the decode projections, rows GDP_CALL_GS_ROWS); opsdecode (not by default), main's decode op rows
 # twice, without decode's tests; opsprefill (not by default), main's prefill op rows with their stages
-# twice (GDP_CALL_OPF_ENV: the environment they run under); gemvprof (not by default), ncu's detailed set
+# twice (GDP_CALL_OPF_ENV: the environment they run under); chunkab (not by default), tree GDP_CALL_CAB_TREE's
+# test_chunk_gpu (Hopper path, auto) and its prefill rows beside main's (GDP_CALL_CAB_ROUNDS); gemvprof (not by default), ncu's detailed set
 # (throughput, occupancy, warp stalls) of the layer's one-row kernels, with cuBLASLt's in_proj and the skinny one
 # (GDP_CALL_GEMVPROF_ENVS, default "GDP_GEMM_SKINNY=auto GDP_GEMM_SKINNY=on");
 # ngsrc (not by default), ncu's full set with source counters (report, details and the per-instruction SASS table
@@ -150,6 +151,22 @@ stage_opsprefill() { # gdp-bench ops --op prefill of main under GDP_CALL_OPF_ENV
         echo "## round $r ${GDP_CALL_OPF_ENV:-}"
         env ${GDP_CALL_OPF_ENV:-} timeout 120 "$P/main/bin/gdp-bench" ops --op prefill 2>&1
     done | tee -a "$OUT/opsprefill.log"
+}
+stage_chunkab() { # a chunk-op change: tree GDP_CALL_CAB_TREE's test_chunk_gpu on the Hopper path and under auto, then
+    # gdp-bench ops --op prefill of main and of the tree alternated (GDP_CALL_CAB_ROUNDS, default 2): the rows and
+    # their stages
+    local t=${GDP_CALL_CAB_TREE:?chunkab needs GDP_CALL_CAB_TREE} r tree bin path
+    for path in hopper auto; do
+        GDP_TEST_CHUNK_PATH=$path timeout 240 "$P/$t/bin/test_chunk_gpu" >"$OUT/cab_test_$path.log" 2>&1
+        echo "$t: GDP_TEST_CHUNK_PATH=$path test_chunk_gpu rc=$?"
+        grep -E "checks|FAIL|Hopper kernel ran" "$OUT/cab_test_$path.log" | tail -4
+    done
+    for r in $(seq 1 "${GDP_CALL_CAB_ROUNDS:-2}"); do
+        for tree in main "$t"; do
+            echo "## round $r tree $tree"
+            timeout 120 "$P/$tree/bin/gdp-bench" ops --op prefill 2>&1 | grep -E "^prefill|chunk stages|rror|wrong"
+        done
+    done | tee "$OUT/cab_rows.log"
 }
 stage_sampab() { # the sampling kernels of main against tree GDP_CALL_SAMP_TREE: the tree's test_sampling_gpu, then
     # test_sampling_gpu --bench (stage 1 + 2, 256 rows) of both, alternated, GDP_CALL_SAMP_ROUNDS rounds (default 2)
