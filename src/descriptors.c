@@ -157,10 +157,12 @@ int64_t gdp_chunk_split_segment(int64_t num_chunks_dp, int64_t H, int sms) {
  *   for 96 at V = 64: 5.8; 374 us for 64 at K = 64, V = 128: 5.84).
  * - Hopper, split (K = V = 128 only: measured there): the longest item chain is a segment of S chunks
  *   and the items' work is (C + F) x H chunks for C expanded chunks and F <= C - S chunks past a
- *   sequence's first segment, so max(S, (C + F) H / SMs) chunks of 6.8 us, plus 99 us (the plan, the
- *   fix-up's launch, the outputs' correction over every token) and 20.75 us a fix-up step (one a
- *   segment past the longest sequence's first, in order): fitted to 1 x 16384 (1040 us, 7 steps) and
- *   the mixed batch (957 us, 3 steps) at S = 64.
+ *   sequence's first segment, so max(S, (C + F) H / SMs) chunks of 6.8 us, plus 102.75 us (the plan,
+ *   the fix-up's launch, the outputs' correction over every token, the items' waves past the model's
+ *   spread) and 10.25 us a fix-up step (one a segment past the longest sequence's first, in order):
+ *   fitted to 1 x 16384 (966 us, 7 steps) and the mixed batch (928 us, 3 steps) at S = 64 with the
+ *   thirty-ninth session's fix-up and correction (H100; the split's own kernels ran at the same rate
+ *   on both cards before).
  * - Staged: the parallel stages (cumsums, WY, outputs) 0.0656 us a (chunk, head) pair, plus the state
  *   sweep, a chain per (sequence, head, VB columns): the longest chain at a lone block's step or all
  *   blocks' steps over the SMs at a shared SM's step, whichever is longer (VB = 16: 1.06 us a step,
@@ -172,8 +174,8 @@ int64_t gdp_chunk_split_segment(int64_t num_chunks_dp, int64_t H, int sms) {
 #define HOPPER_US_PER_CHUNK_V128 6.8
 #define HOPPER_US_PER_CHUNK_V64 5.8
 #define HOPPER_US_PER_CHUNK_K64 5.84
-#define SPLIT_FIXED_US 99.0
-#define SPLIT_US_PER_FIXUP_STEP 20.75
+#define SPLIT_FIXED_US 102.75
+#define SPLIT_US_PER_FIXUP_STEP 10.25
 #define STAGED_PARALLEL_US_PER_CHUNK_HEAD 0.0656
 #define STAGED_US_PER_CHUNK_HEAD_V64 0.070
 /* the state sweep's step at VB = 64, 32, 16 columns: a lone block's, and an SM shared by blocks */

@@ -240,36 +240,72 @@ __global__ void __launch_bounds__(HOP_PLAN_THREADS)
     }
 }
 
-/* The fix-up scan of the split, one block of 256 threads per (sequence, head, 32 value columns):
- * S_(j+1) = F_j S_j + G_j for j = 1 .. nseg - 1 in order, in fp32 (each thread a KP / 16 x 2 tile of
- * the product, sums in k order: deterministic), from S_1 (segment 0's end) to the entering states of
- * segments 2 .. nseg - 1 and, last, the sequence's final state (its slot or final_state, in its
- * dtype; nothing for a -1 slot; with chunk states asked pass 2 writes it instead). A column block
- * needs only its own columns of S_j, so the blocks of one sequence and head run side by side. */
-constexpr int HOP_FIX_THREADS = 256, HOP_FIX_COLS = 32;
-template <int KP> constexpr size_t hop_fixup_smem() { return sizeof(float) * (size_t)KP * (KP + 4 + HOP_FIX_COLS + 4); }
+/* The fix-up scan of the split, one block of 256 threads per (sequence, head, 16 value columns):
+ * S_(j+1) = F_j S_j + G_j for j = 1 .. nseg - 1 in order, in fp32, from S_1 (segment 0's end) to the
+ * entering states of segments 2 .. nseg - 1 and, last, the sequence's final state (its slot or
+ * final_state, in its dtype; nothing for a -1 slot; with chunk states asked pass 2 writes it instead).
+ * A column block needs only its own columns of S_j, so the blocks of one sequence and head run side
+ * by side. Each thread holds a KP / 32 x 2 tile of the product, summed in k order from 0 and then G_j
+ * added (deterministic). F_j (64 KB at K = 128, written by pass 1, read from L2) comes into registers
+ * one step ahead, so its latency runs under the previous step's product, and lands in shared memory
+ * transposed (k-major), so that a thread's rows of column k are one vector read: the first form read
+ * F_j by a scalar loop whose every load waited for the one before (about 14 us a step on the H100,
+ * thirty-ninth session), and its product read shared memory once an FMA. */
+constexpr int HOP_FIX_THREADS = 256, HOP_FIX_COLS = 16;
+template <int KP> constexpr size_t hop_fixup_smem() {
+    return sizeof(float) * ((size_t)KP * (KP + 4) + 2 * (size_t)KP * (HOP_FIX_COLS + 4));
+}
 template <int KP, int VP>
 __global__ void __launch_bounds__(HOP_FIX_THREADS) hop_fixup_kernel(const ChunkParams p, const HopSegPlan sp) {
-    extern __shared__ float fix_smem[];
-    constexpr int FLD = KP + 4, SLD = HOP_FIX_COLS + 4, CT = HOP_FIX_COLS / 16, RT = KP / 16;
-    float *F = fix_smem;      /* [K][FLD]: F_j                         */
-    float *Sm = F + KP * FLD; /* [K][SLD]: the block's columns of S_j  */
+    extern __shared__ __align__(16) float fix_smem[];
+    constexpr int FLD = KP + 4, SLD = HOP_FIX_COLS + 4;
+    constexpr int RT = KP / 32, CT = 2;                         /* 32 row groups x 8 column pairs */
+    constexpr int NF4 = KP * KP / 4 / HOP_FIX_THREADS;          /* F_j's float4 a thread          */
+    static_assert(HOP_FIX_COLS / CT * (KP / RT) == HOP_FIX_THREADS && HOP_FIX_THREADS % KP == 0, "the tiling");
+    float *Ft = fix_smem;      /* [k][FLD]: F_j transposed, Ft[k][r] = F_j[r][k]  */
+    float *Sb = Ft + KP * FLD; /* [2][K][SLD]: the block's columns of S_j, S_(j+1) */
     const int i = blockIdx.x, hd = blockIdx.y, cbase = blockIdx.z * HOP_FIX_COLS, tid = threadIdx.x;
     const int ns = sp.nseg[i];
     if (ns < 2)
         return; /* one segment: its run wrote the final state */
-    const int r0 = (tid >> 4) * RT, col0 = (tid & 15) * CT; /* the thread's rows and (block) columns */
+    const int r0 = (tid >> 3) * RT, col0 = (tid & 7) * CT; /* the thread's rows and (block) columns */
     {
         const float *s1 = sp.entry + hop_slot_base(p, sp, i, 1, hd, VP);
         for (int e = tid; e < KP * HOP_FIX_COLS; e += HOP_FIX_THREADS)
-            Sm[(e / HOP_FIX_COLS) * SLD + e % HOP_FIX_COLS] = s1[(e / HOP_FIX_COLS) * VP + cbase + e % HOP_FIX_COLS];
+            Sb[(e / HOP_FIX_COLS) * SLD + e % HOP_FIX_COLS] = s1[(e / HOP_FIX_COLS) * VP + cbase + e % HOP_FIX_COLS];
     }
+    /* float4 q of the thread: row r = e % KP, columns 4 (e / KP) .. + 3 of F_j (e = tid + 256 q): a warp's
+     * 32 rows of one column group, so that the transposed stores hit 32 banks */
+    float4 fr[NF4];
+    const auto load_f = [&](int j) {
+        const float4 *f = reinterpret_cast<const float4 *>(
+            sp.fmap + ((int64_t)sp.slot_fitem[hop_slot(sp, i, j)] * p.H + hd) * KP * KP);
+#pragma unroll
+        for (int q = 0; q < NF4; q++) {
+            const int e = tid + HOP_FIX_THREADS * q;
+            fr[q] = f[(e % KP) * (KP / 4) + e / KP];
+        }
+    };
+    load_f(1);
     const StateDest fin = p.chunk_states != nullptr ? StateDest{nullptr, 0, 0} : final_state_dest(p, i, hd);
     for (int j = 1; j < ns; j++) {
-        const float *f = sp.fmap + ((int64_t)sp.slot_fitem[hop_slot(sp, i, j)] * p.H + hd) * KP * KP;
+        const float *Scur = Sb + ((j - 1) & 1) * KP * SLD;
+        float *Snext = Sb + (j & 1) * KP * SLD;
+#pragma unroll
+        for (int q = 0; q < NF4; q++) { /* every read of F_(j-1) is done: the last step's closing barrier */
+            const int e = tid + HOP_FIX_THREADS * q, r = e % KP, k = 4 * (e / KP);
+            Ft[(k + 0) * FLD + r] = fr[q].x;
+            Ft[(k + 1) * FLD + r] = fr[q].y;
+            Ft[(k + 2) * FLD + r] = fr[q].z;
+            Ft[(k + 3) * FLD + r] = fr[q].w;
+        }
+        if (j + 1 < ns)
+            load_f(j + 1); /* in flight under this step's product */
         const float *gm = sp.gmap + hop_slot_base(p, sp, i, j, hd, VP);
-        for (int e = tid; e < KP * KP; e += HOP_FIX_THREADS)
-            F[(e / KP) * FLD + e % KP] = f[e];
+        float2 gv[RT];
+#pragma unroll
+        for (int u = 0; u < RT; u++)
+            gv[u] = *reinterpret_cast<const float2 *>(gm + (int64_t)(r0 + u) * VP + cbase + col0);
         __syncthreads(); /* F_j and S_j in */
         float acc[RT][CT];
 #pragma unroll
@@ -277,51 +313,56 @@ __global__ void __launch_bounds__(HOP_FIX_THREADS) hop_fixup_kernel(const ChunkP
 #pragma unroll
             for (int v = 0; v < CT; v++)
                 acc[u][v] = 0.0f;
+#pragma unroll 8
         for (int k = 0; k < KP; k++) {
-            float fr[RT], sr[CT];
+            float fc[RT];
+            if constexpr (RT == 4) {
+                const float4 x = *reinterpret_cast<const float4 *>(Ft + k * FLD + r0);
+                fc[0] = x.x, fc[1] = x.y, fc[2] = x.z, fc[3] = x.w;
+            } else {
+                const float2 x = *reinterpret_cast<const float2 *>(Ft + k * FLD + r0);
+                fc[0] = x.x, fc[1] = x.y;
+            }
+            const float2 sv = *reinterpret_cast<const float2 *>(Scur + k * SLD + col0);
 #pragma unroll
-            for (int u = 0; u < RT; u++)
-                fr[u] = F[(r0 + u) * FLD + k];
-#pragma unroll
-            for (int v = 0; v < CT; v++)
-                sr[v] = Sm[k * SLD + col0 + v];
-#pragma unroll
-            for (int u = 0; u < RT; u++)
-#pragma unroll
-                for (int v = 0; v < CT; v++)
-                    acc[u][v] = fmaf(fr[u], sr[v], acc[u][v]);
+            for (int u = 0; u < RT; u++) {
+                acc[u][0] = fmaf(fc[u], sv.x, acc[u][0]);
+                acc[u][1] = fmaf(fc[u], sv.y, acc[u][1]);
+            }
         }
         float *next = j + 1 < ns ? sp.entry + hop_slot_base(p, sp, i, j + 1, hd, VP) : nullptr;
 #pragma unroll
-        for (int u = 0; u < RT; u++)
-#pragma unroll
-            for (int v = 0; v < CT; v++) {
-                const int64_t e = (int64_t)(r0 + u) * VP + cbase + col0 + v;
-                acc[u][v] += gm[e];
-                if (next != nullptr)
-                    next[e] = acc[u][v];
-                else if (fin.dst != nullptr)
-                    store_any(fin.dst, fin.dtype, fin.base + e, acc[u][v]);
-            }
-        __syncthreads(); /* every read of F_j and S_j done */
-#pragma unroll
-        for (int u = 0; u < RT; u++)
-#pragma unroll
-            for (int v = 0; v < CT; v++)
-                Sm[(r0 + u) * SLD + col0 + v] = acc[u][v];
-        /* the next step's barrier (after F_(j+1) lands) publishes S_(j+1) */
+        for (int u = 0; u < RT; u++) {
+            acc[u][0] += gv[u].x;
+            acc[u][1] += gv[u].y;
+            const int64_t e = (int64_t)(r0 + u) * VP + cbase + col0;
+            if (next != nullptr)
+                *reinterpret_cast<float2 *>(next + e) = make_float2(acc[u][0], acc[u][1]);
+            else if (fin.dst != nullptr)
+                for (int v = 0; v < CT; v++)
+                    store_any(fin.dst, fin.dtype, fin.base + e + v, acc[u][v]);
+            Snext[(r0 + u) * SLD + col0] = acc[u][0];
+            Snext[(r0 + u) * SLD + col0 + 1] = acc[u][1];
+        }
+        __syncthreads(); /* every read of F_j done; S_(j+1) in */
     }
 }
 
 /* The outputs' correction of the split: o += O^F S_j over the tokens of segment j >= 1 (those whose
  * last copy lies in its chunks; o holds o^G from pass 1), one block of four warps per (slot, head,
- * HOP_COR_TILES tiles of 64 tokens): S_j rounded to T once (as the kernel's own S16) and each tile's
- * O^F rows in shared memory, the product on mma.sync with fp32 sums, then o^G added and the sum
- * rounded once. S_j's 64 KB of fp32 are read and converted once for the block's tiles, not once a tile. */
+ * HOP_COR_TILES tiles of 64 tokens): S_j rounded to T once (as the kernel's own S16), then per tile
+ * O^F's rows and o^G's by cp.async into shared memory, two tiles deep (the next tile's copies in
+ * flight under this tile's product), the product on mma.sync with fp32 sums, o^G added in place and
+ * the sum rounded once, then the tile's rows stored by whole 16-byte vectors. The first form loaded a
+ * tile only when the one before was done and read-modify-wrote o by 4-byte accesses straight from the
+ * accumulators (112 us on 1 x 16384 on the H100, about twice its bytes' time; thirty-ninth session). */
 constexpr int HOP_COR_THREADS = 128, HOP_COR_TILES = 4;
-template <typename T, int KP, int VP> constexpr size_t hop_correct_smem() {
-    return sizeof(T) * ((size_t)KP * (VP + PAD) + (size_t)CHUNK * (KP + PAD));
-}
+template <typename T, int KP, int VP> struct HopCorrectSmem {
+    T s16[KP][VP + PAD];      /* S_j                           */
+    T of[2][CHUNK][KP + PAD]; /* O^F's rows of a tile, 2 deep  */
+    T og[2][CHUNK][VP + PAD]; /* o's rows of a tile: o^G, then o */
+};
+template <typename T, int KP, int VP> constexpr size_t hop_correct_smem() { return sizeof(HopCorrectSmem<T, KP, VP>); }
 /* The correction's grid z for segments of seg_chunks expanded chunks: at most seg_chunks 64 / M + 1
  * tokens a segment (one straddling its start), HOP_COR_TILES tiles of 64 a block. */
 inline unsigned hop_correct_blocks_z(int seg_chunks, int M) {
@@ -331,8 +372,7 @@ inline unsigned hop_correct_blocks_z(int seg_chunks, int M) {
 template <typename T, int KP, int VP>
 __global__ void __launch_bounds__(HOP_COR_THREADS) hop_correct_kernel(const ChunkParams p, const HopSegPlan sp) {
     extern __shared__ __align__(16) unsigned char cor_smem[];
-    T *s16 = reinterpret_cast<T *>(cor_smem); /* [K][VP + PAD]: S_j   */
-    T *of = s16 + KP * (VP + PAD);            /* [64][K + PAD]: O^F  */
+    HopCorrectSmem<T, KP, VP> &s = *reinterpret_cast<HopCorrectSmem<T, KP, VP> *>(cor_smem);
     const int e = blockIdx.x, hd = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int i = sp.slot_seq[e];
     if (i < 0)
@@ -342,41 +382,60 @@ __global__ void __launch_bounds__(HOP_COR_THREADS) hop_correct_kernel(const Chun
     const int len = (int)((int64_t)p.cu[i + 1] - bos);
     const int cb = j * sp.seg_chunks, ce = min(cb + sp.seg_chunks, hop_seq_chunks(p, i));
     const HopChunk first = hop_chunk(cb, len, M), last = hop_chunk(ce - 1, len, M);
-    const int tb = first.tf + (int)blockIdx.z * HOP_COR_TILES * CHUNK, t1 = last.tf + last.nq; /* tokens [tb, t1) */
-    if (tb >= t1)
+    const int tb = first.tf + (int)blockIdx.z * HOP_COR_TILES * CHUNK;      /* the block's tokens [tb, te) */
+    const int te = min(last.tf + last.nq, tb + HOP_COR_TILES * CHUNK);
+    if (tb >= te)
         return;
+    const int ntiles = (te - tb + CHUNK - 1) / CHUNK;
+    T *o = static_cast<T *>(p.o);
+    const T *ofm = static_cast<const T *>(sp.ofmap);
+    const auto issue_tile = [&](int t) { /* tile t's rows of O^F and o into buffer t % 2, one cp.async group */
+        const int t0 = tb + t * CHUNK, rows = min(CHUNK, te - t0);
+        tile_async<T, HOP_COR_THREADS>(&s.of[t & 1][0][0], KP + PAD, ofm + ((bos + t0) * H + hd) * KP, (int64_t)H * KP,
+                                       rows, KP, KP, tid);
+        tile_async<T, HOP_COR_THREADS>(&s.og[t & 1][0][0], VP + PAD, o + ((bos + t0) * H + hd) * VP, (int64_t)H * VP,
+                                       rows, VP, VP, tid);
+        cp_async_commit();
+    };
+    issue_tile(0);
     const float *sj = sp.entry + hop_slot_base(p, sp, i, j, hd, VP);
     for (int x = tid; x < KP * VP / 4; x += HOP_COR_THREADS) {
         const float4 v = reinterpret_cast<const float4 *>(sj)[x];
         const int r = (4 * x) / VP, c = (4 * x) % VP;
-        uint32_t *d = reinterpret_cast<uint32_t *>(s16 + r * (VP + PAD) + c);
+        uint32_t *d = reinterpret_cast<uint32_t *>(&s.s16[r][c]);
         d[0] = Elem<T>::pack(v.x, v.y);
         d[1] = Elem<T>::pack(v.z, v.w);
     }
     const int g = lane >> 2, t4 = lane & 3;
-    for (int t0 = tb; t0 < t1 && t0 < tb + HOP_COR_TILES * CHUNK; t0 += CHUNK) {
-        const int rows = min(CHUNK, t1 - t0);
-        __syncthreads(); /* S_j stored (first tile), every read of the last tile's O^F done (the others) */
-        tile_async<T, HOP_COR_THREADS>(of, KP + PAD, static_cast<const T *>(sp.ofmap) + ((bos + t0) * H + hd) * KP,
-                                       (int64_t)H * KP, rows, KP, KP, tid);
-        cp_async_commit();
-        cp_async_wait_all();
-        __syncthreads(); /* the tile's O^F in */
+    for (int t = 0; t < ntiles; t++) {
+        const int t0 = tb + t * CHUNK, rows = min(CHUNK, te - t0), b = t & 1;
+        __syncthreads(); /* the stores of tile t - 1 have read buffer (t + 1) % 2 */
+        if (t + 1 < ntiles) {
+            issue_tile(t + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads(); /* tile t's rows in (and S_j, at the first) */
         float acc[VP / 8][4];
         zero_tiles(acc);
-        mma_rows_kn<T, KP, VP / 8>(acc, of, KP + PAD, 16 * warp, s16, VP + PAD, 0, lane);
-        T *o = static_cast<T *>(p.o) + ((bos + t0) * H + hd) * VP;
+        mma_rows_kn<T, KP, VP / 8>(acc, &s.of[b][0][0], KP + PAD, 16 * warp, &s.s16[0][0], VP + PAD, 0, lane);
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
-            const int r = 16 * warp + g + 8 * hh;
-            if (r >= rows)
-                continue;
+            const int r = 16 * warp + g + 8 * hh; /* rows past the tile's end: zeros, never stored */
 #pragma unroll
             for (int nt = 0; nt < VP / 8; nt++) {
-                T *at = o + (int64_t)r * H * VP + 8 * nt + 2 * t4;
-                *reinterpret_cast<uint32_t *>(at) = Elem<T>::pack(Elem<T>::to_f(at[0]) + acc[nt][2 * hh],
-                                                                  Elem<T>::to_f(at[1]) + acc[nt][2 * hh + 1]);
+                uint32_t *at = reinterpret_cast<uint32_t *>(&s.og[b][r][8 * nt + 2 * t4]);
+                const T *x = reinterpret_cast<const T *>(at);
+                *at = Elem<T>::pack(Elem<T>::to_f(x[0]) + acc[nt][2 * hh], Elem<T>::to_f(x[1]) + acc[nt][2 * hh + 1]);
             }
+        }
+        __syncthreads(); /* the tile's sums in */
+        constexpr int VPR = VP / 8; /* 16-byte vectors a row */
+        for (int x = tid; x < rows * VPR; x += HOP_COR_THREADS) {
+            const int r = x / VPR, c = (x % VPR) * 8;
+            *reinterpret_cast<uint4 *>(o + ((bos + t0 + r) * H + hd) * VP + c) =
+                *reinterpret_cast<const uint4 *>(&s.og[b][r][c]);
         }
     }
 }
