@@ -161,6 +161,12 @@ stage_chunkab() { # a chunk-op change: tree GDP_CALL_CAB_TREE's test_chunk_gpu o
         echo "$t: GDP_TEST_CHUNK_PATH=$path test_chunk_gpu rc=$?"
         grep -E "checks|FAIL|Hopper kernel ran" "$OUT/cab_test_$path.log" | tail -4
     done
+    local tool # GDP_CALL_CAB_SANITIZE (e.g. "memcheck racecheck"): the tree's segment cases under each tool, kernels
+    # GDP_CALL_CAB_KERNELS (default kns=hop_: the split's plan, fix-up and correction)
+    for tool in ${GDP_CALL_CAB_SANITIZE:-}; do
+        GDP_TEST_CHUNK_ONLY=segments GDP_TEST_CHUNK_REPEAT=0 chunk_sanitize "$tool" hopper "$P/$t/bin/test_chunk_gpu" \
+            "$OUT/cab_$tool.log" 200 --kernel-name "${GDP_CALL_CAB_KERNELS:-kns=hop_}"
+    done
     for r in $(seq 1 "${GDP_CALL_CAB_ROUNDS:-2}"); do
         for tree in main "$t"; do
             echo "## round $r tree $tree"
