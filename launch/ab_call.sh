@@ -156,7 +156,7 @@ stage_chunkab() { # a chunk-op change: tree GDP_CALL_CAB_TREE's test_chunk_gpu o
     # gdp-bench ops --op prefill of main and of the tree alternated (GDP_CALL_CAB_ROUNDS, default 2): the rows and
     # their stages
     local t=${GDP_CALL_CAB_TREE:?chunkab needs GDP_CALL_CAB_TREE} r tree bin path
-    for path in hopper auto; do
+    for path in $([ "${GDP_CALL_CAB_TESTS:-1}" = 1 ] && echo hopper auto); do # GDP_CALL_CAB_TESTS=0: none
         GDP_TEST_CHUNK_PATH=$path timeout 240 "$P/$t/bin/test_chunk_gpu" >"$OUT/cab_test_$path.log" 2>&1
         echo "$t: GDP_TEST_CHUNK_PATH=$path test_chunk_gpu rc=$?"
         grep -E "checks|FAIL|Hopper kernel ran" "$OUT/cab_test_$path.log" | tail -4
