@@ -3,6 +3,7 @@
  * gdp_max_chunk_counts and gdp_build_chunk_descriptors, on the host. Everything is
  * validated and counted before the first write, so a failing call writes nothing.
  */
+#include <math.h>
 #include <string.h>
 
 #include "internal.h"
@@ -132,20 +133,6 @@ int gdp_chunk_state_vb(int vp, int64_t heads, int64_t seqs, int sms) {
     return 16;
 }
 
-/* The Hopper split's segment length when the op chooses it: the power of two at least the expanded
- * chunks x heads / SMs (one segment a block and about one wave of MAIN items, the F items a second:
- * 8 x 2048 and 1 x 16384 at M = 2, H = 16 on 132 SMs both give 64; 1 x 16384 then runs 128 + 112 items
- * of 64 chunks where unsplit is one chain of 512) and at least 16 (a segment past a sequence's first
- * costs an F run, a fix-up step and its correction: short segments spend more on the split than they
- * save). */
-int64_t gdp_chunk_split_segment(int64_t num_chunks_dp, int64_t H, int sms) {
-    const int64_t want = (num_chunks_dp * H + sms - 1) / (sms > 0 ? sms : 1);
-    int64_t seg = 16;
-    while (seg < want)
-        seg *= 2;
-    return seg;
-}
-
 /* The op's own choice among the staged chain, the one-pass Hopper kernel and its exact segment split
  * (GDP_CHUNK_PATH unset or auto, on a device and shape the Hopper kernel takes), from the work's
  * shape alone: estimates in microseconds from the H200's rates (132 SMs), each fitted to measured
@@ -155,14 +142,12 @@ int64_t gdp_chunk_split_segment(int64_t num_chunks_dp, int64_t H, int sms) {
  * - Hopper, unsplit: one block a (sequence, head) walking its chunks in order: waves of blocks x the
  *   longest sequence's chunks x a chunk's time (433 us for 64 chunks at K = V = 128: 6.8 us; 551 us
  *   for 96 at V = 64: 5.8; 374 us for 64 at K = 64, V = 128: 5.84).
- * - Hopper, split (K = V = 128 only: measured there): the longest item chain is a segment of S chunks
- *   and the items' work is (C + F) x H chunks for C expanded chunks and F <= C - S chunks past a
- *   sequence's first segment, so max(S, (C + F) H / SMs) chunks of 6.8 us, plus 102.75 us (the plan,
- *   the fix-up's launch, the outputs' correction over every token, the items' waves past the model's
- *   spread) and 10.25 us a fix-up step (one a segment past the longest sequence's first, in order):
- *   fitted to 1 x 16384 (966 us, 7 steps) and the mixed batch (928 us, 3 steps) at S = 64 with the
- *   thirty-ninth session's fix-up and correction (H100; the split's own kernels ran at the same rate
- *   on both cards before).
+ * - Hopper, split (K = V = 128 only: measured there): split_pass1_chunks (below) chunk times of 6.8 us
+ *   for its items' waves, plus SPLIT_FIXED_US (the plan, the fix-up's launch, the outputs' correction
+ *   over every token past first segments) and SPLIT_US_PER_FIXUP_STEP a fix-up step (one a segment
+ *   past the longest sequence's first, in order): the fix-up and correction as the thirty-ninth
+ *   session measured them (H100: 1 x 16384's fix-up 44 us in 7 steps, correction 81-87 us). It puts
+ *   1 x 16384 at 902 us (S = 56; 956 measured) and the mixed batch at 762 (S = 48; 749 measured).
  * - Staged: the parallel stages (cumsums, WY, outputs) 0.0656 us a (chunk, head) pair, plus the state
  *   sweep, a chain per (sequence, head, VB columns): the longest chain at a lone block's step or all
  *   blocks' steps over the SMs at a shared SM's step, whichever is longer (VB = 16: 1.06 us a step,
@@ -174,10 +159,55 @@ int64_t gdp_chunk_split_segment(int64_t num_chunks_dp, int64_t H, int sms) {
 #define HOPPER_US_PER_CHUNK_V128 6.8
 #define HOPPER_US_PER_CHUNK_V64 5.8
 #define HOPPER_US_PER_CHUNK_K64 5.84
-#define SPLIT_FIXED_US 102.75
-#define SPLIT_US_PER_FIXUP_STEP 10.25
+#define SPLIT_FIXED_US 90.0
+#define SPLIT_US_PER_FIXUP_STEP 6.3
 #define STAGED_PARALLEL_US_PER_CHUNK_HEAD 0.0656
 #define STAGED_US_PER_CHUNK_HEAD_V64 0.070
+/* The split's pass 1 in chunk times for segments of S expanded chunks (hopper_split.cuh: a sequence's
+ * first segment 2 S with no F item, the others S with an F item each), from the work's shape alone:
+ * C expanded chunks, the longest sequence L of them. The batch is taken as copies of the longest
+ * (as many as C holds) and one sequence of the rest: the most F work C chunks can hold. Its items run
+ * in waves over the SMs, each about S chunks (a first segment's 2 S as two): C plus the chunks past
+ * first segments, over the SMs, rounded up to whole waves of S, and never under the longest first
+ * segment. The rounding is what the choice of S is about (thirty-ninth session, H100, split-runs us):
+ * 1 x 16384 at M = 2, H = 16 ran 848 at uniform segments of 64, 836-867 at S = 24-64 but 969 at
+ * S = 48 (3 waves); the mixed batch 836 uniform, 678 at S = 48 and 813 at S = 40 (3 waves). */
+static double split_pass1_chunks(int64_t S, int64_t C, int64_t L, int64_t H, int sms) {
+    const int64_t copies = C / L, rest = C - copies * L;
+    const int64_t past = copies * (L > 2 * S ? L - 2 * S : 0) + (rest > 2 * S ? rest - 2 * S : 0);
+    const double waves = ceil((double)H * (double)(C + past) / ((double)S * sms));
+    const double first = (double)(L < 2 * S ? L : 2 * S);
+    return waves * S > first ? waves * S : first;
+}
+/* The split's estimate in microseconds at segments of S: pass 1, the fixed part and the fix-up's steps
+ * (one a segment past the longest sequence's first). */
+static double split_estimate_us(int64_t S, int64_t C, int64_t L, int64_t H, int sms) {
+    const int64_t steps = L > 2 * S ? (L - 2 * S + S - 1) / S : 0;
+    return split_pass1_chunks(S, C, L, H, sms) * HOPPER_US_PER_CHUNK_V128 + SPLIT_FIXED_US +
+           SPLIT_US_PER_FIXUP_STEP * (double)steps;
+}
+
+/* The Hopper split's segment length when the op chooses it: the S of least split_estimate_us, in steps
+ * of 8 from 16 (a segment past a sequence's first costs an F run, a fix-up step and its correction:
+ * short segments spend more on the split than they save) up to about two waves' worth (2 C H / SMs;
+ * at most 512 candidates), while the longest sequence still has a second segment. */
+int64_t gdp_chunk_split_segment(int64_t num_chunks_dp, int64_t H, int64_t longest, int sms) {
+    if (sms < 1)
+        sms = 1;
+    const int64_t want = (num_chunks_dp * H + sms - 1) / sms, top = 2 * want + 8;
+    const int64_t step = top / 512 > 8 ? (top / 512 + 7) / 8 * 8 : 8;
+    int64_t best = 16;
+    double best_us = 0.0;
+    for (int64_t S = 16; 2 * S < longest && S <= top; S += step) {
+        const double us = split_estimate_us(S, num_chunks_dp, longest, H, sms);
+        if (S == 16 || us < best_us) {
+            best = S;
+            best_us = us;
+        }
+    }
+    return best;
+}
+
 /* the state sweep's step at VB = 64, 32, 16 columns: a lone block's, and an SM shared by blocks */
 static const double STAGED_LONE_STEP_US[3] = {2.40, 1.6, 1.06};
 static const double STAGED_SHARED_STEP_US[3] = {1.99, 1.45, 1.06};
@@ -202,13 +232,10 @@ gdp_chunk_auto gdp_chunk_auto_choose(int64_t num_chunks_dp, int64_t N, int64_t H
     c.staged_us = staged_estimate_us(num_chunks_dp, N, H, V, longest, sms);
     c.hopper_us = (double)((N * H + sms - 1) / sms) * (double)longest * rate;
     if (K == 128 && V == 128) {
-        const int64_t seg = gdp_chunk_split_segment(num_chunks_dp, H, sms);
-        if (longest > seg) {
-            const double past_first = (double)(num_chunks_dp - seg); /* F: chunks past first segments, at most */
-            const double spread = ((double)num_chunks_dp + past_first) * (double)H / sms;
+        const int64_t seg = gdp_chunk_split_segment(num_chunks_dp, H, longest, sms);
+        if (longest > 2 * seg) { /* a second segment */
             c.seg_chunks = (int)seg;
-            c.split_us = (spread > (double)seg ? spread : (double)seg) * rate + SPLIT_FIXED_US +
-                         SPLIT_US_PER_FIXUP_STEP * (double)((longest + seg - 1) / seg - 1);
+            c.split_us = split_estimate_us(seg, num_chunks_dp, longest, H, sms);
         }
     }
     const bool split_best = c.seg_chunks > 0 && c.split_us < c.hopper_us && c.split_us < c.staged_us;

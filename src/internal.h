@@ -207,8 +207,9 @@ typedef struct {
 } gdp_chunk_auto;
 gdp_chunk_auto gdp_chunk_auto_choose(int64_t num_chunks_dp, int64_t N, int64_t H, int32_t M, int64_t K, int64_t V,
                                      int64_t max_seqlen, int sms);
-/* The split's segment length when the op chooses it (num_chunks_dp expanded chunks, H heads). */
-int64_t gdp_chunk_split_segment(int64_t num_chunks_dp, int64_t H, int sms);
+/* The split's segment length when the op chooses it (num_chunks_dp expanded chunks, H heads, the
+ * longest sequence's expanded chunks; a sequence's first segment is twice that). */
+int64_t gdp_chunk_split_segment(int64_t num_chunks_dp, int64_t H, int64_t longest, int sms);
 /* The staged chain's state-sweep column block (64, 32 or 16) for VP value columns. */
 int gdp_chunk_state_vb(int vp, int64_t heads, int64_t seqs, int sms);
 

@@ -22,8 +22,9 @@
  * 128), =hopper (the one-pass wgmma kernel where K and V are each 64 or 128, on a compute capability 9.0
  * device, checked to have run there) and unset (the op's choice); an unknown path -> INVALID_USAGE
  * naming it, writing nothing.
- * The Hopper kernel's exact segment split (GDP_CHUNK_SEGMENT = 1, 2, 4 expanded chunks a segment,
- * forced; auto on a sequence longer than its smallest segment; off): lengths 1 to 1100 whose tokens
+ * The Hopper kernel's exact segment split (GDP_CHUNK_SEGMENT = 1, 2, 3 expanded chunks a segment,
+ * each sequence's first segment twice that, forced; auto on a sequence longer than its smallest first
+ * segment; off): lengths 1 to 1100 whose tokens
  * straddle segment boundaries (M = 3), K and V each 64 and 128, fp16, an initial state, each against
  * the CPU backend, the split checked to have run with the forced length, two runs bitwise equal; each
  * also without chunk states (the split's outputs' correction instead of its second pass: the same
@@ -602,7 +603,7 @@ static void test_hopper_segments(gdp_ctx_t cpu, gdp_ctx_t gpu, bool on_hopper) {
         {"segments: m3 k64 v64 fp16 200,513 (tokens straddle segments)", 3, 3, 64, 64, 2, {200, 513}, 720, F16, F16,
          F32, 1, 0, 0.1},
     };
-    static const char *const lengths[5] = {"1", "2", "4", "auto", "off"};
+    static const char *const lengths[5] = {"1", "2", "3", "auto", "off"}; /* 3: not a power of two */
     const char *repeat_env = getenv("GDP_TEST_CHUNK_REPEAT");
     const bool repeat = repeat_env == NULL || strcmp(repeat_env, "0") != 0;
     CHECK_OK(gdp_ctx_reserve_workspace(gpu, (size_t)256 << 20));
@@ -626,7 +627,7 @@ static void test_hopper_segments(gdp_ctx_t cpu, gdp_ctx_t gpu, bool on_hopper) {
                     CHECK(seg == forced, "%s: the split ran with segments of %d", w, seg);
                 else if (li == 4)
                     CHECK(seg == 0, "%s: split although off", w);
-                else if (ci == 3) /* 1100 tokens x 2 = 35 chunks, more than the auto minimum of 16 */
+                else if (ci == 3) /* 1100 tokens x 2 = 35 chunks, more than auto's smallest first segment, 32 */
                     CHECK(seg >= 16, "%s: auto did not split a sequence of 35 chunks", w);
             }
             if (repeat) {
@@ -1100,7 +1101,8 @@ static void test_rejections(void) {
     expect_env_refusal(fresh, &a, "GDP_CHUNK_STATE_VB", "48"); /* widths are 64, 32, 16 or 0 / unset */
     expect_env_refusal(fresh, &a, "GDP_CHUNK_PATH", "fastest");
     expect_env_refusal(fresh, &a, "GDP_CHUNK_HOPPER_COPY", "dma");
-    expect_env_refusal(fresh, &a, "GDP_CHUNK_SEGMENT", "3");
+    expect_env_refusal(fresh, &a, "GDP_CHUNK_SEGMENT", "513"); /* 1 to 512, auto, off */
+    expect_env_refusal(fresh, &a, "GDP_CHUNK_SEGMENT", "4x");
     expect_env_refusal(fresh, &a, "GDP_CHUNK_STATE_COPY", "dma");
     expect_env_refusal(fresh, &a, "GDP_CHUNK_WY_INVERSE", "fp16");
     CUDA_OK(cudaDeviceSynchronize());

@@ -14,7 +14,10 @@
 namespace {
 
 /* ---- the exact segment split (kernels/NOTES-chunk.md, "Exact segments" and twenty-seventh session) ----
- * Sequence i's expanded chunks are cut into nseg[i] segments of seg_chunks chunks (the last shorter).
+ * Sequence i's expanded chunks are cut into nseg[i] segments: the first 2 S chunks long, then S each
+ * (S = seg_chunks; the last shorter; hop_seg_range). The first segment is twice as long because it
+ * has no F item: its MAIN item runs while the SMs run two shorter items each, so a sequence's chain
+ * is cut into fewer pieces for the same time (kernels/NOTES-chunk.md, thirty-ninth session).
  * Every segment runs once as a MAIN item: segment 0 from the initial state (its outputs are the op's,
  * its end state S_1 or the final state), a segment j >= 1 from zero (its end state is the map G_j, its
  * outputs o^G, written into o). Every segment j >= 1 also runs as an F item: the map F_j and the
@@ -48,6 +51,12 @@ __device__ __forceinline__ int64_t hop_slot_base(const ChunkParams &p, const Hop
     return (hop_slot(sp, i, j) * p.H + hd) * p.K * cols;
 }
 
+/* Segment j's expanded chunks [cb, ce) of a sequence of C, for segments of S: the first 2 S, then S each. */
+__host__ __device__ __forceinline__ void hop_seg_range(int j, int S, int C, int &cb, int &ce) {
+    cb = j == 0 ? 0 : (j + 1) * S;
+    ce = min((j + 2) * S, C);
+}
+
 /* Work item t of the split: sequence i (< 0 past the last item), its segment j of ns, that segment's
  * chunks [cb, ce), and whether it is the F item. */
 struct HopItem {
@@ -62,8 +71,7 @@ __device__ __forceinline__ HopItem hop_item(const ChunkParams &p, const HopSegPl
     it.j = code >> 1;
     it.f = (code & 1) != 0;
     it.ns = sp.nseg[it.i];
-    it.cb = it.j * sp.seg_chunks;
-    it.ce = min(it.cb + sp.seg_chunks, hop_seq_chunks(p, it.i));
+    hop_seg_range(it.j, sp.seg_chunks, hop_seq_chunks(p, it.i), it.cb, it.ce);
     return it;
 }
 
@@ -163,16 +171,17 @@ __device__ __forceinline__ int hop_block_scan(int x, int *warp_sums, int &total)
     return excl;
 }
 
-/* Sequence i's segments: ns in all, full of them seg_chunks long (the rest, at most one, shorter). */
+/* Sequence i's segments (hop_seg_range): ns in all, full of them at their whole length (2 S the first,
+ * S the others; the rest, at most one and the last, shorter). */
 __device__ __forceinline__ void hop_plan_counts(const int32_t *cu, int i, int M, int seg_chunks, int &ns, int &full) {
-    const int64_t nexp = (((int64_t)cu[i + 1] - cu[i]) * M + CHUNK - 1) / CHUNK;
-    ns = (int)max((int64_t)1, (nexp + seg_chunks - 1) / seg_chunks);
-    full = (int)(nexp / seg_chunks);
+    const int64_t nexp = (((int64_t)cu[i + 1] - cu[i]) * M + CHUNK - 1) / CHUNK, S = seg_chunks;
+    ns = nexp <= 2 * S ? 1 : (int)(1 + (nexp - 2 * S + S - 1) / S);
+    full = nexp < 2 * S ? 0 : (int)(nexp / S - 1);
 }
 
 /* The plan of the split, from cu_seqlens on the device (no host sync; one block of 1024 threads):
- * nseg[i] = max(1, ceil(ceil(len_i M / 64) / seg_chunks)) (a sequence of no token still has its MAIN
- * item: its final state is its initial state), seg_base by a block scan, the items (full-length
+ * nseg[i] from hop_plan_counts (a sequence of no token still has its MAIN item: its final state is its
+ * initial state), seg_base by a block scan, the items (full-length
  * ones by one scan, after them the short ones by another) and the slots; -1 in item_seq and
  * slot_seq past the last of max_items and max_slots. */
 __global__ void __launch_bounds__(HOP_PLAN_THREADS)
@@ -364,7 +373,7 @@ template <typename T, int KP, int VP> struct HopCorrectSmem {
 };
 template <typename T, int KP, int VP> constexpr size_t hop_correct_smem() { return sizeof(HopCorrectSmem<T, KP, VP>); }
 /* The correction's grid z for segments of seg_chunks expanded chunks: at most seg_chunks 64 / M + 1
- * tokens a segment (one straddling its start), HOP_COR_TILES tiles of 64 a block. */
+ * tokens a corrected segment (j >= 1; one token straddling its start), HOP_COR_TILES tiles of 64 a block. */
 inline unsigned hop_correct_blocks_z(int seg_chunks, int M) {
     const long long tiles = ((long long)seg_chunks * CHUNK / M + 1 + CHUNK - 1) / CHUNK;
     return (unsigned)((tiles + HOP_COR_TILES - 1) / HOP_COR_TILES);
@@ -380,7 +389,8 @@ __global__ void __launch_bounds__(HOP_COR_THREADS) hop_correct_kernel(const Chun
     const int j = sp.slot_seg[e], H = p.H, M = p.M;
     const int64_t bos = p.cu[i];
     const int len = (int)((int64_t)p.cu[i + 1] - bos);
-    const int cb = j * sp.seg_chunks, ce = min(cb + sp.seg_chunks, hop_seq_chunks(p, i));
+    int cb, ce;
+    hop_seg_range(j, sp.seg_chunks, hop_seq_chunks(p, i), cb, ce);
     const HopChunk first = hop_chunk(cb, len, M), last = hop_chunk(ce - 1, len, M);
     const int tb = first.tf + (int)blockIdx.z * HOP_COR_TILES * CHUNK;      /* the block's tokens [tb, te) */
     const int te = min(last.tf + last.nq, tb + HOP_COR_TILES * CHUNK);

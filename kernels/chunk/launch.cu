@@ -126,29 +126,35 @@ int hopper_copy_from_env(const char **text) {
 
 /* The Hopper kernel's exact segment split (GDP_CHUNK_SEGMENT; kernels/NOTES-chunk.md, "Exact
  * segments"): unset, 0 or auto lets the op choose the segment length from the work (hopper_segment),
- * off never splits (one block per sequence and head, the kernel before the split), a power of two
- * from 1 to 512 forces that many expanded chunks a segment (the tests' short segments). Returns
- * 0 (auto), -2 (off), the forced length, or -1 for any other value. */
+ * off never splits (one block per sequence and head, the kernel before the split), a whole number
+ * from 1 to 512 forces that many expanded chunks a segment (the first segment of a sequence twice
+ * that: hopper_split.cuh; the tests' short segments, or auto's choice replayed). Returns 0 (auto),
+ * -2 (off), the forced length, or -1 for any other value. */
 int hopper_segment_from_env(const char **text) {
-    static const char *const spell[13] = {"0", "auto", "off", "1", "2", "4", "8", "16", "32", "64", "128", "256", "512"};
-    static const int value[13] = {0, 0, -2, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
-    return gdp_env_choice("GDP_CHUNK_SEGMENT", spell, value, 13, 0, text);
+    static const char *const spell[3] = {"0", "auto", "off"};
+    static const int value[3] = {0, 0, -2};
+    const int named = gdp_env_choice("GDP_CHUNK_SEGMENT", spell, value, 3, 0, text);
+    if (named != -1)
+        return named;
+    char *end = nullptr;
+    const long n = strtol(*text, &end, 10);
+    return end != *text && *end == '\0' && n >= 1 && n <= 512 ? (int)n : -1;
 }
 
 /* The segment length the split takes: the forced one, else gdp_chunk_split_segment's (descriptors.c:
- * about one wave of segments), doubled while the split's scratch does not fit in the staged path's
- * intermediates (which the Hopper path does not use) or its items overflow int indices; 0 for off and
- * when no sequence is longer than one segment (the longest's expanded chunks from max_len, its tokens,
- * else from T: a batch whose sequences all fit in a segment runs unsplit, not through the split's
- * plan and empty F items). */
+ * the length whose items' waves end first), doubled while the split's scratch does not fit in the
+ * staged path's intermediates (which the Hopper path does not use) or its items overflow int indices;
+ * 0 for off and when no sequence is longer than its first segment, 2 S chunks (the longest's expanded
+ * chunks from max_len, its tokens, else from T: a batch whose sequences all fit in a first segment
+ * runs unsplit, not through the split's plan and empty F items). */
 #ifdef GDP_HAVE_CHUNK_HOPPER
 int hopper_segment(const ChunkParams &p, int forced, int sms, int64_t num_chunks_dp, int64_t max_len, void *ws,
                    size_t ws_bytes, GdpHopperSplit *split) {
     if (forced == -2) /* off: unsplit */
         return 0;
     const int64_t longest = ((max_len > 0 ? max_len : p.T) * p.M + CHUNK - 1) / CHUNK; /* expanded chunks */
-    long long seg = forced != 0 ? forced : gdp_chunk_split_segment(num_chunks_dp, p.H, sms);
-    for (; seg < longest; seg *= 2) {
+    long long seg = forced != 0 ? forced : gdp_chunk_split_segment(num_chunks_dp, p.H, longest, sms);
+    for (; 2 * seg < longest; seg *= 2) {
         const long long segs = gdp_chunk_hopper_split_segments(p.T, p.N, p.M, (int)seg);
         /* at most 2 segs - N items (int indices) */
         if (2 * segs - p.N < (1ll << 31) && gdp_chunk_hopper_split_bytes(&p, segs) <= ws_bytes) {
@@ -270,7 +276,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     const int hopper_seg_env = hopper_segment_from_env(&segment_text);
     if (hopper_seg_env == -1)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
-                 "%s: GDP_CHUNK_SEGMENT is \"%s\"; it takes auto (or 0, unset), off, or a power of two from 1 to 512 "
+                 "%s: GDP_CHUNK_SEGMENT is \"%s\"; it takes auto (or 0, unset), off, or a whole number from 1 to 512 "
                  "(expanded chunks a segment of the Hopper kernel's split)",
                  op, segment_text);
     const char *path_text = nullptr;
