@@ -364,8 +364,10 @@ __global__ void __launch_bounds__(HOP_FIX_THREADS) hop_fixup_kernel(const ChunkP
  * flight under this tile's product), the product on mma.sync with fp32 sums, o^G added in place and
  * the sum rounded once, then the tile's rows stored by whole 16-byte vectors. The first form loaded a
  * tile only when the one before was done and read-modify-wrote o by 4-byte accesses straight from the
- * accumulators (112 us on 1 x 16384 on the H100, about twice its bytes' time; thirty-ninth session). */
-constexpr int HOP_COR_THREADS = 128, HOP_COR_TILES = 4;
+ * accumulators (112 us on 1 x 16384 on the H100, about twice its bytes' time; thirty-ninth session). Eight
+ * tiles a block (S_j read and rounded once for 512 tokens): 1 x 16384 80.8 -> 73.9 us, the mixed batch 41.4 ->
+ * 35.0 against four; sixteen lost on the mixed batch (57.2: too few blocks). */
+constexpr int HOP_COR_THREADS = 128, HOP_COR_TILES = 8;
 template <typename T, int KP, int VP> struct HopCorrectSmem {
     T s16[KP][VP + PAD];      /* S_j                           */
     T of[2][CHUNK][KP + PAD]; /* O^F's rows of a tile, 2 deep  */
