@@ -80,6 +80,13 @@ __device__ __forceinline__ HopItem hop_item(const ChunkParams &p, const HopSegPl
  * where a computed head would hold a register: the item-major x of an earlier version spilled). */
 __device__ __forceinline__ int hop_grid_item() { return (int)(blockIdx.y + gridDim.y * blockIdx.z); }
 
+/* Developer hook: kernels/dev/chunk_stages.cu (--split-timeline) defines GDP_HOPPER_ITEM_MARK to record, for
+ * every block of pass 1 that runs an item, its SM, its chunks and the global timer at its start (thread 0)
+ * and its end (the first state thread: the aux warpgroup leaves hop_run early); the library's is empty. */
+#ifndef GDP_HOPPER_ITEM_MARK
+#define GDP_HOPPER_ITEM_MARK(kind, rec, chunks, begin) ((void)0)
+#endif
+
 /* Pass 1, one launch a kind (HOP_MAIN or HOP_MAP_F, whose instance takes VP = KP): its items (above);
  * the other kind's blocks exit. The F launch is a programmatic dependent of the MAIN launch (the two
  * are independent): every MAIN block lets it start at once (griddepcontrol.launch_dependents), so the
@@ -104,11 +111,15 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
             pdl_wait();
         return;
     }
+    if (threadIdx.x == 0)
+        GDP_HOPPER_ITEM_MARK(KIND, hop_grid_item() * (int)gridDim.x + hd, it.ce - it.cb, 1);
     if constexpr (KIND == HOP_MAP_F) {
         hop_run<T, KP, KP, COPY, HOP_MAP_F>(
             p, maps, smem_raw, i, hd, it.cb, it.ce, HopStateSrc{nullptr, 0, 0},
             StateDest{sp.fmap, GDP_DTYPE_FP32, ((int64_t)hop_grid_item() * p.H + hd) * KP * KP},
             static_cast<T *>(sp.ofmap));
+        if (threadIdx.x == HOP_AUX_THREADS)
+            GDP_HOPPER_ITEM_MARK(KIND, hop_grid_item() * (int)gridDim.x + hd, it.ce - it.cb, 0);
         pdl_wait(); /* the aux warpgroup left hop_run early: every thread waits, none stores after */
     } else {
         const StateDest end = j > 0         ? StateDest{sp.gmap, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, j, hd, VP)}
@@ -116,6 +127,8 @@ __global__ void __launch_bounds__(HOP_THREADS, 1)
                                            : StateDest{sp.entry, GDP_DTYPE_FP32, hop_slot_base(p, sp, i, 1, hd, VP)};
         hop_run<T, KP, VP, COPY, HOP_MAIN>(p, maps, smem_raw, i, hd, it.cb, it.ce,
                                            j == 0 ? hop_h0(p, i, hd) : HopStateSrc{nullptr, 0, 0}, end, nullptr);
+        if (threadIdx.x == HOP_AUX_THREADS)
+            GDP_HOPPER_ITEM_MARK(KIND, hop_grid_item() * (int)gridDim.x + hd, it.ce - it.cb, 0);
     }
 #endif
 }

@@ -15,6 +15,9 @@
  * With --state-phases it runs the staged path and prints, per row, the clock64 cycles per chunk
  * step of each phase of the state sweep (block 0, thread 0 and thread 224: warps 0 and 7; state.cuh's
  * marks), with the column block the op chose or GDP_CHUNK_STATE_VB.
+ * With --split-timeline [CSV] it runs GDP_CHUNK_PATH=hopper with max_seqlen set and prints, for the rows the
+ * segment split takes, when each of pass 1's items ran (MAIN and F: their chunks, start and end, ns a chunk,
+ * the SMs' busy share), every item into CSV (hopper_split.cuh's GDP_HOPPER_ITEM_MARK).
  * With --dump DIR it instead writes inputs, outputs and the workspace intermediates of two small
  * shapes (DIR/dump_k128.safetensors, DIR/dump_k100.safetensors) for offline stage-by-stage checks.
  * Built with GDP_HOPPER_DEV_SKIP=1, 2 or 3 (the bench_hopper_skip1..3 targets) the Hopper kernel in it
@@ -118,6 +121,33 @@ struct HopPhases {
                 g_hopper_cycles[role][i] = cyc[i];
     }
 };
+/* --split-timeline: every block of the split's pass 1 that runs an item records its SM, its chunks and the
+ * global timer (ns) at its start and end (hopper_split.cuh's GDP_HOPPER_ITEM_MARK), by kind (0 MAIN, 1 F)
+ * and record (item x heads + head) */
+constexpr int TL_MAX = 16384;
+__device__ unsigned long long g_tl_t[2][TL_MAX][2];
+__device__ int g_tl_sm[2][TL_MAX], g_tl_chunks[2][TL_MAX];
+__device__ int g_tl_on;
+__device__ __forceinline__ unsigned long long tl_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ int tl_smid() {
+    unsigned s;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+    return (int)s;
+}
+#define GDP_HOPPER_ITEM_MARK(kind, rec, chunks, begin)                                                \
+    do {                                                                                             \
+        if (g_tl_on && (rec) < TL_MAX) {                                                             \
+            g_tl_t[(kind)][(rec)][(begin) ? 0 : 1] = tl_now();                                       \
+            if (begin) {                                                                             \
+                g_tl_sm[(kind)][(rec)] = tl_smid();                                                  \
+                g_tl_chunks[(kind)][(rec)] = (chunks);                                               \
+            }                                                                                        \
+        }                                                                                            \
+    } while (0)
 #include "../chunk/launch.cu"
 #include "../chunk/hopper.cu" /* the Hopper kernel in this translation unit too (built for sm_90a) */
 #include "src/workspace.h"
@@ -148,6 +178,64 @@ static void phases_call(gdp_ctx_t ctx, const gdp_chunk_args *a, Cycles &cycles_s
     DEV_CHECK(cudaMemcpyToSymbol(flag_sym, &off, sizeof off));
     DEV_CHECK(cudaMemcpyFromSymbol(cyc, cycles_sym, sizeof zero));
 }
+/* --split-timeline: one call (after three warm-ups) with the items' marks on; per kind the items, their chunks,
+ * when they started and ended (us from the first start), the mean ns a chunk, and the SMs' busy share of the
+ * pass; every record into csv (kind, record, sm, chunks, start, end in ns from the first start). */
+static void split_timeline(gdp_ctx_t ctx, const gdp_chunk_args *a, const char *label, FILE *csv) {
+    for (int it = 0; it < 3; it++)
+        DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, a));
+    DEV_CHECK(cudaDeviceSynchronize());
+    static unsigned long long t[2][TL_MAX][2];
+    static int sm[2][TL_MAX], chunks[2][TL_MAX];
+    std::memset(t, 0, sizeof t);
+    DEV_CHECK(cudaMemcpyToSymbol(g_tl_t, t, sizeof t));
+    const int on = 1, off = 0;
+    DEV_CHECK(cudaMemcpyToSymbol(g_tl_on, &on, sizeof on));
+    DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, a));
+    DEV_CHECK(cudaDeviceSynchronize());
+    DEV_CHECK(cudaMemcpyToSymbol(g_tl_on, &off, sizeof off));
+    DEV_CHECK(cudaMemcpyFromSymbol(t, g_tl_t, sizeof t));
+    DEV_CHECK(cudaMemcpyFromSymbol(sm, g_tl_sm, sizeof sm));
+    DEV_CHECK(cudaMemcpyFromSymbol(chunks, g_tl_chunks, sizeof chunks));
+    unsigned long long t0 = ~0ull, t1 = 0;
+    for (int k = 0; k < 2; k++)
+        for (int r = 0; r < TL_MAX; r++)
+            if (t[k][r][0] != 0) {
+                t0 = std::min(t0, t[k][r][0]);
+                t1 = std::max(t1, t[k][r][1]);
+            }
+    if (t0 == ~0ull) {
+        std::printf("%-28s (no split item ran: segments of %d)\n", label, gdp_cuda_chunk_hopper_last_segment());
+        return;
+    }
+    int sms = 0;
+    DEV_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    double busy = 0;
+    std::printf("%-28s segments of %d, pass 1 %.1f us\n", label, gdp_cuda_chunk_hopper_last_segment(), (t1 - t0) * 1e-3);
+    for (int k = 0; k < 2; k++) {
+        int n = 0, cmin = 1 << 30, cmax = 0;
+        double s_first = 1e30, s_last = 0, e_last = 0, ns_chunk = 0, chunk_sum = 0;
+        for (int r = 0; r < TL_MAX; r++) {
+            if (t[k][r][0] == 0)
+                continue;
+            const double s_ = (double)(t[k][r][0] - t0), e_ = (double)(t[k][r][1] - t0);
+            n++;
+            cmin = std::min(cmin, chunks[k][r]);
+            cmax = std::max(cmax, chunks[k][r]);
+            s_first = std::min(s_first, s_), s_last = std::max(s_last, s_), e_last = std::max(e_last, e_);
+            ns_chunk += e_ - s_;
+            chunk_sum += chunks[k][r];
+            busy += e_ - s_;
+            if (csv != nullptr)
+                std::fprintf(csv, "%s,%d,%d,%d,%d,%.0f,%.0f\n", label, k, r, sm[k][r], chunks[k][r], s_, e_);
+        }
+        std::printf("  %-4s %5d items of %d-%d chunks: started %.1f-%.1f us, last end %.1f us, %.0f ns a chunk\n",
+                    k == 0 ? "MAIN" : "F", n, n ? cmin : 0, cmax, n ? s_first * 1e-3 : 0.0, s_last * 1e-3, e_last * 1e-3,
+                    chunk_sum > 0 ? ns_chunk / chunk_sum : 0.0);
+    }
+    std::printf("  SMs busy %.1f %% of the pass (%d SMs)\n", 100.0 * busy / ((double)sms * (double)(t1 - t0)), sms);
+}
+
 /* The two threads' rows: cycles per step of each phase and their sum. */
 static void print_phases(const char *label, const char *const (&tags)[2], const unsigned long long (&cyc)[2][8],
                          double steps) {
@@ -375,7 +463,14 @@ int main(int argc, char **argv) {
     const bool alone = argc >= 2 && !std::strcmp(argv[1], "--fused-alone");
     const bool sphases = argc >= 2 && !std::strcmp(argv[1], "--state-phases");
     const int only_row = argc == 3 && !std::strcmp(argv[1], "--row") ? std::atoi(argv[2]) : 0;
-    if (alone) {
+    const bool timeline = argc >= 2 && !std::strcmp(argv[1], "--split-timeline");
+    FILE *tl_csv = timeline && argc >= 3 ? std::fopen(argv[2], "w") : nullptr;
+    if (timeline) {
+        setenv("GDP_CHUNK_PATH", "hopper", 1); /* the split where a sequence needs it (GDP_CHUNK_SEGMENT applies) */
+        std::printf("# the Hopper split's pass 1, item by item (global timer; max_seqlen set to the row's longest)\n");
+        if (tl_csv != nullptr)
+            std::fprintf(tl_csv, "row,kind,record,sm,chunks,start_ns,end_ns\n");
+    } else if (alone) {
         setenv("GDP_CHUNK_PATH", "fused", 1);
         std::printf("# fused kernel, median of 10 (us): whole / aux math left out (state alone) / state math left out (aux alone)\n");
     } else if (sphases) {
@@ -446,7 +541,13 @@ int main(int argc, char **argv) {
         a.chunk_offsets = view(d_co, GDP_DTYPE_INT32, 1, N + 1);
         a.o = view(o, GDP_DTYPE_BF16, 4, 1, T, H, V);
         a.final_state = view(fs, GDP_DTYPE_FP32, 4, N, H, K, V);
-        if (alone) {
+        if (timeline) {
+            int longest = 0;
+            for (int i = 0; i < N; i++)
+                longest = std::max(longest, row.lens[i]);
+            a.max_seqlen = longest;
+            split_timeline(ctx, &a, row.label, tl_csv);
+        } else if (alone) {
             std::printf("%-28s", row.label);
             for (int mode = 0; mode < 3; mode++) {
                 DEV_CHECK(cudaMemcpyToSymbol(g_fused_skip, &mode, sizeof mode));
@@ -533,5 +634,7 @@ int main(int argc, char **argv) {
         for (void *b : bufs)
             cudaFree(b);
     }
+    if (tl_csv != nullptr)
+        std::fclose(tl_csv);
     return 0;
 }
