@@ -29,15 +29,8 @@
 #include <cuda_runtime.h>
 
 #include "chain_timer.cuh"
+#include "dev_check.cuh"
 
-#define CK(call)                                                                                               \
-    do {                                                                                                       \
-        const cudaError_t e_ = (call);                                                                         \
-        if (e_ != cudaSuccess) {                                                                               \
-            fprintf(stderr, "gemm_skinny: %s failed: %s (line %d)\n", #call, cudaGetErrorString(e_), __LINE__); \
-            exit(1);                                                                                           \
-        }                                                                                                      \
-    } while (0)
 #define LT(call)                                                                                                 \
     do {                                                                                                         \
         const cublasStatus_t s_ = (call);                                                                        \

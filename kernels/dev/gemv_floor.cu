@@ -42,15 +42,8 @@
 #include "chunk/mma.cuh" /* mbarriers */
 #include "gemv_math.cuh"
 #include "dev/chain_timer.cuh"
+#include "dev/dev_check.cuh"
 
-#define CK(call)                                                                                             \
-    do {                                                                                                     \
-        const cudaError_t e_ = (call);                                                                       \
-        if (e_ != cudaSuccess) {                                                                             \
-            fprintf(stderr, "gemv_floor: %s failed: %s (line %d)\n", #call, cudaGetErrorString(e_), __LINE__); \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
 
 typedef __nv_bfloat16 bf16;
 constexpr int WARPS = GEMV_WARPS, REPLAYS = 30;

@@ -22,14 +22,8 @@
 
 #include <cuda_runtime.h>
 
-#define CK(call)                                                                                             \
-    do {                                                                                                     \
-        const cudaError_t e_ = (call);                                                                       \
-        if (e_ != cudaSuccess) {                                                                             \
-            fprintf(stderr, "launch_floor: %s failed: %s (line %d)\n", #call, cudaGetErrorString(e_), __LINE__); \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
+#include "dev_check.cuh"
+
 
 constexpr int THREADS = 256, K = 10, REPLAYS = 200;
 constexpr size_t BYTES = 8u << 20; /* read per phase by the whole grid: about a layer's out_proj weight */
