@@ -989,6 +989,55 @@ cudaError_t launch_rows_spec(const RecurrentParams &p, int device, cudaStream_t 
     return launch_recurrent_rows<SDT, R, LPR, 0, -1>(p, device, stream);
 }
 
+#include "recurrent_mma.cuh" /* the tensor-core kernel (v11): GDP_DECODE_STATE=mma */
+
+template <int SDT, int KP, int M, int NW>
+cudaError_t launch_recurrent_mma(const RecurrentParams &p, int device, cudaStream_t stream) {
+    using G = MmaGeom<KP, M, NW>;
+    RecurrentParams q = p;
+    q.n_vblocks = p.V / G::BV;
+    const int64_t items = p.B * p.H * q.n_vblocks;
+    if (items > INT32_MAX)
+        return cudaErrorInvalidConfiguration;
+    if (device < 0 || device >= 64 || p.S < 1 || p.S > MMA_MAX_S)
+        return cudaErrorInvalidValue;
+    /* the state cells (64 KB at K = 128, 8 warps, fp32) and the two halves of the input area */
+    constexpr size_t cells = (size_t)(KP / 4) * G::THREADS * (SDT == GDP_DTYPE_FP32 ? 2 : 1);
+    const size_t bytes = (cells + 2 * (size_t)p.S * G::TOKEN_WORDS) * sizeof(uint32_t);
+    const size_t most = (cells + 2 * (size_t)MMA_MAX_S * G::TOKEN_WORDS) * sizeof(uint32_t);
+    static int resident_by_s[MMA_MAX_S + 1][64]; /* resident blocks by S: the area's size sets them */
+    static int configured[64];
+    if (!configured[device]) {
+        cudaError_t err = cudaFuncSetAttribute(recurrent_mma_kernel<SDT, KP, M, NW>,
+                                               cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               (int)cudaSharedmemCarveoutMaxShared);
+        if (err == cudaSuccess)
+            err = cudaFuncSetAttribute(recurrent_mma_kernel<SDT, KP, M, NW>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most);
+        if (err != cudaSuccess)
+            return err;
+        configured[device] = 1;
+    }
+    const int64_t resident = resident_blocks(recurrent_mma_kernel<SDT, KP, M, NW>, resident_by_s[p.S], device, bytes,
+                                             G::THREADS);
+    const int64_t grid = rows_grid(items, resident, device);
+    recurrent_mma_kernel<SDT, KP, M, NW><<<(unsigned)grid, G::THREADS, bytes, stream>>>(q);
+    return cudaGetLastError();
+}
+
+/* Whether the tensor-core kernel takes a launch (vec: 16-byte state columns, checked by the
+ * caller): K 64 or 128, V a multiple of 16, at most MMA_MAX_M steps and MMA_MAX_S tokens,
+ * bf16 q, k and v (exact in tf32) with 4-byte aligned rows, an fp32 or bf16 state, no fused
+ * norm, and o aligned for a two-column store. */
+bool mma_fit(const RecurrentParams &p, int state_dtype) {
+    const auto aligned = [](const void *x, uintptr_t n) { return ((uintptr_t)x & (n - 1)) == 0; };
+    return (p.K == 64 || p.K == 128) && p.V % 16 == 0 && p.steps_per_token >= 1 &&
+           p.steps_per_token <= MMA_MAX_M && p.S >= 1 && p.S <= MMA_MAX_S &&
+           (state_dtype == GDP_DTYPE_FP32 || state_dtype == GDP_DTYPE_BF16) && !p.norm_on &&
+           p.qkv_dtype == GDP_DTYPE_BF16 && aligned(p.q, 4) && aligned(p.k, 4) && aligned(p.v, 4) &&
+           aligned(p.g, 4) && aligned(p.o, p.o_dtype == GDP_DTYPE_FP32 ? 8 : 4);
+}
+
 /* The row kernel's value slice: GDP_DECODE_ROWS_COLS = 16 | 32 | 64 | 128 asks for one, unset,
  * empty or auto lets rows_cols pick. Read at every launch; -1 for any other value (refused by
  * recurrent_run). */
@@ -1049,6 +1098,47 @@ template <int SDT> cudaError_t dispatch_rows_kernel(const RecurrentParams &p, in
     return launch_rows_spec<SDT, 8, 16>(p, device, stream);
 }
 
+/* The tensor-core kernel's value slice (16 NW columns): GDP_DECODE_ROWS_COLS where V holds it,
+ * else the widest slice whose items fill the SMs once, down to 16 columns (rows_cols' rule). */
+int mma_cols(const RecurrentParams &p, int device) {
+    const int asked = rows_cols_choice();
+    if (asked > 0 && p.V % asked == 0)
+        return asked;
+    static const int widest_first[4] = {128, 64, 32, 16};
+    int sms = 0;
+    if (gdp_device_sm_count(device, &sms) != cudaSuccess)
+        (void)cudaGetLastError();
+    int cols = 16; /* mma_fit: V is a multiple of 16 */
+    for (int i = 0; i < 4; i++) {
+        if (p.V % widest_first[i] != 0)
+            continue;
+        cols = widest_first[i];
+        if (p.B * p.H * (p.V / cols) >= sms)
+            break;
+    }
+    return cols;
+}
+
+template <int SDT, int KP, int M>
+cudaError_t dispatch_mma_cols(const RecurrentParams &p, int device, cudaStream_t stream) {
+    switch (mma_cols(p, device)) {
+    case 128: return launch_recurrent_mma<SDT, KP, M, 8>(p, device, stream);
+    case 64: return launch_recurrent_mma<SDT, KP, M, 4>(p, device, stream);
+    case 32: return launch_recurrent_mma<SDT, KP, M, 2>(p, device, stream);
+    default: return launch_recurrent_mma<SDT, KP, M, 1>(p, device, stream);
+    }
+}
+template <int SDT, int KP> cudaError_t dispatch_mma_m(const RecurrentParams &p, int device, cudaStream_t stream) {
+    switch (p.steps_per_token) {
+    case 1: return dispatch_mma_cols<SDT, KP, 1>(p, device, stream);
+    case 2: return dispatch_mma_cols<SDT, KP, 2>(p, device, stream);
+    default: return dispatch_mma_cols<SDT, KP, 3>(p, device, stream);
+    }
+}
+template <int SDT> cudaError_t dispatch_mma_kernel(const RecurrentParams &p, int device, cudaStream_t stream) {
+    return p.K == 64 ? dispatch_mma_m<SDT, 64>(p, device, stream) : dispatch_mma_m<SDT, 128>(p, device, stream);
+}
+
 /* Which kernel runs. GDP_DECODE_STATE=regs | smem | head forces the register kernel, the
  * shared-memory kernel with one block per 32 value columns, or the shared-memory kernel with
  * one block per (request, head) (up to 128 columns a block; not the default until measured).
@@ -1064,15 +1154,15 @@ template <int SDT> cudaError_t dispatch_rows_kernel(const RecurrentParams &p, in
  * refused (GDP_STATUS_INVALID_USAGE) before anything runs. */
 constexpr int64_t REC_SMEM_MIN_PAIRS = 128;
 
-enum DecodeKernel { DECODE_REGS, DECODE_SMEM, DECODE_HEAD, DECODE_ROWS };
+enum DecodeKernel { DECODE_REGS, DECODE_SMEM, DECODE_HEAD, DECODE_ROWS, DECODE_MMA };
 
 /* GDP_DECODE_STATE: one of the three kernels, DECODE_AUTO (unset, empty or auto: the op
  * chooses), or -1 for any other value (gdp_env_choice, src/internal.h). */
 constexpr int DECODE_AUTO = -2;
 int decode_state_choice() {
-    static const char *const spell[5] = {"auto", "regs", "smem", "head", "rows"};
-    static const int value[5] = {DECODE_AUTO, DECODE_REGS, DECODE_SMEM, DECODE_HEAD, DECODE_ROWS};
-    return gdp_env_choice("GDP_DECODE_STATE", spell, value, 5, DECODE_AUTO, nullptr);
+    static const char *const spell[6] = {"auto", "regs", "smem", "head", "rows", "mma"};
+    static const int value[6] = {DECODE_AUTO, DECODE_REGS, DECODE_SMEM, DECODE_HEAD, DECODE_ROWS, DECODE_MMA};
+    return gdp_env_choice("GDP_DECODE_STATE", spell, value, 6, DECODE_AUTO, nullptr);
 }
 
 /* The default: the row kernel wherever it fits (rows_fit), at every batch (rows_cols narrows
@@ -1094,7 +1184,7 @@ DecodeKernel decode_kernel(const RecurrentParams &p, int state_dtype) {
     const int forced = decode_state_choice();
     if (p.norm_on) /* the fused norm's tail lives in the shared-memory kernel only */
         return forced == DECODE_HEAD ? DECODE_HEAD : DECODE_SMEM;
-    if (forced == DECODE_ROWS && !rows_fit(p, state_dtype))
+    if ((forced == DECODE_ROWS && !rows_fit(p, state_dtype)) || (forced == DECODE_MMA && !mma_fit(p, state_dtype)))
         return decode_kernel_auto(p, state_dtype); /* a shape it does not hold: as auto */
     if (forced >= 0)
         return static_cast<DecodeKernel>(forced);
@@ -1135,9 +1225,12 @@ template <int SDT, bool VEC> cudaError_t dispatch_rows(const RecurrentParams &p,
 /* vec (16-byte columns) implies the shared-memory kernel's 16- or 8-byte accesses. */
 template <int SDT> cudaError_t dispatch_vec(const RecurrentParams &p, bool vec, int device, cudaStream_t stream) {
     const DecodeKernel k = decode_kernel(p, SDT);
-    if constexpr (SDT != GDP_DTYPE_FP16)
+    if constexpr (SDT != GDP_DTYPE_FP16) {
         if (vec && k == DECODE_ROWS)
             return dispatch_rows_kernel<SDT>(p, device, stream);
+        if (vec && k == DECODE_MMA)
+            return dispatch_mma_kernel<SDT>(p, device, stream);
+    }
     if (vec && k != DECODE_REGS)
         return dispatch_smem<SDT>(p, k, device, stream);
     return vec ? dispatch_rows<SDT, true>(p, device, stream) : dispatch_rows<SDT, false>(p, device, stream);
@@ -1279,7 +1372,7 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
                  fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_ROWS_COLS"));
     if (decode_state_choice() == -1)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
-                 "%s: GDP_DECODE_STATE=%s is not known; use regs, smem, head or rows (or leave it unset, empty or auto: "
+                 "%s: GDP_DECODE_STATE=%s is not known; use regs, smem, head, rows or mma (or leave it unset, empty or auto: "
                  "the op chooses)",
                  fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_STATE"));
     if (K > REC_ROW_GROUPS * 16)

@@ -301,14 +301,17 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
      * bits again on a second run. A kernel that does not hold the shape runs the default. */
     /* rows64, rows32 and rows16 (GDP_DECODE_ROWS_COLS: 64-, 32- or 16-column slices where V
      * and K allow them; a shape that does not runs the default slice) sum in other orders
-     * again: the CPU's bar, then their own bits on a second run. */
+     * again: the CPU's bar, then their own bits on a second run. So do mma and mma16
+     * (recurrent_mma.cuh: the products on the tensor cores, in tf32 halves; its own slice, and
+     * 16 columns a block), where they hold the shape (bf16 q, k, v; K 64 or 128). */
     static const struct {
         const char *name, *state, *cols;
         bool first; /* the reference of the runs after it: held to the CPU bar */
     } kernels[] = {{"smem", "smem", NULL, true},    {"regs", "regs", NULL, false},  {"head", "head", NULL, false},
                    {"rows", "rows", "128", true},   {"rows", "rows", "128", false}, {"rows64", "rows", "64", true},
                    {"rows64", "rows", "64", false}, {"rows32", "rows", "32", true},  {"rows32", "rows", "32", false},
-                   {"rows16", "rows", "16", true},  {"rows16", "rows", "16", false}};
+                   {"rows16", "rows", "16", true},  {"rows16", "rows", "16", false}, {"mma", "mma", NULL, true},
+                   {"mma", "mma", NULL, false},     {"mma16", "mma", "16", true},   {"mma16", "mma", "16", false}};
     gdp_recurrent_args base = {0};
     for (int kk = 0; kk < (int)(sizeof kernels / sizeof kernels[0]); kk++) {
         char *saved = test_env_swap("GDP_DECODE_STATE", kernels[kk].state);
@@ -676,9 +679,10 @@ static void decode_tests(test_rng *r) {
                             "decode_m3_draft3.safetensors"};
     for (int i = 0; i < 3; i++)
         decode_golden(files[i]);
-    {
-        char *saved = test_env_swap("GDP_DECODE_STATE", "rows");
-        printf("GDP_DECODE_STATE=rows:\n");
+    static const char *const golden_kernels[2] = {"rows", "mma"};
+    for (int kk = 0; kk < 2; kk++) {
+        char *saved = test_env_swap("GDP_DECODE_STATE", golden_kernels[kk]);
+        printf("GDP_DECODE_STATE=%s:\n", golden_kernels[kk]);
         for (int i = 0; i < 3; i++)
             decode_golden(files[i]);
         test_env_restore("GDP_DECODE_STATE", saved);
@@ -714,6 +718,10 @@ static void decode_tests(test_rng *r) {
         {7, 1, 1, 4, 128, 128, 10, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 2},
         {6, 1, 1, 3, 128, 64, 9, BF, F32, BF, true, true, true, true, false, false, false, false, true, 0, 2},
         {5, 2, 3, 2, 128, 128, 8, BF, BF, BF, true, true, true, true, false, true, false, false, true, 0, 2},
+        /* The tensor-core kernel's general paths: no g, beta or norm on 32 columns (two 16-column
+         * slices or one), fp32 o; a dense bf16 initial state with an fp32 final state. */
+        {3, 2, 2, 3, 128, 32, 6, BF, F32, F32, false, false, false, true, false, true, false, false, false, 0.4, 2},
+        {4, 1, 2, 3, 128, 64, 0, BF, BF, F32, true, true, true, false, false, false, true, true, true, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         decode_vs_cpu(r, &cases[i]);
@@ -738,6 +746,18 @@ static void decode_tests(test_rng *r) {
         char *saved_cols = test_env_swap("GDP_DECODE_ROWS_COLS", "16");
         printf("GDP_DECODE_STATE=rows GDP_DECODE_ROWS_COLS=16:\n");
         decode_graph(r, &cases[0]);
+        for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++)
+            decode_tokens_vs_single(r, &multi[i]);
+        test_env_restore("GDP_DECODE_ROWS_COLS", saved_cols);
+        test_env_restore("GDP_DECODE_STATE", saved);
+    }
+    /* And of the tensor-core kernel, on its own slice and on 16 columns. */
+    for (int narrow = 0; narrow < 2; narrow++) {
+        char *saved = test_env_swap("GDP_DECODE_STATE", "mma");
+        char *saved_cols = test_env_swap("GDP_DECODE_ROWS_COLS", narrow ? "16" : NULL);
+        printf("GDP_DECODE_STATE=mma%s:\n", narrow ? " GDP_DECODE_ROWS_COLS=16" : "");
+        decode_graph(r, &cases[0]);
+        decode_graph(r, &cases[12]);
         for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++)
             decode_tokens_vs_single(r, &multi[i]);
         test_env_restore("GDP_DECODE_ROWS_COLS", saved_cols);
