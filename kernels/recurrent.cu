@@ -1001,8 +1001,8 @@ cudaError_t launch_recurrent_mma(const RecurrentParams &p, int device, cudaStrea
         return cudaErrorInvalidConfiguration;
     if (device < 0 || device >= 64 || p.S < 1 || p.S > MMA_MAX_S)
         return cudaErrorInvalidValue;
-    /* the state cells (64 KB at K = 128, 8 warps, fp32) and the two halves of the input area */
-    constexpr size_t cells = (size_t)(KP / 4) * G::THREADS * (SDT == GDP_DTYPE_FP32 ? 2 : 1);
+    /* the state rows (68 KB at K = 128, 8 warps, fp32) and the two halves of the input area */
+    constexpr size_t cells = (size_t)mma_state_words<SDT, KP, NW>();
     const size_t bytes = (cells + 2 * (size_t)p.S * G::TOKEN_WORDS) * sizeof(uint32_t);
     const size_t most = (cells + 2 * (size_t)MMA_MAX_S * G::TOKEN_WORDS) * sizeof(uint32_t);
     static int resident_by_s[MMA_MAX_S + 1][64]; /* resident blocks by S: the area's size sets them */
@@ -1165,6 +1165,12 @@ int decode_state_choice() {
     return gdp_env_choice("GDP_DECODE_STATE", spell, value, 6, DECODE_AUTO, nullptr);
 }
 
+/* A bf16 state from this many (request, head) pairs takes the tensor-core kernel (recurrent_mma.cuh)
+ * where it fits: on the H100 (gdp-bench ops --op decode, H 16, K = V = 128, M 2; NOTES-ops.md,
+ * fortieth session; us, mma / rows) B=64 37.3 / 38.0, B=256 118.9 / 126.2, B=1024 457 / 485; at
+ * B=1 it loses (10.1 / 7.5), and an fp32 state loses at every batch (B=256 222 / 208). */
+constexpr int64_t MMA_MIN_PAIRS_BF16 = 256;
+
 /* The default: the row kernel wherever it fits (rows_fit), at every batch (rows_cols narrows
  * its slices where whole rows leave SMs idle); elsewhere the shared-memory kernel for 16-bit
  * states and for fp32 from REC_SMEM_MIN_PAIRS pairs, the register kernel below. Measured on the
@@ -1174,6 +1180,8 @@ int decode_state_choice() {
  * register kernel's 8.8 (bf16 state 7.9 against smem's 10.1). The layer step (gdp-bench layer,
  * 2 layers, graph-replayed; v10) B=64 172 vs 191, B=256 437 vs 475. */
 DecodeKernel decode_kernel_auto(const RecurrentParams &p, int state_dtype) {
+    if (state_dtype == GDP_DTYPE_BF16 && p.B * p.H >= MMA_MIN_PAIRS_BF16 && mma_fit(p, state_dtype))
+        return DECODE_MMA;
     if (rows_fit(p, state_dtype))
         return DECODE_ROWS;
     return state_dtype != GDP_DTYPE_FP32 || p.B * p.H >= REC_SMEM_MIN_PAIRS ? DECODE_SMEM : DECODE_REGS;

@@ -30,10 +30,10 @@
  *     storing the output of step t;
  *   - the update S <- P S + sum_j k_j e_j^T is one mma a 8-row tile: A = [hi(e) | lo(e)] (2M
  *     of the 8 k columns), B = [k | k], C = P S in the registers;
- *   - a resident grid whose blocks walk the items; the next item's state streams into each
- *     thread's own shared-memory cells (8 or 4 bytes, cp.async) and its inputs (q, k, v, g of
- *     all S tokens, raw bf16 words) into the other half of a double-buffered area while the
- *     current item computes: one block barrier an item.
+ *   - a resident grid whose blocks walk the items; the next item's state streams by 16-byte
+ *     cp.async into padded shared rows (mma_issue_rows) and its inputs (q, k, v, g of all S
+ *     tokens, raw bf16 words) into the other half of a double-buffered area while the current
+ *     item computes: two block barriers an item (its data complete; its rows read).
  * Not the row kernel's bits (other sum orders, tf32 halves): the CPU reference's bar, its own
  * bits on a second run, and with an fp32 cache S tokens in one call equal to S one-token calls
  * (between tokens the state stays fp32 in the registers, as in the row kernel and the CPU
@@ -103,47 +103,57 @@ __device__ __forceinline__ void mma_issue_inputs(const RecurrentParams &p, int64
     }
 }
 
-/* The thread's state cells: row r0 = 8j + 2t at cell 2j, r1 = r0 + 1 at cell 2j + 1, each cell
- * the two columns c0, c0 + 1 (8 bytes fp32, 4 bytes bf16) at (cell * THREADS + tid), so a warp's
- * accesses are contiguous. */
+/* The item's state as whole rows: every thread copies 16-byte chunks, a warp instruction 512
+ * contiguous bytes (the row kernel's stream), into shared rows of mma_pitch bytes: 32 (fp32) or
+ * 16 (16-bit) bytes past the row's columns; each thread then reads its fragments. (With 32 bytes
+ * the fp32 rows t and t + 2 of a half warp's 8-byte reads share banks: ncu, 2.5-way conflicts;
+ * kernels/pending/mma-pitch16.patch pads 16, not yet run.) v11 had each thread copy its own
+ * fragments, 8 or 4 bytes a cp.async, into its own cells with no barrier: 20 % slower
+ * (NOTES-ops.md, fortieth session). */
+template <int SDT, int BV> __host__ __device__ constexpr int mma_pitch() {
+    return SDT == GDP_DTYPE_FP32 ? BV * 4 + 32 : BV * 2 + 16;
+}
 template <int SDT, int KP, int NW>
-__device__ __forceinline__ void mma_issue_state(const RecurrentParams &p, int64_t row, int h, int col0, int r0,
-                                                uint32_t *cells) {
+__device__ __forceinline__ void mma_issue_rows(const RecurrentParams &p, int64_t row, int h, int vb, uint32_t *buf) {
     using Bits = typename StateStorage<SDT>::Bits;
-    constexpr int THREADS = NW * 32, CELL = sizeof(Bits) == 4 ? 2 : 1; /* words a cell */
-    const int tid = threadIdx.x;
+    constexpr int THREADS = NW * 32, BV = 16 * NW, ES = sizeof(Bits), CPR = BV * ES / 16, PITCH = mma_pitch<SDT, BV>();
+    char *dst0 = reinterpret_cast<char *>(buf);
     if (p.state_in == nullptr) {
-#pragma unroll
-        for (int i = 0; i < KP / 4; i++) {
-            cells[(i * THREADS + tid) * CELL] = 0u;
-            if (CELL == 2)
-                cells[(i * THREADS + tid) * CELL + 1] = 0u;
+        for (int c = threadIdx.x; c < KP * CPR; c += THREADS) {
+            const int r = c / CPR, x = c - r * CPR;
+            *reinterpret_cast<uint4 *>(dst0 + r * PITCH + 16 * x) = make_uint4(0u, 0u, 0u, 0u);
         }
         return;
     }
     const Bits *in = static_cast<const Bits *>(p.state_in) + row * p.in_stride_row + h * p.in_stride_head +
-                     (int64_t)r0 * p.V + col0;
-#pragma unroll
-    for (int i = 0; i < KP / 4; i++) { /* cell i: row 8 (i / 2) + (i % 2) past r0 */
-        const Bits *src = in + (int64_t)(8 * (i >> 1) + (i & 1)) * p.V;
-        uint32_t *dst = cells + (i * THREADS + tid) * CELL;
-        if constexpr (CELL == 2)
-            cp_async_8(dst, src);
-        else
-            cp_async_4(dst, src);
+                     (int64_t)vb * BV;
+#pragma unroll 4
+    for (int c = threadIdx.x; c < KP * CPR; c += THREADS) {
+        const int r = c / CPR, x = c - r * CPR;
+        cp_async_16(dst0 + r * PITCH + 16 * x, in + (int64_t)r * p.V + x * (16 / ES));
+    }
+}
+/* Rows r, r + 1 of columns cw, cw + 1 (within the item) from the row buffer. */
+template <int SDT, int BV>
+__device__ __forceinline__ void mma_read_rows(const uint32_t *buf, int r, int cw, float (&dst)[4]) {
+    using Bits = typename StateStorage<SDT>::Bits;
+    constexpr int PITCH = mma_pitch<SDT, BV>();
+    const char *at = reinterpret_cast<const char *>(buf) + r * PITCH + cw * (int)sizeof(Bits);
+    if constexpr (SDT == GDP_DTYPE_FP32) {
+        const float2 a = *reinterpret_cast<const float2 *>(at), b = *reinterpret_cast<const float2 *>(at + PITCH);
+        dst[0] = a.x, dst[1] = a.y, dst[2] = b.x, dst[3] = b.y;
+    } else {
+        const float2 a = StateStorage<SDT>::unpack2(*reinterpret_cast<const uint32_t *>(at));
+        const float2 b = StateStorage<SDT>::unpack2(*reinterpret_cast<const uint32_t *>(at + PITCH));
+        dst[0] = a.x, dst[1] = a.y, dst[2] = b.x, dst[3] = b.y;
     }
 }
 
-/* Two values of a state dtype from / into one cell word pair. */
-template <int SDT> __device__ __forceinline__ void mma_read_cell(const uint32_t *cell, float &lo, float &hi) {
-    if constexpr (SDT == GDP_DTYPE_FP32) {
-        const uint2 w = *reinterpret_cast<const uint2 *>(cell);
-        lo = __uint_as_float(w.x), hi = __uint_as_float(w.y);
-    } else {
-        const float2 f = StateStorage<SDT>::unpack2(*cell);
-        lo = f.x, hi = f.y;
-    }
+/* Words of the state rows. */
+template <int SDT, int KP, int NW> __host__ __device__ constexpr int mma_state_words() {
+    return KP * mma_pitch<SDT, 16 * NW>() / 4;
 }
+
 /* Columns c0, c0 + 1 of one row to a state tensor of dtype SDT (8 bytes fp32, one word 16-bit). */
 template <int SDT>
 __device__ __forceinline__ void mma_store_pair(typename StateStorage<SDT>::Bits *dst, float lo, float hi) {
@@ -179,7 +189,14 @@ __device__ __forceinline__ void mma_token(const RecurrentParams &p, int64_t b, i
     const bool split = SDT == GDP_DTYPE_FP32 || s > 0;
 
     /* S^T X (acc: m = column c0 / c0 + 1, n = vector 2t / 2t + 1) and X^T X (gram: m = vector g). */
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, gram[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    /* independent chains (even and odd tiles; hi and lo), summed in a fixed order after the loop,
+     * so that consecutive mmas do not wait on one accumulator */
+    float part[4][4], gpart[2][4];
+#pragma unroll
+    for (int x = 0; x < 4; x++)
+#pragma unroll
+        for (int y = 0; y < 4; y++)
+            part[x][y] = 0.0f, gpart[x & 1][y] = 0.0f;
     const uint32_t *xw = tok + G::X_OFF + (has_vec ? g : 0) * G::XW + t;
 #pragma unroll
     for (int j = 0; j < G::NKT; j++) {
@@ -188,15 +205,21 @@ __device__ __forceinline__ void mma_token(const RecurrentParams &p, int64_t b, i
         if (split) {
             const uint32_t h0 = mma_tf32_hi(st[j][0]), h1 = mma_tf32_hi(st[j][1]), h2 = mma_tf32_hi(st[j][2]),
                            h3 = mma_tf32_hi(st[j][3]);
-            mma_tf32(acc, h0, h1, h2, h3, b0, b1);
-            mma_tf32(acc, __float_as_uint(st[j][0] - __uint_as_float(h0)), __float_as_uint(st[j][1] - __uint_as_float(h1)),
-                     __float_as_uint(st[j][2] - __uint_as_float(h2)), __float_as_uint(st[j][3] - __uint_as_float(h3)),
-                     b0, b1);
+            mma_tf32(part[j & 1], h0, h1, h2, h3, b0, b1);
+            mma_tf32(part[2 + (j & 1)], __float_as_uint(st[j][0] - __uint_as_float(h0)),
+                     __float_as_uint(st[j][1] - __uint_as_float(h1)), __float_as_uint(st[j][2] - __uint_as_float(h2)),
+                     __float_as_uint(st[j][3] - __uint_as_float(h3)), b0, b1);
         } else { /* a 16-bit state as loaded is exact in tf32 */
-            mma_tf32(acc, __float_as_uint(st[j][0]), __float_as_uint(st[j][1]), __float_as_uint(st[j][2]),
+            mma_tf32(part[j & 1], __float_as_uint(st[j][0]), __float_as_uint(st[j][1]), __float_as_uint(st[j][2]),
                      __float_as_uint(st[j][3]), b0, b1);
         }
-        mma_tf32(gram, b0, 0u, b1, 0u, b0, b1);
+        mma_tf32(gpart[j & 1], b0, 0u, b1, 0u, b0, b1);
+    }
+    float acc[4], gram[4];
+#pragma unroll
+    for (int y = 0; y < 4; y++) {
+        acc[y] = (part[0][y] + part[1][y]) + (part[2][y] + part[3][y]);
+        gram[y] = gpart[0][y] + gpart[1][y];
     }
 
     /* The quad's 2M sums for both columns: vector n sits in lane 4g + n / 2, element n % 2. */
@@ -293,19 +316,19 @@ __device__ __forceinline__ void mma_token(const RecurrentParams &p, int64_t b, i
     }
 }
 
-/* A resident grid: block j takes items j, j + grid, ...; one barrier an item (the top: the item's
- * inputs complete for every warp, and every warp past the item before, whose half of the input
- * area the next item's copies reuse). */
+/* A resident grid: block j takes items j, j + grid, ...; two barriers an item: the top (the item's
+ * state and inputs complete for every warp, and every warp past the item before, whose half of
+ * the input area the next item's copies reuse) and the rows read (the next item's state may
+ * overwrite them). */
 template <int SDT, int KP, int M, int NW>
 __global__ void __launch_bounds__(NW * 32, mma_min_blocks<NW>()) recurrent_mma_kernel(const RecurrentParams p) {
     pdl_trigger();
     using G = MmaGeom<KP, M, NW>;
     using Bits = typename StateStorage<SDT>::Bits;
-    constexpr int CELL = sizeof(Bits) == 4 ? 2 : 1;
     extern __shared__ __align__(16) uint32_t smem_mma[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    uint32_t *cells = smem_mma;                                /* [KP / 4][THREADS] cells */
-    uint32_t *area = cells + (KP / 4) * G::THREADS * CELL;     /* [2][S][TOKEN_WORDS]     */
+    uint32_t *rows = smem_mma;                              /* [KP][mma_pitch bytes]  */
+    uint32_t *area = rows + mma_state_words<SDT, KP, NW>(); /* [2][S][TOKEN_WORDS]    */
     const int area_words = p.S * G::TOKEN_WORDS;
     const int r0 = 2 * t, cw = 16 * warp + 2 * g; /* the thread's first row and column within the item */
     const int64_t items = p.B * p.H * p.n_vblocks;
@@ -323,7 +346,7 @@ __global__ void __launch_bounds__(NW * 32, mma_min_blocks<NW>()) recurrent_mma_k
         beta[x] = next_beta[x] = 0u;
     if (!row_is_padding(p, row)) {
         mma_issue_inputs<KP, M, NW>(p, b, h, vb, area);
-        mma_issue_state<SDT, KP, NW>(p, row, h, vb * G::BV + cw, r0, cells);
+        mma_issue_rows<SDT, KP, NW>(p, row, h, vb, rows);
 #pragma unroll
         for (int x = 0; x < M; x++)
             beta[x] = rows_beta_bits(p, b, h, x);
@@ -342,11 +365,10 @@ __global__ void __launch_bounds__(NW * 32, mma_min_blocks<NW>()) recurrent_mma_k
         float st[G::NKT][4];
         if (!padding)
 #pragma unroll
-            for (int j = 0; j < G::NKT; j++) {
-                mma_read_cell<SDT>(cells + ((2 * j) * G::THREADS + tid) * CELL, st[j][0], st[j][1]);
-                mma_read_cell<SDT>(cells + ((2 * j + 1) * G::THREADS + tid) * CELL, st[j][2], st[j][3]);
-            }
-        /* the next item into the cells just read and the other half of the area; the slot of
+            for (int j = 0; j < G::NKT; j++)
+                mma_read_rows<SDT, G::BV>(rows, 8 * j + r0, cw, st[j]);
+        __syncthreads(); /* every thread has its fragments: the rows may take the next item */
+        /* the next item into the rows just read and the other half of the area; the slot of
          * the one after it */
         const int64_t next = item + step;
         int64_t ab = 0, after_row = -1;
@@ -354,7 +376,7 @@ __global__ void __launch_bounds__(NW * 32, mma_min_blocks<NW>()) recurrent_mma_k
         if (next < items) {
             if (!row_is_padding(p, next_row)) {
                 mma_issue_inputs<KP, M, NW>(p, nb, nh, nvb, area + (par ^ 1) * area_words);
-                mma_issue_state<SDT, KP, NW>(p, next_row, nh, nvb * G::BV + cw, r0, cells);
+                mma_issue_rows<SDT, KP, NW>(p, next_row, nh, nvb, rows);
 #pragma unroll
                 for (int x = 0; x < M; x++)
                     next_beta[x] = rows_beta_bits(p, nb, nh, x);
