@@ -1156,8 +1156,8 @@ constexpr int64_t REC_SMEM_MIN_PAIRS = 128;
 
 enum DecodeKernel { DECODE_REGS, DECODE_SMEM, DECODE_HEAD, DECODE_ROWS, DECODE_MMA };
 
-/* GDP_DECODE_STATE: one of the three kernels, DECODE_AUTO (unset, empty or auto: the op
- * chooses), or -1 for any other value (gdp_env_choice, src/internal.h). */
+/* GDP_DECODE_STATE: one of the kernels (regs, smem, head, rows, mma), DECODE_AUTO (unset, empty
+ * or auto: the op chooses), or -1 for any other value (gdp_env_choice, src/internal.h). */
 constexpr int DECODE_AUTO = -2;
 int decode_state_choice() {
     static const char *const spell[6] = {"auto", "regs", "smem", "head", "rows", "mma"};
@@ -1168,7 +1168,9 @@ int decode_state_choice() {
 /* A bf16 state from this many (request, head) pairs takes the tensor-core kernel (recurrent_mma.cuh)
  * where it fits: on the H100 (gdp-bench ops --op decode, H 16, K = V = 128, M 2; NOTES-ops.md,
  * fortieth session; us, mma / rows) B=64 37.3 / 38.0, B=256 118.9 / 126.2, B=1024 457 / 485; at
- * B=1 it loses (10.1 / 7.5), and an fp32 state loses at every batch (B=256 222 / 208). */
+ * B=1 it loses (10.1 / 7.5), and an fp32 state loses at every batch (B=256 222 / 208). The layer's
+ * bf16 decode step (gdp-bench layer -S bf16, 2 layers, graph) crosses between 8 requests (83.0 /
+ * 81.2) and 16 (92.8 / 95.1). */
 constexpr int64_t MMA_MIN_PAIRS_BF16 = 256;
 
 /* The default: the row kernel wherever it fits (rows_fit), at every batch (rows_cols narrows
