@@ -20,11 +20,11 @@
  *     of S^T X (m = column, k = row) and, renamed, the accumulator of the update (m = column,
  *     n = row) at once, so the state never moves between the two products;
  *   - S^T X with X = [k_0 .. k_{M-1}, q_0 .. q_{M-1}] (n = vector): bf16 q and k are exact in
- *     tf32; a bf16 state as loaded is exact too (one mma a k-tile); an fp32 state
- *     (and a bf16 one after its first token) is split S = hi + lo
- *     (hi = tf32(S), lo = S - hi, two mmas: the product to about 2^-21, where plain tf32 would
- *     give 2^-11). The Gram matrix X^T X (the raw dot products) takes the same B fragments as
- *     its A operand: one more mma a k-tile, no reduction over lanes;
+ *     tf32; a bf16 state as loaded is exact too (one mma a k-tile); an fp32 state (and a bf16
+ *     one after its first token) is split S = hi + lo (hi = tf32(S), lo = S - hi, two mmas: the
+ *     product to about 2^-21, where plain tf32 would give 2^-11). The Gram matrix X^T X (the
+ *     raw dot products) takes the same B fragments as its A operand: one more mma a k-tile, no
+ *     reduction over lanes;
  *   - each lane gathers its two columns' 2M sums from its quad by shuffles and runs the closed
  *     form for them (the 4 lanes of a quad redundantly: it is a few dozen FLOPs), lane t
  *     storing the output of step t;
@@ -40,6 +40,11 @@
  * reference; a 16-bit state is rounded where it is stored).
  * Scope (mma_fit): K 64 or 128, V a multiple of 16, M <= 3, S <= MMA_MAX_S, bf16 q, k and v,
  * an fp32 or bf16 state with 16-byte columns, no fused norm; anything else runs the row kernel.
+ * Measured (H100, NOTES-ops.md, fortieth session): about 600 instructions a thread and item
+ * against the row kernel's 1,500-2,000, and now memory-bound at lower occupancy (16 warps an SM,
+ * DRAM 60-68 %): faster than the row kernel with a bf16 state (B=256 119.7 against 127.1 us; its
+ * default from 256 request-head pairs, MMA_MIN_PAIRS_BF16 in recurrent.cu), slower with an fp32
+ * state (222.6 against 208.2) and at B=1 (one warp's chain of 16 tiles).
  */
 
 constexpr int MMA_MAX_M = 3;
