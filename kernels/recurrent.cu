@@ -991,6 +991,9 @@ cudaError_t launch_rows_spec(const RecurrentParams &p, int device, cudaStream_t 
 
 #include "recurrent_mma.cuh" /* the tensor-core kernel (v11): GDP_DECODE_STATE=mma */
 
+/* Launches of the tensor-core kernel (gdp_cuda_decode_mma_calls); relaxed: a test's counter. */
+long long decode_mma_calls = 0;
+
 template <int SDT, int KP, int M, int NW>
 cudaError_t launch_recurrent_mma(const RecurrentParams &p, int device, cudaStream_t stream) {
     using G = MmaGeom<KP, M, NW>;
@@ -1022,7 +1025,10 @@ cudaError_t launch_recurrent_mma(const RecurrentParams &p, int device, cudaStrea
                                              G::THREADS);
     const int64_t grid = rows_grid(items, resident, device);
     recurrent_mma_kernel<SDT, KP, M, NW><<<(unsigned)grid, G::THREADS, bytes, stream>>>(q);
-    return cudaGetLastError();
+    const cudaError_t err = cudaGetLastError();
+    if (err == cudaSuccess)
+        __atomic_fetch_add(&decode_mma_calls, 1, __ATOMIC_RELAXED);
+    return err;
 }
 
 /* Whether the tensor-core kernel takes a launch (vec: 16-byte state columns, checked by the
@@ -1470,6 +1476,8 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
 }
 
 } // namespace
+
+extern "C" long long gdp_cuda_decode_mma_calls(void) { return __atomic_load_n(&decode_mma_calls, __ATOMIC_RELAXED); }
 
 extern "C" gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurrent_args *a) {
     return recurrent_run(ctx, a, nullptr, nullptr);

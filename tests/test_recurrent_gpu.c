@@ -26,6 +26,7 @@
 
 #include "decode_core.h"
 #include "internal.h" /* defines: gdp_tensor_get/set, gdp_tensor_stride */
+#include "kernels/gdp_kernels.h" /* gdp_cuda_decode_mma_calls */
 #include "test_gpu.h"
 
 #ifdef GDP_HAVE_CUDA
@@ -674,6 +675,23 @@ static void decode_end_bad_value(test_rng *r, const dec_cfg *c, int64_t hpg) {
     dec_free(&h, false);
 }
 
+/* Whether a case's launches took the tensor-core kernel (gdp_cuda_decode_mma_calls) under
+ * GDP_DECODE_STATE=kernel (NULL: the default): forced, every case it holds; by default a bf16
+ * state from 256 request-head pairs (MMA_MIN_PAIRS_BF16, kernels/recurrent.cu) and no fp32 one. */
+static void decode_mma_ran(test_rng *r, const dec_cfg *c, const char *kernel, bool expect) {
+    char *saved = test_env_swap("GDP_DECODE_STATE", kernel);
+    const long long before = gdp_cuda_decode_mma_calls();
+    decode_graph(r, c);
+    const long long ran = gdp_cuda_decode_mma_calls() - before;
+    test_env_restore("GDP_DECODE_STATE", saved);
+    printf("GDP_DECODE_STATE=%s, B %lld H %lld, %s state: the tensor-core kernel ran %lld launches\n",
+           kernel ? kernel : "(unset)", (long long)c->B, (long long)c->H, gdp_dtype_name(c->state_dt), ran);
+    CHECK(expect ? ran > 0 : ran == 0,
+          "GDP_DECODE_STATE=%s, B %lld H %lld, %s state: the tensor-core kernel ran %lld launches, expected %s",
+          kernel ? kernel : "(unset)", (long long)c->B, (long long)c->H, gdp_dtype_name(c->state_dt), ran,
+          expect ? "some" : "none");
+}
+
 static void decode_tests(test_rng *r) {
     const char *files[3] = {"decode_m1_k128.safetensors", "decode_m2_slots_pad.safetensors",
                             "decode_m3_draft3.safetensors"};
@@ -751,6 +769,13 @@ static void decode_tests(test_rng *r) {
         test_env_restore("GDP_DECODE_ROWS_COLS", saved_cols);
         test_env_restore("GDP_DECODE_STATE", saved);
     }
+    /* Where the tensor-core kernel runs: forced on a case it holds (fp32 cache, drafts); by
+     * default on the bf16 cache of 48 x 16 heads, not on the fp32 one of 64 x 16 nor on the bf16
+     * one of 5 x 2. */
+    decode_mma_ran(r, &cases[12], "mma", true);
+    decode_mma_ran(r, &cases[14], NULL, true);
+    decode_mma_ran(r, &cases[11], NULL, false);
+    decode_mma_ran(r, &cases[21], NULL, false);
     /* And of the tensor-core kernel, on its own slice and on 16 columns. */
     for (int narrow = 0; narrow < 2; narrow++) {
         char *saved = test_env_swap("GDP_DECODE_STATE", "mma");
