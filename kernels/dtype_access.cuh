@@ -117,12 +117,16 @@ __device__ __forceinline__ uint32_t round_pair_to_half_bits(gdp_dtype_t dtype, f
 }
 
 template <int N> __device__ __forceinline__ void store_vec_from_float(void *base, gdp_dtype_t dtype, int64_t i, const float (&v)[N]) {
-    static_assert(N == 4 || N == 8, "4 or 8 elements");
+    static_assert(N == 2 || N == 4 || N == 8, "2, 4 or 8 elements");
     if (dtype == GDP_DTYPE_FP32) {
-        float4 *q = reinterpret_cast<float4 *>(static_cast<float *>(base) + i);
+        if constexpr (N == 2) {
+            *reinterpret_cast<float2 *>(static_cast<float *>(base) + i) = make_float2(v[0], v[1]);
+        } else {
+            float4 *q = reinterpret_cast<float4 *>(static_cast<float *>(base) + i);
 #pragma unroll
-        for (int k = 0; k < N / 4; k++)
-            q[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+            for (int k = 0; k < N / 4; k++)
+                q[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+        }
         return;
     }
     uint32_t w[N / 2];
@@ -131,8 +135,10 @@ template <int N> __device__ __forceinline__ void store_vec_from_float(void *base
         w[j] = round_pair_to_half_bits(dtype, v[2 * j], v[2 * j + 1]);
     if constexpr (N == 8)
         *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + i) = make_uint4(w[0], w[1], w[2], w[3]);
-    else
+    else if constexpr (N == 4)
         *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(base) + i) = make_uint2(w[0], w[1]);
+    else
+        *reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(base) + i) = w[0];
 }
 
 /* Brings the 128-byte lines of [ptr, ptr + bytes) into L2 without occupying registers. */

@@ -351,6 +351,16 @@ __device__ __forceinline__ void write_zero_output(const RecurrentParams &p, int6
                 store_from_float(p.o, p.o_dtype, ((b * p.T + t) * p.H + h) * p.V + col0 + c, 0.0f);
 }
 
+/* Padding request of the resident-grid kernels: output 0 for the slice of BV columns from vb BV, all
+ * T steps, the block's THREADS threads each taking every THREADS-th element. */
+template <int BV, int THREADS>
+__device__ __forceinline__ void zero_slice_outputs(const RecurrentParams &p, int64_t b, int h, int vb) {
+    for (int x = threadIdx.x; x < p.T * BV; x += THREADS) {
+        const int t = x / BV, c = x - t * BV;
+        store_from_float(p.o, p.o_dtype, ((b * p.T + t) * p.H + h) * p.V + vb * BV + c, 0.0f);
+    }
+}
+
 /* L2 prefetch of item (b, h, vb)'s q, k and v rows (and, with state, its state tile). */
 template <int BV, typename Bits, int THREADS = REC_THREADS>
 __device__ __forceinline__ void prefetch_item(const RecurrentParams &p, int64_t b, int h, int vb, const Bits *state) {
@@ -889,6 +899,21 @@ cudaError_t launch_recurrent(const RecurrentParams &p, int device, cudaStream_t 
     return cudaGetLastError();
 }
 
+/* Once a kernel instance and device (configured[device]): the most shared memory per SM (these
+ * kernels read little through L1, so their register bound decides the blocks per SM), and above
+ * 48 KB of dynamic shared memory a block's opt-in, for `most`, the largest any call asks. */
+template <typename Kernel> cudaError_t opt_in_shared(Kernel kernel, int *configured, int device, size_t most) {
+    if (configured[device])
+        return cudaSuccess;
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, (int)cudaSharedmemCarveoutMaxShared);
+    if (err == cudaSuccess && most > 48 * 1024)
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most);
+    if (err == cudaSuccess)
+        configured[device] = 1;
+    return err;
+}
+
 template <int SDT, int R, int NVB>
 cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStream_t stream) {
     using G = SmemGeom<R>;
@@ -903,21 +928,12 @@ cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStre
     const size_t bytes = (tile + (size_t)smem_area_floats(p.tile_steps, G::KP, NVB)) * sizeof(float);
     static int cache[64];
     static int configured[64];
-    if (device >= 0 && device < 64 && !configured[device]) {
-        /* The most shared memory per SM (the kernel reads little through L1), so the register
-         * bound (recurrent_smem_block_bound) decides the blocks per SM; above 48 KB a block
-         * must opt in. */
-        cudaError_t err = cudaFuncSetAttribute(recurrent_smem_kernel<SDT, R, NVB>,
-                                               cudaFuncAttributePreferredSharedMemoryCarveout,
-                                               (int)cudaSharedmemCarveoutMaxShared);
+    if (device >= 0 && device < 64) { /* the register bound (recurrent_smem_block_bound) sets the blocks an SM */
         const size_t most = (tile + (size_t)smem_area_floats(REC_TILE_STEPS, G::KP, NVB)) *
                             sizeof(float); /* any tile_steps of a later call */
-        if (err == cudaSuccess && most > 48 * 1024)
-            err = cudaFuncSetAttribute(recurrent_smem_kernel<SDT, R, NVB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)most);
+        const cudaError_t err = opt_in_shared(recurrent_smem_kernel<SDT, R, NVB>, configured, device, most);
         if (err != cudaSuccess)
             return err;
-        configured[device] = 1;
     }
     q.prefetch_distance = (int64_t)(prefetch_generations() * (double)resident_blocks(recurrent_smem_kernel<SDT, R, NVB>,
                                                                                      cache, device, bytes, THREADS));
@@ -944,17 +960,9 @@ cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStre
     static int configured[64];
     if (device < 0 || device >= 64)
         return cudaErrorInvalidDevice;
-    if (!configured[device]) {
-        cudaError_t err = cudaFuncSetAttribute(recurrent_rows_kernel<SDT, R, LPR, MT, DT>,
-                                               cudaFuncAttributePreferredSharedMemoryCarveout,
-                                               (int)cudaSharedmemCarveoutMaxShared);
-        if (err == cudaSuccess)
-            err = cudaFuncSetAttribute(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)most);
-        if (err != cudaSuccess)
-            return err;
-        configured[device] = 1;
-    }
+    const cudaError_t err = opt_in_shared(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, configured, device, most);
+    if (err != cudaSuccess)
+        return err;
     /* a resident grid: every block loops over items (recurrent_rows.cuh) */
     const int64_t resident = resident_blocks(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, cache, device, most, ROWS_THREADS);
     const int64_t grid = rows_grid(items, resident, device);
@@ -1010,17 +1018,9 @@ cudaError_t launch_recurrent_mma(const RecurrentParams &p, int device, cudaStrea
     const size_t most = (cells + 2 * (size_t)MMA_MAX_S * G::TOKEN_WORDS) * sizeof(uint32_t);
     static int resident_by_s[MMA_MAX_S + 1][64]; /* resident blocks by S: the area's size sets them */
     static int configured[64];
-    if (!configured[device]) {
-        cudaError_t err = cudaFuncSetAttribute(recurrent_mma_kernel<SDT, KP, M, NW>,
-                                               cudaFuncAttributePreferredSharedMemoryCarveout,
-                                               (int)cudaSharedmemCarveoutMaxShared);
-        if (err == cudaSuccess)
-            err = cudaFuncSetAttribute(recurrent_mma_kernel<SDT, KP, M, NW>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most);
-        if (err != cudaSuccess)
-            return err;
-        configured[device] = 1;
-    }
+    const cudaError_t set = opt_in_shared(recurrent_mma_kernel<SDT, KP, M, NW>, configured, device, most);
+    if (set != cudaSuccess)
+        return set;
     const int64_t resident = resident_blocks(recurrent_mma_kernel<SDT, KP, M, NW>, resident_by_s[p.S], device, bytes,
                                              G::THREADS);
     const int64_t grid = rows_grid(items, resident, device);
@@ -1059,29 +1059,32 @@ bool rows_cols_fit(const RecurrentParams &p, int cols) {
     return p.V % cols == 0 && (cols >= 64 || (p.K > 64 && p.K <= 128));
 }
 
-/* The value columns of a row kernel item: the asked slice where it fits; else (auto, or an asked
- * slice that does not fit) the widest slice whose items fill the SMs once, down to the narrowest
- * that fits. Measured (gdp-bench ops --op decode, H 16, K = V = 128, M 2, session 11; us, slices
+/* The value columns of a row (or tensor-core) kernel item: the asked slice (GDP_DECODE_ROWS_COLS)
+ * where it fits; else (auto, or an asked slice that does not fit) the widest slice whose items fill
+ * the SMs once, down to the narrowest that fits. Measured (gdp-bench ops --op decode, H 16, K = V = 128, M 2, session 11; us, slices
  * 128 / 64 / 32 / 16): B=1 (16 pairs) - / 7.7 / 7.6 / 7.5 (the register kernel 8.8), B=64 43.8 /
  * 49.6 / 69.2 / 118.1: narrow slices repeat an item's per-token work for less state, so they pay
  * only where whole rows leave SMs idle. */
-int rows_cols(const RecurrentParams &p, int device) {
+template <typename Fit> int slice_cols(const RecurrentParams &p, int device, int narrowest, Fit fit) {
     const int asked = rows_cols_choice();
-    if (asked > 0 && rows_cols_fit(p, asked))
+    if (asked > 0 && fit(asked))
         return asked;
     static const int widest_first[4] = {128, 64, 32, 16};
     int sms = 0; /* 0 if unknown: then the widest slice that fits */
     if (gdp_device_sm_count(device, &sms) != cudaSuccess)
         (void)cudaGetLastError();
-    int cols = 64; /* rows_fit: V is a multiple of 64 */
+    int cols = narrowest; /* a slice the kernel always holds */
     for (int i = 0; i < 4; i++) {
-        if (!rows_cols_fit(p, widest_first[i]))
+        if (!fit(widest_first[i]))
             continue;
         cols = widest_first[i];
         if (p.B * p.H * (p.V / cols) >= sms)
             break;
     }
     return cols;
+}
+int rows_cols(const RecurrentParams &p, int device) { /* rows_fit: V is a multiple of 64 */
+    return slice_cols(p, device, 64, [&](int cols) { return rows_cols_fit(p, cols); });
 }
 
 /* Slices of 4 LPR columns (LPR lanes a row); R the fewest rows a thread. */
@@ -1104,25 +1107,10 @@ template <int SDT> cudaError_t dispatch_rows_kernel(const RecurrentParams &p, in
     return launch_rows_spec<SDT, 8, 16>(p, device, stream);
 }
 
-/* The tensor-core kernel's value slice (16 NW columns): GDP_DECODE_ROWS_COLS where V holds it,
- * else the widest slice whose items fill the SMs once, down to 16 columns (rows_cols' rule). */
+/* The tensor-core kernel's value slice (16 NW columns): slice_cols over the slices V holds (mma_fit:
+ * V is a multiple of 16). */
 int mma_cols(const RecurrentParams &p, int device) {
-    const int asked = rows_cols_choice();
-    if (asked > 0 && p.V % asked == 0)
-        return asked;
-    static const int widest_first[4] = {128, 64, 32, 16};
-    int sms = 0;
-    if (gdp_device_sm_count(device, &sms) != cudaSuccess)
-        (void)cudaGetLastError();
-    int cols = 16; /* mma_fit: V is a multiple of 16 */
-    for (int i = 0; i < 4; i++) {
-        if (p.V % widest_first[i] != 0)
-            continue;
-        cols = widest_first[i];
-        if (p.B * p.H * (p.V / cols) >= sms)
-            break;
-    }
-    return cols;
+    return slice_cols(p, device, 16, [&](int cols) { return p.V % cols == 0; });
 }
 
 template <int SDT, int KP, int M>

@@ -71,6 +71,12 @@ __device__ __forceinline__ uint32_t mma_tf32_hi(float x) {
     return r;
 }
 
+/* x = hi + lo with hi = tf32(x) (the lo word's low 13 bits are ignored by the mma: x to about 2^-21). */
+__device__ __forceinline__ void mma_tf32_split(float x, uint32_t &hi, uint32_t &lo) {
+    hi = mma_tf32_hi(x);
+    lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
 /* d += a b: m16n8k8, tf32 inputs (the low 13 bits of each word are ignored), fp32 accumulate. */
 __device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
@@ -168,17 +174,6 @@ __device__ __forceinline__ void mma_store_pair(typename StateStorage<SDT>::Bits 
         *reinterpret_cast<uint32_t *>(dst) = StateStorage<SDT>::pack2(lo, hi);
 }
 
-/* The output of one step for columns c0, c0 + 1 (o 4-byte aligned for 16-bit, 8 for fp32: mma_fit). */
-__device__ __forceinline__ void mma_store_o(const RecurrentParams &p, int64_t at, float lo, float hi) {
-    if (p.o_dtype == GDP_DTYPE_FP32) {
-        *reinterpret_cast<float2 *>(static_cast<float *>(p.o) + at) = make_float2(lo, hi);
-    } else if (p.o_dtype == GDP_DTYPE_BF16) {
-        *reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(p.o) + at) = StateStorage<GDP_DTYPE_BF16>::pack2(lo, hi);
-    } else {
-        *reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(p.o) + at) = StateStorage<GDP_DTYPE_FP16>::pack2(lo, hi);
-    }
-}
-
 /* One token of an item for this warp's 16 columns: see the file comment. tok: the token's
  * staged words; beta_bits: its M betas as loaded (rows_beta_bits). */
 template <int SDT, int KP, int M, int NW>
@@ -208,12 +203,12 @@ __device__ __forceinline__ void mma_token(const RecurrentParams &p, int64_t b, i
         const uint32_t w = has_vec ? xw[4 * j] : 0u; /* rows 8j + 2t (low half), 8j + 2t + 1 */
         const uint32_t b0 = w << 16, b1 = w & 0xffff0000u;
         if (split) {
-            const uint32_t h0 = mma_tf32_hi(st[j][0]), h1 = mma_tf32_hi(st[j][1]), h2 = mma_tf32_hi(st[j][2]),
-                           h3 = mma_tf32_hi(st[j][3]);
-            mma_tf32(part[j & 1], h0, h1, h2, h3, b0, b1);
-            mma_tf32(part[2 + (j & 1)], __float_as_uint(st[j][0] - __uint_as_float(h0)),
-                     __float_as_uint(st[j][1] - __uint_as_float(h1)), __float_as_uint(st[j][2] - __uint_as_float(h2)),
-                     __float_as_uint(st[j][3] - __uint_as_float(h3)), b0, b1);
+            uint32_t hi[4], lo[4];
+#pragma unroll
+            for (int x = 0; x < 4; x++)
+                mma_tf32_split(st[j][x], hi[x], lo[x]);
+            mma_tf32(part[j & 1], hi[0], hi[1], hi[2], hi[3], b0, b1);
+            mma_tf32(part[2 + (j & 1)], lo[0], lo[1], lo[2], lo[3], b0, b1);
         } else { /* a 16-bit state as loaded is exact in tf32 */
             mma_tf32(part[j & 1], __float_as_uint(st[j][0]), __float_as_uint(st[j][1]), __float_as_uint(st[j][2]),
                      __float_as_uint(st[j][3]), b0, b1);
@@ -281,16 +276,16 @@ __device__ __forceinline__ void mma_token(const RecurrentParams &p, int64_t b, i
                 o_mine[0] = o0, o_mine[1] = o1;
         }
     }
-    if (t < M)
-        mma_store_o(p, ((b * p.T + (int64_t)s * M + t) * p.H + h) * p.V + col0, o_mine[0], o_mine[1]);
+    if (t < M) /* o 4-byte aligned for 16-bit, 8 for fp32 (mma_fit) */
+        store_vec_from_float<2>(p.o, p.o_dtype, ((b * p.T + (int64_t)s * M + t) * p.H + h) * p.V + col0, o_mine);
 
     /* The update's A: k column t is hi(e_t) (t < M) or lo(e_{t-M}) (t < 2M), column t + 4 likewise. */
     uint32_t ea[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
     for (int j = 0; j < M; j++) {
-        const float e0 = pj[j] * fk[j] * d[j][0], e1 = pj[j] * fk[j] * d[j][1];
-        const uint32_t h0 = mma_tf32_hi(e0), h1 = mma_tf32_hi(e1);
-        const uint32_t l0 = __float_as_uint(e0 - __uint_as_float(h0)), l1 = __float_as_uint(e1 - __uint_as_float(h1));
+        uint32_t h0, h1, l0, l1;
+        mma_tf32_split(pj[j] * fk[j] * d[j][0], h0, l0);
+        mma_tf32_split(pj[j] * fk[j] * d[j][1], h1, l1);
         if (t == j)
             ea[0] = h0, ea[1] = h1;
         if (t == M + j)
@@ -393,10 +388,7 @@ __global__ void __launch_bounds__(NW * 32, mma_min_blocks<NW>()) recurrent_mma_k
         }
         asm volatile("cp.async.commit_group;\n" ::: "memory");
         if (padding) { /* -1: zero outputs of the slice, no slot read or written */
-            for (int x = tid; x < p.T * G::BV; x += G::THREADS) {
-                const int tt = x / G::BV, c = x - tt * G::BV;
-                store_from_float(p.o, p.o_dtype, ((b * p.T + tt) * p.H + h) * p.V + vb * G::BV + c, 0.0f);
-            }
+            zero_slice_outputs<G::BV, G::THREADS>(p, b, h, vb);
         } else {
             const uint32_t *mine = area + par * area_words;
             for (int s = 0; s < p.S; s++) {

@@ -715,10 +715,7 @@ __global__ void __launch_bounds__(ROWS_THREADS, ROWS_MIN_BLOCKS) recurrent_rows_
             }
         }
         if (padding) { /* -1: zero outputs of the slice, no slot read or written */
-            for (int x = tid; x < p.T * BV; x += ROWS_THREADS) {
-                const int t = x / BV, c = x - t * BV;
-                store_from_float(p.o, p.o_dtype, ((b * p.T + t) * p.H + h) * p.V + vb * BV + c, 0.0f);
-            }
+            zero_slice_outputs<BV, ROWS_THREADS>(p, b, h, vb);
         } else {
             rows_item<SDT, R, LPR, MT, DT>(p, b, h, vb, row, st, tok, smem_rows, published, ahead, raw, next_beta);
         }
