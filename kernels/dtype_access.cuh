@@ -34,7 +34,9 @@ __device__ __forceinline__ void store_from_float(void *base, gdp_dtype_t dtype, 
 
 /* Host side: a pointer the 16-byte accesses may use (NULL counts as aligned: an absent
  * tensor does not constrain the access width). */
-static inline bool aligned16(const void *ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+/* ptr a multiple of n bytes (n a power of two; NULL is). */
+static inline bool aligned_to(const void *ptr, uintptr_t n) { return (reinterpret_cast<uintptr_t>(ptr) & (n - 1)) == 0; }
+static inline bool aligned16(const void *ptr) { return aligned_to(ptr, 16); }
 
 /* N 16-bit elements of dtype (bf16 or fp16), packed two to a word as loaded, as floats. */
 template <int N>

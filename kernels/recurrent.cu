@@ -975,10 +975,9 @@ cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStre
  * fp32 or bf16 state, no fused norm, and q, k, v and g rows that 4-byte cp.async can copy. */
 bool rows_fit(const RecurrentParams &p, int state_dtype) {
     const size_t es = gdp_dtype_size(p.qkv_dtype);
-    const auto aligned4 = [](const void *x) { return ((uintptr_t)x & 3u) == 0; };
     return p.V % 64 == 0 && p.K <= 128 && p.steps_per_token <= ROWS_MAX_M &&
            (state_dtype == GDP_DTYPE_FP32 || state_dtype == GDP_DTYPE_BF16) && !p.norm_on && (p.K * es) % 4 == 0 &&
-           aligned4(p.q) && aligned4(p.k) && aligned4(p.v) && aligned4(p.g);
+           aligned_to(p.q, 4) && aligned_to(p.k, 4) && aligned_to(p.v, 4) && aligned_to(p.g, 4);
 }
 
 /* K = 128 with bf16 q, k, v and o (the layer's decode) compiles M and the dtypes in
@@ -1036,12 +1035,11 @@ cudaError_t launch_recurrent_mma(const RecurrentParams &p, int device, cudaStrea
  * bf16 q, k and v (exact in tf32) with 4-byte aligned rows, an fp32 or bf16 state, no fused
  * norm, and o aligned for a two-column store. */
 bool mma_fit(const RecurrentParams &p, int state_dtype) {
-    const auto aligned = [](const void *x, uintptr_t n) { return ((uintptr_t)x & (n - 1)) == 0; };
     return (p.K == 64 || p.K == 128) && p.V % 16 == 0 && p.steps_per_token >= 1 &&
            p.steps_per_token <= MMA_MAX_M && p.S >= 1 && p.S <= MMA_MAX_S &&
            (state_dtype == GDP_DTYPE_FP32 || state_dtype == GDP_DTYPE_BF16) && !p.norm_on &&
-           p.qkv_dtype == GDP_DTYPE_BF16 && aligned(p.q, 4) && aligned(p.k, 4) && aligned(p.v, 4) &&
-           aligned(p.g, 4) && aligned(p.o, p.o_dtype == GDP_DTYPE_FP32 ? 8 : 4);
+           p.qkv_dtype == GDP_DTYPE_BF16 && aligned_to(p.q, 4) && aligned_to(p.k, 4) && aligned_to(p.v, 4) &&
+           aligned_to(p.g, 4) && aligned_to(p.o, p.o_dtype == GDP_DTYPE_FP32 ? 8 : 4);
 }
 
 /* The row kernel's value slice: GDP_DECODE_ROWS_COLS = 16 | 32 | 64 | 128 asks for one, unset,
