@@ -38,6 +38,9 @@ long long gdp_cuda_chunk_hopper_calls(void);
 /* How many decode-op launches of this process ran the tensor-core kernel (GDP_DECODE_STATE=mma, or a
  * bf16 state's default, kernels/recurrent_mma.cuh): test_recurrent_gpu checks when it ran. */
 long long gdp_cuda_decode_mma_calls(void);
+/* How many decode-op launches of this process ran the ring kernel (GDP_DECODE_STATE=ring,
+ * kernels/recurrent_ring.cuh): test_recurrent_gpu checks when it ran. */
+long long gdp_cuda_decode_ring_calls(void);
 /* The segment length (expanded chunks) of the last call that ran the Hopper kernel's exact segment
  * split, 0 when that call ran unsplit (GDP_CHUNK_SEGMENT): test_chunk_gpu checks that the split ran. */
 int gdp_cuda_chunk_hopper_last_segment(void);

@@ -37,6 +37,7 @@
 
 #include "device_info.h"
 #include "dtype_access.cuh"
+#include "mbarrier.cuh" /* the ring kernel's mbarriers and bulk copies */
 #include "gdp_kernels.h"
 #include "norm_math.cuh"
 #include "pdl.cuh"
@@ -75,6 +76,7 @@ struct RecurrentParams {
     float scale;
     int l2norm;
     int64_t prefetch_distance; /* block b prefetches block b + this into L2 (0: off) */
+    int32_t ring_stages;       /* the ring kernel's stages (launch_recurrent_ring) */
     /* The fused grouped gated RMSNorm of the decode end (gdp_decode_recurrent_norm): the
      * last of a (request, norm group)'s blocks to finish normalizes the group's outputs. */
     int norm_on;             /* 0: no norm in this launch                                   */
@@ -1105,6 +1107,123 @@ template <int SDT> cudaError_t dispatch_rows_kernel(const RecurrentParams &p, in
     return launch_rows_spec<SDT, 8, 16>(p, device, stream);
 }
 
+#include "recurrent_ring.cuh" /* the copy-engine ring kernel (v12): GDP_DECODE_STATE=ring */
+
+/* Launches of the ring kernel (gdp_cuda_decode_ring_calls); relaxed: a test's counter. */
+long long decode_ring_calls = 0;
+
+/* The most dynamic shared memory a block of `device` may opt in to (0 if unknown), cached. */
+size_t shared_optin_bytes(int device) {
+    static int cached[64];
+    if (device < 0 || device >= 64)
+        return 0;
+    if (cached[device] == 0) {
+        int v = 0;
+        if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess || v <= 0) {
+            (void)cudaGetLastError();
+            v = -1;
+        }
+        cached[device] = v;
+    }
+    return cached[device] > 0 ? (size_t)cached[device] : 0;
+}
+
+/* The ring's stages for a launch: as many as the block's shared memory holds past its fixed area,
+ * at most RING_MAX_STAGES; 0 if not even one fits. */
+template <int SDT, int KP, int NGW> int ring_stages(const RecurrentParams &p, int M, int device, RingLayout *layout) {
+    constexpr int BV = 32 * NGW;
+    *layout = RingLayout(p.S, M, KP, BV, (int)sizeof(typename StateStorage<SDT>::Bits), RING_CONSUMER_WARPS / NGW);
+    const int64_t room = (int64_t)shared_optin_bytes(device) - layout->fixed;
+    const int64_t n = room > 0 ? room / layout->stage_bytes : 0;
+    return (int)(n < RING_MAX_STAGES ? n : RING_MAX_STAGES);
+}
+
+template <int SDT, int KP, int MT, int NGW>
+cudaError_t launch_recurrent_ring(const RecurrentParams &p, int device, cudaStream_t stream) {
+    constexpr int BV = 32 * NGW;
+    RecurrentParams q = p;
+    q.n_vblocks = p.V / BV;
+    const int64_t items = p.B * p.H * q.n_vblocks;
+    if (items > INT32_MAX)
+        return cudaErrorInvalidConfiguration;
+    if (device < 0 || device >= 64)
+        return cudaErrorInvalidDevice;
+    RingLayout layout(1, 1, KP, BV, 4, 1);
+    q.ring_stages = ring_stages<SDT, KP, NGW>(p, MT, device, &layout);
+    if (q.ring_stages < 1) /* ring_fit checks this first */
+        return cudaErrorInvalidValue;
+    const size_t bytes = (size_t)(layout.fixed + q.ring_stages * layout.stage_bytes);
+    static int configured[64];
+    const cudaError_t set =
+        opt_in_shared(recurrent_ring_kernel<SDT, KP, MT, NGW>, configured, device, shared_optin_bytes(device));
+    if (set != cudaSuccess)
+        return set;
+    int sms = 0;
+    if (gdp_device_sm_count(device, &sms) != cudaSuccess || sms <= 0)
+        return cudaErrorInvalidDevice;
+    const int64_t grid = items < sms ? items : sms; /* one block an SM, each looping over items */
+    recurrent_ring_kernel<SDT, KP, MT, NGW><<<(unsigned)grid, RING_THREADS, bytes, stream>>>(q);
+    const cudaError_t err = cudaGetLastError();
+    if (err == cudaSuccess)
+        __atomic_fetch_add(&decode_ring_calls, 1, __ATOMIC_RELAXED);
+    return err;
+}
+
+/* Whether the ring kernel takes a launch on `device`: an sm_90 copy engine, K 64 or 128, V a
+ * multiple of 32, at most RING_MAX_M steps and RING_MAX_S tokens, bf16 q, k and v with 16-byte
+ * aligned rows, an fp32 or bf16 state whose items start 16-byte aligned, no fused norm, and a
+ * ring of at least two stages of 32-column items in the block's shared memory. */
+bool ring_fit(const RecurrentParams &p, int state_dtype, int device) {
+    int cc = 0;
+    if (gdp_device_cc(device, &cc) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    const int64_t es = state_dtype == GDP_DTYPE_FP32 ? 4 : 2;
+    const bool state_ok = p.state_in == nullptr || (aligned16(p.state_in) && (p.in_stride_row * es) % 16 == 0 &&
+                                                    (p.in_stride_head * es) % 16 == 0);
+    if (!(cc >= 90 && (p.K == 64 || p.K == 128) && p.V % 32 == 0 && p.steps_per_token >= 1 &&
+          p.steps_per_token <= RING_MAX_M && p.S >= 1 && p.S <= RING_MAX_S &&
+          (state_dtype == GDP_DTYPE_FP32 || state_dtype == GDP_DTYPE_BF16) && !p.norm_on &&
+          p.qkv_dtype == GDP_DTYPE_BF16 && aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned_to(p.g, 4) &&
+          state_ok))
+        return false;
+    const RingLayout L(p.S, p.steps_per_token, p.K, 32, (int)es, RING_CONSUMER_WARPS);
+    return (int64_t)shared_optin_bytes(device) >= L.fixed + 2 * L.stage_bytes;
+}
+
+/* The ring kernel's value slice (32 NGW columns, one column a consumer thread): slice_cols over the
+ * slices of at most 128 columns that V holds (ring_fit: V is a multiple of 32), and whose ring has
+ * two stages. */
+template <int SDT, int KP> int ring_cols(const RecurrentParams &p, int device) {
+    return slice_cols(p, device, 32, [&](int cols) {
+        RingLayout L(1, 1, KP, 32, 4, 1);
+        const int stages = cols == 128   ? ring_stages<SDT, KP, 4>(p, p.steps_per_token, device, &L)
+                           : cols == 64  ? ring_stages<SDT, KP, 2>(p, p.steps_per_token, device, &L)
+                           : cols == 32  ? ring_stages<SDT, KP, 1>(p, p.steps_per_token, device, &L)
+                                         : 0;
+        return p.V % cols == 0 && stages >= 2;
+    });
+}
+template <int SDT, int KP, int M>
+cudaError_t dispatch_ring_cols(const RecurrentParams &p, int device, cudaStream_t stream) {
+    switch (ring_cols<SDT, KP>(p, device)) {
+    case 128: return launch_recurrent_ring<SDT, KP, M, 4>(p, device, stream);
+    case 64: return launch_recurrent_ring<SDT, KP, M, 2>(p, device, stream);
+    default: return launch_recurrent_ring<SDT, KP, M, 1>(p, device, stream);
+    }
+}
+template <int SDT, int KP> cudaError_t dispatch_ring_m(const RecurrentParams &p, int device, cudaStream_t stream) {
+    switch (p.steps_per_token) {
+    case 1: return dispatch_ring_cols<SDT, KP, 1>(p, device, stream);
+    case 2: return dispatch_ring_cols<SDT, KP, 2>(p, device, stream);
+    default: return dispatch_ring_cols<SDT, KP, 3>(p, device, stream);
+    }
+}
+template <int SDT> cudaError_t dispatch_ring_kernel(const RecurrentParams &p, int device, cudaStream_t stream) {
+    return p.K == 64 ? dispatch_ring_m<SDT, 64>(p, device, stream) : dispatch_ring_m<SDT, 128>(p, device, stream);
+}
+
 /* The tensor-core kernel's value slice (16 NW columns): slice_cols over the slices V holds (mma_fit:
  * V is a multiple of 16). */
 int mma_cols(const RecurrentParams &p, int device) {
@@ -1146,15 +1265,15 @@ template <int SDT> cudaError_t dispatch_mma_kernel(const RecurrentParams &p, int
  * refused (GDP_STATUS_INVALID_USAGE) before anything runs. */
 constexpr int64_t REC_SMEM_MIN_PAIRS = 128;
 
-enum DecodeKernel { DECODE_REGS, DECODE_SMEM, DECODE_HEAD, DECODE_ROWS, DECODE_MMA };
+enum DecodeKernel { DECODE_REGS, DECODE_SMEM, DECODE_HEAD, DECODE_ROWS, DECODE_MMA, DECODE_RING };
 
 /* GDP_DECODE_STATE: one of the kernels (regs, smem, head, rows, mma), DECODE_AUTO (unset, empty
  * or auto: the op chooses), or -1 for any other value (gdp_env_choice, src/internal.h). */
 constexpr int DECODE_AUTO = -2;
 int decode_state_choice() {
-    static const char *const spell[6] = {"auto", "regs", "smem", "head", "rows", "mma"};
-    static const int value[6] = {DECODE_AUTO, DECODE_REGS, DECODE_SMEM, DECODE_HEAD, DECODE_ROWS, DECODE_MMA};
-    return gdp_env_choice("GDP_DECODE_STATE", spell, value, 6, DECODE_AUTO, nullptr);
+    static const char *const spell[7] = {"auto", "regs", "smem", "head", "rows", "mma", "ring"};
+    static const int value[7] = {DECODE_AUTO, DECODE_REGS, DECODE_SMEM, DECODE_HEAD, DECODE_ROWS, DECODE_MMA, DECODE_RING};
+    return gdp_env_choice("GDP_DECODE_STATE", spell, value, 7, DECODE_AUTO, nullptr);
 }
 
 /* A bf16 state from this many (request, head) pairs takes the tensor-core kernel (recurrent_mma.cuh)
@@ -1182,11 +1301,12 @@ DecodeKernel decode_kernel_auto(const RecurrentParams &p, int state_dtype) {
 }
 
 /* The kernel for a launch; recurrent_run has refused an unknown GDP_DECODE_STATE already. */
-DecodeKernel decode_kernel(const RecurrentParams &p, int state_dtype) {
+DecodeKernel decode_kernel(const RecurrentParams &p, int state_dtype, int device) {
     const int forced = decode_state_choice();
     if (p.norm_on) /* the fused norm's tail lives in the shared-memory kernel only */
         return forced == DECODE_HEAD ? DECODE_HEAD : DECODE_SMEM;
-    if ((forced == DECODE_ROWS && !rows_fit(p, state_dtype)) || (forced == DECODE_MMA && !mma_fit(p, state_dtype)))
+    if ((forced == DECODE_ROWS && !rows_fit(p, state_dtype)) || (forced == DECODE_MMA && !mma_fit(p, state_dtype)) ||
+        (forced == DECODE_RING && !ring_fit(p, state_dtype, device)))
         return decode_kernel_auto(p, state_dtype); /* a shape it does not hold: as auto */
     if (forced >= 0)
         return static_cast<DecodeKernel>(forced);
@@ -1226,12 +1346,14 @@ template <int SDT, bool VEC> cudaError_t dispatch_rows(const RecurrentParams &p,
 
 /* vec (16-byte columns) implies the shared-memory kernel's 16- or 8-byte accesses. */
 template <int SDT> cudaError_t dispatch_vec(const RecurrentParams &p, bool vec, int device, cudaStream_t stream) {
-    const DecodeKernel k = decode_kernel(p, SDT);
+    const DecodeKernel k = decode_kernel(p, SDT, device);
     if constexpr (SDT != GDP_DTYPE_FP16) {
         if (vec && k == DECODE_ROWS)
             return dispatch_rows_kernel<SDT>(p, device, stream);
         if (vec && k == DECODE_MMA)
             return dispatch_mma_kernel<SDT>(p, device, stream);
+        if (k == DECODE_RING) /* ring_fit: every row 16-byte aligned */
+            return dispatch_ring_kernel<SDT>(p, device, stream);
     }
     if (vec && k != DECODE_REGS)
         return dispatch_smem<SDT>(p, k, device, stream);
@@ -1374,7 +1496,7 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
                  fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_ROWS_COLS"));
     if (decode_state_choice() == -1)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
-                 "%s: GDP_DECODE_STATE=%s is not known; use regs, smem, head, rows or mma (or leave it unset, empty or auto: "
+                 "%s: GDP_DECODE_STATE=%s is not known; use regs, smem, head, rows, mma or ring (or leave it unset, empty or auto: "
                  "the op chooses)",
                  fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_STATE"));
     if (K > REC_ROW_GROUPS * 16)
@@ -1464,6 +1586,7 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
 } // namespace
 
 extern "C" long long gdp_cuda_decode_mma_calls(void) { return __atomic_load_n(&decode_mma_calls, __ATOMIC_RELAXED); }
+extern "C" long long gdp_cuda_decode_ring_calls(void) { return __atomic_load_n(&decode_ring_calls, __ATOMIC_RELAXED); }
 
 extern "C" gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurrent_args *a) {
     return recurrent_run(ctx, a, nullptr, nullptr);

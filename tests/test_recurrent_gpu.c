@@ -26,7 +26,7 @@
 
 #include "decode_core.h"
 #include "internal.h" /* defines: gdp_tensor_get/set, gdp_tensor_stride */
-#include "kernels/gdp_kernels.h" /* gdp_cuda_decode_mma_calls */
+#include "kernels/gdp_kernels.h" /* gdp_cuda_decode_mma_calls, gdp_cuda_decode_ring_calls */
 #include "test_gpu.h"
 
 #ifdef GDP_HAVE_CUDA
@@ -304,7 +304,9 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
      * and K allow them; a shape that does not runs the default slice) sum in other orders
      * again: the CPU's bar, then their own bits on a second run. So do mma and mma16
      * (recurrent_mma.cuh: the products on the tensor cores, in tf32 halves; its own slice, and
-     * 16 columns a block), where they hold the shape (bf16 q, k, v; K 64 or 128). */
+     * 16 columns a block), where they hold the shape (bf16 q, k, v; K 64 or 128), and ring and
+     * ring32 (recurrent_ring.cuh: one column a thread, sums over K in-thread; its own slice, and 32
+     * columns a group). */
     static const struct {
         const char *name, *state, *cols;
         bool first; /* the reference of the runs after it: held to the CPU bar */
@@ -312,7 +314,9 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
                    {"rows", "rows", "128", true},   {"rows", "rows", "128", false}, {"rows64", "rows", "64", true},
                    {"rows64", "rows", "64", false}, {"rows32", "rows", "32", true},  {"rows32", "rows", "32", false},
                    {"rows16", "rows", "16", true},  {"rows16", "rows", "16", false}, {"mma", "mma", NULL, true},
-                   {"mma", "mma", NULL, false},     {"mma16", "mma", "16", true},   {"mma16", "mma", "16", false}};
+                   {"mma", "mma", NULL, false},     {"mma16", "mma", "16", true},   {"mma16", "mma", "16", false},
+                   {"ring", "ring", NULL, true},    {"ring", "ring", NULL, false},  {"ring32", "ring", "32", true},
+                   {"ring32", "ring", "32", false}};
     gdp_recurrent_args base = {0};
     for (int kk = 0; kk < (int)(sizeof kernels / sizeof kernels[0]); kk++) {
         char *saved = test_env_swap("GDP_DECODE_STATE", kernels[kk].state);
@@ -675,21 +679,26 @@ static void decode_end_bad_value(test_rng *r, const dec_cfg *c, int64_t hpg) {
     dec_free(&h, false);
 }
 
-/* Whether a case's launches took the tensor-core kernel (gdp_cuda_decode_mma_calls) under
- * GDP_DECODE_STATE=kernel (NULL: the default): forced, every case it holds; by default a bf16
- * state from 256 request-head pairs (MMA_MIN_PAIRS_BF16, kernels/recurrent.cu) and no fp32 one. */
-static void decode_mma_ran(test_rng *r, const dec_cfg *c, const char *kernel, bool expect) {
+/* Whether a case's launches took a kernel that counts its launches (the tensor-core kernel,
+ * gdp_cuda_decode_mma_calls; the ring kernel, gdp_cuda_decode_ring_calls) under
+ * GDP_DECODE_STATE=kernel (NULL: the default): forced, every case it holds; by default the
+ * tensor-core kernel takes a bf16 state from 256 request-head pairs (MMA_MIN_PAIRS_BF16,
+ * kernels/recurrent.cu) and no fp32 one. */
+static void decode_kernel_ran(test_rng *r, const dec_cfg *c, const char *kernel, long long (*calls)(void),
+                              const char *what, bool expect) {
     char *saved = test_env_swap("GDP_DECODE_STATE", kernel);
-    const long long before = gdp_cuda_decode_mma_calls();
+    const long long before = calls();
     decode_graph(r, c);
-    const long long ran = gdp_cuda_decode_mma_calls() - before;
+    const long long ran = calls() - before;
     test_env_restore("GDP_DECODE_STATE", saved);
-    printf("GDP_DECODE_STATE=%s, B %lld H %lld, %s state: the tensor-core kernel ran %lld launches\n",
-           kernel ? kernel : "(unset)", (long long)c->B, (long long)c->H, gdp_dtype_name(c->state_dt), ran);
-    CHECK(expect ? ran > 0 : ran == 0,
-          "GDP_DECODE_STATE=%s, B %lld H %lld, %s state: the tensor-core kernel ran %lld launches, expected %s",
-          kernel ? kernel : "(unset)", (long long)c->B, (long long)c->H, gdp_dtype_name(c->state_dt), ran,
+    printf("GDP_DECODE_STATE=%s, B %lld H %lld, %s state: the %s ran %lld launches\n", kernel ? kernel : "(unset)",
+           (long long)c->B, (long long)c->H, gdp_dtype_name(c->state_dt), what, ran);
+    CHECK(expect ? ran > 0 : ran == 0, "GDP_DECODE_STATE=%s, B %lld H %lld, %s state: the %s ran %lld launches, expected %s",
+          kernel ? kernel : "(unset)", (long long)c->B, (long long)c->H, gdp_dtype_name(c->state_dt), what, ran,
           expect ? "some" : "none");
+}
+static void decode_mma_ran(test_rng *r, const dec_cfg *c, const char *kernel, bool expect) {
+    decode_kernel_ran(r, c, kernel, gdp_cuda_decode_mma_calls, "tensor-core kernel", expect);
 }
 
 static void decode_tests(test_rng *r) {
@@ -697,8 +706,8 @@ static void decode_tests(test_rng *r) {
                             "decode_m3_draft3.safetensors"};
     for (int i = 0; i < 3; i++)
         decode_golden(files[i]);
-    static const char *const golden_kernels[2] = {"rows", "mma"};
-    for (int kk = 0; kk < 2; kk++) {
+    static const char *const golden_kernels[3] = {"rows", "mma", "ring"};
+    for (int kk = 0; kk < 3; kk++) {
         char *saved = test_env_swap("GDP_DECODE_STATE", golden_kernels[kk]);
         printf("GDP_DECODE_STATE=%s:\n", golden_kernels[kk]);
         for (int i = 0; i < 3; i++)
@@ -776,11 +785,22 @@ static void decode_tests(test_rng *r) {
     decode_mma_ran(r, &cases[14], NULL, true);
     decode_mma_ran(r, &cases[11], NULL, false);
     decode_mma_ran(r, &cases[21], NULL, false);
-    /* And of the tensor-core kernel, on its own slice and on 16 columns. */
-    for (int narrow = 0; narrow < 2; narrow++) {
-        char *saved = test_env_swap("GDP_DECODE_STATE", "mma");
-        char *saved_cols = test_env_swap("GDP_DECODE_ROWS_COLS", narrow ? "16" : NULL);
-        printf("GDP_DECODE_STATE=mma%s:\n", narrow ? " GDP_DECODE_ROWS_COLS=16" : "");
+    /* The ring kernel runs where forced on a shape it holds (fp32 cache with drafts; a bf16 cache),
+     * and not on one it does not (K = 32, fp32 q and k), nor by default. */
+    decode_kernel_ran(r, &cases[12], "ring", gdp_cuda_decode_ring_calls, "ring kernel", true);
+    decode_kernel_ran(r, &cases[14], "ring", gdp_cuda_decode_ring_calls, "ring kernel", true);
+    decode_kernel_ran(r, &cases[2], "ring", gdp_cuda_decode_ring_calls, "ring kernel", false);
+    decode_kernel_ran(r, &cases[11], NULL, gdp_cuda_decode_ring_calls, "ring kernel", false);
+    /* And of the tensor-core kernel, on its own slice and on 16 columns; of the ring kernel, on
+     * its own slice and on 32 columns. */
+    static const struct {
+        const char *state, *cols;
+    } graph_kernels[] = {{"mma", NULL}, {"mma", "16"}, {"ring", NULL}, {"ring", "32"}};
+    for (int gk = 0; gk < 4; gk++) {
+        char *saved = test_env_swap("GDP_DECODE_STATE", graph_kernels[gk].state);
+        char *saved_cols = test_env_swap("GDP_DECODE_ROWS_COLS", graph_kernels[gk].cols);
+        printf("GDP_DECODE_STATE=%s%s%s:\n", graph_kernels[gk].state, graph_kernels[gk].cols ? " GDP_DECODE_ROWS_COLS=" : "",
+               graph_kernels[gk].cols ? graph_kernels[gk].cols : "");
         decode_graph(r, &cases[0]);
         decode_graph(r, &cases[12]);
         for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++)

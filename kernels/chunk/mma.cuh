@@ -11,6 +11,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "../mbarrier.cuh" /* smem_u32, named barriers, mbarriers, fences */
+
 namespace {
 
 /* ---- 16-bit element traits: conversions and the matching mma instruction ---- */
@@ -47,7 +49,6 @@ template <> struct Elem<__half> {
 };
 
 /* ---- shared-memory matrix loads and async copies ---- */
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 /* Four 8x8 16-bit matrices; lane l gives the row address of matrix l/8, row l%8. */
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
@@ -98,52 +99,6 @@ __device__ __forceinline__ void cp_async4z(void *dst, const void *src, bool vali
                  : "memory");
 }
 
-/* ---- named barriers and mbarriers (the fused kernel's roles, the state sweep's producer warp) ---- */
-__device__ __forceinline__ void bar_sync(int id, int count) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(int id, int count) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-/* mbarriers: the fused kernel's EMPTY signals (the aux warps test them without blocking and
- * start the next chunk's loads as soon as their stage is free); the state sweep's FULL and EMPTY. */
-__device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
-    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
-    asm volatile("mbarrier.arrive.shared.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-/* true once the phase of the given parity has completed (acquire: the arrivers' reads are done) */
-__device__ __forceinline__ bool mbar_test(uint64_t *bar, int parity) {
-    uint32_t ok;
-    asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(ok)
-                 : "r"(smem_u32(bar)), "r"(parity)
-                 : "memory");
-    return ok != 0;
-}
-
-/* Blocks until the phase of the given parity has completed. try_wait suspends the thread in
- * hardware until the phase completes or a time limit passes, where a test_wait loop issues an
- * instruction every few cycles: on the state sweep of one long sequence (1 x 16384) the waiting
- * warps' test_wait loop was 27 % of the kernel's executed instructions, issue slots taken from
- * the warps on the same scheduler (ncu, kernels/NOTES-chunk.md, twentieth session). */
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(smem_u32(bar)), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-/* Makes this thread's mbarrier initializations visible to the copy engine (the async proxy), before
- * the block barrier after which copies may complete on them. */
-__device__ __forceinline__ void fence_mbar_init() {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
 /* The one-pass kernels' aux threads (fused.cuh, hopper.cuh): chunk c + 1's loads go into the other
  * stage once the state side has released it (its EMPTY mbarrier, arrived on for chunk c - 1; chunk
  * 0 and 1 find their stages free). try_issue tests without blocking, or waits (block), and runs
@@ -170,16 +125,6 @@ struct NextChunkLoads {
     }
 };
 
-/* This thread's arrival, announcing tx_bytes more to come from the copy engine (tma_load_2d): the
- * phase completes once every arrival is in and those bytes have landed. */
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t tx_bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-    __trap(); /* sm_90 and later only (as tma_load_2d) */
-#else
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(tx_bytes)
-                 : "memory");
-#endif
-}
 /* One tile by the copy engine (sm_90 TMA): the box of the 2-D tensor map `map` (a __grid_constant__
  * kernel parameter) at column x, row y, written densely to dst (128-byte aligned, 1024 with the
  * 128-byte swizzle); elements outside the map's extent land as zeros. The bytes count against
@@ -192,14 +137,6 @@ __device__ __forceinline__ void tma_load_2d(void *dst, const void *map, int x, i
                  "[%4];\n" ::"r"(smem_u32(dst)),
                  "l"(map), "r"(x), "r"(y), "r"(smem_u32(bar))
                  : "memory");
-#endif
-}
-/* Orders this thread's earlier shared-memory accesses (the generic proxy) before later accesses by
- * the async proxy to the same bytes: wgmma reading what the thread stored, or the copy engine
- * refilling a stage the thread wrote. Run by each such thread before the barrier or release. */
-__device__ __forceinline__ void fence_proxy_async_smem() {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900 /* before sm_90 there is no async proxy to order against */
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
 /* The mbarrier's arrival of this thread once all its earlier cp.async copies have landed (counted

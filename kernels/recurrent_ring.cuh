@@ -1,0 +1,399 @@
+/*
+ * recurrent_ring.cuh: the ring kernel of the decode op (GDP_DECODE_STATE=ring; v12 of
+ * NOTES-ops.md), included by recurrent.cu inside its anonymous namespace after the tensor-core
+ * kernel (it uses RecurrentParams, StateStorage, item_coords and the mbarrier helpers).
+ *
+ * Why (NOTES-ops.md, v10b and v11 cards): the row kernel keeps one item's state in flight a block
+ * (two an SM) and meets its 8 warps' partial sums at block barriers, so an SM's memory pipe idles
+ * between one item's last store and the next item's first bytes (H200 fp32 B=256: 83 % of the copy
+ * rate); the tensor-core kernel waits the same way (ncu: DRAM 60-68 %, no eligible warp 59 % of
+ * cycles). Both hold the state in registers across a token so that its bytes cross the SM once.
+ *
+ * Design:
+ *   - a resident grid of one block an SM, RING_CONSUMER_WARPS warps in groups of BV / 32 warps; a
+ *     group takes one item (request, head, slice of BV value columns) at a time, the block's items
+ *     i = g, g + NG, ... to group g;
+ *   - a ring of stages in shared memory, filled by the copy engine (cp.async.bulk: one copy for a
+ *     whole-row item's state, else one a row; the raw q and k rows and the v slice of the item's
+ *     tokens), completion on the stage's FULL mbarrier. Warp 0 fills the ring at the start; after
+ *     that the group that has read a stage (its named barrier) refills it with the block's item
+ *     nst later, its slot read before the group's wait. So nst items' bytes are in flight an SM,
+ *     no warp waits for them but the group that needs them next, and no warp is spent on a
+ *     producer role (a ninth warp would put three on one scheduler: 168 registers a thread);
+ *   - a thread owns one value column: it reads its K state values from the stage into registers.
+ *     Every sum over K is then in-thread: no shuffle, no block barrier; a group meets at two named
+ *     barriers an item (its q, k and v converted to fp32 in the group's buffer and the stage read;
+ *     the raw dot products, a warp each);
+ *   - the row kernel's closed form of a token's M steps per column (recurrent_rows.cuh), the outputs,
+ *     the rank-M update in registers, snapshots and the final state stored from registers (a warp
+ *     a 128-byte piece of a row for fp32).
+ * S tokens of a request run one after another with the state in registers (an fp32 state stays
+ * fp32 between tokens, so S tokens in one call equal S one-token calls bit for bit).
+ * Scope (ring_fit): K 64 or 128, V a multiple of 32, M <= 3, S <= RING_MAX_S, bf16 q, k and v
+ * with 16-byte aligned rows, an fp32 or bf16 state with 16-byte aligned items, no fused norm, sm_90.
+ */
+
+constexpr int RING_CONSUMER_WARPS = 8;
+constexpr int RING_THREADS = 32 * RING_CONSUMER_WARPS;
+constexpr int RING_MAX_STAGES = 16;
+constexpr int RING_MAX_M = 3;
+constexpr int RING_MAX_S = 4;
+constexpr int RING_DOT_FLOATS = 32; /* kk [M][M], kq [M][M], qq [M] a token: 21 at M = 3 */
+
+/* What a stage says about its item, written by its issuing warp before the FULL arrival. */
+struct RingMeta {
+    int64_t b, row;
+    int32_t h, vb;
+};
+
+/* The block's dynamic shared memory, in bytes from its start (host and device compute it alike):
+ * the FULL mbarriers, the stages' metadata, each group's two fp32 input buffers (by item
+ * parity: q [S M][K], k [S M][K], v [S M][BV]) and dot areas, then the stages (state [K][BV] in
+ * its dtype, raw bf16 q [S M][K], k [S M][K], v [S M][BV]). */
+struct RingLayout {
+    int64_t meta, buffers, buffer_floats, dots, stages, stage_bytes, state_bytes, fixed;
+    __host__ __device__ RingLayout(int S, int M, int K, int BV, int state_es, int groups) {
+        meta = RING_MAX_STAGES * 8;
+        buffers = meta + RING_MAX_STAGES * (int64_t)sizeof(RingMeta);
+        buffer_floats = (int64_t)S * M * (2 * K + BV);
+        dots = buffers + (int64_t)groups * 2 * buffer_floats * 4;
+        stages = (dots + (int64_t)groups * 2 * RING_DOT_FLOATS * 4 + 127) / 128 * 128;
+        state_bytes = (int64_t)K * BV * state_es;
+        stage_bytes = (state_bytes + (int64_t)S * M * (2 * K + BV) * 2 + 127) / 128 * 128;
+        fixed = stages;
+    }
+};
+
+/* One warp issues block item i's copies into stage st (item: its index in the grid, row: its state
+ * row): the metadata, then the FULL arrival announcing the bytes (a plain arrival for a padding
+ * row, which copies nothing), then the copies. Every lane calls it. */
+template <int SDT, int KP, int BV>
+__device__ __forceinline__ void ring_issue(const RecurrentParams &p, unsigned char *smem, const RingLayout &L,
+                                           int64_t item, int64_t row, int st) {
+    using Bits = typename StateStorage<SDT>::Bits;
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem);
+    RingMeta *meta = reinterpret_cast<RingMeta *>(smem + L.meta);
+    const int lane = threadIdx.x & 31, n = p.S * p.steps_per_token;
+    int64_t b;
+    int h, vb;
+    item_coords(p, item, b, h, vb);
+    unsigned char *stage = smem + L.stages + st * L.stage_bytes;
+    const bool padding = row_is_padding(p, row);
+    const bool has_state = !padding && p.state_in != nullptr;
+    if (lane == 0) {
+        meta[st] = RingMeta{b, row, h, vb};
+        if (padding)
+            mbar_arrive(&full[st]); /* nothing to copy: the group writes zero outputs */
+        else
+            mbar_arrive_expect_tx(&full[st], (uint32_t)n * (2 * KP + BV) * 2 + (has_state ? (uint32_t)L.state_bytes : 0u));
+    }
+    if (padding)
+        return;
+    __syncwarp();
+    if (has_state) {
+        const Bits *src = static_cast<const Bits *>(p.state_in) + row * p.in_stride_row + h * p.in_stride_head;
+        if (BV == p.V) { /* the item's rows are one contiguous block */
+            if (lane == 0)
+                bulk_copy_g2s(stage, src, (uint32_t)L.state_bytes, &full[st]);
+        } else {
+            for (int r = lane; r < KP; r += 32)
+                bulk_copy_g2s(stage + (int64_t)r * BV * sizeof(Bits), src + (int64_t)r * p.V + vb * BV,
+                              BV * sizeof(Bits), &full[st]);
+        }
+    }
+    unsigned char *raw = stage + L.state_bytes;
+    const int64_t bth0 = b * p.T * p.H + h; /* position t at bth0 + t H */
+    for (int x = lane; x < 3 * n; x += 32) {
+        const int which = x / n, t = x - which * n;
+        const int64_t bth = bth0 + (int64_t)t * p.H;
+        if (which < 2)
+            bulk_copy_g2s(raw + ((int64_t)which * n + t) * KP * 2,
+                          static_cast<const uint16_t *>(which == 0 ? p.q : p.k) + bth * KP, KP * 2, &full[st]);
+        else
+            bulk_copy_g2s(raw + (2 * (int64_t)n * KP + (int64_t)t * BV) * 2,
+                          static_cast<const uint16_t *>(p.v) + bth * p.V + vb * BV, BV * 2, &full[st]);
+    }
+}
+
+/* The state row of the block's item i (its grid index blockIdx.x + i gridDim.x), -1 past the end. */
+__device__ __forceinline__ int64_t ring_row(const RecurrentParams &p, int64_t i, int64_t items) {
+    const int64_t item = blockIdx.x + i * gridDim.x;
+    if (item >= items)
+        return -1;
+    int64_t b;
+    int h, vb;
+    item_coords(p, item, b, h, vb);
+    return state_row(p, b);
+}
+
+/* Sums over the thread's K rows of the state column st against NV staged vectors, two chains a
+ * vector (even and odd rows of each group of 4), added at the end. */
+template <int KP, int NV>
+__device__ __forceinline__ void ring_sums(const float (&st)[KP], const float *const (&vec)[2 * RING_MAX_M], float *out) {
+    float a[NV][2];
+#pragma unroll
+    for (int v = 0; v < NV; v++)
+        a[v][0] = a[v][1] = 0.0f;
+#pragma unroll
+    for (int r = 0; r < KP; r += 4) {
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            const float4 x = *reinterpret_cast<const float4 *>(vec[v] + r);
+            a[v][0] = fmaf(st[r], x.x, a[v][0]);
+            a[v][1] = fmaf(st[r + 1], x.y, a[v][1]);
+            a[v][0] = fmaf(st[r + 2], x.z, a[v][0]);
+            a[v][1] = fmaf(st[r + 3], x.w, a[v][1]);
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < NV; v++)
+        out[v] = a[v][0] + a[v][1];
+}
+
+/* One consumer group: its items, one column a thread (col of the slice = the thread's index in
+ * the group). */
+template <int SDT, int KP, int MT, int NGW>
+__device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned char *smem, const RingLayout &L,
+                                             int group) {
+    using Store = StateStorage<SDT>;
+    using Bits = typename Store::Bits;
+    constexpr int BV = 32 * NGW, GT = 32 * NGW, NG = RING_CONSUMER_WARPS / NGW, M = MT;
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem);
+    const RingMeta *meta = reinterpret_cast<const RingMeta *>(smem + L.meta);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp % NGW, gt = wg * 32 + lane;
+    const int nst = p.ring_stages, S = p.S, n = S * M;
+    const int64_t items = p.B * p.H * p.n_vblocks, step = gridDim.x;
+    const int64_t KV = (int64_t)KP * p.V;
+    const float eps = (float)GDP_L2NORM_EPS;
+    float *const bufs = reinterpret_cast<float *>(smem + L.buffers) + (int64_t)group * 2 * L.buffer_floats;
+    float *const dotss = reinterpret_cast<float *>(smem + L.dots) + group * 2 * RING_DOT_FLOATS;
+    int parity = 0;   /* the input buffer: by item */
+    int tok_count = 0; /* the dot area: by token (a fast warp writes the next token's while a slow one reads) */
+    for (int64_t i = group, item = blockIdx.x + group * step; item < items; i += NG, item += NG * step, parity ^= 1) {
+        const int st = (int)(i % nst);
+        /* the slot of the item this group refills the stage with (the block's item i + nst) */
+        const int64_t later_row = wg == 0 ? ring_row(p, i + nst, items) : -1;
+        /* token 0's g and beta before the wait: their latency hides behind it */
+        int64_t bi;
+        int hi, vbi;
+        item_coords(p, item, bi, hi, vbi);
+        float decay[RING_MAX_M], betas[RING_MAX_M];
+#pragma unroll
+        for (int t = 0; t < M; t++) {
+            const int64_t bth = (bi * p.T + t) * p.H + hi;
+            decay[t] = p.g != nullptr ? p.g[bth] : 0.0f;
+            betas[t] = p.beta != nullptr ? load_as_float(p.beta, p.beta_dtype, bth) : 1.0f;
+        }
+        mbar_wait(&full[st], (int)((i / nst) & 1));
+        const RingMeta m = meta[st];
+        const int64_t b = m.b, row = m.row;
+        const int h = m.h, col = m.vb * BV + gt;
+        const unsigned char *stage = smem + L.stages + st * L.stage_bytes;
+        if (row_is_padding(p, row)) { /* -1: zero outputs of the column, no slot read or written */
+            for (int t = 0; t < p.T; t++)
+                store_from_float(p.o, p.o_dtype, ((b * p.T + t) * p.H + h) * p.V + col, 0.0f);
+            bar_sync(1 + group, GT); /* every warp of the group past the stage's metadata */
+            if (wg == 0 && blockIdx.x + (i + nst) * step < items) /* the stage's next item */
+                ring_issue<SDT, KP, BV>(p, smem, L, blockIdx.x + (i + nst) * step, later_row, st);
+            continue;
+        }
+        /* q, k and v of every token as fp32 into this item's buffer (read last two items ago) */
+        float *const buf = bufs + parity * L.buffer_floats;
+        const uint32_t *raw = reinterpret_cast<const uint32_t *>(stage + L.state_bytes);
+        for (int x = gt; x < n * (2 * KP + BV) / 2; x += GT) {
+            const float2 v = StateStorage<GDP_DTYPE_BF16>::unpack2(raw[x]);
+            buf[2 * x] = v.x, buf[2 * x + 1] = v.y;
+        }
+        /* the state column */
+        float s[KP];
+        if (p.state_in != nullptr) {
+            const Bits *cells = reinterpret_cast<const Bits *>(stage) + gt;
+#pragma unroll
+            for (int r = 0; r < KP; r++) {
+                if constexpr (sizeof(Bits) == 4)
+                    s[r] = __uint_as_float(cells[r * BV]);
+                else
+                    s[r] = Store::to_float(cells[r * BV]);
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < KP; r++)
+                s[r] = 0.0f;
+        }
+        bar_sync(1 + group, GT); /* B1: the buffer complete; every thread of the group past the stage */
+        if (wg == 0 && blockIdx.x + (i + nst) * step < items) { /* the stage's next item, in flight while we compute */
+            fence_proxy_async_smem(); /* the group's reads of the stage before the copy engine's writes */
+            ring_issue<SDT, KP, BV>(p, smem, L, blockIdx.x + (i + nst) * step, later_row, st);
+        }
+
+        const float *const qs0 = buf, *const ks0 = buf + n * KP, *const vs0 = buf + 2 * n * KP;
+        for (int tok = 0; tok < S; tok++, tok_count++) {
+            float *const dots = dotss + (tok_count & 1) * RING_DOT_FLOATS;
+            const float *qs = qs0 + tok * M * KP, *ks = ks0 + tok * M * KP, *vs = vs0 + tok * M * BV;
+            if (tok > 0) {
+#pragma unroll
+                for (int t = 0; t < M; t++) {
+                    const int64_t bth = (b * p.T + tok * M + t) * p.H + h;
+                    decay[t] = p.g != nullptr ? p.g[bth] : 0.0f;
+                    betas[t] = p.beta != nullptr ? load_as_float(p.beta, p.beta_dtype, bth) : 1.0f;
+                }
+            }
+            /* which queries are nonzero (the same answer in every warp) */
+            unsigned qmask = 0;
+#pragma unroll
+            for (int t = 0; t < M; t++) {
+                bool nz = false;
+#pragma unroll
+                for (int x = 0; x < KP / 32; x++)
+                    nz |= qs[t * KP + lane + 32 * x] != 0.0f;
+                if (__any_sync(0xffffffffu, nz))
+                    qmask |= 1u << t;
+            }
+            /* the raw dot products, a warp each: kk [j][t], kq [j][t] (j <= t), qq [t] */
+            for (int f = wg; f < 2 * M * M + M; f += NGW) {
+                const float *x, *y;
+                bool need;
+                if (f < 2 * M * M) {
+                    const int e = f % (M * M), j = e / M, t = e - j * M;
+                    need = j <= t && (f < M * M || ((qmask >> t) & 1u));
+                    x = ks + j * KP;
+                    y = f < M * M ? ks + t * KP : qs + t * KP;
+                } else {
+                    const int t = f - 2 * M * M;
+                    need = (qmask >> t) & 1u;
+                    x = y = qs + t * KP;
+                }
+                if (!need)
+                    continue; /* never read (a zero query's output is 0) */
+                float acc = 0.0f;
+#pragma unroll
+                for (int xx = 0; xx < KP / 32; xx++)
+                    acc = fmaf(x[lane + 32 * xx], y[lane + 32 * xx], acc);
+                acc = warp_sum(acc);
+                if (lane == 0)
+                    dots[f] = acc;
+            }
+            /* S^T k_t for every step and S^T q_t for the nonzero queries, in-thread over the K rows */
+            const int nvec = M + __popc(qmask);
+            const float *vec[2 * RING_MAX_M]; /* k_0 .. k_{M-1}, the nonzero queries, the last repeated */
+#pragma unroll
+            for (int v = 0; v < 2 * RING_MAX_M; v++) {
+                const int idx = min(v, nvec - 1);
+                vec[v] = idx < M ? ks + idx * KP : qs + rows_nth_bit(qmask, idx - M) * KP;
+            }
+            float sums[2 * RING_MAX_M];
+            switch (nvec) {
+            case 1: ring_sums<KP, 1>(s, vec, sums); break;
+            case 2: ring_sums<KP, 2>(s, vec, sums); break;
+            case 3: ring_sums<KP, 3>(s, vec, sums); break;
+            case 4: ring_sums<KP, 4>(s, vec, sums); break;
+            case 5: ring_sums<KP, 5>(s, vec, sums); break;
+            default: ring_sums<KP, 6>(s, vec, sums); break;
+            }
+            bar_sync(1 + group, GT); /* B2: the dots complete */
+
+            /* Per column: deltas and outputs in closed form (recurrent_rows.cuh's, one column). */
+            const float *kk = dots, *kq = dots + M * M, *qq = dots + 2 * M * M;
+            float d[RING_MAX_M], fk[RING_MAX_M], pj[RING_MAX_M];
+            float p0 = 1.0f; /* P(-1, t) */
+            int qrank = 0;
+#pragma unroll
+            for (int t = 0; t < M; t++) {
+                const float a = p.g != nullptr ? expf(decay[t]) : 1.0f;
+                p0 *= a;
+#pragma unroll
+                for (int j = 0; j < t; j++)
+                    pj[j] *= a;
+                pj[t] = 1.0f;
+                fk[t] = p.l2norm ? 1.0f / sqrtf(kk[t * M + t] + eps) : 1.0f;
+                d[t] = fmaf(-(p0 * fk[t]), sums[t], vs[t * BV + gt]);
+#pragma unroll
+                for (int j = 0; j < t; j++) {
+                    const float cj = pj[j] * fk[j] * fk[t] * kk[j * M + t];
+                    d[t] = fmaf(-cj, d[j], d[t]);
+                }
+                d[t] *= betas[t];
+                float o = 0.0f;
+                if ((qmask >> t) & 1u) {
+                    const float ht = (p.l2norm ? 1.0f / sqrtf(qq[t] + eps) : 1.0f) * p.scale;
+                    o = sums[M + qrank] * (p0 * ht);
+                    qrank++;
+#pragma unroll
+                    for (int j = 0; j <= t; j++) {
+                        const float cj = pj[j] * fk[j] * ht * kq[j * M + t];
+                        o = fmaf(cj, d[j], o);
+                    }
+                }
+                store_from_float(p.o, p.o_dtype, ((b * p.T + tok * M + t) * p.H + h) * p.V + col, o);
+            }
+            /* The rank-M update: S <- P(-1, M-1) S + sum_j k_j e_j, e_j = P(j, M-1) f_j d_j. */
+#pragma unroll
+            for (int j = 0; j < M; j++)
+                d[j] *= pj[j] * fk[j];
+            const bool decayed = p0 != 1.0f;
+#pragma unroll
+            for (int r = 0; r < KP; r += 4) {
+                float4 kv[RING_MAX_M];
+#pragma unroll
+                for (int j = 0; j < M; j++)
+                    kv[j] = *reinterpret_cast<const float4 *>(ks + j * KP + r);
+                if (decayed)
+#pragma unroll
+                    for (int c = 0; c < 4; c++)
+                        s[r + c] *= p0;
+#pragma unroll
+                for (int j = 0; j < M; j++) {
+                    s[r] = fmaf(kv[j].x, d[j], s[r]);
+                    s[r + 1] = fmaf(kv[j].y, d[j], s[r + 1]);
+                    s[r + 2] = fmaf(kv[j].z, d[j], s[r + 2]);
+                    s[r + 3] = fmaf(kv[j].w, d[j], s[r + 3]);
+                }
+            }
+            if (p.inter != nullptr) { /* the snapshot after this token, in the state's dtype */
+                Bits *snap = static_cast<Bits *>(p.inter) + ((row * S + tok) * p.H + h) * KV + col;
+#pragma unroll
+                for (int r = 0; r < KP; r++)
+                    snap[(int64_t)r * p.V] = Store::from_float(s[r]);
+            }
+        }
+        /* The final state: back into the slot (its dtype), or dense fp32. */
+        if (p.state_out != nullptr) {
+            const int64_t base = row * p.out_stride_row + h * p.out_stride_head + col;
+            if (SDT == GDP_DTYPE_FP32 || p.out_fp32) {
+                float *out = static_cast<float *>(p.state_out) + base;
+#pragma unroll
+                for (int r = 0; r < KP; r++)
+                    out[(int64_t)r * p.V] = s[r];
+            } else {
+                Bits *out = static_cast<Bits *>(p.state_out) + base;
+#pragma unroll
+                for (int r = 0; r < KP; r++)
+                    out[(int64_t)r * p.V] = Store::from_float(s[r]);
+            }
+        }
+    }
+}
+
+template <int SDT, int KP, int MT, int NGW>
+__global__ void __launch_bounds__(RING_THREADS, 1) recurrent_ring_kernel(const RecurrentParams p) {
+    pdl_trigger();
+    constexpr int BV = 32 * NGW, NG = RING_CONSUMER_WARPS / NGW;
+    extern __shared__ __align__(128) unsigned char ring_smem[];
+    const RingLayout L(p.S, MT, KP, BV, (int)sizeof(typename StateStorage<SDT>::Bits), NG);
+    uint64_t *full = reinterpret_cast<uint64_t *>(ring_smem);
+    const int64_t items = p.B * p.H * p.n_vblocks;
+    const int nst = p.ring_stages;
+    if (threadIdx.x == 0) {
+        for (int st = 0; st < nst; st++)
+            mbar_init(&full[st], 1);
+        fence_mbar_init();
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) { /* warp 0 fills the ring: the block's first nst items, their slots read at once */
+        const int64_t row = ring_row(p, threadIdx.x, items);
+        for (int st = 0; st < nst && blockIdx.x + (int64_t)st * gridDim.x < items; st++)
+            ring_issue<SDT, KP, BV>(p, ring_smem, L, blockIdx.x + (int64_t)st * gridDim.x,
+                                    __shfl_sync(0xffffffffu, row, st), st);
+    }
+    ring_consume<SDT, KP, MT, NGW>(p, ring_smem, L, (threadIdx.x >> 5) / NGW);
+}
