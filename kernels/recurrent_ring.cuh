@@ -47,13 +47,14 @@ struct RingMeta {
 };
 
 /* The block's dynamic shared memory, in bytes from its start (host and device compute it alike):
- * the FULL mbarriers, the stages' metadata, each group's two fp32 input buffers (by item
+ * the FULL mbarriers, the stages' issue counts (ring_wait), the stages' metadata, each group's two fp32 input buffers (by item
  * parity: q [S M][K], k [S M][K], v [S M][BV]) and dot areas, then the stages (state [K][BV] in
  * its dtype, raw bf16 q [S M][K], k [S M][K], v [S M][BV]). */
 struct RingLayout {
-    int64_t meta, buffers, buffer_floats, dots, stages, stage_bytes, state_bytes, fixed;
+    int64_t issued, meta, buffers, buffer_floats, dots, stages, stage_bytes, state_bytes, fixed;
     __host__ __device__ RingLayout(int S, int M, int K, int BV, int state_es, int groups) {
-        meta = RING_MAX_STAGES * 8;
+        issued = RING_MAX_STAGES * 8;
+        meta = issued + RING_MAX_STAGES * 4;
         buffers = meta + RING_MAX_STAGES * (int64_t)sizeof(RingMeta);
         buffer_floats = (int64_t)S * M * (2 * K + BV);
         dots = buffers + (int64_t)groups * 2 * buffer_floats * 4;
@@ -64,12 +65,12 @@ struct RingLayout {
     }
 };
 
-/* One warp issues block item i's copies into stage st (item: its index in the grid, row: its state
- * row): the metadata, then the FULL arrival announcing the bytes (a plain arrival for a padding
+/* One warp issues block item i's copies into stage st, the stage's use-th use (item: its index in
+ * the grid, row: its state row): the metadata and the stage's issue count, then the FULL arrival announcing the bytes (a plain arrival for a padding
  * row, which copies nothing), then the copies. Every lane calls it. */
 template <int SDT, int KP, int BV>
 __device__ __forceinline__ void ring_issue(const RecurrentParams &p, unsigned char *smem, const RingLayout &L,
-                                           int64_t item, int64_t row, int st) {
+                                           int64_t item, int64_t row, int st, uint32_t use) {
     using Bits = typename StateStorage<SDT>::Bits;
     uint64_t *full = reinterpret_cast<uint64_t *>(smem);
     RingMeta *meta = reinterpret_cast<RingMeta *>(smem + L.meta);
@@ -82,6 +83,8 @@ __device__ __forceinline__ void ring_issue(const RecurrentParams &p, unsigned ch
     const bool has_state = !padding && p.state_in != nullptr;
     if (lane == 0) {
         meta[st] = RingMeta{b, row, h, vb};
+        uint32_t *issued = reinterpret_cast<uint32_t *>(smem + L.issued) + st;
+        asm volatile("st.release.cta.shared.u32 [%0], %1;\n" ::"r"(smem_u32(issued)), "r"(use + 1) : "memory");
         if (padding)
             mbar_arrive(&full[st]); /* nothing to copy: the group writes zero outputs */
         else
@@ -113,6 +116,27 @@ __device__ __forceinline__ void ring_issue(const RecurrentParams &p, unsigned ch
             bulk_copy_g2s(raw + (2 * (int64_t)n * KP + (int64_t)t * BV) * 2,
                           static_cast<const uint16_t *>(p.v) + bth * p.V + vb * BV, BV * 2, &full[st]);
     }
+}
+
+/* Waits until block item i's copies into stage st = i % nst have landed (its use u = i / nst of the
+ * stage). An mbarrier's parity wait is exact only for a waiter at most one phase ahead, and a group
+ * may reach item i before another group has consumed item i - nst (nst need not be a multiple of
+ * the groups): then the stage's barrier is still in phase u - 1, whose parity differs, and the wait
+ * would return at once. So the wait first sees the stage issued for the (u + 1)-th time (its issue
+ * count, stored by the issuing lane before the FULL arrival): that issue followed item i - nst's
+ * consumption, so phase u - 1 is complete and phase u the one in progress. */
+__device__ __forceinline__ void ring_wait(unsigned char *smem, const RingLayout &L, int64_t i, int nst) {
+    const int st = (int)(i % nst);
+    const uint32_t use = (uint32_t)(i / nst);
+    const uint32_t *issued = reinterpret_cast<const uint32_t *>(smem + L.issued) + st;
+    uint32_t seen;
+    for (;;) {
+        asm volatile("ld.acquire.cta.shared.u32 %0, [%1];\n" : "=r"(seen) : "r"(smem_u32(issued)) : "memory");
+        if (seen > use)
+            break;
+        __nanosleep(64);
+    }
+    mbar_wait(reinterpret_cast<uint64_t *>(smem) + st, (int)(use & 1));
 }
 
 /* The state row of the block's item i (its grid index blockIdx.x + i gridDim.x), -1 past the end. */
@@ -158,7 +182,6 @@ __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned 
     using Store = StateStorage<SDT>;
     using Bits = typename Store::Bits;
     constexpr int BV = 32 * NGW, GT = 32 * NGW, NG = RING_CONSUMER_WARPS / NGW, M = MT;
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem);
     const RingMeta *meta = reinterpret_cast<const RingMeta *>(smem + L.meta);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp % NGW, gt = wg * 32 + lane;
     const int nst = p.ring_stages, S = p.S, n = S * M;
@@ -184,7 +207,7 @@ __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned 
             decay[t] = p.g != nullptr ? p.g[bth] : 0.0f;
             betas[t] = p.beta != nullptr ? load_as_float(p.beta, p.beta_dtype, bth) : 1.0f;
         }
-        mbar_wait(&full[st], (int)((i / nst) & 1));
+        ring_wait(smem, L, i, nst);
         const RingMeta m = meta[st];
         const int64_t b = m.b, row = m.row;
         const int h = m.h, col = m.vb * BV + gt;
@@ -194,7 +217,8 @@ __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned 
                 store_from_float(p.o, p.o_dtype, ((b * p.T + t) * p.H + h) * p.V + col, 0.0f);
             bar_sync(1 + group, GT); /* every warp of the group past the stage's metadata */
             if (wg == 0 && blockIdx.x + (i + nst) * step < items) /* the stage's next item */
-                ring_issue<SDT, KP, BV>(p, smem, L, blockIdx.x + (i + nst) * step, later_row, st);
+                ring_issue<SDT, KP, BV>(p, smem, L, blockIdx.x + (i + nst) * step, later_row, st,
+                                        (uint32_t)((i + nst) / nst));
             continue;
         }
         /* q, k and v of every token as fp32 into this item's buffer (read last two items ago) */
@@ -223,7 +247,8 @@ __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned 
         bar_sync(1 + group, GT); /* B1: the buffer complete; every thread of the group past the stage */
         if (wg == 0 && blockIdx.x + (i + nst) * step < items) { /* the stage's next item, in flight while we compute */
             fence_proxy_async_smem(); /* the group's reads of the stage before the copy engine's writes */
-            ring_issue<SDT, KP, BV>(p, smem, L, blockIdx.x + (i + nst) * step, later_row, st);
+            ring_issue<SDT, KP, BV>(p, smem, L, blockIdx.x + (i + nst) * step, later_row, st,
+                                        (uint32_t)((i + nst) / nst));
         }
 
         const float *const qs0 = buf, *const ks0 = buf + n * KP, *const vs0 = buf + 2 * n * KP;
@@ -384,8 +409,10 @@ __global__ void __launch_bounds__(RING_THREADS, 1) recurrent_ring_kernel(const R
     const int64_t items = p.B * p.H * p.n_vblocks;
     const int nst = p.ring_stages;
     if (threadIdx.x == 0) {
-        for (int st = 0; st < nst; st++)
+        for (int st = 0; st < nst; st++) {
             mbar_init(&full[st], 1);
+            reinterpret_cast<uint32_t *>(ring_smem + L.issued)[st] = 0;
+        }
         fence_mbar_init();
     }
     __syncthreads();
@@ -393,7 +420,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1) recurrent_ring_kernel(const R
         const int64_t row = ring_row(p, threadIdx.x, items);
         for (int st = 0; st < nst && blockIdx.x + (int64_t)st * gridDim.x < items; st++)
             ring_issue<SDT, KP, BV>(p, ring_smem, L, blockIdx.x + (int64_t)st * gridDim.x,
-                                    __shfl_sync(0xffffffffu, row, st), st);
+                                    __shfl_sync(0xffffffffu, row, st), st, 0u);
     }
     ring_consume<SDT, KP, MT, NGW>(p, ring_smem, L, (threadIdx.x >> 5) / NGW);
 }
