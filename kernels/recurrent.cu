@@ -31,6 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits> /* std::integral_constant (with_k_and_m) */
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -943,6 +945,51 @@ cudaError_t launch_recurrent_smem(const RecurrentParams &p, int device, cudaStre
     return cudaGetLastError();
 }
 
+/* ---- a token's query mask and raw dot products (the row and ring kernels' closed form) ---- */
+
+/* Which of a token's M staged queries (qs [M][KP] fp32) are nonzero, as bits t; the same answer in
+ * every lane of the warp. */
+template <int KP> __device__ __forceinline__ unsigned token_query_mask(const float *qs, int M, int lane) {
+    unsigned qmask = 0;
+    for (int t = 0; t < M; t++) {
+        bool nz = false;
+#pragma unroll
+        for (int x = 0; x < KP / 32; x++)
+            nz |= qs[t * KP + lane + 32 * x] != 0.0f;
+        if (__any_sync(0xffffffffu, nz))
+            qmask |= 1u << t;
+    }
+    return qmask;
+}
+
+/* Raw dot product f of a token's M steps, summed by one warp over the KP staged floats of q and k
+ * ([M][KP] each): kk [j][t] for f < M M, kq [j][t] for f < 2 M M (j <= t), qq [t] after them. False,
+ * and nothing summed, where no output reads it (j > t, or a zero query: its output is 0). */
+template <int KP>
+__device__ __forceinline__ bool token_dot(const float *qs, const float *ks, int M, unsigned qmask, int f, int lane,
+                                          float &dot) {
+    const float *x, *y;
+    bool need;
+    if (f < 2 * M * M) {
+        const int e = f % (M * M), j = e / M, t = e - j * M;
+        need = j <= t && (f < M * M || ((qmask >> t) & 1u));
+        x = ks + j * KP;
+        y = f < M * M ? ks + t * KP : qs + t * KP;
+    } else {
+        const int t = f - 2 * M * M;
+        need = (qmask >> t) & 1u;
+        x = y = qs + t * KP;
+    }
+    if (!need)
+        return false;
+    float acc = 0.0f;
+#pragma unroll
+    for (int xx = 0; xx < KP / 32; xx++)
+        acc = fmaf(x[lane + 32 * xx], y[lane + 32 * xx], acc);
+    dot = warp_sum(acc);
+    return true;
+}
+
 #include "recurrent_rows.cuh" /* the row kernel (v10c): the default wherever it fits, GDP_DECODE_STATE=rows forces it */
 
 template <int SDT, int R, int LPR, int MT, int DT>
@@ -1107,6 +1154,20 @@ template <int SDT> cudaError_t dispatch_rows_kernel(const RecurrentParams &p, in
     return launch_rows_spec<SDT, 8, 16>(p, device, stream);
 }
 
+/* launch(kp, m) with K (64, else 128) and M (1, 2, else 3) as compile-time constants (std::integral_constant):
+ * the instances of the kernels that compile both in (the tensor-core and ring kernels; their fit
+ * functions hold K to 64 or 128 and M to 1..3). */
+template <typename Launch> cudaError_t with_k_and_m(const RecurrentParams &p, Launch launch) {
+    const auto with_m = [&](auto kp) {
+        switch (p.steps_per_token) {
+        case 1: return launch(kp, std::integral_constant<int, 1>{});
+        case 2: return launch(kp, std::integral_constant<int, 2>{});
+        default: return launch(kp, std::integral_constant<int, 3>{});
+        }
+    };
+    return p.K == 64 ? with_m(std::integral_constant<int, 64>{}) : with_m(std::integral_constant<int, 128>{});
+}
+
 #include "recurrent_ring.cuh" /* the copy-engine ring kernel (v12): GDP_DECODE_STATE=ring */
 
 /* Launches of the ring kernel (gdp_cuda_decode_ring_calls); relaxed: a test's counter. */
@@ -1213,15 +1274,8 @@ cudaError_t dispatch_ring_cols(const RecurrentParams &p, int device, cudaStream_
     default: return launch_recurrent_ring<SDT, KP, M, 1>(p, device, stream);
     }
 }
-template <int SDT, int KP> cudaError_t dispatch_ring_m(const RecurrentParams &p, int device, cudaStream_t stream) {
-    switch (p.steps_per_token) {
-    case 1: return dispatch_ring_cols<SDT, KP, 1>(p, device, stream);
-    case 2: return dispatch_ring_cols<SDT, KP, 2>(p, device, stream);
-    default: return dispatch_ring_cols<SDT, KP, 3>(p, device, stream);
-    }
-}
 template <int SDT> cudaError_t dispatch_ring_kernel(const RecurrentParams &p, int device, cudaStream_t stream) {
-    return p.K == 64 ? dispatch_ring_m<SDT, 64>(p, device, stream) : dispatch_ring_m<SDT, 128>(p, device, stream);
+    return with_k_and_m(p, [&](auto kp, auto m) { return dispatch_ring_cols<SDT, kp.value, m.value>(p, device, stream); });
 }
 
 /* The tensor-core kernel's value slice (16 NW columns): slice_cols over the slices V holds (mma_fit:
@@ -1239,15 +1293,8 @@ cudaError_t dispatch_mma_cols(const RecurrentParams &p, int device, cudaStream_t
     default: return launch_recurrent_mma<SDT, KP, M, 1>(p, device, stream);
     }
 }
-template <int SDT, int KP> cudaError_t dispatch_mma_m(const RecurrentParams &p, int device, cudaStream_t stream) {
-    switch (p.steps_per_token) {
-    case 1: return dispatch_mma_cols<SDT, KP, 1>(p, device, stream);
-    case 2: return dispatch_mma_cols<SDT, KP, 2>(p, device, stream);
-    default: return dispatch_mma_cols<SDT, KP, 3>(p, device, stream);
-    }
-}
 template <int SDT> cudaError_t dispatch_mma_kernel(const RecurrentParams &p, int device, cudaStream_t stream) {
-    return p.K == 64 ? dispatch_mma_m<SDT, 64>(p, device, stream) : dispatch_mma_m<SDT, 128>(p, device, stream);
+    return with_k_and_m(p, [&](auto kp, auto m) { return dispatch_mma_cols<SDT, kp.value, m.value>(p, device, stream); });
 }
 
 /* Which kernel runs. GDP_DECODE_STATE=regs | smem | head forces the register kernel, the
