@@ -430,7 +430,15 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
             rows_stage<KP, BV, MT, DT>(p, b, h, vb, s + 1, smem_rows + ((tok + 1) & 1) * stage_floats);
 
         /* Which queries are nonzero (the same answer in every warp). */
-        const unsigned qmask = token_query_mask<KP>(qs, M, lane);
+        unsigned qmask = 0;
+        for (int t = 0; t < M; t++) {
+            bool nz = false;
+#pragma unroll
+            for (int x = 0; x < KP / 32; x++)
+                nz |= qs[t * KP + lane + 32 * x] != 0.0f;
+            if (__any_sync(0xffffffffu, nz))
+                qmask |= 1u << t;
+        }
         const int nvec = M + __popc(qmask);
 
         /* Partial sums of S^T k_t and S^T q_t (nonzero t), ROWS_GROUP vectors a pass. */
@@ -451,8 +459,26 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
         }
         /* The raw dot products, one warp each: kk [j][t], kq [j][t] (j <= t), qq [t]. */
         for (int f = warp; f < 2 * M * M + M; f += ROWS_WARPS) {
-            float acc;
-            if (token_dot<KP>(qs, ks, M, qmask, f, lane, acc) && lane == 0)
+            const float *x, *y;
+            bool need;
+            if (f < 2 * M * M) {
+                const int e = f % (M * M), j = e / M, t = e - j * M;
+                need = j <= t && (f < M * M || ((qmask >> t) & 1u));
+                x = ks + j * KP;
+                y = f < M * M ? ks + t * KP : qs + t * KP;
+            } else {
+                const int t = f - 2 * M * M;
+                need = (qmask >> t) & 1u;
+                x = y = qs + t * KP;
+            }
+            if (!need)
+                continue; /* never read (a zero query's output is 0) */
+            float acc = 0.0f;
+#pragma unroll
+            for (int xx = 0; xx < KP / 32; xx++)
+                acc = fmaf(x[lane + 32 * xx], y[lane + 32 * xx], acc);
+            acc = warp_sum(acc);
+            if (lane == 0)
                 dots[f] = acc;
         }
         __syncthreads(); /* B2: partials and dots complete (and every thread past the last token) */
