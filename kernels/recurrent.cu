@@ -1314,7 +1314,7 @@ constexpr int64_t REC_SMEM_MIN_PAIRS = 128;
 
 enum DecodeKernel { DECODE_REGS, DECODE_SMEM, DECODE_HEAD, DECODE_ROWS, DECODE_MMA, DECODE_RING };
 
-/* GDP_DECODE_STATE: one of the kernels (regs, smem, head, rows, mma), DECODE_AUTO (unset, empty
+/* GDP_DECODE_STATE: one of the kernels (regs, smem, head, rows, mma, ring), DECODE_AUTO (unset, empty
  * or auto: the op chooses), or -1 for any other value (gdp_env_choice, src/internal.h). */
 constexpr int DECODE_AUTO = -2;
 int decode_state_choice() {
