@@ -1189,19 +1189,27 @@ size_t shared_optin_bytes(int device) {
     return cached[device] > 0 ? (size_t)cached[device] : 0;
 }
 
-/* The ring's stages for a launch: as many as the block's shared memory holds past its fixed area,
- * at most RING_MAX_STAGES; 0 if not even one fits. */
-template <int SDT, int KP, int NGW> int ring_stages(const RecurrentParams &p, int M, int device, RingLayout *layout) {
-    constexpr int BV = 32 * NGW;
-    *layout = RingLayout(p.S, M, KP, BV, (int)sizeof(typename StateStorage<SDT>::Bits), RING_CONSUMER_WARPS / NGW);
+/* The K-row split of the ring kernel (KS threads a column): GDP_DECODE_RING_KSPLIT = 1 | 2 (read at
+ * every launch; unset or empty: 1), -1 for any other value (refused by recurrent_run). */
+int ring_ksplit_choice() {
+    static const char *const spell[2] = {"1", "2"};
+    static const int value[2] = {1, 2};
+    return gdp_env_choice("GDP_DECODE_RING_KSPLIT", spell, value, 2, 1, nullptr);
+}
+
+/* The ring's stages for a launch of BV-column items, KS threads a column: as many as the block's
+ * shared memory holds past its fixed area, at most RING_MAX_STAGES; 0 if not even one fits. */
+template <int SDT, int KP> int ring_stages(const RecurrentParams &p, int M, int BV, int KS, int device, RingLayout *layout) {
+    *layout = RingLayout(p.S, M, KP, BV, (int)sizeof(typename StateStorage<SDT>::Bits),
+                         RING_CONSUMER_WARPS * 32 / (KS * BV), KS);
     const int64_t room = (int64_t)shared_optin_bytes(device) - layout->fixed;
     const int64_t n = room > 0 ? room / layout->stage_bytes : 0;
     return (int)(n < RING_MAX_STAGES ? n : RING_MAX_STAGES);
 }
 
-template <int SDT, int KP, int MT, int NGW>
+template <int SDT, int KP, int MT, int NGW, int KS>
 cudaError_t launch_recurrent_ring(const RecurrentParams &p, int device, cudaStream_t stream) {
-    constexpr int BV = 32 * NGW;
+    constexpr int BV = 32 * NGW / KS;
     RecurrentParams q = p;
     q.n_vblocks = p.V / BV;
     const int64_t items = p.B * p.H * q.n_vblocks;
@@ -1209,21 +1217,21 @@ cudaError_t launch_recurrent_ring(const RecurrentParams &p, int device, cudaStre
         return cudaErrorInvalidConfiguration;
     if (device < 0 || device >= 64)
         return cudaErrorInvalidDevice;
-    RingLayout layout(1, 1, KP, BV, 4, 1);
-    q.ring_stages = ring_stages<SDT, KP, NGW>(p, MT, device, &layout);
+    RingLayout layout(1, 1, KP, BV, 4, 1, 1);
+    q.ring_stages = ring_stages<SDT, KP>(p, MT, BV, KS, device, &layout);
     if (q.ring_stages < 1) /* ring_fit checks this first */
         return cudaErrorInvalidValue;
     const size_t bytes = (size_t)(layout.fixed + q.ring_stages * layout.stage_bytes);
     static int configured[64];
     const cudaError_t set =
-        opt_in_shared(recurrent_ring_kernel<SDT, KP, MT, NGW>, configured, device, shared_optin_bytes(device));
+        opt_in_shared(recurrent_ring_kernel<SDT, KP, MT, NGW, KS>, configured, device, shared_optin_bytes(device));
     if (set != cudaSuccess)
         return set;
     int sms = 0;
     if (gdp_device_sm_count(device, &sms) != cudaSuccess || sms <= 0)
         return cudaErrorInvalidDevice;
     const int64_t grid = items < sms ? items : sms; /* one block an SM, each looping over items */
-    recurrent_ring_kernel<SDT, KP, MT, NGW><<<(unsigned)grid, RING_THREADS, bytes, stream>>>(q);
+    recurrent_ring_kernel<SDT, KP, MT, NGW, KS><<<(unsigned)grid, RING_THREADS, bytes, stream>>>(q);
     const cudaError_t err = cudaGetLastError();
     if (err == cudaSuccess)
         __atomic_fetch_add(&decode_ring_calls, 1, __ATOMIC_RELAXED);
@@ -1249,30 +1257,34 @@ bool ring_fit(const RecurrentParams &p, int state_dtype, int device) {
           p.qkv_dtype == GDP_DTYPE_BF16 && aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned_to(p.g, 4) &&
           state_ok))
         return false;
-    const RingLayout L(p.S, p.steps_per_token, p.K, 32, (int)es, RING_CONSUMER_WARPS);
+    const RingLayout L(p.S, p.steps_per_token, p.K, 32, (int)es, RING_CONSUMER_WARPS, 1);
     return (int64_t)shared_optin_bytes(device) >= L.fixed + 2 * L.stage_bytes;
 }
 
-/* The ring kernel's value slice (32 NGW columns, one column a consumer thread): slice_cols over the
+/* The ring kernel's value slice (a group of KS cols / 32 warps an item): slice_cols over the
  * slices of at most 128 columns that V holds (ring_fit: V is a multiple of 32), and whose ring has
  * two stages. */
-template <int SDT, int KP> int ring_cols(const RecurrentParams &p, int device) {
+template <int SDT, int KP> int ring_cols(const RecurrentParams &p, int KS, int device) {
     return slice_cols(p, device, 32, [&](int cols) {
-        RingLayout L(1, 1, KP, 32, 4, 1);
-        const int stages = cols == 128   ? ring_stages<SDT, KP, 4>(p, p.steps_per_token, device, &L)
-                           : cols == 64  ? ring_stages<SDT, KP, 2>(p, p.steps_per_token, device, &L)
-                           : cols == 32  ? ring_stages<SDT, KP, 1>(p, p.steps_per_token, device, &L)
-                                         : 0;
-        return p.V % cols == 0 && stages >= 2;
+        RingLayout L(1, 1, KP, 32, 4, 1, 1);
+        return cols <= 128 && p.V % cols == 0 && ring_stages<SDT, KP>(p, p.steps_per_token, cols, KS, device, &L) >= 2;
     });
 }
+template <int SDT, int KP, int M, int KS>
+cudaError_t dispatch_ring_split(const RecurrentParams &p, int device, cudaStream_t stream) {
+    switch (ring_cols<SDT, KP>(p, KS, device)) {
+    case 128: return launch_recurrent_ring<SDT, KP, M, 4 * KS, KS>(p, device, stream);
+    case 64: return launch_recurrent_ring<SDT, KP, M, 2 * KS, KS>(p, device, stream);
+    default: return launch_recurrent_ring<SDT, KP, M, KS, KS>(p, device, stream);
+    }
+}
+/* K rows split over GDP_DECODE_RING_KSPLIT threads a column: 2 halves an item's serial chain (and its
+ * state registers) for a partial-sum exchange at the group's second barrier; 1 (the default until
+ * measured) keeps a whole column a thread. */
 template <int SDT, int KP, int M>
 cudaError_t dispatch_ring_cols(const RecurrentParams &p, int device, cudaStream_t stream) {
-    switch (ring_cols<SDT, KP>(p, device)) {
-    case 128: return launch_recurrent_ring<SDT, KP, M, 4>(p, device, stream);
-    case 64: return launch_recurrent_ring<SDT, KP, M, 2>(p, device, stream);
-    default: return launch_recurrent_ring<SDT, KP, M, 1>(p, device, stream);
-    }
+    return ring_ksplit_choice() == 2 ? dispatch_ring_split<SDT, KP, M, 2>(p, device, stream)
+                                     : dispatch_ring_split<SDT, KP, M, 1>(p, device, stream);
 }
 template <int SDT> cudaError_t dispatch_ring_kernel(const RecurrentParams &p, int device, cudaStream_t stream) {
     return with_k_and_m(p, [&](auto kp, auto m) { return dispatch_ring_cols<SDT, kp.value, m.value>(p, device, stream); });
@@ -1536,6 +1548,10 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
                  "gdp_decode_recurrent_norm: GDP_DECODE_END=%s is not known; use auto (or leave it unset or empty), "
                  "fused or split",
                  getenv("GDP_DECODE_END"));
+    if (ring_ksplit_choice() == -1)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE,
+                 "%s: GDP_DECODE_RING_KSPLIT=%s is not known; use 1 or 2 (or leave it unset or empty: 1)",
+                 fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_RING_KSPLIT"));
     if (rows_cols_choice() == -1)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
                  "%s: GDP_DECODE_ROWS_COLS=%s is not known; use 16, 32, 64 or 128 (or leave it unset, empty or auto: "

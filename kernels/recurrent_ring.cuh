@@ -23,7 +23,10 @@
  *   - a thread owns one value column: it reads its K state values from the stage into registers.
  *     Every sum over K is then in-thread: no shuffle, no block barrier; a group meets at two named
  *     barriers an item (its q, k and v converted to fp32 in the group's buffer and the stage read;
- *     the raw dot products, a warp each);
+ *     the raw dot products, a warp each). With GDP_DECODE_RING_KSPLIT=2 (KS = 2) two threads share
+ *     a column, K / 2 rows each, and add their partial sums (through shared memory, at the second
+ *     barrier, in a fixed order): half the serial chain an item and half the state registers, for
+ *     small batches, where that chain rather than the memory sets the time (NOTES-ops.md, v12);
  *   - the row kernel's closed form of a token's M steps per column (recurrent_rows.cuh), the outputs,
  *     the rank-M update in registers, snapshots and the final state stored from registers (a warp
  *     a 128-byte piece of a row for fp32).
@@ -48,17 +51,19 @@ struct RingMeta {
 
 /* The block's dynamic shared memory, in bytes from its start (host and device compute it alike):
  * the FULL mbarriers, the stages' issue counts (ring_wait), the stages' metadata, each group's two fp32 input buffers (by item
- * parity: q [S M][K], k [S M][K], v [S M][BV]) and dot areas, then the stages (state [K][BV] in
+ * parity: q [S M][K], k [S M][K], v [S M][BV]), dot areas and, with the K rows split over KS
+ * threads a column, partial-sum areas (by token parity: [KS][2 M][BV]), then the stages (state [K][BV] in
  * its dtype, raw bf16 q [S M][K], k [S M][K], v [S M][BV]). */
 struct RingLayout {
-    int64_t issued, meta, buffers, buffer_floats, dots, stages, stage_bytes, state_bytes, fixed;
-    __host__ __device__ RingLayout(int S, int M, int K, int BV, int state_es, int groups) {
+    int64_t issued, meta, buffers, buffer_floats, dots, parts, stages, stage_bytes, state_bytes, fixed;
+    __host__ __device__ RingLayout(int S, int M, int K, int BV, int state_es, int groups, int ks) {
         issued = RING_MAX_STAGES * 8;
         meta = issued + RING_MAX_STAGES * 4;
         buffers = meta + RING_MAX_STAGES * (int64_t)sizeof(RingMeta);
         buffer_floats = (int64_t)S * M * (2 * K + BV);
         dots = buffers + (int64_t)groups * 2 * buffer_floats * 4;
-        stages = (dots + (int64_t)groups * 2 * RING_DOT_FLOATS * 4 + 127) / 128 * 128;
+        parts = dots + (int64_t)groups * 2 * RING_DOT_FLOATS * 4;
+        stages = (parts + (ks > 1 ? (int64_t)groups * 2 * ks * 2 * RING_MAX_M * BV * 4 : 0) + 127) / 128 * 128;
         state_bytes = (int64_t)K * BV * state_es;
         stage_bytes = (state_bytes + (int64_t)S * M * (2 * K + BV) * 2 + 127) / 128 * 128;
         fixed = stages;
@@ -150,16 +155,16 @@ __device__ __forceinline__ int64_t ring_row(const RecurrentParams &p, int64_t i,
     return state_row(p, b);
 }
 
-/* Sums over the thread's K rows of the state column st against NV staged vectors, two chains a
+/* Sums over the thread's KH rows of the state column st against NV staged vectors, two chains a
  * vector (even and odd rows of each group of 4), added at the end. */
-template <int KP, int NV>
-__device__ __forceinline__ void ring_sums(const float (&st)[KP], const float *const (&vec)[2 * RING_MAX_M], float *out) {
+template <int KH, int NV>
+__device__ __forceinline__ void ring_sums(const float (&st)[KH], const float *const (&vec)[2 * RING_MAX_M], float *out) {
     float a[NV][2];
 #pragma unroll
     for (int v = 0; v < NV; v++)
         a[v][0] = a[v][1] = 0.0f;
 #pragma unroll
-    for (int r = 0; r < KP; r += 4) {
+    for (int r = 0; r < KH; r += 4) {
 #pragma unroll
         for (int v = 0; v < NV; v++) {
             const float4 x = *reinterpret_cast<const float4 *>(vec[v] + r);
@@ -174,22 +179,25 @@ __device__ __forceinline__ void ring_sums(const float (&st)[KP], const float *co
         out[v] = a[v][0] + a[v][1];
 }
 
-/* One consumer group: its items, one column a thread (col of the slice = the thread's index in
- * the group). */
-template <int SDT, int KP, int MT, int NGW>
+/* One consumer group of NGW warps: its items, KS threads a column (thread gt of the group: column
+ * gt % BV of the slice, rows KH (gt / BV) .. + KH of the K = KP rows). */
+template <int SDT, int KP, int MT, int NGW, int KS>
 __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned char *smem, const RingLayout &L,
                                              int group) {
     using Store = StateStorage<SDT>;
     using Bits = typename Store::Bits;
-    constexpr int BV = 32 * NGW, GT = 32 * NGW, NG = RING_CONSUMER_WARPS / NGW, M = MT;
+    constexpr int GT = 32 * NGW, BV = GT / KS, KH = KP / KS, NG = RING_CONSUMER_WARPS / NGW, M = MT;
+    static_assert(BV % 32 == 0 && KP % (4 * KS) == 0, "a warp's lanes are 32 columns of one row split");
     const RingMeta *meta = reinterpret_cast<const RingMeta *>(smem + L.meta);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp % NGW, gt = wg * 32 + lane;
+    const int c = gt % BV, r0 = KH * (gt / BV); /* the thread's column in the slice and first row */
     const int nst = p.ring_stages, S = p.S, n = S * M;
     const int64_t items = p.B * p.H * p.n_vblocks, step = gridDim.x;
     const int64_t KV = (int64_t)KP * p.V;
     const float eps = (float)GDP_L2NORM_EPS;
     float *const bufs = reinterpret_cast<float *>(smem + L.buffers) + (int64_t)group * 2 * L.buffer_floats;
     float *const dotss = reinterpret_cast<float *>(smem + L.dots) + group * 2 * RING_DOT_FLOATS;
+    float *const partss = reinterpret_cast<float *>(smem + L.parts) + group * 2 * KS * 2 * RING_MAX_M * BV;
     int parity = 0;   /* the input buffer: by item */
     int tok_count = 0; /* the dot area: by token (a fast warp writes the next token's while a slow one reads) */
     for (int64_t i = group, item = blockIdx.x + group * step; item < items; i += NG, item += NG * step, parity ^= 1) {
@@ -210,10 +218,10 @@ __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned 
         ring_wait(smem, L, i, nst);
         const RingMeta m = meta[st];
         const int64_t b = m.b, row = m.row;
-        const int h = m.h, col = m.vb * BV + gt;
+        const int h = m.h, col = m.vb * BV + c;
         const unsigned char *stage = smem + L.stages + st * L.stage_bytes;
         if (row_is_padding(p, row)) { /* -1: zero outputs of the column, no slot read or written */
-            for (int t = 0; t < p.T; t++)
+            for (int t = 0; t < p.T && r0 == 0; t++)
                 store_from_float(p.o, p.o_dtype, ((b * p.T + t) * p.H + h) * p.V + col, 0.0f);
             bar_sync(1 + group, GT); /* every warp of the group past the stage's metadata */
             if (wg == 0 && blockIdx.x + (i + nst) * step < items) /* the stage's next item */
@@ -228,12 +236,12 @@ __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned 
             const float2 v = StateStorage<GDP_DTYPE_BF16>::unpack2(raw[x]);
             buf[2 * x] = v.x, buf[2 * x + 1] = v.y;
         }
-        /* the state column */
-        float s[KP];
+        /* the thread's part of the state column */
+        float s[KH];
         if (p.state_in != nullptr) {
-            const Bits *cells = reinterpret_cast<const Bits *>(stage) + gt;
+            const Bits *cells = reinterpret_cast<const Bits *>(stage) + r0 * BV + c;
 #pragma unroll
-            for (int r = 0; r < KP; r++) {
+            for (int r = 0; r < KH; r++) {
                 if constexpr (sizeof(Bits) == 4)
                     s[r] = __uint_as_float(cells[r * BV]);
                 else
@@ -241,7 +249,7 @@ __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned 
             }
         } else {
 #pragma unroll
-            for (int r = 0; r < KP; r++)
+            for (int r = 0; r < KH; r++)
                 s[r] = 0.0f;
         }
         bar_sync(1 + group, GT); /* B1: the buffer complete; every thread of the group past the stage */
@@ -277,18 +285,37 @@ __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned 
 #pragma unroll
             for (int v = 0; v < 2 * RING_MAX_M; v++) {
                 const int idx = min(v, nvec - 1);
-                vec[v] = idx < M ? ks + idx * KP : qs + rows_nth_bit(qmask, idx - M) * KP;
+                vec[v] = (idx < M ? ks + idx * KP : qs + rows_nth_bit(qmask, idx - M) * KP) + r0;
             }
             float sums[2 * RING_MAX_M];
             switch (nvec) {
-            case 1: ring_sums<KP, 1>(s, vec, sums); break;
-            case 2: ring_sums<KP, 2>(s, vec, sums); break;
-            case 3: ring_sums<KP, 3>(s, vec, sums); break;
-            case 4: ring_sums<KP, 4>(s, vec, sums); break;
-            case 5: ring_sums<KP, 5>(s, vec, sums); break;
-            default: ring_sums<KP, 6>(s, vec, sums); break;
+            case 1: ring_sums<KH, 1>(s, vec, sums); break;
+            case 2: ring_sums<KH, 2>(s, vec, sums); break;
+            case 3: ring_sums<KH, 3>(s, vec, sums); break;
+            case 4: ring_sums<KH, 4>(s, vec, sums); break;
+            case 5: ring_sums<KH, 5>(s, vec, sums); break;
+            default: ring_sums<KH, 6>(s, vec, sums); break;
             }
-            bar_sync(1 + group, GT); /* B2: the dots complete */
+            float *const parts = partss + (tok_count & 1) * KS * 2 * RING_MAX_M * BV; /* [KS][2M][BV] */
+            if constexpr (KS > 1) {
+#pragma unroll
+                for (int v = 0; v < 2 * RING_MAX_M; v++)
+                    if (v < nvec)
+                        parts[((gt / BV) * 2 * RING_MAX_M + v) * BV + c] = sums[v];
+            }
+            bar_sync(1 + group, GT); /* B2: the dots (and the partial sums) complete */
+            if constexpr (KS > 1) { /* the column's sums over all K rows, the splits in order */
+#pragma unroll
+                for (int v = 0; v < 2 * RING_MAX_M; v++) {
+                    if (v >= nvec)
+                        break;
+                    float total = parts[v * BV + c];
+#pragma unroll
+                    for (int k = 1; k < KS; k++)
+                        total += parts[(k * 2 * RING_MAX_M + v) * BV + c];
+                    sums[v] = total;
+                }
+            }
 
             /* Per column: deltas and outputs in closed form (recurrent_rows.cuh's, one column). */
             const float *kk = dots, *kq = dots + M * M, *qq = dots + 2 * M * M;
@@ -304,7 +331,7 @@ __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned 
                     pj[j] *= a;
                 pj[t] = 1.0f;
                 fk[t] = p.l2norm ? 1.0f / sqrtf(kk[t * M + t] + eps) : 1.0f;
-                d[t] = fmaf(-(p0 * fk[t]), sums[t], vs[t * BV + gt]);
+                d[t] = fmaf(-(p0 * fk[t]), sums[t], vs[t * BV + c]);
 #pragma unroll
                 for (int j = 0; j < t; j++) {
                     const float cj = pj[j] * fk[j] * fk[t] * kk[j * M + t];
@@ -322,7 +349,8 @@ __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned 
                         o = fmaf(cj, d[j], o);
                     }
                 }
-                store_from_float(p.o, p.o_dtype, ((b * p.T + tok * M + t) * p.H + h) * p.V + col, o);
+                if (r0 == 0) /* the column's first split writes its outputs */
+                    store_from_float(p.o, p.o_dtype, ((b * p.T + tok * M + t) * p.H + h) * p.V + col, o);
             }
             /* The rank-M update: S <- P(-1, M-1) S + sum_j k_j e_j, e_j = P(j, M-1) f_j d_j. */
 #pragma unroll
@@ -330,11 +358,11 @@ __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned 
                 d[j] *= pj[j] * fk[j];
             const bool decayed = p0 != 1.0f;
 #pragma unroll
-            for (int r = 0; r < KP; r += 4) {
+            for (int r = 0; r < KH; r += 4) {
                 float4 kv[RING_MAX_M];
 #pragma unroll
                 for (int j = 0; j < M; j++)
-                    kv[j] = *reinterpret_cast<const float4 *>(ks + j * KP + r);
+                    kv[j] = *reinterpret_cast<const float4 *>(ks + j * KP + r0 + r);
                 if (decayed)
 #pragma unroll
                     for (int c = 0; c < 4; c++)
@@ -348,36 +376,36 @@ __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned 
                 }
             }
             if (p.inter != nullptr) { /* the snapshot after this token, in the state's dtype */
-                Bits *snap = static_cast<Bits *>(p.inter) + ((row * S + tok) * p.H + h) * KV + col;
+                Bits *snap = static_cast<Bits *>(p.inter) + ((row * S + tok) * p.H + h) * KV + (int64_t)r0 * p.V + col;
 #pragma unroll
-                for (int r = 0; r < KP; r++)
+                for (int r = 0; r < KH; r++)
                     snap[(int64_t)r * p.V] = Store::from_float(s[r]);
             }
         }
         /* The final state: back into the slot (its dtype), or dense fp32. */
         if (p.state_out != nullptr) {
-            const int64_t base = row * p.out_stride_row + h * p.out_stride_head + col;
+            const int64_t base = row * p.out_stride_row + h * p.out_stride_head + (int64_t)r0 * p.V + col;
             if (SDT == GDP_DTYPE_FP32 || p.out_fp32) {
                 float *out = static_cast<float *>(p.state_out) + base;
 #pragma unroll
-                for (int r = 0; r < KP; r++)
+                for (int r = 0; r < KH; r++)
                     out[(int64_t)r * p.V] = s[r];
             } else {
                 Bits *out = static_cast<Bits *>(p.state_out) + base;
 #pragma unroll
-                for (int r = 0; r < KP; r++)
+                for (int r = 0; r < KH; r++)
                     out[(int64_t)r * p.V] = Store::from_float(s[r]);
             }
         }
     }
 }
 
-template <int SDT, int KP, int MT, int NGW>
+template <int SDT, int KP, int MT, int NGW, int KS>
 __global__ void __launch_bounds__(RING_THREADS, 1) recurrent_ring_kernel(const RecurrentParams p) {
     pdl_trigger();
-    constexpr int BV = 32 * NGW, NG = RING_CONSUMER_WARPS / NGW;
+    constexpr int BV = 32 * NGW / KS, NG = RING_CONSUMER_WARPS / NGW;
     extern __shared__ __align__(128) unsigned char ring_smem[];
-    const RingLayout L(p.S, MT, KP, BV, (int)sizeof(typename StateStorage<SDT>::Bits), NG);
+    const RingLayout L(p.S, MT, KP, BV, (int)sizeof(typename StateStorage<SDT>::Bits), NG, KS);
     uint64_t *full = reinterpret_cast<uint64_t *>(ring_smem);
     const int64_t items = p.B * p.H * p.n_vblocks;
     const int nst = p.ring_stages;
@@ -395,5 +423,5 @@ __global__ void __launch_bounds__(RING_THREADS, 1) recurrent_ring_kernel(const R
             ring_issue<SDT, KP, BV>(p, ring_smem, L, blockIdx.x + (int64_t)st * gridDim.x,
                                     __shfl_sync(0xffffffffu, row, st), st, 0u);
     }
-    ring_consume<SDT, KP, MT, NGW>(p, ring_smem, L, (threadIdx.x >> 5) / NGW);
+    ring_consume<SDT, KP, MT, NGW, KS>(p, ring_smem, L, (threadIdx.x >> 5) / NGW);
 }

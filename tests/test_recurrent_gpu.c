@@ -306,24 +306,29 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
      * (recurrent_mma.cuh: the products on the tensor cores, in tf32 halves; its own slice, and
      * 16 columns a block), where they hold the shape (bf16 q, k, v; K 64 or 128), and ring and
      * ring32 (recurrent_ring.cuh: one column a thread, sums over K in-thread; its own slice, and 32
-     * columns a group). */
+     * columns a group), and both with the K rows split over two threads a column (/k2). */
     static const struct {
         const char *name, *state, *cols;
-        bool first; /* the reference of the runs after it: held to the CPU bar */
+        bool first;         /* the reference of the runs after it: held to the CPU bar */
+        const char *ksplit; /* GDP_DECODE_RING_KSPLIT */
     } kernels[] = {{"smem", "smem", NULL, true},    {"regs", "regs", NULL, false},  {"head", "head", NULL, false},
                    {"rows", "rows", "128", true},   {"rows", "rows", "128", false}, {"rows64", "rows", "64", true},
                    {"rows64", "rows", "64", false}, {"rows32", "rows", "32", true},  {"rows32", "rows", "32", false},
                    {"rows16", "rows", "16", true},  {"rows16", "rows", "16", false}, {"mma", "mma", NULL, true},
                    {"mma", "mma", NULL, false},     {"mma16", "mma", "16", true},   {"mma16", "mma", "16", false},
                    {"ring", "ring", NULL, true},    {"ring", "ring", NULL, false},  {"ring32", "ring", "32", true},
-                   {"ring32", "ring", "32", false}};
+                   {"ring32", "ring", "32", false}, {"ring/k2", "ring", NULL, true, "2"},
+                   {"ring/k2", "ring", NULL, false, "2"}, {"ring32/k2", "ring", "32", true, "2"},
+                   {"ring32/k2", "ring", "32", false, "2"}};
     gdp_recurrent_args base = {0};
     for (int kk = 0; kk < (int)(sizeof kernels / sizeof kernels[0]); kk++) {
         char *saved = test_env_swap("GDP_DECODE_STATE", kernels[kk].state);
         char *saved_cols = test_env_swap("GDP_DECODE_ROWS_COLS", kernels[kk].cols);
+        char *saved_split = test_env_swap("GDP_DECODE_RING_KSPLIT", kernels[kk].ksplit);
         if (c->cache)
             test_dev_put(&d.state, &before.state);
         CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &d));
+        test_env_restore("GDP_DECODE_RING_KSPLIT", saved_split);
         test_env_restore("GDP_DECODE_ROWS_COLS", saved_cols);
         test_env_restore("GDP_DECODE_STATE", saved);
         gdp_recurrent_args other = dec_host_clone(&before);
@@ -606,7 +611,8 @@ static void decode_end_vs_chain(test_rng *r, const dec_cfg *c, int64_t hpg, bool
 
 /* GDP_DECODE_END=sometimes: both entry points return INVALID_USAGE naming the variable and
  * the value, *fused stays false, and o, the cache and the norm output keep their bytes. */
-/* A decode switch with an unknown value (GDP_DECODE_STATE=fastest, GDP_DECODE_ROWS_COLS=96): the
+/* A decode switch with an unknown value (GDP_DECODE_STATE=fastest, GDP_DECODE_ROWS_COLS=96,
+ * GDP_DECODE_RING_KSPLIT=3): the
  * plain op is refused with INVALID_USAGE naming the variable, the value and an accepted one, and
  * writes nothing (o and the state keep their bytes). */
 static void decode_env_bad_value(test_rng *r, const dec_cfg *c, const char *var, const char *value,
@@ -794,17 +800,21 @@ static void decode_tests(test_rng *r) {
     /* And of the tensor-core kernel, on its own slice and on 16 columns; of the ring kernel, on
      * its own slice and on 32 columns. */
     static const struct {
-        const char *state, *cols;
-    } graph_kernels[] = {{"mma", NULL}, {"mma", "16"}, {"ring", NULL}, {"ring", "32"}};
-    for (int gk = 0; gk < 4; gk++) {
+        const char *state, *cols, *ksplit;
+    } graph_kernels[] = {{"mma", NULL, NULL}, {"mma", "16", NULL}, {"ring", NULL, NULL}, {"ring", "32", NULL},
+                         {"ring", NULL, "2"}, {"ring", "32", "2"}};
+    for (int gk = 0; gk < 6; gk++) {
         char *saved = test_env_swap("GDP_DECODE_STATE", graph_kernels[gk].state);
         char *saved_cols = test_env_swap("GDP_DECODE_ROWS_COLS", graph_kernels[gk].cols);
-        printf("GDP_DECODE_STATE=%s%s%s:\n", graph_kernels[gk].state, graph_kernels[gk].cols ? " GDP_DECODE_ROWS_COLS=" : "",
-               graph_kernels[gk].cols ? graph_kernels[gk].cols : "");
+        char *saved_split = test_env_swap("GDP_DECODE_RING_KSPLIT", graph_kernels[gk].ksplit);
+        printf("GDP_DECODE_STATE=%s%s%s%s%s:\n", graph_kernels[gk].state, graph_kernels[gk].cols ? " GDP_DECODE_ROWS_COLS=" : "",
+               graph_kernels[gk].cols ? graph_kernels[gk].cols : "",
+               graph_kernels[gk].ksplit ? " GDP_DECODE_RING_KSPLIT=" : "", graph_kernels[gk].ksplit ? graph_kernels[gk].ksplit : "");
         decode_graph(r, &cases[0]);
         decode_graph(r, &cases[12]);
         for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++)
             decode_tokens_vs_single(r, &multi[i]);
+        test_env_restore("GDP_DECODE_RING_KSPLIT", saved_split);
         test_env_restore("GDP_DECODE_ROWS_COLS", saved_cols);
         test_env_restore("GDP_DECODE_STATE", saved);
     }
@@ -850,6 +860,7 @@ static void decode_tests(test_rng *r) {
     decode_end_bad_value(r, &ends[6], 4);
     decode_env_bad_value(r, &cases[0], "GDP_DECODE_STATE", "fastest", "smem");
     decode_env_bad_value(r, &cases[0], "GDP_DECODE_ROWS_COLS", "96", "128");
+    decode_env_bad_value(r, &cases[0], "GDP_DECODE_RING_KSPLIT", "3", "2");
 }
 
 #endif /* GDP_HAVE_CUDA */
