@@ -60,17 +60,20 @@ pending_is_record() {
 }
 
 # decode_stage TEST_BIN BENCH_BIN LOG_DIR: test_recurrent_gpu, then gdp-bench ops --op decode under each
-# GDP_DECODE_STATE of GDP_CALL_DECODE_KERNELS (default "auto"), the list run twice in turn so that every
-# kernel meets the card in two states; logs recurrent_test.log and decode.log in LOG_DIR (launch/ab_call.sh
-# and launch/bin_call.sh, stage decode).
+# GDP_DECODE_STATE of GDP_CALL_DECODE_KERNELS (default "auto"; an entry KERNEL,VAR=VALUE,... also sets those
+# variables, e.g. ring,GDP_DECODE_RING_KSPLIT=2), the list run twice in turn so that every kernel meets the
+# card in two states; logs recurrent_test.log and decode.log in LOG_DIR (launch/ab_call.sh and
+# launch/bin_call.sh, stage decode).
 decode_stage() {
     local test_bin=$1 bench_bin=$2 logs=$3 st=0 kernel
     timeout 200 "$test_bin" >"$logs/recurrent_test.log" 2>&1 || st=$?
     echo "## test_recurrent_gpu: exit $st"
     grep -E "FAIL|checks|GDP_DECODE_STATE=" "$logs/recurrent_test.log" | head -30
     for kernel in ${GDP_CALL_DECODE_KERNELS:-auto} ${GDP_CALL_DECODE_KERNELS:-auto}; do
-        echo "## GDP_DECODE_STATE=$kernel"
-        GDP_DECODE_STATE=$kernel timeout 60 "$bench_bin" ops --op decode 2>&1 | grep -E "^decode|rror"
+        local -a vars
+        IFS=, read -r -a vars <<<"$kernel"
+        echo "## GDP_DECODE_STATE=${vars[0]}${vars[1]:+ ${vars[*]:1}}"
+        env GDP_DECODE_STATE="${vars[0]}" "${vars[@]:1}" timeout 60 "$bench_bin" ops --op decode 2>&1 | grep -E "^decode|rror"
     done | tee "$logs/decode.log"
 }
 
