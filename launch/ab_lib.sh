@@ -59,6 +59,21 @@ pending_is_record() {
     sed -n '1,/^diff --git/p' "$1" | grep -q '^Record:'
 }
 
+# with_decode_entry ENTRY COMMAND...: COMMAND under GDP_DECODE_STATE=KERNEL and the variables of a decode
+# kernel entry KERNEL[,VAR=VALUE...] (GDP_CALL_DECODE_KERNELS); decode_entry_name ENTRY: the entry as the logs
+# head it ("GDP_DECODE_STATE=ring GDP_DECODE_RING_KSPLIT=2").
+with_decode_entry() {
+    local -a vars
+    IFS=, read -r -a vars <<<"$1"
+    shift
+    env GDP_DECODE_STATE="${vars[0]}" "${vars[@]:1}" "$@"
+}
+decode_entry_name() {
+    local -a vars
+    IFS=, read -r -a vars <<<"$1"
+    echo "GDP_DECODE_STATE=${vars[0]}${vars[1]:+ ${vars[*]:1}}"
+}
+
 # decode_stage TEST_BIN BENCH_BIN LOG_DIR: test_recurrent_gpu, then gdp-bench ops --op decode under each
 # GDP_DECODE_STATE of GDP_CALL_DECODE_KERNELS (default "auto"; an entry KERNEL,VAR=VALUE,... also sets those
 # variables, e.g. ring,GDP_DECODE_RING_KSPLIT=2), the list run twice in turn so that every kernel meets the
@@ -70,10 +85,8 @@ decode_stage() {
     echo "## test_recurrent_gpu: exit $st"
     grep -E "FAIL|checks|GDP_DECODE_STATE=" "$logs/recurrent_test.log" | head -30
     for kernel in ${GDP_CALL_DECODE_KERNELS:-auto} ${GDP_CALL_DECODE_KERNELS:-auto}; do
-        local -a vars
-        IFS=, read -r -a vars <<<"$kernel"
-        echo "## GDP_DECODE_STATE=${vars[0]}${vars[1]:+ ${vars[*]:1}}"
-        env GDP_DECODE_STATE="${vars[0]}" "${vars[@]:1}" timeout 60 "$bench_bin" ops --op decode 2>&1 | grep -E "^decode|rror"
+        echo "## $(decode_entry_name "$kernel")"
+        with_decode_entry "$kernel" timeout 60 "$bench_bin" ops --op decode 2>&1 | grep -E "^decode|rror"
     done | tee "$logs/decode.log"
 }
 

@@ -25,6 +25,12 @@
 #               GDP_CALL_DECODE_KERNELS (default auto), the list twice (ab_lib.sh, decode_stage)
 #   decodeprof  the decode row kernel's ncu card by source line at B=256, fp32 and bf16 state
 #               (h200-suite.sh decodeprof)
+#   decodelayer the layer bench's graph-replayed decode rows (GDP_CALL_LAYER_BATCHES, default
+#               1,16,64,128,256; 2 layers of the issue 11 shape) under each GDP_CALL_DECODE_KERNELS entry
+#               (KERNEL[,VAR=VALUE...]) and state dtype of GDP_CALL_LAYER_STATES (default "fp32 bf16"), two
+#               rounds, through GDP_CALL_MPIRUN (default "mpirun -n 1")
+#   decodesan   compute-sanitizer memcheck and racecheck of test_recurrent_gpu on the kernels named
+#               GDP_CALL_DECODE_SAN_KERNEL (default recurrent_ring), GDP_CALL_SANITIZE_TIMEOUT seconds each
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -97,6 +103,31 @@ stage_sanitize() {
     done
 }
 stage_decode() { decode_stage "$build/tests/test_recurrent_gpu" "$build/examples/gdp-bench" "$out"; } # (ab_lib.sh)
+stage_decodelayer() {
+    local r kernel sdt
+    for r in 1 2; do
+        for kernel in ${GDP_CALL_DECODE_KERNELS:-auto}; do
+            for sdt in ${GDP_CALL_LAYER_STATES:-fp32 bf16}; do
+                echo "## round $r, $(decode_entry_name "$kernel"), -S $sdt"
+                with_decode_entry "$kernel" timeout 100 ${GDP_CALL_MPIRUN-mpirun -n 1} "$build/examples/gdp-bench" layer \
+                    -b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2 -S "$sdt" \
+                    -D "${GDP_CALL_LAYER_BATCHES:-1,16,64,128,256}" -P 64 2>&1 | grep -E "^ +decode|rror"
+            done
+        done
+    done | tee "$out/decode_layer.log"
+}
+stage_decodesan() {
+    local tool st
+    for tool in memcheck racecheck; do
+        st=0
+        timeout "${GDP_CALL_SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" \
+            --kernel-name "kns=${GDP_CALL_DECODE_SAN_KERNEL:-recurrent_ring}" --error-exitcode 86 \
+            "$build/tests/test_recurrent_gpu" >"$out/decode_san_$tool.log" 2>&1 || st=$?
+        echo "## compute-sanitizer --tool $tool test_recurrent_gpu (kns=${GDP_CALL_DECODE_SAN_KERNEL:-recurrent_ring}):" \
+            "exit $st (0 clean, 86 reports, 124 cut)"
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|checks," "$out/decode_san_$tool.log" | tail -3
+    done
+}
 stage_decodeprof() {
     local sdt
     ncu_sass recurrent_rows_kernel recurrent "$build/examples/gdp-bench"
