@@ -10,8 +10,8 @@
  * cycles). Both hold the state in registers across a token so that its bytes cross the SM once.
  *
  * Design:
- *   - a resident grid of one block an SM, RING_CONSUMER_WARPS warps in groups of BV / 32 warps; a
- *     group takes one item (request, head, slice of BV value columns) at a time, the block's items
+ *   - a resident grid of one block an SM, RING_CONSUMER_WARPS warps in groups of KS BV / 32 warps;
+ *     a group takes one item (request, head, slice of BV value columns) at a time, the block's items
  *     i = g, g + NG, ... to group g;
  *   - a ring of stages in shared memory, filled by the copy engine (cp.async.bulk: one copy for a
  *     whole-row item's state, else one a row; the raw q and k rows and the v slice of the item's
@@ -50,10 +50,10 @@ struct RingMeta {
 };
 
 /* The block's dynamic shared memory, in bytes from its start (host and device compute it alike):
- * the FULL mbarriers, the stages' issue counts (ring_wait), the stages' metadata, each group's two fp32 input buffers (by item
- * parity: q [S M][K], k [S M][K], v [S M][BV]), dot areas and, with the K rows split over KS
- * threads a column, partial-sum areas (by token parity: [KS][2 M][BV]), then the stages (state [K][BV] in
- * its dtype, raw bf16 q [S M][K], k [S M][K], v [S M][BV]). */
+ * the FULL mbarriers, the stages' issue counts (ring_wait), the stages' metadata, each group's two
+ * fp32 input buffers (by item parity: q [S M][K], k [S M][K], v [S M][BV]), dot areas and, with the
+ * K rows split over KS threads a column, partial-sum areas (by token parity: [KS][2 M][BV]), then the
+ * stages (state [K][BV] in its dtype, raw bf16 q [S M][K], k [S M][K], v [S M][BV]). */
 struct RingLayout {
     int64_t issued, meta, buffers, buffer_floats, dots, parts, stages, stage_bytes, state_bytes, fixed;
     __host__ __device__ RingLayout(int S, int M, int K, int BV, int state_es, int groups, int ks) {
@@ -71,8 +71,9 @@ struct RingLayout {
 };
 
 /* One warp issues block item i's copies into stage st, the stage's use-th use (item: its index in
- * the grid, row: its state row): the metadata and the stage's issue count, then the FULL arrival announcing the bytes (a plain arrival for a padding
- * row, which copies nothing), then the copies. Every lane calls it. */
+ * the grid, row: its state row): the metadata and the stage's issue count, then the FULL arrival
+ * announcing the bytes (a plain arrival for a padding row, which copies nothing), then the copies.
+ * Every lane calls it. */
 template <int SDT, int KP, int BV>
 __device__ __forceinline__ void ring_issue(const RecurrentParams &p, unsigned char *smem, const RingLayout &L,
                                            int64_t item, int64_t row, int st, uint32_t use) {
