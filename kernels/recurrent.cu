@@ -990,6 +990,82 @@ __device__ __forceinline__ bool token_dot(const float *qs, const float *ks, int 
     return true;
 }
 
+/* A token's M steps in closed form for the C value columns a thread holds (the row and ring
+ * kernels; recurrent_rows.cuh's file comment has the formulas). In: sum(v, u) gives the thread's
+ * columns of S^T k_v for v < M and of S^T q_t for the nonzero queries after them (v = M + their
+ * rank); the token's raw dots as token_dot lays them out; a[t] = exp(g) and beta[t] of each step;
+ * vcol(t, c) the v of step t at the thread's column c. Each step's output goes to out(t, o) (0 for a
+ * zero query); on return d holds the update's e_j = P(j, M-1) f_j d_j, and the result is P(-1, M-1). */
+template <int C, int MAXM, typename Sum, typename VCol, typename Out>
+__device__ __forceinline__ float token_closed_form(int M, unsigned qmask, const float *a, const float *beta,
+                                                   const float *dots, bool l2norm, float scale, Sum sum, VCol vcol,
+                                                   Out out, float (&d)[MAXM][C]) {
+    const float eps = (float)GDP_L2NORM_EPS;
+    const float *kk = dots, *kq = dots + M * M, *qq = dots + 2 * M * M;
+    float fk[MAXM], pj[MAXM];
+    float p0 = 1.0f; /* P(-1, t) */
+    int qrank = 0;
+#pragma unroll
+    for (int t = 0; t < MAXM; t++) {
+        if (t >= M)
+            break;
+        p0 *= a[t];
+#pragma unroll
+        for (int j = 0; j < t; j++)
+            pj[j] *= a[t];
+        pj[t] = 1.0f;
+        fk[t] = l2norm ? 1.0f / sqrtf(kk[t * M + t] + eps) : 1.0f;
+        float u[C];
+        sum(t, u);
+        const float cu = p0 * fk[t];
+#pragma unroll
+        for (int c = 0; c < C; c++)
+            d[t][c] = fmaf(-cu, u[c], vcol(t, c));
+#pragma unroll
+        for (int j = 0; j < t; j++) {
+            const float cj = pj[j] * fk[j] * fk[t] * kk[j * M + t];
+#pragma unroll
+            for (int c = 0; c < C; c++)
+                d[t][c] = fmaf(-cj, d[j][c], d[t][c]);
+        }
+        const float bt = beta[t];
+#pragma unroll
+        for (int c = 0; c < C; c++)
+            d[t][c] *= bt;
+        float o[C];
+#pragma unroll
+        for (int c = 0; c < C; c++)
+            o[c] = 0.0f;
+        if ((qmask >> t) & 1u) {
+            const float ht = (l2norm ? 1.0f / sqrtf(qq[t] + eps) : 1.0f) * scale;
+            sum(M + qrank, o);
+            qrank++;
+            const float cw = p0 * ht;
+#pragma unroll
+            for (int c = 0; c < C; c++)
+                o[c] *= cw;
+#pragma unroll
+            for (int j = 0; j <= t; j++) {
+                const float cj = pj[j] * fk[j] * ht * kq[j * M + t];
+#pragma unroll
+                for (int c = 0; c < C; c++)
+                    o[c] = fmaf(cj, d[j][c], o[c]);
+            }
+        }
+        out(t, o);
+    }
+#pragma unroll
+    for (int j = 0; j < MAXM; j++) {
+        if (j >= M)
+            break;
+        const float e = pj[j] * fk[j];
+#pragma unroll
+        for (int c = 0; c < C; c++)
+            d[j][c] *= e;
+    }
+    return p0;
+}
+
 #include "recurrent_rows.cuh" /* the row kernel (v10c): the default wherever it fits, GDP_DECODE_STATE=rows forces it */
 
 template <int SDT, int R, int LPR, int MT, int DT>

@@ -195,7 +195,6 @@ __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned 
     const int nst = p.ring_stages, S = p.S, n = S * M;
     const int64_t items = p.B * p.H * p.n_vblocks, step = gridDim.x;
     const int64_t KV = (int64_t)KP * p.V;
-    const float eps = (float)GDP_L2NORM_EPS;
     float *const bufs = reinterpret_cast<float *>(smem + L.buffers) + (int64_t)group * 2 * L.buffer_floats;
     float *const dotss = reinterpret_cast<float *>(smem + L.dots) + group * 2 * RING_DOT_FLOATS;
     float *const partss = reinterpret_cast<float *>(smem + L.parts) + group * 2 * KS * 2 * RING_MAX_M * BV;
@@ -318,45 +317,21 @@ __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned 
                 }
             }
 
-            /* Per column: deltas and outputs in closed form (recurrent_rows.cuh's, one column). */
-            const float *kk = dots, *kq = dots + M * M, *qq = dots + 2 * M * M;
-            float d[RING_MAX_M], fk[RING_MAX_M], pj[RING_MAX_M];
-            float p0 = 1.0f; /* P(-1, t) */
-            int qrank = 0;
+            /* Per column: deltas and outputs in closed form (token_closed_form, one column). */
+            float a[RING_MAX_M];
 #pragma unroll
-            for (int t = 0; t < M; t++) {
-                const float a = p.g != nullptr ? expf(decay[t]) : 1.0f;
-                p0 *= a;
-#pragma unroll
-                for (int j = 0; j < t; j++)
-                    pj[j] *= a;
-                pj[t] = 1.0f;
-                fk[t] = p.l2norm ? 1.0f / sqrtf(kk[t * M + t] + eps) : 1.0f;
-                d[t] = fmaf(-(p0 * fk[t]), sums[t], vs[t * BV + c]);
-#pragma unroll
-                for (int j = 0; j < t; j++) {
-                    const float cj = pj[j] * fk[j] * fk[t] * kk[j * M + t];
-                    d[t] = fmaf(-cj, d[j], d[t]);
-                }
-                d[t] *= betas[t];
-                float o = 0.0f;
-                if ((qmask >> t) & 1u) {
-                    const float ht = (p.l2norm ? 1.0f / sqrtf(qq[t] + eps) : 1.0f) * p.scale;
-                    o = sums[M + qrank] * (p0 * ht);
-                    qrank++;
-#pragma unroll
-                    for (int j = 0; j <= t; j++) {
-                        const float cj = pj[j] * fk[j] * ht * kq[j * M + t];
-                        o = fmaf(cj, d[j], o);
-                    }
-                }
-                if (r0 == 0) /* the column's first split writes its outputs */
-                    store_from_float(p.o, p.o_dtype, ((b * p.T + tok * M + t) * p.H + h) * p.V + col, o);
-            }
-            /* The rank-M update: S <- P(-1, M-1) S + sum_j k_j e_j, e_j = P(j, M-1) f_j d_j. */
-#pragma unroll
-            for (int j = 0; j < M; j++)
-                d[j] *= pj[j] * fk[j];
+            for (int t = 0; t < M; t++)
+                a[t] = p.g != nullptr ? expf(decay[t]) : 1.0f;
+            float d[RING_MAX_M][1];
+            const float p0 = token_closed_form<1, RING_MAX_M>(
+                M, qmask, a, betas, dots, p.l2norm != 0, p.scale, [&](int v, float(&u)[1]) { u[0] = sums[v]; },
+                [&](int t, int) { return vs[t * BV + c]; },
+                [&](int t, const float(&o)[1]) {
+                    if (r0 == 0) /* the column's first split writes its outputs */
+                        store_from_float(p.o, p.o_dtype, ((b * p.T + tok * M + t) * p.H + h) * p.V + col, o[0]);
+                },
+                d);
+            /* The rank-M update: S <- P(-1, M-1) S + sum_j k_j e_j (d holds e_j). */
             const bool decayed = p0 != 1.0f;
 #pragma unroll
             for (int r = 0; r < KH; r += 4) {
@@ -366,14 +341,14 @@ __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned 
                     kv[j] = *reinterpret_cast<const float4 *>(ks + j * KP + r0 + r);
                 if (decayed)
 #pragma unroll
-                    for (int c = 0; c < 4; c++)
-                        s[r + c] *= p0;
+                    for (int x = 0; x < 4; x++)
+                        s[r + x] *= p0;
 #pragma unroll
                 for (int j = 0; j < M; j++) {
-                    s[r] = fmaf(kv[j].x, d[j], s[r]);
-                    s[r + 1] = fmaf(kv[j].y, d[j], s[r + 1]);
-                    s[r + 2] = fmaf(kv[j].z, d[j], s[r + 2]);
-                    s[r + 3] = fmaf(kv[j].w, d[j], s[r + 3]);
+                    s[r] = fmaf(kv[j].x, d[j][0], s[r]);
+                    s[r + 1] = fmaf(kv[j].y, d[j][0], s[r + 1]);
+                    s[r + 2] = fmaf(kv[j].z, d[j][0], s[r + 2]);
+                    s[r + 3] = fmaf(kv[j].w, d[j][0], s[r + 3]);
                 }
             }
             if (p.inter != nullptr) { /* the snapshot after this token, in the state's dtype */
