@@ -1273,13 +1273,16 @@ int ring_ksplit_choice() {
     return gdp_env_choice("GDP_DECODE_RING_KSPLIT", spell, value, 2, 1, nullptr);
 }
 
-/* The ring's stages for a launch of BV-column items, KS threads a column: as many as the block's
- * shared memory holds past its fixed area, at most RING_MAX_STAGES; 0 if not even one fits. */
-template <int SDT, int KP> int ring_stages(const RecurrentParams &p, int M, int BV, int KS, int device, RingLayout *layout) {
-    *layout = RingLayout(p.S, M, KP, BV, (int)sizeof(typename StateStorage<SDT>::Bits),
-                         RING_CONSUMER_WARPS * 32 / (KS * BV), KS);
-    const int64_t room = (int64_t)shared_optin_bytes(device) - layout->fixed;
-    const int64_t n = room > 0 ? room / layout->stage_bytes : 0;
+/* The ring kernel's shared memory for a launch of BV-column items, KS threads a column, a state of
+ * state_es bytes an element (its groups: the block's warps over KS BV / 32 warps a group). */
+RingLayout ring_layout(const RecurrentParams &p, int state_es, int BV, int KS) {
+    return RingLayout(p.S, p.steps_per_token, p.K, BV, state_es, RING_CONSUMER_WARPS * 32 / (KS * BV), KS);
+}
+/* The ring's stages: as many as the block's shared memory holds past the layout's fixed area, at
+ * most RING_MAX_STAGES; 0 if not even one fits. */
+int ring_stages(const RingLayout &layout, int device) {
+    const int64_t room = (int64_t)shared_optin_bytes(device) - layout.fixed;
+    const int64_t n = room > 0 ? room / layout.stage_bytes : 0;
     return (int)(n < RING_MAX_STAGES ? n : RING_MAX_STAGES);
 }
 
@@ -1293,8 +1296,8 @@ cudaError_t launch_recurrent_ring(const RecurrentParams &p, int device, cudaStre
         return cudaErrorInvalidConfiguration;
     if (device < 0 || device >= 64)
         return cudaErrorInvalidDevice;
-    RingLayout layout(1, 1, KP, BV, 4, 1, 1);
-    q.ring_stages = ring_stages<SDT, KP>(p, MT, BV, KS, device, &layout);
+    const RingLayout layout = ring_layout(p, (int)sizeof(typename StateStorage<SDT>::Bits), BV, KS);
+    q.ring_stages = ring_stages(layout, device);
     if (q.ring_stages < 1) /* ring_fit checks this first */
         return cudaErrorInvalidValue;
     const size_t bytes = (size_t)(layout.fixed + q.ring_stages * layout.stage_bytes);
@@ -1333,22 +1336,21 @@ bool ring_fit(const RecurrentParams &p, int state_dtype, int device) {
           p.qkv_dtype == GDP_DTYPE_BF16 && aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned_to(p.g, 4) &&
           state_ok))
         return false;
-    const RingLayout L(p.S, p.steps_per_token, p.K, 32, (int)es, RING_CONSUMER_WARPS, 1);
-    return (int64_t)shared_optin_bytes(device) >= L.fixed + 2 * L.stage_bytes;
+    return ring_stages(ring_layout(p, (int)es, 32, 1), device) >= 2;
 }
 
 /* The ring kernel's value slice (a group of KS cols / 32 warps an item): slice_cols over the
  * slices of at most 128 columns that V holds (ring_fit: V is a multiple of 32), and whose ring has
  * two stages. */
-template <int SDT, int KP> int ring_cols(const RecurrentParams &p, int KS, int device) {
+template <int SDT> int ring_cols(const RecurrentParams &p, int KS, int device) {
     return slice_cols(p, device, 32, [&](int cols) {
-        RingLayout L(1, 1, KP, 32, 4, 1, 1);
-        return cols <= 128 && p.V % cols == 0 && ring_stages<SDT, KP>(p, p.steps_per_token, cols, KS, device, &L) >= 2;
+        return cols <= 128 && p.V % cols == 0 &&
+               ring_stages(ring_layout(p, (int)sizeof(typename StateStorage<SDT>::Bits), cols, KS), device) >= 2;
     });
 }
 template <int SDT, int KP, int M, int KS>
 cudaError_t dispatch_ring_split(const RecurrentParams &p, int device, cudaStream_t stream) {
-    switch (ring_cols<SDT, KP>(p, KS, device)) {
+    switch (ring_cols<SDT>(p, KS, device)) {
     case 128: return launch_recurrent_ring<SDT, KP, M, 4 * KS, KS>(p, device, stream);
     case 64: return launch_recurrent_ring<SDT, KP, M, 2 * KS, KS>(p, device, stream);
     default: return launch_recurrent_ring<SDT, KP, M, KS, KS>(p, device, stream);

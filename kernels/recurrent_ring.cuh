@@ -145,6 +145,18 @@ __device__ __forceinline__ void ring_wait(unsigned char *smem, const RingLayout 
     mbar_wait(reinterpret_cast<uint64_t *>(smem) + st, (int)(use & 1));
 }
 
+/* exp's argument g and beta of the M steps of request b's token tok at head h (0 and 1 without them). */
+template <int M>
+__device__ __forceinline__ void ring_gates(const RecurrentParams &p, int64_t b, int h, int tok, float (&decay)[RING_MAX_M],
+                                           float (&betas)[RING_MAX_M]) {
+#pragma unroll
+    for (int t = 0; t < M; t++) {
+        const int64_t bth = (b * p.T + tok * M + t) * p.H + h;
+        decay[t] = p.g != nullptr ? p.g[bth] : 0.0f;
+        betas[t] = p.beta != nullptr ? load_as_float(p.beta, p.beta_dtype, bth) : 1.0f;
+    }
+}
+
 /* The state row of the block's item i (its grid index blockIdx.x + i gridDim.x), -1 past the end. */
 __device__ __forceinline__ int64_t ring_row(const RecurrentParams &p, int64_t i, int64_t items) {
     const int64_t item = blockIdx.x + i * gridDim.x;
@@ -209,12 +221,7 @@ __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned 
         int hi, vbi;
         item_coords(p, item, bi, hi, vbi);
         float decay[RING_MAX_M], betas[RING_MAX_M];
-#pragma unroll
-        for (int t = 0; t < M; t++) {
-            const int64_t bth = (bi * p.T + t) * p.H + hi;
-            decay[t] = p.g != nullptr ? p.g[bth] : 0.0f;
-            betas[t] = p.beta != nullptr ? load_as_float(p.beta, p.beta_dtype, bth) : 1.0f;
-        }
+        ring_gates<M>(p, bi, hi, 0, decay, betas);
         ring_wait(smem, L, i, nst);
         const RingMeta m = meta[st];
         const int64_t b = m.b, row = m.row;
@@ -263,14 +270,8 @@ __device__ __forceinline__ void ring_consume(const RecurrentParams &p, unsigned 
         for (int tok = 0; tok < S; tok++, tok_count++) {
             float *const dots = dotss + (tok_count & 1) * RING_DOT_FLOATS;
             const float *qs = qs0 + tok * M * KP, *ks = ks0 + tok * M * KP, *vs = vs0 + tok * M * BV;
-            if (tok > 0) {
-#pragma unroll
-                for (int t = 0; t < M; t++) {
-                    const int64_t bth = (b * p.T + tok * M + t) * p.H + h;
-                    decay[t] = p.g != nullptr ? p.g[bth] : 0.0f;
-                    betas[t] = p.beta != nullptr ? load_as_float(p.beta, p.beta_dtype, bth) : 1.0f;
-                }
-            }
+            if (tok > 0)
+                ring_gates<M>(p, b, h, tok, decay, betas);
             /* which queries are nonzero (the same answer in every warp) */
             const unsigned qmask = token_query_mask<KP>(qs, M, lane);
             /* the raw dot products, a warp each: kk [j][t], kq [j][t] (j <= t), qq [t] */
