@@ -417,7 +417,6 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
     float *const tots = red + ROWS_WARPS * 2 * M * BV; /* [2][2M][BV] by token parity */
     float *const dotss = tots + 2 * (2 * M * BV);      /* [2][kk [M][M], kq [M][M], qq [M]] */
     const int64_t KV = (int64_t)K * p.V;
-    const float eps = (float)GDP_L2NORM_EPS;
 
     for (int s = 0; s < p.S; s++, tok++) {
         /* an offset, not an array of two pointers: a runtime index would put it in local memory */
@@ -430,15 +429,7 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
             rows_stage<KP, BV, MT, DT>(p, b, h, vb, s + 1, smem_rows + ((tok + 1) & 1) * stage_floats);
 
         /* Which queries are nonzero (the same answer in every warp). */
-        unsigned qmask = 0;
-        for (int t = 0; t < M; t++) {
-            bool nz = false;
-#pragma unroll
-            for (int x = 0; x < KP / 32; x++)
-                nz |= qs[t * KP + lane + 32 * x] != 0.0f;
-            if (__any_sync(0xffffffffu, nz))
-                qmask |= 1u << t;
-        }
+        const unsigned qmask = token_query_mask<KP>(qs, M, lane);
         const int nvec = M + __popc(qmask);
 
         /* Partial sums of S^T k_t and S^T q_t (nonzero t), ROWS_GROUP vectors a pass. */
@@ -459,26 +450,8 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
         }
         /* The raw dot products, one warp each: kk [j][t], kq [j][t] (j <= t), qq [t]. */
         for (int f = warp; f < 2 * M * M + M; f += ROWS_WARPS) {
-            const float *x, *y;
-            bool need;
-            if (f < 2 * M * M) {
-                const int e = f % (M * M), j = e / M, t = e - j * M;
-                need = j <= t && (f < M * M || ((qmask >> t) & 1u));
-                x = ks + j * KP;
-                y = f < M * M ? ks + t * KP : qs + t * KP;
-            } else {
-                const int t = f - 2 * M * M;
-                need = (qmask >> t) & 1u;
-                x = y = qs + t * KP;
-            }
-            if (!need)
-                continue; /* never read (a zero query's output is 0) */
-            float acc = 0.0f;
-#pragma unroll
-            for (int xx = 0; xx < KP / 32; xx++)
-                acc = fmaf(x[lane + 32 * xx], y[lane + 32 * xx], acc);
-            acc = warp_sum(acc);
-            if (lane == 0)
+            float acc;
+            if (token_dot<KP>(qs, ks, M, qmask, f, lane, acc) && lane == 0)
                 dots[f] = acc;
         }
         __syncthreads(); /* B2: partials and dots complete (and every thread past the last token) */
@@ -489,76 +462,24 @@ __device__ __forceinline__ void rows_item(const RecurrentParams &p, int64_t b, i
         }
         __syncthreads(); /* B3: the totals complete (and the next item's inputs staged) */
 
-        /* Per column: deltas and outputs in closed form (every thread for its 4 columns). */
-        const float *kk = dots, *kq = dots + M * M, *qq = dots + 2 * M * M;
-        float d[ROWS_MAX_M][4], fk[ROWS_MAX_M], pj[ROWS_MAX_M];
-        float p0 = 1.0f; /* P(-1, t) */
-        int qrank = 0;
+        /* Per column: deltas and outputs in closed form (token_closed_form, 4 columns a thread). */
+        float d[ROWS_MAX_M][4];
+        const float p0 = token_closed_form<4, ROWS_MAX_M>(
+            M, qmask, decay, betas, dots, p.l2norm != 0, p.scale,
+            [&](int v, float(&u)[4]) { rows_total<BV>(tot, v, c0, u); }, [&](int t, int c) { return vs[t * BV + c0 + c]; },
+            [&](int t, float(&o)[4]) {
+                if (warp == t % ROWS_WARPS && lane < LPR) {
+                    const int64_t o_off = ((b * p.T + s * M + t) * p.H + h) * p.V + col;
+                    if (DT >= 0) /* o 16-byte aligned (launch_rows_spec), col a multiple of 4 */
+                        store_vec_from_float<4>(p.o, odt, o_off, o);
+                    else
 #pragma unroll
-        for (int t = 0; t < ROWS_MAX_M; t++) {
-            if (t >= M)
-                break;
-            const float a = decay[t];
-            p0 *= a;
-#pragma unroll
-            for (int j = 0; j < t; j++)
-                pj[j] *= a;
-            pj[t] = 1.0f;
-            fk[t] = p.l2norm ? 1.0f / sqrtf(kk[t * M + t] + eps) : 1.0f;
-            float u[4];
-            rows_total<BV>(tot, t, c0, u);
-            const float cu = p0 * fk[t];
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-                d[t][c] = fmaf(-cu, u[c], vs[t * BV + c0 + c]);
-#pragma unroll
-            for (int j = 0; j < t; j++) {
-                const float cj = pj[j] * fk[j] * fk[t] * kk[j * M + t];
-#pragma unroll
-                for (int c = 0; c < 4; c++)
-                    d[t][c] = fmaf(-cj, d[j][c], d[t][c]);
-            }
-            const float bt = betas[t];
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-                d[t][c] *= bt;
-            float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if ((qmask >> t) & 1u) {
-                const float ht = (p.l2norm ? 1.0f / sqrtf(qq[t] + eps) : 1.0f) * p.scale;
-                rows_total<BV>(tot, M + qrank, c0, o);
-                qrank++;
-                const float cw = p0 * ht;
-#pragma unroll
-                for (int c = 0; c < 4; c++)
-                    o[c] *= cw;
-#pragma unroll
-                for (int j = 0; j <= t; j++) {
-                    const float cj = pj[j] * fk[j] * ht * kq[j * M + t];
-#pragma unroll
-                    for (int c = 0; c < 4; c++)
-                        o[c] = fmaf(cj, d[j][c], o[c]);
+                        for (int c = 0; c < 4; c++)
+                            store_from_float(p.o, odt, o_off + c, o[c]);
                 }
-            }
-            if (warp == t % ROWS_WARPS && lane < LPR) {
-                const int64_t o_off = ((b * p.T + s * M + t) * p.H + h) * p.V + col;
-                if (DT >= 0) /* o 16-byte aligned (launch_rows_spec), col a multiple of 4 */
-                    store_vec_from_float<4>(p.o, odt, o_off, o);
-                else
-#pragma unroll
-                    for (int c = 0; c < 4; c++)
-                        store_from_float(p.o, odt, o_off + c, o[c]);
-            }
-        }
-        /* The rank-M update: S <- P(-1, M-1) S + sum_j k_j e_j^T, e_j = P(j, M-1) f_j d_j. */
-#pragma unroll
-        for (int j = 0; j < ROWS_MAX_M; j++) {
-            if (j >= M)
-                break;
-            const float e = pj[j] * fk[j];
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-                d[j][c] *= e;
-        }
+            },
+            d);
+        /* The rank-M update: S <- P(-1, M-1) S + sum_j k_j e_j^T (d holds e_j = P(j, M-1) f_j d_j). */
         const bool decayed = p0 != 1.0f;
         Bits *snap = p.inter != nullptr ? static_cast<Bits *>(p.inter) + ((row * p.S + s) * p.H + h) * KV : nullptr;
         constexpr int N = rows_vec<R>();
