@@ -90,7 +90,11 @@ __device__ __forceinline__ void ring_issue(const RecurrentParams &p, unsigned ch
     if (lane == 0) {
         meta[st] = RingMeta{b, row, h, vb};
         uint32_t *issued = reinterpret_cast<uint32_t *>(smem + L.issued) + st;
-        asm volatile("st.release.cta.shared.u32 [%0], %1;\n" ::"r"(smem_u32(issued)), "r"(use + 1) : "memory");
+        uint32_t was; /* an atomic, as the consumer's read: a release and an acquire on one word (racecheck) */
+        asm volatile("atom.release.cta.shared.exch.b32 %0, [%1], %2;\n"
+                     : "=r"(was)
+                     : "r"(smem_u32(issued)), "r"(use + 1)
+                     : "memory");
         if (padding)
             mbar_arrive(&full[st]); /* nothing to copy: the group writes zero outputs */
         else
@@ -135,13 +139,16 @@ __device__ __forceinline__ void ring_wait(unsigned char *smem, const RingLayout 
     const int st = (int)(i % nst);
     const uint32_t use = (uint32_t)(i / nst);
     const uint32_t *issued = reinterpret_cast<const uint32_t *>(smem + L.issued) + st;
-    uint32_t seen;
-    for (;;) {
-        asm volatile("ld.acquire.cta.shared.u32 %0, [%1];\n" : "=r"(seen) : "r"(smem_u32(issued)) : "memory");
-        if (seen > use)
-            break;
-        __nanosleep(64);
+    if ((threadIdx.x & 31) == 0) { /* one lane a warp polls (an atomic read: 32 on one word would queue) */
+        uint32_t seen;
+        for (;;) {
+            asm volatile("atom.acquire.cta.shared.or.b32 %0, [%1], 0;\n" : "=r"(seen) : "r"(smem_u32(issued)) : "memory");
+            if (seen > use)
+                break;
+            __nanosleep(64);
+        }
     }
+    __syncwarp(); /* the warp's lanes after lane 0's acquire: each then waits on the phase itself */
     mbar_wait(reinterpret_cast<uint64_t *>(smem) + st, (int)(use & 1));
 }
 

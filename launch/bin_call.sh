@@ -29,8 +29,9 @@
 #               1,16,64,128,256; 2 layers of the issue 11 shape) under each GDP_CALL_DECODE_KERNELS entry
 #               (KERNEL[,VAR=VALUE...]) and state dtype of GDP_CALL_LAYER_STATES (default "fp32 bf16"), two
 #               rounds, through GDP_CALL_MPIRUN (default "mpirun -n 1")
-#   decodesan   compute-sanitizer memcheck and racecheck of test_recurrent_gpu on the kernels named
-#               GDP_CALL_DECODE_SAN_KERNEL (default recurrent_ring), GDP_CALL_SANITIZE_TIMEOUT seconds each
+#   decodesan   compute-sanitizer GDP_CALL_DECODE_SAN_TOOLS (default "memcheck racecheck") of test_recurrent_gpu
+#               on the kernels named GDP_CALL_DECODE_SAN_KERNEL (default recurrent_ring),
+#               GDP_CALL_SANITIZE_TIMEOUT seconds each
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -118,7 +119,7 @@ stage_decodelayer() {
 }
 stage_decodesan() {
     local tool st
-    for tool in memcheck racecheck; do
+    for tool in ${GDP_CALL_DECODE_SAN_TOOLS:-memcheck racecheck}; do
         st=0
         timeout "${GDP_CALL_SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" \
             --kernel-name "kns=${GDP_CALL_DECODE_SAN_KERNEL:-recurrent_ring}" --error-exitcode 86 \
