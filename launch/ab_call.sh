@@ -42,7 +42,10 @@
 # GDP_CALL_NGSRC_MODES (default auto: the norm-GEMV; under chain at two rows out_proj is cuBLASLt's); other kernels
 # and rows by GDP_CALL_NGSRC_KERNEL (a regex), GDP_CALL_NGSRC_D, _SKIP and _COUNT (launches skipped and profiled);
 # sampab (not by default), the sampling kernels of main and of tree GDP_CALL_SAMP_TREE: the tree's test_sampling_gpu,
-# then both trees' test_sampling_gpu --bench alternated (GDP_CALL_SAMP_ROUNDS); gemmfront (not by default), in_proj
+# then both trees' test_sampling_gpu --bench alternated (GDP_CALL_SAMP_ROUNDS); decodeab (not by default), a decode
+# kernel change: tree GDP_CALL_DAB_TREE's test_recurrent_gpu, then the decode op rows and the layer's decode rows
+# (GDP_CALL_DAB_BATCHES, fp32 and bf16 states) of main and the tree alternated under each GDP_CALL_DECODE_KERNELS
+# entry (GDP_CALL_DAB_ROUNDS); gemmfront (not by default), in_proj
 # with the decode front: test_conv1d_gpu, the layer and engine GPU tests under GDP_GEMM_FRONT=fused, then the
 # layer's decode rows GDP_CALL_GF_BATCHES (default 1,2,4,8) with cuBLASLt and the front (chain), the skinny GEMV and the front (skinny) and the one launch (fused), two rounds. The A/B
 # runs its prefill rows (which check their own results) before the trees' Hopper test paths, so a cut
@@ -173,6 +176,32 @@ stage_chunkab() { # a chunk-op change: tree GDP_CALL_CAB_TREE's test_chunk_gpu o
             timeout 120 "$P/$tree/bin/gdp-bench" ops --op prefill 2>&1 | grep -E "^prefill|chunk stages|rror|wrong"
         done
     done | tee "$OUT/cab_rows.log"
+}
+stage_decodeab() { # a decode-kernel change: tree GDP_CALL_DAB_TREE's test_recurrent_gpu, then gdp-bench ops --op decode
+    # of main and of the tree alternated under each GDP_CALL_DECODE_KERNELS entry (default auto; KERNEL[,VAR=VALUE...]
+    # as ab_lib.sh's decode_stage), then the layer bench's decode rows (GDP_CALL_DAB_BATCHES, default 1,64,256) with
+    # an fp32 and a bf16 state under the same entries, GDP_CALL_DAB_ROUNDS rounds (default 2)
+    local t=${GDP_CALL_DAB_TREE:?stage decodeab needs GDP_CALL_DAB_TREE, a tree of the pack} r tree kernel sdt
+    run_gpu_tests "$P/$t/bin" dab "b: " "1 test_recurrent_gpu"
+    for r in $(seq 1 "${GDP_CALL_DAB_ROUNDS:-2}"); do
+        for kernel in ${GDP_CALL_DECODE_KERNELS:-auto}; do
+            for tree in main "$t"; do
+                echo "## round $r tree $tree $(decode_entry_name "$kernel")"
+                with_decode_entry "$kernel" timeout 60 "$P/$tree/bin/gdp-bench" ops --op decode 2>&1 | grep -E "^decode|rror"
+            done
+        done
+    done | tee "$OUT/dab_ops.log"
+    for r in $(seq 1 "${GDP_CALL_DAB_ROUNDS:-2}"); do
+        for kernel in ${GDP_CALL_DECODE_KERNELS:-auto}; do
+            for sdt in fp32 bf16; do
+                for tree in main "$t"; do
+                    echo "## round $r tree $tree $(decode_entry_name "$kernel") -S $sdt"
+                    with_decode_entry "$kernel" timeout 90 mpirun -n 1 "$P/$tree/bin/gdp-bench" layer "${layer_shape[@]}" \
+                        -S "$sdt" -D "${GDP_CALL_DAB_BATCHES:-1,64,256}" -P 64 2>&1 | grep -E "^ +decode|rror|wrong"
+                done
+            done
+        done
+    done | tee "$OUT/dab_layer.log"
 }
 stage_sampab() { # the sampling kernels of main against tree GDP_CALL_SAMP_TREE: the tree's test_sampling_gpu, then
     # test_sampling_gpu --bench (stage 1 + 2, 256 rows) of both, alternated, GDP_CALL_SAMP_ROUNDS rounds (default 2)
