@@ -26,7 +26,8 @@
  *     the raw dot products, a warp each). With GDP_DECODE_RING_KSPLIT=2 (KS = 2) two threads share
  *     a column, K / 2 rows each, and add their partial sums (through shared memory, at the second
  *     barrier, in a fixed order): half the serial chain an item and half the state registers, for
- *     small batches, where that chain rather than the memory sets the time (NOTES-ops.md, v12);
+ *     small batches, where that chain rather than the memory sets the time (NOTES-ops.md, v12;
+ *     measured slower at every batch but B=1 on an H100, forty-second session: kept as an option);
  *   - the row kernel's closed form of a token's M steps per column (recurrent_rows.cuh), the outputs,
  *     the rank-M update in registers, snapshots and the final state stored from registers (a warp
  *     a 128-byte piece of a row for fp32).
