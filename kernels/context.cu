@@ -62,6 +62,10 @@ cudaError_t gdp_device_sm_count(int device, int *sms) {
     return cached_attribute<cudaDevAttrMultiProcessorCount>(device, sms);
 }
 
+cudaError_t gdp_device_shared_optin(int device, int *bytes) {
+    return cached_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device, bytes);
+}
+
 cudaError_t gdp_device_cc(int device, int *cc) {
     int major = 0, minor = 0;
     cudaError_t err = cached_attribute<cudaDevAttrComputeCapabilityMajor>(device, &major);

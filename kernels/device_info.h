@@ -15,5 +15,8 @@ cudaError_t gdp_device_sm_count(int device, int *sms);
  * way (the chunk op chooses its Hopper kernel and copy-engine copies by it on every call). The
  * runtime's error, with *cc = 0, when the query fails. */
 cudaError_t gdp_device_cc(int device, int *cc);
+/* The most dynamic shared memory a block of `device` may opt in to, in bytes, into *bytes, cached the
+ * same way (the decode ring kernel sizes its ring of stages by it on every call). */
+cudaError_t gdp_device_shared_optin(int device, int *bytes);
 
 #endif /* GDP_DEVICE_INFO_H */

@@ -1249,20 +1249,14 @@ template <typename Launch> cudaError_t with_k_and_m(const RecurrentParams &p, La
 /* Launches of the ring kernel (gdp_cuda_decode_ring_calls); relaxed: a test's counter. */
 long long decode_ring_calls = 0;
 
-/* The most dynamic shared memory a block of `device` may opt in to (0 if unknown), cached. */
+/* The most dynamic shared memory a block of `device` may opt in to (0 if unknown; device_info.h caches it). */
 size_t shared_optin_bytes(int device) {
-    static int cached[64];
-    if (device < 0 || device >= 64)
+    int v = 0;
+    if (gdp_device_shared_optin(device, &v) != cudaSuccess || v <= 0) {
+        (void)cudaGetLastError();
         return 0;
-    if (cached[device] == 0) {
-        int v = 0;
-        if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess || v <= 0) {
-            (void)cudaGetLastError();
-            v = -1;
-        }
-        cached[device] = v;
     }
-    return cached[device] > 0 ? (size_t)cached[device] : 0;
+    return (size_t)v;
 }
 
 /* The K-row split of the ring kernel (KS threads a column): GDP_DECODE_RING_KSPLIT = 1 | 2 (read at
