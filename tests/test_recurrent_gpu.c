@@ -311,13 +311,13 @@ static void decode_vs_cpu(test_rng *r, const dec_cfg *c) {
         const char *name, *state, *cols;
         bool first;         /* the reference of the runs after it: held to the CPU bar */
         const char *ksplit; /* GDP_DECODE_RING_KSPLIT */
-    } kernels[] = {{"smem", "smem", NULL, true},    {"regs", "regs", NULL, false},  {"head", "head", NULL, false},
-                   {"rows", "rows", "128", true},   {"rows", "rows", "128", false}, {"rows64", "rows", "64", true},
-                   {"rows64", "rows", "64", false}, {"rows32", "rows", "32", true},  {"rows32", "rows", "32", false},
-                   {"rows16", "rows", "16", true},  {"rows16", "rows", "16", false}, {"mma", "mma", NULL, true},
-                   {"mma", "mma", NULL, false},     {"mma16", "mma", "16", true},   {"mma16", "mma", "16", false},
-                   {"ring", "ring", NULL, true},    {"ring", "ring", NULL, false},  {"ring32", "ring", "32", true},
-                   {"ring32", "ring", "32", false}, {"ring/k2", "ring", NULL, true, "2"},
+    } kernels[] = {{"smem", "smem", NULL, true, NULL},    {"regs", "regs", NULL, false, NULL},  {"head", "head", NULL, false, NULL},
+                   {"rows", "rows", "128", true, NULL},   {"rows", "rows", "128", false, NULL}, {"rows64", "rows", "64", true, NULL},
+                   {"rows64", "rows", "64", false, NULL}, {"rows32", "rows", "32", true, NULL},  {"rows32", "rows", "32", false, NULL},
+                   {"rows16", "rows", "16", true, NULL},  {"rows16", "rows", "16", false, NULL}, {"mma", "mma", NULL, true, NULL},
+                   {"mma", "mma", NULL, false, NULL},     {"mma16", "mma", "16", true, NULL},   {"mma16", "mma", "16", false, NULL},
+                   {"ring", "ring", NULL, true, NULL},    {"ring", "ring", NULL, false, NULL},  {"ring32", "ring", "32", true, NULL},
+                   {"ring32", "ring", "32", false, NULL}, {"ring/k2", "ring", NULL, true, "2"},
                    {"ring/k2", "ring", NULL, false, "2"}, {"ring32/k2", "ring", "32", true, "2"},
                    {"ring32/k2", "ring", "32", false, "2"}};
     gdp_recurrent_args base = {0};
@@ -767,23 +767,6 @@ static void decode_tests(test_rng *r) {
     };
     for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++)
         decode_tokens_vs_single(r, &multi[i]);
-    /* The same two properties of the row kernel (it holds these shapes). */
-    {
-        char *saved = test_env_swap("GDP_DECODE_STATE", "rows");
-        printf("GDP_DECODE_STATE=rows:\n");
-        decode_graph(r, &cases[0]);
-        decode_graph(r, &cases[12]);
-        for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++)
-            decode_tokens_vs_single(r, &multi[i]);
-        /* and on 16-column slices, the small-batch tile */
-        char *saved_cols = test_env_swap("GDP_DECODE_ROWS_COLS", "16");
-        printf("GDP_DECODE_STATE=rows GDP_DECODE_ROWS_COLS=16:\n");
-        decode_graph(r, &cases[0]);
-        for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++)
-            decode_tokens_vs_single(r, &multi[i]);
-        test_env_restore("GDP_DECODE_ROWS_COLS", saved_cols);
-        test_env_restore("GDP_DECODE_STATE", saved);
-    }
     /* Where the tensor-core kernel runs: forced on a case it holds (fp32 cache, drafts); by
      * default on the bf16 cache of 48 x 16 heads, not on the fp32 one of 64 x 16 nor on the bf16
      * one of 5 x 2. */
@@ -797,13 +780,14 @@ static void decode_tests(test_rng *r) {
     decode_kernel_ran(r, &cases[14], "ring", gdp_cuda_decode_ring_calls, "ring kernel", true);
     decode_kernel_ran(r, &cases[2], "ring", gdp_cuda_decode_ring_calls, "ring kernel", false);
     decode_kernel_ran(r, &cases[11], NULL, gdp_cuda_decode_ring_calls, "ring kernel", false);
-    /* And of the tensor-core kernel, on its own slice and on 16 columns; of the ring kernel, on
-     * its own slice and on 32 columns. */
+    /* The same two properties of the row kernel (it holds these shapes), also on 16-column slices
+     * (the small-batch tile); of the tensor-core kernel, on its own slice and on 16 columns; of the
+     * ring kernel, on its own slice and on 32 columns, each also with the K split. */
     static const struct {
         const char *state, *cols, *ksplit;
-    } graph_kernels[] = {{"mma", NULL, NULL}, {"mma", "16", NULL}, {"ring", NULL, NULL}, {"ring", "32", NULL},
-                         {"ring", NULL, "2"}, {"ring", "32", "2"}};
-    for (int gk = 0; gk < 6; gk++) {
+    } graph_kernels[] = {{"rows", NULL, NULL}, {"rows", "16", NULL}, {"mma", NULL, NULL}, {"mma", "16", NULL},
+                         {"ring", NULL, NULL}, {"ring", "32", NULL}, {"ring", NULL, "2"}, {"ring", "32", "2"}};
+    for (int gk = 0; gk < (int)(sizeof graph_kernels / sizeof graph_kernels[0]); gk++) {
         char *saved = test_env_swap("GDP_DECODE_STATE", graph_kernels[gk].state);
         char *saved_cols = test_env_swap("GDP_DECODE_ROWS_COLS", graph_kernels[gk].cols);
         char *saved_split = test_env_swap("GDP_DECODE_RING_KSPLIT", graph_kernels[gk].ksplit);
