@@ -29,6 +29,9 @@
 #               1,16,64,128,256; 2 layers of the issue 11 shape) under each GDP_CALL_DECODE_KERNELS entry
 #               (KERNEL[,VAR=VALUE...]) and state dtype of GDP_CALL_LAYER_STATES (default "fp32 bf16"), two
 #               rounds, through GDP_CALL_MPIRUN (default "mpirun -n 1")
+#   layerprof   ncu's duration of every kernel of the layer bench's decode steps (GDP_CALL_PROF_BATCHES,
+#               default 64; 2 layers of the issue 11 shape), in launch order, under each GDP_CALL_DECODE_KERNELS
+#               entry, caches kept (--cache-control none) as in a replayed step, clocks free
 #   decodesan   compute-sanitizer GDP_CALL_DECODE_SAN_TOOLS (default "memcheck racecheck") of test_recurrent_gpu
 #               on the kernels named GDP_CALL_DECODE_SAN_KERNEL (default recurrent_ring),
 #               GDP_CALL_SANITIZE_TIMEOUT seconds each
@@ -116,6 +119,19 @@ stage_decodelayer() {
             done
         done
     done | tee "$out/decode_layer.log"
+}
+stage_layerprof() {
+    local kernel name
+    for kernel in ${GDP_CALL_DECODE_KERNELS:-auto}; do
+        name=$(decode_entry_name "$kernel")
+        echo "## $name, decode rows ${GDP_CALL_PROF_BATCHES:-64}"
+        with_decode_entry "$kernel" timeout 200 ncu --clock-control none --cache-control none \
+            --metrics gpu__time_duration.sum --csv "$build/examples/gdp-bench" layer -b cuda -d 2048 -l 2 -H 16 -g 4 \
+            -p 128 -n 128 -m 2 -D "${GDP_CALL_PROF_BATCHES:-64}" -P 64 -w 1 -i 1 -c 0 \
+            >"$out/layerprof_${name//[^A-Za-z0-9]/_}.csv" 2>"$out/layerprof_${name//[^A-Za-z0-9]/_}.err"
+        echo "ncu rc=$?"
+        python3 launch/ncu_durations.py --order "$out/layerprof_${name//[^A-Za-z0-9]/_}.csv"
+    done | tee "$out/layerprof.log"
 }
 stage_decodesan() {
     local tool st
