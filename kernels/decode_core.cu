@@ -28,6 +28,7 @@
 #include "conv1d_math.cuh"
 #include "dtype_access.cuh"
 #include "gdp_kernels.h"
+#include "pdl.cuh"
 #include "prepare_math.cuh"
 #include "src/cuda_check.h"
 #include "src/internal.h"
@@ -118,6 +119,10 @@ __device__ __forceinline__ void fast_conv(const CoreParams &p, int64_t b, int64_
 /* DT < 0: every dtype read from p (any combination the op allows); DT = a 16-bit dtype: the
  * fast conv above and that dtype compiled into every load and store. */
 template <int VEC, int DT> __global__ void __launch_bounds__(CORE_THREADS) decode_core_kernel(const CoreParams p) {
+    /* the layer's decode op launches as this kernel's programmatic dependent
+     * (gdp_cuda_recurrent_after_front): it may take its SMs and load its first states now, and
+     * reads what this kernel writes only after its pdl_wait */
+    pdl_trigger();
     constexpr int W = CORE_W;
     const gdp_dtype_t act = DT >= 0 ? static_cast<gdp_dtype_t>(DT) : p.act_dtype;
     const int64_t b = blockIdx.y;

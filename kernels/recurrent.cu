@@ -79,6 +79,10 @@ struct RecurrentParams {
     int l2norm;
     int64_t prefetch_distance; /* block b prefetches block b + this into L2 (0: off) */
     int32_t ring_stages;       /* the ring kernel's stages (launch_recurrent_ring) */
+    /* 1: the row and tensor-core kernels launch as programmatic dependents of the kernel ahead,
+     * which writes q, k, v, g and beta but never the state (the layer's decode front: gdp_cuda_
+     * recurrent_after_front); their first item's state load goes out before pdl_wait. */
+    int after_front;
     /* The fused grouped gated RMSNorm of the decode end (gdp_decode_recurrent_norm): the
      * last of a (request, norm group)'s blocks to finish normalizes the group's outputs. */
     int norm_on;             /* 0: no norm in this launch                                   */
@@ -1091,6 +1095,9 @@ cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStre
     /* a resident grid: every block loops over items (recurrent_rows.cuh) */
     const int64_t resident = resident_blocks(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, cache, device, most, ROWS_THREADS);
     const int64_t grid = rows_grid(items, resident, device);
+    if (q.after_front)
+        return launch_pdl(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, dim3((unsigned)grid), dim3(ROWS_THREADS), bytes,
+                          stream, q);
     recurrent_rows_kernel<SDT, R, LPR, MT, DT><<<(unsigned)grid, ROWS_THREADS, bytes, stream>>>(q);
     return cudaGetLastError();
 }
@@ -1148,8 +1155,13 @@ cudaError_t launch_recurrent_mma(const RecurrentParams &p, int device, cudaStrea
     const int64_t resident = resident_blocks(recurrent_mma_kernel<SDT, KP, M, NW>, resident_by_s[p.S], device, bytes,
                                              G::THREADS);
     const int64_t grid = rows_grid(items, resident, device);
-    recurrent_mma_kernel<SDT, KP, M, NW><<<(unsigned)grid, G::THREADS, bytes, stream>>>(q);
-    const cudaError_t err = cudaGetLastError();
+    cudaError_t err;
+    if (q.after_front) {
+        err = launch_pdl(recurrent_mma_kernel<SDT, KP, M, NW>, dim3((unsigned)grid), dim3(G::THREADS), bytes, stream, q);
+    } else {
+        recurrent_mma_kernel<SDT, KP, M, NW><<<(unsigned)grid, G::THREADS, bytes, stream>>>(q);
+        err = cudaGetLastError();
+    }
     if (err == cudaSuccess)
         __atomic_fetch_add(&decode_mma_calls, 1, __ATOMIC_RELAXED);
     return err;
@@ -1607,7 +1619,18 @@ bool fused_norm_fits(struct gdp_ctx *ctx, const gdp_recurrent_args *a, const Fus
     return true;
 }
 
-gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, const FusedNorm *fuse, bool *fused) {
+/* GDP_DECODE_PDL: whether the layer's decode op launches as the decode front's programmatic
+ * dependent (gdp_cuda_recurrent_after_front): on (unset or empty: the default) or off; -1 for any
+ * other value (refused by recurrent_run). */
+int decode_pdl_choice() {
+    static const char *const spell[2] = {"on", "off"};
+    static const int value[2] = {1, 0};
+    return gdp_env_choice("GDP_DECODE_PDL", spell, value, 2, 1, nullptr);
+}
+
+/* after_front: the call follows the layer's decode front on the stream (gdp_cuda_recurrent_after_front). */
+gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, const FusedNorm *fuse, bool *fused,
+                           bool after_front) {
     static const char *op = "gdp_fused_recurrent_gated_delta_rule_update";
     const int64_t B = a->q.shape[0], T = a->q.shape[1], H = a->q.shape[2], K = a->q.shape[3];
     const int64_t V = a->v.shape[3];
@@ -1624,6 +1647,9 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
                  "%s: GDP_DECODE_RING_KSPLIT=%s is not known; use 1 or 2 (or leave it unset or empty: 1)",
                  fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_RING_KSPLIT"));
+    if (decode_pdl_choice() == -1)
+        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: GDP_DECODE_PDL=%s is not known; use on or off (or leave it unset or empty: on)",
+                 fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_PDL"));
     if (rows_cols_choice() == -1)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
                  "%s: GDP_DECODE_ROWS_COLS=%s is not known; use 16, 32, 64 or 128 (or leave it unset, empty or auto: "
@@ -1663,6 +1689,7 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
     p.scale = a->scale != 0 ? (float)a->scale : (float)(1.0 / sqrt((double)K));
     p.l2norm = a->use_qk_l2norm_in_kernel != 0;
     p.tile_steps = (int32_t)(T < REC_TILE_STEPS ? T : REC_TILE_STEPS);
+    p.after_front = after_front && decode_pdl_choice() == 1;
 
     gdp_dtype_t state_dtype;
     if (cache) {
@@ -1724,13 +1751,17 @@ extern "C" long long gdp_cuda_decode_mma_calls(void) { return __atomic_load_n(&d
 extern "C" long long gdp_cuda_decode_ring_calls(void) { return __atomic_load_n(&decode_ring_calls, __ATOMIC_RELAXED); }
 
 extern "C" gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurrent_args *a) {
-    return recurrent_run(ctx, a, nullptr, nullptr);
+    return recurrent_run(ctx, a, nullptr, nullptr, false);
+}
+
+extern "C" gdp_status_t gdp_cuda_recurrent_after_front(struct gdp_ctx *ctx, const gdp_recurrent_args *a) {
+    return recurrent_run(ctx, a, nullptr, nullptr, true);
 }
 
 extern "C" gdp_status_t gdp_cuda_recurrent_norm(struct gdp_ctx *ctx, const gdp_recurrent_args *a, gdp_tensor *out,
                                                 const gdp_tensor *y, const gdp_tensor *z, const gdp_tensor *weight,
                                                 int64_t group_size, double eps, bool *fused) {
     const FusedNorm f = {out, y, z, weight, group_size, eps};
-    return recurrent_run(ctx, a, &f, fused);
+    return recurrent_run(ctx, a, &f, fused, false);
 }
 

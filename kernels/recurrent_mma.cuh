@@ -344,9 +344,13 @@ __global__ void __launch_bounds__(NW * 32, mma_min_blocks<NW>()) recurrent_mma_k
 #pragma unroll
     for (int x = 0; x < M; x++)
         beta[x] = next_beta[x] = 0u;
-    if (!row_is_padding(p, row)) {
-        mma_issue_inputs<KP, M, NW>(p, b, h, vb, area);
+    /* the first item's state before its inputs and pdl_wait (recurrent_rows_kernel's prologue) */
+    const bool first_real = !row_is_padding(p, row);
+    if (first_real)
         mma_issue_rows<SDT, KP, NW>(p, row, h, vb, rows);
+    pdl_wait();
+    if (first_real) {
+        mma_issue_inputs<KP, M, NW>(p, b, h, vb, area);
 #pragma unroll
         for (int x = 0; x < M; x++)
             beta[x] = rows_beta_bits(p, b, h, x);

@@ -570,9 +570,16 @@ __global__ void __launch_bounds__(ROWS_THREADS, ROWS_MIN_BLOCKS) recurrent_rows_
     item_coords(p, item, b, h, vb);
     int64_t row = state_row(p, b);
     uint32_t beta = 0u, next_beta = 0u; /* rows_beta_bits */
-    if (!row_is_padding(p, row)) {
-        rows_issue_inputs<BV, KP, MT, DT>(p, b, h, vb, raw);
+    /* The first item's state before its inputs: launched as the layer's decode front's programmatic
+     * dependent (p.after_front), the block reads what the front writes (q, k, v, g, beta) only after
+     * pdl_wait, and the state, which the front never writes, while the front still runs (a no-op
+     * wait on a plain launch). */
+    const bool first_real = !row_is_padding(p, row);
+    if (first_real)
         rows_issue_state<SDT, R, BV, G::ROUND, DT>(p, row, h, vb, rbase, c0, cells);
+    pdl_wait();
+    if (first_real) {
+        rows_issue_inputs<BV, KP, MT, DT>(p, b, h, vb, raw);
         if (tid < M)
             beta = rows_beta_bits(p, b, h, tid);
     }

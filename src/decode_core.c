@@ -1,7 +1,7 @@
 /*
  * decode_core.c: the layer's fused ops (decode_core.h): gdp_decode_conv_prepare (the decode
- * front), gdp_decode_recurrent_norm (the decode end) and gdp_prefill_conv_prepare (the prefill
- * front). Both ops' front-end checks run first, so a refused call is refused exactly as the two
+ * front), gdp_decode_recurrent_after_front (the decode op behind it), gdp_decode_recurrent_norm
+ * (the decode end) and gdp_prefill_conv_prepare (the prefill front). Both ops' front-end checks run first, so a refused call is refused exactly as the two
  * ops would refuse it and modifies nothing; then the fused CUDA launches (kernels/decode_core.cu,
  * kernels/recurrent.cu, kernels/conv1d.cu) when the step fits them, else the two ops in order.
  * gdp_norm_gemm (a norm and the projection that reads it) likewise, with kernels/gemv.cu, and
@@ -11,6 +11,7 @@
 #include "backend.h"
 #include "internal.h"
 #include "phase.h"
+#include "cpu/cpu_ops.h"
 
 #ifdef GDP_HAVE_CUDA
 #include "kernels/gdp_kernels.h"
@@ -97,6 +98,15 @@ gdp_status_t gdp_prefill_conv_prepare(gdp_ctx_t ctx, const gdp_conv1d_varlen_arg
 #endif
     GDP_CHECK(gdp_causal_conv1d_varlen(ctx, conv));
     return gdp_prefill_prepare(ctx, prep);
+}
+
+gdp_status_t gdp_decode_recurrent_after_front(gdp_ctx_t ctx, const gdp_recurrent_args *rec) {
+    GDP_CHECK(gdp_recurrent_check(ctx, rec));
+#ifdef GDP_HAVE_CUDA
+    if (ctx->backend == GDP_BACKEND_CUDA)
+        return gdp_cuda_recurrent_after_front(ctx, rec);
+#endif
+    return gdp_cpu_recurrent_update(rec);
 }
 
 gdp_status_t gdp_decode_recurrent_norm(gdp_ctx_t ctx, const gdp_recurrent_args *rec, gdp_tensor *out,

@@ -52,6 +52,15 @@ gdp_status_t gdp_prefill_conv_prepare(gdp_ctx_t ctx, const gdp_conv1d_varlen_arg
  * where they expect it). */
 bool gdp_prefill_conv_prepare_fuses(gdp_ctx_t ctx, const gdp_conv1d_varlen_args *conv, const gdp_prepare_args *prep);
 
+/* gdp_fused_recurrent_gated_delta_rule_update(rec), called by the layer's decode block right after
+ * its decode front (gdp_decode_conv_prepare, or the chain or in_proj epilogue that stands for it),
+ * which writes rec's q, k, v, g and beta and never its state: on CUDA the row and tensor-core
+ * kernels launch as programmatic dependents of the kernel ahead, take their SMs while it finishes
+ * and load their first states before they wait for its outputs (the same bits as the plain op;
+ * GDP_DECODE_PDL=off launches them plainly). A caller whose kernel ahead may write the state must
+ * call the plain op. */
+gdp_status_t gdp_decode_recurrent_after_front(gdp_ctx_t ctx, const gdp_recurrent_args *rec);
+
 /* gdp_fused_recurrent_gated_delta_rule_update(rec) then gdp_gated_rmsnorm(out, y, z, weight,
  * group_size, eps), where y is a row view [B, H*V] of rec->o's last Householder copy of each
  * request's token: the same outputs (o, the states, out) bit for bit. On CUDA, with one token

@@ -675,7 +675,7 @@ static gdp_status_t run_decode(struct gdp_layer *l, const gdp_step_metadata *m, 
     if (norm != NULL)
         return gdp_decode_recurrent_norm(l->ctx, &rc, &norm->out, &norm->y, &norm->z, &norm->weight,
                                          norm->group, norm->eps);
-    GDP_CHECK(gdp_fused_recurrent_gated_delta_rule_update(l->ctx, &rc));
+    GDP_CHECK(gdp_decode_recurrent_after_front(l->ctx, &rc)); /* the front is the kernel ahead */
     if (!copy_y)
         return GDP_STATUS_SUCCESS;
 
