@@ -7,7 +7,10 @@
  * 2..8) and update (S tokens, snapshots, -1 rows) vs the CPU: states bitwise, fp32 y within
  * 1e-5, 16-bit y within one ulp; graph replay; determinism; the fused decode front (conv
  * update + decode prepare in one launch, src/decode_core.h) bitwise equal to the two ops in
- * order, and the prefill front (varlen conv + prefill prepare as one op) bitwise equal to the two
+ * order, and behind it the decode op as the layer runs it (gdp_decode_recurrent_after_front: the
+ * front's programmatic dependent) bitwise equal to the plain op behind the two ops (o and the
+ * recurrent-state cache; an unknown GDP_DECODE_PDL refused); the prefill front (varlen conv +
+ * prefill prepare as one op) bitwise equal to the two
  * ops in order; the varlen op's row output kernel (16-bit x and y, the default) bitwise equal to the
  * scalar one (GDP_CONV_KERNEL=scalar) on the same inputs, sequences starting inside and across
  * its 8-token tiles; GDP_CONV_KERNEL set to anything else refused; in_proj with the decode front as
@@ -424,6 +427,16 @@ static void decode_core_vs_chain(test_rng *r, const fuse_cfg *c) {
         out[f][0] = test_dev_poisoned(&hq), out[f][1] = test_dev_poisoned(&hq), out[f][2] = test_dev_poisoned(&hv);
         out[f][3] = test_dev_poisoned(&hbeta), out[f][4] = test_dev_poisoned(&hg), out[f][5] = test_dev_poisoned(&hy);
     }
+    /* The decode op behind each front, as the layer runs it: the plain op after the chain, and
+     * gdp_decode_recurrent_after_front after the fused front (the row or tensor-core kernel as the
+     * front's programmatic dependent: a read of q, k, v, g or beta before the front's writes land
+     * would see the poison), on copies of one recurrent-state cache: o and the cache bit for bit.
+     * The B = 128 case keeps a bf16 state (the tensor-core kernel from 256 (request, head) pairs). */
+    const gdp_dtype_t ssm_dtype = c->n >= 128 ? GDP_DTYPE_BF16 : GDP_DTYPE_FP32;
+    const int64_t ssm_shape[4] = {c->slots, c->H, c->N, c->P};
+    gdp_tensor hssm = test_tensor_alloc(ssm_dtype, 4, ssm_shape), ho = test_tensor_alloc(c->act, 4, v_shape);
+    test_fill_normal(&hssm, r, 0.5);
+    gdp_tensor ssm[2] = {test_dev_clone(&hssm), test_dev_clone(&hssm)}, o[2] = {test_dev_poisoned(&ho), test_dev_poisoned(&ho)};
     for (int f = 0; f < 2; f++) {
         gdp_conv1d_update_args cu = {
             .x = {.data = (char *)dproj.data, .dtype = c->act, .ndim = 3, .shape = {c->n, c->S, C},
@@ -459,12 +472,40 @@ static void decode_core_vs_chain(test_rng *r, const fuse_cfg *c) {
             }
             CHECK_OK(gdp_decode_conv_prepare(g_test_gpu, &cu, &pr));
         }
+        gdp_recurrent_args rc = {.q = out[f][0], .k = out[f][1], .v = out[f][2], .g = out[f][4], .beta = out[f][3],
+                                 .use_qk_l2norm_in_kernel = 1, .state = ssm[f], .state_indices = didx,
+                                 .steps_per_token = (int32_t)c->M, .o = o[f]};
+        if (f == 0) {
+            CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &rc));
+        } else {
+            if (c->n == 1) { /* an unknown GDP_DECODE_PDL is refused before anything runs (the cache compared below) */
+                char *saved = test_env_swap("GDP_DECODE_PDL", "sideways");
+                CHECK(gdp_decode_recurrent_after_front(g_test_gpu, &rc) == GDP_STATUS_INVALID_USAGE,
+                      "GDP_DECODE_PDL=sideways: gdp_decode_recurrent_after_front must refuse it");
+                test_env_restore("GDP_DECODE_PDL", saved);
+            }
+            CHECK_OK(gdp_decode_recurrent_after_front(g_test_gpu, &rc));
+        }
     }
     printf("decode conv + prepare fused vs the chain (n %lld, S %lld, M %lld, H %lld, G %lld, P %lld, N %lld, act %s, "
            "state %s%s):\n", (long long)c->n, (long long)c->S, (long long)c->M, (long long)c->H, (long long)c->G,
            (long long)c->P, (long long)c->N, gdp_dtype_name(c->act), gdp_dtype_name(c->state), c->bias ? ", bias" : "");
     const gdp_tensor *likes[5] = {&hq, &hq, &hv, &hbeta, &hg};
     (void)fused_outputs_same("fused vs chain", likes, out[0], out[1], &fp.st, &dst_chain, &dst_fused);
+    {
+        gdp_tensor oa = test_host_clone(&ho), ob = test_host_clone(&ho), sa = test_host_clone(&hssm),
+                   sb = test_host_clone(&hssm);
+        test_dev_fetch(&oa, &o[0]), test_dev_fetch(&ob, &o[1]);
+        test_dev_fetch(&sa, &ssm[0]), test_dev_fetch(&sb, &ssm[1]);
+        const bool same_o = test_same_bytes("decode op after the front vs plain: o", &ob, &oa);
+        const bool same_s = test_same_bytes("decode op after the front vs plain: recurrent state", &sb, &sa);
+        printf("  decode op after the front (%s state): o %s, state %s\n", gdp_dtype_name(ssm_dtype),
+               same_o ? "bitwise equal" : "DIFFERS", same_s ? "bitwise equal" : "DIFFERS");
+        test_host_free(&oa), test_host_free(&ob), test_host_free(&sa), test_host_free(&sb);
+    }
+    for (int f = 0; f < 2; f++)
+        test_dev_free(&ssm[f]), test_dev_free(&o[f]);
+    test_host_free(&hssm), test_host_free(&ho);
     for (int f = 0; f < 2; f++)
         for (int i = 0; i < 6; i++)
             test_dev_free(&out[f][i]);
