@@ -90,13 +90,7 @@ template <typename T, int R, bool AFTER_HOOK = false> struct GlobalRows {
     int64_t lda;
     int rows;
     __device__ __forceinline__ uint4 operator()(int r, int idx) const {
-        const uint4 *p = reinterpret_cast<const uint4 *>(A + r * lda + idx);
-        /* a programmatic dependent reads A, which the kernel ahead wrote while this one ran, through
-         * L2 (ld.global.cg): the non-coherent path returned stale rows under graph replay (H100,
-         * forty-third session: the layer's second in_proj read the first one's normed rows) */
-        if constexpr (AFTER_HOOK)
-            return __ldcg(p);
-        return __ldg(p);
+        return __ldg(reinterpret_cast<const uint4 *>(A + r * lda + idx));
     }
     /* early, every compiled row: a row past `rows` reads row 0, unused */
     __device__ __forceinline__ uint4 clamped(int r, int idx) const { return (*this)(r < rows ? r : 0, idx); }
