@@ -20,11 +20,8 @@
 
 namespace {
 
-/* R: rows rounded up to a compiled count (1, 2, 4, 8); CPW: columns a warp. DEP: launched as a
- * programmatic dependent of the kernel that writes A (gdp_norm_gemm's chain: the norm op, which
- * triggers at its start): each warp issues its first trip of the weight and sends the rest of its
- * columns to L2 before it waits for that kernel, then reads A (the same sums, the same bits). */
-template <typename T, typename TC, int R, int CPW, bool DEP>
+/* R: rows rounded up to a compiled count (1, 2, 4, 8); CPW: columns a warp. */
+template <typename T, typename TC, int R, int CPW>
 __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_nt_kernel(int rows, int n, int k, const T *__restrict__ A,
                                                                  int64_t lda, const T *__restrict__ B, float beta,
                                                                  TC *__restrict__ C, int64_t ldc) {
@@ -33,18 +30,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_nt_kernel(int rows, int 
     if (col0 >= n)
         return;
     float acc[R][CPW];
-    if constexpr (DEP) {
-        const auto wait_for_a = [&] {
-            constexpr int TRIP = GEMV_SPAN * GEMV_U; /* elements of a column the first trip loads */
-            if (lane < CPW && col0 + lane < n && k > TRIP) /* the rest of the lane's column to L2 */
-                prefetch_l2_bulk(B + (col0 + lane) * (int64_t)k + TRIP, (uint32_t)(k - TRIP) * (uint32_t)sizeof(T));
-            pdl_wait();
-        };
-        gemv_sums<T, R, CPW, GEMV_U, true>(rows, n, k, GlobalRows<T, R, true>{A, lda, rows}, B, col0, lane, acc,
-                                           wait_for_a);
-    } else {
-        gemv_sums<T, R, CPW>(rows, n, k, GlobalRows<T, R>{A, lda, rows}, B, col0, lane, acc);
-    }
+    gemv_sums<T, R, CPW>(rows, n, k, GlobalRows<T, R>{A, lda, rows}, B, col0, lane, acc);
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -53,45 +39,35 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_nt_kernel(int rows, int 
                 store_sum<T>(C + r * ldc + col0 + c, acc[r][c], beta);
 }
 
-template <typename T, typename TC, int R, int CPW, bool DEP>
-cudaError_t launch_cols(unsigned blocks, int rows, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
-                        float beta, void *C, int64_t ldc, cudaStream_t stream) {
-    auto kernel = gemv_nt_kernel<T, TC, R, CPW, DEP>;
-    const T *a = static_cast<const T *>(A), *b = static_cast<const T *>(B);
-    TC *c = static_cast<TC *>(C);
-    if constexpr (DEP)
-        return launch_pdl(kernel, dim3(blocks), dim3(GEMV_WARPS * 32), 0, stream, rows, (int)n, (int)k, a, lda, b, beta,
-                          c, ldc);
-    kernel<<<blocks, GEMV_WARPS * 32, 0, stream>>>(rows, (int)n, (int)k, a, lda, b, beta, c, ldc);
-    return cudaGetLastError();
-}
-
 template <typename T, typename TC, int R>
 cudaError_t launch_rows(int rows, int64_t n, int64_t k, const void *A, int64_t lda, const void *B, float beta, void *C,
-                        int64_t ldc, bool dep, cudaStream_t stream) {
+                        int64_t ldc, cudaStream_t stream) {
     const bool two = gemv_two_columns(n);
     const int64_t warps = two ? (n + 1) / 2 : n;
     const int64_t blocks = (warps + GEMV_WARPS - 1) / GEMV_WARPS;
     if (blocks > INT32_MAX)
         return cudaErrorInvalidConfiguration;
-    const unsigned g = (unsigned)blocks;
     if (two)
-        return dep ? launch_cols<T, TC, R, 2, true>(g, rows, n, k, A, lda, B, beta, C, ldc, stream)
-                   : launch_cols<T, TC, R, 2, false>(g, rows, n, k, A, lda, B, beta, C, ldc, stream);
-    return dep ? launch_cols<T, TC, R, 1, true>(g, rows, n, k, A, lda, B, beta, C, ldc, stream)
-               : launch_cols<T, TC, R, 1, false>(g, rows, n, k, A, lda, B, beta, C, ldc, stream);
+        gemv_nt_kernel<T, TC, R, 2><<<(unsigned)blocks, GEMV_WARPS * 32, 0, stream>>>(
+            rows, (int)n, (int)k, static_cast<const T *>(A), lda, static_cast<const T *>(B), beta,
+            static_cast<TC *>(C), ldc);
+    else
+        gemv_nt_kernel<T, TC, R, 1><<<(unsigned)blocks, GEMV_WARPS * 32, 0, stream>>>(
+            rows, (int)n, (int)k, static_cast<const T *>(A), lda, static_cast<const T *>(B), beta,
+            static_cast<TC *>(C), ldc);
+    return cudaGetLastError();
 }
 
 template <typename T, typename TC>
 cudaError_t launch_typed(int rows, int64_t n, int64_t k, const void *A, int64_t lda, const void *B, float beta,
-                         void *C, int64_t ldc, bool dep, cudaStream_t stream) {
+                         void *C, int64_t ldc, cudaStream_t stream) {
     if (rows <= 1)
-        return launch_rows<T, TC, 1>(rows, n, k, A, lda, B, beta, C, ldc, dep, stream);
+        return launch_rows<T, TC, 1>(rows, n, k, A, lda, B, beta, C, ldc, stream);
     if (rows <= 2)
-        return launch_rows<T, TC, 2>(rows, n, k, A, lda, B, beta, C, ldc, dep, stream);
+        return launch_rows<T, TC, 2>(rows, n, k, A, lda, B, beta, C, ldc, stream);
     if (rows <= 4)
-        return launch_rows<T, TC, 4>(rows, n, k, A, lda, B, beta, C, ldc, dep, stream);
-    return launch_rows<T, TC, 8>(rows, n, k, A, lda, B, beta, C, ldc, dep, stream);
+        return launch_rows<T, TC, 4>(rows, n, k, A, lda, B, beta, C, ldc, stream);
+    return launch_rows<T, TC, 8>(rows, n, k, A, lda, B, beta, C, ldc, stream);
 }
 
 
@@ -284,8 +260,7 @@ extern "C" int gdp_cuda_gemv_fits(int64_t rows, int64_t k, const void *A, int64_
 
 extern "C" gdp_status_t gdp_cuda_gemv_nt(struct gdp_ctx *ctx, int64_t rows, int64_t n, int64_t k, const void *A,
                                          int64_t lda, const void *B, gdp_dtype_t ab_dtype, float beta, void *C,
-                                         int64_t ldc, gdp_dtype_t c_dtype, int dependent) {
-    const bool dep = dependent != 0;
+                                         int64_t ldc, gdp_dtype_t c_dtype) {
     if (rows <= 0 || n <= 0)
         return GDP_STATUS_SUCCESS;
     if (n > INT32_MAX)
@@ -295,11 +270,11 @@ extern "C" gdp_status_t gdp_cuda_gemv_nt(struct gdp_ctx *ctx, int64_t rows, int6
     cudaError_t err;
     if (ab_dtype == GDP_DTYPE_BF16)
         err = c_dtype == GDP_DTYPE_FP32
-                  ? launch_typed<__nv_bfloat16, float>(r, n, k, A, lda, B, beta, C, ldc, dep, stream)
-                  : launch_typed<__nv_bfloat16, __nv_bfloat16>(r, n, k, A, lda, B, beta, C, ldc, dep, stream);
+                  ? launch_typed<__nv_bfloat16, float>(r, n, k, A, lda, B, beta, C, ldc, stream)
+                  : launch_typed<__nv_bfloat16, __nv_bfloat16>(r, n, k, A, lda, B, beta, C, ldc, stream);
     else
-        err = c_dtype == GDP_DTYPE_FP32 ? launch_typed<__half, float>(r, n, k, A, lda, B, beta, C, ldc, dep, stream)
-                                        : launch_typed<__half, __half>(r, n, k, A, lda, B, beta, C, ldc, dep, stream);
+        err = c_dtype == GDP_DTYPE_FP32 ? launch_typed<__half, float>(r, n, k, A, lda, B, beta, C, ldc, stream)
+                                        : launch_typed<__half, __half>(r, n, k, A, lda, B, beta, C, ldc, stream);
     GDP_CUDA_LAUNCH_CHECK("gdp_gemm_nt (skinny)", err, "rows %lld, n %lld, k %lld", (long long)rows, (long long)n,
                           (long long)k);
     return GDP_STATUS_SUCCESS;

@@ -41,12 +41,10 @@ int gdp_cuda_gemv_fits(int64_t rows, int64_t k, const void *A, int64_t lda, cons
 
 /* C[r, j] = sum_i A[r, i] B[j, i] (+ beta C[r, j] when beta != 0; C is not read at beta 0) for
  * r < rows, j < n, on the ctx's stream. Each element is one fixed-order fp32 sum: the same
- * bits every call. The caller checked gdp_cuda_gemv_fits. dependent != 0: launched as a
- * programmatic dependent of the kernel ahead (kernels/pdl.cuh), which may write A and C but not
- * B: the weight's first loads go out before the kernel waits for it (the same bits). */
+ * bits every call. The caller checked gdp_cuda_gemv_fits. */
 gdp_status_t gdp_cuda_gemv_nt(struct gdp_ctx *ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
                               const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
-                              gdp_dtype_t c_dtype, int dependent);
+                              gdp_dtype_t c_dtype);
 
 /* The norm-GEMV: C[r, j] = sum_i A[r, i] B[j, i] (+ beta C[r, j]) with A = the norm of x rounded
  * to B's dtype, as gdp_rmsnorm (RMS: one vector a row of k) or gdp_gated_rmsnorm (GATED: x is y,

@@ -81,11 +81,8 @@ struct NoHook {
  * with the weight's at up to GEMV_A_REG_ROWS rows; beyond, a chunk's rows are read as it is
  * multiplied: their registers would cost blocks an SM), or shared memory of pitch k that the
  * hook fills (read as multiplied, after the hook: the norm-GEMV's normalized rows). */
-template <typename T, int R, bool AFTER_HOOK = false> struct GlobalRows {
+template <typename T, int R> struct GlobalRows {
     static constexpr bool early = R <= GEMV_A_REG_ROWS;
-    /* the first trip's chunks of A go out after the hook instead of with the weight's (PEEL only): A
-     * is written by the kernel ahead, which a programmatic dependent's hook waits for */
-    static constexpr bool after_hook = AFTER_HOOK;
     const T *A;
     int64_t lda;
     int rows;
@@ -99,7 +96,6 @@ template <typename T, int R, bool AFTER_HOOK = false> struct GlobalRows {
 };
 template <typename T> struct SharedRows {
     static constexpr bool early = false;
-    static constexpr bool after_hook = false;
     const T *As;
     int k;
     __device__ __forceinline__ uint4 operator()(int r, int idx) const {
@@ -130,12 +126,9 @@ __device__ __forceinline__ void gemv_sums(int rows, int n, int k, const ARows &a
         brow[c] = B + (col0 + c < n ? col0 + c : col0) * (int64_t)k;
 
     constexpr bool a_early = ARows::early;
-    static_assert(!ARows::after_hook || PEEL, "A after the hook: the first trip peeled");
     const uint32_t zero = a_rows.fence_zero();
     /* one trip: its loads, the fence, then (the first trip only) the hook, then its multiplies */
     const auto trip = [&](int base, auto first) {
-        /* this trip's early chunks of A after the hook (ARows::after_hook, the peeled first trip) */
-        constexpr bool a_late = ARows::after_hook && std::is_same<decltype(first), std::true_type>::value;
         uint4 bv[CPW][U];
         [[maybe_unused]] uint4 av[a_early ? R : 1][U]; /* the early rows of A (GlobalRows) */
 #pragma unroll
@@ -145,19 +138,15 @@ __device__ __forceinline__ void gemv_sums(int rows, int n, int k, const ARows &a
             for (int c = 0; c < CPW; c++)
                 bv[c][u] = idx < k ? load_stream(brow[c] + idx) : make_uint4(0u, 0u, 0u, 0u);
         }
-        const auto load_a = [&] {
-            if constexpr (a_early) {
+        if constexpr (a_early) {
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const int idx = base + u * GEMV_SPAN + lane * 8;
+            for (int u = 0; u < U; u++) {
+                const int idx = base + u * GEMV_SPAN + lane * 8;
 #pragma unroll
-                    for (int r = 0; r < R; r++)
-                        av[r][u] = idx < k ? a_rows.clamped(r, idx) : make_uint4(0u, 0u, 0u, 0u);
-                }
+                for (int r = 0; r < R; r++)
+                    av[r][u] = idx < k ? a_rows.clamped(r, idx) : make_uint4(0u, 0u, 0u, 0u);
             }
-        };
-        if constexpr (a_early && !a_late)
-            load_a();
+        }
         /* The fence: every sum takes a word of every load of the trip (OR-ed in as x & 0 with a
          * run-time 0, so the bits do not change), so ptxas cannot sink a load between the
          * multiplies of earlier chunks, which it does to save registers (the SASS of gemv_nt had
@@ -168,7 +157,7 @@ __device__ __forceinline__ void gemv_sums(int rows, int n, int k, const ARows &a
 #pragma unroll
             for (int c = 0; c < CPW; c++)
                 dep ^= bv[c][u].x;
-            if constexpr (a_early && !a_late)
+            if constexpr (a_early)
 #pragma unroll
                 for (int r = 0; r < R; r++)
                     dep ^= av[r][u].x;
@@ -184,8 +173,6 @@ __device__ __forceinline__ void gemv_sums(int rows, int n, int k, const ARows &a
         } else if constexpr (decltype(first)::value) {
             hook();
         }
-        if constexpr (a_early && a_late)
-            load_a(); /* read as multiplied: the trip's weight is in flight already */
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int idx = base + u * GEMV_SPAN + lane * 8;

@@ -26,7 +26,6 @@
 #include "dtype_access.cuh"
 #include "gdp_kernels.h"
 #include "norm_math.cuh"
-#include "pdl.cuh"
 #include "src/cuda_check.h"
 #include "src/internal.h"
 
@@ -46,7 +45,6 @@ template <bool GATED> __device__ __forceinline__ float norm_input(const NormPara
 /* One warp per vector. L2 (the L2 norm): out = x * (1 / sqrt(sum x^2 + eps)); otherwise
  * the RMSNorm: out = (x * (1 / sqrt(sum x^2 * (1/n) + eps))) * weight. */
 template <bool L2, bool GATED> __global__ void __launch_bounds__(NORM_THREADS) norm_kernel(const NormParams p) {
-    pdl_trigger(); /* as norm_fast_kernel's */
     const int lane = threadIdx.x & 31;
     const int64_t vec = (int64_t)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5);
     if (vec >= p.vectors)
@@ -74,9 +72,6 @@ template <bool L2, bool GATED> __global__ void __launch_bounds__(NORM_THREADS) n
  * the launch's smallest count that covers the vector: registers decide occupancy). */
 template <bool L2, bool GATED, bool BLOCK, int CHUNKS>
 __global__ void __launch_bounds__(BLOCK ? FAST_BLOCK_THREADS : NORM_THREADS) norm_fast_kernel(const NormParams p) {
-    /* the projection behind a norm (gdp_norm_gemm's chain) may launch as this kernel's programmatic
-     * dependent (the skinny GEMV: its weight streams before it waits for this kernel's output) */
-    pdl_trigger();
     const int t = BLOCK ? (int)threadIdx.x : (int)(threadIdx.x & 31);
     const int64_t vec = BLOCK ? (int64_t)blockIdx.x : (int64_t)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5);
     if (vec >= p.vectors) /* uniform over the block (BLOCK) or the warp */

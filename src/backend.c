@@ -184,10 +184,9 @@ gdp_status_t gdp_gemm_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, cons
     return gdp_gemm_nt_ex(ctx, rows, n, k, A, lda, B, dtype, beta, C, ldc, dtype);
 }
 
-/* gdp_gemm_nt_ex and gdp_gemm_nt_after: dependent asks the CUDA skinny GEMV for a programmatic launch. */
-static gdp_status_t gemm_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
-                            const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc, gdp_dtype_t c_dtype,
-                            bool dependent) {
+gdp_status_t gdp_gemm_nt_ex(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
+                            const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
+                            gdp_dtype_t c_dtype) {
     const char *why = NULL;
     if (!gdp_gemm_supported_ex(ctx, ab_dtype, c_dtype, &why))
         GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_gemm_nt: %s", why);
@@ -195,8 +194,7 @@ static gdp_status_t gemm_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, c
         return GDP_STATUS_SUCCESS;
     gdp_phase_mark(ctx, GDP_MARK_GEMM); /* measured phases (phase.h): the GEMM, then back to ops */
     if (!on_cpu(ctx)) {
-        const gdp_status_t st =
-            gdp_gemm_cuda_nt(ctx, rows, n, k, A, lda, B, ab_dtype, beta, C, ldc, c_dtype, dependent);
+        const gdp_status_t st = gdp_gemm_cuda_nt(ctx, rows, n, k, A, lda, B, ab_dtype, beta, C, ldc, c_dtype);
         gdp_phase_mark(ctx, GDP_MARK_OPS);
         return st;
     }
@@ -209,24 +207,6 @@ static gdp_status_t gemm_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, c
                 (const float *)B, (int)k, beta, (float *)C, (int)ldc);
     gdp_phase_mark(ctx, GDP_MARK_OPS);
     return GDP_STATUS_SUCCESS;
-}
-
-gdp_status_t gdp_gemm_nt_ex(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
-                            const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
-                            gdp_dtype_t c_dtype) {
-    return gemm_nt(ctx, rows, n, k, A, lda, B, ab_dtype, beta, C, ldc, c_dtype, false);
-}
-
-gdp_status_t gdp_gemm_nt_after(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
-                               const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
-                               gdp_dtype_t c_dtype) {
-    static const char *const spell[2] = {"on", "off"};
-    static const int value[2] = {1, 0};
-    const char *text = NULL;
-    const int on = gdp_env_choice("GDP_GEMV_PDL", spell, value, 2, 1, &text);
-    if (on < 0)
-        GDP_FAIL(GDP_STATUS_INVALID_USAGE, "gdp_gemm_nt: GDP_GEMV_PDL is \"%s\"; it takes on or off (unset: on)", text);
-    return gemm_nt(ctx, rows, n, k, A, lda, B, ab_dtype, beta, C, ldc, c_dtype, on == 1);
 }
 
 /* ---- index-driven copies: CPU loops with the semantics of kernels/copy_kernels.h ---- */

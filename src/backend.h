@@ -42,13 +42,6 @@ gdp_status_t gdp_buf_download(gdp_ctx_t ctx, void *host_dst, const void *src, si
 gdp_status_t gdp_gemm_nt_ex(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
                             const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
                             gdp_dtype_t c_dtype);
-/* gdp_gemm_nt_ex right after the kernel that writes A (gdp_norm_gemm's chain: the norm op): where
- * the skinny GEMV takes it on CUDA, launched as that kernel's programmatic dependent (kernels/gemv.h:
- * the weight streams before it waits for A; the same bits). The kernel ahead must not write B.
- * GDP_GEMV_PDL=off: as gdp_gemm_nt_ex. */
-gdp_status_t gdp_gemm_nt_after(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
-                               const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
-                               gdp_dtype_t c_dtype);
 /* The same with every operand in `dtype`. */
 gdp_status_t gdp_gemm_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
                          const void *B, float beta, void *C, int64_t ldc, gdp_dtype_t dtype);
@@ -69,10 +62,10 @@ gdp_status_t gdp_copy_rows(gdp_ctx_t ctx, const gdp_copy_rows_args *args);
 gdp_status_t gdp_copy_snapshot_conv(gdp_ctx_t ctx, const gdp_copy_snapshot_conv_args *args);
 gdp_status_t gdp_fill_slots(gdp_ctx_t ctx, const gdp_fill_slots_args *args);
 
-/* CUDA half of the GEMM (src/backend_cuda.c), called by backend.c; dependent: gdp_gemm_nt_after's. */
+/* CUDA half of the GEMM (src/backend_cuda.c), called by backend.c. */
 gdp_status_t gdp_gemm_cuda_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
                               const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
-                              gdp_dtype_t c_dtype, bool dependent);
+                              gdp_dtype_t c_dtype);
 gdp_status_t gdp_gemm_cuda_acquire(gdp_ctx_t ctx);
 void         gdp_gemm_cuda_release(gdp_ctx_t ctx);
 

@@ -252,7 +252,7 @@ static gdp_status_t plan_get(gemm_blas *b, const gemm_key *key, const gemm_plan 
 
 gdp_status_t gdp_gemm_cuda_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
                               const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
-                              gdp_dtype_t c_dtype, bool dependent) {
+                              gdp_dtype_t c_dtype) {
     gemm_blas *b = ctx->gemm_blas;
     if (b == NULL || b->magic != GEMM_BLAS_MAGIC)
         GDP_FAIL(GDP_STATUS_INTERNAL_ERROR,
@@ -283,7 +283,7 @@ gdp_status_t gdp_gemm_cuda_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k,
         GDP_FAIL(GDP_STATUS_INVALID_USAGE, "gdp_gemm_nt: GDP_GEMM_SPLITK is \"%s\"; it takes auto, on or off "
                  "(unset: off)", splitk_text);
     if (rows <= skinny && gdp_cuda_gemv_fits(rows, k, A, lda, B, ab_dtype, c_dtype))
-        return gdp_cuda_gemv_nt(ctx, rows, n, k, A, lda, B, ab_dtype, beta, C, ldc, c_dtype, dependent);
+        return gdp_cuda_gemv_nt(ctx, rows, n, k, A, lda, B, ab_dtype, beta, C, ldc, c_dtype);
     if (splitk_min > 0 && rows >= splitk_min) {
         const int ways = gdp_cuda_gemm_splitk_ways(ctx, rows, n, k, A, lda, B, ab_dtype, C, ldc, c_dtype);
         if (ways >= 2)
@@ -314,7 +314,7 @@ void gdp_gemm_cuda_release(gdp_ctx_t ctx) {}
 
 gdp_status_t gdp_gemm_cuda_nt(gdp_ctx_t ctx, int64_t rows, int64_t n, int64_t k, const void *A, int64_t lda,
                               const void *B, gdp_dtype_t ab_dtype, float beta, void *C, int64_t ldc,
-                              gdp_dtype_t c_dtype, bool dependent) {
+                              gdp_dtype_t c_dtype) {
     GDP_FAIL(GDP_STATUS_UNSUPPORTED, "gdp_gemm_nt: this libgdp was built without the CUDA backend; use "
              "GDP_BACKEND_CPU");
 }

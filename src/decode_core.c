@@ -251,9 +251,8 @@ gdp_status_t gdp_norm_gemm(gdp_ctx_t ctx, const gdp_norm_gemm_args *a) {
     else
         GDP_CHECK(gdp_rmsnorm(ctx, a->out, a->x, a->weight, a->eps));
     const int64_t k = a->out->shape[a->out->ndim - 1], rows = k > 0 ? gdp_tensor_numel(a->out) / k : 0;
-    /* the norm just launched is the kernel ahead: the skinny GEMV streams its weight before it waits for it */
-    return gdp_gemm_nt_after(ctx, rows, a->n, k, a->out->data, k, a->B, a->out->dtype, a->beta, a->C, a->ldc,
-                             a->c_dtype);
+    return gdp_gemm_nt_ex(ctx, rows, a->n, k, a->out->data, k, a->B, a->out->dtype, a->beta, a->C, a->ldc,
+                          a->c_dtype);
 }
 
 /* ---- in_proj with the decode front ---- */

@@ -22,11 +22,8 @@
  *     gives the bits of the norm op followed by the skinny kernel (GDP_NORM_GEMM=chain,
  *     GDP_GEMM_SKINNY=on), and its C is within the accumulation bound of the double product of
  *     the norm's output; auto takes it for the gated norm at up to 2 rows, with the same bits;
- *   - captured in a graph (pdl, and the chain: the skinny kernel as the norm's programmatic
- *     dependent) after a kernel that writes its input, replayed with new inputs: the same bits as
- *     the eager chain on those inputs (the launch waits for the writer); the chain's skinny kernel
- *     as the norm's dependent and launched plainly (GDP_GEMV_PDL=off) give the same bits, and an
- *     unknown GDP_GEMV_PDL is refused;
+ *   - captured in a graph (pdl) after a kernel that writes its input, replayed with new inputs:
+ *     the same bits as the eager chain on those inputs (the launch waits for the writer);
  *   - past the kernel's row limit it runs the chain; an unknown GDP_NORM_GEMM is refused.
  * Without a CUDA build or a visible GPU it prints why and exits 77 (skip).
  */
@@ -281,60 +278,36 @@ static void norm_gemm_one(const norm_gemm_case *cs, test_rng *rng) {
                     &c_fused, &c_pdl);
     test_same_bytes(gated ? "gated norm-GEMM, auto vs the chain" : "rms norm-GEMM, auto vs the chain", &c_auto,
                     &c_chain);
-    /* the chain's skinny GEMV launched plainly (GDP_GEMV_PDL=off) instead of as the norm's programmatic
-     * dependent: the same bits; an unknown value is refused */
-    char *saved_pdl = test_env_swap("GDP_GEMV_PDL", "off");
-    gdp_tensor c_chain_plain = norm_gemm_run(cs, &h, "chain", "on", NULL, NULL);
-    test_env_restore("GDP_GEMV_PDL", saved_pdl);
-    test_same_bytes(gated ? "gated norm-GEMM, the chain's GEMV dependent vs plain"
-                          : "rms norm-GEMM, the chain's GEMV dependent vs plain",
-                    &c_chain, &c_chain_plain);
-    test_host_free(&c_chain_plain);
-    if (cs->rows == 1 && !gated) {
-        norm_gemm_dev dz;
-        norm_gemm_dev_make(&dz, cs, &h);
-        char *saved_mode = test_env_swap("GDP_NORM_GEMM", "chain"), *saved_bad = test_env_swap("GDP_GEMV_PDL", "maybe");
-        CHECK(gdp_norm_gemm(g_test_gpu, &dz.args) == GDP_STATUS_INVALID_USAGE,
-              "GDP_GEMV_PDL=maybe: gdp_norm_gemm's chain must refuse it");
-        test_env_restore("GDP_GEMV_PDL", saved_bad), test_env_restore("GDP_NORM_GEMM", saved_mode);
-        norm_gemm_dev_free(&dz);
-    }
     /* the product against the double product of the norm's (chain) output */
     const gemm_case gc = {cs->rows, cs->n, cs->k, 0, 0, GDP_DTYPE_BF16, cs->c, cs->beta};
     double *ha = test_tensor_f64(&normed), *hb = test_tensor_f64(&h.B), *hc = test_tensor_f64(&h.C0);
     check_gemm(fits ? (gated ? "gated-1" : "rms-1") : (gated ? "gated-ch" : "rms-ch"), &gc, &c_fused, ha, hb, hc);
     free(ha), free(hb), free(hc);
 
-    /* graph capture after the writer, replayed with new inputs: the one launch and the chain (the
-     * skinny GEMV as the norm's dependent), each with its programmatic edge */
-    static const char *const graph_modes[2] = {"pdl", "chain"};
-    for (int gm = 0; gm < 2; gm++) {
-        norm_gemm_dev d;
-        norm_gemm_dev_make(&d, cs, &h);
-        char *saved_mode = test_env_swap("GDP_NORM_GEMM", graph_modes[gm]);
-        char *saved_skinny = test_env_swap("GDP_GEMM_SKINNY", "on");
-        cudaGraphExec_t exec = test_graph_capture(norm_gemm_after_writer, &d);
-        test_env_restore("GDP_GEMM_SKINNY", saved_skinny), test_env_restore("GDP_NORM_GEMM", saved_mode);
-        CHECK(exec != NULL, "%s rows %lld: the norm-GEMM (%s) did not capture", what, (long long)cs->rows, graph_modes[gm]);
-        if (exec != NULL) {
-            test_fill_uniform(&h.x_src, rng, -2.0, 2.0);
-            if (gated)
-                test_fill_uniform(&h.z, rng, -4.0, 4.0);
-            test_dev_put(&d.x_src, &h.x_src);
-            if (gated)
-                test_dev_put(&d.z, &h.z);
-            test_dev_put(&d.C, &h.C0);
-            test_graph_replay(exec);
-            gdp_tensor c_graph = test_dev_download(&d.C), normed2;
-            gdp_tensor c_ref = norm_gemm_run(cs, &h, "chain", "on", NULL, &normed2);
-            char label[96];
-            snprintf(label, sizeof label, "%s norm-GEMM, graph replay (%s) vs the chain", what, graph_modes[gm]);
-            test_same_bytes(label, &c_graph, &c_ref);
-            CUDA_OK(cudaGraphExecDestroy(exec));
-            test_host_free(&c_graph), test_host_free(&c_ref), test_host_free(&normed2);
-        }
-        norm_gemm_dev_free(&d);
+    /* graph capture after the writer, replayed with new inputs */
+    norm_gemm_dev d;
+    norm_gemm_dev_make(&d, cs, &h);
+    char *saved_mode = test_env_swap("GDP_NORM_GEMM", "pdl"); /* the programmatic edge after the writer */
+    cudaGraphExec_t exec = test_graph_capture(norm_gemm_after_writer, &d);
+    test_env_restore("GDP_NORM_GEMM", saved_mode);
+    CHECK(exec != NULL, "%s rows %lld: the norm-GEMM did not capture", what, (long long)cs->rows);
+    if (exec != NULL) {
+        test_fill_uniform(&h.x_src, rng, -2.0, 2.0);
+        if (gated)
+            test_fill_uniform(&h.z, rng, -4.0, 4.0);
+        test_dev_put(&d.x_src, &h.x_src);
+        if (gated)
+            test_dev_put(&d.z, &h.z);
+        test_dev_put(&d.C, &h.C0);
+        test_graph_replay(exec);
+        gdp_tensor c_graph = test_dev_download(&d.C), normed2;
+        gdp_tensor c_ref = norm_gemm_run(cs, &h, "chain", "on", NULL, &normed2);
+        test_same_bytes(gated ? "gated norm-GEMM, graph replay vs the chain" : "rms norm-GEMM, graph replay vs the chain",
+                        &c_graph, &c_ref);
+        CUDA_OK(cudaGraphExecDestroy(exec));
+        test_host_free(&c_graph), test_host_free(&c_ref), test_host_free(&normed2);
     }
+    norm_gemm_dev_free(&d);
     test_host_free(&c_auto), test_host_free(&c_fused), test_host_free(&c_pdl), test_host_free(&c_chain),
         test_host_free(&normed);
     norm_gemm_host_free(&h);
