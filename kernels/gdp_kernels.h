@@ -46,8 +46,9 @@ long long gdp_cuda_decode_ring_calls(void);
 int gdp_cuda_chunk_hopper_last_segment(void);
 gdp_status_t gdp_cuda_recurrent(struct gdp_ctx *ctx, const gdp_recurrent_args *args);
 /* The same op right after the layer's decode front on the stream (gdp_decode_recurrent_after_front,
- * src/decode_core.h): the row and tensor-core kernels launch as the front's programmatic dependents
- * and load their first state before they wait for it (GDP_DECODE_PDL=off: as gdp_cuda_recurrent). */
+ * src/decode_core.h): where every item of the row or tensor-core kernel has a block of its own, it
+ * launches as the front's programmatic dependent and loads the state before it waits for the front
+ * (GDP_DECODE_PDL=off: as gdp_cuda_recurrent). */
 gdp_status_t gdp_cuda_recurrent_after_front(struct gdp_ctx *ctx, const gdp_recurrent_args *args);
 /* The decode op and the grouped gated RMSNorm of its outputs in one launch
  * (gdp_decode_recurrent_norm, src/decode_core.h), when the call fits it and GDP_DECODE_END

@@ -874,6 +874,16 @@ double prefetch_generations() {
  * 0 or anything else: the default. A resident grid holds every SM for the whole launch, so work on other
  * streams (gdp-bench layer --split's micro-batches) can only share the GPU with a smaller grid or with
  * blocks that end. */
+/* Whether a launch that follows the decode front (p.after_front) goes as its programmatic dependent:
+ * where every item has a block of its own (grid == items), so the step's whole state load can start
+ * under the front. Measured on the H100 (gdp-bench layer, 2 layers, graph us, two rounds, plain /
+ * dependent; forty-third session): B=1 67.9, 67.4 / 66.5, 65.6; B=2 68.6, 68.6 / 67.7, 66.6; B=64
+ * 182.6, 182.3 / 182.7, 182.0; B=128 291.2, 290.9 / 293.5, 292.6: the front's blocks hold the SMs a
+ * resident grid of several items a block would take, and the first item is a small part of its load. */
+bool launch_after_front(const RecurrentParams &p, int64_t items, int64_t grid) {
+    return p.after_front != 0 && grid == items;
+}
+
 int64_t rows_grid(int64_t items, int64_t resident, int device) {
     static const int per_sm = [] { /* -1: a block an item */
         const char *e = getenv("GDP_DECODE_BLOCKS_PER_SM");
@@ -1095,7 +1105,7 @@ cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStre
     /* a resident grid: every block loops over items (recurrent_rows.cuh) */
     const int64_t resident = resident_blocks(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, cache, device, most, ROWS_THREADS);
     const int64_t grid = rows_grid(items, resident, device);
-    if (q.after_front)
+    if (launch_after_front(q, items, grid))
         return launch_pdl(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, dim3((unsigned)grid), dim3(ROWS_THREADS), bytes,
                           stream, q);
     recurrent_rows_kernel<SDT, R, LPR, MT, DT><<<(unsigned)grid, ROWS_THREADS, bytes, stream>>>(q);
@@ -1156,7 +1166,7 @@ cudaError_t launch_recurrent_mma(const RecurrentParams &p, int device, cudaStrea
                                              G::THREADS);
     const int64_t grid = rows_grid(items, resident, device);
     cudaError_t err;
-    if (q.after_front) {
+    if (launch_after_front(q, items, grid)) {
         err = launch_pdl(recurrent_mma_kernel<SDT, KP, M, NW>, dim3((unsigned)grid), dim3(G::THREADS), bytes, stream, q);
     } else {
         recurrent_mma_kernel<SDT, KP, M, NW><<<(unsigned)grid, G::THREADS, bytes, stream>>>(q);
