@@ -9,7 +9,7 @@
  * update + decode prepare in one launch, src/decode_core.h) bitwise equal to the two ops in
  * order, and behind it the decode op as the layer runs it (gdp_decode_recurrent_after_front: the
  * front's programmatic dependent) bitwise equal to the plain op behind the two ops (o and the
- * recurrent-state cache; an unknown GDP_DECODE_PDL refused); the prefill front (varlen conv +
+ * recurrent-state cache, twice on the same buffers; an unknown GDP_DECODE_PDL refused); the prefill front (varlen conv +
  * prefill prepare as one op) bitwise equal to the two
  * ops in order; the varlen op's row output kernel (16-bit x and y, the default) bitwise equal to the
  * scalar one (GDP_CONV_KERNEL=scalar) on the same inputs, sequences starting inside and across
@@ -437,71 +437,81 @@ static void decode_core_vs_chain(test_rng *r, const fuse_cfg *c) {
     gdp_tensor hssm = test_tensor_alloc(ssm_dtype, 4, ssm_shape), ho = test_tensor_alloc(c->act, 4, v_shape);
     test_fill_normal(&hssm, r, 0.5);
     gdp_tensor ssm[2] = {test_dev_clone(&hssm), test_dev_clone(&hssm)}, o[2] = {test_dev_poisoned(&ho), test_dev_poisoned(&ho)};
-    for (int f = 0; f < 2; f++) {
-        gdp_conv1d_update_args cu = {
-            .x = {.data = (char *)dproj.data, .dtype = c->act, .ndim = 3, .shape = {c->n, c->S, C},
-                  .stride = {c->S * pitch, pitch, 1}},
-            .weight = fp.dw, .conv_state = f == 0 ? dst_chain : dst_fused, .conv_state_indices = didx, .silu = 1,
-            .y = out[f][5]};
-        if (c->bias)
-            cu.bias = fp.db;
-        gdp_prepare_args pr = {
-            .x = cu.y,
-            .ba = {.data = (char *)dproj.data + (size_t)C * gdp_dtype_size(c->act), .dtype = c->act, .ndim = 3,
-                   .shape = {c->n, c->S, BA}, .stride = {c->S * pitch, pitch, 1}},
-            .A_log = fp.dA, .dt_bias = fp.ddt, .num_householder = (int32_t)c->M, .num_heads = (int32_t)c->H,
-            .num_groups = (int32_t)c->G, .head_dim = (int32_t)c->P, .state_dim = (int32_t)c->N,
-            .query = out[f][0], .key = out[f][1], .value = out[f][2], .beta = out[f][3], .g = out[f][4]};
-        if (f == 0) {
-            CHECK_OK(gdp_causal_conv1d_update(g_test_gpu, &cu));
-            CHECK_OK(gdp_decode_prepare(g_test_gpu, &pr));
-        } else {
-            /* a switch value it does not know is refused before anything runs (the state
-             * compared below would show a partial write) */
-            const char *names[2] = {"GDP_DECODE_FRONT", "GDP_DECODE_FRONT_VEC"};
-            for (int e = 0; e < 2 && c->n == 1; e++) {
-                char *saved = getenv(names[e]) != NULL ? strdup(getenv(names[e])) : NULL;
-                setenv(names[e], "sideways", 1);
-                CHECK(gdp_decode_conv_prepare(g_test_gpu, &cu, &pr) == GDP_STATUS_INVALID_USAGE,
-                      "%s=sideways: gdp_decode_conv_prepare must refuse it", names[e]);
-                if (saved != NULL)
-                    setenv(names[e], saved, 1);
-                else
-                    unsetenv(names[e]);
-                free(saved);
-            }
-            CHECK_OK(gdp_decode_conv_prepare(g_test_gpu, &cu, &pr));
+    /* Two passes on the same buffers, the second with a new projection row over the states the first
+     * left: a dependent that read a buffer through a cache the kernel ahead's writes do not reach would
+     * see the first pass's values there (the layer's second layer reads what its first one read). */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            test_fill_normal(&proj, r, 1.0);
+            test_dev_put(&dproj, &proj);
         }
-        gdp_recurrent_args rc = {.q = out[f][0], .k = out[f][1], .v = out[f][2], .g = out[f][4], .beta = out[f][3],
-                                 .use_qk_l2norm_in_kernel = 1, .state = ssm[f], .state_indices = didx,
-                                 .steps_per_token = (int32_t)c->M, .o = o[f]};
-        if (f == 0) {
-            CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &rc));
-        } else {
-            if (c->n == 1) { /* an unknown GDP_DECODE_PDL is refused before anything runs (the cache compared below) */
-                char *saved = test_env_swap("GDP_DECODE_PDL", "sideways");
-                CHECK(gdp_decode_recurrent_after_front(g_test_gpu, &rc) == GDP_STATUS_INVALID_USAGE,
-                      "GDP_DECODE_PDL=sideways: gdp_decode_recurrent_after_front must refuse it");
-                test_env_restore("GDP_DECODE_PDL", saved);
+        for (int f = 0; f < 2; f++) {
+            gdp_conv1d_update_args cu = {
+                .x = {.data = (char *)dproj.data, .dtype = c->act, .ndim = 3, .shape = {c->n, c->S, C},
+                      .stride = {c->S * pitch, pitch, 1}},
+                .weight = fp.dw, .conv_state = f == 0 ? dst_chain : dst_fused, .conv_state_indices = didx, .silu = 1,
+                .y = out[f][5]};
+            if (c->bias)
+                cu.bias = fp.db;
+            gdp_prepare_args pr = {
+                .x = cu.y,
+                .ba = {.data = (char *)dproj.data + (size_t)C * gdp_dtype_size(c->act), .dtype = c->act, .ndim = 3,
+                       .shape = {c->n, c->S, BA}, .stride = {c->S * pitch, pitch, 1}},
+                .A_log = fp.dA, .dt_bias = fp.ddt, .num_householder = (int32_t)c->M, .num_heads = (int32_t)c->H,
+                .num_groups = (int32_t)c->G, .head_dim = (int32_t)c->P, .state_dim = (int32_t)c->N,
+                .query = out[f][0], .key = out[f][1], .value = out[f][2], .beta = out[f][3], .g = out[f][4]};
+            if (f == 0) {
+                CHECK_OK(gdp_causal_conv1d_update(g_test_gpu, &cu));
+                CHECK_OK(gdp_decode_prepare(g_test_gpu, &pr));
+            } else {
+                /* a switch value it does not know is refused before anything runs (the state
+                 * compared below would show a partial write) */
+                const char *names[2] = {"GDP_DECODE_FRONT", "GDP_DECODE_FRONT_VEC"};
+                for (int e = 0; e < 2 && c->n == 1 && pass == 0; e++) {
+                    char *saved = getenv(names[e]) != NULL ? strdup(getenv(names[e])) : NULL;
+                    setenv(names[e], "sideways", 1);
+                    CHECK(gdp_decode_conv_prepare(g_test_gpu, &cu, &pr) == GDP_STATUS_INVALID_USAGE,
+                          "%s=sideways: gdp_decode_conv_prepare must refuse it", names[e]);
+                    if (saved != NULL)
+                        setenv(names[e], saved, 1);
+                    else
+                        unsetenv(names[e]);
+                    free(saved);
+                }
+                CHECK_OK(gdp_decode_conv_prepare(g_test_gpu, &cu, &pr));
             }
-            CHECK_OK(gdp_decode_recurrent_after_front(g_test_gpu, &rc));
+            gdp_recurrent_args rc = {.q = out[f][0], .k = out[f][1], .v = out[f][2], .g = out[f][4], .beta = out[f][3],
+                                     .use_qk_l2norm_in_kernel = 1, .state = ssm[f], .state_indices = didx,
+                                     .steps_per_token = (int32_t)c->M, .o = o[f]};
+            if (f == 0) {
+                CHECK_OK(gdp_fused_recurrent_gated_delta_rule_update(g_test_gpu, &rc));
+            } else {
+                if (c->n == 1 && pass == 0) {
+                    /* an unknown GDP_DECODE_PDL is refused before anything runs (the cache compared below) */
+                    char *saved = test_env_swap("GDP_DECODE_PDL", "sideways");
+                    CHECK(gdp_decode_recurrent_after_front(g_test_gpu, &rc) == GDP_STATUS_INVALID_USAGE,
+                          "GDP_DECODE_PDL=sideways: gdp_decode_recurrent_after_front must refuse it");
+                    test_env_restore("GDP_DECODE_PDL", saved);
+                }
+                CHECK_OK(gdp_decode_recurrent_after_front(g_test_gpu, &rc));
+            }
         }
-    }
-    printf("decode conv + prepare fused vs the chain (n %lld, S %lld, M %lld, H %lld, G %lld, P %lld, N %lld, act %s, "
-           "state %s%s):\n", (long long)c->n, (long long)c->S, (long long)c->M, (long long)c->H, (long long)c->G,
-           (long long)c->P, (long long)c->N, gdp_dtype_name(c->act), gdp_dtype_name(c->state), c->bias ? ", bias" : "");
-    const gdp_tensor *likes[5] = {&hq, &hq, &hv, &hbeta, &hg};
-    (void)fused_outputs_same("fused vs chain", likes, out[0], out[1], &fp.st, &dst_chain, &dst_fused);
-    {
-        gdp_tensor oa = test_host_clone(&ho), ob = test_host_clone(&ho), sa = test_host_clone(&hssm),
-                   sb = test_host_clone(&hssm);
-        test_dev_fetch(&oa, &o[0]), test_dev_fetch(&ob, &o[1]);
-        test_dev_fetch(&sa, &ssm[0]), test_dev_fetch(&sb, &ssm[1]);
-        const bool same_o = test_same_bytes("decode op after the front vs plain: o", &ob, &oa);
-        const bool same_s = test_same_bytes("decode op after the front vs plain: recurrent state", &sb, &sa);
-        printf("  decode op after the front (%s state): o %s, state %s\n", gdp_dtype_name(ssm_dtype),
-               same_o ? "bitwise equal" : "DIFFERS", same_s ? "bitwise equal" : "DIFFERS");
-        test_host_free(&oa), test_host_free(&ob), test_host_free(&sa), test_host_free(&sb);
+        printf("decode conv + prepare fused vs the chain (n %lld, S %lld, M %lld, H %lld, G %lld, P %lld, N %lld, act %s, "
+               "state %s%s):\n", (long long)c->n, (long long)c->S, (long long)c->M, (long long)c->H, (long long)c->G,
+               (long long)c->P, (long long)c->N, gdp_dtype_name(c->act), gdp_dtype_name(c->state), c->bias ? ", bias" : "");
+        const gdp_tensor *likes[5] = {&hq, &hq, &hv, &hbeta, &hg};
+        (void)fused_outputs_same("fused vs chain", likes, out[0], out[1], &fp.st, &dst_chain, &dst_fused);
+        {
+            gdp_tensor oa = test_host_clone(&ho), ob = test_host_clone(&ho), sa = test_host_clone(&hssm),
+                       sb = test_host_clone(&hssm);
+            test_dev_fetch(&oa, &o[0]), test_dev_fetch(&ob, &o[1]);
+            test_dev_fetch(&sa, &ssm[0]), test_dev_fetch(&sb, &ssm[1]);
+            const bool same_o = test_same_bytes("decode op after the front vs plain: o", &ob, &oa);
+            const bool same_s = test_same_bytes("decode op after the front vs plain: recurrent state", &sb, &sa);
+            printf("  decode op after the front (%s state, pass %d): o %s, state %s\n", gdp_dtype_name(ssm_dtype), pass,
+                   same_o ? "bitwise equal" : "DIFFERS", same_s ? "bitwise equal" : "DIFFERS");
+            test_host_free(&oa), test_host_free(&ob), test_host_free(&sa), test_host_free(&sb);
+        }
     }
     for (int f = 0; f < 2; f++)
         test_dev_free(&ssm[f]), test_dev_free(&o[f]);
