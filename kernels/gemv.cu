@@ -210,10 +210,7 @@ cudaError_t launch_norm_gemv_inst(const NormGemvParams &p, bool pdl, cudaStream_
             return err;
     }
     const dim3 grid((unsigned)(((int64_t)p.n + GEMV_WARPS - 1) / GEMV_WARPS)), block(GEMV_WARPS * 32);
-    if (pdl)
-        return launch_pdl(kernel, grid, block, smem, stream, p);
-    kernel<<<grid, block, smem, stream>>>(p);
-    return cudaGetLastError();
+    return launch_pdl(kernel, grid, block, smem, stream, pdl, p);
 }
 
 template <typename T, typename TC, int R, bool GATED>

@@ -37,11 +37,12 @@ __device__ __forceinline__ void prefetch_l2_bulk(const void *ptr, uint32_t bytes
 #endif
 }
 
-/* kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the work
- * ahead on the stream (the kernel must call pdl_wait() before it touches that work's data). */
+/* kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the work ahead on
+ * the stream when `dependent` (the kernel must call pdl_wait() before it touches that work's data),
+ * else a plain launch; the launch's error. */
 template <typename... KArgs, typename... Args>
 cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                       Args &&...args) {
+                       bool dependent, Args &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
@@ -51,7 +52,7 @@ cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t s
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = dependent ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
 }
 

@@ -874,16 +874,6 @@ double prefetch_generations() {
  * 0 or anything else: the default. A resident grid holds every SM for the whole launch, so work on other
  * streams (gdp-bench layer --split's micro-batches) can only share the GPU with a smaller grid or with
  * blocks that end. */
-/* Whether a launch that follows the decode front (p.after_front) goes as its programmatic dependent:
- * where every item has a block of its own (grid == items), so the step's whole state load can start
- * under the front. Measured on the H100 (gdp-bench layer, 2 layers, graph us, two rounds, plain /
- * dependent; forty-third session): B=1 67.9, 67.4 / 66.5, 65.6; B=2 68.6, 68.6 / 67.7, 66.6; B=64
- * 182.6, 182.3 / 182.7, 182.0; B=128 291.2, 290.9 / 293.5, 292.6: the front's blocks hold the SMs a
- * resident grid of several items a block would take, and the first item is a small part of its load. */
-bool launch_after_front(const RecurrentParams &p, int64_t items, int64_t grid) {
-    return p.after_front != 0 && grid == items;
-}
-
 int64_t rows_grid(int64_t items, int64_t resident, int device) {
     static const int per_sm = [] { /* -1: a block an item */
         const char *e = getenv("GDP_DECODE_BLOCKS_PER_SM");
@@ -899,6 +889,16 @@ int64_t rows_grid(int64_t items, int64_t resident, int device) {
     else if (per_sm > 0 && gdp_device_sm_count(device, &sms) == cudaSuccess && sms > 0 && (int64_t)per_sm * sms < grid)
         grid = (int64_t)per_sm * sms;
     return grid;
+}
+
+/* Whether a launch that follows the decode front (p.after_front) goes as its programmatic dependent:
+ * where every item has a block of its own (grid == items), so the step's whole state load can start
+ * under the front. Measured on the H100 (gdp-bench layer, 2 layers, graph us, two rounds, plain /
+ * dependent; forty-third session): B=1 67.9, 67.4 / 66.5, 65.6; B=2 68.6, 68.6 / 67.7, 66.6; B=64
+ * 182.6, 182.3 / 182.7, 182.0; B=128 291.2, 290.9 / 293.5, 292.6: the front's blocks hold the SMs a
+ * resident grid of several items a block would take, and the first item is a small part of its load. */
+bool launch_after_front(const RecurrentParams &p, int64_t items, int64_t grid) {
+    return p.after_front != 0 && grid == items;
 }
 
 template <int SDT, int R, bool VEC>
@@ -1105,11 +1105,8 @@ cudaError_t launch_recurrent_rows(const RecurrentParams &p, int device, cudaStre
     /* a resident grid: every block loops over items (recurrent_rows.cuh) */
     const int64_t resident = resident_blocks(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, cache, device, most, ROWS_THREADS);
     const int64_t grid = rows_grid(items, resident, device);
-    if (launch_after_front(q, items, grid))
-        return launch_pdl(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, dim3((unsigned)grid), dim3(ROWS_THREADS), bytes,
-                          stream, q);
-    recurrent_rows_kernel<SDT, R, LPR, MT, DT><<<(unsigned)grid, ROWS_THREADS, bytes, stream>>>(q);
-    return cudaGetLastError();
+    return launch_pdl(recurrent_rows_kernel<SDT, R, LPR, MT, DT>, dim3((unsigned)grid), dim3(ROWS_THREADS), bytes,
+                      stream, launch_after_front(q, items, grid), q);
 }
 
 /* Whether the row kernel takes a launch (vec: 16-byte state columns, checked by the caller):
@@ -1165,13 +1162,8 @@ cudaError_t launch_recurrent_mma(const RecurrentParams &p, int device, cudaStrea
     const int64_t resident = resident_blocks(recurrent_mma_kernel<SDT, KP, M, NW>, resident_by_s[p.S], device, bytes,
                                              G::THREADS);
     const int64_t grid = rows_grid(items, resident, device);
-    cudaError_t err;
-    if (launch_after_front(q, items, grid)) {
-        err = launch_pdl(recurrent_mma_kernel<SDT, KP, M, NW>, dim3((unsigned)grid), dim3(G::THREADS), bytes, stream, q);
-    } else {
-        recurrent_mma_kernel<SDT, KP, M, NW><<<(unsigned)grid, G::THREADS, bytes, stream>>>(q);
-        err = cudaGetLastError();
-    }
+    const cudaError_t err = launch_pdl(recurrent_mma_kernel<SDT, KP, M, NW>, dim3((unsigned)grid), dim3(G::THREADS),
+                                       bytes, stream, launch_after_front(q, items, grid), q);
     if (err == cudaSuccess)
         __atomic_fetch_add(&decode_mma_calls, 1, __ATOMIC_RELAXED);
     return err;
@@ -1657,7 +1649,8 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
                  "%s: GDP_DECODE_RING_KSPLIT=%s is not known; use 1 or 2 (or leave it unset or empty: 1)",
                  fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_RING_KSPLIT"));
-    if (decode_pdl_choice() == -1)
+    const int pdl_choice = decode_pdl_choice();
+    if (pdl_choice == -1)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE, "%s: GDP_DECODE_PDL=%s is not known; use on or off (or leave it unset or empty: on)",
                  fuse != nullptr ? "gdp_decode_recurrent_norm" : op, getenv("GDP_DECODE_PDL"));
     if (rows_cols_choice() == -1)
@@ -1699,7 +1692,7 @@ gdp_status_t recurrent_run(struct gdp_ctx *ctx, const gdp_recurrent_args *a, con
     p.scale = a->scale != 0 ? (float)a->scale : (float)(1.0 / sqrt((double)K));
     p.l2norm = a->use_qk_l2norm_in_kernel != 0;
     p.tile_steps = (int32_t)(T < REC_TILE_STEPS ? T : REC_TILE_STEPS);
-    p.after_front = after_front && decode_pdl_choice() == 1;
+    p.after_front = after_front && pdl_choice == 1;
 
     gdp_dtype_t state_dtype;
     if (cache) {

@@ -1,9 +1,10 @@
 /*
  * decode_core.c: the layer's fused ops (decode_core.h): gdp_decode_conv_prepare (the decode
  * front), gdp_decode_recurrent_after_front (the decode op behind it), gdp_decode_recurrent_norm
- * (the decode end) and gdp_prefill_conv_prepare (the prefill front). Both ops' front-end checks run first, so a refused call is refused exactly as the two
- * ops would refuse it and modifies nothing; then the fused CUDA launches (kernels/decode_core.cu,
- * kernels/recurrent.cu, kernels/conv1d.cu) when the step fits them, else the two ops in order.
+ * (the decode end) and gdp_prefill_conv_prepare (the prefill front). Both ops' front-end checks
+ * run first, so a refused call is refused exactly as the two ops would refuse it and modifies
+ * nothing; then the fused CUDA launches (kernels/decode_core.cu, kernels/recurrent.cu,
+ * kernels/conv1d.cu) when the step fits them, else the two ops in order.
  * gdp_norm_gemm (a norm and the projection that reads it) likewise, with kernels/gemv.cu, and
  * gdp_gemm_decode_front (in_proj, then the decode front on its output) with kernels/gemv_front.cu.
  */

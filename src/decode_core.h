@@ -57,8 +57,8 @@ bool gdp_prefill_conv_prepare_fuses(gdp_ctx_t ctx, const gdp_conv1d_varlen_args 
  * which writes rec's q, k, v, g and beta and never its state: on CUDA, where every item of the
  * row or tensor-core kernel has a block of its own, it launches as a programmatic dependent of the
  * kernel ahead, takes its SMs while that finishes and loads the states before it waits for its
- * outputs (the same bits as the plain op; GDP_DECODE_PDL=off launches it plainly). A caller whose kernel ahead may write the state must
- * call the plain op. */
+ * outputs (the same bits as the plain op; GDP_DECODE_PDL=off launches it plainly). A caller whose
+ * kernel ahead may write the state must call the plain op. */
 gdp_status_t gdp_decode_recurrent_after_front(gdp_ctx_t ctx, const gdp_recurrent_args *rec);
 
 /* gdp_fused_recurrent_gated_delta_rule_update(rec) then gdp_gated_rmsnorm(out, y, z, weight,

@@ -128,7 +128,7 @@ cudaError_t launch_hopper_split(const ChunkParams &p, const HopperMaps &maps, co
     /* the F items run K x K whatever V is: one instance a K; a programmatic dependent of the MAIN launch
      * (hopper.cuh, chunk_hopper_seg_run_kernel: its blocks start as the MAIN launch's drain) */
     err = launch_pdl(chunk_hopper_seg_run_kernel<T, KP, KP, COPY, HOP_MAP_F>, items, dim3(HOP_THREADS), smem_f, stream,
-                     p, maps, sp);
+                     true, p, maps, sp);
     if (err != cudaSuccess)
         return err;
     GDP_CHUNK_STAGE_MARK(GDP_CHUNK_MARK_SPLIT_RUNS, stream); /* after the F launch: PDL pairs it with MAIN */
