@@ -236,14 +236,6 @@ int bench_time_events(const char *prog, cudaStream_t stream, int warmup, int ite
 
 /* ---- the table ----------------------------------------------------------------------------- */
 
-int bench_flush_mode_parse(const char *word) {
-    if (word != NULL && strcmp(word, "write") == 0)
-        return BENCH_FLUSH_WRITE;
-    if (word != NULL && strcmp(word, "read") == 0)
-        return BENCH_FLUSH_READ;
-    return -1;
-}
-
 void bench_version(char *buf, size_t n) {
     int version = 0;
     gdp_get_version(&version);

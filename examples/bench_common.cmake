@@ -5,6 +5,3 @@ target_include_directories(gdp_bench_common PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 # the static library: gdp-bench's gemm rows call the layer's projection GEMM, which libgdp.so
 # does not export
 target_link_libraries(gdp_bench_common PUBLIC gdp_static gdp_options)
-if(GDP_WITH_CUDA) # the L2 flush's read kernel
-  target_sources(gdp_bench_common PRIVATE ${CMAKE_CURRENT_LIST_DIR}/bench_l2.cu)
-endif()

@@ -19,10 +19,6 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#ifdef __cplusplus /* the .cu labs and the flush kernel's file include it too */
-extern "C" {
-#endif
-
 /* ---- the option table ---------------------------------------------------------------------- */
 typedef enum bench_opt_type {
     BENCH_OPT_INT,    /* int, within [min, max]                                   */
@@ -92,18 +88,6 @@ int bench_time_events(const char *prog, cudaStream_t stream, int warmup, int ite
                       bench_call_fn before, void *arg, double *us);
 #endif
 
-/* The L2 flush before a timed call (examples/bench_l2.cu says why two): WRITE writes bytes of buf
- * (byte i & 0xff; the L2 keeps the dirty lines and the timed call pays their write-back, as with
- * triton's do_bench), READ reads them (the timed call starts on a clean L2 of unrelated lines). */
-typedef enum bench_flush_mode { BENCH_FLUSH_WRITE = 0, BENCH_FLUSH_READ = 1 } bench_flush_mode;
-/* "write" | "read" -> the mode; -1 for any other word. */
-int bench_flush_mode_parse(const char *word);
-#ifdef GDP_HAVE_CUDA
-/* Enqueues one flush of buf (bytes, a multiple of 16, over twice the L2) on stream (a cudaStream_t):
- * 0, or -1 after a failed CUDA call. */
-int bench_l2_flush(void *buf, size_t bytes, bench_flush_mode mode, int i, void *stream);
-#endif
-
 /* ---- the table ----------------------------------------------------------------------------- */
 /* "X.Y.Z" of the linked libgdp. */
 void bench_version(char *buf, size_t n);
@@ -126,9 +110,5 @@ void bench_print_busbw_footer(double avg_busbw);
 /* ---- the benchmarks of gdp-bench (examples/bench_layer.c: layer and coll, under mpirun) ---- */
 int gdp_bench_layer_main(int argc, char **argv);
 int gdp_bench_coll_main(int argc, char **argv);
-
-#ifdef __cplusplus
-}
-#endif
 
 #endif /* GDP_BENCH_COMMON_H */

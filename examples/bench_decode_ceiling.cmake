@@ -3,5 +3,5 @@
 option(GDP_BUILD_DECODE_DEV "Build kernels/dev/decode_ceiling.cu (the decode op's memory ceiling)" OFF)
 if(GDP_WITH_CUDA AND GDP_BUILD_DECODE_DEV)
   add_executable(bench_decode_ceiling ${PROJECT_SOURCE_DIR}/kernels/dev/decode_ceiling.cu)
-  target_link_libraries(bench_decode_ceiling PRIVATE gdp_bench_common gdp_options) # bench_l2_flush
+  target_link_libraries(bench_decode_ceiling PRIVATE gdp_options)
 endif()

@@ -5,12 +5,11 @@
  * rows, and a footer with the count of wrong values.
  *
  *   gdp-bench ops [-o|--op all|prefill|decode|decode-key|prepare|gemm] [-i|--iters N] [-w|--warmup N]
- *                 [-f|--flush write|read]
  *   mpirun -n N gdp-bench layer|coll [options]   (examples/bench_layer.c)
  *
  * Per row: the median, min and max over N calls (CUDA events around each call; decode and
- * prepare replay a captured CUDA graph; L2 flushed by a 256 MB write, or with --flush read a
- * read (examples/bench_l2.cu), before each call when the working set is under twice the L2), tokens/s, achieved bytes/s and FLOP/s, the
+ * prepare replay a captured CUDA graph; L2 flushed by a 256 MB write before each call when
+ * the working set is under twice the L2), tokens/s, achieved bytes/s and FLOP/s, the
  * shape's bound and the fraction of it reached, the peer's figure from performance.md and
  * peer/ours. Bounds: decode 2 K V bytes per (request, head) of state element size (fp32 8 KV,
  * bf16 4 KV; plus S K V for the snapshots of S > 1 draft tokens) over 4.17e12 B/s;
@@ -44,7 +43,7 @@
 
 /* gdp-bench ops's options. */
 typedef struct ops_opts {
-    const char *op, *flush;
+    const char *op;
     int iters, warmup;
 } ops_opts;
 
@@ -58,9 +57,6 @@ static int ops_table(ops_opts *o, bench_opt *t) {
         {"op", 'o', BENCH_OPT_CHOICE, "all", "which rows to run (decode-key: the four decode target rows)", &o->op, 0, 0,
          "all|prefill|decode|decode-key|prepare|gemm"},
         {"iters", 'i', BENCH_OPT_INT, "20", "timed calls per row", &o->iters, 10, 1000000, NULL},
-        {"flush", 'f', BENCH_OPT_CHOICE, "write", "the L2 flush before a call (examples/bench_l2.cu): write (a memset; the call "
-         "pays its dirty lines' write-back, as triton's do_bench) or read (the call starts on a clean L2)", &o->flush, 0, 0,
-         "write|read"},
         {"warmup", 'w', BENCH_OPT_INT, "3", "untimed calls before timing", &o->warmup, 0, 1000000, NULL},
     };
     _Static_assert(sizeof opts / sizeof opts[0] <= BENCH_MAX_OPTS, "the table outgrows BENCH_MAX_OPTS");
@@ -87,9 +83,8 @@ static int g_errors = 0; /* failed API or CUDA calls: a row that cannot run */
 typedef struct bench_env {
     gdp_ctx_t gpu, cpu;
     cudaStream_t stream;
-    void *flush;         /* written or read before each call to evict the L2 */
+    void *flush;         /* written before each call to evict the L2 */
     size_t flush_bytes;
-    bench_flush_mode flush_mode;
     size_t l2_bytes;
     int iters, warmup;
 } bench_env;
@@ -222,10 +217,8 @@ typedef struct timed_call {
 
 static int flush_l2(void *p) {
     timed_call *c = p;
-    if (c->flush && bench_l2_flush(c->e->flush, c->e->flush_bytes, c->e->flush_mode, c->i, c->e->stream) != 0) {
-        fprintf(stderr, "gdp-bench: the L2 flush failed: %s\n", cudaGetErrorString(cudaGetLastError()));
-        g_errors++;
-    }
+    if (c->flush)
+        CUDA_TRY(cudaMemsetAsync(c->e->flush, c->i & 0xff, c->e->flush_bytes, c->e->stream));
     c->i++;
     return 0;
 }
@@ -813,7 +806,7 @@ static void bench_prefill(bench_env *e, int64_t H, int64_t K, int64_t V, int64_t
 
 /* ---- main ------------------------------------------------------------------------------------- */
 
-static int run_ops(const char *which, int iters, int warmup, bench_flush_mode flush_mode) {
+static int run_ops(const char *which, int iters, int warmup) {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess || count == 0) {
@@ -821,7 +814,7 @@ static int run_ops(const char *which, int iters, int warmup, bench_flush_mode fl
                err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
         return 0;
     }
-    bench_env e = {.iters = iters, .warmup = warmup, .flush_mode = flush_mode};
+    bench_env e = {.iters = iters, .warmup = warmup};
     g_env = &e;
     if (gdp_ctx_init(&e.gpu, GDP_BACKEND_CUDA, 0) != GDP_STATUS_SUCCESS ||
         gdp_ctx_init(&e.cpu, GDP_BACKEND_CPU, 0) != GDP_STATUS_SUCCESS) {
@@ -845,10 +838,10 @@ static int run_ops(const char *which, int iters, int warmup, bench_flush_mode fl
            prop.multiProcessorCount, prop.l2CacheSize / 1e6, prop.totalGlobalMem / 1073741824.0);
     printf("# rank 0 -> device 0 (one process)\n");
     printf("# method: median/min/max of %d calls after %d warm-up calls, CUDA events around each call; decode and\n"
-           "#   prepare replay a captured CUDA graph; L2 flushed (256 MB %s) before each call when the working\n"
+           "#   prepare replay a captured CUDA graph; L2 flushed (256 MB write) before each call when the working\n"
            "#   set is under 2x L2; prefill uses gdp_build_chunk_descriptors and max_seqlen (which the op's auto\n"
            "#   choice of kernels reads), bf16 q/k/v, L2 norm in kernel\n",
-           iters, warmup, flush_mode == BENCH_FLUSH_READ ? "read: the call starts on a clean L2" : "write");
+           iters, warmup);
     printf("# bounds: decode (2 + S snapshots) KV state elements/(request, head) over %.3g B/s; prefill\n"
            "#   F = M(6CK + 4CV + 2C^2/3 + 4KV) + 2KV FLOP/(token, head) over %.3g FLOP/s; prepare bytes moved\n"
            "#   over %.3g B/s. GB/s and TFLOP/s use the same counts (prefill bytes: 2K + 2MK + 2MV + 2V + 4M + 4\n"
@@ -950,7 +943,7 @@ int main(int argc, char **argv) {
     if (parsed != BENCH_PARSE_OK)
         return parsed == BENCH_PARSE_HELP ? 0 : 2;
 #ifdef GDP_HAVE_CUDA
-    return run_ops(o.op, o.iters, o.warmup, (bench_flush_mode)bench_flush_mode_parse(o.flush));
+    return run_ops(o.op, o.iters, o.warmup);
 #else
     printf("# gdp-bench ops: this libgdp was built without the CUDA backend; nothing to time\n");
     return 0;

@@ -6,19 +6,14 @@
  * grid-stride read-modify-write; a resident grid walking items with the item in registers; the
  * same with the next item streamed by cp.async into per-thread shared-memory cells (the row
  * kernel's scheme), each with W dummy FMAs per element to stand for the compute. Median of 20
- * launches, L2 flushed before each (bench_l2_flush, examples/bench_l2.cu: a 256 MB memset, or with
- * the argument `read` a read that leaves the L2 clean); prints us and TB/s per variant, and the plain
- * copy at B=64's and B=1024's bytes.
+ * launches, L2 flushed (a 256 MB memset) before each; prints us and TB/s per variant.
  * Build: cmake -DGDP_BUILD_DECODE_DEV=ON ... && cmake --build <dir> --target bench_decode_ceiling
- * Run:   bench_decode_ceiling [write|read]
  */
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 #include <algorithm>
 #include <cuda_runtime.h>
-
-#include "bench_common.h"
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
 
@@ -88,11 +83,7 @@ __global__ void __launch_bounds__(THREADS, 2) item_cp(float4 *x, long items, int
 }
 
 static char *flushbuf;
-static bench_flush_mode flush_mode = BENCH_FLUSH_WRITE;
-static int flushes;
-static void flush() {
-    if (bench_l2_flush(flushbuf, 256 << 20, flush_mode, flushes++, nullptr) != 0) { printf("flush failed\n"); exit(1); }
-}
+static void flush() { CK(cudaMemset(flushbuf, 1, 256 << 20)); }
 
 template <class F> static float timeit(F f) {
     cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
@@ -108,10 +99,7 @@ template <class F> static float timeit(F f) {
     return t[10];
 }
 
-int main(int argc, char **argv) {
-    if (argc > 1 && bench_flush_mode_parse(argv[1]) < 0) { printf("usage: %s [write|read]\n", argv[0]); return 2; }
-    if (argc > 1) flush_mode = (bench_flush_mode)bench_flush_mode_parse(argv[1]);
-    printf("# L2 flush: %s\n", flush_mode == BENCH_FLUSH_READ ? "read (clean L2)" : "write (memset)");
+int main() {
     int sms; CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     CK(cudaMalloc(&flushbuf, 256 << 20));
     const long items = 4096;
@@ -121,8 +109,6 @@ int main(int argc, char **argv) {
     const double bytes64 = 2.0 * n16 * 16, bytes32 = bytes64 / 2;
     auto rep = [&](const char *name, double bytes, float us) { printf("%-44s %8.1f us %7.2f TB/s\n", name, us, bytes / us / 1e6); };
     rep("copy separate (fp32 B=256 bytes)", bytes64, timeit([&] { copy_sep<<<sms * 8, THREADS>>>(x, y, n16); }));
-    rep("copy separate (fp32 B=64 bytes)", bytes64 / 4, timeit([&] { copy_sep<<<sms * 8, THREADS>>>(x, y, n16 / 4); }));
-    rep("copy separate (fp32 B=16 bytes)", bytes64 / 16, timeit([&] { copy_sep<<<sms * 8, THREADS>>>(x, y, n16 / 16); }));
     rep("rmw in place", bytes64, timeit([&] { rmw<<<sms * 8, THREADS>>>(x, n16); }));
     rep("rmw in place (bf16 bytes)", bytes32, timeit([&] { rmw<<<sms * 8, THREADS>>>(x, n16 / 2); }));
     CK(cudaFuncSetAttribute(item_cp<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, 16 * THREADS * 16));
