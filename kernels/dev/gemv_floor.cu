@@ -5,7 +5,7 @@
  * gated norm with out_proj (2048 x 2048, 8.4 MB) at 11.8 us on the H100 (thirty-fourth session),
  * against 9.5 and 2.5 us of bytes at the copy rate. A developer tool that links nothing of the
  * library (it includes its GEMV product's helpers):
- *   nvcc -O3 -arch=sm_90 -Iinclude -Ikernels -o gemv_floor kernels/dev/gemv_floor.cu && ./gemv_floor
+ *   nvcc -O3 -arch=sm_90 -Iinclude -Ikernels -o gemv_floor kernels/dev/gemv_floor.cu && ./gemv_floor [l2]
  * Each case is a chain of launches over distinct copies of the weight (together over three times the
  * L2, so no launch finds its weight in L2, as in a layer step whose weights exceed it), captured as
  * one CUDA graph and replayed; us a launch = a replay's median time / the chain's length, so a
@@ -27,6 +27,9 @@
  *   - w2 u4 (A-reg): a warp two columns, four chunks each in flight (the library's CPW = 2 form);
  *   - bulk: a warp a column moved whole into shared memory by the copy engine (one cp.async.bulk
  *     on the warp's mbarrier), A staged in shared memory, no load held in registers.
+ * With the argument `l2` every launch of the chain reads the same copy instead, so after the first
+ * the weight is an L2 hit (31.7 + 8.4 MB fit the L2 of an H100 or H200): what a launch would cost if
+ * its weight had been sent to L2 ahead of it (e.g. under the layer step's latency-bound kernels).
  * Every GEMV's C is checked against a host product of the same bf16 values (relative error < 1e-2).
  */
 #include <algorithm>
@@ -34,6 +37,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -323,9 +327,10 @@ static float bf(bf16 x) { return __bfloat162float(x); }
 
 /* One shape at R rows: the chain over the copies for every case. */
 template <int R>
-void run_shape(int n, int k, int rows, int sms, size_t l2, cudaStream_t s, uint4 *sink) {
+void run_shape(int n, int k, int rows, int sms, size_t l2, cudaStream_t s, uint4 *sink, bool resident) {
     const size_t bytes = (size_t)n * k * sizeof(bf16);
-    const int copies = (int)std::max<size_t>(4, (3 * l2 + bytes - 1) / bytes);
+    const int launches = (int)std::max<size_t>(4, (3 * l2 + bytes - 1) / bytes);
+    const int copies = resident ? 1 : launches;
     std::vector<bf16> hb((size_t)n * k), ha((size_t)rows * k);
     uint32_t seed = 12345;
     auto rnd = [&]() { seed = seed * 1664525u + 1013904223u; return ((seed >> 8) & 0xffff) / 32768.0f - 1.0f; };
@@ -367,8 +372,8 @@ void run_shape(int n, int k, int rows, int sms, size_t l2, cudaStream_t s, uint4
             }
             worst = std::sqrt(num / (den > 0 ? den : 1));
         }
-        const float med = chain_median_us(s, copies, REPLAYS, [&](int c, cudaStream_t st) {
-            a.B = dB[c];
+        const float med = chain_median_us(s, launches, REPLAYS, [&](int c, cudaStream_t st) {
+            a.B = dB[resident ? 0 : c];
             cs.launch(a, st, sms);
         });
         printf("  %-9s n %5d k %5d rows %d  copies %2d  %8.2f us a launch  %6.2f TB/s", cs.name, n, k, rows, copies, med,
@@ -383,7 +388,12 @@ void run_shape(int n, int k, int rows, int sms, size_t l2, cudaStream_t s, uint4
     CK(cudaFree(dC));
 }
 
-int main() {
+int main(int argc, char **argv) {
+    const bool resident = argc > 1 && std::string(argv[1]) == "l2";
+    if (argc > 1 && !resident) {
+        printf("usage: %s [l2]\n", argv[0]);
+        return 2;
+    }
     int dev = 0;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, dev));
@@ -392,12 +402,13 @@ int main() {
     uint4 *sink;
     CK(cudaMalloc(&sink, (size_t)prop.multiProcessorCount * 64 * sizeof(uint4)));
     printf("# gemv_floor: %s, %d SMs, L2 %d MB; bf16 weight [n, k], rows x k activations, a chain of launches over "
-           "distinct copies (3x L2), graph-replayed, median of %d\n",
-           prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, REPLAYS);
+           "%s, graph-replayed, median of %d\n",
+           prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
+           resident ? "ONE copy (the weight an L2 hit)" : "distinct copies (3x L2)", REPLAYS);
     const int shapes[2][2] = {{7728, 2048}, {2048, 2048}};
     for (const auto &sh : shapes) {
-        run_shape<1>(sh[0], sh[1], 1, prop.multiProcessorCount, prop.l2CacheSize, s, sink);
-        run_shape<4>(sh[0], sh[1], 4, prop.multiProcessorCount, prop.l2CacheSize, s, sink);
+        run_shape<1>(sh[0], sh[1], 1, prop.multiProcessorCount, prop.l2CacheSize, s, sink, resident);
+        run_shape<4>(sh[0], sh[1], 4, prop.multiProcessorCount, prop.l2CacheSize, s, sink, resident);
     }
     return 0;
 }
