@@ -30,7 +30,7 @@
 # workloads of two trees, alternated (GDP_CALL_SA_ROUNDS; b: GDP_CALL_SA_TREE of the first pack or main of the
 # second, as packab's GDP_CALL_PAB_TREE; packab and serveab run side a under GDP_CALL_AB_ENV_A and b under
 # GDP_CALL_AB_ENV_B, e.g. one tree's two settings); gemvfloor (not by default),
-# kernels/dev/gemv_floor.cu built and run there; gemmskinny (not by default), kernels/dev/gemm_skinny.cu built and
+# kernels/dev/gemv_floor.cu built and run there (then its weights as L2 hits; GDP_CALL_GF_L2=0 skips that); gemmskinny (not by default), kernels/dev/gemm_skinny.cu built and
 # run there (cuBLASLt's heuristic results and split-k forms of the decode projections, rows GDP_CALL_GS_ROWS); opsdecode (not by default), main's decode op rows
 # twice, without decode's tests; opsprefill (not by default), main's prefill op rows with their stages
 # twice (GDP_CALL_OPF_ENV: the environment they run under); chunkab (not by default), tree GDP_CALL_CAB_TREE's
@@ -453,10 +453,12 @@ stage_ngsrc() { # ncu's full set with source counters on kernels of the layer be
             "$OUT/ngsrc_${mode}_details.txt" | head -40
     done
 }
-stage_gemvfloor() { # the one-to-four-row GEMV forms against a plain read (kernels/dev/gemv_floor.cu, built here: seconds)
+stage_gemvfloor() { # the one-to-four-row GEMV forms against a plain read (kernels/dev/gemv_floor.cu, built here: seconds),
+    # the weights from DRAM, then (GDP_CALL_GF_L2=1, the default) as L2 hits
     command -v nvcc >/dev/null || PATH=$PATH:/usr/local/cuda/bin
     nvcc -O3 -arch=sm_90 -diag-suppress 128 -Iinclude -Ikernels -o /tmp/gemv_floor kernels/dev/gemv_floor.cu >"$OUT/gemv_floor.log" 2>&1 &&
-        timeout 120 /tmp/gemv_floor >>"$OUT/gemv_floor.log" 2>&1
+        timeout 120 /tmp/gemv_floor >>"$OUT/gemv_floor.log" 2>&1 &&
+        { [ "${GDP_CALL_GF_L2:-1}" = 0 ] || timeout 120 /tmp/gemv_floor l2 >>"$OUT/gemv_floor.log" 2>&1; }
     echo "gemv_floor rc=$?"
     cat "$OUT/gemv_floor.log"
 }
