@@ -468,15 +468,10 @@ static void decode_core_vs_chain(test_rng *r, const fuse_cfg *c) {
                  * compared below would show a partial write) */
                 const char *names[2] = {"GDP_DECODE_FRONT", "GDP_DECODE_FRONT_VEC"};
                 for (int e = 0; e < 2 && c->n == 1 && pass == 0; e++) {
-                    char *saved = getenv(names[e]) != NULL ? strdup(getenv(names[e])) : NULL;
-                    setenv(names[e], "sideways", 1);
+                    char *saved = test_env_swap(names[e], "sideways");
                     CHECK(gdp_decode_conv_prepare(g_test_gpu, &cu, &pr) == GDP_STATUS_INVALID_USAGE,
                           "%s=sideways: gdp_decode_conv_prepare must refuse it", names[e]);
-                    if (saved != NULL)
-                        setenv(names[e], saved, 1);
-                    else
-                        unsetenv(names[e]);
-                    free(saved);
+                    test_env_restore(names[e], saved);
                 }
                 CHECK_OK(gdp_decode_conv_prepare(g_test_gpu, &cu, &pr));
             }
@@ -735,17 +730,12 @@ static void prefill_front_vs_chain(test_rng *r, const front_cfg *c) {
         }
         /* a GDP_PREFILL_FRONT it does not know is refused before anything runs (the state
          * compared below would show a partial write); chain never takes the one pass */
-        char *saved = getenv("GDP_PREFILL_FRONT") != NULL ? strdup(getenv("GDP_PREFILL_FRONT")) : NULL;
-        setenv("GDP_PREFILL_FRONT", "sideways", 1);
+        char *saved = test_env_swap("GDP_PREFILL_FRONT", "sideways");
         CHECK(gdp_prefill_conv_prepare(g_test_gpu, &cv, &pr) == GDP_STATUS_INVALID_USAGE,
               "GDP_PREFILL_FRONT=sideways: gdp_prefill_conv_prepare must refuse it");
         setenv("GDP_PREFILL_FRONT", "chain", 1);
         CHECK(!gdp_prefill_conv_prepare_fuses(g_test_gpu, &cv, &pr), "GDP_PREFILL_FRONT=chain still fuses");
-        if (saved != NULL)
-            setenv("GDP_PREFILL_FRONT", saved, 1);
-        else
-            unsetenv("GDP_PREFILL_FRONT");
-        free(saved);
+        test_env_restore("GDP_PREFILL_FRONT", saved);
         CHECK(gdp_prefill_conv_prepare_fuses(g_test_gpu, &cv, &pr) == c->fuses, "the one pass %s the call",
               c->fuses ? "must take" : "must not take");
         CHECK_OK(gdp_prefill_conv_prepare(g_test_gpu, &cv, &pr));
