@@ -37,7 +37,7 @@
 # test_chunk_gpu (Hopper path, auto) and its prefill rows beside main's (GDP_CALL_CAB_ROUNDS); gemvprof (not by default), ncu's detailed set
 # (throughput, occupancy, warp stalls) of the layer's one-row kernels, with cuBLASLt's in_proj and the skinny one
 # (GDP_CALL_GEMVPROF_ENVS, default "GDP_GEMM_SKINNY=auto GDP_GEMM_SKINNY=on");
-# layerenv (not by default), main's layer decode rows under settings GDP_CALL_LE_ENVS alternated (stage_layerenv);
+# layerenv (not by default), main's (or tree GDP_CALL_LE_TREE's) layer decode rows under settings GDP_CALL_LE_ENVS alternated (stage_layerenv);
 # ngsrc (not by default), ncu's full set with source counters (report, details and the per-instruction SASS table
 # in logs.tgz) on the layer's out_proj launch at B = 1 of tree GDP_CALL_NGSRC_TREE (default main) under
 # GDP_CALL_NGSRC_MODES (default auto: the norm-GEMV; under chain at two rows out_proj is cuBLASLt's); other kernels
@@ -178,16 +178,17 @@ stage_chunkab() { # a chunk-op change: tree GDP_CALL_CAB_TREE's test_chunk_gpu o
         done
     done | tee "$OUT/cab_rows.log"
 }
-stage_layerenv() { # one setting of main against another in the layer: each GDP_CALL_LE_ENVS entry (space-separated;
-    # VAR=VALUE[,VAR=VALUE...], "-" for none; default "-") runs the layer bench's decode rows (GDP_CALL_LE_BATCHES, default
-    # 1,16,64,128,256) with each state dtype of GDP_CALL_LE_STATES (default "fp32 bf16"), the entries alternated,
-    # GDP_CALL_LE_ROUNDS rounds (default 2)
-    local r e sdt
+stage_layerenv() { # one setting of main (or of tree GDP_CALL_LE_TREE of the pack) against another in the layer: each
+    # GDP_CALL_LE_ENVS entry (space-separated; VAR=VALUE[,VAR=VALUE...], "-" for none; default "-") runs the layer bench's
+    # decode rows (GDP_CALL_LE_BATCHES, default 1,16,64,128,256) with each state dtype of GDP_CALL_LE_STATES (default
+    # "fp32 bf16"), the entries alternated, GDP_CALL_LE_ROUNDS rounds (default 2)
+    local r e sdt tree=${GDP_CALL_LE_TREE:-main}
+    [ -x "$P/$tree/bin/gdp-bench" ] || { echo "layerenv: no tree $tree in the pack"; return; }
     for r in $(seq 1 "${GDP_CALL_LE_ROUNDS:-2}"); do
         for sdt in ${GDP_CALL_LE_STATES:-fp32 bf16}; do
             for e in ${GDP_CALL_LE_ENVS:--}; do
-                echo "## round $r -S $sdt $e"
-                env $([ "$e" = - ] || echo "${e//,/ }") timeout 90 mpirun -n 1 "$P/main/bin/gdp-bench" layer "${layer_shape[@]}" \
+                echo "## round $r -S $sdt $e ($tree)"
+                env $([ "$e" = - ] || echo "${e//,/ }") timeout 90 mpirun -n 1 "$P/$tree/bin/gdp-bench" layer "${layer_shape[@]}" \
                     -S "$sdt" -D "${GDP_CALL_LE_BATCHES:-1,16,64,128,256}" -P 64 2>&1 | grep -E "^ +decode|rror|wrong"
             done
         done
