@@ -21,6 +21,12 @@
 # test_layer_tp_gpu_np2, test_sampling_gpu and test_recurrent_gpu for every tree (packab's and sampab's tests of side b); test_comm_mpi_gpu_np2,
 # test_layer_cp_gpu_np2 and test_layer_tp_gpu_sp_np2 for main.
 # Environment: GDP_BUILD_DIR (default build). The patches may touch sources only (no new targets).
+# A patch whose header (the text before its first diff) has a line "Pack-keep-only: SRC ..." (source
+# names, e.g. "layer.c core.c copy_kernels.cu") keeps only those sources' objects and takes main's for
+# the rest: for a header change that reaches objects it cannot alter (fields appended to a host struct,
+# new declarations), where every includer is rebuilt and kept (35 MB for one such tree). The line is the
+# author's claim: it must name every source the change can alter, the one that allocates a grown struct
+# included (kernels/NOTES-ops.md, forty-fifth session).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${GDP_BUILD_DIR:-build}
@@ -95,6 +101,12 @@ if [ "$mode" = pack ]; then
                   grep -E '/(gdp_objects|gdp_hopper_objects)\.dir/.*\.o$|/CMakeFiles/[^/]+\.dir/[^/]+\.o$' || true)
         mkdir -p "$dir/$name"
         changed=$(python3 "$root/launch/prebuilt_pick.py" "$dir" "$name" "$root" "$build" $(for f in $changed; do echo "${f#./}"; done))
+        keep_only=$(sed -n -e '/^diff --git/q' -e 's/^Pack-keep-only: *//p' "$pf" | head -1)
+        if [ -n "$keep_only" ]; then # the patch author's list of the sources whose objects can differ
+            changed=$(for f in $changed; do
+                for src in $keep_only; do [ "$(basename "$f")" = "$src.o" ] && echo "$f" && break; done
+            done)
+        fi
         for f in $changed; do save "$name" "$f"; done
         echo "$name" >>"$dir/.trees"
         echo "prebuilt.sh pack: $name: kept $(for f in $changed; do basename "$f"; done | tr '\n' ' ')$(
