@@ -21,12 +21,12 @@
 # test_layer_tp_gpu_np2, test_sampling_gpu and test_recurrent_gpu for every tree (packab's and sampab's tests of side b); test_comm_mpi_gpu_np2,
 # test_layer_cp_gpu_np2 and test_layer_tp_gpu_sp_np2 for main.
 # Environment: GDP_BUILD_DIR (default build). The patches may touch sources only (no new targets).
-# A patch whose header (the text before its first diff) has a line "Pack-keep-only: SRC ..." (source
-# names, e.g. "layer.c core.c copy_kernels.cu") keeps only those sources' objects and takes main's for
-# the rest: for a header change that reaches objects it cannot alter (fields appended to a host struct,
-# new declarations), where every includer is rebuilt and kept (35 MB for one such tree). The line is the
-# author's claim: it must name every source the change can alter, the one that allocates a grown struct
-# included (kernels/NOTES-ops.md, forty-fifth session).
+# A patch whose header (the text before its first diff) has a line "Pack-keep-only: FILE ..." (file
+# names, e.g. "layer.c core.c copy_kernels.cu") keeps only the objects built from one of them (by their
+# depfiles; prebuilt_pick.py) and takes main's for the rest: for a header change that reaches objects it
+# cannot alter (fields appended to a host struct, new declarations), where every includer is rebuilt and
+# kept (35 MB for one such tree). The line is the author's claim: it must name every source the change
+# can alter, the one that allocates a grown struct included (kernels/NOTES-ops.md, forty-fifth session).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${GDP_BUILD_DIR:-build}
@@ -100,20 +100,16 @@ if [ "$mode" = pack ]; then
         changed=$(diff <(cat "$dir/main.md5") <(cat "$dir/$name.md5") | awk '$1 == ">" {print $3}' |
                   grep -E '/(gdp_objects|gdp_hopper_objects)\.dir/.*\.o$|/CMakeFiles/[^/]+\.dir/[^/]+\.o$' || true)
         mkdir -p "$dir/$name"
+        # the patch header's "Pack-keep-only:" sources (the author's list of those whose objects can differ)
+        sed -n -e '/^diff --git/q' -e 's/^Pack-keep-only: *//p' "$pf" | head -1 >"$dir/.keep_$name"
         changed=$(python3 "$root/launch/prebuilt_pick.py" "$dir" "$name" "$root" "$build" $(for f in $changed; do echo "${f#./}"; done))
-        keep_only=$(sed -n -e '/^diff --git/q' -e 's/^Pack-keep-only: *//p' "$pf" | head -1)
-        if [ -n "$keep_only" ]; then # the patch author's list of the sources whose objects can differ
-            changed=$(for f in $changed; do
-                for src in $keep_only; do [ "$(basename "$f")" = "$src.o" ] && echo "$f" && break; done
-            done)
-        fi
         for f in $changed; do save "$name" "$f"; done
         echo "$name" >>"$dir/.trees"
         echo "prebuilt.sh pack: $name: kept $(for f in $changed; do basename "$f"; done | tr '\n' ' ')$(
             [ ! -f "$dir/$name/inherit" ] || awk '{n = split($1, p, "/"); printf "; %s from %s", p[n], $2}' "$dir/$name/inherit")"
         rm -f "$dir/$name.md5"
     done
-    rm -f "$dir/main.md5" "$dir"/.hashes_* "$dir/.trees"
+    rm -f "$dir/main.md5" "$dir"/.hashes_* "$dir"/.keep_* "$dir/.trees"
     # the library members the trees replace are named by their object's basename: they must be unique
     dups=$(ar t "$dir/main/libgdp.a" | sort | uniq -d)
     [ -z "$dups" ] || { echo "prebuilt.sh pack: libgdp.a has members of one name: $dups" >&2; exit 1; }

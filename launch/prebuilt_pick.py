@@ -4,7 +4,10 @@ keeps. nvcc writes a per-compile module id into every object, so bytes cannot te
 change; the sources can. An object's sources are its depfile's (OBJ.d); the patch set's files had the
 contents DIR/.hashes_main (main), DIR/.hashes_<tree> (each patch as applied). An object whose sources
 read as main's is a recompile (dropped); as an earlier tree's that keeps or inherits it, inherited
-(a line 'OBJ TREE' in DIR/NAME/inherit, TREE the one holding the file); else kept (printed)."""
+(a line 'OBJ TREE' in DIR/NAME/inherit, TREE the one holding the file); else kept (printed). A file
+DIR/.keep_NAME naming sources (the patch header's "Pack-keep-only:" list, launch/prebuilt.sh) limits both
+to the objects built from a file of that list (by their depfiles): the rest take main's (a header change the author
+says cannot alter them)."""
 import os
 import sys
 
@@ -31,8 +34,12 @@ def main():
     mine = hashes(os.path.join(out_dir, ".hashes_" + name))
     ref = hashes(os.path.join(out_dir, ".hashes_main"))
     order = [l.strip() for l in open(os.path.join(out_dir, ".trees"))] if os.path.exists(os.path.join(out_dir, ".trees")) else []
+    keep_path = os.path.join(out_dir, ".keep_" + name)
+    keep_only = set(open(keep_path).read().split()) if os.path.exists(keep_path) else set()
     inherit = []
     for obj in objs:
+        if keep_only and not {os.path.basename(f) for f in sources(root, build, obj)} & keep_only:
+            continue  # main's object, by the author's list (none of its sources named)
         watched = sources(root, build, obj) & set(mine)
         state = {f: mine[f] for f in watched}
         if state == {f: ref[f] for f in watched}:

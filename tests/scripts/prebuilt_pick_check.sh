@@ -2,7 +2,8 @@
 # prebuilt_pick_check.sh ROOT: launch/prebuilt_pick.py, which of a patch's rebuilt objects
 # launch/prebuilt.sh pack keeps, on a made-up tree: an object whose sources read as main's is dropped
 # (a recompile), one whose sources read as an earlier patch's is inherited from the tree that holds it
-# (also through a tree that itself inherited it), one whose sources differ from all is kept.
+# (also through a tree that itself inherited it), one whose sources differ from all is kept; a patch's
+# Pack-keep-only list (DIR/.keep_NAME) limits both to its sources' objects.
 set -uo pipefail
 root=$1
 dir=$(mktemp -d)
@@ -40,4 +41,10 @@ check p4 "" "" o/a.o o/b.o o/c.o
 # a change to a shared header: both of its objects kept
 hashes A0 B0 H9 C0 >"$out/.hashes_p5" && mkdir -p "$out/p5"
 check p5 "o/a.o o/b.o " "" o/a.o o/b.o
+# the same header change with the patch's Pack-keep-only list naming b.cu: only b.o kept (a.o is main's)
+hashes A0 B0 H9 C0 >"$out/.hashes_p6" && mkdir -p "$out/p6" && echo "b.cu" >"$out/.keep_p6"
+check p6 "o/b.o " "" o/a.o o/b.o
+# a list that names none of them: nothing kept, nothing inherited (p3's a.o and c.o under a list of b.cu)
+cp "$out/.hashes_p3" "$out/.hashes_p7" && mkdir -p "$out/p7" && echo "b.cu" >"$out/.keep_p7"
+check p7 "" "" o/a.o o/b.o o/c.o
 [ "$fail" -eq 0 ] && echo "PASS: prebuilt_pick.py" || exit 1
