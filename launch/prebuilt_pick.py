@@ -38,9 +38,10 @@ def main():
     keep_only = set(open(keep_path).read().split()) if os.path.exists(keep_path) else set()
     inherit = []
     for obj in objs:
-        if keep_only and not {os.path.basename(f) for f in sources(root, build, obj)} & keep_only:
+        srcs = sources(root, build, obj)
+        if keep_only and not {os.path.basename(f) for f in srcs} & keep_only:
             continue  # main's object, by the author's list (none of its sources named)
-        watched = sources(root, build, obj) & set(mine)
+        watched = srcs & set(mine)
         state = {f: mine[f] for f in watched}
         if state == {f: ref[f] for f in watched}:
             continue  # main's sources: a recompile
