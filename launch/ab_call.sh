@@ -38,6 +38,8 @@
 # (throughput, occupancy, warp stalls) of the layer's one-row kernels, with cuBLASLt's in_proj and the skinny one
 # (GDP_CALL_GEMVPROF_ENVS, default "GDP_GEMM_SKINNY=auto GDP_GEMM_SKINNY=on");
 # layerenv (not by default), main's (or tree GDP_CALL_LE_TREE's) layer decode rows under settings GDP_CALL_LE_ENVS alternated (stage_layerenv);
+# ncuop (not by default), ncu's durations of the decode kernels over the op bench's decode-key rows under settings and
+# ncu cache controls (stage_ncuop);
 # ngsrc (not by default), ncu's full set with source counters (report, details and the per-instruction SASS table
 # in logs.tgz) on the layer's out_proj launch at B = 1 of tree GDP_CALL_NGSRC_TREE (default main) under
 # GDP_CALL_NGSRC_MODES (default auto: the norm-GEMV; under chain at two rows out_proj is cuBLASLt's); other kernels
@@ -346,6 +348,25 @@ stage_normgemm() { # the norm-GEMV (kernels/gemv.cu): its tests, then the layer'
         done
     done
     grep -E "^## |decode|prefill|wrong" "$OUT/layer_ng.log" | head -150 # (two trees, three modes: 84 lines)
+}
+stage_ncuop() { # ncu's durations of the decode kernels over the op bench's decode-key rows (each kernel alone) of tree
+    # GDP_CALL_NCUOP_TREE (default main) under each GDP_CALL_NCUOP_ENVS entry (VAR=VALUE[,VAR=VALUE...], "-" for none;
+    # default "GDP_DECODE_STATE=rows GDP_DECODE_STATE=ring") and each ncu cache control of GDP_CALL_NCUOP_CACHE
+    # (default "all none"): whether a kernel's cost alone (ncu) against its graph rows (it after itself) is its caches
+    command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
+    local tree=${GDP_CALL_NCUOP_TREE:-main} e cc n=0
+    [ -x "$P/$tree/bin/gdp-bench" ] || { echo "ncuop: no tree $tree in the pack"; return; }
+    for e in ${GDP_CALL_NCUOP_ENVS:-GDP_DECODE_STATE=rows GDP_DECODE_STATE=ring}; do
+        for cc in ${GDP_CALL_NCUOP_CACHE:-all none}; do
+            n=$((n + 1))
+            env $([ "$e" = - ] || echo "${e//,/ }") timeout 120 ncu --clock-control none --cache-control "$cc" \
+                -k regex:recurrent --launch-count 300 --metrics gpu__time_duration.sum --csv "$P/$tree/bin/gdp-bench" ops \
+                --op decode-key -i 10 -w 3 >"$OUT/ncuop_$n.csv" 2>"$OUT/ncuop_$n.err"
+            echo "## $e, ncu --cache-control $cc ($tree): rc=$? (decode-key rows in order, 15 launches a row)"
+            python3 launch/ncu_durations.py --order "$OUT/ncuop_$n.csv" | awk '{print $NF}' | tr '\n' ' '
+            echo
+        done
+    done | tee "$OUT/ncuop.log"
 }
 stage_profile() { # ncu's duration of every kernel of main's layer bench, in launch order (decode rows GDP_CALL_PROF_BATCHES)
     command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
