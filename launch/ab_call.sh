@@ -110,6 +110,9 @@ run_gpu_tests() {
 b_bin() { # b_bin TREE: the binaries of the A/B's side b: TREE of the first pack when named, else main of pack b
     if [ -n "$1" ]; then echo "$P/$1/bin"; else echo "$PB/main/bin"; fi
 }
+setting_env() { # setting_env ENTRY: a settings entry (VAR=VALUE[,VAR=VALUE...], "-" for none) as env's assignments
+    [ "$1" = - ] || echo "${1//,/ }"
+}
 side_env() { # side_env a|b: the environment assignments of an A/B side (GDP_CALL_AB_ENV_A, _B; default none),
     # so that one tree's two settings can be the two sides (b: GDP_CALL_PAB_TREE / GDP_CALL_SA_TREE = main)
     if [ "$1" = b ]; then echo "${GDP_CALL_AB_ENV_B:-}"; else echo "${GDP_CALL_AB_ENV_A:-}"; fi
@@ -190,7 +193,7 @@ stage_layerenv() { # one setting of main (or of tree GDP_CALL_LE_TREE of the pac
         for sdt in ${GDP_CALL_LE_STATES:-fp32 bf16}; do
             for e in ${GDP_CALL_LE_ENVS:--}; do
                 echo "## round $r -S $sdt $e ($tree)"
-                env $([ "$e" = - ] || echo "${e//,/ }") timeout 90 mpirun -n 1 "$P/$tree/bin/gdp-bench" layer "${layer_shape[@]}" \
+                env $(setting_env "$e") timeout 90 mpirun -n 1 "$P/$tree/bin/gdp-bench" layer "${layer_shape[@]}" \
                     -S "$sdt" -D "${GDP_CALL_LE_BATCHES:-1,16,64,128,256}" -P 64 2>&1 | grep -E "^ +decode|rror|wrong"
             done
         done
@@ -359,7 +362,7 @@ stage_ncuop() { # ncu's durations of the decode kernels over the op bench's deco
     for e in ${GDP_CALL_NCUOP_ENVS:-GDP_DECODE_STATE=rows GDP_DECODE_STATE=ring}; do
         for cc in ${GDP_CALL_NCUOP_CACHE:-all none}; do
             n=$((n + 1))
-            env $([ "$e" = - ] || echo "${e//,/ }") timeout 120 ncu --clock-control none --cache-control "$cc" \
+            env $(setting_env "$e") timeout 120 ncu --clock-control none --cache-control "$cc" \
                 -k regex:recurrent --launch-count 300 --metrics gpu__time_duration.sum --csv "$P/$tree/bin/gdp-bench" ops \
                 --op decode-key -i 10 -w 3 >"$OUT/ncuop_$n.csv" 2>"$OUT/ncuop_$n.err"
             echo "## $e, ncu --cache-control $cc ($tree): rc=$? (decode-key rows in order, 15 launches a row)"
