@@ -39,7 +39,8 @@
 # (GDP_CALL_GEMVPROF_ENVS, default "GDP_GEMM_SKINNY=auto GDP_GEMM_SKINNY=on");
 # layerenv (not by default), main's (or tree GDP_CALL_LE_TREE's) layer decode rows under settings GDP_CALL_LE_ENVS alternated (stage_layerenv);
 # ncuop (not by default), ncu's durations of the decode kernels over the op bench's decode-key rows under settings and
-# ncu cache controls (stage_ncuop);
+# ncu cache controls (stage_ncuop); ncustall (not by default), ncu's warp stall reasons of the decode kernel on two of
+# those rows under the same settings and cache controls (stage_ncustall);
 # ngsrc (not by default), ncu's full set with source counters (report, details and the per-instruction SASS table
 # in logs.tgz) on the layer's out_proj launch at B = 1 of tree GDP_CALL_NGSRC_TREE (default main) under
 # GDP_CALL_NGSRC_MODES (default auto: the norm-GEMV; under chain at two rows out_proj is cuBLASLt's); other kernels
@@ -75,7 +76,10 @@ SECONDS=0
 save_logs() { tar -czf "$final/logs.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"; echo "[$1 at ${SECONDS}s]" | tee -a "$OUT/times.txt"; }
 P=/tmp/ab_call_pack/pack
 . launch/ab_lib.sh # decode_stage, chunk_sanitize, pending_is_record
-mkdir -p /tmp/ab_call_pack && tar -xJf "${GDP_CALL_PACK:-.pre/pack.tar.xz}" -C /tmp/ab_call_pack &&
+# a pack's top folder is named pack here whatever it was named at pack time (e.g. .pre/packS); symlink
+# targets (prebuilt_pick.py's references) are relative and left alone
+untar_pack() { rm -rf "$2" && mkdir -p "$2" && tar -xJf "$1" -C "$2" --transform 's,^[^/]*,pack,S'; }
+untar_pack "${GDP_CALL_PACK:-.pre/pack.tar.xz}" /tmp/ab_call_pack &&
     launch/prebuilt.sh link "$P" >"$OUT/link.log" 2>&1
 lrc=$?
 tail -8 "$OUT/link.log"
@@ -90,7 +94,7 @@ fi
 # a second pack (GDP_CALL_PACK_B, built from another commit), linked beside the first for stage packab
 PB=/tmp/ab_call_pack_b/pack
 if [ -n "${GDP_CALL_PACK_B:-}" ]; then
-    mkdir -p /tmp/ab_call_pack_b && tar -xJf "$GDP_CALL_PACK_B" -C /tmp/ab_call_pack_b &&
+    untar_pack "$GDP_CALL_PACK_B" /tmp/ab_call_pack_b &&
         launch/prebuilt.sh link "$PB" >"$OUT/link_b.log" 2>&1
     echo "pack b link rc=$?"
 fi
@@ -370,6 +374,40 @@ stage_ncuop() { # ncu's durations of the decode kernels over the op bench's deco
             echo
         done
     done | tee "$OUT/ncuop.log"
+}
+stage_ncustall() { # ncu's warp stall reasons (cycles a warp waits per issued instruction, by reason) of the decode
+    # kernel on the op bench's decode-key rows of tree GDP_CALL_NCUOP_TREE (default main) under each GDP_CALL_NCUOP_ENVS
+    # entry and ncu cache control (as stage_ncuop), on launch GDP_CALL_NCUSTALL_SKIPS (default "5 20": skipped launches;
+    # decode-key runs 15 launches a row, B = 1 first, then fp32 B = 256): a kernel slower with every cache flushed
+    # than with the L2 alone flushed (stage_ncuop) shows which wait grows (no_instruction: the instruction caches)
+    command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
+    local tree=${GDP_CALL_NCUOP_TREE:-main} e cc skip n=0
+    for e in ${GDP_CALL_NCUOP_ENVS:-GDP_DECODE_STATE=rows GDP_DECODE_STATE=ring}; do
+        for skip in ${GDP_CALL_NCUSTALL_SKIPS:-5 20}; do
+            for cc in ${GDP_CALL_NCUOP_CACHE:-all none}; do
+                n=$((n + 1))
+                env $(setting_env "$e") timeout 120 ncu --clock-control none --cache-control "$cc" -k regex:recurrent \
+                    --launch-skip "$skip" --launch-count 1 --csv --metrics "gpu__time_duration.sum,smsp__inst_executed.sum,\
+regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" "$P/$tree/bin/gdp-bench" ops --op decode-key -i 10 -w 3 \
+                    >"$OUT/ncustall_$n.csv" 2>"$OUT/ncustall_$n.err"
+                echo "## $e, launch $skip, ncu --cache-control $cc ($tree): rc=$?"
+                python3 - "$OUT/ncustall_$n.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows:
+    sys.exit("no ncu rows")
+h = rows[0]
+ni, vi = h.index("Metric Name"), h.index("Metric Value")
+vals = {r[ni]: float(r[vi].replace(",", "")) for r in rows[1:] if r[vi].replace(",", "").replace(".", "").isdigit()}
+print(rows[1][h.index("Kernel Name")][:70])
+print("  us %.2f  instructions %d" % (vals.get("gpu__time_duration.sum", 0) / 1000, vals.get("smsp__inst_executed.sum", 0)))
+stalls = sorted(((v, k.replace("smsp__average_warps_issue_stalled_", "").replace("_per_issue_active.ratio", ""))
+                 for k, v in vals.items() if "stalled" in k), reverse=True)
+print("  " + "  ".join("%s %.2f" % (k, v) for v, k in stalls[:8]))
+PY
+            done
+        done
+    done | tee "$OUT/ncustall.log"
 }
 stage_profile() { # ncu's duration of every kernel of main's layer bench, in launch order (decode rows GDP_CALL_PROF_BATCHES)
     command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
