@@ -40,7 +40,8 @@
 # layerenv (not by default), main's (or tree GDP_CALL_LE_TREE's) layer decode rows under settings GDP_CALL_LE_ENVS alternated (stage_layerenv);
 # ncuop (not by default), ncu's durations of the decode kernels over the op bench's decode-key rows under settings and
 # ncu cache controls (stage_ncuop); ncustall (not by default), ncu's warp stall reasons of the decode kernel on two of
-# those rows under the same settings and cache controls (stage_ncustall);
+# those rows under the same settings and cache controls (stage_ncustall); layerstall (not by default), the same for
+# every kernel of the layer bench's decode step (stage_layerstall);
 # ngsrc (not by default), ncu's full set with source counters (report, details and the per-instruction SASS table
 # in logs.tgz) on the layer's out_proj launch at B = 1 of tree GDP_CALL_NGSRC_TREE (default main) under
 # GDP_CALL_NGSRC_MODES (default auto: the norm-GEMV; under chain at two rows out_proj is cuBLASLt's); other kernels
@@ -408,6 +409,42 @@ PY
             done
         done
     done | tee "$OUT/ncustall.log"
+}
+stage_layerstall() { # ncu's warp stall reasons of every kernel of main's layer bench (decode rows
+    # GDP_CALL_PROF_BATCHES, default 1), in launch order, under each ncu cache control of GDP_CALL_NCUOP_CACHE (default
+    # "all none"): how much of each kernel's issue time waits on instruction fetch (no_instruction) when its SM's
+    # caches are cold, as between the step's kernels (kernels/NOTES-ops.md, forty-seventh session)
+    command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
+    local cc
+    for cc in ${GDP_CALL_NCUOP_CACHE:-all none}; do
+        timeout 300 ncu --clock-control none --cache-control "$cc" --csv --metrics "gpu__time_duration.sum,\
+smsp__inst_executed.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" "$P/main/bin/gdp-bench" \
+            layer "${layer_shape[@]}" -D "${GDP_CALL_PROF_BATCHES:-1}" -P 64 -w 1 -i 1 -c 0 \
+            >"$OUT/layerstall_$cc.csv" 2>"$OUT/layerstall_$cc.err"
+        echo "## ncu --cache-control $cc: rc=$? (us, warp instructions, stall cycles an issue: no_instruction, then the largest)"
+        python3 - "$OUT/layerstall_$cc.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows:
+    sys.exit("no ncu rows")
+h = rows[0]
+ii, ki, ni, vi = h.index("ID"), h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value")
+launches = {}
+for r in rows[1:]:
+    v = r[vi].replace(",", "")
+    try:
+        launches.setdefault(int(r[ii]), [r[ki], {}])[1][r[ni]] = float(v)
+    except ValueError:
+        pass
+for i in sorted(launches):
+    name, m = launches[i]
+    st = {k.replace("smsp__average_warps_issue_stalled_", "").replace("_per_issue_active.ratio", ""): v
+          for k, v in m.items() if "stalled" in k}
+    top = sorted(((v, k) for k, v in st.items() if k != "no_instruction"), reverse=True)[:3]
+    print("%-48s %8.2f %9d  no_instr %5.2f  %s" % (name[:48], m.get("gpu__time_duration.sum", 0) / 1000,
+          m.get("smsp__inst_executed.sum", 0), st.get("no_instruction", 0), "  ".join("%s %.2f" % (k, v) for v, k in top)))
+PY
+    done | tee "$OUT/layerstall.log"
 }
 stage_profile() { # ncu's duration of every kernel of main's layer bench, in launch order (decode rows GDP_CALL_PROF_BATCHES)
     command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
