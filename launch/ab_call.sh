@@ -67,6 +67,7 @@ export JANSSON_HOME=$PWD/.deps/usr
 # the linked binaries find CUDA's libraries where that machine keeps them (no rpath to them from here)
 export LD_LIBRARY_PATH=$JANSSON_HOME/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 export GDP_GOLDEN_DIR=$PWD/.golden
+[ -d .golden ] || echo "ab_call: no .golden carried: the GPU tests' golden checks will fail (carry .golden)"
 # the layer bench's model, every stage's: issue 11's shape (2 layers, D 2048, H 16, G 4, P = N = 128, M 2)
 layer_shape=(-b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2)
 final=${OUT:?OUT must name the folder whose files come back}
