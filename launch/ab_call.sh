@@ -389,24 +389,10 @@ stage_ncustall() { # ncu's warp stall reasons (cycles a warp waits per issued in
             for cc in ${GDP_CALL_NCUOP_CACHE:-all none}; do
                 n=$((n + 1))
                 env $(setting_env "$e") timeout 120 ncu --clock-control none --cache-control "$cc" -k regex:recurrent \
-                    --launch-skip "$skip" --launch-count 1 --csv --metrics "gpu__time_duration.sum,smsp__inst_executed.sum,\
-regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" "$P/$tree/bin/gdp-bench" ops --op decode-key -i 10 -w 3 \
-                    >"$OUT/ncustall_$n.csv" 2>"$OUT/ncustall_$n.err"
-                echo "## $e, launch $skip, ncu --cache-control $cc ($tree): rc=$?"
-                python3 - "$OUT/ncustall_$n.csv" <<'PY'
-import csv, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-if not rows:
-    sys.exit("no ncu rows")
-h = rows[0]
-ni, vi = h.index("Metric Name"), h.index("Metric Value")
-vals = {r[ni]: float(r[vi].replace(",", "")) for r in rows[1:] if r[vi].replace(",", "").replace(".", "").isdigit()}
-print(rows[1][h.index("Kernel Name")][:70])
-print("  us %.2f  instructions %d" % (vals.get("gpu__time_duration.sum", 0) / 1000, vals.get("smsp__inst_executed.sum", 0)))
-stalls = sorted(((v, k.replace("smsp__average_warps_issue_stalled_", "").replace("_per_issue_active.ratio", ""))
-                 for k, v in vals.items() if "stalled" in k), reverse=True)
-print("  " + "  ".join("%s %.2f" % (k, v) for v, k in stalls[:8]))
-PY
+                    --launch-skip "$skip" --launch-count 1 --csv --metrics "$(python3 launch/ncu_durations.py --metrics)" \
+                    "$P/$tree/bin/gdp-bench" ops --op decode-key -i 10 -w 3 >"$OUT/ncustall_$n.csv" 2>"$OUT/ncustall_$n.err"
+                echo "## $e, launch $skip, ncu --cache-control $cc ($tree): rc=$? (us, warp instructions, stall cycles an issue)"
+                python3 launch/ncu_durations.py --stalls "$OUT/ncustall_$n.csv"
             done
         done
     done | tee "$OUT/ncustall.log"
@@ -418,33 +404,11 @@ stage_layerstall() { # ncu's warp stall reasons of every kernel of main's layer 
     command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
     local cc
     for cc in ${GDP_CALL_NCUOP_CACHE:-all none}; do
-        timeout 300 ncu --clock-control none --cache-control "$cc" --csv --metrics "gpu__time_duration.sum,\
-smsp__inst_executed.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" "$P/main/bin/gdp-bench" \
-            layer "${layer_shape[@]}" -D "${GDP_CALL_PROF_BATCHES:-1}" -P 64 -w 1 -i 1 -c 0 \
+        timeout 300 ncu --clock-control none --cache-control "$cc" --csv --metrics "$(python3 launch/ncu_durations.py --metrics)" \
+            "$P/main/bin/gdp-bench" layer "${layer_shape[@]}" -D "${GDP_CALL_PROF_BATCHES:-1}" -P 64 -w 1 -i 1 -c 0 \
             >"$OUT/layerstall_$cc.csv" 2>"$OUT/layerstall_$cc.err"
         echo "## ncu --cache-control $cc: rc=$? (us, warp instructions, stall cycles an issue: no_instruction, then the largest)"
-        python3 - "$OUT/layerstall_$cc.csv" <<'PY'
-import csv, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-if not rows:
-    sys.exit("no ncu rows")
-h = rows[0]
-ii, ki, ni, vi = h.index("ID"), h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value")
-launches = {}
-for r in rows[1:]:
-    v = r[vi].replace(",", "")
-    try:
-        launches.setdefault(int(r[ii]), [r[ki], {}])[1][r[ni]] = float(v)
-    except ValueError:
-        pass
-for i in sorted(launches):
-    name, m = launches[i]
-    st = {k.replace("smsp__average_warps_issue_stalled_", "").replace("_per_issue_active.ratio", ""): v
-          for k, v in m.items() if "stalled" in k}
-    top = sorted(((v, k) for k, v in st.items() if k != "no_instruction"), reverse=True)[:3]
-    print("%-48s %8.2f %9d  no_instr %5.2f  %s" % (name[:48], m.get("gpu__time_duration.sum", 0) / 1000,
-          m.get("smsp__inst_executed.sum", 0), st.get("no_instruction", 0), "  ".join("%s %.2f" % (k, v) for v, k in top)))
-PY
+        python3 launch/ncu_durations.py --stalls "$OUT/layerstall_$cc.csv"
     done | tee "$OUT/layerstall.log"
 }
 stage_profile() { # ncu's duration of every kernel of main's layer bench, in launch order (decode rows GDP_CALL_PROF_BATCHES)
