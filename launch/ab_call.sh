@@ -381,7 +381,9 @@ stage_ncustall() { # ncu's warp stall reasons (cycles a warp waits per issued in
     # kernel on the op bench's decode-key rows of tree GDP_CALL_NCUOP_TREE (default main) under each GDP_CALL_NCUOP_ENVS
     # entry and ncu cache control (as stage_ncuop), on launch GDP_CALL_NCUSTALL_SKIPS (default "5 20": skipped launches;
     # decode-key runs 15 launches a row, B = 1 first, then fp32 B = 256): a kernel slower with every cache flushed
-    # than with the L2 alone flushed (stage_ncuop) shows which wait grows (no_instruction: the instruction caches)
+    # than with the L2 alone flushed (stage_ncuop) shows which wait grows (no_instruction: the instruction caches).
+    # ncu replays the launch over several passes for these metrics: under none the duration is the first (cold)
+    # pass's and the stall samples are later, warm passes'; stage_ncuop's single-metric runs give the warm duration
     command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
     local tree=${GDP_CALL_NCUOP_TREE:-main} e cc skip n=0
     for e in ${GDP_CALL_NCUOP_ENVS:-GDP_DECODE_STATE=rows GDP_DECODE_STATE=ring}; do
