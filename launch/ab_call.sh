@@ -67,6 +67,8 @@ export JANSSON_HOME=$PWD/.deps/usr
 # the linked binaries find CUDA's libraries where that machine keeps them (no rpath to them from here)
 export LD_LIBRARY_PATH=$JANSSON_HOME/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 export GDP_GOLDEN_DIR=$PWD/.golden
+# ncu, nvcc and cuobjdump where that machine keeps them, behind any on its PATH (the ncu and dev-tool stages)
+export PATH=$PATH:/usr/local/cuda/bin
 [ -d .golden ] || echo "ab_call: no .golden carried: the GPU tests' golden checks will fail (carry .golden)"
 # the layer bench's model, every stage's: issue 11's shape (2 layers, D 2048, H 16, G 4, P = N = 128, M 2)
 layer_shape=(-b cuda -d 2048 -l 2 -H 16 -g 4 -p 128 -n 128 -m 2)
@@ -248,7 +250,7 @@ stage_fusedrace() { # racecheck of the fused kernel's first launches on every tr
         tree=$(basename "$tree_dir")
         [ -x "$tree_dir/bin/test_chunk_gpu" ] || continue
         echo "## tree $tree"
-        PATH=$PATH:/usr/local/cuda/bin chunk_sanitize racecheck fused "$tree_dir/bin/test_chunk_gpu" \
+        chunk_sanitize racecheck fused "$tree_dir/bin/test_chunk_gpu" \
             "$OUT/fusedrace_$tree.log" "${GDP_CALL_FUSEDRACE_TIMEOUT:-100}" --kernel-name kns=chunk_fused \
             --launch-count "${GDP_CALL_FUSEDRACE_LAUNCHES:-6}" # (ab_lib.sh)
     done
@@ -362,7 +364,6 @@ stage_ncuop() { # ncu's durations of the decode kernels over the op bench's deco
     # GDP_CALL_NCUOP_TREE (default main) under each GDP_CALL_NCUOP_ENVS entry (VAR=VALUE[,VAR=VALUE...], "-" for none;
     # default "GDP_DECODE_STATE=rows GDP_DECODE_STATE=ring") and each ncu cache control of GDP_CALL_NCUOP_CACHE
     # (default "all none"): whether a kernel's cost alone (ncu) against its graph rows (it after itself) is its caches
-    command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
     local tree=${GDP_CALL_NCUOP_TREE:-main} e cc n=0
     [ -x "$P/$tree/bin/gdp-bench" ] || { echo "ncuop: no tree $tree in the pack"; return; }
     for e in ${GDP_CALL_NCUOP_ENVS:-GDP_DECODE_STATE=rows GDP_DECODE_STATE=ring}; do
@@ -384,14 +385,15 @@ stage_ncustall() { # ncu's warp stall reasons (cycles a warp waits per issued in
     # than with the L2 alone flushed (stage_ncuop) shows which wait grows (no_instruction: the instruction caches).
     # ncu replays the launch over several passes for these metrics: under none the duration is the first (cold)
     # pass's and the stall samples are later, warm passes'; stage_ncuop's single-metric runs give the warm duration
-    command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
-    local tree=${GDP_CALL_NCUOP_TREE:-main} e cc skip n=0
+    local tree=${GDP_CALL_NCUOP_TREE:-main} e cc skip n=0 metrics
+    [ -x "$P/$tree/bin/gdp-bench" ] || { echo "ncustall: no tree $tree in the pack"; return; }
+    metrics=$(python3 launch/ncu_durations.py --metrics)
     for e in ${GDP_CALL_NCUOP_ENVS:-GDP_DECODE_STATE=rows GDP_DECODE_STATE=ring}; do
         for skip in ${GDP_CALL_NCUSTALL_SKIPS:-5 20}; do
             for cc in ${GDP_CALL_NCUOP_CACHE:-all none}; do
                 n=$((n + 1))
                 env $(setting_env "$e") timeout 120 ncu --clock-control none --cache-control "$cc" -k regex:recurrent \
-                    --launch-skip "$skip" --launch-count 1 --csv --metrics "$(python3 launch/ncu_durations.py --metrics)" \
+                    --launch-skip "$skip" --launch-count 1 --csv --metrics "$metrics" \
                     "$P/$tree/bin/gdp-bench" ops --op decode-key -i 10 -w 3 >"$OUT/ncustall_$n.csv" 2>"$OUT/ncustall_$n.err"
                 echo "## $e, launch $skip, ncu --cache-control $cc ($tree): rc=$? (us, warp instructions, stall cycles an issue)"
                 python3 launch/ncu_durations.py --stalls "$OUT/ncustall_$n.csv"
@@ -403,10 +405,10 @@ stage_layerstall() { # ncu's warp stall reasons of every kernel of main's layer 
     # GDP_CALL_PROF_BATCHES, default 1), in launch order, under each ncu cache control of GDP_CALL_NCUOP_CACHE (default
     # "all none"): how much of each kernel's issue time waits on instruction fetch (no_instruction) when its SM's
     # caches are cold, as between the step's kernels (kernels/NOTES-ops.md, forty-seventh session)
-    command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
-    local cc
+    local cc metrics
+    metrics=$(python3 launch/ncu_durations.py --metrics)
     for cc in ${GDP_CALL_NCUOP_CACHE:-all none}; do
-        timeout 300 ncu --clock-control none --cache-control "$cc" --csv --metrics "$(python3 launch/ncu_durations.py --metrics)" \
+        timeout 300 ncu --clock-control none --cache-control "$cc" --csv --metrics "$metrics" \
             "$P/main/bin/gdp-bench" layer "${layer_shape[@]}" -D "${GDP_CALL_PROF_BATCHES:-1}" -P 64 -w 1 -i 1 -c 0 \
             >"$OUT/layerstall_$cc.csv" 2>"$OUT/layerstall_$cc.err"
         echo "## ncu --cache-control $cc: rc=$? (us, warp instructions, stall cycles an issue: no_instruction, then the largest)"
@@ -414,7 +416,6 @@ stage_layerstall() { # ncu's warp stall reasons of every kernel of main's layer 
     done | tee "$OUT/layerstall.log"
 }
 stage_profile() { # ncu's duration of every kernel of main's layer bench, in launch order (decode rows GDP_CALL_PROF_BATCHES)
-    command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
     timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$P/main/bin/gdp-bench" layer \
         "${layer_shape[@]}" -D "${GDP_CALL_PROF_BATCHES:-1,128}" -P 64 -w 1 -i 1 -c 0 \
         >"$OUT/profile_layer.csv" 2>"$OUT/profile_layer.err"
@@ -465,7 +466,6 @@ stage_gemmfront() { # in_proj with the decode front (GDP_GEMM_FRONT): its tests,
     grep -E "^## |^ *decode|wrong" "$OUT/layer_gf.log" | head -60
 }
 stage_floor() { # what a kernel boundary costs against a grid barrier (kernels/dev/launch_floor.cu, built here: seconds)
-    command -v nvcc >/dev/null || PATH=$PATH:/usr/local/cuda/bin
     nvcc -O3 -arch=sm_90 -o /tmp/launch_floor kernels/dev/launch_floor.cu >"$OUT/floor.log" 2>&1 &&
         timeout 120 /tmp/launch_floor >>"$OUT/floor.log" 2>&1
     echo "launch_floor rc=$?"
@@ -489,7 +489,6 @@ stage_python() { # the Python package on the GPU: its torch tests and the decode
     tail -12 "$OUT/python.log"
 }
 stage_gemvprof() { # ncu's detail of the layer's one-row kernels (why the projections run at a third of the copy rate)
-    command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
     local env
     for env in ${GDP_CALL_GEMVPROF_ENVS:-GDP_GEMM_SKINNY=auto GDP_GEMM_SKINNY=on}; do
         echo "## $env" >>"$OUT/gemvprof.txt"
@@ -503,7 +502,6 @@ stage_gemvprof() { # ncu's detail of the layer's one-row kernels (why the projec
         "$OUT/gemvprof.txt" | head -150
 }
 stage_ngsrc() { # ncu's full set with source counters on kernels of the layer bench (default: the B = 1 out_proj norm-GEMV)
-    command -v ncu >/dev/null || PATH=$PATH:/usr/local/cuda/bin
     local mode
     local tree=${GDP_CALL_NGSRC_TREE:-main}
     for mode in ${GDP_CALL_NGSRC_MODES:-auto}; do
@@ -522,7 +520,6 @@ stage_ngsrc() { # ncu's full set with source counters on kernels of the layer be
 }
 stage_gemvfloor() { # the one-to-four-row GEMV forms against a plain read (kernels/dev/gemv_floor.cu, built here: seconds),
     # the weights from DRAM, then (GDP_CALL_GF_L2=1, the default) as L2 hits
-    command -v nvcc >/dev/null || PATH=$PATH:/usr/local/cuda/bin
     nvcc -O3 -arch=sm_90 -diag-suppress 128 -Iinclude -Ikernels -o /tmp/gemv_floor kernels/dev/gemv_floor.cu >"$OUT/gemv_floor.log" 2>&1 &&
         timeout 120 /tmp/gemv_floor >>"$OUT/gemv_floor.log" 2>&1 &&
         { [ "${GDP_CALL_GF_L2:-1}" = 0 ] || timeout 120 /tmp/gemv_floor l2 >>"$OUT/gemv_floor.log" 2>&1; }
@@ -530,7 +527,6 @@ stage_gemvfloor() { # the one-to-four-row GEMV forms against a plain read (kerne
     cat "$OUT/gemv_floor.log"
 }
 stage_gemmskinny() { # cuBLASLt's algorithms for the decode projections (kernels/dev/gemm_skinny.cu, built here: seconds)
-    command -v nvcc >/dev/null || PATH=$PATH:/usr/local/cuda/bin
     nvcc -O3 -arch=sm_90 -o /tmp/gemm_skinny kernels/dev/gemm_skinny.cu -lcublasLt >"$OUT/gemm_skinny.log" 2>&1 &&
         timeout 240 /tmp/gemm_skinny "${GDP_CALL_GS_ROWS:-8,32,64,128,256}" >>"$OUT/gemm_skinny.log" 2>&1
     echo "gemm_skinny rc=$?"

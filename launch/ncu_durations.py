@@ -20,10 +20,16 @@ STALL_PREFIX, STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_a
 STALL_METRICS = "gpu__time_duration.sum,smsp__inst_executed.sum,regex:%s.*%s" % (STALL_PREFIX, STALL_SUFFIX.replace(".", "\\."))
 
 
-def stalls(path):
+def ncu_rows(path):
+    """The CSV's header and data rows (ncu's own lines before them have fewer fields)."""
     rows = [r for r in csv.reader(open(path)) if len(r) > 10]
     if not rows:
         sys.exit(f"no ncu rows in {path} (see the run's stderr)")
+    return rows
+
+
+def stalls(path):
+    rows = ncu_rows(path)
     head = rows[0]
     ii, ki, ni, vi = (head.index(c) for c in ("ID", "Kernel Name", "Metric Name", "Metric Value"))
     launches = {}
@@ -50,9 +56,7 @@ def main(argv):
         return
     order = argv[1:2] == ["--order"]
     path = argv[2] if order else argv[1]
-    rows = [r for r in csv.reader(open(path)) if len(r) > 10]
-    if not rows:
-        sys.exit(f"no ncu rows in {path} (see the run's stderr)")
+    rows = ncu_rows(path)
     head = rows[0]
     ki, vi = head.index("Kernel Name"), head.index("Metric Value")
     launches = [(r[ki], float(r[vi].replace(",", "")) / 1000.0) for r in rows[1:]]
