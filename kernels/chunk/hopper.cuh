@@ -438,6 +438,15 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
     HopPhases ph;
     if (wgi == 0) {
         setmaxnreg_dec<HOP_AUX_REGS>();
+        /* Ai's zeros right of its diagonal blocks, once for both stages: no chunk writes there (the
+         * inverse leaves them to this, wy_invert_ai_doubling_at); the fence before each FULL
+         * arrival publishes them to the state warpgroups' wgmma */
+#pragma unroll
+        for (int sb = 0; sb < 2; sb++) {
+            T *ai = s.st[sb].ai;
+            const auto at = [=](int r, int cc) { return hop_at(ai, CHUNK, r, cc); };
+            AiStores<T, decltype(at)>{at, nullptr}.zero_upper_by((int)threadIdx.x, HOP_AUX_THREADS);
+        }
         float pend_g = 0.0f; /* the next chunk's g and beta (its bits) of the thread's row */
         uint32_t pend_b = 0u;
         if (count > 0)
