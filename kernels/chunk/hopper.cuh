@@ -13,8 +13,7 @@
  *   WG0 (aux), one chunk ahead: the chunk's loads (cp.async into the panel layout, the next chunk's
  *     issued as soon as its stage is free), A = K K^T on wgmma with Gk's warp scan beside it, the
  *     keys' norms from A's diagonal (1 / |k_r|, a row scale wherever K's products are used: the
- *     key tile stays as loaded) and the queries' beside A's product (1 / |q_r|, a row scale of the
- *     scores and of Q S16), A's decay, scales and mask, (I + A)^-1 on four warps
+ *     key tile stays as loaded), A's decay, scales and mask, (I + A)^-1 on four warps
  *     (wy_invert_ai_doubling_at: the fused kernel's diagonal blocks and tf32 products, in two
  *     levels) into Ai = T(X diag beta);
  *   WG1, WG2 (state): at K = 128 each holds 64 of the state's 128 rows x all VP columns as one m64nVP
@@ -24,9 +23,8 @@
  *     columns (m64n32k16), v_new (4), Q S16 (KP / 16) while the warpgroups meet, and on its block of
  *     the state the update (4 k steps, K^T read M-major from the same key tile) beside P v_new (4).
  *     P was the aux warpgroup's in the first version, whose chunk then bounded the kernel (ncu: the
- *     state warpgroups spent most of their time at FULL); Q's norms, an in-place pass over the
- *     query tile, went with it, and came back as row scales the aux warps form while A's product
- *     runs.
+ *     state warpgroups spent most of their time at FULL); Q's norms went with it, as row scales
+ *     (1 / |q_r|) each state thread forms for its two query rows while P runs.
  * Barriers: FULL[b] (named, 384: aux arrives when stage b is ready, the state warpgroups wait, and
  * their S16 stores are complete), EMPTY[b] (mbarrier: the state threads are done with stage b),
  * AUX (named, 128), one named barrier per state warpgroup for its own X' panel, and STATE (named,
@@ -95,7 +93,6 @@ template <typename T, int KP, int VP> struct alignas(1024) HopperStage {
     float gam[CHUNK];    /* 2^Gk                                                    */
     float beta[CHUNK];
     float kinv[CHUNK];   /* 1 / |k_r| under the in-kernel norm (else 1): K stays raw */
-    float qinv[CHUNK];   /* 1 / |q_r| under the in-kernel norm (unset without): Q stays raw */
 };
 template <typename T, int KP, int VP> struct alignas(1024) HopperSmem {
     HopperStage<T, KP, VP> st[2];
@@ -149,13 +146,14 @@ template <typename T> __device__ __forceinline__ T *hop_at(T *tile, int rows, in
     return reinterpret_cast<T *>(reinterpret_cast<unsigned char *>(tile) + wg_offset(rows, r, c));
 }
 
-/* 1 / |q_r| under the in-kernel norm into inv[r] for the warp's 16 rows r0 .. r0 + 15 of a 64-row,
- * KP-column panel-layout tile, eight rows a pass: lane l sums the KP / 4 columns of part l / 8 of row
- * l % 8 (KP / 32 16-byte vectors: a quarter warp's lie in distinct banks under the swizzle), the four
- * parts meet by two shuffles. Eight vectors a lane at once spilled the aux warpgroup's 120 registers
- * beside A's accumulators. fp32 sums of the 16-bit values, as the keys' norms (A's diagonal). */
+/* 1 / |q_r| under the in-kernel norm for rows r0 + g and r0 + g + 8 (g = lane / 4) of a 64-row,
+ * KP-column panel-layout tile, into qn[0] and qn[1]: the scales a state thread's scores and outputs
+ * take (its rows of both). Eight rows a pass: lane l sums the KP / 4 columns of part l / 8 of row
+ * r0 + 8 pass + l % 8 (KP / 32 16-byte vectors: a quarter warp's lie in distinct banks under the
+ * swizzle), the four parts meet by two shuffles, and lane g hands row r0 + 8 pass + g over. fp32
+ * sums of the 16-bit values in the order of the aux warpgroup's former pass: the same bits. */
 template <typename T, int KP>
-__device__ __forceinline__ void hop_inv_norms16(T *tile, int r0, int lane, float *inv) {
+__device__ __forceinline__ void hop_query_scales(const T *tile, int r0, int lane, float (&qn)[2]) {
     const int c0 = (KP / 4) * (lane >> 3);
 #pragma unroll
     for (int pass = 0; pass < 2; pass++) {
@@ -163,7 +161,7 @@ __device__ __forceinline__ void hop_inv_norms16(T *tile, int r0, int lane, float
         float ss = 0.0f;
 #pragma unroll
         for (int v = 0; v < KP / 32; v++) {
-            const uint4 x = *reinterpret_cast<const uint4 *>(hop_at(tile, CHUNK, r, c0 + 8 * v));
+            const uint4 x = *reinterpret_cast<const uint4 *>(hop_at(const_cast<T *>(tile), CHUNK, r, c0 + 8 * v));
             const T *e = reinterpret_cast<const T *>(&x);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
@@ -173,8 +171,7 @@ __device__ __forceinline__ void hop_inv_norms16(T *tile, int r0, int lane, float
         }
         ss += __shfl_xor_sync(0xffffffffu, ss, 8);
         ss += __shfl_xor_sync(0xffffffffu, ss, 16);
-        if (lane < 8)
-            inv[r] = 1.0f / sqrtf(ss + (float)GDP_L2NORM_EPS);
+        qn[pass] = __shfl_sync(0xffffffffu, 1.0f / sqrtf(ss + (float)GDP_L2NORM_EPS), lane >> 2);
     }
 }
 
@@ -315,11 +312,6 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
     /* Gk beside it: a warp scan over the 64 rows, base 2 (fused.cuh's) */
     if (warp == 0)
         chunk_gk_scan(st.gk, st.gam, lane);
-    /* and the queries' norms (1 / |q_r|, a row scale of the scores and of Q S16 on the state side: the
-     * query tile stays as loaded), a warp's 16 rows each: the state warpgroups normalized the tile in
-     * place, then fenced it and met at a barrier before any product could start */
-    if (p.l2norm)
-        hop_inv_norms16<T, KP>(st.q, 16 * warp, lane, st.qinv);
     wg_wait<0>();
     /* |k_r|^2, row r's diagonal, is held by one thread of the warp that owns row r: it parks the value
      * in kinv (a predicated store each, no root), and one lane a row then takes the root. Under the
@@ -446,6 +438,15 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
     HopPhases ph;
     if (wgi == 0) {
         setmaxnreg_dec<HOP_AUX_REGS>();
+        /* Ai's zeros right of its diagonal blocks, once for both stages: no chunk writes there (the
+         * inverse leaves them to this, wy_invert_ai_doubling_at); the fence before each FULL
+         * arrival publishes them to the state warpgroups' wgmma */
+#pragma unroll
+        for (int sb = 0; sb < 2; sb++) {
+            T *ai = s.st[sb].ai;
+            const auto at = [=](int r, int cc) { return hop_at(ai, CHUNK, r, cc); };
+            AiStores<T, decltype(at)>{at, nullptr}.zero_upper_by((int)threadIdx.x, HOP_AUX_THREADS);
+        }
         float pend_g = 0.0f; /* the next chunk's g and beta (its bits) of the thread's row */
         uint32_t pend_b = 0u;
         if (count > 0)
@@ -550,6 +551,13 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
                     Elem<T>::pack(v0 - f * acc[4 * j + 2 * hh], v1 - f * acc[4 * j + 2 * hh + 1]);
             }
         }
+        /* while the scores run, the queries' scales of the thread's two rows (1 / |q_r| under the in-kernel
+         * norm: a row scale of the scores and of Q S16; the query tile stays as loaded), off the aux
+         * warpgroup's chain, which sets the chunk's period (kernels/NOTES-chunk.md, forty-eighth
+         * session); here, where X''s accumulators are free */
+        float qn[2] = {1.0f, 1.0f};
+        if (p.l2norm)
+            hop_query_scales<T, KP>(st.q, r0, lane, qn);
         /* the scores' column factors (Gk and the raw keys' scales) into registers before any store to P
          * (read in the loop, each would be read again after every store: see A's values) */
         float gk_c[8], kinv_c[8];
@@ -564,7 +572,7 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
         for (int hh = 0; hh < 2; hh++) {
             const int qi = r0 + g + hh * 8;
             const int row = hop_query_row(ch, qi, M);
-            const float gt = row >= 0 ? st.gk[row] : 0.0f, qs = row >= 0 && p.l2norm ? st.qinv[qi] : 1.0f;
+            const float gt = row >= 0 ? st.gk[row] : 0.0f, qs = row >= 0 ? qn[hh] : 1.0f;
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int cc = 32 * wg + 8 * j + 2 * t4;
@@ -616,7 +624,7 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
          * the chunk, nq = 0: a wgmma under a branch makes ptxas serialize them all, warning C7520) */
         wg_wait<1>(); /* Q S16; the update may still run */
         const int ra = hop_query_row(ch, r0 + g, M), rb = hop_query_row(ch, r0 + g + 8, M);
-        const float qa = p.l2norm ? st.qinv[r0 + g] : 1.0f, qb = p.l2norm ? st.qinv[r0 + g + 8] : 1.0f;
+        const float qa = qn[0], qb = qn[1]; /* 1 without the in-kernel norm */
         const float fa = ra >= 0 ? st.gam[ra] * qa : 0.0f, fb = rb >= 0 ? st.gam[rb] * qb : 0.0f;
 #pragma unroll
         for (int j = 0; j < NJ; j++) {

@@ -367,8 +367,10 @@ template <typename T, typename At> struct AiStores {
     __device__ __forceinline__ void pair(int r, int c, float x0, float x1) const {
         *reinterpret_cast<uint32_t *>(at(r, c)) = Elem<T>::pack(x0 * beta[c], x1 * beta[c + 1]);
     }
-    __device__ __forceinline__ void zero_upper(int t) const {
-        for (int e = t - 64; e < 48 * 8; e += 64) {
+    __device__ __forceinline__ void zero_upper(int t) const { zero_upper_by(t - 64, 64); }
+    /* the same zeros by thread t of nt */
+    __device__ __forceinline__ void zero_upper_by(int t, int nt) const {
+        for (int e = t; e < 48 * 8; e += nt) {
             const int r = e >> 3, c8 = (e & 7) * 8;
             if (c8 >= ((r >> 4) + 1) * 16)
                 *reinterpret_cast<uint4 *>(at(r, c8)) = make_uint4(0u, 0u, 0u, 0u);
@@ -390,13 +392,16 @@ __device__ __forceinline__ void wy_invert_ai_at(float (*a)[CHUNK + 4], At at, co
 /* The same by recursive doubling (wy_diag_blocks_by_warp, then wy_invert_tf32_levels; sc:
  * WY_INV2_SCRATCH floats a warp): the Hopper kernel's aux warpgroup. The caller has stored its
  * warp's rows of A and run a __syncwarp, no block barrier; between() runs after the diagonal blocks
- * and must end in the group's barrier (the caller's, so that it can add work there). */
+ * and must end in the group's barrier (the caller's, so that it can add work there). Ai's zeros right
+ * of the diagonal blocks are the caller's, once a tile (AiStores::zero_upper_by): no chunk changes
+ * them, and their stores beside the diagonal blocks sat on the aux chain (the warp's lanes 16-31
+ * branch apart from the forward substitution's 0-15, so the warp issued both). */
 template <typename T, typename At, typename Between, typename Sync>
 __device__ __forceinline__ void wy_invert_ai_doubling_at(float (*a)[CHUNK + 4], At at, const float *beta, float *sc,
                                                          int tid, Between between, Sync sync) {
     const AiStores<T, At> out{at, beta};
     wy_diag_blocks_by_warp(
-        a, tid >> 5, tid & 31, [&](int r, int c, float x) { out.diag(r, c, x); }, [&](int t) { out.zero_upper(t); });
+        a, tid >> 5, tid & 31, [&](int r, int c, float x) { out.diag(r, c, x); }, [](int) {});
     between();
     wy_invert_tf32_levels(a, sc, tid, sync, [&](int r, int c, float x0, float x1) { out.pair(r, c, x0, x1); });
 }
