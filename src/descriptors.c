@@ -155,7 +155,11 @@ int gdp_chunk_state_vb(int vp, int64_t heads, int64_t seqs, int sms) {
  *   8 x 2048; VB = 32 between, 1.6 and 1.45, not measured). At V = 64 (one row measured, 861 us for
  *   12,288 pairs) 0.070 us a pair, a lower bound.
  * K other than 128 and 64, an unknown longest sequence (max_seqlen 0), or no work: staged, which never
- * loses by much. */
+ * loses by much.
+ * The forty-eighth session took work off the Hopper kernel's aux chain and its chunk times fell 4-8 %
+ * (H100: 6.2 us at K = V = 128, M = 2; 5.3 at V = 64; 5.5 at K = 64); the rates below are the fit
+ * before that, not refitted: every Hopper estimate falls together, so the choice between the paths
+ * can only move toward the Hopper kernel, and the split's segment length was not measured again. */
 #define HOPPER_US_PER_CHUNK_V128 6.8
 #define HOPPER_US_PER_CHUNK_V64 5.8
 #define HOPPER_US_PER_CHUNK_K64 5.84

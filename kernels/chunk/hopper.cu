@@ -21,7 +21,7 @@ namespace {
 template <typename T, int KP, int VP> constexpr size_t hop_smem_bytes() {
     return sizeof(HopperSmem<T, KP, VP>) + 1024; /* + the alignment of the panels */
 }
-/* An sm_90 block's dynamic shared memory is at most 227 KB (224,256 bytes at K = V = 128 now): a layout
+/* An sm_90 block's dynamic shared memory is at most 227 KB (222,208 bytes at K = V = 128 now): a layout
  * past it would fail only at launch, in cudaFuncSetAttribute. */
 static_assert(hop_smem_bytes<__nv_bfloat16, 128, 128>() <= 227u * 1024u &&
                   hop_smem_bytes<__half, 128, 128>() <= 227u * 1024u,
