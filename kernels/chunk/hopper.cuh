@@ -256,6 +256,19 @@ __device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const Hopp
     }
 }
 
+/* The two diagonal entries a thread with t4 == g / 2 holds in A's m64n64 accumulator: rows
+ * r = 16 warp + g + 8 hh at column r sit at j = 2 warp + hh, e = 2 hh + g % 2 (acc[4 j + e]). The warp
+ * is a run-time value, so each case names its accumulators as constants: an index of them by a
+ * run-time value would put them in local memory. */
+__device__ __forceinline__ void hop_acc_diag(const float (&acc)[32], int warp, int odd, float &d0, float &d1) {
+    switch (warp) {
+    case 0: d0 = odd ? acc[1] : acc[0], d1 = odd ? acc[7] : acc[6]; break;
+    case 1: d0 = odd ? acc[9] : acc[8], d1 = odd ? acc[15] : acc[14]; break;
+    case 2: d0 = odd ? acc[17] : acc[16], d1 = odd ? acc[23] : acc[22]; break;
+    default: d0 = odd ? acc[25] : acc[24], d1 = odd ? acc[31] : acc[30]; break;
+    }
+}
+
 /* ---- the aux warpgroup: stage b for chunk c ---- */
 /* lc: the chunk's index in the run (stage b = lc % 2, the parities), count: the run's chunks, c_end:
  * its end (the run is chunks [c_end - count, c_end) of the sequence). */
@@ -314,18 +327,16 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
         chunk_gk_scan(st.gk, st.gam, lane);
     wg_wait<0>();
     /* |k_r|^2, row r's diagonal, is held by one thread of the warp that owns row r: it parks the value
-     * in kinv (a predicated store each, no root), and one lane a row then takes the root. Under the
-     * test of every element ptxas evaluated the root 32 times a thread, predicated (3 % of the stall
-     * samples, twenty-second session); a select of the two diagonal values in registers made it index
-     * the accumulators, which put them in local memory. */
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int r = 16 * warp + g + (e >> 1) * 8, cc = 8 * j + 2 * t4 + (e & 1);
-            if (cc == r)
-                st.kinv[r] = acc[4 * j + e];
-        }
+     * in kinv (no root), and one lane a row then takes the root. Under the test of every element ptxas
+     * evaluated the root 32 times a thread, predicated (3 % of the stall samples, twenty-second
+     * session); a select indexed by the warp put the accumulators in local memory; a test of all 32
+     * elements a thread cost the aux chain 64 instructions a chunk: hop_acc_diag names the two. */
+    if (t4 == (g >> 1)) { /* row r = 16 warp + g + 8 hh's diagonal: j = 2 warp + hh, e = 2 hh + g % 2 */
+        float d0, d1;
+        hop_acc_diag(acc, warp, g & 1, d0, d1);
+        st.kinv[16 * warp + g] = d0;
+        st.kinv[16 * warp + g + 8] = d1;
+    }
     __syncwarp();
     if (lane < 16) {
         const int r = 16 * warp + lane;
@@ -356,13 +367,17 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
 #pragma unroll
     for (int j = 0; j < 8; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int hh = e >> 1, ci = 2 * j + (e & 1);
-            const int r = 16 * warp + g + hh * 8, cc = 8 * j + 2 * t4 + (e & 1);
-            float val = 0.0f;
-            if (cc < r && r < n)
-                val = acc[4 * j + e] * exp2_ftz(gk_r[hh] - gk_c[ci]) * fac_r[hh] * kinv_c[ci];
-            s.a[r][cc] = val;
+        for (int hh = 0; hh < 2; hh++) { /* the column pair (cc, cc + 1) of row r, one 8-byte store */
+            const int r = 16 * warp + g + hh * 8, cc = 8 * j + 2 * t4;
+            float val[2];
+#pragma unroll
+            for (int x = 0; x < 2; x++) {
+                const int ci = 2 * j + x;
+                val[x] = cc + x < r && r < n
+                             ? acc[4 * j + 2 * hh + x] * exp2_ftz(gk_r[hh] - gk_c[ci]) * fac_r[hh] * kinv_c[ci]
+                             : 0.0f;
+            }
+            *reinterpret_cast<float2 *>(&s.a[r][cc]) = make_float2(val[0], val[1]);
         }
     __syncwarp(); /* the warp's rows of A, which hold its diagonal block */
     ph.mark(2); /* aux 2: A's values */

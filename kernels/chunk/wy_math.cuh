@@ -39,16 +39,33 @@ __device__ __forceinline__ void wy_build_a(float (*a)[CHUNK + 4], const T *k, in
 
 /* Column c = tid % 16 of the inverse of the unit lower-triangular diagonal block b = tid / 16
  * (threads 0-63, one a column) of I + A, by forward substitution in fp32 in index order: x[r] for
- * rows r of the block. Both inverses below start with it, so their diagonal blocks are the same bits. */
+ * rows r of the block. Both inverses below start with it, so their diagonal blocks are the same bits.
+ * ROW4: row r's entries read four to a 16-byte load (a 16-byte aligned: the Hopper kernel's tile),
+ * a quarter of the loads on the aux warps' chain; the same products in the same order. */
+template <bool ROW4 = false>
 __device__ __forceinline__ void wy_diag_column(const float (*a)[CHUNK + 4], int tid, float (&x)[16]) {
     const int base = (tid >> 4) * 16, c = tid & 15;
 #pragma unroll
     for (int r = 0; r < 16; r++) {
+        float ar[16];
+#pragma unroll
+        for (int q4 = 0; q4 < 4; q4++) {
+            if (4 * q4 >= r)
+                break;
+            if constexpr (ROW4) {
+                const float4 t = *reinterpret_cast<const float4 *>(&a[base + r][base + 4 * q4]);
+                ar[4 * q4] = t.x, ar[4 * q4 + 1] = t.y, ar[4 * q4 + 2] = t.z, ar[4 * q4 + 3] = t.w;
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    ar[4 * q4 + i] = 4 * q4 + i < r ? a[base + r][base + 4 * q4 + i] : 0.0f;
+            }
+        }
         float v = (r == c) ? 1.0f : 0.0f;
 #pragma unroll
         for (int q = 0; q < 16; q++)
             if (q < r)
-                v -= a[base + r][base + q] * x[q];
+                v -= ar[q] * x[q];
         x[r] = v;
     }
 }
@@ -282,7 +299,7 @@ __device__ __forceinline__ void wy_diag_blocks_by_warp(float (*a)[CHUNK + 4], in
     const int base = 16 * warp, c = lane & 15;
     float xc[16];
     if (lane < 16)
-        wy_diag_column(a, base + c, xc);
+        wy_diag_column<true>(a, base + c, xc);
     __syncwarp(); /* the block's A is read before it is overwritten */
     if (lane < 16)
         wy_store_diag_column(a, base, c, xc, emit_diag);
@@ -400,8 +417,11 @@ template <typename T, typename At, typename Between, typename Sync>
 __device__ __forceinline__ void wy_invert_ai_doubling_at(float (*a)[CHUNK + 4], At at, const float *beta, float *sc,
                                                          int tid, Between between, Sync sync) {
     const AiStores<T, At> out{at, beta};
+    /* the lane's column of the diagonal blocks, 16 warp + lane % 16, has one beta: read once (out.diag
+     * would read it again after each of the column's stores to a, which it cannot tell from beta) */
+    const float beta_c = beta[16 * (tid >> 5) + (tid & 15)];
     wy_diag_blocks_by_warp(
-        a, tid >> 5, tid & 31, [&](int r, int c, float x) { out.diag(r, c, x); }, [](int) {});
+        a, tid >> 5, tid & 31, [&](int r, int c, float x) { *at(r, c) = Elem<T>::from_f(x * beta_c); }, [](int) {});
     between();
     wy_invert_tf32_levels(a, sc, tid, sync, [&](int r, int c, float x0, float x1) { out.pair(r, c, x0, x1); });
 }
