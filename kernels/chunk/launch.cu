@@ -115,13 +115,15 @@ int state_copy_from_env(const char **text) {
 }
 
 /* Who moves the Hopper kernel's K, V and Q tiles (GDP_CHUNK_HOPPER_COPY): the aux warpgroup's
- * threads by cp.async (threads, the default: measured first) or its thread 0 by tensor-map copies
- * (tma: written in the twenty-first session, not yet measured; the same bits). Returns 1 (tma),
- * 0 (threads), or -1 for any other value. */
+ * threads by cp.async (threads) or its thread 0 by tensor-map copies (tma; the same bits); unset,
+ * empty or auto: tma at V = 128, threads at V = 64, as measured once the aux warpgroup's chain set the
+ * chunk's period (kernels/NOTES-chunk.md, forty-eighth session, H100: tma 1-3 % faster on the V = 128
+ * rows, where the aux threads' copy instructions sat on that chain; no faster at V = 64). Returns 1
+ * (tma), 0 (threads), 2 (auto), or -1 for any other value. */
 int hopper_copy_from_env(const char **text) {
-    static const char *const spell[2] = {"threads", "tma"};
-    static const int value[2] = {0, 1};
-    return gdp_env_choice("GDP_CHUNK_HOPPER_COPY", spell, value, 2, 0, text);
+    static const char *const spell[3] = {"auto", "threads", "tma"};
+    static const int value[3] = {2, 0, 1};
+    return gdp_env_choice("GDP_CHUNK_HOPPER_COPY", spell, value, 3, 2, text);
 }
 
 /* The Hopper kernel's exact segment split (GDP_CHUNK_SEGMENT; kernels/NOTES-chunk.md, "Exact
@@ -271,7 +273,7 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
     const int hopper_copy = hopper_copy_from_env(&hopper_copy_text);
     if (hopper_copy < 0)
         GDP_FAIL(GDP_STATUS_INVALID_USAGE,
-                 "%s: GDP_CHUNK_HOPPER_COPY is \"%s\"; it takes threads or tma (unset: threads)", op, hopper_copy_text);
+                 "%s: GDP_CHUNK_HOPPER_COPY is \"%s\"; it takes auto, threads or tma (unset: auto)", op, hopper_copy_text);
     const char *segment_text = nullptr;
     const int hopper_seg_env = hopper_segment_from_env(&segment_text);
     if (hopper_seg_env == -1)
@@ -441,7 +443,8 @@ extern "C" gdp_status_t gdp_cuda_chunk(struct gdp_ctx *ctx, const gdp_chunk_args
         hopper_segment(p, seg_ask, sms, num_chunks_dp, max_len, split_ws, split_bytes, &split);
         seg_ran = split.seg_chunks;
         __atomic_store_n(&hopper_last_segment, seg_ran, __ATOMIC_RELAXED);
-        err = gdp_chunk_hopper_launch(&p, a->q.dtype == GDP_DTYPE_BF16, hopper_copy == 1, &split, stream);
+        const bool tma = hopper_copy == 1 || (hopper_copy == 2 && p.VP == 128);
+        err = gdp_chunk_hopper_launch(&p, a->q.dtype == GDP_DTYPE_BF16, tma, &split, stream);
 #endif
         GDP_CUDA_LAUNCH_CHECK(op, err, "the Hopper chunk kernel: N %lld, H %lld, K %lld, V %lld", (long long)N,
                               (long long)H, (long long)K, (long long)V);
