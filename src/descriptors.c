@@ -156,8 +156,8 @@ int gdp_chunk_state_vb(int vp, int64_t heads, int64_t seqs, int sms) {
  *   12,288 pairs) 0.070 us a pair, a lower bound.
  * K other than 128 and 64, an unknown longest sequence (max_seqlen 0), or no work: staged, which never
  * loses by much.
- * The forty-eighth session took work off the Hopper kernel's aux chain and its chunk times fell 4-8 %
- * (H100: 6.2 us at K = V = 128, M = 2; 5.3 at V = 64; 5.5 at K = 64); the rates below are the fit
+ * The forty-eighth session took work off the Hopper kernel's aux chain and its chunk times fell 10-14 %
+ * (H100: 6.0 us at K = V = 128, M = 2; 4.9 at V = 64; 5.1 at K = 64); the rates below are the fit
  * before that, not refitted: every Hopper estimate falls together, so the choice between the paths
  * can only move toward the Hopper kernel, and the split's segment length was not measured again. */
 #define HOPPER_US_PER_CHUNK_V128 6.8

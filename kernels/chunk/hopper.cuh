@@ -10,8 +10,9 @@
  *
  * One block of three warpgroups per (sequence, head), or per segment of a long sequence under the
  * split (hopper_split.cuh: outputs by correction), K = KP = 64 or 128, V = VP = 64 or 128:
- *   WG0 (aux), one chunk ahead: the chunk's loads (cp.async into the panel layout, the next chunk's
- *     issued as soon as its stage is free), A = K K^T on wgmma with Gk's warp scan beside it, the
+ *   WG0 (aux), one chunk ahead: the chunk's loads (its threads' cp.async into the panel layout, or
+ *     thread 0's tensor-map copies: GDP_CHUNK_HOPPER_COPY; the next chunk's issued as soon as its
+ *     stage is free), A = K K^T on wgmma with Gk's warp scan beside it, the
  *     keys' norms from A's diagonal (1 / |k_r|, a row scale wherever K's products are used: the
  *     key tile stays as loaded), A's decay, scales and mask, (I + A)^-1 on four warps
  *     (wy_invert_ai_doubling_at: the fused kernel's diagonal blocks and tf32 products, in two
@@ -329,8 +330,9 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
     /* |k_r|^2, row r's diagonal, is held by one thread of the warp that owns row r: it parks the value
      * in kinv (no root), and one lane a row then takes the root. Under the test of every element ptxas
      * evaluated the root 32 times a thread, predicated (3 % of the stall samples, twenty-second
-     * session); a select indexed by the warp put the accumulators in local memory; a test of all 32
-     * elements a thread cost the aux chain 64 instructions a chunk: hop_acc_diag names the two. */
+     * session); a select of the two values by a run-time index put the accumulators in local memory; a
+     * test of all 32 elements a thread cost the aux chain 64 instructions a chunk: hop_acc_diag names
+     * the two, a constant index in each of its cases. */
     if (t4 == (g >> 1)) { /* row r = 16 warp + g + 8 hh's diagonal: j = 2 warp + hh, e = 2 hh + g % 2 */
         float d0, d1;
         hop_acc_diag(acc, warp, g & 1, d0, d1);
