@@ -380,7 +380,11 @@ __device__ __forceinline__ void wy_invert_tf32_levels(float (*a)[CHUNK + 4], flo
 template <typename T, typename At> struct AiStores {
     At at;
     const float *beta;
-    __device__ __forceinline__ void diag(int r, int c, float x) const { *at(r, c) = Elem<T>::from_f(x * beta[c]); }
+    __device__ __forceinline__ void diag(int r, int c, float x) const { diag_by(r, c, x, beta[c]); }
+    /* the same with column c's beta already read (beta_c) */
+    __device__ __forceinline__ void diag_by(int r, int c, float x, float beta_c) const {
+        *at(r, c) = Elem<T>::from_f(x * beta_c);
+    }
     __device__ __forceinline__ void pair(int r, int c, float x0, float x1) const {
         *reinterpret_cast<uint32_t *>(at(r, c)) = Elem<T>::pack(x0 * beta[c], x1 * beta[c + 1]);
     }
@@ -421,7 +425,7 @@ __device__ __forceinline__ void wy_invert_ai_doubling_at(float (*a)[CHUNK + 4], 
      * would read it again after each of the column's stores to a, which it cannot tell from beta) */
     const float beta_c = beta[16 * (tid >> 5) + (tid & 15)];
     wy_diag_blocks_by_warp(
-        a, tid >> 5, tid & 31, [&](int r, int c, float x) { *at(r, c) = Elem<T>::from_f(x * beta_c); }, [](int) {});
+        a, tid >> 5, tid & 31, [&](int r, int c, float x) { out.diag_by(r, c, x, beta_c); }, [](int) {});
     between();
     wy_invert_tf32_levels(a, sc, tid, sync, [&](int r, int c, float x0, float x1) { out.pair(r, c, x0, x1); });
 }
