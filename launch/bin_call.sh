@@ -15,7 +15,11 @@
 #   chunktest   test_chunk_gpu under the op's own choice (auto) and the Hopper path
 #   prefill     gdp-bench ops --op prefill under auto, the Hopper kernel unsplit, the staged chain
 #   alone       the Hopper kernel with each role's math left out (bench_hopper_skip1..3; h200-suite.sh
-#               hopperalone)
+#               hopperalone; those missing from the bundle are skipped)
+#   hphases     bench_chunk_stages --hopper-phases: clock cycles a chunk by phase, unsplit
+#   hcard       ncu --set full over one Hopper kernel launch (lab row GDP_CALL_CARD_ROW, default 1): its
+#               per-SASS-instruction CSV (stall samples by reason) comes back as hcard_source.csv.gz, read
+#               here by launch/sass_stalls.py (each role's samples by segment and by instruction)
 #   sanitize    compute-sanitizer GDP_CALL_SANITIZE (default "synccheck racecheck memcheck") over
 #               test_chunk_gpu on the Hopper path, GDP_CALL_SANITIZE_TIMEOUT seconds each (default 150),
 #               GDP_CALL_SANITIZE_ARGS more compute-sanitizer options (e.g. --kernel-name kns=hop); the
@@ -94,10 +98,25 @@ stage_prefill() {
 stage_alone() {
     local bin
     for bin in bench_chunk_stages bench_hopper_skip1 bench_hopper_skip2 bench_hopper_skip3; do
+        [ -x "$build/examples/$bin" ] || continue # a bundle may leave some out (the carry's 64 MiB)
         echo "## $bin (whole / skip1: aux math out / skip2: state math out / skip3: both out)"
         GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=off timeout 100 "$build/examples/$bin" 2>&1
     done >"$out/hopper_alone.log" 2>&1
     grep -vE "^#" "$out/hopper_alone.log" | head -60
+}
+stage_hphases() { # the Hopper kernel's clock cycles a chunk by phase (one aux and one state thread), unsplit
+    GDP_CHUNK_SEGMENT=off timeout 100 "$build/examples/bench_chunk_stages" --hopper-phases 2>&1 | tee "$out/hopper_phases.log"
+}
+stage_hcard() { # ncu --set full over one launch of the Hopper kernel on lab row GDP_CALL_CARD_ROW (default 1: 8x2048
+    # M2), unsplit: the per-SASS-instruction CSV (stall samples by reason) comes back for launch/sass_stalls.py
+    local row=${GDP_CALL_CARD_ROW:-1}
+    GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=off timeout 300 ncu --clock-control none --set full --import-source yes \
+        --kernel-name regex:chunk_hopper_kernel --launch-skip 3 --launch-count 1 -o "$work/hcard" -f \
+        "$build/examples/bench_chunk_stages" --row "$row" >"$out/hcard_ncu.log" 2>&1
+    tail -3 "$out/hcard_ncu.log"
+    ncu -i "$work/hcard.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$out/hcard_source.csv.gz"
+    ncu -i "$work/hcard.ncu-rep" --page details >"$out/hcard_details.txt" 2>&1
+    grep -E "Duration|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc" "$out/hcard_details.txt" | head -8
 }
 stage_sanitize() {
     local tool
