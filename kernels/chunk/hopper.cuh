@@ -25,7 +25,7 @@
  *     the state the update (4 k steps, K^T read M-major from the same key tile) beside P v_new (4).
  *     P was the aux warpgroup's in the first version, whose chunk then bounded the kernel (ncu: the
  *     state warpgroups spent most of their time at FULL); Q's norms went with it, as row scales
- *     (1 / |q_r|) each state thread forms for its two query rows while P runs.
+ *     (1 / |q_r|) of the outputs, half of each warp's rows a warpgroup while v_new runs (s.qn).
  * Barriers: FULL[b] (named, 384: aux arrives when stage b is ready, the state warpgroups wait, and
  * their S16 stores are complete), EMPTY[b] (mbarrier: the state threads are done with stage b),
  * AUX (named, 128), one named barrier per state warpgroup for its own X' panel, and STATE (named,
@@ -101,6 +101,7 @@ template <typename T, int KP, int VP> struct alignas(1024) HopperSmem {
     T vn[CHUNK * VP];         /* v_new [row][v]                             */
     T vd[CHUNK * VP];         /* 2^(gl - Gk) v_new, the update's operand    */
     float a[CHUNK][CHUNK + 4]; /* A, then X = (I + A)^-1 (aux only)          */
+    float qn[CHUNK];           /* the queries' scales 1 / |q_r| (state side)  */
     float scratch[4 * WY_INV2_SCRATCH]; /* the inverse's warp tiles (wy_invert_tf32_levels) */
     uint64_t empty[2];
     uint64_t loaded[2]; /* TMA copies: stage b's tiles have landed (one arrival and their bytes) */
@@ -147,33 +148,30 @@ template <typename T> __device__ __forceinline__ T *hop_at(T *tile, int rows, in
     return reinterpret_cast<T *>(reinterpret_cast<unsigned char *>(tile) + wg_offset(rows, r, c));
 }
 
-/* 1 / |q_r| under the in-kernel norm for rows r0 + g and r0 + g + 8 (g = lane / 4) of a 64-row,
- * KP-column panel-layout tile, into qn[0] and qn[1]: the scales a state thread's scores and outputs
- * take (its rows of both). Eight rows a pass: lane l sums the KP / 4 columns of part l / 8 of row
- * r0 + 8 pass + l % 8 (KP / 32 16-byte vectors: a quarter warp's lie in distinct banks under the
- * swizzle), the four parts meet by two shuffles, and lane g hands row r0 + 8 pass + g over. fp32
- * sums of the 16-bit values in the order of the aux warpgroup's former pass: the same bits. */
+/* 1 / |q_r| under the in-kernel norm for rows r0 + 8 pass .. r0 + 8 pass + 7 of a 64-row, KP-column
+ * panel-layout tile, into qn[r] (shared memory): lane l sums the KP / 4 columns of part l / 8 of row
+ * r0 + 8 pass + l % 8 (KP / 32 16-byte vectors: a quarter warp's lie in distinct banks under the swizzle),
+ * the four parts meet by two shuffles, and lanes 0-7 store a row each. fp32 sums of the 16-bit values in
+ * the order of the aux warpgroup's former pass: the same bits. */
 template <typename T, int KP>
-__device__ __forceinline__ void hop_query_scales(const T *tile, int r0, int lane, float (&qn)[2]) {
+__device__ __forceinline__ void hop_query_scale_pass(const T *tile, int r0, int pass, int lane, float *qn) {
     const int c0 = (KP / 4) * (lane >> 3);
+    const int r = r0 + 8 * pass + (lane & 7);
+    float ss = 0.0f;
 #pragma unroll
-    for (int pass = 0; pass < 2; pass++) {
-        const int r = r0 + 8 * pass + (lane & 7);
-        float ss = 0.0f;
+    for (int v = 0; v < KP / 32; v++) {
+        const uint4 x = *reinterpret_cast<const uint4 *>(hop_at(const_cast<T *>(tile), CHUNK, r, c0 + 8 * v));
+        const T *e = reinterpret_cast<const T *>(&x);
 #pragma unroll
-        for (int v = 0; v < KP / 32; v++) {
-            const uint4 x = *reinterpret_cast<const uint4 *>(hop_at(const_cast<T *>(tile), CHUNK, r, c0 + 8 * v));
-            const T *e = reinterpret_cast<const T *>(&x);
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const float f = Elem<T>::to_f(e[i]);
-                ss += f * f;
-            }
+        for (int i = 0; i < 8; i++) {
+            const float f = Elem<T>::to_f(e[i]);
+            ss += f * f;
         }
-        ss += __shfl_xor_sync(0xffffffffu, ss, 8);
-        ss += __shfl_xor_sync(0xffffffffu, ss, 16);
-        qn[pass] = __shfl_sync(0xffffffffu, 1.0f / sqrtf(ss + (float)GDP_L2NORM_EPS), lane >> 2);
     }
+    ss += __shfl_xor_sync(0xffffffffu, ss, 8);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 16);
+    if (lane < 8)
+        qn[r] = 1.0f / sqrtf(ss + (float)GDP_L2NORM_EPS);
 }
 
 /* Rows [0, 64) x COLS (64 or 128) columns of a row-major global matrix (row stride ld elements) into
@@ -562,19 +560,13 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
                 T *vp = hop_at(st.v, CHUNK, r, c0 + 8 * j + 2 * t4);
-                const float v0 = MODE == HOP_MAP_F ? 0.0f : Elem<T>::to_f(vp[0]);
-                const float v1 = MODE == HOP_MAP_F ? 0.0f : Elem<T>::to_f(vp[1]);
+                float v0 = 0.0f, v1 = 0.0f; /* the pair by one 32-bit load */
+                if (MODE != HOP_MAP_F)
+                    Elem<T>::unpack(*reinterpret_cast<const uint32_t *>(vp), v0, v1);
                 *reinterpret_cast<uint32_t *>(vp) =
                     Elem<T>::pack(v0 - f * acc[4 * j + 2 * hh], v1 - f * acc[4 * j + 2 * hh + 1]);
             }
         }
-        /* while the scores run, the queries' scales of the thread's two rows (1 / |q_r| under the in-kernel
-         * norm: a row scale of the scores and of Q S16; the query tile stays as loaded), off the aux
-         * warpgroup's chain, which sets the chunk's period (kernels/NOTES-chunk.md, forty-eighth
-         * session); here, where X''s accumulators are free */
-        float qn[2] = {1.0f, 1.0f};
-        if (p.l2norm)
-            hop_query_scales<T, KP>(st.q, r0, lane, qn);
         /* the scores' column factors (Gk and the raw keys' scales) into registers before any store to P
          * (read in the loop, each would be read again after every store: see A's values) */
         float gk_c[8], kinv_c[8];
@@ -589,15 +581,13 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
         for (int hh = 0; hh < 2; hh++) {
             const int qi = r0 + g + hh * 8;
             const int row = hop_query_row(ch, qi, M);
-            const float gt = row >= 0 ? st.gk[row] : 0.0f, qs = row >= 0 ? qn[hh] : 1.0f;
+            const float gt = row >= 0 ? st.gk[row] : 0.0f;
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int cc = 32 * wg + 8 * j + 2 * t4;
-                const float p0 =
-                    cc <= row ? sc[4 * j + 2 * hh] * exp2_ftz(gt - gk_c[2 * j]) * kinv_c[2 * j] * qs : 0.0f;
-                const float p1 = cc + 1 <= row ? sc[4 * j + 2 * hh + 1] * exp2_ftz(gt - gk_c[2 * j + 1]) *
-                                                     kinv_c[2 * j + 1] * qs
-                                               : 0.0f;
+                const float p0 = cc <= row ? sc[4 * j + 2 * hh] * exp2_ftz(gt - gk_c[2 * j]) * kinv_c[2 * j] : 0.0f;
+                const float p1 =
+                    cc + 1 <= row ? sc[4 * j + 2 * hh + 1] * exp2_ftz(gt - gk_c[2 * j + 1]) * kinv_c[2 * j + 1] : 0.0f;
                 *reinterpret_cast<uint32_t *>(hop_at(st.p, CHUNK, qi, cc)) = Elem<T>::pack(p0, p1);
             }
         }
@@ -609,6 +599,13 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
         const float gl = st.gk[n - 1];
         wg_gemm<CW, 0, 1, T, CHUNK / 16, true>(acc, [&](int ks) { return wg_desc_kmajor(st.ai, CHUNK, 0, ks * 16); },
                                                 [&](int ks) { return wg_desc_mnmajor(st.v, CHUNK, ks * 16, c0); });
+        /* while v_new runs, the queries' scales (1 / |q_r| under the in-kernel norm; the query tile stays as
+         * loaded): each state warpgroup forms half of its warps' rows (hop_query_scale_pass, pass wg) into
+         * s.qn, which the barrier after v_new publishes. They scale the outputs at the end, not the scores:
+         * o = scale (2^Gk Q S16 + P v_new) has the row's scale as a factor of both terms, so the scores
+         * and the outputs' first term go without it (kernels/NOTES-chunk.md, forty-ninth session) */
+        if (p.l2norm)
+            hop_query_scale_pass<T, KP>(st.q, r0, wg, lane, s.qn);
         wg_wait<0>();
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
@@ -641,8 +638,7 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
          * the chunk, nq = 0: a wgmma under a branch makes ptxas serialize them all, warning C7520) */
         wg_wait<1>(); /* Q S16; the update may still run */
         const int ra = hop_query_row(ch, r0 + g, M), rb = hop_query_row(ch, r0 + g + 8, M);
-        const float qa = qn[0], qb = qn[1]; /* 1 without the in-kernel norm */
-        const float fa = ra >= 0 ? st.gam[ra] * qa : 0.0f, fb = rb >= 0 ? st.gam[rb] * qb : 0.0f;
+        const float fa = ra >= 0 ? st.gam[ra] : 0.0f, fb = rb >= 0 ? st.gam[rb] : 0.0f;
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
             acc[4 * j] *= fa;
@@ -653,6 +649,12 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
         wg_gemm<CW, 0, 1, T, CHUNK / 16, false>(
             acc, [&](int ks) { return wg_desc_kmajor(st.p, CHUNK, 0, ks * 16); },
             [&](int ks) { return wg_desc_mnmajor(s.vn, CHUNK, ks * 16, c0); });
+        /* the outputs' row scales: p.scale and the query's 1 / |q_r| (s.qn, above) */
+        float os[2] = {p.scale, p.scale};
+        if (p.l2norm) {
+            os[0] = p.scale * s.qn[r0 + g];
+            os[1] = p.scale * s.qn[r0 + g + 8];
+        }
         wg_wait<0>(); /* P v_new and the update */
         T *o = (MODE == HOP_MAP_F ? f_out : static_cast<T *>(p.o)) + ((bos + ch.tf) * H + hd) * VP;
 #pragma unroll
@@ -662,7 +664,7 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
 #pragma unroll
                 for (int j = 0; j < NJ; j++)
                     *reinterpret_cast<uint32_t *>(o + (int64_t)qi * H * VP + c0 + 8 * j + 2 * t4) =
-                        Elem<T>::pack(acc[4 * j + 2 * hh] * p.scale, acc[4 * j + 2 * hh + 1] * p.scale);
+                        Elem<T>::pack(acc[4 * j + 2 * hh] * os[hh], acc[4 * j + 2 * hh + 1] * os[hh]);
         }
         ph.mark(4); /* state 4: the update and the outputs */
         /* every read of stage b, S16, v_new and its decayed copy is done */

@@ -386,7 +386,11 @@ template <typename T, typename At> struct AiStores {
         *at(r, c) = Elem<T>::from_f(x * beta_c);
     }
     __device__ __forceinline__ void pair(int r, int c, float x0, float x1) const {
-        *reinterpret_cast<uint32_t *>(at(r, c)) = Elem<T>::pack(x0 * beta[c], x1 * beta[c + 1]);
+        pair_by(r, c, x0, x1, beta[c], beta[c + 1]);
+    }
+    /* the same with columns c's and c + 1's betas already read */
+    __device__ __forceinline__ void pair_by(int r, int c, float x0, float x1, float beta0, float beta1) const {
+        *reinterpret_cast<uint32_t *>(at(r, c)) = Elem<T>::pack(x0 * beta0, x1 * beta1);
     }
     __device__ __forceinline__ void zero_upper(int t) const { zero_upper_by(t - 64, 64); }
     /* the same zeros by thread t of nt */
@@ -424,10 +428,17 @@ __device__ __forceinline__ void wy_invert_ai_doubling_at(float (*a)[CHUNK + 4], 
     /* the lane's column of the diagonal blocks, 16 warp + lane % 16, has one beta: read once (out.diag
      * would read it again after each of the column's stores to a, which it cannot tell from beta) */
     const float beta_c = beta[16 * (tid >> 5) + (tid & 15)];
+    /* likewise the two column pairs the lane's level-32 and level-64 tiles store (wy_invert_tf32_levels: warp w's
+     * columns 32 (w / 2) + 8 (w % 2) and 8 w, + 2 (lane % 4)), read here, off the levels' tails */
+    const int w = tid >> 5, c32 = 32 * (w >> 1) + 8 * (w & 1) + 2 * (tid & 3), c64 = 8 * w + 2 * (tid & 3);
+    const float b32a = beta[c32], b32b = beta[c32 + 1], b64a = beta[c64], b64b = beta[c64 + 1];
     wy_diag_blocks_by_warp(
         a, tid >> 5, tid & 31, [&](int r, int c, float x) { out.diag_by(r, c, x, beta_c); }, [](int) {});
     between();
-    wy_invert_tf32_levels(a, sc, tid, sync, [&](int r, int c, float x0, float x1) { out.pair(r, c, x0, x1); });
+    wy_invert_tf32_levels(a, sc, tid, sync, [&](int r, int c, float x0, float x1) {
+        const bool l32 = c == c32;
+        out.pair_by(r, c, x0, x1, l32 ? b32a : b64a, l32 ? b32b : b64b);
+    });
 }
 /* The same into a row-major Ai (row stride ldai elements): the fused kernel's. */
 template <typename T, typename Sync>
