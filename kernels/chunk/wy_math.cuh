@@ -279,8 +279,8 @@ constexpr int WY_INV2_SCRATCH = 32 * WY_INV_SCRATCH_LD; /* floats a warp: a 32 x
  * by recursive doubling instead of block rows, in two calls:
  *  - wy_diag_blocks_by_warp: warp b inverts the 16 x 16 diagonal block b, which lies in its own rows of
  *    A, by forward substitution (wy_diag_column, lanes 0-15: the same bits), so it needs only its own
- *    rows stored and a __syncwarp, not the block barrier after the whole of A; lanes 16-31 run
- *    idle(64 + 16 b + lane - 16), as wy_invert_tf32's threads 64-127;
+ *    rows stored and a __syncwarp, not the block barrier after the whole of A (lanes 16-31 wait: Ai's
+ *    zeros right of the diagonal blocks, wy_invert_tf32's idle work, are the caller's, once a tile);
  *  - after a block barrier, wy_invert_tf32_levels: level 32, the blocks X_10 and X_32 of the two
  *    32 x 32 diagonal blocks: X_10 = -X_11 (A_10 X_00), X_32 = -X_33 (A_32 X_22), an 8-column tile a
  *    warp; then level 64, the lower-left 32 x 32 block: X_LL = -X_LR (A_LL X_UL) with X_UL, X_LR the two
@@ -293,9 +293,8 @@ constexpr int WY_INV2_SCRATCH = 32 * WY_INV_SCRATCH_LD; /* floats a warp: a 32 x
  * twenty-third session). A's lower blocks stay intact throughout: X's off-diagonal blocks go to the
  * upper triangle (a[c][r] = X[r][c]), level 32's to a[0..15][16..31] and a[32..47][48..63], level
  * 64's to a[0..31][32..63], which no product of the same level reads. No barrier after level 64. */
-template <typename EmitDiag, typename Idle>
-__device__ __forceinline__ void wy_diag_blocks_by_warp(float (*a)[CHUNK + 4], int warp, int lane, EmitDiag emit_diag,
-                                                       Idle idle) {
+template <typename EmitDiag>
+__device__ __forceinline__ void wy_diag_blocks_by_warp(float (*a)[CHUNK + 4], int warp, int lane, EmitDiag emit_diag) {
     const int base = 16 * warp, c = lane & 15;
     float xc[16];
     if (lane < 16)
@@ -303,8 +302,6 @@ __device__ __forceinline__ void wy_diag_blocks_by_warp(float (*a)[CHUNK + 4], in
     __syncwarp(); /* the block's A is read before it is overwritten */
     if (lane < 16)
         wy_store_diag_column(a, base, c, xc, emit_diag);
-    else
-        idle(48 + base + lane);
 }
 template <typename Sync, typename EmitPair>
 __device__ __forceinline__ void wy_invert_tf32_levels(float (*a)[CHUNK + 4], float *sc, int tid, Sync sync,
@@ -432,8 +429,7 @@ __device__ __forceinline__ void wy_invert_ai_doubling_at(float (*a)[CHUNK + 4], 
      * columns 32 (w / 2) + 8 (w % 2) and 8 w, + 2 (lane % 4)), read here, off the levels' tails */
     const int w = tid >> 5, c32 = 32 * (w >> 1) + 8 * (w & 1) + 2 * (tid & 3), c64 = 8 * w + 2 * (tid & 3);
     const float b32a = beta[c32], b32b = beta[c32 + 1], b64a = beta[c64], b64b = beta[c64 + 1];
-    wy_diag_blocks_by_warp(
-        a, tid >> 5, tid & 31, [&](int r, int c, float x) { out.diag_by(r, c, x, beta_c); }, [](int) {});
+    wy_diag_blocks_by_warp(a, tid >> 5, tid & 31, [&](int r, int c, float x) { out.diag_by(r, c, x, beta_c); });
     between();
     wy_invert_tf32_levels(a, sc, tid, sync, [&](int r, int c, float x0, float x1) {
         const bool l32 = c == c32;
