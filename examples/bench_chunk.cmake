@@ -14,11 +14,12 @@ if(GDP_WITH_CUDA AND GDP_BUILD_CHUNK_DEV)
   set_target_properties(bench_chunk_stages PROPERTIES CUDA_ARCHITECTURES OFF)
   target_compile_options(bench_chunk_stages PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a>)
   target_compile_definitions(bench_chunk_stages PRIVATE GDP_HAVE_CHUNK_HOPPER=1)
-  # bench_hopper_skip1..3: the same lab with a role's math left out of the Hopper kernel
-  # (GDP_HOPPER_DEV_SKIP, hopper.cuh: 1 the aux warpgroup's, 2 the state side's, 3 both): run under
+  # bench_hopper_skipN: the same lab with a role's math left out of the Hopper kernel
+  # (GDP_HOPPER_DEV_SKIP, hopper.cuh: 1 the aux warpgroup's, 2 the state side's, 3 both), or one block
+  # of the aux chain (4 the inverse's level 64, 8 its level 32, 16 A's exponents): run under
   # GDP_CHUNK_PATH=hopper, the 'total' column is the kernel with only the other role's chain and the
-  # loads (launch/h200-suite.sh hopperalone); outputs wrong by design
-  foreach(skip 1 2 3)
+  # loads, or without that block (launch/bin_call.sh stage alone); outputs wrong by design
+  foreach(skip 1 2 3 4 8 16)
     add_executable(bench_hopper_skip${skip} ${PROJECT_SOURCE_DIR}/kernels/dev/chunk_stages.cu)
     target_include_directories(bench_hopper_skip${skip} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/src
                                                                 ${PROJECT_SOURCE_DIR}/kernels)

@@ -14,8 +14,9 @@
 # Stages (default "chunktest prefill alone sanitize decodeprof"):
 #   chunktest   test_chunk_gpu under the op's own choice (auto) and the Hopper path
 #   prefill     gdp-bench ops --op prefill under auto, the Hopper kernel unsplit, the staged chain
-#   alone       the Hopper kernel with each role's math left out (bench_hopper_skip1..3; h200-suite.sh
-#               hopperalone; those missing from the bundle are skipped)
+#   alone       the Hopper kernel with each role's math left out, or one block of the aux chain
+#               (bench_hopper_skip1..3, 4, 8, 16: hopper.cuh's GDP_HOPPER_DEV_SKIP; those missing from the
+#               bundle are skipped)
 #   hphases     bench_chunk_stages --hopper-phases: clock cycles a chunk by phase, unsplit
 #   hcard       ncu --set full over one Hopper kernel launch (lab row GDP_CALL_CARD_ROW, default 1): its
 #               per-SASS-instruction CSV (stall samples by reason) comes back as hcard_source.csv.gz, read
@@ -97,9 +98,10 @@ stage_prefill() {
 }
 stage_alone() {
     local bin
-    for bin in bench_chunk_stages bench_hopper_skip1 bench_hopper_skip2 bench_hopper_skip3; do
+    for bin in bench_chunk_stages bench_hopper_skip{1,2,3,4,8,16}; do
         [ -x "$build/examples/$bin" ] || continue # a bundle may leave some out (the carry's 64 MiB)
-        echo "## $bin (whole / skip1: aux math out / skip2: state math out / skip3: both out)"
+        echo "## $bin (whole / skip1: aux math out / skip2: state math out / skip3: both out / skip4: level 64 out /" \
+            "skip8: level 32 out / skip16: A's exponents out)"
         GDP_CHUNK_PATH=hopper GDP_CHUNK_SEGMENT=off timeout 100 "$build/examples/$bin" 2>&1
     done >"$out/hopper_alone.log" 2>&1
     grep -vE "^#" "$out/hopper_alone.log" | head -60

@@ -53,8 +53,10 @@
 /* Developer hook: GDP_HOPPER_DEV_SKIP (a compile definition of the lab's bench_hopper_skip builds,
  * examples/bench_chunk.cmake) leaves out a role's math and keeps its loads and barriers, so that the
  * other role's chain and the loads can be timed alone: 1 the aux warpgroup's (A, the norms, the
- * inverse), 2 the state warpgroups' (every product, epilogue and store), 3 both. Outputs are then
- * wrong by design. The library: 0, nothing left out. */
+ * inverse), 2 the state warpgroups' (every product, epilogue and store), 3 both; or one block of the
+ * aux chain, to weigh what taking it off the aux warpgroup would buy: 4 the inverse's level 64, 8 its
+ * level 32 (wy_invert_tf32_levels), 16 the exponents of A's values. Outputs are then wrong by design.
+ * The library: 0, nothing left out. */
 #ifndef GDP_HOPPER_DEV_SKIP
 #define GDP_HOPPER_DEV_SKIP 0
 #endif
@@ -373,9 +375,8 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
 #pragma unroll
             for (int x = 0; x < 2; x++) {
                 const int ci = 2 * j + x;
-                val[x] = cc + x < r && r < n
-                             ? acc[4 * j + 2 * hh + x] * exp2_ftz(gk_r[hh] - gk_c[ci]) * fac_r[hh] * kinv_c[ci]
-                             : 0.0f;
+                const float decay = (GDP_HOPPER_DEV_SKIP & 16) != 0 ? 1.0f : exp2_ftz(gk_r[hh] - gk_c[ci]);
+                val[x] = cc + x < r && r < n ? acc[4 * j + 2 * hh + x] * decay * fac_r[hh] * kinv_c[ci] : 0.0f;
             }
             *reinterpret_cast<float2 *>(&s.a[r][cc]) = make_float2(val[0], val[1]);
         }

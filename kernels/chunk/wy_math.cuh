@@ -307,6 +307,10 @@ template <typename Sync, typename EmitPair>
 __device__ __forceinline__ void wy_invert_tf32_levels(float (*a)[CHUNK + 4], float *sc, int tid, Sync sync,
                                                       EmitPair emit_pair) {
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    /* the Hopper lab's builds that leave a level out (GDP_HOPPER_DEV_SKIP 4, 8: hopper.cuh) */
+#if defined(GDP_HOPPER_DEV_SKIP) && (GDP_HOPPER_DEV_SKIP & 8) != 0
+    if (false)
+#endif
     {   /* level 32: warp w forms columns [n0, n0 + 8) of X_10 (w = 0, 1) or X_32 (w = 2, 3) */
         const int d0 = 32 * (warp >> 1), r0 = d0 + 16, n0 = d0 + 8 * (warp & 1);
         float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -330,6 +334,9 @@ __device__ __forceinline__ void wy_invert_tf32_levels(float (*a)[CHUNK + 4], flo
         wy_put_x_tile(a, xr, r0, n0, g, t4, emit_pair);
     }
     sync(); /* X_UL and X_LR complete */
+#if defined(GDP_HOPPER_DEV_SKIP) && (GDP_HOPPER_DEV_SKIP & 4) != 0
+    if (false)
+#endif
     {   /* level 64: warp w forms columns [n0, n0 + 8) of X_LL (rows 32-63), n0 = 8 w */
         const int n0 = 8 * warp, kb = 16 * (warp >> 1); /* X_UL[k][n0 ..] is zero for k < kb */
         float y[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
