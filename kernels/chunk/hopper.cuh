@@ -257,6 +257,10 @@ __device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const Hopp
     }
 }
 
+/* A's decay 2^x, 1 in the lab's build without A's exponents (GDP_HOPPER_DEV_SKIP 16). Called where the
+ * exponent stood (a decay formed apart from its element's test lengthened the aux's live ranges: spills). */
+__device__ __forceinline__ float hop_a_decay(float x) { return (GDP_HOPPER_DEV_SKIP & 16) != 0 ? 1.0f : exp2_ftz(x); }
+
 /* The two diagonal entries a thread with t4 == g / 2 holds in A's m64n64 accumulator: rows
  * r = 16 warp + g + 8 hh at column r sit at j = 2 warp + hh, e = 2 hh + g % 2 (acc[4 j + e]). The warp
  * is a run-time value, so each case names its accumulators as constants: an index of them by a
@@ -375,8 +379,9 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
 #pragma unroll
             for (int x = 0; x < 2; x++) {
                 const int ci = 2 * j + x;
-                const float decay = (GDP_HOPPER_DEV_SKIP & 16) != 0 ? 1.0f : exp2_ftz(gk_r[hh] - gk_c[ci]);
-                val[x] = cc + x < r && r < n ? acc[4 * j + 2 * hh + x] * decay * fac_r[hh] * kinv_c[ci] : 0.0f;
+                val[x] = cc + x < r && r < n
+                             ? acc[4 * j + 2 * hh + x] * hop_a_decay(gk_r[hh] - gk_c[ci]) * fac_r[hh] * kinv_c[ci]
+                             : 0.0f;
             }
             *reinterpret_cast<float2 *>(&s.a[r][cc]) = make_float2(val[0], val[1]);
         }
