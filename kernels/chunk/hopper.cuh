@@ -81,7 +81,11 @@ constexpr int HOP_THREADS = HOP_AUX_THREADS + HOP_STATE_THREADS;
  * warpgroups take 24 a thread more, for their 64 fp32 state values, the products' accumulators and
  * the operand descriptors. */
 constexpr int HOP_AUX_REGS = 120, HOP_STATE_REGS = 192;
-static_assert(HOP_AUX_THREADS * HOP_AUX_REGS + HOP_STATE_THREADS * HOP_STATE_REGS <= 65536, "the register file");
+/* setmaxnreg moves registers within the block's launch allocation (168 x 384 = 64,512, not the file's
+ * 65,536): a split over it would leave the state warpgroups waiting in setmaxnreg.inc for ever */
+constexpr int HOP_LAUNCH_REGS = 65536 / HOP_THREADS / 8 * 8;
+static_assert(HOP_AUX_THREADS * HOP_AUX_REGS + HOP_STATE_THREADS * HOP_STATE_REGS <= HOP_THREADS * HOP_LAUNCH_REGS,
+              "the block's registers");
 /* named barriers (0 is __syncthreads) */
 constexpr int HOP_BAR_FULL0 = 1, HOP_BAR_AUX = 3, HOP_BAR_STATE = 4, HOP_BAR_WG0 = 5;
 

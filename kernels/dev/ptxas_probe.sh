@@ -18,6 +18,9 @@
 #                          the register file's static_assert dropped: which role spills
 #     --search aux|state   the fewest registers (a multiple of 8) that role needs without a spill,
 #                          the other at its value in the tree (or --regs)
+#     --split              also the segment split's kernels of the same widths (hopper_split.cuh:
+#                          chunk_hopper_seg_run_kernel, MAIN and F, and chunk_hopper_seg_pass2_kernel),
+#                          a line each (not with --search)
 #
 # Environment: GDP_PROBE_SRC (the tree to read, default this one), NVCC (default nvcc).
 # Prints one line per kernel: registers at launch, stack frame, spill stores and loads (bytes).
@@ -25,11 +28,12 @@
 set -euo pipefail
 root=${GDP_PROBE_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 nvcc=${NVCC:-nvcc}
-regs="" search=""
+regs="" search="" split=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --regs) regs=$2; shift 2 ;;
     --search) search=$2; shift 2 ;;
+    --split) split=1; shift ;;
     *) break ;;
     esac
 done
@@ -82,6 +86,17 @@ namespace {
 template __global__ void chunk_hopper_kernel<__nv_bfloat16, $targs>(const ChunkParams, const __grid_constant__ HopperMaps);
 }
 EOF
+    if [ "$split" = 1 ]; then
+        [ -z "$search" ] || { echo "ptxas_probe: --split and --search do not go together" >&2; exit 2; }
+        cat >>"$work/probe.cu" <<EOF
+#include "kernels/chunk/hopper_split.cuh"
+namespace {
+template __global__ void chunk_hopper_seg_run_kernel<__nv_bfloat16, $kp, $vp, $copy, HOP_MAIN>(const ChunkParams, const __grid_constant__ HopperMaps, const HopSegPlan);
+template __global__ void chunk_hopper_seg_run_kernel<__nv_bfloat16, $kp, $kp, $copy, HOP_MAP_F>(const ChunkParams, const __grid_constant__ HopperMaps, const HopSegPlan);
+template __global__ void chunk_hopper_seg_pass2_kernel<__nv_bfloat16, $kp, $vp, $copy>(const ChunkParams, const __grid_constant__ HopperMaps, const HopSegPlan);
+}
+EOF
+    fi
     base="$work/hopper.cuh.orig"
     cp "$work/kernels/chunk/hopper.cuh" "$base"
     # the split as the tree writes it: "constexpr int HOP_AUX_REGS = A, HOP_STATE_REGS = S;" or, by VP,
@@ -116,7 +131,7 @@ PY
     probe_split() { # $1 aux, $2 state: the summary line
         cp "$base" "$work/kernels/chunk/hopper.cuh"
         split_regs "$work/kernels/chunk/hopper.cuh" "$1,$2"
-        compile probe.cu 90a | summarize chunk_hopper_kernel
+        compile probe.cu 90a | summarize chunk_hopper_
     }
     if [ -z "$search" ]; then
         echo "aux $aux0, state $state0 registers a thread:"
