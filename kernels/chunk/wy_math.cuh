@@ -274,6 +274,13 @@ __device__ __forceinline__ float wy_x_at(const float (*a)[CHUNK + 4], int k, int
 }
 
 constexpr int WY_INV2_SCRATCH = 32 * WY_INV_SCRATCH_LD; /* floats a warp: a 32 x 8 product tile, padded */
+/* The Hopper lab's builds that leave a level of the inverse out (GDP_HOPPER_DEV_SKIP 4, 8, a compile
+ * definition: hopper.cuh); 0 in the library, which includes this before hopper.cuh defines its default */
+#ifdef GDP_HOPPER_DEV_SKIP
+constexpr int WY_LAB_SKIP = GDP_HOPPER_DEV_SKIP;
+#else
+constexpr int WY_LAB_SKIP = 0;
+#endif
 
 /* X = (I + A)^-1 as wy_invert_tf32 (the same storage, callbacks, diagonal blocks and tf32 products)
  * by recursive doubling instead of block rows, in two calls:
@@ -307,11 +314,7 @@ template <typename Sync, typename EmitPair>
 __device__ __forceinline__ void wy_invert_tf32_levels(float (*a)[CHUNK + 4], float *sc, int tid, Sync sync,
                                                       EmitPair emit_pair) {
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
-    /* the Hopper lab's builds that leave a level out (GDP_HOPPER_DEV_SKIP 4, 8: hopper.cuh) */
-#if defined(GDP_HOPPER_DEV_SKIP) && (GDP_HOPPER_DEV_SKIP & 8) != 0
-    if (false)
-#endif
-    {   /* level 32: warp w forms columns [n0, n0 + 8) of X_10 (w = 0, 1) or X_32 (w = 2, 3) */
+    if constexpr ((WY_LAB_SKIP & 8) == 0) { /* level 32: warp w forms columns [n0, n0 + 8) of X_10 (w = 0, 1) or X_32 (w = 2, 3) */
         const int d0 = 32 * (warp >> 1), r0 = d0 + 16, n0 = d0 + 8 * (warp & 1);
         float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -334,10 +337,7 @@ __device__ __forceinline__ void wy_invert_tf32_levels(float (*a)[CHUNK + 4], flo
         wy_put_x_tile(a, xr, r0, n0, g, t4, emit_pair);
     }
     sync(); /* X_UL and X_LR complete */
-#if defined(GDP_HOPPER_DEV_SKIP) && (GDP_HOPPER_DEV_SKIP & 4) != 0
-    if (false)
-#endif
-    {   /* level 64: warp w forms columns [n0, n0 + 8) of X_LL (rows 32-63), n0 = 8 w */
+    if constexpr ((WY_LAB_SKIP & 4) == 0) { /* level 64: warp w forms columns [n0, n0 + 8) of X_LL (rows 32-63), n0 = 8 w */
         const int n0 = 8 * warp, kb = 16 * (warp >> 1); /* X_UL[k][n0 ..] is zero for k < kb */
         float y[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
@@ -436,7 +436,7 @@ __device__ __forceinline__ void wy_invert_ai_doubling_at(float (*a)[CHUNK + 4], 
      * columns 32 (w / 2) + 8 (w % 2) and 8 w, + 2 (lane % 4)), read here, off the levels' tails */
     const int w = tid >> 5, c32 = 32 * (w >> 1) + 8 * (w & 1) + 2 * (tid & 3), c64 = 8 * w + 2 * (tid & 3);
     const float b32a = beta[c32], b32b = beta[c32 + 1], b64a = beta[c64], b64b = beta[c64 + 1];
-    wy_diag_blocks_by_warp(a, tid >> 5, tid & 31, [&](int r, int c, float x) { out.diag_by(r, c, x, beta_c); });
+    wy_diag_blocks_by_warp(a, w, tid & 31, [&](int r, int c, float x) { out.diag_by(r, c, x, beta_c); });
     between();
     wy_invert_tf32_levels(a, sc, tid, sync, [&](int r, int c, float x0, float x1) {
         const bool l32 = c == c32;

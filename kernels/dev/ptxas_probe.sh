@@ -15,7 +15,7 @@
 #                                                         dtypes, M = 1, 2, 3
 #   hopper options (before the kind's arguments):
 #     --regs AUX,STATE     the setmaxnreg split to compile with (HOP_AUX_REGS, HOP_STATE_REGS),
-#                          the register file's static_assert dropped: which role spills
+#                          the registers' static_assert dropped: which role spills
 #     --search aux|state   the fewest registers (a multiple of 8) that role needs without a spill,
 #                          the other at its value in the tree (or --regs)
 #     --split              also the segment split's kernels of the same widths (hopper_split.cuh:
