@@ -10,9 +10,10 @@
  *
  * One block of three warpgroups per (sequence, head), or per segment of a long sequence under the
  * split (hopper_split.cuh: outputs by correction), K = KP = 64 or 128, V = VP = 64 or 128:
- *   WG0 (aux), one chunk ahead: the chunk's loads (its threads' cp.async into the panel layout, or
- *     thread 0's tensor-map copies: GDP_CHUNK_HOPPER_COPY; the next chunk's issued as soon as its
- *     stage is free), A = K K^T on wgmma with Gk's warp scan beside it, the
+ *   WG0 (aux), one chunk ahead: the chunk's loads (its threads' cp.async into the panel layout, the
+ *     next chunk's issued as soon as its stage is free; or tensor-map copies, GDP_CHUNK_HOPPER_COPY,
+ *     the first two chunks' by its thread 0 and every later one's by the state side as it releases
+ *     the stage), A = K K^T on wgmma with Gk's warp scan beside it, the
  *     keys' norms from A's diagonal (1 / |k_r|, a row scale wherever K's products are used: the
  *     key tile stays as loaded), A's decay, scales and mask, (I + A)^-1 on four warps
  *     (wy_invert_ai_doubling_at: the fused kernel's diagonal blocks and tf32 products, in two
@@ -27,7 +28,9 @@
  *     state warpgroups spent most of their time at FULL); Q's norms went with it, as row scales
  *     (1 / |q_r|) of the outputs, half of each warp's rows a warpgroup while v_new runs (s.qn).
  * Barriers: FULL[b] (named, 384: aux arrives when stage b is ready, the state warpgroups wait, and
- * their S16 stores are complete), EMPTY[b] (mbarrier: the state threads are done with stage b),
+ * their S16 stores are complete), EMPTY[b] (mbarrier, the threads' copies only: the state threads
+ * are done with stage b; the copy engine's are issued by a state thread after the closing barrier),
+ * loaded[b] (mbarrier, the copy engine's: stage b's tiles have landed),
  * AUX (named, 128), one named barrier per state warpgroup for its own X' panel, and STATE (named,
  * 256) where the two state warpgroups exchange v_new's panels and end a chunk.
  * Every tile a wgmma reads and a thread wrote is fenced (fence.proxy.async) before the barrier
@@ -197,35 +200,41 @@ __device__ __forceinline__ void hop_tile_async(T *dst, const T *__restrict__ src
     }
 }
 
-/* Chunk c's loads into stage sb: K, V and Q by cp.async (one group) or by thread 0's tensor-map
- * copies (counted on loaded[sb]), the chunk after it into L2 (fused_aux_issue_loads' order and
- * values); g and beta of the thread's row by plain loads into gr and be (beta's bits: load_bits_any),
- * which the caller stores into the stage when the chunk starts (hop_aux_chunk): stored or converted
- * here, each thread would wait out their global latency in the aux warpgroup's critical path. */
+/* g and beta of row t of chunk c (threads t < n; 0 past them) by plain loads into gr and be (beta's
+ * bits: load_bits_any), which the aux stores into the stage when the chunk starts (hop_aux_chunk):
+ * stored or converted here, each thread would wait out their global latency in the aux warpgroup's
+ * critical path. */
+__device__ __forceinline__ void hop_row_values(const ChunkParams &p, int c, int64_t bos, int64_t len, int hd, int t,
+                                               float &gr, uint32_t &be) {
+    const int M = p.M;
+    const HopChunk ch = hop_chunk(c, (int)len, M);
+    gr = 0.0f;
+    be = 0u;
+    if (t < ch.n) {
+        const int lr = ch.lo + t;
+        if (p.g_raw != nullptr && lr % M == 0)
+            gr = p.g_raw[(bos + lr / M) * p.H + hd];
+        be = load_bits_any(p.beta, p.beta_dtype, ((bos * M + ch.lo) + t) * p.H + hd);
+    }
+}
+
+/* Chunk c's tiles into stage sb, by the 128 threads t of one warpgroup: K, V and Q by cp.async (one
+ * group: the aux's) or by thread 0's tensor-map copies (counted on loaded[sb]), the chunk after it
+ * into L2 (fused_aux_issue_loads' order and values). */
 template <typename T, int KP, int VP, int COPY, int MODE>
-__device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const HopperMaps &maps, HopperSmem<T, KP, VP> &s,
-                                                int sb, int c, int64_t bos, int64_t len, int hd, int c_end,
-                                                float &gr, uint32_t &be) {
+__device__ __forceinline__ void hop_issue_tiles(const ChunkParams &p, const HopperMaps &maps, HopperSmem<T, KP, VP> &s,
+                                                int sb, int c, int64_t bos, int64_t len, int hd, int c_end, int t) {
     constexpr bool WITH_V = MODE == HOP_MAIN; /* F: the values are 0 */
     HopperStage<T, KP, VP> &st = s.st[sb];
-    const int tid = threadIdx.x;
     const int H = p.H, M = p.M;
     const HopChunk ch = hop_chunk(c, (int)len, M);
     const int64_t rowc = bos * M + ch.lo;
     const int64_t ld = (int64_t)H * KP;
-    gr = 0.0f;
-    be = 0u;
-    if (tid < ch.n) {
-        const int lr = ch.lo + tid;
-        if (p.g_raw != nullptr && lr % M == 0)
-            gr = p.g_raw[(bos + lr / M) * H + hd];
-        be = load_bits_any(p.beta, p.beta_dtype, (rowc + tid) * H + hd);
-    }
     if constexpr (COPY == HOP_COPY_TMA) {
         /* whole boxes land, rows past the chunk included (they hold the next sequence's rows or
          * padding): hop_aux_chunk zeroes K's and V's rows past n once landed; Q's rows past nq are
          * never used (masked scores, discarded outputs) */
-        if (tid == 0) {
+        if (t == 0) {
             constexpr int COLS = 2 * KP + (WITH_V ? VP : 0);
             mbar_arrive_expect_tx(&s.loaded[sb], (uint32_t)(CHUNK * COLS * sizeof(T)));
             const int yk = (int)rowc, yq = (int)(bos + ch.tf);
@@ -241,24 +250,33 @@ __device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const Hopp
                     tma_load_2d(st.v + pn * PANEL, maps.v, hd * VP + pn * WG_PANEL_COLS, yk, &s.loaded[sb]);
         }
     } else {
-        hop_tile_async<T, KP>(st.k, static_cast<const T *>(p.k) + (rowc * H + hd) * KP, ld, ch.n, tid);
+        hop_tile_async<T, KP>(st.k, static_cast<const T *>(p.k) + (rowc * H + hd) * KP, ld, ch.n, t);
         if constexpr (WITH_V)
-            hop_tile_async<T, VP>(st.v, static_cast<const T *>(p.v) + (rowc * H + hd) * VP, (int64_t)H * VP, ch.n, tid);
-        hop_tile_async<T, KP>(st.q, static_cast<const T *>(p.q) + ((bos + ch.tf) * H + hd) * KP, ld, ch.nq, tid);
+            hop_tile_async<T, VP>(st.v, static_cast<const T *>(p.v) + (rowc * H + hd) * VP, (int64_t)H * VP, ch.n, t);
+        hop_tile_async<T, KP>(st.q, static_cast<const T *>(p.q) + ((bos + ch.tf) * H + hd) * KP, ld, ch.nq, t);
         cp_async_commit();
     }
     if (c + 1 < c_end) {
         const HopChunk nx = hop_chunk(c + 1, (int)len, M);
         const int64_t rown = bos * M + nx.lo;
         const int bytes = KP * (int)sizeof(T);
-        if (tid < nx.n) {
-            prefetch_l2(static_cast<const T *>(p.k) + ((rown + tid) * H + hd) * KP, bytes);
+        if (t < nx.n) {
+            prefetch_l2(static_cast<const T *>(p.k) + ((rown + t) * H + hd) * KP, bytes);
             if constexpr (WITH_V)
-                prefetch_l2(static_cast<const T *>(p.v) + ((rown + tid) * H + hd) * VP, VP * (int)sizeof(T));
-        } else if (tid >= 64 && tid - 64 < nx.nq) {
-            prefetch_l2(static_cast<const T *>(p.q) + ((bos + nx.tf + tid - 64) * H + hd) * KP, bytes);
+                prefetch_l2(static_cast<const T *>(p.v) + ((rown + t) * H + hd) * VP, VP * (int)sizeof(T));
+        } else if (t >= 64 && t - 64 < nx.nq) {
+            prefetch_l2(static_cast<const T *>(p.q) + ((bos + nx.tf + t - 64) * H + hd) * KP, bytes);
         }
     }
+}
+
+/* Chunk c's loads by the aux warpgroup: its tiles into stage sb and its rows' g and beta into gr, be. */
+template <typename T, int KP, int VP, int COPY, int MODE>
+__device__ __forceinline__ void hop_issue_loads(const ChunkParams &p, const HopperMaps &maps, HopperSmem<T, KP, VP> &s,
+                                                int sb, int c, int64_t bos, int64_t len, int hd, int c_end,
+                                                float &gr, uint32_t &be) {
+    hop_row_values(p, c, bos, len, hd, (int)threadIdx.x, gr, be);
+    hop_issue_tiles<T, KP, VP, COPY, MODE>(p, maps, s, sb, c, bos, len, hd, c_end, (int)threadIdx.x);
 }
 
 /* A's decay 2^x, 1 in the lab's build without A's exponents (GDP_HOPPER_DEV_SKIP 16). Called where the
@@ -288,14 +306,20 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
     HopperStage<T, KP, VP> &st = s.st[b];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
     const int n = hop_chunk(c, (int)len, p.M).n;
-    /* this chunk's g and beta, loaded when its copies were issued (the next barrier publishes them) */
-    if (tid < CHUNK) {
+    /* this chunk's g and beta, loaded a chunk ahead, into the stage (the barrier after the tiles' wait
+     * publishes them): the threads' copies' at once, since the aux issued them itself once the stage was
+     * released; the copy engine's only after the tiles' wait, since the aux may start chunk c while the
+     * state side still reads stage b for chunk c - 2 (the state side issues the tiles once it has
+     * released the stage, and nothing else holds the aux back) */
+    if (COPY != HOP_COPY_TMA && tid < CHUNK) {
         st.gk[tid] = pend_g;
         st.beta[tid] = bits_to_float(pend_b, p.beta_dtype);
     }
-
-    /* chunk c + 1's loads into the other stage once it is released (NextChunkLoads, mma.cuh; fused.cuh's points) */
-    NextChunkLoads next(&s.empty[b ^ 1], lc, count);
+    /* chunk c + 1's loads into the other stage once it is released. The copy engine's are issued by the
+     * state side as it releases the stage (release_stage in hop_run): the aux loads only chunk c + 1's g
+     * and beta, below, for its next start. The threads' copies are the aux's own, at its test points
+     * (NextChunkLoads, mma.cuh; fused.cuh's points). */
+    NextChunkLoads next(&s.empty[b ^ 1], lc, COPY == HOP_COPY_TMA ? 0 : count);
     auto issue_next_if_free = [&](bool block) {
         next.try_issue(block, [&] {
             hop_issue_loads<T, KP, VP, COPY, MODE>(p, maps, s, b ^ 1, c + 1, bos, len, hd, c_end, pend_g, pend_b);
@@ -315,6 +339,12 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
             }
     } else {
         cp_async_wait<0>();
+    }
+    if constexpr (COPY == HOP_COPY_TMA) {
+        if (tid < CHUNK) {
+            st.gk[tid] = pend_g;
+            st.beta[tid] = bits_to_float(pend_b, p.beta_dtype);
+        }
     }
     fence_proxy_async_smem(); /* the landed (or zeroed) tiles may be read by wgmma */
     bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS);
@@ -390,6 +420,11 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
             *reinterpret_cast<float2 *>(&s.a[r][cc]) = make_float2(val[0], val[1]);
         }
     __syncwarp(); /* the warp's rows of A, which hold its diagonal block */
+    /* the copy engine's path: chunk c + 1's g and beta for the next start, loaded here, where A's
+     * accumulators are dead and the inverse's length hides their latency (loaded at the chunk's start,
+     * they were live through A's values: K = 128, V = 64's F run spilled 272 bytes) */
+    if (COPY == HOP_COPY_TMA && c + 1 < c_end)
+        hop_row_values(p, c + 1, bos, len, hd, tid, pend_g, pend_b);
     ph.mark(2); /* aux 2: A's values */
 
     /* Ai = T((I + A)^-1 diag beta) by recursive doubling (wy_invert_ai_doubling_at): each warp inverts
@@ -476,6 +511,9 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
         uint32_t pend_b = 0u;
         if (count > 0)
             hop_issue_loads<T, KP, VP, COPY, MODE>(p, maps, s, 0, cb, bos, len, hd, ce, pend_g, pend_b);
+        /* the copy engine's second fill too: both stages are free (the later ones are the state side's) */
+        if (COPY == HOP_COPY_TMA && count > 1)
+            hop_issue_tiles<T, KP, VP, COPY, MODE>(p, maps, s, 1, cb + 1, bos, len, hd, ce, (int)threadIdx.x);
         for (int lc = 0; lc < count; lc++) {
             const int b = lc & 1;
             hop_aux_chunk<T, KP, VP, COPY, MODE>(p, maps, s, b, cb + lc, lc, count, ce, bos, len, hd, pend_g, pend_b,
@@ -516,6 +554,20 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
                 S[4 * j + e] = init.src != nullptr ? load_any(init.src, init.dtype, init.base + (int64_t)r * VP + cc) : 0.0f;
         }
 
+    /* Stage b, read to the end for chunk c (the closing barrier): chunk c + 2's tiles go into it at once, by
+     * the first state warpgroup (thread 0 the copy engine's, the L2 prefetch of chunk c + 3 spread), so that
+     * they are in flight from the moment the stage is free, and neither the aux's test for the release nor
+     * the copies' issue sits in the aux warpgroup's chain; the threads' copies are the aux's (EMPTY). */
+    const auto release_stage = [&](int b, int c) {
+        if (c + 2 >= ce)
+            return;
+        if constexpr (COPY == HOP_COPY_TMA) {
+            if (wg == 0)
+                hop_issue_tiles<T, KP, VP, COPY, MODE>(p, maps, s, b, c + 2, bos, len, hd, ce, tid);
+        } else {
+            mbar_arrive(&s.empty[b]);
+        }
+    };
     for (int lc = 0; lc < count; lc++) {
         const int c = cb + lc, b = lc & 1;
         if constexpr ((GDP_HOPPER_DEV_SKIP & 2) != 0) { /* the lab's state-less build: its barriers only */
@@ -523,8 +575,7 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
             bar_sync(HOP_BAR_WG0 + wg, 128);
             bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS);
             bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS);
-            if (lc + 2 < count)
-                mbar_arrive(&s.empty[b]);
+            release_stage(b, c);
             continue;
         }
         HopperStage<T, KP, VP> &st = s.st[b];
@@ -680,8 +731,7 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
         /* every read of stage b, S16, v_new and its decayed copy is done */
         bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS);
         ph.mark(5); /* state 5: the closing barrier */
-        if (lc + 2 < count)
-            mbar_arrive(&s.empty[b]);
+        release_stage(b, c);
     }
 
     ph.flush(1);
