@@ -33,7 +33,8 @@
 # kernels/dev/gemv_floor.cu built and run there (then its weights as L2 hits; GDP_CALL_GF_L2=0 skips that); gemmskinny (not by default), kernels/dev/gemm_skinny.cu built and
 # run there (cuBLASLt's heuristic results and split-k forms of the decode projections, rows GDP_CALL_GS_ROWS); opsdecode (not by default), main's decode op rows
 # twice, without decode's tests; opsprefill (not by default), main's prefill op rows with their stages
-# twice (GDP_CALL_OPF_ENV: the environment they run under); chunkab (not by default), tree GDP_CALL_CAB_TREE's
+# twice (GDP_CALL_OPF_ENV: the environment they run under); segsweep (not by default), main's split prefill rows
+# under each forced segment length (stage_segsweep); chunkab (not by default), tree GDP_CALL_CAB_TREE's
 # test_chunk_gpu (Hopper path, auto) and its prefill rows beside main's (GDP_CALL_CAB_ROUNDS); gemvprof (not by default), ncu's detailed set
 # (throughput, occupancy, warp stalls) of the layer's one-row kernels, with cuBLASLt's in_proj and the skinny one
 # (GDP_CALL_GEMVPROF_ENVS, default "GDP_GEMM_SKINNY=auto GDP_GEMM_SKINNY=on");
@@ -168,6 +169,19 @@ stage_opsprefill() { # gdp-bench ops --op prefill of main under GDP_CALL_OPF_ENV
         echo "## round $r ${GDP_CALL_OPF_ENV:-}"
         env ${GDP_CALL_OPF_ENV:-} timeout 120 "$P/main/bin/gdp-bench" ops --op prefill 2>&1
     done | tee -a "$OUT/opsprefill.log"
+}
+stage_segsweep() { # the split's segment length by measurement: main's prefill rows that split (1 x 16384, mixed)
+    # under GDP_CHUNK_SEGMENT = each of GDP_CALL_SEG_LIST (default "auto 32 40 48 56 64 72 80"; auto is the op's own
+    # choice, src/descriptors.c's estimate, whose rates predate the forty-eighth to fifty-first sessions' faster
+    # chunks), alternated, GDP_CALL_SEG_ROUNDS rounds (default 2)
+    local r seg
+    for r in $(seq 1 "${GDP_CALL_SEG_ROUNDS:-2}"); do
+        for seg in ${GDP_CALL_SEG_LIST:-auto 32 40 48 56 64 72 80}; do
+            echo "## round $r GDP_CHUNK_SEGMENT=$seg"
+            GDP_CHUNK_SEGMENT=$seg timeout 60 "$P/main/bin/gdp-bench" ops --op prefill 2>&1 |
+                grep -A1 -E "^prefill .*(1x16384|mixed)|rror|wrong"
+        done
+    done | tee "$OUT/segsweep.log"
 }
 stage_chunkab() { # a chunk-op change: tree GDP_CALL_CAB_TREE's test_chunk_gpu on the Hopper path and under auto, then
     # gdp-bench ops --op prefill of main and of the tree alternated (GDP_CALL_CAB_ROUNDS, default 2): the rows and
