@@ -325,6 +325,11 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
             hop_issue_loads<T, KP, VP, COPY, MODE>(p, maps, s, b ^ 1, c + 1, bos, len, hd, c_end, pend_g, pend_b);
         });
     };
+    /* the copy engine's path: chunk c + 1's g and beta for the next start (its tiles are the state side's) */
+    const auto load_next_rows = [&] {
+        if (COPY == HOP_COPY_TMA && c + 1 < c_end)
+            hop_row_values(p, c + 1, bos, len, hd, tid, pend_g, pend_b);
+    };
 
     if constexpr (COPY == HOP_COPY_TMA) {
         mbar_wait(&s.loaded[b], (lc >> 1) & 1); /* stage b's (lc / 2)-th fill */
@@ -350,6 +355,7 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
     bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS);
     ph.mark(0); /* aux 0: waiting for the chunk's loads */
     if constexpr ((GDP_HOPPER_DEV_SKIP & 1) != 0) { /* the lab's aux-less build: the loads only */
+        load_next_rows();
         issue_next_if_free(true);
         return;
     }
@@ -420,11 +426,10 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
             *reinterpret_cast<float2 *>(&s.a[r][cc]) = make_float2(val[0], val[1]);
         }
     __syncwarp(); /* the warp's rows of A, which hold its diagonal block */
-    /* the copy engine's path: chunk c + 1's g and beta for the next start, loaded here, where A's
-     * accumulators are dead and the inverse's length hides their latency (loaded at the chunk's start,
-     * they were live through A's values: K = 128, V = 64's F run spilled 272 bytes) */
-    if (COPY == HOP_COPY_TMA && c + 1 < c_end)
-        hop_row_values(p, c + 1, bos, len, hd, tid, pend_g, pend_b);
+    /* the next chunk's g and beta here, where A's accumulators are dead and the inverse's length hides
+     * their latency (loaded at the chunk's start, they were live through A's values: K = 128, V = 64's F
+     * run spilled 272 bytes) */
+    load_next_rows();
     ph.mark(2); /* aux 2: A's values */
 
     /* Ai = T((I + A)^-1 diag beta) by recursive doubling (wy_invert_ai_doubling_at): each warp inverts
