@@ -618,6 +618,7 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
         wg_gemm<32, 0, 0, T, KP / 16, true>(sc, queries,
                                                  [&](int ks) { return wg_desc_kmajor(st.k, CHUNK, 32 * wg, ks * 16); });
         wg_wait<1>(); /* X' */
+        ph.mark(1); /* state 1: K S16 (the scores' products issued beside it) */
         /* X' in place over V; a transfer map F takes the values as 0 */
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
@@ -659,7 +660,7 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
         }
         fence_proxy_async_smem(); /* X' (read next by this warpgroup) and P (by both, after the v_new barrier) */
         bar_sync(HOP_BAR_WG0 + wg, 128); /* the warpgroup's X' panel complete */
-        ph.mark(2); /* state 2: X' and the scores */
+        ph.mark(2); /* state 2: X' stored, the scores masked and stored, the warpgroup's barrier */
 
         /* v_new = Ai X' on the warpgroup's columns; its decayed copy for the update */
         const float gl = st.gk[n - 1];
@@ -722,6 +723,7 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
             os[1] = p.scale * s.qn[r0 + g + 8];
         }
         wg_wait<0>(); /* P v_new and the update */
+        ph.mark(6); /* state 6: the update and the outputs' products, to their wait */
         T *o = (MODE == HOP_MAP_F ? f_out : static_cast<T *>(p.o)) + ((bos + ch.tf) * H + hd) * VP;
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
@@ -732,7 +734,7 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
                     *reinterpret_cast<uint32_t *>(o + (int64_t)qi * H * VP + c0 + 8 * j + 2 * t4) =
                         Elem<T>::pack(acc[4 * j + 2 * hh] * os[hh], acc[4 * j + 2 * hh + 1] * os[hh]);
         }
-        ph.mark(4); /* state 4: the update and the outputs */
+        ph.mark(4); /* state 4: the outputs' stores */
         /* every read of stage b, S16, v_new and its decayed copy is done */
         bar_sync(HOP_BAR_STATE, HOP_STATE_THREADS);
         ph.mark(5); /* state 5: the closing barrier */

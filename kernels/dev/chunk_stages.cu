@@ -480,8 +480,9 @@ int main(int argc, char **argv) {
     } else if (hphases) {
         setenv("GDP_CHUNK_PATH", "hopper", 1);
         std::printf("# Hopper kernel, block (0, 0, 0): clock cycles per chunk of each phase, thread 0 (aux) and 128 (state)\n"
-                    "# aux:   wait(loads) A+gk+K-scales A's-values diag-blocks inverse+Ai(+test) next-loads(test) next-loads(wait) arrive+loop\n"
-                    "# state: wait(aux) - X'+P+Q-norms v_new(+Q S16) update+outputs barrier - S16+cs+loop\n");
+                    "# aux:   wait(loads) A+gk+K-scales A's-values(+next-g/beta) diag-blocks inverse+Ai next-loads(test) next-loads(wait) arrive+loop\n"
+                    "#        (the next loads' test and wait: the threads' copies only; the copy engine's are the state side's)\n"
+                    "# state: wait(aux) K-S16 X'+P+WG-barrier v_new(+Q-norms,Q-S16) out-stores barrier update+out-products(wait) S16+cs+loop\n");
     } else if (phases) {
         setenv("GDP_CHUNK_PATH", "fused", 1);
         std::printf("# fused kernel, block (0, 0, 0): clock64 cycles per chunk of each phase, one thread of each role\n"
