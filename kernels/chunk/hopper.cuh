@@ -346,6 +346,10 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
         cp_async_wait<0>();
     }
     if constexpr (COPY == HOP_COPY_TMA) {
+        /* after the state side's reads of chunk c - 2 by the chain closing barrier -> the issuing thread's
+         * arrive.expect_tx (a release) -> this wait (an acquire); compute-sanitizer racecheck does not follow
+         * a named barrier into another thread's release and may report these stores against those reads
+         * (fifty-first session: K = 64; kernels/chunk/pending/sload-empty.patch, each reader's own release) */
         if (tid < CHUNK) {
             st.gk[tid] = pend_g;
             st.beta[tid] = bits_to_float(pend_b, p.beta_dtype);
