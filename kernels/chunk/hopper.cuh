@@ -311,10 +311,14 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
      * released; the copy engine's only after the tiles' wait, since the aux may start chunk c while the
      * state side still reads stage b for chunk c - 2 (the state side issues the tiles once it has
      * released the stage, and nothing else holds the aux back) */
-    if (COPY != HOP_COPY_TMA && tid < CHUNK) {
-        st.gk[tid] = pend_g;
-        st.beta[tid] = bits_to_float(pend_b, p.beta_dtype);
-    }
+    const auto store_rows = [&] {
+        if (tid < CHUNK) {
+            st.gk[tid] = pend_g;
+            st.beta[tid] = bits_to_float(pend_b, p.beta_dtype);
+        }
+    };
+    if constexpr (COPY != HOP_COPY_TMA)
+        store_rows();
     /* chunk c + 1's loads into the other stage once it is released. The copy engine's are issued by the
      * state side as it releases the stage (release_stage in hop_run): the aux loads only chunk c + 1's g
      * and beta, below, for its next start. The threads' copies are the aux's own, at its test points
@@ -350,10 +354,7 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
          * arrive.expect_tx (a release) -> this wait (an acquire); compute-sanitizer racecheck does not follow
          * a named barrier into another thread's release and may report these stores against those reads
          * (fifty-first session: K = 64; kernels/chunk/pending/sload-empty.patch, each reader's own release) */
-        if (tid < CHUNK) {
-            st.gk[tid] = pend_g;
-            st.beta[tid] = bits_to_float(pend_b, p.beta_dtype);
-        }
+        store_rows();
     }
     fence_proxy_async_smem(); /* the landed (or zeroed) tiles may be read by wgmma */
     bar_sync(HOP_BAR_AUX, HOP_AUX_THREADS);
