@@ -28,8 +28,9 @@
  *     state warpgroups spent most of their time at FULL); Q's norms went with it, as row scales
  *     (1 / |q_r|) of the outputs, half of each warp's rows a warpgroup while v_new runs (s.qn).
  * Barriers: FULL[b] (named, 384: aux arrives when stage b is ready, the state warpgroups wait, and
- * their S16 stores are complete), EMPTY[b] (mbarrier, the threads' copies only: the state threads
- * are done with stage b; the copy engine's are issued by a state thread after the closing barrier),
+ * their S16 stores are complete), EMPTY[b] (mbarrier: the state threads are done with stage b, each
+ * arriving after the closing barrier; the aux waits for it before its own stores into the stage, and
+ * the copy engine's tiles are issued by a state thread after that barrier),
  * loaded[b] (mbarrier, the copy engine's: stage b's tiles have landed),
  * AUX (named, 128), one named barrier per state warpgroup for its own X' panel, and STATE (named,
  * 256) where the two state warpgroups exchange v_new's panels and end a chunk.
@@ -350,10 +351,13 @@ __device__ __forceinline__ void hop_aux_chunk(const ChunkParams &p, const Hopper
         cp_async_wait<0>();
     }
     if constexpr (COPY == HOP_COPY_TMA) {
-        /* after the state side's reads of chunk c - 2 by the chain closing barrier -> the issuing thread's
-         * arrive.expect_tx (a release) -> this wait (an acquire); compute-sanitizer racecheck does not follow
-         * a named barrier into another thread's release and may report these stores against those reads
-         * (fifty-first session: K = 64; kernels/chunk/pending/sload-empty.patch, each reader's own release) */
+        /* EMPTY[b]: every state thread's own reads of chunk c - 2 are done (each arrives after the closing
+         * barrier). Complete by now (the tiles went out after it): a wait that costs a test, which makes the
+         * order of these generic stores after those reads each reader's own release, not one issuing thread's
+         * release after a named barrier (the same order in PTX's model; compute-sanitizer racecheck follows
+         * only the former: 32 hazards reported on K = 64 without it, fifty-first session) */
+        if (lc >= 2)
+            mbar_wait(&s.empty[b], ((lc >> 1) - 1) & 1);
         store_rows();
     }
     fence_proxy_async_smem(); /* the landed (or zeroed) tiles may be read by wgmma */
@@ -571,11 +575,10 @@ __device__ __forceinline__ void hop_run(const ChunkParams &p, const HopperMaps &
     const auto release_stage = [&](int b, int c) {
         if (c + 2 >= ce)
             return;
+        mbar_arrive(&s.empty[b]); /* the aux's stores into stage b (g, beta; the threads' copies) wait for it */
         if constexpr (COPY == HOP_COPY_TMA) {
             if (wg == 0)
                 hop_issue_tiles<T, KP, VP, COPY, MODE>(p, maps, s, b, c + 2, bos, len, hd, ce, tid);
-        } else {
-            mbar_arrive(&s.empty[b]);
         }
     };
     for (int lc = 0; lc < count; lc++) {
