@@ -33,8 +33,8 @@
 # kernels/dev/gemv_floor.cu built and run there (then its weights as L2 hits; GDP_CALL_GF_L2=0 skips that); gemmskinny (not by default), kernels/dev/gemm_skinny.cu built and
 # run there (cuBLASLt's heuristic results and split-k forms of the decode projections, rows GDP_CALL_GS_ROWS); opsdecode (not by default), main's decode op rows
 # twice, without decode's tests; opsprefill (not by default), main's prefill op rows with their stages
-# twice (GDP_CALL_OPF_ENV: the environment they run under); segsweep (not by default), main's split prefill rows
-# under each forced segment length (stage_segsweep); chunkab (not by default), tree GDP_CALL_CAB_TREE's
+# twice (GDP_CALL_OPF_ENV: the environment they run under); segsweep (not by default), main's (or tree
+# GDP_CALL_SEG_TREE's) split prefill rows under each forced segment length, and first segment length (stage_segsweep); chunkab (not by default), tree GDP_CALL_CAB_TREE's
 # test_chunk_gpu (Hopper path, auto) and its prefill rows beside main's (GDP_CALL_CAB_ROUNDS); gemvprof (not by default), ncu's detailed set
 # (throughput, occupancy, warp stalls) of the layer's one-row kernels, with cuBLASLt's in_proj and the skinny one
 # (GDP_CALL_GEMVPROF_ENVS, default "GDP_GEMM_SKINNY=auto GDP_GEMM_SKINNY=on");
@@ -170,16 +170,20 @@ stage_opsprefill() { # gdp-bench ops --op prefill of main under GDP_CALL_OPF_ENV
         env ${GDP_CALL_OPF_ENV:-} timeout 120 "$P/main/bin/gdp-bench" ops --op prefill 2>&1
     done | tee -a "$OUT/opsprefill.log"
 }
-stage_segsweep() { # the split's segment length by measurement: main's prefill rows that split (1 x 16384, mixed)
-    # under GDP_CHUNK_SEGMENT = each of GDP_CALL_SEG_LIST (default "auto 32 40 48 56 64 72 80"; auto is the op's own
-    # choice, src/descriptors.c's estimate, whose rates predate the forty-eighth to fifty-first sessions' faster
-    # chunks), alternated, GDP_CALL_SEG_ROUNDS rounds (default 2)
-    local r seg
+stage_segsweep() { # the split's segment length by measurement: the prefill rows that split (1 x 16384, mixed) of
+    # tree GDP_CALL_SEG_TREE (default main) under each entry of GDP_CALL_SEG_LIST (default "auto 32 40 48 56 64 72 80"),
+    # alternated, GDP_CALL_SEG_ROUNDS rounds (default 2): an entry S sets GDP_CHUNK_SEGMENT=S (auto: the op's own
+    # choice, src/descriptors.c's estimate), S/F also GDP_CHUNK_SEGMENT_FIRST=F (the first segment's length, a tree
+    # with kernels/chunk/pending/seg-first.patch)
+    local r entry tree=${GDP_CALL_SEG_TREE:-main} first
+    [ -x "$P/$tree/bin/gdp-bench" ] || { echo "segsweep: no tree $tree in the pack"; return; }
     for r in $(seq 1 "${GDP_CALL_SEG_ROUNDS:-2}"); do
-        for seg in ${GDP_CALL_SEG_LIST:-auto 32 40 48 56 64 72 80}; do
-            echo "## round $r GDP_CHUNK_SEGMENT=$seg"
-            GDP_CHUNK_SEGMENT=$seg timeout 60 "$P/main/bin/gdp-bench" ops --op prefill 2>&1 |
-                grep -A1 -E "^prefill .*(1x16384|mixed)|rror|wrong"
+        for entry in ${GDP_CALL_SEG_LIST:-auto 32 40 48 56 64 72 80}; do
+            first=auto
+            [ "${entry#*/}" = "$entry" ] || first=${entry#*/}
+            echo "## round $r $tree GDP_CHUNK_SEGMENT=${entry%%/*} GDP_CHUNK_SEGMENT_FIRST=$first"
+            GDP_CHUNK_SEGMENT=${entry%%/*} GDP_CHUNK_SEGMENT_FIRST=$first timeout 60 "$P/$tree/bin/gdp-bench" ops \
+                --op prefill 2>&1 | grep -A1 -E "^prefill .*(1x16384|mixed)|rror|wrong"
         done
     done | tee "$OUT/segsweep.log"
 }
