@@ -187,23 +187,27 @@ stage_segsweep() { # the split's segment length by measurement: the prefill rows
         done
     done | tee "$OUT/segsweep.log"
 }
-stage_chunkab() { # a chunk-op change: tree GDP_CALL_CAB_TREE's test_chunk_gpu on the Hopper path and under auto, then
-    # gdp-bench ops --op prefill of main and of the tree alternated (GDP_CALL_CAB_ROUNDS, default 2): the rows and
-    # their stages
-    local t=${GDP_CALL_CAB_TREE:?chunkab needs GDP_CALL_CAB_TREE} r tree bin path
-    for path in $([ "${GDP_CALL_CAB_TESTS:-1}" = 1 ] && echo hopper auto); do # GDP_CALL_CAB_TESTS=0: none
-        GDP_TEST_CHUNK_PATH=$path timeout 240 "$P/$t/bin/test_chunk_gpu" >"$OUT/cab_test_$path.log" 2>&1
-        echo "$t: GDP_TEST_CHUNK_PATH=$path test_chunk_gpu rc=$?"
-        grep -E "checks|FAIL|Hopper kernel ran" "$OUT/cab_test_$path.log" | tail -4
-    done
-    local tool # GDP_CALL_CAB_SANITIZE (e.g. "memcheck racecheck"): the tree's segment cases under each tool, kernels
-    # GDP_CALL_CAB_KERNELS (default kns=hop_: the split's plan, fix-up and correction)
-    for tool in ${GDP_CALL_CAB_SANITIZE:-}; do
-        GDP_TEST_CHUNK_ONLY=segments GDP_TEST_CHUNK_REPEAT=0 chunk_sanitize "$tool" hopper "$P/$t/bin/test_chunk_gpu" \
-            "$OUT/cab_$tool.log" 200 --kernel-name "${GDP_CALL_CAB_KERNELS:-kns=hop_}"
+stage_chunkab() { # a chunk-op change: each tree of GDP_CALL_CAB_TREE (space-separated)'s test_chunk_gpu on the Hopper
+    # path and under auto, then gdp-bench ops --op prefill of main and of the trees alternated (GDP_CALL_CAB_ROUNDS,
+    # default 2): the rows and their stages
+    local trees=${GDP_CALL_CAB_TREE:?chunkab needs GDP_CALL_CAB_TREE} t r tree path tool
+    for t in $trees; do
+        for path in $([ "${GDP_CALL_CAB_TESTS:-1}" = 1 ] && echo hopper auto); do # GDP_CALL_CAB_TESTS=0: none
+            GDP_TEST_CHUNK_PATH=$path timeout 240 "$P/$t/bin/test_chunk_gpu" >"$OUT/cab_test_${t}_$path.log" 2>&1
+            echo "$t: GDP_TEST_CHUNK_PATH=$path test_chunk_gpu rc=$?"
+            grep -E "checks|FAIL|Hopper kernel ran" "$OUT/cab_test_${t}_$path.log" | tail -4
+        done
+        # GDP_CALL_CAB_SANITIZE (e.g. "memcheck racecheck"): the tree's segment cases under each tool, kernels
+        # GDP_CALL_CAB_KERNELS (default kns=hop_: the split's plan, fix-up and correction), on the trees of
+        # GDP_CALL_CAB_SANITIZE_TREES (default all)
+        [[ " ${GDP_CALL_CAB_SANITIZE_TREES:-$trees} " == *" $t "* ]] || continue
+        for tool in ${GDP_CALL_CAB_SANITIZE:-}; do
+            GDP_TEST_CHUNK_ONLY=segments GDP_TEST_CHUNK_REPEAT=0 chunk_sanitize "$tool" hopper "$P/$t/bin/test_chunk_gpu" \
+                "$OUT/cab_${t}_$tool.log" 200 --kernel-name "${GDP_CALL_CAB_KERNELS:-kns=hop_}"
+        done
     done
     for r in $(seq 1 "${GDP_CALL_CAB_ROUNDS:-2}"); do
-        for tree in main "$t"; do
+        for tree in main $trees; do
             echo "## round $r tree $tree"
             timeout 120 "$P/$tree/bin/gdp-bench" ops --op prefill 2>&1 | grep -E "^prefill|chunk stages|rror|wrong"
         done
