@@ -192,7 +192,8 @@ stage_chunkab() { # a chunk-op change: each tree of GDP_CALL_CAB_TREE (space-sep
     # default 2): the rows and their stages
     local trees=${GDP_CALL_CAB_TREE:?chunkab needs GDP_CALL_CAB_TREE} t r tree path tool
     for t in $trees; do
-        for path in $([ "${GDP_CALL_CAB_TESTS:-1}" = 1 ] && echo hopper auto); do # GDP_CALL_CAB_TESTS=0: none
+        # GDP_CALL_CAB_TESTS=0: none; GDP_CALL_CAB_PATHS: the test's paths (default "hopper auto")
+        for path in $([ "${GDP_CALL_CAB_TESTS:-1}" = 1 ] && echo "${GDP_CALL_CAB_PATHS:-hopper auto}"); do
             GDP_TEST_CHUNK_PATH=$path timeout 240 "$P/$t/bin/test_chunk_gpu" >"$OUT/cab_test_${t}_$path.log" 2>&1
             echo "$t: GDP_TEST_CHUNK_PATH=$path test_chunk_gpu rc=$?"
             grep -E "checks|FAIL|Hopper kernel ran" "$OUT/cab_test_${t}_$path.log" | tail -4
