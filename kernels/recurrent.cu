@@ -40,6 +40,7 @@
 #include "device_info.h"
 #include "dtype_access.cuh"
 #include "mbarrier.cuh" /* the ring kernel's mbarriers and bulk copies */
+#include "mma_tf32.cuh" /* the tensor-core kernel's tf32 products */
 #include "gdp_kernels.h"
 #include "norm_math.cuh"
 #include "pdl.cuh"

@@ -9,6 +9,7 @@
 #define GDP_CHUNK_HOPPER_SPLIT_CUH
 
 #include "hopper.cuh"
+#include "kernels/mma_tf32.cuh" /* the fix-up's products */
 #include "kernels/pdl.cuh"
 
 namespace {
@@ -267,46 +268,59 @@ __global__ void __launch_bounds__(HOP_PLAN_THREADS)
  * entering states of segments 2 .. nseg - 1 and, last, the sequence's final state (its slot or
  * final_state, in its dtype; nothing for a -1 slot; with chunk states asked pass 2 writes it instead).
  * A column block needs only its own columns of S_j, so the blocks of one sequence and head run side
- * by side. Each thread holds a KP / 32 x 2 tile of the product, summed in k order from 0 and then G_j
- * added (deterministic). F_j (64 KB at K = 128, written by pass 1, read from L2) comes into registers
- * one step ahead, so its latency runs under the previous step's product, and lands in shared memory
- * transposed (k-major), so that a thread's rows of column k are one vector read: the first form read
- * F_j by a scalar loop whose every load waited for the one before (about 14 us a step on the H100,
- * thirty-ninth session), and its product read shared memory once an FMA. */
+ * by side. The product runs on the tensor cores (mma.sync m16n8k8, tf32, fp32 sums): F_j and S_j each
+ * split into a tf32 high part and the rest, three mmas a tile (hi hi, hi lo, lo hi; the dropped lo lo
+ * is about 2^-22 of the product), a warp owning 16 rows of F_j and 16 / CG of the block's columns, in k
+ * order from 0, then G_j added (deterministic). F_j (64 KB at K = 128, written by pass 1, read from L2)
+ * comes into registers one step ahead, so its latency runs under the previous step's product, and lands
+ * in shared memory row-major with rows padded to a bank offset of 4 (a fragment's 32 words in 32 banks).
+ * Why not fp32 FMAs (the form until the fifty-second session, a thread's K / 32 x 2 tile over k, eight
+ * FMAs a k against one vector read of F and one of S, shared by eight and four lanes): its steps took
+ * about 5 us on the H100 (49 us for the 8 steps of 1 x 16384, 39.5 for the mixed batch's 3 at two blocks
+ * an SM) where its FMAs alone are about 1 us; the tensor cores take a tenth of its instructions a step
+ * (kernels/NOTES-chunk.md, fifty-second session). The form before that read F_j by a scalar loop whose
+ * every load waited for the one before (about 14 us a step, thirty-ninth session). */
 constexpr int HOP_FIX_THREADS = 256, HOP_FIX_COLS = 16;
+template <int KP> struct HopFixGeom {
+    static constexpr int FLD = KP + 4;                /* F_j's row stride (floats): a0..a3 at bank 4 g + t4 */
+    static constexpr int SLD = HOP_FIX_COLS + 8;      /* S_j's row stride: b0, b1 at bank 24 t4 + g        */
+    static constexpr int RB = KP / 16;                /* 16-row blocks of F_j                              */
+    static constexpr int CG = HOP_FIX_THREADS / 32 / RB; /* warps a row block: column groups              */
+    static constexpr int NT = HOP_FIX_COLS / 8 / CG;  /* 8-column tiles a warp                             */
+    static constexpr int NF4 = KP * KP / 4 / HOP_FIX_THREADS; /* F_j's float4 a thread                   */
+    static_assert(RB * CG == HOP_FIX_THREADS / 32 && NT * CG * 8 == HOP_FIX_COLS, "the warps' tiling");
+};
 template <int KP> constexpr size_t hop_fixup_smem() {
-    return sizeof(float) * ((size_t)KP * (KP + 4) + 2 * (size_t)KP * (HOP_FIX_COLS + 4));
+    using G = HopFixGeom<KP>;
+    return sizeof(float) * ((size_t)KP * G::FLD + 2 * (size_t)KP * G::SLD);
 }
 template <int KP, int VP>
 __global__ void __launch_bounds__(HOP_FIX_THREADS) hop_fixup_kernel(const ChunkParams p, const HopSegPlan sp) {
+    using G = HopFixGeom<KP>;
+    constexpr int FLD = G::FLD, SLD = G::SLD, NT = G::NT, NF4 = G::NF4;
     extern __shared__ __align__(16) float fix_smem[];
-    constexpr int FLD = KP + 4, SLD = HOP_FIX_COLS + 4;
-    constexpr int RT = KP / 32, CT = 2;                         /* 32 row groups x 8 column pairs */
-    constexpr int NF4 = KP * KP / 4 / HOP_FIX_THREADS;          /* F_j's float4 a thread          */
-    static_assert(HOP_FIX_COLS / CT * (KP / RT) == HOP_FIX_THREADS && HOP_FIX_THREADS % KP == 0, "the tiling");
-    float *Ft = fix_smem;      /* [k][FLD]: F_j transposed, Ft[k][r] = F_j[r][k]  */
-    float *Sb = Ft + KP * FLD; /* [2][K][SLD]: the block's columns of S_j, S_(j+1) */
+    float *Fs = fix_smem;      /* [KP][FLD]: F_j                                  */
+    float *Sb = Fs + KP * FLD; /* [2][KP][SLD]: the block's columns of S_j, S_(j+1) */
     const int i = blockIdx.x, hd = blockIdx.y, cbase = blockIdx.z * HOP_FIX_COLS, tid = threadIdx.x;
     const int ns = sp.nseg[i];
     if (ns < 2)
         return; /* one segment: its run wrote the final state */
-    const int r0 = (tid >> 3) * RT, col0 = (tid & 7) * CT; /* the thread's rows and (block) columns */
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int row0 = 16 * (warp % G::RB), col0 = 8 * NT * (warp / G::RB); /* the warp's rows and (block) columns */
     {
         const float *s1 = sp.entry + hop_slot_base(p, sp, i, 1, hd, VP);
         for (int e = tid; e < KP * HOP_FIX_COLS; e += HOP_FIX_THREADS)
             Sb[(e / HOP_FIX_COLS) * SLD + e % HOP_FIX_COLS] = s1[(e / HOP_FIX_COLS) * VP + cbase + e % HOP_FIX_COLS];
     }
-    /* float4 q of the thread: row r = e % KP, columns 4 (e / KP) .. + 3 of F_j (e = tid + 256 q): a warp's
-     * 32 rows of one column group, so that the transposed stores hit 32 banks */
+    /* float4 q of the thread: row e / (KP / 4), columns 4 (e % (KP / 4)) .. + 3 of F_j (e = tid + 256 q): a
+     * warp's lanes read and store whole rows, 16 bytes each */
     float4 fr[NF4];
     const auto load_f = [&](int j) {
         const float4 *f = reinterpret_cast<const float4 *>(
             sp.fmap + ((int64_t)sp.slot_fitem[hop_slot(sp, i, j)] * p.H + hd) * KP * KP);
 #pragma unroll
-        for (int q = 0; q < NF4; q++) {
-            const int e = tid + HOP_FIX_THREADS * q;
-            fr[q] = f[(e % KP) * (KP / 4) + e / KP];
-        }
+        for (int q = 0; q < NF4; q++)
+            fr[q] = f[tid + HOP_FIX_THREADS * q];
     };
     load_f(1);
     const StateDest fin = p.chunk_states != nullptr ? StateDest{nullptr, 0, 0} : final_state_dest(p, i, hd);
@@ -315,57 +329,60 @@ __global__ void __launch_bounds__(HOP_FIX_THREADS) hop_fixup_kernel(const ChunkP
         float *Snext = Sb + (j & 1) * KP * SLD;
 #pragma unroll
         for (int q = 0; q < NF4; q++) { /* every read of F_(j-1) is done: the last step's closing barrier */
-            const int e = tid + HOP_FIX_THREADS * q, r = e % KP, k = 4 * (e / KP);
-            Ft[(k + 0) * FLD + r] = fr[q].x;
-            Ft[(k + 1) * FLD + r] = fr[q].y;
-            Ft[(k + 2) * FLD + r] = fr[q].z;
-            Ft[(k + 3) * FLD + r] = fr[q].w;
+            const int e = tid + HOP_FIX_THREADS * q;
+            *reinterpret_cast<float4 *>(Fs + (e / (KP / 4)) * FLD + 4 * (e % (KP / 4))) = fr[q];
         }
         if (j + 1 < ns)
             load_f(j + 1); /* in flight under this step's product */
         const float *gm = sp.gmap + hop_slot_base(p, sp, i, j, hd, VP);
-        float2 gv[RT];
+        float2 gv[NT][2]; /* G_j at the accumulators' places: rows g and g + 8, columns 2 t4, + 1 */
 #pragma unroll
-        for (int u = 0; u < RT; u++)
-            gv[u] = *reinterpret_cast<const float2 *>(gm + (int64_t)(r0 + u) * VP + cbase + col0);
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++)
+                gv[nt][hh] = *reinterpret_cast<const float2 *>(gm + (int64_t)(row0 + g + 8 * hh) * VP + cbase + col0 +
+                                                                8 * nt + 2 * t4);
         __syncthreads(); /* F_j and S_j in */
-        float acc[RT][CT];
+        float acc[NT][4];
 #pragma unroll
-        for (int u = 0; u < RT; u++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int v = 0; v < CT; v++)
-                acc[u][v] = 0.0f;
-#pragma unroll 8
-        for (int k = 0; k < KP; k++) {
-            float fc[RT];
-            if constexpr (RT == 4) {
-                const float4 x = *reinterpret_cast<const float4 *>(Ft + k * FLD + r0);
-                fc[0] = x.x, fc[1] = x.y, fc[2] = x.z, fc[3] = x.w;
-            } else {
-                const float2 x = *reinterpret_cast<const float2 *>(Ft + k * FLD + r0);
-                fc[0] = x.x, fc[1] = x.y;
-            }
-            const float2 sv = *reinterpret_cast<const float2 *>(Scur + k * SLD + col0);
+            for (int x = 0; x < 4; x++)
+                acc[nt][x] = 0.0f;
+        const float *fa = Fs + (row0 + g) * FLD + t4, *sbk = Scur + t4 * SLD + col0 + g;
+#pragma unroll 4
+        for (int k0 = 0; k0 < KP; k0 += 8) {
+            uint32_t ah[4], al[4]; /* rows g, g + 8 at column t4, then at t4 + 4 */
+            mma_tf32_split(fa[k0], ah[0], al[0]);
+            mma_tf32_split(fa[k0 + 8 * FLD], ah[1], al[1]);
+            mma_tf32_split(fa[k0 + 4], ah[2], al[2]);
+            mma_tf32_split(fa[k0 + 8 * FLD + 4], ah[3], al[3]);
 #pragma unroll
-            for (int u = 0; u < RT; u++) {
-                acc[u][0] = fmaf(fc[u], sv.x, acc[u][0]);
-                acc[u][1] = fmaf(fc[u], sv.y, acc[u][1]);
+            for (int nt = 0; nt < NT; nt++) {
+                uint32_t bh0, bl0, bh1, bl1; /* S_j rows k0 + t4 and k0 + t4 + 4 at column 8 nt + g */
+                mma_tf32_split(sbk[k0 * SLD + 8 * nt], bh0, bl0);
+                mma_tf32_split(sbk[(k0 + 4) * SLD + 8 * nt], bh1, bl1);
+                mma_tf32(acc[nt], al[0], al[1], al[2], al[3], bh0, bh1);
+                mma_tf32(acc[nt], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+                mma_tf32(acc[nt], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
             }
         }
         float *next = j + 1 < ns ? sp.entry + hop_slot_base(p, sp, i, j + 1, hd, VP) : nullptr;
 #pragma unroll
-        for (int u = 0; u < RT; u++) {
-            acc[u][0] += gv[u].x;
-            acc[u][1] += gv[u].y;
-            const int64_t e = (int64_t)(r0 + u) * VP + cbase + col0;
-            if (next != nullptr)
-                *reinterpret_cast<float2 *>(next + e) = make_float2(acc[u][0], acc[u][1]);
-            else if (fin.dst != nullptr)
-                for (int v = 0; v < CT; v++)
-                    store_any(fin.dst, fin.dtype, fin.base + e + v, acc[u][v]);
-            Snext[(r0 + u) * SLD + col0] = acc[u][0];
-            Snext[(r0 + u) * SLD + col0 + 1] = acc[u][1];
-        }
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = row0 + g + 8 * hh, cc = col0 + 8 * nt + 2 * t4;
+                const float2 v = make_float2(acc[nt][2 * hh] + gv[nt][hh].x, acc[nt][2 * hh + 1] + gv[nt][hh].y);
+                const int64_t e = (int64_t)r * VP + cbase + cc;
+                if (next != nullptr)
+                    *reinterpret_cast<float2 *>(next + e) = v;
+                else if (fin.dst != nullptr) {
+                    store_any(fin.dst, fin.dtype, fin.base + e, v.x);
+                    store_any(fin.dst, fin.dtype, fin.base + e + 1, v.y);
+                }
+                *reinterpret_cast<float2 *>(Snext + r * SLD + cc) = v;
+            }
         __syncthreads(); /* every read of F_j done; S_(j+1) in */
     }
 }
