@@ -145,9 +145,12 @@ int gdp_chunk_state_vb(int vp, int64_t heads, int64_t seqs, int sms) {
  * - Hopper, split (K = V = 128 only: measured there): split_pass1_chunks (below) chunk times of 6.8 us
  *   for its items' waves, plus SPLIT_FIXED_US (the plan, the fix-up's launch, the outputs' correction
  *   over every token past first segments) and SPLIT_US_PER_FIXUP_STEP a fix-up step (one a segment
- *   past the longest sequence's first, in order): the fix-up and correction as the thirty-ninth
- *   session measured them (H100: 1 x 16384's fix-up 44 us in 7 steps, correction 81-87 us). It puts
- *   1 x 16384 at 902 us (S = 56; 956 measured) and the mixed batch at 762 (S = 48; 749 measured).
+ *   past the longest sequence's first, in order): the correction as the thirty-ninth session measured
+ *   it (H100: 81-87 us on 1 x 16384), the fix-up step as the fifty-third measured it with its product
+ *   on the tensor cores (H100: 32 us for 1 x 16384's 8 steps and 27 for the mixed batch's 6 a wave,
+ *   2.5 us a step and about 12 fixed; 6.3 a step before, when the estimate put 1 x 16384 at 902 us,
+ *   S = 56, and the mixed batch at 762, S = 48: 956 and 749 measured then). The lower step moved no
+ *   choice of test_descriptors' rows (the pass's rounding into waves decides S).
  * - Staged: the parallel stages (cumsums, WY, outputs) 0.0656 us a (chunk, head) pair, plus the state
  *   sweep, a chain per (sequence, head, VB columns): the longest chain at a lone block's step or all
  *   blocks' steps over the SMs at a shared SM's step, whichever is longer (VB = 16: 1.06 us a step,
@@ -164,7 +167,7 @@ int gdp_chunk_state_vb(int vp, int64_t heads, int64_t seqs, int sms) {
 #define HOPPER_US_PER_CHUNK_V64 5.8
 #define HOPPER_US_PER_CHUNK_K64 5.84
 #define SPLIT_FIXED_US 90.0
-#define SPLIT_US_PER_FIXUP_STEP 6.3
+#define SPLIT_US_PER_FIXUP_STEP 2.5
 #define STAGED_PARALLEL_US_PER_CHUNK_HEAD 0.0656
 #define STAGED_US_PER_CHUNK_HEAD_V64 0.070
 /* The split's pass 1 in chunk times for segments of S expanded chunks (hopper_split.cuh: a sequence's
