@@ -147,7 +147,7 @@ int gdp_chunk_state_vb(int vp, int64_t heads, int64_t seqs, int sms) {
  *   over every token past first segments) and SPLIT_US_PER_FIXUP_STEP a fix-up step (one a segment
  *   past the longest sequence's first, in order): the correction as the thirty-ninth session measured
  *   it (H100: 81-87 us on 1 x 16384), the fix-up step as the fifty-third measured it with its product
- *   on the tensor cores (H100: 32 us for 1 x 16384's 8 steps and 27 for the mixed batch's 6 a wave,
+ *   on the tensor cores (H100: 32 us for 1 x 16384's 8 steps, 27 for the mixed batch's 3 in two waves,
  *   2.5 us a step and about 12 fixed; 6.3 a step before, when the estimate put 1 x 16384 at 902 us,
  *   S = 56, and the mixed batch at 762, S = 48: 956 and 749 measured then). The lower step moved no
  *   choice of test_descriptors' rows (the pass's rounding into waves decides S).
