@@ -34,8 +34,9 @@
 # run there (cuBLASLt's heuristic results and split-k forms of the decode projections, rows GDP_CALL_GS_ROWS); opsdecode (not by default), main's decode op rows
 # twice, without decode's tests; opsprefill (not by default), main's prefill op rows with their stages
 # twice (GDP_CALL_OPF_ENV: the environment they run under); segsweep (not by default), main's (or tree
-# GDP_CALL_SEG_TREE's) split prefill rows under each forced segment length, and first segment length (stage_segsweep); chunkab (not by default), tree GDP_CALL_CAB_TREE's
-# test_chunk_gpu (Hopper path, auto) and its prefill rows beside main's (GDP_CALL_CAB_ROUNDS); gemvprof (not by default), ncu's detailed set
+# GDP_CALL_SEG_TREE's) split prefill rows under each forced segment length, and first segment length (stage_segsweep); chunkab (not by default), each tree of GDP_CALL_CAB_TREE
+# (space-separated): its test_chunk_gpu (GDP_CALL_CAB_PATHS, default Hopper path and auto), its segment cases under
+# GDP_CALL_CAB_SANITIZE's tools (trees GDP_CALL_CAB_SANITIZE_TREES), then the trees' prefill rows beside main's (GDP_CALL_CAB_ROUNDS); gemvprof (not by default), ncu's detailed set
 # (throughput, occupancy, warp stalls) of the layer's one-row kernels, with cuBLASLt's in_proj and the skinny one
 # (GDP_CALL_GEMVPROF_ENVS, default "GDP_GEMM_SKINNY=auto GDP_GEMM_SKINNY=on");
 # layerenv (not by default), main's (or tree GDP_CALL_LE_TREE's) layer decode rows under settings GDP_CALL_LE_ENVS alternated (stage_layerenv);
