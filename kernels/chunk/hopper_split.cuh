@@ -263,14 +263,14 @@ __global__ void __launch_bounds__(HOP_PLAN_THREADS)
     }
 }
 
-/* The fix-up scan of the split, one block of 256 threads per (sequence, head, 16 value columns):
+/* The fix-up scan of the split, one block of 256 threads per (sequence, head, HOP_FIX_COLS value columns):
  * S_(j+1) = F_j S_j + G_j for j = 1 .. nseg - 1 in order, in fp32, from S_1 (segment 0's end) to the
  * entering states of segments 2 .. nseg - 1 and, last, the sequence's final state (its slot or
  * final_state, in its dtype; nothing for a -1 slot; with chunk states asked pass 2 writes it instead).
  * A column block needs only its own columns of S_j, so the blocks of one sequence and head run side
  * by side. The product runs on the tensor cores (mma.sync m16n8k8, tf32, fp32 sums): F_j and S_j each
  * split into a tf32 high part and the rest, three mmas a tile (hi hi, hi lo, lo hi; the dropped lo lo
- * is about 2^-22 of the product), a warp owning 16 rows of F_j and 16 / CG of the block's columns, in k
+ * is about 2^-22 of the product), a warp owning 16 rows of F_j and HOP_FIX_COLS / CG of the block's columns, in k
  * order from 0, then G_j added (deterministic). F_j (64 KB at K = 128, written by pass 1, read from L2)
  * comes into registers one step ahead, so its latency runs under the previous step's product, and lands
  * in shared memory row-major with rows padded to a bank offset of 4 (a fragment's 32 words in 32 banks).
@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(HOP_PLAN_THREADS)
 constexpr int HOP_FIX_THREADS = 256, HOP_FIX_COLS = 16;
 template <int KP> struct HopFixGeom {
     static constexpr int FLD = KP + 4;                /* F_j's row stride (floats): a0..a3 at bank 4 g + t4 */
-    static constexpr int SLD = HOP_FIX_COLS + 8;      /* S_j's row stride: b0, b1 at bank 24 t4 + g        */
+    static constexpr int SLD = HOP_FIX_COLS + 8;      /* S_j's row stride: b0, b1 at bank SLD t4 + g, mod 32 */
     static constexpr int RB = KP / 16;                /* 16-row blocks of F_j                              */
     static constexpr int CG = HOP_FIX_THREADS / 32 / RB; /* warps a row block: column groups              */
     static constexpr int NT = HOP_FIX_COLS / 8 / CG;  /* 8-column tiles a warp                             */
