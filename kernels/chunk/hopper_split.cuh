@@ -87,6 +87,16 @@ __device__ __forceinline__ int hop_grid_item() { return (int)(blockIdx.y + gridD
 #ifndef GDP_HOPPER_ITEM_MARK
 #define GDP_HOPPER_ITEM_MARK(kind, rec, chunks, begin) ((void)0)
 #endif
+/* The same lab's hook for the two launches after pass 1 (--split-timeline): GDP_HOPPER_TAIL_MARK(kind, rec,
+ * slot, tag) records the global timer of block rec (its linear index in the grid) of the fix-up (kind 0: slot 0
+ * at its start, slot j after its step j; tag its sequence) and of the correction (kind 1: slot 0 at its start,
+ * 1 when S_j is in and its tiles begin, 2 at its end; tag its slot e); the library's is empty. */
+#ifndef GDP_HOPPER_TAIL_MARK
+#define GDP_HOPPER_TAIL_MARK(kind, rec, slot, tag) ((void)0)
+#endif
+__device__ __forceinline__ int hop_block_linear() {
+    return (int)((blockIdx.x * gridDim.y + blockIdx.y) * gridDim.z + blockIdx.z);
+}
 
 /* Pass 1, one launch a kind (HOP_MAIN or HOP_MAP_F, whose instance takes VP = KP): its items (above);
  * the other kind's blocks exit. The F launch is a programmatic dependent of the MAIN launch (the two
@@ -305,6 +315,8 @@ __global__ void __launch_bounds__(HOP_FIX_THREADS) hop_fixup_kernel(const ChunkP
     const int ns = sp.nseg[i];
     if (ns < 2)
         return; /* one segment: its run wrote the final state */
+    if (tid == 0)
+        GDP_HOPPER_TAIL_MARK(0, hop_block_linear(), 0, i);
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int row0 = 16 * (warp % G::RB), col0 = 8 * NT * (warp / G::RB); /* the warp's rows and (block) columns */
     {
@@ -384,6 +396,8 @@ __global__ void __launch_bounds__(HOP_FIX_THREADS) hop_fixup_kernel(const ChunkP
                 *reinterpret_cast<float2 *>(Snext + r * SLD + cc) = v;
             }
         __syncthreads(); /* every read of F_j done; S_(j+1) in */
+        if (tid == 0)
+            GDP_HOPPER_TAIL_MARK(0, hop_block_linear(), j, i);
     }
 }
 
@@ -428,6 +442,8 @@ __global__ void __launch_bounds__(HOP_COR_THREADS) hop_correct_kernel(const Chun
     const int te = min(last.tf + last.nq, tb + HOP_COR_TILES * CHUNK);
     if (tb >= te)
         return;
+    if (tid == 0)
+        GDP_HOPPER_TAIL_MARK(1, hop_block_linear(), 0, e);
     const int ntiles = (te - tb + CHUNK - 1) / CHUNK;
     T *o = static_cast<T *>(p.o);
     const T *ofm = static_cast<const T *>(sp.ofmap);
@@ -449,6 +465,8 @@ __global__ void __launch_bounds__(HOP_COR_THREADS) hop_correct_kernel(const Chun
         d[1] = Elem<T>::pack(v.z, v.w);
     }
     const int g = lane >> 2, t4 = lane & 3;
+    if (tid == 0)
+        GDP_HOPPER_TAIL_MARK(1, hop_block_linear(), 1, e);
     for (int t = 0; t < ntiles; t++) {
         const int t0 = tb + t * CHUNK, rows = min(CHUNK, te - t0), b = t & 1;
         __syncthreads(); /* the stores of tile t - 1 have read buffer (t + 1) % 2 */
@@ -480,6 +498,8 @@ __global__ void __launch_bounds__(HOP_COR_THREADS) hop_correct_kernel(const Chun
                 *reinterpret_cast<const uint4 *>(&s.og[b][r][c]);
         }
     }
+    if (tid == 0)
+        GDP_HOPPER_TAIL_MARK(1, hop_block_linear(), 2, e);
 }
 
 } // namespace

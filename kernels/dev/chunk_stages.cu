@@ -17,7 +17,9 @@
  * marks), with the column block the op chose or GDP_CHUNK_STATE_VB.
  * With --split-timeline [CSV] it runs GDP_CHUNK_PATH=hopper with max_seqlen set and prints, for the rows the
  * segment split takes, when each of pass 1's items ran (MAIN and F: their chunks, start and end, ns a chunk,
- * the SMs' busy share), every item into CSV (hopper_split.cuh's GDP_HOPPER_ITEM_MARK).
+ * the SMs' busy share), then when the fix-up's steps ended and the correction's blocks ran, slot by slot
+ * (whether the correction overlaps the fix-up), every item and block into CSV (hopper_split.cuh's
+ * GDP_HOPPER_ITEM_MARK and GDP_HOPPER_TAIL_MARK; no stage events are recorded in this mode).
  * With --dump DIR it instead writes inputs, outputs and the workspace intermediates of two small
  * shapes (DIR/dump_k128.safetensors, DIR/dump_k100.safetensors) for offline stage-by-stage checks.
  * Built with GDP_HOPPER_DEV_SKIP=1, 2 or 3 (the bench_hopper_skip1..3 targets) the Hopper kernel in it
@@ -44,7 +46,10 @@ static cudaEvent_t g_stage_events[GDP_CHUNK_MARK_END + 1];
  * mark records the events of CUMSUM to OUT at once: its kernel then counts as the cumsum stage,
  * the next three are empty. The Hopper split's marks (hopper.cu) do the same, each after its
  * launches: the last one leaves the whole split in the cumsum column. */
+static bool g_lab_marks_off; /* --split-timeline: an event between the split's launches would serialize them */
 static void lab_stage_mark(int mark, cudaStream_t stream) {
+    if (g_lab_marks_off)
+        return;
     if (mark >= GDP_CHUNK_MARK_FUSED)
         for (int s = GDP_CHUNK_MARK_CUMSUM; s <= GDP_CHUNK_MARK_OUT; s++)
             cudaEventRecord(g_stage_events[s], stream);
@@ -148,6 +153,22 @@ __device__ __forceinline__ int tl_smid() {
             }                                                                                        \
         }                                                                                            \
     } while (0)
+/* --split-timeline, the launches after pass 1: every fix-up block's global timer at its start (slot 0) and after
+ * each step j (slot j), every correction block's at its start, when its S_j is in and at its end (slots 0-2),
+ * with its SM and tag (the fix-up's sequence, the correction's slot e); hopper_split.cuh's GDP_HOPPER_TAIL_MARK */
+constexpr int TT_MAX = 8192, TT_SLOTS = 16;
+__device__ unsigned long long g_tt_t[2][TT_MAX][TT_SLOTS];
+__device__ int g_tt_sm[2][TT_MAX], g_tt_tag[2][TT_MAX];
+#define GDP_HOPPER_TAIL_MARK(kind, rec, slot, tag)                                                    \
+    do {                                                                                             \
+        if (g_tl_on && (rec) < TT_MAX && (slot) < TT_SLOTS) {                                        \
+            g_tt_t[(kind)][(rec)][(slot)] = tl_now();                                                \
+            if ((slot) == 0) {                                                                       \
+                g_tt_sm[(kind)][(rec)] = tl_smid();                                                  \
+                g_tt_tag[(kind)][(rec)] = (tag);                                                     \
+            }                                                                                        \
+        }                                                                                            \
+    } while (0)
 #include "../chunk/launch.cu"
 #include "../chunk/hopper.cu" /* the Hopper kernel in this translation unit too (built for sm_90a) */
 #include "src/workspace.h"
@@ -178,6 +199,76 @@ static void phases_call(gdp_ctx_t ctx, const gdp_chunk_args *a, Cycles &cycles_s
     DEV_CHECK(cudaMemcpyToSymbol(flag_sym, &off, sizeof off));
     DEV_CHECK(cudaMemcpyFromSymbol(cyc, cycles_sym, sizeof zero));
 }
+/* --split-timeline, after pass 1's summary: the fix-up's blocks (when the first started, when the last of them
+ * finished each step j) and the correction's by slot e (its blocks, the first start, the median time its S_j was
+ * in, the last end, how many of them started before the fix-up's last block ended), in us from pass 1's first
+ * start t0; every block into csv (kind 2 the fix-up, slot j's time in the chunks column's place: one line a
+ * step; kind 3 the correction: start, S_j in, end). The two launches run as the library issues them (the marks
+ * here record into the lab's own arrays; no event sits between them). */
+static void split_tail_timeline(const char *label, unsigned long long t0, unsigned long long t1, FILE *csv) {
+    static unsigned long long t[2][TT_MAX][TT_SLOTS];
+    static int sm[2][TT_MAX], tag[2][TT_MAX];
+    DEV_CHECK(cudaMemcpyFromSymbol(t, g_tt_t, sizeof t));
+    DEV_CHECK(cudaMemcpyFromSymbol(sm, g_tt_sm, sizeof sm));
+    DEV_CHECK(cudaMemcpyFromSymbol(tag, g_tt_tag, sizeof tag));
+    const auto us = [&](unsigned long long x) { return x == 0 ? -1.0 : ((double)x - (double)t0) * 1e-3; };
+    double fix_first = 1e30, fix_last_end = 0;
+    std::vector<double> step_end(TT_SLOTS, 0);
+    int nfix = 0;
+    for (int r = 0; r < TT_MAX; r++) {
+        if (t[0][r][0] == 0)
+            continue;
+        nfix++;
+        fix_first = std::min(fix_first, us(t[0][r][0]));
+        for (int j = 1; j < TT_SLOTS && t[0][r][j] != 0; j++) {
+            step_end[j] = std::max(step_end[j], us(t[0][r][j]));
+            fix_last_end = std::max(fix_last_end, us(t[0][r][j]));
+            if (csv != nullptr)
+                std::fprintf(csv, "%s,2,%d,%d,%d,%.0f,%.0f\n", label, r, sm[0][r], j, us(t[0][r][0]) * 1e3,
+                             us(t[0][r][j]) * 1e3);
+        }
+    }
+    if (nfix == 0) {
+        std::printf("  fix-up: no block ran a step\n");
+        return;
+    }
+    std::printf("  fix-up %d blocks (pass 1 ended %.1f us): first start %.1f us; the last block's end of step", nfix,
+                (double)(t1 - t0) * 1e-3, fix_first);
+    for (int j = 1; j < TT_SLOTS && step_end[j] > 0; j++)
+        std::printf(" %d: %.1f", j, step_end[j]);
+    std::printf(" us\n");
+    int max_e = -1;
+    for (int r = 0; r < TT_MAX; r++)
+        if (t[1][r][0] != 0)
+            max_e = std::max(max_e, tag[1][r]);
+    double cor_last = 0;
+    for (int e = 0; e <= max_e; e++) {
+        std::vector<double> in;
+        double first = 1e30, last = 0;
+        int n = 0, early = 0;
+        for (int r = 0; r < TT_MAX; r++) {
+            if (t[1][r][0] == 0 || tag[1][r] != e)
+                continue;
+            n++;
+            first = std::min(first, us(t[1][r][0]));
+            in.push_back(us(t[1][r][1]));
+            last = std::max(last, us(t[1][r][2]));
+            early += us(t[1][r][0]) < fix_last_end;
+            if (csv != nullptr)
+                std::fprintf(csv, "%s,3,%d,%d,%d,%.0f,%.0f,%.0f\n", label, r, sm[1][r], e, us(t[1][r][0]) * 1e3,
+                             us(t[1][r][1]) * 1e3, us(t[1][r][2]) * 1e3);
+        }
+        if (n == 0)
+            continue;
+        std::sort(in.begin(), in.end());
+        cor_last = std::max(cor_last, last);
+        std::printf("  correction slot %d: %d blocks, first start %.1f, S_j in (median) %.1f, last end %.1f us; %d "
+                    "started before the fix-up's end\n",
+                    e, n, first, in[in.size() / 2], last, early);
+    }
+    std::printf("  tail: fix-up %.1f -> %.1f us, corrections end %.1f us\n", fix_first, fix_last_end, cor_last);
+}
+
 /* --split-timeline: one call (after three warm-ups) with the items' marks on; per kind the items, their chunks,
  * when they started and ended (us from the first start), the mean ns a chunk, and the SMs' busy share of the
  * pass; every record into csv (kind, record, sm, chunks, start, end in ns from the first start). */
@@ -189,6 +280,10 @@ static void split_timeline(gdp_ctx_t ctx, const gdp_chunk_args *a, const char *l
     static int sm[2][TL_MAX], chunks[2][TL_MAX];
     std::memset(t, 0, sizeof t);
     DEV_CHECK(cudaMemcpyToSymbol(g_tl_t, t, sizeof t));
+    {
+        static unsigned long long zero_tail[2][TT_MAX][TT_SLOTS];
+        DEV_CHECK(cudaMemcpyToSymbol(g_tt_t, zero_tail, sizeof zero_tail));
+    }
     const int on = 1, off = 0;
     DEV_CHECK(cudaMemcpyToSymbol(g_tl_on, &on, sizeof on));
     DEV_CHECK(gdp_chunk_gated_delta_product_varlen(ctx, a));
@@ -234,6 +329,7 @@ static void split_timeline(gdp_ctx_t ctx, const gdp_chunk_args *a, const char *l
                     chunk_sum > 0 ? ns_chunk / chunk_sum : 0.0);
     }
     std::printf("  SMs busy %.1f %% of the pass (%d SMs)\n", 100.0 * busy / ((double)sms * (double)(t1 - t0)), sms);
+    split_tail_timeline(label, t0, t1, csv);
 }
 
 /* The two threads' rows: cycles per step of each phase and their sum. */
@@ -467,6 +563,7 @@ int main(int argc, char **argv) {
     FILE *tl_csv = timeline && argc >= 3 ? std::fopen(argv[2], "w") : nullptr;
     if (timeline) {
         setenv("GDP_CHUNK_PATH", "hopper", 1); /* the split where a sequence needs it (GDP_CHUNK_SEGMENT applies) */
+        g_lab_marks_off = true;
         std::printf("# the Hopper split's pass 1, item by item (global timer; max_seqlen set to the row's longest)\n");
         if (tl_csv != nullptr)
             std::fprintf(tl_csv, "row,kind,record,sm,chunks,start_ns,end_ns\n");
